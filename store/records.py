@@ -1,0 +1,56 @@
+"""Plain records returned by the store (never ORM objects)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: int
+    name: str
+    status: str
+    model: str
+    model_id: int
+    dataset: str
+    split: str
+    dataset_id: int
+    n_layers: int
+    n_heads: int
+    max_length: int
+    truncation: str
+    dtype: str
+    codec: dict
+    chunk_cells: int
+    array_path: str
+    attn_implementation: str
+    special_tokens: dict
+    n_stored: int
+    n_truncated: int
+    n_skipped: int
+    manifest: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExampleInput:
+    """An example to store in a dataset: its text(s), label and annotated words."""
+
+    position: int
+    text_a: str
+    text_b: str | None = None
+    label: str | None = None
+    doc_id: str | None = None
+    sent_id: str | None = None
+    source_line: int | None = None
+    words: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
+class StoredExample:
+    """An example of a dataset as the ingester needs it (id, texts, words)."""
+
+    id: int
+    position: int
+    text_a: str
+    text_b: str | None
+    words: tuple[dict, ...]

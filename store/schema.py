@@ -1,0 +1,187 @@
+"""SQL tables of the store (SQLAlchemy 2 declarative models).
+
+These models are used to *read and write* rows and to check that the Alembic
+migrations agree with them; the schema itself is only ever built by running the
+migrations (`attnstore db upgrade`). ORM objects never leave `attnstore.store`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(naming_convention=NAMING)
+
+
+class Model(Base):
+    """A model whose attention was captured: name, weights hash, shape, special tokens."""
+
+    __tablename__ = "models"
+    __table_args__ = (sa.UniqueConstraint("name", "weights_sha256"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(255))
+    source: Mapped[str] = mapped_column(sa.Text)
+    weights_sha256: Mapped[str] = mapped_column(sa.String(64))
+    architecture: Mapped[str] = mapped_column(sa.String(255))
+    n_layers: Mapped[int]
+    n_heads: Mapped[int]
+    max_length: Mapped[int]
+    tokenizer: Mapped[str] = mapped_column(sa.String(255))
+    special_tokens: Mapped[dict] = mapped_column(sa.JSON)
+    parent_id: Mapped[int | None] = mapped_column(sa.ForeignKey("models.id"))
+    init: Mapped[str] = mapped_column(sa.String(32), default="pretrained")
+    task: Mapped[str | None] = mapped_column(sa.String(64))
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class Dataset(Base):
+    """A corpus file (or a split of a built-in corpus) registered once, shared by runs."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (sa.UniqueConstraint("name", "split", "checksum"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(255))
+    split: Mapped[str] = mapped_column(sa.String(64))
+    format: Mapped[str] = mapped_column(sa.String(32))
+    source: Mapped[str] = mapped_column(sa.Text)
+    license: Mapped[str | None] = mapped_column(sa.Text)
+    checksum: Mapped[str] = mapped_column(sa.String(64))
+    annotator: Mapped[str] = mapped_column(sa.String(255))
+    status: Mapped[str] = mapped_column(sa.String(16), default="loading")
+    n_examples: Mapped[int | None]
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class Example(Base):
+    """One input of a dataset: a sentence or a pair of segments, with its label."""
+
+    __tablename__ = "examples"
+    __table_args__ = (sa.UniqueConstraint("dataset_id", "position"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(sa.ForeignKey("datasets.id", ondelete="CASCADE"))
+    position: Mapped[int]
+    text_a: Mapped[str] = mapped_column(sa.Text)
+    text_b: Mapped[str | None] = mapped_column(sa.Text)
+    label: Mapped[str | None] = mapped_column(sa.String(64))
+    doc_id: Mapped[str | None] = mapped_column(sa.String(255))
+    sent_id: Mapped[str | None] = mapped_column(sa.String(255))
+    source_line: Mapped[int | None]
+
+
+class Word(Base):
+    """A word of an example with its (gold or predicted) annotation.
+
+    `position` counts words across both segments; `head` is the position of the
+    head word in the same example (NULL for the root or when unannotated).
+    """
+
+    __tablename__ = "words"
+    __table_args__ = (sa.UniqueConstraint("example_id", "position"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    example_id: Mapped[int] = mapped_column(sa.ForeignKey("examples.id", ondelete="CASCADE"))
+    position: Mapped[int]
+    segment: Mapped[int] = mapped_column(sa.SmallInteger)
+    form: Mapped[str] = mapped_column(sa.Text)
+    lemma: Mapped[str | None] = mapped_column(sa.Text)
+    upos: Mapped[str | None] = mapped_column(sa.String(16))
+    xpos: Mapped[str | None] = mapped_column(sa.String(32))
+    head: Mapped[int | None]
+    deprel: Mapped[str | None] = mapped_column(sa.String(64))
+    char_start: Mapped[int | None]
+    char_end: Mapped[int | None]
+    annotator: Mapped[str] = mapped_column(sa.String(255))
+
+
+class Run(Base):
+    """One pass of one model over one dataset; its maps live at `array_path` under the array root."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(255), unique=True)
+    model_id: Mapped[int] = mapped_column(sa.ForeignKey("models.id"))
+    dataset_id: Mapped[int] = mapped_column(sa.ForeignKey("datasets.id"))
+    status: Mapped[str] = mapped_column(sa.String(16), default="running")
+    max_length: Mapped[int]
+    truncation: Mapped[str] = mapped_column(sa.String(16))
+    attn_implementation: Mapped[str] = mapped_column(sa.String(32))
+    dtype: Mapped[str] = mapped_column(sa.String(16))
+    codec: Mapped[dict] = mapped_column(sa.JSON)
+    chunk_cells: Mapped[int] = mapped_column(sa.BigInteger)
+    array_path: Mapped[str] = mapped_column(sa.Text)
+    batch_size: Mapped[int]
+    code_version: Mapped[str] = mapped_column(sa.String(64))
+    corpus_checksum: Mapped[str] = mapped_column(sa.String(64))
+    manifest: Mapped[dict] = mapped_column(sa.JSON)
+    n_stored: Mapped[int] = mapped_column(default=0)
+    n_truncated: Mapped[int] = mapped_column(default=0)
+    n_skipped: Mapped[int] = mapped_column(default=0)
+    started_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    ingest_seconds: Mapped[float | None]
+
+
+class Sequence(Base):
+    """Where one example's (layer, head, L, L) block sits in the run's flat array."""
+
+    __tablename__ = "sequences"
+    __table_args__ = (sa.Index("ix_sequences_run_id_offset", "run_id", "offset"),)
+
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    example_id: Mapped[int] = mapped_column(sa.ForeignKey("examples.id", ondelete="CASCADE"), primary_key=True)
+    length: Mapped[int]
+    offset: Mapped[int | None] = mapped_column(sa.BigInteger)
+    truncated: Mapped[bool] = mapped_column(default=False)
+    skipped: Mapped[bool] = mapped_column(default=False)
+
+
+class Token(Base):
+    """A wordpiece of a stored sequence, aligned to its word (NULL for special tokens)."""
+
+    __tablename__ = "tokens"
+
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    example_id: Mapped[int] = mapped_column(sa.ForeignKey("examples.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(primary_key=True)
+    token: Mapped[str] = mapped_column(sa.Text)
+    token_id: Mapped[int]
+    word_position: Mapped[int | None]
+    segment: Mapped[int] = mapped_column(sa.SmallInteger)
+    is_special: Mapped[bool]
+    char_start: Mapped[int | None]
+    char_end: Mapped[int | None]
+
+
+class HeadMetric(Base):
+    """A saved per-head query result, so heads can be selected with SQL."""
+
+    __tablename__ = "head_metrics"
+    __table_args__ = (sa.UniqueConstraint("run_id", "metric", "params", "layer", "head"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
+    metric: Mapped[str] = mapped_column(sa.String(128))
+    params: Mapped[str] = mapped_column(sa.String(512), default="{}")
+    layer: Mapped[int]
+    head: Mapped[int]
+    value: Mapped[float | None] = mapped_column(sa.Float)
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)

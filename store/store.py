@@ -1,0 +1,413 @@
+"""The `Store`: connect to SQL + Zarr, read runs/examples/tokens/maps, and the write API used by ingest."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Iterable, Iterator, Sequence as Seq
+
+import numpy as np
+import pandas as pd
+import sqlalchemy as sa
+from sqlalchemy.orm import sessionmaker
+
+from . import arrays
+from .config import Locations, resolve_locations
+from .db import check_connection, create_engine, session_scope
+from .errors import ConflictError, InvalidArgumentError, NotFoundError
+from .migrate import verify_schema
+from .records import ExampleInput, RunInfo, StoredExample
+from .schema import Dataset, Example, HeadMetric, Model, Run, Sequence, Token, Word, utcnow
+
+RunRef = str | int
+
+
+def open_store(db: str | None = None, root: str | None = None, home: str | None = None) -> "Store":
+    """Open the store: `db` URL and array `root`, each from argument > environment > default.
+
+    Connects and checks the schema; never creates or migrates anything
+    (`attnstore db upgrade` does that).
+    """
+    return Store(resolve_locations(db=db, root=root, home=home))
+
+
+class Store:
+    def __init__(self, locations: Locations):
+        self.locations = locations
+        self.engine = create_engine(locations.db_url)
+        check_connection(self.engine)
+        verify_schema(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def __repr__(self) -> str:
+        return f"Store({self.locations.describe()})"
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def session(self):
+        return session_scope(self._sessions)
+
+    # ------------------------------------------------------------------ reading
+
+    def sql(self, query: str, params: dict | None = None) -> pd.DataFrame:
+        """Run a read-only SQL query over the metadata and return a DataFrame."""
+        with self.engine.connect() as conn:
+            return pd.read_sql_query(sa.text(query), conn, params=params or {})
+
+    def runs(self) -> pd.DataFrame:
+        """One row per run: run, run_id, model, dataset, split, status, counts, settings, times."""
+        q = (
+            sa.select(
+                Run.name.label("run"), Run.id.label("run_id"), Model.name.label("model"),
+                Dataset.name.label("dataset"), Dataset.split, Run.status, Run.n_stored, Run.n_truncated,
+                Run.n_skipped, Model.n_layers, Model.n_heads, Run.max_length, Run.truncation, Run.dtype,
+                Run.attn_implementation, Run.started_at, Run.finished_at, Run.ingest_seconds,
+            )
+            .join(Model, Model.id == Run.model_id)
+            .join(Dataset, Dataset.id == Run.dataset_id)
+            .order_by(Run.id)
+        )
+        with self.engine.connect() as conn:
+            return pd.read_sql_query(q, conn)
+
+    def run_info(self, run: RunRef) -> RunInfo:
+        with self.session() as s:
+            where = Run.id == run if isinstance(run, int) else Run.name == str(run)
+            row = s.execute(
+                sa.select(Run, Model, Dataset).join(Model, Model.id == Run.model_id).join(Dataset, Dataset.id == Run.dataset_id).where(where)
+            ).first()
+            if row is None:
+                known = s.scalars(sa.select(Run.name).order_by(Run.id).limit(10)).all()
+                hint = f"known runs: {', '.join(known)}" if known else "the store has no runs yet; create one with `attnstore ingest`"
+                raise NotFoundError(f"no run {run!r} in {self.locations.describe()}; {hint}")
+            r, m, d = row
+            return RunInfo(
+                id=r.id, name=r.name, status=r.status, model=m.name, model_id=m.id, dataset=d.name, split=d.split,
+                dataset_id=d.id, n_layers=m.n_layers, n_heads=m.n_heads, max_length=r.max_length,
+                truncation=r.truncation, dtype=r.dtype, codec=r.codec, chunk_cells=r.chunk_cells,
+                array_path=r.array_path, attn_implementation=r.attn_implementation,
+                special_tokens=m.special_tokens, n_stored=r.n_stored, n_truncated=r.n_truncated,
+                n_skipped=r.n_skipped, manifest=r.manifest,
+            )
+
+    def examples(self, run: RunRef) -> pd.DataFrame:
+        """Examples of a run: example (position in the corpus), example_id, texts, label, length, offset, flags."""
+        info = self.run_info(run)
+        q = (
+            sa.select(
+                Example.position.label("example"), Example.id.label("example_id"), Example.text_a, Example.text_b,
+                Example.label, Example.doc_id, Example.sent_id, Sequence.length, Sequence.offset,
+                Sequence.truncated, Sequence.skipped,
+            )
+            .join(Sequence, Sequence.example_id == Example.id)
+            .where(Sequence.run_id == info.id)
+            .order_by(Example.position)
+        )
+        with self.engine.connect() as conn:
+            return pd.read_sql_query(q, conn)
+
+    def _sequence(self, info: RunInfo, example: int) -> tuple[int, int, int | None]:
+        if isinstance(example, bool) or not isinstance(example, (int, np.integer)):
+            raise InvalidArgumentError(f"example must be an integer position in the corpus, not {example!r}")
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(Example.id, Sequence.length, Sequence.offset)
+                .join(Sequence, Sequence.example_id == Example.id)
+                .where(Sequence.run_id == info.id, Example.position == int(example))
+            ).first()
+        if row is None:
+            raise NotFoundError(
+                f"run {info.name!r} has no example {example} (it stores {info.n_stored} examples; see store.examples(run))"
+            )
+        if row.offset is None:
+            raise NotFoundError(f"example {example} of run {info.name!r} was skipped (longer than {info.max_length} tokens)")
+        return row.id, row.length, row.offset
+
+    def tokens(self, run: RunRef, example: int) -> pd.DataFrame:
+        """Tokens of one example with their word alignment and annotation.
+
+        Columns: position, token, token_id, is_special, segment, word_position (NULL for
+        special tokens), word, lemma, upos, xpos, head (word position), deprel, annotator,
+        char_start, char_end (characters of the segment's text).
+        """
+        info = self.run_info(run)
+        example_id, _, _ = self._sequence(info, example)
+        q = (
+            sa.select(
+                Token.position, Token.token, Token.token_id, Token.is_special, Token.segment, Token.word_position,
+                Word.form.label("word"), Word.lemma, Word.upos, Word.xpos, Word.head, Word.deprel, Word.annotator,
+                Token.char_start, Token.char_end,
+            )
+            .outerjoin(Word, sa.and_(Word.example_id == Token.example_id, Word.position == Token.word_position))
+            .where(Token.run_id == info.id, Token.example_id == example_id)
+            .order_by(Token.position)
+        )
+        with self.engine.connect() as conn:
+            df = pd.read_sql_query(q, conn)
+        df["word_position"] = df["word_position"].astype("Int64")
+        df["head"] = df["head"].astype("Int64")
+        return df
+
+    def words(self, run: RunRef, example: int) -> pd.DataFrame:
+        """Words of one example: position, segment, form, lemma, upos, xpos, head, deprel, annotator, chars."""
+        info = self.run_info(run)
+        example_id, _, _ = self._sequence(info, example)
+        q = sa.select(
+            Word.position, Word.segment, Word.form, Word.lemma, Word.upos, Word.xpos, Word.head, Word.deprel,
+            Word.annotator, Word.char_start, Word.char_end,
+        ).where(Word.example_id == example_id).order_by(Word.position)
+        with self.engine.connect() as conn:
+            df = pd.read_sql_query(q, conn)
+        df["head"] = df["head"].astype("Int64")
+        return df
+
+    def token_table(self, run: RunRef) -> pd.DataFrame:
+        """All tokens of a run (example, position, token, token_id, word_position, segment, is_special)."""
+        info = self.run_info(run)
+        q = (
+            sa.select(
+                Example.position.label("example"), Token.position, Token.token, Token.token_id,
+                Token.word_position, Token.segment, Token.is_special,
+            )
+            .join(Example, Example.id == Token.example_id)
+            .where(Token.run_id == info.id)
+            .order_by(Example.position, Token.position)
+        )
+        with self.engine.connect() as conn:
+            return pd.read_sql_query(q, conn)
+
+    def _array(self, info: RunInfo, read_only: bool = True):
+        return arrays.open_run_array(self.locations.array_root, info.array_path, read_only=read_only)
+
+    @staticmethod
+    def _select(name: str, value, size: int):
+        if value is None:
+            return slice(None)
+        values = [value] if isinstance(value, (int, np.integer)) else list(value)
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -size <= v < size:
+                raise InvalidArgumentError(f"{name} {v!r} is out of range: the model has {size} {name}s (0..{size - 1})")
+        return values
+
+    def attention(self, run: RunRef, example: int, layer=None, head=None) -> np.ndarray:
+        """One example's maps as a (layer, head, query, key) array, never padded.
+
+        `layer` / `head` are None (all), an int or a list of ints; the result keeps
+        all four axes either way. Rows sum to 1 over the example's L tokens.
+        """
+        info = self.run_info(run)
+        layers = self._select("layer", layer, info.n_layers)
+        heads = self._select("head", head, info.n_heads)
+        _, length, offset = self._sequence(info, example)
+        block = arrays.read_block(self._array(info), offset, arrays.block_shape(info.n_layers, info.n_heads, length))
+        return block[layers][:, heads]
+
+    def iter_attention(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """Stream (example, maps) over a run in storage order with bounded memory."""
+        info = self.run_info(run)
+        seqs = self.examples(info.id)
+        seqs = seqs[~seqs["skipped"]]
+        if examples is not None:
+            wanted = set(int(e) for e in examples)
+            missing = wanted - set(seqs["example"])
+            if missing:
+                raise NotFoundError(f"run {info.name!r} has no stored example(s) {sorted(missing)[:10]}")
+            seqs = seqs[seqs["example"].isin(wanted)]
+        refs = [arrays.BlockRef(int(e), int(o), int(n)) for e, o, n in zip(seqs["example"], seqs["offset"], seqs["length"])]
+        yield from arrays.iter_blocks(self._array(info), refs, info.n_layers, info.n_heads)
+
+    def head_metrics(self, run: RunRef | None = None, metric: str | None = None) -> pd.DataFrame:
+        q = sa.select(Run.name.label("run"), HeadMetric.metric, HeadMetric.params, HeadMetric.layer, HeadMetric.head, HeadMetric.value).join(Run, Run.id == HeadMetric.run_id)
+        if run is not None:
+            q = q.where(HeadMetric.run_id == self.run_info(run).id)
+        if metric is not None:
+            q = q.where(HeadMetric.metric == metric)
+        with self.engine.connect() as conn:
+            return pd.read_sql_query(q.order_by(HeadMetric.metric, HeadMetric.layer, HeadMetric.head), conn)
+
+    # ------------------------------------------------------------------ writing
+
+    def save_head_metrics(self, run: RunRef, frame: pd.DataFrame, prefix: str, params: dict | None = None) -> int:
+        """Save every numeric column of a per-head frame as metric `prefix.column`; replaces earlier values."""
+        info = self.run_info(run)
+        if not {"layer", "head"} <= set(frame.columns):
+            raise InvalidArgumentError("only per-head results (with layer and head columns) can be saved to head_metrics")
+        params_json = json.dumps(params or {}, sort_keys=True, default=str)
+        value_cols = [c for c in frame.columns if c not in ("layer", "head") and pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])]
+        rows = []
+        for col in value_cols:
+            for layer, head, value in zip(frame["layer"], frame["head"], frame[col]):
+                v = None if pd.isna(value) else float(value)
+                rows.append(dict(run_id=info.id, metric=f"{prefix}.{col}", params=params_json, layer=int(layer), head=int(head), value=v, created_at=utcnow()))
+        with self.session() as s:
+            s.execute(sa.delete(HeadMetric).where(HeadMetric.run_id == info.id, HeadMetric.params == params_json, HeadMetric.metric.in_([f"{prefix}.{c}" for c in value_cols])))
+            if rows:
+                s.execute(sa.insert(HeadMetric), rows)
+        return len(rows)
+
+    def find_or_create_model(self, **fields) -> int:
+        with self.session() as s:
+            existing = s.scalars(sa.select(Model).where(Model.name == fields["name"], Model.weights_sha256 == fields["weights_sha256"])).first()
+            if existing:
+                return existing.id
+            model = Model(**fields)
+            s.add(model)
+            s.flush()
+            return model.id
+
+    def find_or_create_dataset(self, *, name: str, split: str, checksum: str, **fields) -> tuple[int, str]:
+        """Return (dataset id, status); a dataset is identified by name, split and file checksum."""
+        with self.session() as s:
+            ds = s.scalars(sa.select(Dataset).where(Dataset.name == name, Dataset.split == split, Dataset.checksum == checksum)).first()
+            if ds is None:
+                ds = Dataset(name=name, split=split, checksum=checksum, status="loading", **fields)
+                s.add(ds)
+                s.flush()
+            return ds.id, ds.status
+
+    def stored_positions(self, dataset_id: int) -> set[int]:
+        with self.engine.connect() as conn:
+            return set(conn.scalars(sa.select(Example.position).where(Example.dataset_id == dataset_id)))
+
+    def add_examples(self, dataset_id: int, batch: Seq[ExampleInput], annotator: str) -> None:
+        """Insert examples with their words in one transaction (all of the batch or nothing)."""
+        with self.session() as s:
+            ids = s.execute(
+                sa.insert(Example).returning(Example.id, Example.position),
+                [dict(dataset_id=dataset_id, position=e.position, text_a=e.text_a, text_b=e.text_b, label=e.label,
+                      doc_id=e.doc_id, sent_id=e.sent_id, source_line=e.source_line) for e in batch],
+            ).all()
+            by_pos = {pos: eid for eid, pos in ids}
+            words = [dict(example_id=by_pos[e.position], annotator=w.get("annotator", annotator), **{k: v for k, v in w.items() if k != "annotator"})
+                     for e in batch for w in e.words]
+            if words:
+                s.execute(sa.insert(Word), words)
+
+    def complete_dataset(self, dataset_id: int) -> int:
+        with self.session() as s:
+            n = s.scalar(sa.select(sa.func.count()).select_from(Example).where(Example.dataset_id == dataset_id))
+            s.execute(sa.update(Dataset).where(Dataset.id == dataset_id).values(status="complete", n_examples=n))
+            return n
+
+    def dataset_examples(self, dataset_id: int, exclude_ids: set[int] = frozenset(), batch_size: int = 512) -> Iterator[StoredExample]:
+        """Stream a dataset's examples (with words) in corpus order, skipping `exclude_ids`."""
+        last = -1
+        while True:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    sa.select(Example.id, Example.position, Example.text_a, Example.text_b)
+                    .where(Example.dataset_id == dataset_id, Example.position > last)
+                    .order_by(Example.position).limit(batch_size)
+                ).all()
+                if not rows:
+                    return
+                last = rows[-1].position
+                ids = [r.id for r in rows if r.id not in exclude_ids]
+                words: dict[int, list[dict]] = {i: [] for i in ids}
+                if ids:
+                    for w in conn.execute(
+                        sa.select(Word.example_id, Word.position, Word.segment, Word.form, Word.char_start, Word.char_end)
+                        .where(Word.example_id.in_(ids)).order_by(Word.example_id, Word.position)
+                    ):
+                        words[w.example_id].append(dict(position=w.position, segment=w.segment, form=w.form, char_start=w.char_start, char_end=w.char_end))
+            for r in rows:
+                if r.id in words:
+                    yield StoredExample(r.id, r.position, r.text_a, r.text_b, tuple(words[r.id]))
+
+    def start_run(self, *, name: str, model_id: int, dataset_id: int, dtype: str, codec: dict, chunk_cells: int,
+                  max_length: int, truncation: str, **fields) -> RunInfo:
+        """Create a run (and its array), or return the existing one if its settings match."""
+        with self.session() as s:
+            run = s.scalars(sa.select(Run).where(Run.name == name)).first()
+            if run is not None:
+                wanted = dict(model_id=model_id, dataset_id=dataset_id, dtype=dtype, max_length=max_length, truncation=truncation)
+                differs = {k: (getattr(run, k), v) for k, v in wanted.items() if getattr(run, k) != v}
+                if differs:
+                    what = ", ".join(f"{k} stored={a!r} asked={b!r}" for k, (a, b) in differs.items())
+                    raise ConflictError(f"run {name!r} already exists with other settings ({what}); pick another --name")
+                return self.run_info(run.id)
+            array_path = f"runs/{uuid.uuid4().hex}"
+            arrays.create_run_array(self.locations.array_root, array_path, dtype=dtype, chunk_cells=chunk_cells, codec=codec,
+                                    attributes={"run": name})
+            run = Run(name=name, model_id=model_id, dataset_id=dataset_id, dtype=dtype, codec=codec, chunk_cells=chunk_cells,
+                      max_length=max_length, truncation=truncation, array_path=array_path, status="running", **fields)
+            s.add(run)
+            s.flush()
+            run_id = run.id
+        return self.run_info(run_id)
+
+    def done_example_ids(self, run: RunRef) -> set[int]:
+        info = self.run_info(run)
+        with self.engine.connect() as conn:
+            return set(conn.scalars(sa.select(Sequence.example_id).where(Sequence.run_id == info.id)))
+
+    def run_writer(self, run: RunRef) -> "RunWriter":
+        return RunWriter(self, self.run_info(run))
+
+    def fail_run(self, run: RunRef, status: str = "interrupted") -> None:
+        info = self.run_info(run)
+        with self.session() as s:
+            s.execute(sa.update(Run).where(Run.id == info.id, Run.status != "complete").values(status=status))
+
+
+class RunWriter:
+    """Append examples' maps and tokens to a run; SQL rows are committed only once their maps are on disk."""
+
+    def __init__(self, store: Store, info: RunInfo):
+        self.store = store
+        self.info = info
+        array = store._array(info, read_only=False)
+        with store.engine.connect() as conn:
+            end = conn.scalar(
+                sa.select(sa.func.max(Sequence.offset + info.n_layers * info.n_heads * Sequence.length * Sequence.length))
+                .where(Sequence.run_id == info.id)
+            )
+        self.blocks = arrays.BlockWriter(array, arrays.resume_offset(int(end or 0), info.chunk_cells))
+        self._pending: list[tuple[int, dict, list[dict]]] = []  # (end offset, sequence row, token rows)
+
+    def add(self, example_id: int, maps: np.ndarray, tokens: list[dict], truncated: bool = False) -> None:
+        expected = (self.info.n_layers, self.info.n_heads)
+        if maps.ndim != 4 or maps.shape[:2] != expected or maps.shape[2] != maps.shape[3] or maps.shape[2] != len(tokens):
+            raise InvalidArgumentError(f"maps of shape {maps.shape} do not fit {len(tokens)} tokens and {expected} (layer, head)")
+        offset = self.blocks.append(maps)
+        length = maps.shape[-1]
+        seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=offset, truncated=truncated, skipped=False)
+        toks = [dict(run_id=self.info.id, example_id=example_id, position=i, **t) for i, t in enumerate(tokens)]
+        self._pending.append((offset + maps.size, seq, toks))
+
+    def add_skipped(self, example_id: int, length: int) -> None:
+        seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=None, truncated=False, skipped=True)
+        self._pending.append((0, seq, []))
+
+    def commit(self, final: bool = False) -> int:
+        """Write whole chunks, then commit rows of the examples now fully on disk; returns rows committed."""
+        durable = self.blocks.flush(final=final)
+        ready = [p for p in self._pending if p[0] <= durable]
+        self._pending = [p for p in self._pending if p[0] > durable]
+        if not ready:
+            return 0
+        seqs = [p[1] for p in ready]
+        toks = [t for p in ready for t in p[2]]
+        n_stored = sum(1 for q in seqs if not q["skipped"])
+        with self.store.session() as s:
+            s.execute(sa.insert(Sequence), seqs)
+            if toks:
+                s.execute(sa.insert(Token), toks)
+            s.execute(sa.update(Run).where(Run.id == self.info.id).values(
+                n_stored=Run.n_stored + n_stored,
+                n_skipped=Run.n_skipped + (len(seqs) - n_stored),
+                n_truncated=Run.n_truncated + sum(1 for q in seqs if q["truncated"]),
+            ))
+        return len(ready)
+
+    def finish(self, seconds: float, manifest_update: dict | None = None) -> RunInfo:
+        self.commit(final=True)
+        with self.store.session() as s:
+            run = s.get(Run, self.info.id)
+            run.status = "complete"
+            run.finished_at = utcnow()
+            run.ingest_seconds = (run.ingest_seconds or 0.0) + seconds
+            if manifest_update:
+                run.manifest = {**(run.manifest or {}), **manifest_update}
+        return self.store.run_info(self.info.id)
