@@ -18,7 +18,7 @@ def create_engine(url: str) -> sa.Engine:
     """Create an engine; SQLite gets foreign keys on and a busy timeout for concurrent readers."""
     try:
         if url.startswith("sqlite"):
-            engine = sa.create_engine(url, connect_args={"timeout": 30})
+            engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
             @event.listens_for(engine, "connect")
             def _sqlite_pragmas(dbapi_conn, _record):

@@ -145,8 +145,8 @@ class Store:
         )
         with self.engine.connect() as conn:
             df = pd.read_sql_query(q, conn)
-        df["word_position"] = df["word_position"].astype("Int64")
-        df["head"] = df["head"].astype("Int64")
+        for col in ("word_position", "head", "char_start", "char_end"):
+            df[col] = df[col].astype("Int64")
         return df
 
     def words(self, run: RunRef, example: int) -> pd.DataFrame:

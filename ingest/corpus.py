@@ -1,0 +1,256 @@
+"""Streaming, validating readers for corpus files: text, pairs-tsv and CoNLL-U.
+
+Each reader yields `ExampleInput` records in file order and raises `CorpusError`
+naming the file and line on the first malformed record. Ingestion reads a file
+twice: once to validate it whole (nothing is written if it is bad), once to store.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import re
+from pathlib import Path
+from typing import Iterator
+
+from ..store.records import ExampleInput
+from .errors import CorpusError, EmptyCorpusError
+
+FORMATS = ("text", "pairs-tsv", "conllu")
+# Column names of known pair corpora (GLUE and HF exports): first match wins.
+PAIR_COLUMNS = [("text_a", "text_b"), ("sentence1", "sentence2"), ("#1 String", "#2 String"),
+                ("question", "sentence"), ("premise", "hypothesis"), ("question1", "question2")]
+LABEL_COLUMNS = ("label", "Quality", "gold_label", "score")
+
+
+def file_checksum(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """Yield (1-based line number, line without newline), decoding UTF-8 strictly, dropping a BOM."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(path, None, "no such file", "check the --corpus path")
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise CorpusError(
+                    path, number, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
+                    "re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8",
+                ) from None
+            if number == 1:
+                line = line.lstrip("\ufeff")
+            yield number, line.rstrip("\r\n")
+
+
+def read_text(path) -> Iterator[ExampleInput]:
+    """One example per non-blank line."""
+    position = 0
+    for number, line in read_lines(path):
+        if line.strip():
+            yield ExampleInput(position=position, text_a=line.strip(), source_line=number)
+            position += 1
+
+
+def _pick(header: list[str], wanted, path, option: str) -> int:
+    if wanted not in header:
+        raise CorpusError(path, 1, f"no column {wanted!r} in header {header}", f"pass an existing column name to {option}")
+    return header.index(wanted)
+
+
+def read_pairs_tsv(path, text_a: str | None = None, text_b: str | None = None, label: str | None = None,
+                   quoting: str = "none") -> Iterator[ExampleInput]:
+    """A tab-separated file with a header; two text columns become two segments.
+
+    Columns are found by name (GLUE's `#1 String`/`#2 String`, `sentence1`/`sentence2`,
+    `question`/`sentence`, ...) unless given. `quoting="none"` is GLUE's convention
+    (quotes are text); `quoting="csv"` reads "..." fields with "" escapes (HF exports).
+    """
+    lines = read_lines(path)
+    try:
+        header_line, header_text = next(lines)
+    except StopIteration:
+        raise EmptyCorpusError(path) from None
+    header = header_text.split("\t")
+    if text_a is None or text_b is None:
+        found = next(((a, b) for a, b in PAIR_COLUMNS if a in header and b in header), None)
+        if found is None:
+            raise CorpusError(path, header_line, f"cannot tell the two text columns from header {header}",
+                              "pass --text-a-column and --text-b-column")
+        text_a, text_b = text_a or found[0], text_b or found[1]
+    ia, ib = _pick(header, text_a, path, "--text-a-column"), _pick(header, text_b, path, "--text-b-column")
+    if label is None:
+        label = next((c for c in LABEL_COLUMNS if c in header), None)
+    il = _pick(header, label, path, "--label-column") if label else None
+    records = _split_rows(path, lines, quoting)
+    position = 0
+    for number, fields in records:
+        if len(fields) == 1 and not fields[0].strip():
+            continue
+        if len(fields) != len(header):
+            raise CorpusError(path, number, f"expected {len(header)} tab-separated fields, found {len(fields)}",
+                              "fix the row (a stray tab or quote?) or use the right --format")
+        a, b = fields[ia].strip(), fields[ib].strip()
+        if not a or not b:
+            raise CorpusError(path, number, f"empty text in column {text_a if not a else text_b!r}", "fill in or remove the row")
+        yield ExampleInput(position=position, text_a=a, text_b=b, label=fields[il] if il is not None else None, source_line=number)
+        position += 1
+
+
+def _split_rows(path, lines, quoting: str):
+    if quoting == "none":
+        for number, line in lines:
+            yield number, line.split("\t")
+        return
+    if quoting != "csv":
+        raise CorpusError(path, None, f"unknown quoting {quoting!r}", "use none or csv")
+    # The header (line 1) was consumed already: file line = line_num + 1 (a quoted field may span lines).
+    reader = csv.reader((line for _, line in lines), delimiter="\t", strict=True)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise CorpusError(path, reader.line_num + 1, f"bad CSV quoting ({exc})", "fix the quotes or use --quoting none") from None
+        yield reader.line_num + 1, row
+
+
+_ID_WORD = re.compile(r"^[1-9][0-9]*$")
+_ID_RANGE = re.compile(r"^([1-9][0-9]*)-([1-9][0-9]*)$")
+_ID_EMPTY = re.compile(r"^[0-9]+\.[1-9][0-9]*$")
+
+
+def read_conllu(path) -> Iterator[ExampleInput]:
+    """CoNLL-U sentences with gold annotation (10 columns; ranges and empty nodes skipped)."""
+    position = 0
+    sentence: list[tuple[int, list[str]]] = []
+    comments: dict[str, str] = {}
+    doc_id = None
+    start_line = None
+    for number, line in read_lines(path):
+        if not line.strip():
+            if sentence:
+                yield _conllu_sentence(path, position, sentence, comments, doc_id, start_line)
+                position += 1
+            elif comments:
+                raise CorpusError(path, number, "sentence has comments but no words", "remove the stray comment lines")
+            sentence, comments, start_line = [], {}, None
+            continue
+        start_line = start_line or number
+        if line.startswith("#"):
+            key, _, value = line[1:].partition("=")
+            key = key.strip()
+            if key in ("newdoc id", "newdoc"):
+                doc_id = value.strip() or None
+            comments[key] = value.strip()
+            continue
+        fields = line.split("\t")
+        if len(fields) != 10:
+            raise CorpusError(path, number, f"expected 10 tab-separated CoNLL-U columns, found {len(fields)}",
+                              "check the line (spaces instead of tabs?) or use --format text")
+        sentence.append((number, fields))
+    if sentence:
+        yield _conllu_sentence(path, position, sentence, comments, doc_id, start_line)
+
+
+def _conllu_sentence(path, position, lines, comments, doc_id, start_line) -> ExampleInput:
+    words: list[dict] = []
+    ranges: dict[int, tuple[int, int, str, bool]] = {}  # first word id -> (first, last, surface form, space after)
+    for number, f in lines:
+        wid = f[0]
+        m = _ID_RANGE.match(wid)
+        if m:
+            first, last = int(m.group(1)), int(m.group(2))
+            if last < first:
+                raise CorpusError(path, number, f"bad multiword range {wid!r}", "ranges are FIRST-LAST with FIRST <= LAST")
+            ranges[first] = (first, last, f[1], "SpaceAfter=No" not in f[9])
+            continue
+        if _ID_EMPTY.match(wid):
+            continue  # empty nodes are not surface words
+        if not _ID_WORD.match(wid):
+            raise CorpusError(path, number, f"bad word ID {wid!r}", "IDs are 1, 2, ... (ranges 1-2, empty nodes 1.1)")
+        if int(wid) != len(words) + 1:
+            raise CorpusError(path, number, f"word ID {wid} out of sequence (expected {len(words) + 1})", "renumber the sentence")
+        head = f[6]
+        if head != "_" and not head.isdigit():
+            raise CorpusError(path, number, f"HEAD {head!r} is not a number", "HEAD must be 0 (root) or a word ID")
+        words.append(dict(position=len(words), segment=0, form=f[1], lemma=_opt(f[2]), upos=_opt(f[3]), xpos=_opt(f[4]),
+                          head=None if head in ("_", "0") else int(head) - 1, deprel=_opt(f[7]),
+                          _space=("SpaceAfter=No" not in f[9]), _line=number))
+    for w in words:
+        if w["head"] is not None and w["head"] >= len(words):
+            raise CorpusError(path, w["_line"], f"HEAD {w['head'] + 1} points past the sentence's {len(words)} words", "fix the HEAD column")
+    text = _attach_char_spans(words, ranges)
+    return ExampleInput(position=position, text_a=comments.get("text") or text, doc_id=doc_id,
+                        sent_id=comments.get("sent_id"), source_line=start_line, words=tuple(words))
+
+
+def _attach_char_spans(words: list[dict], ranges) -> str:
+    """Give each syntactic word character offsets in the reconstructed sentence text.
+
+    Words of a multiword token share the surface token's span when their forms do not
+    spell it (e.g. a contraction); otherwise each gets its own part of it.
+    """
+    parts: list[str] = []
+    cursor = 0
+    i = 0
+    while i < len(words):
+        first = i + 1
+        if first in ranges:
+            _, last, surface, space = ranges[first]
+            group = words[i:last]
+            if "".join(w["form"] for w in group) == surface:
+                start = cursor
+                for w in group:
+                    w["char_start"], w["char_end"] = start, start + len(w["form"])
+                    start += len(w["form"])
+            else:
+                for w in group:
+                    w["char_start"], w["char_end"] = cursor, cursor + len(surface)
+            parts.append(surface + (" " if space else ""))
+            cursor += len(surface) + (1 if space else 0)
+            i = last
+            continue
+        w = words[i]
+        w["char_start"], w["char_end"] = cursor, cursor + len(w["form"])
+        parts.append(w["form"] + (" " if w["_space"] else ""))
+        cursor += len(w["form"]) + (1 if w["_space"] else 0)
+        i += 1
+    for w in words:
+        w.pop("_space", None)
+        w.pop("_line", None)
+    return "".join(parts).rstrip()
+
+
+def _opt(value: str) -> str | None:
+    return None if value == "_" else value
+
+
+def read_corpus(path, fmt: str, **options) -> Iterator[ExampleInput]:
+    if fmt == "text":
+        return read_text(path)
+    if fmt == "pairs-tsv":
+        return read_pairs_tsv(path, **options)
+    if fmt == "conllu":
+        return read_conllu(path)
+    raise CorpusError(path, None, f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+
+
+def validate_corpus(path, fmt: str, limit: int | None = None, **options) -> int:
+    """Read the whole file (or its first `limit` examples), raising on the first bad record; return the count."""
+    count = 0
+    for _ in read_corpus(path, fmt, **options):
+        count += 1
+        if limit is not None and count >= limit:
+            break
+    if count == 0:
+        raise EmptyCorpusError(path)
+    return count

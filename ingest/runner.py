@@ -1,0 +1,213 @@
+"""Ingestion: register a corpus as a dataset (annotated once), run a model over it once, store every map.
+
+Resumable and idempotent: examples are keyed by (dataset, position) and
+(run, example); a re-run skips what is committed and continues. A run's SQL rows
+are committed only after its maps are on disk (see store.arrays.BlockWriter).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from ..store import arrays
+from ..store.records import RunInfo
+from .align import TRUNCATION_POLICIES, Encoded, encode
+from .annotate import annotate, make_annotator
+from .corpus import file_checksum, read_corpus, validate_corpus
+from .errors import IngestError, InvalidArgumentError
+from .manifest import build_manifest
+from .model import DEFAULT_MODEL, LoadedModel, load_model
+
+ROW_SUM_TOLERANCE = 1e-3
+INSERT_BATCH = 256
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    run: RunInfo
+    n_new: int
+    seconds: float
+    already_complete: bool
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="ex", disable=not enabled, dynamic_ncols=True, leave=False)
+
+
+def register_dataset(store, *, corpus: str, fmt: str, name: str | None = None, split: str | None = None,
+                     annotator: str = "spacy", limit: int | None = None, progress: bool = True, license: str | None = None,
+                     **read_options) -> tuple[int, str, str]:
+    """Validate the whole corpus, then store its examples and words (resuming a partial load).
+
+    Returns (dataset id, annotator name, corpus checksum). Nothing is written if the file is bad.
+    """
+    path = Path(corpus)
+    n = validate_corpus(path, fmt, limit=limit, **read_options)
+    checksum = file_checksum(path)
+    name = name or path.parent.name or "corpus"
+    split = (split or path.stem) + (f"[:{limit}]" if limit else "")
+    gold = fmt == "conllu"
+    tool = None if gold else make_annotator(annotator)
+    annotator_name = "gold" if gold else tool.name
+    dataset_id, status = store.find_or_create_dataset(name=name, split=split, checksum=checksum, format=fmt,
+                                                      source=str(path.resolve()), annotator=annotator_name, license=license)
+    if status == "complete":
+        return dataset_id, annotator_name, checksum
+    stored = store.stored_positions(dataset_id)
+    todo = (e for e in islice(read_corpus(path, fmt, **read_options), n) if e.position not in stored)
+    with _progress(n - len(stored), f"annotating ({annotator_name})", progress) as bar:
+        while batch := list(islice(todo, INSERT_BATCH)):
+            store.add_examples(dataset_id, list(annotate(batch, tool)) if tool else batch, annotator_name)
+            bar.update(len(batch))
+    store.complete_dataset(dataset_id)
+    return dataset_id, annotator_name, checksum
+
+
+def plan_batches(encoded: Iterable[Encoded], batch_size: int, window_batches: int = 8) -> Iterator[list[Encoded]]:
+    """Batches of similar length (sorted within windows of a few batches): less padding, bounded memory."""
+    it = iter(encoded)
+    while window := list(islice(it, batch_size * window_batches)):
+        window.sort(key=lambda e: e.length)
+        for i in range(0, len(window), batch_size):
+            yield window[i : i + batch_size]
+
+
+def forward_attention(loaded: LoadedModel, batch: list[Encoded]):
+    """One eager forward pass; returns attention (batch, layer, head, query, key) float32 and lengths."""
+    import torch
+
+    lengths = [e.length for e in batch]
+    width = max(lengths)
+    pad = loaded.tokenizer.pad_token_id or 0
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    types = torch.zeros((len(batch), width), dtype=torch.long)
+    for k, e in enumerate(batch):
+        ids[k, : e.length] = torch.tensor(e.input_ids)
+        mask[k, : e.length] = 1
+        if e.token_type_ids is not None:
+            types[k, : e.length] = torch.tensor(e.token_type_ids)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if batch[0].token_type_ids is not None:
+        inputs["token_type_ids"] = types
+    with torch.inference_mode():
+        out = loaded.model(**inputs, output_attentions=True)
+    if not out.attentions or out.attentions[0] is None:
+        raise IngestError(f"model {loaded.name!r} returned no attention maps with attn_implementation={loaded.attn_implementation!r}")
+    return torch.stack(out.attentions, dim=1), mask, lengths
+
+
+def check_rows(attn, mask, batch: list[Encoded]) -> None:
+    """Every real query row must sum to 1 over real keys (so padding got no mass)."""
+    real = mask[:, None, None, :, None].to(attn.dtype)
+    sums = (attn * mask[:, None, None, None, :].to(attn.dtype)).sum(-1, keepdim=True)
+    err = ((sums - 1).abs() * real).amax().item()
+    if err > ROW_SUM_TOLERANCE:
+        raise IngestError(f"attention rows do not sum to 1 over real tokens (max error {err:.2e}) in examples "
+                          f"{[e.position for e in batch][:5]}...; the model must use eager softmax attention")
+
+
+def ingest(store, *, corpus: str, fmt: str, model: str = DEFAULT_MODEL, name: str | None = None,
+           dataset_name: str | None = None, split: str | None = None, annotator: str = "spacy",
+           batch_size: int = 32, max_length: int | None = None, truncation: str = "truncate", dtype: str = "float16",
+           limit: int | None = None, chunk_cells: int = arrays.DEFAULT_CHUNK_CELLS, codec: dict | None = None,
+           progress: bool = True, loaded: LoadedModel | None = None, **read_options) -> IngestResult:
+    """Ingest `corpus` with `model` into run `name` (created, or resumed if it exists)."""
+    if truncation not in TRUNCATION_POLICIES:
+        raise InvalidArgumentError(f"truncation must be one of {TRUNCATION_POLICIES}, not {truncation!r}")
+    if dtype not in arrays.DTYPES:
+        raise InvalidArgumentError(f"dtype must be one of {arrays.DTYPES}, not {dtype!r}")
+    if batch_size < 1 or (limit is not None and limit < 1):
+        raise InvalidArgumentError("--batch-size and --limit must be positive")
+    codec = codec or dict(arrays.DEFAULT_CODEC)
+    started = time.perf_counter()
+    dataset_id, annotator_name, checksum = register_dataset(
+        store, corpus=corpus, fmt=fmt, name=dataset_name, split=split, annotator=annotator, limit=limit,
+        progress=progress, **read_options)
+    loaded = loaded or load_model(model)
+    if max_length is not None and not 2 < max_length <= loaded.max_length:
+        raise InvalidArgumentError(f"--max-length must be between 3 and the model's limit {loaded.max_length}")
+    max_length = max_length or loaded.max_length
+    model_id = store.find_or_create_model(**loaded.record())
+    dataset_row = store.sql("SELECT name, split, n_examples FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
+    run_name = name or f"{dataset_row['name']}-{dataset_row['split']}-{loaded.name}"
+    manifest = build_manifest(loaded=loaded, corpus=str(Path(corpus).resolve()), fmt=fmt, corpus_checksum=checksum,
+                              annotator=annotator_name, dtype=dtype, max_length=max_length, truncation=truncation,
+                              batch_size=batch_size, codec=codec, chunk_cells=chunk_cells)
+    from .. import __version__
+
+    info = store.start_run(name=run_name, model_id=model_id, dataset_id=dataset_id, dtype=dtype, codec=codec,
+                           chunk_cells=chunk_cells, max_length=max_length, truncation=truncation,
+                           attn_implementation=loaded.attn_implementation, batch_size=batch_size,
+                           code_version=__version__, corpus_checksum=checksum, manifest=manifest)
+    if info.status == "complete":
+        return IngestResult(info, 0, 0.0, True)
+    done = store.done_example_ids(info.id)
+    total = int(dataset_row["n_examples"]) - len(done)
+    run_started = time.perf_counter()
+    writer = store.run_writer(info.id)
+    n_new = _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress)
+    seconds = time.perf_counter() - run_started
+    info = writer.finish(seconds, {"timings": {"total_seconds": time.perf_counter() - started}})
+    return IngestResult(info, n_new, seconds, False)
+
+
+def _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress) -> int:
+    encoded = (encode(loaded.tokenizer, ex, max_length, truncation) for ex in store.dataset_examples(dataset_id, exclude_ids=done))
+    inflight: deque = deque()
+    n_new = 0
+
+    def store_batch(items):
+        for enc, maps in items:
+            if maps is None:
+                writer.add_skipped(enc.example_id, enc.full_length)
+            else:
+                writer.add(enc.example_id, maps, enc.tokens, truncated=enc.truncated)
+        writer.commit()
+        bar.update(len(items))
+
+    # One writer thread: compression, Zarr writes and SQL inserts overlap the next forward pass.
+    with ThreadPoolExecutor(max_workers=1) as pool, _progress(total, f"ingesting {info.name}", progress) as bar:
+        try:
+            for batch in plan_batches(encoded, batch_size):
+                skipped = [e for e in batch if not e.input_ids]
+                batch = [e for e in batch if e.input_ids]
+                items = [(e, None) for e in skipped]
+                if batch:
+                    attn, mask, lengths = forward_attention(loaded, batch)
+                    check_rows(attn, mask, batch)
+                    attn = attn.to(getattr(__import__("torch"), dtype)).numpy()
+                    items += [(e, attn[k, :, :, :n, :n]) for k, (e, n) in enumerate(zip(batch, lengths))]
+                while len(inflight) >= 2:
+                    inflight.popleft().result()
+                inflight.append(pool.submit(store_batch, items))
+                n_new += len(items)
+            while inflight:
+                inflight.popleft().result()
+        except BaseException:
+            # Keep what is safely on disk; mark the run so `ingest` resumes it.
+            for f in inflight:
+                f.cancel()
+            for f in inflight:
+                if not f.cancelled():
+                    try:
+                        f.result()
+                    except Exception:
+                        pass
+            try:
+                writer.commit()
+                store.fail_run(info.id, status="interrupted")
+            except Exception:
+                pass
+            raise
+    return n_new

@@ -1,0 +1,72 @@
+"""Shared pieces of queries: streaming maps with per-token categories, per-head frames."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+from ..store.records import RunInfo
+
+SUBWORD_MARKERS = ("##", "Ġ", "▁")  # WordPiece, byte-level BPE, SentencePiece
+
+
+@dataclass
+class TokenFlags:
+    """Boolean masks over one example's tokens (length L each)."""
+
+    cls: np.ndarray
+    sep: np.ndarray
+    special: np.ndarray
+    punct: np.ndarray
+
+
+def special_id(info: RunInfo, role: str) -> int | None:
+    entry = info.special_tokens.get(role)
+    return None if entry is None else int(entry["id"])
+
+
+def token_flags(store, info: RunInfo, punct: str = ".,") -> dict[int, TokenFlags]:
+    """Per example, which tokens are the first special token ([CLS]-like), separators, other specials, punctuation.
+
+    Roles come from the tokenizer recorded with the model (cls/sep, else bos/eos), never from strings.
+    """
+    table = store.token_table(info.id)
+    cls_id = special_id(info, "cls") if "cls" in info.special_tokens else special_id(info, "bos")
+    sep_id = special_id(info, "sep") if "sep" in info.special_tokens else special_id(info, "eos")
+    special = table["is_special"].to_numpy(bool)
+    ids = table["token_id"].to_numpy()
+    is_cls = special & (ids == cls_id) if cls_id is not None else np.zeros_like(special)
+    is_sep = special & (ids == sep_id) & ~is_cls if sep_id is not None else np.zeros_like(special)
+    stripped = table["token"].str.replace(r"^(##|Ġ|▁)", "", regex=True)
+    is_punct = ~special & stripped.isin(list(punct)).to_numpy(bool)
+    bounds = np.flatnonzero(np.diff(table["example"].to_numpy())) + 1
+    starts = np.r_[0, bounds]
+    ends = np.r_[bounds, len(table)]
+    examples = table["example"].to_numpy()
+    return {
+        int(examples[s]): TokenFlags(is_cls[s:e], is_sep[s:e], special[s:e], is_punct[s:e])
+        for s, e in zip(starts, ends) if e > s
+    }
+
+
+def iter_maps(store, info: RunInfo, examples=None) -> Iterator[tuple[int, np.ndarray]]:
+    """(example, maps as float32) over a run, streamed."""
+    for example, block in store.iter_attention(info.id, examples):
+        yield example, block.astype(np.float32)
+
+
+def per_head_frame(info: RunInfo, **columns: np.ndarray) -> pd.DataFrame:
+    """A frame with one row per (layer, head) from (layer, head)-shaped arrays."""
+    layer, head = np.meshgrid(np.arange(info.n_layers), np.arange(info.n_heads), indexing="ij")
+    data = {"layer": layer.ravel(), "head": head.ravel()}
+    data.update({name: np.asarray(values, dtype=float).ravel() for name, values in columns.items()})
+    return pd.DataFrame(data)
+
+
+def safe_divide(total: np.ndarray, count) -> np.ndarray:
+    count = np.asarray(count, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.where(count > 0, count, 1), np.nan)

@@ -1,0 +1,48 @@
+"""C2 (Clark et al. 2019, Sec 3.2, Fig 2): attention to special tokens and punctuation per head."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .common import iter_maps, per_head_frame, safe_divide, token_flags
+from .registry import register
+
+
+@register("special_tokens")
+def special_tokens(store, *, run, punct: str = ".,", examples=None) -> pd.DataFrame:
+    """Mean attention per head to [CLS]-like, [SEP]-like and punctuation tokens, and from [SEP] to [SEP].
+
+    Columns: layer, head;
+    to_cls, to_sep, to_punct, to_other: attention mass a query token gives each kind of
+      key token, averaged over all query tokens of the run (the four sum to 1);
+      `to_other` includes other special tokens; punctuation = non-special tokens
+      whose text (without subword marker) is one of the characters in `punct`;
+    sep_from_sep: mean attention a separator token gives to separator tokens;
+    sep_from_other: the same for all other query tokens.
+    Special tokens are identified by the tokenizer's ids recorded with the model.
+    """
+    info = store.run_info(run)
+    flags = token_flags(store, info, punct)
+    shape = (info.n_layers, info.n_heads)
+    to = {k: np.zeros(shape) for k in ("cls", "sep", "punct", "other")}
+    sep_from_sep, sep_from_other = np.zeros(shape), np.zeros(shape)
+    n_queries = n_sep = n_non_sep = 0
+    for example, maps in iter_maps(store, info, examples):
+        f = flags[example]
+        received = maps.sum(axis=2)  # (layer, head, key): attention each key gets, summed over queries
+        other = ~(f.cls | f.sep | f.punct)
+        for name, mask in (("cls", f.cls), ("sep", f.sep), ("punct", f.punct), ("other", other)):
+            to[name] += received[..., mask].sum(-1)
+        to_sep = maps[..., f.sep].sum(-1)  # (layer, head, query)
+        sep_from_sep += to_sep[..., f.sep].sum(-1)
+        sep_from_other += to_sep[..., ~f.sep].sum(-1)
+        n_queries += maps.shape[-1]
+        n_sep += int(f.sep.sum())
+        n_non_sep += int((~f.sep).sum())
+    return per_head_frame(
+        info,
+        **{f"to_{k}": safe_divide(v, n_queries) for k, v in to.items()},
+        sep_from_sep=safe_divide(sep_from_sep, n_sep),
+        sep_from_other=safe_divide(sep_from_other, n_non_sep),
+    )
