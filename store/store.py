@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from typing import Iterable, Iterator, Sequence as Seq
 
@@ -15,7 +16,7 @@ from . import arrays
 from .config import Locations, resolve_locations
 from .db import check_connection, create_engine, session_scope
 from .errors import ConflictError, InvalidArgumentError, NotFoundError
-from .migrate import verify_schema
+from .migrate import upgrade_command, verify_schema
 from .records import ExampleInput, RunInfo, StoredExample
 from .schema import Dataset, Example, HeadMetric, Model, Run, Sequence, Token, Word, utcnow
 
@@ -34,6 +35,9 @@ def open_store(db: str | None = None, root: str | None = None, home: str | None 
 class Store:
     def __init__(self, locations: Locations):
         self.locations = locations
+        url = locations.db_url
+        if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
+            raise NotFoundError(f"no store database at {url[len('sqlite:///'):]}; create it with: {upgrade_command(url)}")
         self.engine = create_engine(locations.db_url)
         check_connection(self.engine)
         verify_schema(self.engine)

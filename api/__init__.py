@@ -1,0 +1,1 @@
+"""Front ends: the `attnstore` command line (and later the HTTP app). Thin: they call store, ingest and queries."""

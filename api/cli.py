@@ -1,0 +1,256 @@
+"""The `attnstore` command line: thin wrappers over attnstore.store, .ingest and .queries."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+
+import click
+
+from ..store.config import redact, resolve_locations
+from ..store.errors import AttnStoreError
+
+FORMATS = ("table", "csv", "json")
+
+
+def store_options(func):
+    """--db / --root / --home, resolved as option > environment variable > default."""
+
+    @click.option("--home", default=None, help="Store directory for the embedded default (env ATTNSTORE_HOME; default ./attnstore-data).")
+    @click.option("--root", default=None, help="Zarr root for attention arrays: a path or fsspec URL (env ATTNSTORE_ROOT; default HOME/attention.zarr).")
+    @click.option("--db", default=None, help="Metadata database URL, e.g. postgresql+psycopg://user@host/db (env ATTNSTORE_DB; default sqlite HOME/meta.sqlite).")
+    @functools.wraps(func)
+    def wrapper(*args, db=None, root=None, home=None, **kwargs):
+        return func(*args, locations=resolve_locations(db=db, root=root, home=home), **kwargs)
+
+    return wrapper
+
+
+def friendly_errors(func):
+    """Turn attnstore errors into one-line CLI errors with a non-zero exit."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except AttnStoreError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    return wrapper
+
+
+def open_store(locations):
+    from ..store import Store
+
+    return Store(locations)
+
+
+def emit(frame, fmt: str, output: str | None = None) -> None:
+    if fmt == "csv":
+        text = frame.to_csv(index=False)
+    elif fmt == "json":
+        text = frame.to_json(orient="records", indent=2, date_format="iso")
+    else:
+        text = frame.to_string(index=False, float_format=lambda v: f"{v:.4f}")
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+        click.echo(f"wrote {len(frame)} rows to {output}", err=True)
+    else:
+        click.echo(text)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="attnstore")
+def main():
+    """attnstore: store a corpus's attention maps once (Zarr + SQL), query them many times."""
+
+
+# ---------------------------------------------------------------- db
+
+
+@main.group()
+def db():
+    """Create or upgrade the metadata database (Alembic migrations)."""
+
+
+@db.command("upgrade")
+@store_options
+@friendly_errors
+def db_upgrade(locations):
+    """Create the schema, or upgrade it to this version's head."""
+    from ..store import migrate
+
+    if locations.db_url.startswith("sqlite:///"):
+        os.makedirs(os.path.dirname(locations.db_url[len("sqlite:///"):]) or ".", exist_ok=True)
+    before, after = migrate.upgrade(locations.db_url)
+    state = "already at" if before == after else f"upgraded from {before or 'empty'} to"
+    click.echo(f"{redact(locations.db_url)}: {state} revision {after}")
+
+
+@db.command("current")
+@store_options
+@friendly_errors
+def db_current(locations):
+    """Print the database's schema revision and this version's head."""
+    from ..store import migrate
+    from ..store.db import check_connection, create_engine
+
+    engine = create_engine(locations.db_url)
+    check_connection(engine)
+    current, head = migrate.current_revision(engine), migrate.head_revision()
+    status = "up to date" if current == head else f"out of date: run {migrate.upgrade_command(locations.db_url)}"
+    click.echo(f"{redact(locations.db_url)}: revision {current or 'none'} (head {head}, {status})")
+
+
+# ---------------------------------------------------------------- ingest
+
+
+@main.command()
+@click.option("--corpus", required=True, type=click.Path(dir_okay=False), help="Corpus file to ingest.")
+@click.option("--format", "fmt", required=True, type=click.Choice(["text", "pairs-tsv", "conllu"]),
+              help="text: one example per line; pairs-tsv: TSV with a header and two text columns; conllu: CoNLL-U with gold annotation.")
+@click.option("--model", default="all-MiniLM-L6-v2", show_default=True, help="Hugging Face model name or local directory.")
+@click.option("--name", default=None, help="Run name (default DATASET-SPLIT-MODEL). Re-running a name resumes it.")
+@click.option("--dataset-name", default=None, help="Dataset name (default: the file's folder name).")
+@click.option("--split", default=None, help="Split name (default: the file's stem).")
+@click.option("--annotate", "annotator", default="spacy", show_default=True, type=click.Choice(["spacy", "whitespace"]),
+              help="Word annotation for corpora without gold annotation.")
+@click.option("--batch-size", default=32, show_default=True, type=int)
+@click.option("--max-length", default=None, type=int, help="Token limit (default: the model's).")
+@click.option("--truncation", default="truncate", show_default=True, type=click.Choice(["truncate", "skip"]),
+              help="What to do with inputs over the limit: truncate them (longest segment first) or skip them. Counted per run.")
+@click.option("--dtype", default="float16", show_default=True, type=click.Choice(["float16", "float32"]))
+@click.option("--limit", default=None, type=int, help="Only the first N examples.")
+@click.option("--text-a-column", default=None, help="pairs-tsv: first text column (default: found from the header).")
+@click.option("--text-b-column", default=None, help="pairs-tsv: second text column.")
+@click.option("--label-column", default=None, help="pairs-tsv: label column.")
+@click.option("--quoting", default="none", show_default=True, type=click.Choice(["none", "csv"]),
+              help="pairs-tsv: 'none' treats quotes as text (GLUE); 'csv' reads quoted fields (HF exports).")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
+@store_options
+@friendly_errors
+def ingest(locations, corpus, fmt, model, name, dataset_name, split, annotator, batch_size, max_length, truncation,
+           dtype, limit, text_a_column, text_b_column, label_column, quoting, progress):
+    """Run a model once over a corpus and store every attention map.
+
+    Interrupted runs resume when the same command is run again: no example is
+    stored twice or lost.
+    """
+    from ..ingest import ingest as run_ingest
+
+    read_options = {}
+    if fmt == "pairs-tsv":
+        read_options = dict(text_a=text_a_column, text_b=text_b_column, label=label_column, quoting=quoting)
+    store = open_store(locations)
+    try:
+        result = run_ingest(store, corpus=corpus, fmt=fmt, model=model, name=name, dataset_name=dataset_name, split=split,
+                            annotator=annotator, batch_size=batch_size, max_length=max_length, truncation=truncation,
+                            dtype=dtype, limit=limit, progress=progress, **read_options)
+    except KeyboardInterrupt:
+        click.echo("interrupted: stored examples are kept; run the same command again to resume", err=True)
+        sys.exit(130)
+    run = result.run
+    if result.already_complete:
+        click.echo(f"run {run.name!r} is already complete ({run.n_stored} examples); nothing to do")
+        return
+    click.echo(f"run {run.name!r}: stored {result.n_new} examples in {result.seconds:.1f}s "
+               f"({run.n_stored} stored, {run.n_truncated} truncated, {run.n_skipped} skipped; max length {run.max_length}, "
+               f"truncation={run.truncation})")
+
+
+# ---------------------------------------------------------------- browsing
+
+
+@main.command()
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@store_options
+@friendly_errors
+def runs(locations, fmt):
+    """List the runs in the store."""
+    frame = open_store(locations).runs()
+    emit(frame.drop(columns=["started_at", "finished_at"]) if fmt == "table" else frame, fmt)
+
+
+@main.command()
+@click.argument("run")
+@store_options
+@friendly_errors
+def show(locations, run):
+    """Print a run's settings and provenance manifest as JSON."""
+    info = open_store(locations).run_info(run)
+    click.echo(json.dumps(info.__dict__, indent=2, default=str))
+
+
+@main.command()
+@click.option("--run", required=True, help="Run name.")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@store_options
+@friendly_errors
+def examples(locations, run, fmt):
+    """List a run's examples with their stored length and flags."""
+    emit(open_store(locations).examples(run), fmt)
+
+
+@main.command()
+@click.option("--run", required=True, help="Run name.")
+@click.option("--example", required=True, type=int, help="Example position in the corpus (0-based).")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@store_options
+@friendly_errors
+def tokens(locations, run, example, fmt):
+    """Show one example's tokens with word alignment, POS and dependencies."""
+    emit(open_store(locations).tokens(run, example), fmt)
+
+
+# ---------------------------------------------------------------- queries
+
+
+@main.command("queries")
+def list_queries():
+    """List the stored queries and their parameters."""
+    from ..queries import QUERIES, load_all
+
+    load_all()
+    for spec in sorted(QUERIES.values(), key=lambda s: s.name):
+        params = ", ".join(f"{n}={p.default!r}" for n, p in spec.parameters().items() if n != "examples")
+        click.echo(f"{spec.name:20s} {spec.summary}" + (f" [params: {params}]" if params else ""))
+
+
+def parse_params(ctx, _param, values):
+    out = {}
+    for item in values:
+        if "=" not in item:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", ctx=ctx)
+        key, value = item.split("=", 1)
+        out[key.strip()] = value
+    return out
+
+
+@main.command()
+@click.argument("name")
+@click.option("--run", required=True, help="Run name.")
+@click.option("--param", "params", multiple=True, callback=parse_params, metavar="KEY=VALUE", help="Query parameter (repeatable); see `attnstore queries`.")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@click.option("--output", default=None, type=click.Path(dir_okay=False), help="Write to a file instead of stdout.")
+@click.option("--save", is_flag=True, help="Also save the per-head values to the head_metrics table.")
+@store_options
+@friendly_errors
+def query(locations, name, run, params, fmt, output, save):
+    """Run stored query NAME over a run's maps (no model needed)."""
+    from ..queries.registry import coerce_params, get_query
+
+    spec = get_query(name)
+    kwargs = coerce_params(spec, params)
+    store = open_store(locations)
+    frame = spec.func(store, run=run, **kwargs)
+    emit(frame, fmt, output)
+    if save:
+        n = store.save_head_metrics(run, frame, prefix=name, params=kwargs)
+        click.echo(f"saved {n} values to head_metrics (metric '{name}.*')", err=True)
+
+
+if __name__ == "__main__":
+    main()
