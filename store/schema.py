@@ -185,3 +185,38 @@ class HeadMetric(Base):
     head: Mapped[int]
     value: Mapped[float | None] = mapped_column(sa.Float)
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class PatternLabel(Base):
+    """Attention-pattern class of one (example, layer, head) map (Kovaleva et al. K1), by a person or a classifier."""
+
+    __tablename__ = "pattern_labels"
+    __table_args__ = (sa.UniqueConstraint("run_id", "example_id", "layer", "head", "source"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
+    example_id: Mapped[int] = mapped_column(sa.ForeignKey("examples.id", ondelete="CASCADE"))
+    layer: Mapped[int]
+    head: Mapped[int]
+    label: Mapped[str] = mapped_column(sa.String(32))
+    source: Mapped[str] = mapped_column(sa.String(64))
+    confidence: Mapped[float | None] = mapped_column(sa.Float)
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class AblationResult(Base):
+    """Task score of a model with some heads disabled (Kovaleva et al. K7), next to its baseline."""
+
+    __tablename__ = "ablation_results"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model_id: Mapped[int] = mapped_column(sa.ForeignKey("models.id", ondelete="CASCADE"))
+    task: Mapped[str] = mapped_column(sa.String(64))
+    split: Mapped[str] = mapped_column(sa.String(64))
+    mode: Mapped[str] = mapped_column(sa.String(16))
+    disabled_heads: Mapped[list] = mapped_column(sa.JSON)
+    metric: Mapped[str] = mapped_column(sa.String(64))
+    score: Mapped[float] = mapped_column(sa.Float)
+    baseline_score: Mapped[float | None] = mapped_column(sa.Float)
+    n_examples: Mapped[int]
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)

