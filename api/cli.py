@@ -129,11 +129,13 @@ def db_current(locations):
 @click.option("--label-column", default=None, help="pairs-tsv: label column.")
 @click.option("--quoting", default="none", show_default=True, type=click.Choice(["none", "csv"]),
               help="pairs-tsv: 'none' treats quotes as text (GLUE); 'csv' reads quoted fields (HF exports).")
+@click.option("--chunk-cells", default=1 << 20, show_default=True, type=int,
+              help="Zarr chunk length in cells (advanced; the default was chosen by benchmarks/choose_codec.py).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
 @store_options
 @friendly_errors
 def ingest(locations, corpus, fmt, model, name, dataset_name, split, annotator, batch_size, max_length, truncation,
-           dtype, limit, text_a_column, text_b_column, label_column, quoting, progress):
+           dtype, limit, text_a_column, text_b_column, label_column, quoting, chunk_cells, progress):
     """Run a model once over a corpus and store every attention map.
 
     Interrupted runs resume when the same command is run again: no example is
@@ -148,7 +150,7 @@ def ingest(locations, corpus, fmt, model, name, dataset_name, split, annotator, 
     try:
         result = run_ingest(store, corpus=corpus, fmt=fmt, model=model, name=name, dataset_name=dataset_name, split=split,
                             annotator=annotator, batch_size=batch_size, max_length=max_length, truncation=truncation,
-                            dtype=dtype, limit=limit, progress=progress, **read_options)
+                            dtype=dtype, limit=limit, chunk_cells=chunk_cells, progress=progress, **read_options)
     except KeyboardInterrupt:
         click.echo("interrupted: stored examples are kept; run the same command again to resume", err=True)
         sys.exit(130)

@@ -1,0 +1,146 @@
+"""End to end with the real model: stored maps equal a fresh eager forward pass; runs resume."""
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnstore.ingest import ingest, runner
+
+pytestmark = pytest.mark.model
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+MRPC = FIXTURES / "mrpc_dev_head.tsv"
+EWT = FIXTURES / "ewt_dev_excerpt.conllu"
+
+
+def fresh_forward(loaded, token_ids, segments):
+    import torch
+
+    with torch.inference_mode():
+        out = loaded.model(input_ids=torch.tensor([list(token_ids)]), token_type_ids=torch.tensor([list(segments)]),
+                           output_attentions=True)
+    return torch.stack(out.attentions, 1)[0].numpy()
+
+
+def assert_matches_model(store, run, loaded, example):
+    toks = store.tokens(run, example)
+    maps = store.attention(run, example).astype(np.float32)
+    assert maps.shape == (loaded.n_layers, loaded.n_heads, len(toks), len(toks))  # never padded
+    np.testing.assert_allclose(maps, fresh_forward(loaded, toks["token_id"], toks["segment"]), atol=1e-3)
+    np.testing.assert_allclose(maps.sum(-1), 1.0, atol=5e-3)
+    special = toks["is_special"].to_numpy(bool)
+    assert special.sum() >= 2
+    assert (maps[..., special].sum(axis=2) > 0).all()  # special tokens are never masked out
+
+
+def test_stored_maps_equal_a_fresh_forward_pass(store, loaded_model):
+    result = ingest(store, corpus=str(MRPC), fmt="pairs-tsv", loaded=loaded_model, batch_size=5, progress=False)
+    run = result.run
+    assert (run.status, run.n_stored, run.n_truncated, run.n_skipped) == ("complete", 12, 0, 0)
+    assert run.manifest["model"]["weights_sha256"] == loaded_model.weights_sha256
+    assert run.manifest["attn_implementation"] == "eager" and run.manifest["dtype"] == "float16"
+    assert run.manifest["corpus"]["annotator"].startswith("spacy:")
+    for example in range(12):
+        assert_matches_model(store, run.name, loaded_model, example)
+    toks = store.tokens(run.name, 0)
+    assert set(toks["segment"]) == {0, 1} and toks["upos"].notna().sum() > 10
+    again = ingest(store, corpus=str(MRPC), fmt="pairs-tsv", loaded=loaded_model, progress=False)
+    assert again.already_complete and store.run_info(run.name).n_stored == 12
+
+
+def test_gold_conllu_annotation_is_used(store, loaded_model):
+    run = ingest(store, corpus=str(EWT), fmt="conllu", loaded=loaded_model, progress=False).run
+    assert run.manifest["corpus"]["annotator"] == "gold"
+    toks = store.tokens(run.name, 2)
+    did = toks[toks["word"] == "did"].iloc[0]
+    nt = toks[toks["word"] == "n't"]
+    assert did["upos"] == "AUX" and did["annotator"] == "gold"
+    assert list(nt["token"]) == ["n", "'", "t"] and set(nt["deprel"]) == {"advmod"}
+    assert_matches_model(store, run.name, loaded_model, 4)
+
+
+def test_truncation_and_skip_are_recorded(store, loaded_model, tmp_path):
+    corpus = tmp_path / "long.txt"
+    corpus.write_text("short one\n" + " ".join(["word"] * 40) + "\n", encoding="utf-8")
+    cut = ingest(store, corpus=str(corpus), fmt="text", annotator="whitespace", loaded=loaded_model, max_length=16,
+                 name="cut", progress=False).run
+    assert (cut.n_stored, cut.n_truncated, cut.truncation) == (2, 1, "truncate")
+    assert store.attention("cut", 1).shape[-1] == 16
+    skip = ingest(store, corpus=str(corpus), fmt="text", annotator="whitespace", loaded=loaded_model, max_length=16,
+                  truncation="skip", name="skip", progress=False).run
+    assert (skip.n_stored, skip.n_skipped) == (1, 1)
+    with pytest.raises(FileNotFoundError, match="was skipped"):
+        store.attention("skip", 1)
+
+
+def test_interrupted_run_resumes_without_duplicates_or_loss(store, loaded_model, monkeypatch):
+    real_forward = runner.forward_attention
+    calls = {"n": 0}
+
+    def flaky_forward(loaded, batch):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real_forward(loaded, batch)
+
+    monkeypatch.setattr(runner, "forward_attention", flaky_forward)
+    with pytest.raises(KeyboardInterrupt):
+        ingest(store, corpus=str(MRPC), fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=2,
+               chunk_cells=4096, name="resumed", progress=False)
+    partial = store.run_info("resumed")
+    assert partial.status == "interrupted" and 0 < partial.n_stored < 12
+    monkeypatch.setattr(runner, "forward_attention", real_forward)
+    done = ingest(store, corpus=str(MRPC), fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=2,
+                  chunk_cells=4096, name="resumed", progress=False)
+    assert done.n_new == 12 - partial.n_stored
+    examples = store.examples("resumed")
+    assert sorted(examples["example"]) == list(range(12))
+    for example in range(12):
+        assert_matches_model(store, "resumed", loaded_model, example)
+
+
+def test_kill_9_mid_run_then_resume(tmp_path, loaded_model):
+    corpus = tmp_path / "corpus.txt"
+    lines = [line.split("\t")[3] for line in MRPC.read_text(encoding="utf-8-sig").splitlines()[1:]]
+    corpus.write_text("\n".join(lines * 20) + "\n", encoding="utf-8")  # 240 examples
+    home = tmp_path / "store"
+    cli = [sys.executable, "-m", "attnstore.api.cli"]
+    env = {**os.environ, "ATTNSTORE_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    subprocess.run(cli + ["db", "upgrade"], check=True, env=env, capture_output=True)
+    args = cli + ["ingest", "--corpus", str(corpus), "--format", "text", "--annotate", "whitespace", "--batch-size", "4",
+                  "--chunk-cells", "16384", "--name", "k", "--no-progress"]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    db = home / "meta.sqlite"
+    deadline = time.time() + 120
+    stored = 0
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+                stored = conn.execute("SELECT count(*) FROM sequences").fetchone()[0]
+        except sqlite3.Error:
+            stored = 0
+        if stored > 0:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    with sqlite3.connect(db) as conn:
+        before = conn.execute("SELECT count(*) FROM sequences").fetchone()[0]
+    assert 0 < before < 240
+    subprocess.run(args, check=True, env=env, capture_output=True)
+    from attnstore import open_store
+
+    store = open_store(home=str(home))
+    info = store.run_info("k")
+    examples = store.examples("k")
+    assert info.status == "complete" and info.n_stored == 240
+    assert sorted(examples["example"]) == list(range(240)) and examples["example_id"].is_unique
+    for example in (0, before - 1, before, 239):
+        assert_matches_model(store, "k", loaded_model, example)
