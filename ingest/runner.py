@@ -19,7 +19,7 @@ import numpy as np
 
 from ..store import arrays
 from ..store.records import RunInfo
-from .align import TRUNCATION_POLICIES, Encoded, encode
+from .align import TRUNCATION_POLICIES, Encoded, encode_batch
 from .annotate import annotate, make_annotator
 from .corpus import file_checksum, read_corpus, validate_corpus
 from .errors import IngestError, InvalidArgumentError
@@ -57,12 +57,13 @@ def register_dataset(store, *, corpus: str, fmt: str, name: str | None = None, s
     name = name or path.parent.name or "corpus"
     split = (split or path.stem) + (f"[:{limit}]" if limit else "")
     gold = fmt == "conllu"
+    existing = store.find_dataset(name=name, split=split, checksum=checksum)
+    if existing is not None and existing["status"] == "complete":
+        return existing["id"], existing["annotator"], checksum  # annotated once: no spaCy needed
     tool = None if gold else make_annotator(annotator)
     annotator_name = "gold" if gold else tool.name
-    dataset_id, status = store.find_or_create_dataset(name=name, split=split, checksum=checksum, format=fmt,
-                                                      source=str(path.resolve()), annotator=annotator_name, license=license)
-    if status == "complete":
-        return dataset_id, annotator_name, checksum
+    dataset_id, _ = store.find_or_create_dataset(name=name, split=split, checksum=checksum, format=fmt,
+                                                 source=str(path.resolve()), annotator=annotator_name, license=license)
     stored = store.stored_positions(dataset_id)
     todo = (e for e in islice(read_corpus(path, fmt, **read_options), n) if e.position not in stored)
     with _progress(n - len(stored), f"annotating ({annotator_name})", progress) as bar:
@@ -83,7 +84,7 @@ def plan_batches(encoded: Iterable[Encoded], batch_size: int, window_batches: in
 
 
 def forward_attention(loaded: LoadedModel, batch: list[Encoded]):
-    """One eager forward pass; returns attention (batch, layer, head, query, key) float32 and lengths."""
+    """One eager forward pass; returns the per-layer attentions (batch, head, query, key) and the lengths."""
     import torch
 
     lengths = [e.length for e in batch]
@@ -104,17 +105,31 @@ def forward_attention(loaded: LoadedModel, batch: list[Encoded]):
         out = loaded.model(**inputs, output_attentions=True)
     if not out.attentions or out.attentions[0] is None:
         raise IngestError(f"model {loaded.name!r} returned no attention maps with attn_implementation={loaded.attn_implementation!r}")
-    return torch.stack(out.attentions, dim=1), mask, lengths
+    return out.attentions, lengths
 
 
-def check_rows(attn, mask, batch: list[Encoded]) -> None:
-    """Every real query row must sum to 1 over real keys (so padding got no mass)."""
-    real = mask[:, None, None, :, None].to(attn.dtype)
-    sums = (attn * mask[:, None, None, None, :].to(attn.dtype)).sum(-1, keepdim=True)
-    err = ((sums - 1).abs() * real).amax().item()
-    if err > ROW_SUM_TOLERANCE:
-        raise IngestError(f"attention rows do not sum to 1 over real tokens (max error {err:.2e}) in examples "
-                          f"{[e.position for e in batch][:5]}...; the model must use eager softmax attention")
+def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) -> list:
+    """Per example, its unpadded (layer, head, L, L) maps in `dtype`, checked: real rows sum to 1 over real keys.
+
+    One conversion pass into a preallocated (batch, layer, head, T, T) array; the
+    blocks are views of it. The check runs on the stored values (float16 rounding
+    moves a row sum by at most 2**-11).
+    """
+    import torch
+
+    first = attentions[0]
+    out = torch.empty((first.shape[0], len(attentions), *first.shape[1:]), dtype=getattr(torch, dtype))
+    for layer, attn in enumerate(attentions):
+        out[:, layer].copy_(attn)
+    blocks = []
+    for k, n in enumerate(lengths):
+        block = out[k, :, :, :n, :n]
+        err = (block.sum(-1, dtype=torch.float32) - 1).abs().max().item()
+        if err > ROW_SUM_TOLERANCE:
+            raise IngestError(f"attention rows of example {batch[k].position} do not sum to 1 over its real tokens "
+                              f"(max error {err:.2e}); the model must use eager softmax attention")
+        blocks.append(block.numpy())
+    return blocks
 
 
 def ingest(store, *, corpus: str, fmt: str, model: str = DEFAULT_MODEL, name: str | None = None,
@@ -163,7 +178,9 @@ def ingest(store, *, corpus: str, fmt: str, model: str = DEFAULT_MODEL, name: st
 
 
 def _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress) -> int:
-    encoded = (encode(loaded.tokenizer, ex, max_length, truncation) for ex in store.dataset_examples(dataset_id, exclude_ids=done))
+    pending = store.dataset_examples(dataset_id, exclude_ids=done)
+    encoded = (enc for group in iter(lambda: list(islice(pending, 256)), [])
+               for enc in encode_batch(loaded.tokenizer, group, max_length, truncation))
     inflight: deque = deque()
     n_new = 0
 
@@ -184,10 +201,8 @@ def _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_
                 batch = [e for e in batch if e.input_ids]
                 items = [(e, None) for e in skipped]
                 if batch:
-                    attn, mask, lengths = forward_attention(loaded, batch)
-                    check_rows(attn, mask, batch)
-                    attn = attn.to(getattr(__import__("torch"), dtype)).numpy()
-                    items += [(e, attn[k, :, :, :n, :n]) for k, (e, n) in enumerate(zip(batch, lengths))]
+                    attentions, lengths = forward_attention(loaded, batch)
+                    items += list(zip(batch, to_blocks(attentions, lengths, dtype, batch)))
                 while len(inflight) >= 2:
                     inflight.popleft().result()
                 inflight.append(pool.submit(store_batch, items))

@@ -53,9 +53,8 @@ def token_flags(store, info: RunInfo, punct: str = ".,") -> dict[int, TokenFlags
 
 
 def iter_maps(store, info: RunInfo, examples=None) -> Iterator[tuple[int, np.ndarray]]:
-    """(example, maps as float32) over a run, streamed."""
-    for example, block in store.iter_attention(info.id, examples):
-        yield example, block.astype(np.float32)
+    """(example, maps as stored, float16 or float32) over a run, streamed; reduce with dtype=np.float64."""
+    yield from store.iter_attention(info.id, examples)
 
 
 def per_head_frame(info: RunInfo, **columns: np.ndarray) -> pd.DataFrame:

@@ -33,7 +33,7 @@ def entropy(store, *, run, examples=None) -> pd.DataFrame:
     uniform = uniform_cls = 0.0
     for example, maps in iter_maps(store, info, examples):
         f = flags[example]
-        h = row_entropy(maps)  # (layer, head, query)
+        h = row_entropy(maps.astype(np.float32, copy=False))  # (layer, head, query)
         length = maps.shape[-1]
         total += h.sum(-1)
         from_cls += h[..., f.cls].sum(-1)

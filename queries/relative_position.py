@@ -24,9 +24,9 @@ def relative_position(store, *, run, examples=None) -> pd.DataFrame:
     prev, same, nxt = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     n_tokens = n_pairs = 0
     for _, maps in iter_maps(store, info, examples):
-        prev += np.diagonal(maps, offset=-1, axis1=2, axis2=3).sum(-1)
-        same += np.diagonal(maps, offset=0, axis1=2, axis2=3).sum(-1)
-        nxt += np.diagonal(maps, offset=1, axis1=2, axis2=3).sum(-1)
+        prev += np.diagonal(maps, offset=-1, axis1=2, axis2=3).sum(-1, dtype=np.float64)
+        same += np.diagonal(maps, offset=0, axis1=2, axis2=3).sum(-1, dtype=np.float64)
+        nxt += np.diagonal(maps, offset=1, axis1=2, axis2=3).sum(-1, dtype=np.float64)
         n_tokens += maps.shape[-1]
         n_pairs += maps.shape[-1] - 1
     return per_head_frame(info, to_previous=safe_divide(prev, n_pairs), to_self=safe_divide(same, n_tokens),

@@ -30,11 +30,11 @@ def special_tokens(store, *, run, punct: str = ".,", examples=None) -> pd.DataFr
     n_queries = n_sep = n_non_sep = 0
     for example, maps in iter_maps(store, info, examples):
         f = flags[example]
-        received = maps.sum(axis=2)  # (layer, head, key): attention each key gets, summed over queries
+        received = maps.sum(axis=2, dtype=np.float64)  # (layer, head, key): attention each key gets, summed over queries
         other = ~(f.cls | f.sep | f.punct)
         for name, mask in (("cls", f.cls), ("sep", f.sep), ("punct", f.punct), ("other", other)):
             to[name] += received[..., mask].sum(-1)
-        to_sep = maps[..., f.sep].sum(-1)  # (layer, head, query)
+        to_sep = maps[..., f.sep].sum(-1, dtype=np.float64)  # (layer, head, query)
         sep_from_sep += to_sep[..., f.sep].sum(-1)
         sep_from_other += to_sep[..., ~f.sep].sum(-1)
         n_queries += maps.shape[-1]

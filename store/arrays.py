@@ -81,7 +81,11 @@ def resume_offset(stored_end: int, chunk_cells: int) -> int:
 
 
 class BlockWriter:
-    """Append blocks at increasing offsets; write whole chunks only, until `flush(final=True)`."""
+    """Append blocks at increasing offsets; write whole chunks only, until `flush(final=True)`.
+
+    Blocks are copied once, straight into a growing buffer (a block may be a strided
+    view of a padded batch); whole chunks are written from the buffer.
+    """
 
     def __init__(self, array, start_offset: int):
         self.array = array
@@ -89,7 +93,7 @@ class BlockWriter:
         if start_offset % self.chunk:
             raise InvalidArgumentError(f"start offset {start_offset} is not a multiple of the chunk size {self.chunk}")
         self._base = start_offset  # everything before this offset is on disk
-        self._parts: list[np.ndarray] = []
+        self._buf = np.empty(4 * self.chunk, dtype=array.dtype)
         self._buffered = 0
 
     @property
@@ -102,9 +106,13 @@ class BlockWriter:
 
     def append(self, block: np.ndarray) -> int:
         offset = self.next_offset
-        flat = np.ascontiguousarray(block, dtype=self.array.dtype).reshape(-1)
-        self._parts.append(flat)
-        self._buffered += flat.size
+        n = block.size
+        if self._buffered + n > self._buf.size:
+            grown = np.empty(max(2 * self._buf.size, self._buffered + n), dtype=self._buf.dtype)
+            grown[: self._buffered] = self._buf[: self._buffered]
+            self._buf = grown
+        self._buf[self._buffered : self._buffered + n].reshape(block.shape)[...] = block
+        self._buffered += n
         return offset
 
     def flush(self, final: bool = False) -> int:
@@ -112,11 +120,10 @@ class BlockWriter:
         n_write = self._buffered if final else (self._buffered // self.chunk) * self.chunk
         if n_write == 0:
             return self._base
-        data = np.concatenate(self._parts) if len(self._parts) > 1 else self._parts[0]
-        self.array[self._base : self._base + n_write] = data[:n_write]
-        rest = data[n_write:]
-        self._parts = [rest.copy()] if rest.size else []
-        self._buffered = rest.size
+        self.array[self._base : self._base + n_write] = self._buf[:n_write]
+        rest = self._buffered - n_write
+        self._buf[:rest] = self._buf[n_write : self._buffered].copy()
+        self._buffered = rest
         self._base += n_write
         if final:  # the next write would start inside a chunk now on disk
             self._base = resume_offset(self._base, self.chunk)

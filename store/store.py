@@ -260,6 +260,12 @@ class Store:
             s.flush()
             return model.id
 
+    def find_dataset(self, *, name: str, split: str, checksum: str) -> dict | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(Dataset.id, Dataset.status, Dataset.annotator).where(
+                Dataset.name == name, Dataset.split == split, Dataset.checksum == checksum)).first()
+        return None if row is None else dict(row._mapping)
+
     def find_or_create_dataset(self, *, name: str, split: str, checksum: str, **fields) -> tuple[int, str]:
         """Return (dataset id, status); a dataset is identified by name, split and file checksum."""
         with self.session() as s:
@@ -355,6 +361,16 @@ class Store:
             s.execute(sa.update(Run).where(Run.id == info.id, Run.status != "complete").values(status=status))
 
 
+TOKEN_FIELDS = ("token", "token_id", "word_position", "segment", "is_special", "char_start", "char_end")
+
+
+def bulk_insert(conn, table: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
+    """executemany straight on the driver: ~3x faster than Core for the tokens of a batch (SQLite and psycopg)."""
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})"
+    conn.exec_driver_sql(sql, rows)
+
+
 class RunWriter:
     """Append examples' maps and tokens to a run; SQL rows are committed only once their maps are on disk."""
 
@@ -377,7 +393,7 @@ class RunWriter:
         offset = self.blocks.append(maps)
         length = maps.shape[-1]
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=offset, truncated=truncated, skipped=False)
-        toks = [dict(run_id=self.info.id, example_id=example_id, position=i, **t) for i, t in enumerate(tokens)]
+        toks = [(self.info.id, example_id, i, *(t[c] for c in TOKEN_FIELDS)) for i, t in enumerate(tokens)]
         self._pending.append((offset + maps.size, seq, toks))
 
     def add_skipped(self, example_id: int, length: int) -> None:
@@ -397,7 +413,7 @@ class RunWriter:
         with self.store.session() as s:
             s.execute(sa.insert(Sequence), seqs)
             if toks:
-                s.execute(sa.insert(Token), toks)
+                bulk_insert(s.connection(), "tokens", ("run_id", "example_id", "position", *TOKEN_FIELDS), toks)
             s.execute(sa.update(Run).where(Run.id == self.info.id).values(
                 n_stored=Run.n_stored + n_stored,
                 n_skipped=Run.n_skipped + (len(seqs) - n_stored),

@@ -1,0 +1,154 @@
+"""Benchmark: ingest and query the MRPC dev set, printing the design targets as ratios measured in one run.
+
+    python benchmarks/ingest_and_query.py [--corpus ../shared/data/glue/MRPC/dev.tsv] [--batch-size 32]
+
+Figures (DESIGN.md, "Performance targets"):
+  ingest / bare forward   throughput of `ingest` (tokenize, forward, check, compress, write Zarr + SQL)
+                          over a bare eager forward pass with output_attentions on the same batches  (>= 0.9)
+  bytes per cell          bytes on disk of the run's Zarr array / attention cells stored               (<= 1.7)
+  query speed-up          time to recompute a per-head aggregate with the model / time to compute it
+                          from the stored run                                                          (>= 30)
+  read latency p50        store.attention(run, example) for random examples                            (< 20 ms)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+
+from attnstore.ingest import ingest, register_dataset
+from attnstore.ingest.align import encode_batch
+from attnstore.ingest.model import load_model
+from attnstore.ingest.runner import forward_attention, plan_batches
+from attnstore.queries import run_query
+from attnstore.queries.relative_position import relative_position
+from attnstore.store import migrate, open_store
+
+DEFAULT_CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue" / "MRPC" / "dev.tsv"
+
+
+def bare_forward(loaded, batches) -> float:
+    start = time.perf_counter()
+    for batch in batches:
+        forward_attention(loaded, batch)
+    return time.perf_counter() - start
+
+
+def recompute_relative_position(loaded, batches) -> tuple[float, np.ndarray]:
+    """What the papers' notebooks do: run the model, then aggregate its attention (here: to the previous token)."""
+    start = time.perf_counter()
+    total = np.zeros((loaded.n_layers, loaded.n_heads))
+    pairs = 0
+    for batch in batches:
+        attentions, lengths = forward_attention(loaded, batch)
+        for layer, attn in enumerate(attentions):
+            attn = attn.numpy()
+            for k, n in enumerate(lengths):
+                total[layer] += np.diagonal(attn[k, :, :n, :n], offset=-1, axis1=1, axis2=2).sum(-1)
+        pairs += sum(n - 1 for n in lengths)
+    return time.perf_counter() - start, total / pairs
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", default=str(DEFAULT_CORPUS))
+    parser.add_argument("--format", default="pairs-tsv")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    args = parser.parse_args()
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    home = Path(tempfile.mkdtemp(prefix="attnstore-bench-"))
+    db = f"sqlite:///{home / 'meta.sqlite'}"
+    migrate.upgrade(db)
+    store = open_store(db=db, root=str(home / "attention.zarr"))
+
+    t = time.perf_counter()
+    loaded = load_model()
+    load_seconds = time.perf_counter() - t
+    t = time.perf_counter()
+    dataset_id, annotator, _ = register_dataset(store, corpus=args.corpus, fmt=args.format, progress=False)
+    annotate_seconds = time.perf_counter() - t
+    examples = list(store.dataset_examples(dataset_id))
+    encoded = encode_batch(loaded.tokenizer, examples, loaded.max_length, "truncate")
+    batches = list(plan_batches(encoded, args.batch_size))
+    forward_attention(loaded, batches[0])  # warm-up
+
+    bare_1 = bare_forward(loaded, batches)
+    t = time.perf_counter()
+    result = ingest(store, corpus=args.corpus, fmt=args.format, loaded=loaded, batch_size=args.batch_size, progress=False)
+    ingest_seconds = time.perf_counter() - t
+    bare_2 = bare_forward(loaded, batches)
+    bare = (bare_1 + bare_2) / 2
+    run = result.run
+
+    frame = store.examples(run.name)
+    cells = int((run.n_layers * run.n_heads * frame["length"] ** 2).sum())
+    stored_bytes = dir_bytes(home / "attention.zarr" / run.array_path)
+
+    recompute_seconds, recomputed = recompute_relative_position(loaded, batches)
+    query_times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        stored = relative_position(store, run=run.name)
+        query_times.append(time.perf_counter() - t)
+    query_seconds = min(query_times)
+    agree = np.abs(stored["to_previous"].to_numpy().reshape(recomputed.shape) - recomputed).max()
+
+    other = {}
+    for name in ("special_tokens", "entropy"):
+        t = time.perf_counter()
+        run_query(store, name, run=run.name)
+        other[name] = time.perf_counter() - t
+
+    rng = random.Random(0)
+    positions = frame["example"].tolist()
+    latencies = []
+    for example in rng.choices(positions, k=200):
+        t = time.perf_counter()
+        store.attention(run.name, example)
+        latencies.append((time.perf_counter() - t) * 1000)
+
+    n = len(examples)
+    print(f"corpus: {args.corpus} ({n} examples, {cells:,} attention cells, batch size {args.batch_size}, "
+          f"torch threads {torch.get_num_threads()})")
+    print(f"model: {loaded.name} ({loaded.n_layers} layers x {loaded.n_heads} heads), load {load_seconds:.1f}s; "
+          f"annotation once per dataset ({annotator}): {annotate_seconds:.1f}s")
+    print(f"codec: {run.codec}, chunk {run.chunk_cells:,} cells, dtype {run.dtype}")
+    print()
+    print(f"{'figure':42s} {'measured':>12s}  {'target':>8s}")
+    rows = [
+        ("ingest / bare forward throughput", bare / ingest_seconds, ">= 0.9", f"bare {bare:.2f}s ({bare_1:.2f}/{bare_2:.2f}), ingest {ingest_seconds:.2f}s"),
+        ("stored bytes per attention cell", stored_bytes / cells, "<= 1.7", f"{stored_bytes:,} bytes; raw float16 = 2.0"),
+        ("recompute / stored query (relative_position)", recompute_seconds / query_seconds, ">= 30",
+         f"recompute {recompute_seconds:.2f}s, stored {query_seconds:.3f}s, max |diff| {agree:.1e}"),
+        ("read one example's maps, p50 (ms)", statistics.median(latencies), "< 20", f"p90 {np.percentile(latencies, 90):.1f} ms"),
+    ]
+    for label, value, target, detail in rows:
+        print(f"{label:42s} {value:12.3f}  {target:>8s}   {detail}")
+    print()
+    for name, seconds in other.items():
+        print(f"query {name}: {seconds:.3f}s over the stored run ({recompute_seconds / seconds:.1f}x faster than recomputing with the model)")
+    print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    print(f"store left at {home}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
