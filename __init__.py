@@ -6,8 +6,10 @@
     >>> store.attention("my-run", 0).shape     # (layer, head, query, key)
 """
 
-from .store import Store, open_store
-from .store.errors import AttnStoreError
+# Absolute imports: pytest imports this file as the repository root's package under the
+# checkout's folder name, which relative imports would not survive.
+from attnstore.store import Store, open_store
+from attnstore.store.errors import AttnStoreError
 
 __version__ = "0.1.0"
 __all__ = ["AttnStoreError", "Store", "open_store", "__version__"]
