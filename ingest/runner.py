@@ -74,13 +74,26 @@ def register_dataset(store, *, corpus: str, fmt: str, name: str | None = None, s
     return dataset_id, annotator_name, checksum
 
 
-def plan_batches(encoded: Iterable[Encoded], batch_size: int, window_batches: int = 8) -> Iterator[list[Encoded]]:
-    """Batches of similar length (sorted within windows of a few batches): less padding, bounded memory."""
+# A batch's attention is batch x layers x heads x T x T floats: cap batch x T^2 so long
+# inputs get smaller batches and peak memory does not depend on the corpus's lengths.
+MAX_BATCH_PAIRS = 32 * 128 * 128
+
+
+def plan_batches(encoded: Iterable[Encoded], batch_size: int, window_batches: int = 8,
+                 max_pairs: int = MAX_BATCH_PAIRS) -> Iterator[list[Encoded]]:
+    """Batches of similar length (sorted within windows of a few batches), at most `batch_size`
+    examples and `max_pairs` (batch x longest length squared) token pairs each."""
     it = iter(encoded)
     while window := list(islice(it, batch_size * window_batches)):
         window.sort(key=lambda e: e.length)
-        for i in range(0, len(window), batch_size):
-            yield window[i : i + batch_size]
+        batch: list[Encoded] = []
+        for e in window:
+            if batch and (len(batch) == batch_size or (len(batch) + 1) * e.length**2 > max_pairs):
+                yield batch
+                batch = []
+            batch.append(e)
+        if batch:
+            yield batch
 
 
 def forward_attention(loaded: LoadedModel, batch: list[Encoded]):
