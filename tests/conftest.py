@@ -58,7 +58,7 @@ def pg_databases(pg_admin_url):
         with admin.connect() as conn:
             conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
         created.append(name)
-        return pg_admin_url.rsplit("/", 1)[0] + f"/{name}"
+        return sa.engine.make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
 
     yield new_database
     with admin.connect() as conn:
