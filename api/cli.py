@@ -126,9 +126,13 @@ def db_current(locations):
 
 
 @main.command()
-@click.option("--corpus", required=True, type=click.Path(dir_okay=False), help="Corpus file to ingest.")
-@click.option("--format", "fmt", required=True, type=click.Choice(["text", "pairs-tsv", "conllu"]),
-              help="text: one example per line; pairs-tsv: TSV with a header and two text columns; conllu: CoNLL-U with gold annotation.")
+@click.option("--corpus", default=None, type=click.Path(dir_okay=False), help="Corpus file to ingest (or use --dataset).")
+@click.option("--format", "fmt", default=None, type=click.Choice(["text", "tsv", "pairs-tsv", "conllu"]),
+              help="text: one example per line; tsv / pairs-tsv: TSV with a header and one / two text columns; "
+                   "conllu: CoNLL-U with gold annotation.")
+@click.option("--dataset", default=None, metavar="NAME:SPLIT", help="A built-in dataset, e.g. glue/MRPC:dev (see `attnstore datasets`).")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+              help="Folder holding the built-in datasets' files (env ATTNSTORE_DATA; default ../shared/data).")
 @click.option("--model", default="all-MiniLM-L6-v2", show_default=True, help="Hugging Face model name or local directory.")
 @click.option("--name", default=None, help="Run name (default DATASET-SPLIT-MODEL). Re-running a name resumes it.")
 @click.option("--dataset-name", default=None, help="Dataset name (default: the file's folder name).")
@@ -141,6 +145,9 @@ def db_current(locations):
               help="What to do with inputs over the limit: truncate them (longest segment first) or skip them. Counted per run.")
 @click.option("--dtype", default="float16", show_default=True, type=click.Choice(["float16", "float32"]))
 @click.option("--limit", default=None, type=int, help="Only the first N examples.")
+@click.option("--sample", default=None, type=int, help="A random sample of N examples (reproducible with --seed).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed for --sample.")
+@click.option("--window-words", default=None, type=int, help="gum/ontogum: words per document window (default 128).")
 @click.option("--text-a-column", default=None, help="pairs-tsv: first text column (default: found from the header).")
 @click.option("--text-b-column", default=None, help="pairs-tsv: second text column.")
 @click.option("--label-column", default=None, help="pairs-tsv: label column.")
@@ -151,8 +158,9 @@ def db_current(locations):
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
 @store_options
 @friendly_errors
-def ingest(locations, corpus, fmt, model, name, dataset_name, split, annotator, batch_size, max_length, truncation,
-           dtype, limit, text_a_column, text_b_column, label_column, quoting, chunk_cells, progress):
+def ingest(locations, corpus, fmt, dataset, data_dir, model, name, dataset_name, split, annotator, batch_size, max_length,
+           truncation, dtype, limit, sample, seed, window_words, text_a_column, text_b_column, label_column, quoting,
+           chunk_cells, progress):
     """Run a model once over a corpus and store every attention map.
 
     Interrupted runs resume when the same command is run again: no example is
@@ -163,11 +171,15 @@ def ingest(locations, corpus, fmt, model, name, dataset_name, split, annotator, 
     read_options = {}
     if fmt == "pairs-tsv":
         read_options = dict(text_a=text_a_column, text_b=text_b_column, label=label_column, quoting=quoting)
+    elif fmt == "tsv":
+        read_options = dict(text_a=text_a_column, label=label_column, quoting=quoting)
     store = open_store(locations)
     try:
-        result = run_ingest(store, corpus=corpus, fmt=fmt, model=model, name=name, dataset_name=dataset_name, split=split,
-                            annotator=annotator, batch_size=batch_size, max_length=max_length, truncation=truncation,
-                            dtype=dtype, limit=limit, chunk_cells=chunk_cells, progress=progress, **read_options)
+        result = run_ingest(store, corpus=corpus, fmt=fmt, dataset=dataset, data_dir=data_dir, model=model, name=name,
+                            dataset_name=dataset_name, split=split, annotator=annotator, batch_size=batch_size,
+                            max_length=max_length, truncation=truncation, dtype=dtype, limit=limit, sample=sample,
+                            seed=seed, window_words=window_words, chunk_cells=chunk_cells, progress=progress,
+                            **read_options)
     except KeyboardInterrupt:
         click.echo("interrupted: stored examples are kept; run the same command again to resume", err=True)
         sys.exit(130)
@@ -178,6 +190,25 @@ def ingest(locations, corpus, fmt, model, name, dataset_name, split, annotator, 
     click.echo(f"run {run.name!r}: stored {result.n_new} examples in {result.seconds:.1f}s "
                f"({run.n_stored} stored, {run.n_truncated} truncated, {run.n_skipped} skipped; max length {run.max_length}, "
                f"truncation={run.truncation})")
+
+
+@main.command()
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+              help="Folder holding the datasets' files (env ATTNSTORE_DATA; default ../shared/data).")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@friendly_errors
+def datasets(data_dir, fmt):
+    """List the built-in datasets: size, license, source, and whether their files are present."""
+    import pandas as pd
+
+    from ..ingest.datasets import BUILTIN, resolve_data_dir
+
+    root = resolve_data_dir(data_dir)
+    rows = [dict(dataset=s.key, size=f"{s.n_examples:,} {s.unit}", annotation=s.annotation, license=s.license,
+                 source=s.source, present=(root / s.path).exists()) for s in BUILTIN]
+    emit(pd.DataFrame(rows), fmt)
+    if fmt == "table":
+        click.echo(f"data directory: {root}", err=True)
 
 
 # ---------------------------------------------------------------- browsing

@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 
-from attnstore.ingest import ingest, register_dataset
+from attnstore.ingest import file_source, ingest, register_dataset
 from attnstore.ingest.align import encode_batch
 from attnstore.ingest.model import load_model
 from attnstore.ingest.runner import forward_attention, plan_batches
@@ -84,7 +84,7 @@ def main() -> None:
     loaded = load_model()
     load_seconds = time.perf_counter() - t
     t = time.perf_counter()
-    dataset_id, annotator, _ = register_dataset(store, corpus=args.corpus, fmt=args.format, progress=False)
+    dataset_id, annotator = register_dataset(store, file_source(args.corpus, args.format), progress=False)
     annotate_seconds = time.perf_counter() - t
     examples = list(store.dataset_examples(dataset_id))
     encoded = encode_batch(loaded.tokenizer, examples, loaded.max_length, "truncate")

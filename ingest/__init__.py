@@ -10,6 +10,6 @@ import os
 # Must be set before torch is imported; a user's own setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .runner import IngestResult, ingest, register_dataset
+from .runner import CorpusSource, IngestResult, builtin_source, file_source, ingest, register_dataset
 
-__all__ = ["IngestResult", "ingest", "register_dataset"]
+__all__ = ["CorpusSource", "IngestResult", "builtin_source", "file_source", "ingest", "register_dataset"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Iterator
 
 from ..store.records import ExampleInput
@@ -15,6 +16,9 @@ class WhitespaceAnnotator:
     """Words are whitespace-separated strings; no POS or dependencies."""
 
     name = "whitespace"
+
+    def tag(self, forms: list[list[str]]) -> list[list[dict]]:
+        return [[dict(lemma=None, upos=None, xpos=None, head=None, deprel=None) for _ in words] for words in forms]
 
     def words(self, texts: list[str]) -> list[list[dict]]:
         out = []
@@ -43,6 +47,14 @@ class SpacyAnnotator:
         self.batch_size = batch_size
         self.name = f"spacy:{self.nlp.meta['lang']}_{self.nlp.meta['name']}@{self.nlp.meta['version']}"
 
+    def tag(self, forms: list[list[str]]) -> list[list[dict]]:
+        """Annotate words that are already split (e.g. FrameNet's tokens), keeping that tokenization."""
+        from spacy.tokens import Doc
+
+        docs = (Doc(self.nlp.vocab, words=words) for words in forms)
+        return [[dict(lemma=t.lemma_, upos=t.pos_, xpos=t.tag_, head=None if t.head.i == t.i else t.head.i, deprel=t.dep_)
+                 for t in doc] for doc in self.nlp.pipe(docs, batch_size=self.batch_size)]
+
     def words(self, texts: list[str]) -> list[list[dict]]:
         out = []
         for doc in self.nlp.pipe(texts, batch_size=self.batch_size):
@@ -68,12 +80,17 @@ def make_annotator(kind: str):
 def annotate(examples: Iterable[ExampleInput], annotator) -> Iterator[ExampleInput]:
     """Fill in words for a batch of examples that have none (gold words are kept as they are)."""
     batch = list(examples)
+    given = [e for e in batch if e.pretokenized]
+    tags = dict(zip((e.position for e in given), annotator.tag([[w["form"] for w in e.words] for e in given]))) if given else {}
     todo = [e for e in batch if not e.words]
     texts = [e.text_a for e in todo] + [e.text_b for e in todo if e.text_b is not None]
     annotated = iter(annotator.words(texts)) if texts else iter(())
     seg_a = {e.position: next(annotated) for e in todo}
     seg_b = {e.position: next(annotated) for e in todo if e.text_b is not None}
     for e in batch:
+        if e.pretokenized:
+            yield replace(e, words=tuple({**w, **t} for w, t in zip(e.words, tags[e.position])))
+            continue
         if e.words:
             yield e
             continue
@@ -83,4 +100,4 @@ def annotate(examples: Iterable[ExampleInput], annotator) -> Iterator[ExampleInp
             for w in ws:
                 head = None if w["head"] is None else w["head"] + base
                 words.append({**w, "head": head, "position": len(words), "segment": segment})
-        yield ExampleInput(**{**e.__dict__, "words": tuple(words)})
+        yield replace(e, words=tuple(words))

@@ -16,11 +16,12 @@ from typing import Iterator
 from ..store.records import ExampleInput
 from .errors import CorpusError, EmptyCorpusError
 
-FORMATS = ("text", "pairs-tsv", "conllu")
+FORMATS = ("text", "tsv", "pairs-tsv", "conllu")
 # Column names of known pair corpora (GLUE and HF exports): first match wins.
 PAIR_COLUMNS = [("text_a", "text_b"), ("sentence1", "sentence2"), ("#1 String", "#2 String"),
                 ("question", "sentence"), ("premise", "hypothesis"), ("question1", "question2")]
 LABEL_COLUMNS = ("label", "Quality", "gold_label", "score")
+SINGLE_COLUMNS = ("sentence", "text")
 
 
 def file_checksum(path: str | Path) -> str:
@@ -66,12 +67,23 @@ def _pick(header: list[str], wanted, path, option: str) -> int:
 
 
 def read_pairs_tsv(path, text_a: str | None = None, text_b: str | None = None, label: str | None = None,
-                   quoting: str = "none") -> Iterator[ExampleInput]:
+                   quoting: str = "none", index: str | None = None, label_map: dict | None = None) -> Iterator[ExampleInput]:
     """A tab-separated file with a header; two text columns become two segments.
 
     Columns are found by name (GLUE's `#1 String`/`#2 String`, `sentence1`/`sentence2`,
     `question`/`sentence`, ...) unless given. `quoting="none"` is GLUE's convention
     (quotes are text); `quoting="csv"` reads "..." fields with "" escapes (HF exports).
+    """
+    return read_tsv(path, text_a=text_a, text_b=text_b, label=label, quoting=quoting, index=index, label_map=label_map, pairs=True)
+
+
+def read_tsv(path, text_a: str | None = None, text_b: str | None = None, label: str | None = None,
+             quoting: str = "none", index: str | None = None, label_map: dict | None = None,
+             pairs: bool = False) -> Iterator[ExampleInput]:
+    """A TSV file with a header: one text column (`pairs=False`, e.g. SST-2) or two.
+
+    `index` names a column holding the row's own index in the original corpus;
+    `label_map` turns stored label codes into names (e.g. RTE's HF export: 0 -> entailment).
     """
     lines = read_lines(path)
     try:
@@ -79,28 +91,45 @@ def read_pairs_tsv(path, text_a: str | None = None, text_b: str | None = None, l
     except StopIteration:
         raise EmptyCorpusError(path) from None
     header = header_text.split("\t")
-    if text_a is None or text_b is None:
+    if pairs and (text_a is None or text_b is None):
         found = next(((a, b) for a, b in PAIR_COLUMNS if a in header and b in header), None)
         if found is None:
             raise CorpusError(path, header_line, f"cannot tell the two text columns from header {header}",
                               "pass --text-a-column and --text-b-column")
         text_a, text_b = text_a or found[0], text_b or found[1]
-    ia, ib = _pick(header, text_a, path, "--text-a-column"), _pick(header, text_b, path, "--text-b-column")
+    if not pairs and text_a is None:
+        text_a = next((c for c in SINGLE_COLUMNS if c in header), None)
+        if text_a is None:
+            raise CorpusError(path, header_line, f"cannot tell the text column from header {header}", "pass --text-a-column")
+    ia = _pick(header, text_a, path, "--text-a-column")
+    ib = _pick(header, text_b, path, "--text-b-column") if pairs else None
     if label is None:
         label = next((c for c in LABEL_COLUMNS if c in header), None)
     il = _pick(header, label, path, "--label-column") if label else None
-    records = _split_rows(path, lines, quoting)
+    ii = _pick(header, index, path, "index column") if index else None
     position = 0
-    for number, fields in records:
+    for number, fields in _split_rows(path, lines, quoting):
         if len(fields) == 1 and not fields[0].strip():
             continue
         if len(fields) != len(header):
             raise CorpusError(path, number, f"expected {len(header)} tab-separated fields, found {len(fields)}",
                               "fix the row (a stray tab or quote?) or use the right --format")
-        a, b = fields[ia].strip(), fields[ib].strip()
-        if not a or not b:
+        a = fields[ia].strip()
+        b = fields[ib].strip() if ib is not None else None
+        if not a or (ib is not None and not b):
             raise CorpusError(path, number, f"empty text in column {text_a if not a else text_b!r}", "fill in or remove the row")
-        yield ExampleInput(position=position, text_a=a, text_b=b, label=fields[il] if il is not None else None, source_line=number)
+        value = fields[il] if il is not None else None
+        if label_map is not None and value is not None:
+            if value not in label_map:
+                raise CorpusError(path, number, f"unknown label {value!r}", f"labels must be one of {sorted(label_map)}")
+            value = label_map[value]
+        source_index = None
+        if ii is not None:
+            try:
+                source_index = int(fields[ii])
+            except ValueError:
+                raise CorpusError(path, number, f"index {fields[ii]!r} is not an integer", "fix the index column") from None
+        yield ExampleInput(position=position, text_a=a, text_b=b, label=value, source_line=number, source_index=source_index)
         position += 1
 
 
@@ -182,12 +211,12 @@ def _conllu_sentence(path, position, lines, comments, doc_id, start_line) -> Exa
         head = f[6]
         if head != "_" and not head.isdigit():
             raise CorpusError(path, number, f"HEAD {head!r} is not a number", "HEAD must be 0 (root) or a word ID")
-        words.append(dict(position=len(words), segment=0, form=f[1], lemma=_opt(f[2]), upos=_opt(f[3]), xpos=_opt(f[4]),
-                          head=None if head in ("_", "0") else int(head) - 1, deprel=_opt(f[7]),
-                          _space=("SpaceAfter=No" not in f[9]), _line=number))
+        words.append(dict(position=len(words), segment=0, sentence=0, form=f[1], lemma=_opt(f[2]), upos=_opt(f[3]),
+                          xpos=_opt(f[4]), feats=_opt(f[5]), head=None if head in ("_", "0") else int(head) - 1,
+                          deprel=_opt(f[7]), misc=_opt(f[9]), line=number, _space=("SpaceAfter=No" not in f[9])))
     for w in words:
         if w["head"] is not None and w["head"] >= len(words):
-            raise CorpusError(path, w["_line"], f"HEAD {w['head'] + 1} points past the sentence's {len(words)} words", "fix the HEAD column")
+            raise CorpusError(path, w["line"], f"HEAD {w['head'] + 1} points past the sentence's {len(words)} words", "fix the HEAD column")
     text = _attach_char_spans(words, ranges)
     return ExampleInput(position=position, text_a=comments.get("text") or text, doc_id=doc_id,
                         sent_id=comments.get("sent_id"), source_line=start_line, words=tuple(words))
@@ -226,7 +255,6 @@ def _attach_char_spans(words: list[dict], ranges) -> str:
         i += 1
     for w in words:
         w.pop("_space", None)
-        w.pop("_line", None)
     return "".join(parts).rstrip()
 
 
@@ -239,6 +267,8 @@ def read_corpus(path, fmt: str, **options) -> Iterator[ExampleInput]:
         return read_text(path)
     if fmt == "pairs-tsv":
         return read_pairs_tsv(path, **options)
+    if fmt == "tsv":
+        return read_tsv(path, **options)
     if fmt == "conllu":
         return read_conllu(path)
     raise CorpusError(path, None, f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")

@@ -7,13 +7,14 @@ are committed only after its maps are on disk (see store.arrays.BlockWriter).
 
 from __future__ import annotations
 
+import random
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -21,8 +22,9 @@ from ..store import arrays
 from ..store.records import RunInfo
 from .align import TRUNCATION_POLICIES, Encoded, encode_batch
 from .annotate import annotate, make_annotator
-from .corpus import file_checksum, read_corpus, validate_corpus
-from .errors import IngestError, InvalidArgumentError
+from .corpus import file_checksum, read_corpus
+from .datasets import dataset_path, find_dataset, path_checksum, resolve_data_dir
+from .errors import CorpusError, EmptyCorpusError, IngestError, InvalidArgumentError
 from .manifest import build_manifest
 from .model import DEFAULT_MODEL, LoadedModel, load_model
 
@@ -44,34 +46,81 @@ def _progress(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit="ex", disable=not enabled, dynamic_ncols=True, leave=False)
 
 
-def register_dataset(store, *, corpus: str, fmt: str, name: str | None = None, split: str | None = None,
-                     annotator: str = "spacy", limit: int | None = None, progress: bool = True, license: str | None = None,
-                     **read_options) -> tuple[int, str, str]:
-    """Validate the whole corpus, then store its examples and words (resuming a partial load).
+@dataclass(frozen=True)
+class CorpusSource:
+    """Where a dataset's examples come from: a user's file or a built-in dataset."""
 
-    Returns (dataset id, annotator name, corpus checksum). Nothing is written if the file is bad.
-    """
+    name: str
+    split: str
+    fmt: str
+    source: str
+    checksum: str
+    gold: bool
+    read: Callable[[], Iterator]
+    license: str | None = None
+    options: dict = field(default_factory=dict)
+
+
+def file_source(corpus: str, fmt: str, name: str | None = None, split: str | None = None, **read_options) -> CorpusSource:
     path = Path(corpus)
-    n = validate_corpus(path, fmt, limit=limit, **read_options)
-    checksum = file_checksum(path)
-    name = name or path.parent.name or "corpus"
-    split = (split or path.stem) + (f"[:{limit}]" if limit else "")
-    gold = fmt == "conllu"
-    existing = store.find_dataset(name=name, split=split, checksum=checksum)
+    if not path.is_file():
+        raise CorpusError(path, None, "no such file", "check the --corpus path")
+    return CorpusSource(name=name or path.parent.name or "corpus", split=split or path.stem, fmt=fmt,
+                        source=str(path.resolve()), checksum=file_checksum(path), gold=fmt == "conllu",
+                        read=lambda: read_corpus(path, fmt, **read_options), options=dict(read_options))
+
+
+def builtin_source(key: str, data_dir: str | None = None, **overrides) -> CorpusSource:
+    spec = find_dataset(key)
+    root = resolve_data_dir(data_dir)
+    path = dataset_path(spec, root)
+    options = {**spec.options, **{k: v for k, v in overrides.items() if v is not None}}
+    return CorpusSource(name=spec.name, split=spec.split, fmt=spec.reader.__name__, source=str(path.resolve()),
+                        checksum=path_checksum(path), gold=spec.annotation == "gold",
+                        read=lambda: spec.reader(path, **options), license=spec.license,
+                        options={k: v for k, v in options.items() if k != "label_map"})
+
+
+def select_positions(n: int, limit: int | None, sample: int | None, seed: int) -> tuple[list[int], str]:
+    """Which of n examples to keep (sorted), and the suffix that names the subset in the split."""
+    if sample is not None:
+        chosen = sorted(random.Random(seed).sample(range(n), min(sample, n)))
+        return chosen, f"[sample={sample},seed={seed}]"
+    if limit is not None:
+        return list(range(min(limit, n))), f"[:{limit}]"
+    return list(range(n)), ""
+
+
+def register_dataset(store, source: CorpusSource, *, annotator: str = "spacy", limit: int | None = None,
+                     sample: int | None = None, seed: int = 0, progress: bool = True) -> tuple[int, str]:
+    """Validate the whole corpus, then store the selected examples with words (resuming a partial load).
+
+    Returns (dataset id, annotator name). Nothing is written if any record is bad.
+    """
+    n = sum(1 for _ in source.read())
+    if n == 0:
+        raise EmptyCorpusError(source.source)
+    chosen, suffix = select_positions(n, limit, sample, seed)
+    split = source.split + suffix
+    existing = store.find_dataset(name=source.name, split=split, checksum=source.checksum)
     if existing is not None and existing["status"] == "complete":
-        return existing["id"], existing["annotator"], checksum  # annotated once: no spaCy needed
-    tool = None if gold else make_annotator(annotator)
-    annotator_name = "gold" if gold else tool.name
-    dataset_id, _ = store.find_or_create_dataset(name=name, split=split, checksum=checksum, format=fmt,
-                                                 source=str(path.resolve()), annotator=annotator_name, license=license)
+        return existing["id"], existing["annotator"]  # annotated once: no spaCy needed
+    tool = None if source.gold else make_annotator(annotator)
+    annotator_name = "gold" if source.gold else tool.name
+    dataset_id, _ = store.find_or_create_dataset(
+        name=source.name, split=split, checksum=source.checksum, format=source.fmt, source=source.source,
+        annotator=annotator_name, license=source.license,
+        options={**source.options, "limit": limit, "sample": sample, "seed": seed if sample is not None else None})
     stored = store.stored_positions(dataset_id)
-    todo = (e for e in islice(read_corpus(path, fmt, **read_options), n) if e.position not in stored)
-    with _progress(n - len(stored), f"annotating ({annotator_name})", progress) as bar:
+    rank = {original: new for new, original in enumerate(chosen)}
+    todo = (replace(e, position=rank[e.position]) for e in source.read()
+            if e.position in rank and rank[e.position] not in stored)
+    with _progress(len(chosen) - len(stored), f"annotating ({annotator_name})", progress) as bar:
         while batch := list(islice(todo, INSERT_BATCH)):
             store.add_examples(dataset_id, list(annotate(batch, tool)) if tool else batch, annotator_name)
             bar.update(len(batch))
     store.complete_dataset(dataset_id)
-    return dataset_id, annotator_name, checksum
+    return dataset_id, annotator_name
 
 
 # A batch's attention is batch x layers x heads x T x T floats: cap batch x T^2 so long
@@ -145,23 +194,34 @@ def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) 
     return blocks
 
 
-def ingest(store, *, corpus: str, fmt: str, model: str = DEFAULT_MODEL, name: str | None = None,
+def ingest(store, *, corpus: str | None = None, fmt: str | None = None, dataset: str | None = None,
+           data_dir: str | None = None, model: str = DEFAULT_MODEL, name: str | None = None,
            dataset_name: str | None = None, split: str | None = None, annotator: str = "spacy",
            batch_size: int = 32, max_length: int | None = None, truncation: str = "truncate", dtype: str = "float16",
-           limit: int | None = None, chunk_cells: int = arrays.DEFAULT_CHUNK_CELLS, codec: dict | None = None,
+           limit: int | None = None, sample: int | None = None, seed: int = 0, window_words: int | None = None,
+           chunk_cells: int = arrays.DEFAULT_CHUNK_CELLS, codec: dict | None = None,
            progress: bool = True, loaded: LoadedModel | None = None, **read_options) -> IngestResult:
-    """Ingest `corpus` with `model` into run `name` (created, or resumed if it exists)."""
+    """Ingest a corpus file (`corpus` + `fmt`) or a built-in `dataset` with `model` into run `name`
+    (created, or resumed if it exists)."""
     if truncation not in TRUNCATION_POLICIES:
         raise InvalidArgumentError(f"truncation must be one of {TRUNCATION_POLICIES}, not {truncation!r}")
     if dtype not in arrays.DTYPES:
         raise InvalidArgumentError(f"dtype must be one of {arrays.DTYPES}, not {dtype!r}")
-    if batch_size < 1 or (limit is not None and limit < 1):
-        raise InvalidArgumentError("--batch-size and --limit must be positive")
+    if batch_size < 1 or any(v is not None and v < 1 for v in (limit, sample, window_words)):
+        raise InvalidArgumentError("--batch-size, --limit, --sample and --window-words must be positive")
+    if limit is not None and sample is not None:
+        raise InvalidArgumentError("use either --limit or --sample, not both")
+    if (corpus is None) == (dataset is None):
+        raise InvalidArgumentError("give either --corpus FILE (with --format) or --dataset NAME:SPLIT")
+    if corpus is not None and fmt is None:
+        raise InvalidArgumentError("--corpus needs --format (text, tsv, pairs-tsv or conllu)")
     codec = codec or dict(arrays.DEFAULT_CODEC)
     started = time.perf_counter()
-    dataset_id, annotator_name, checksum = register_dataset(
-        store, corpus=corpus, fmt=fmt, name=dataset_name, split=split, annotator=annotator, limit=limit,
-        progress=progress, **read_options)
+    source = (file_source(corpus, fmt, dataset_name, split, **read_options) if corpus is not None
+              else builtin_source(dataset, data_dir, window_words=window_words))
+    dataset_id, annotator_name = register_dataset(store, source, annotator=annotator, limit=limit, sample=sample,
+                                                  seed=seed, progress=progress)
+    checksum = source.checksum
     loaded = loaded or load_model(model)
     if max_length is not None and not 2 < max_length <= loaded.max_length:
         raise InvalidArgumentError(f"--max-length must be between 3 and the model's limit {loaded.max_length}")
@@ -169,7 +229,7 @@ def ingest(store, *, corpus: str, fmt: str, model: str = DEFAULT_MODEL, name: st
     model_id = store.find_or_create_model(**loaded.record())
     dataset_row = store.sql("SELECT name, split, n_examples FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
     run_name = name or f"{dataset_row['name']}-{dataset_row['split']}-{loaded.name}"
-    manifest = build_manifest(loaded=loaded, corpus=str(Path(corpus).resolve()), fmt=fmt, corpus_checksum=checksum,
+    manifest = build_manifest(loaded=loaded, corpus=source.source, fmt=source.fmt, corpus_checksum=checksum,
                               annotator=annotator_name, dtype=dtype, max_length=max_length, truncation=truncation,
                               batch_size=batch_size, codec=codec, chunk_cells=chunk_cells)
     from .. import __version__

@@ -42,7 +42,14 @@ class ExampleInput:
     doc_id: str | None = None
     sent_id: str | None = None
     source_line: int | None = None
+    source_index: int | None = None
     words: tuple[dict, ...] = ()
+    # Coreference mentions: dicts with word_start, word_end, head, entity, kind, doc_order.
+    mentions: tuple[dict, ...] = ()
+    # FrameNet annotation sets: dicts with frame fields and "elements" (list of dicts).
+    frames: tuple[dict, ...] = ()
+    # Words given (e.g. FrameNet's tokenization) but to be annotated by the tagger.
+    pretokenized: bool = False
 
 
 @dataclass(frozen=True)

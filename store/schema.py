@@ -66,6 +66,7 @@ class Dataset(Base):
     annotator: Mapped[str] = mapped_column(sa.String(255))
     status: Mapped[str] = mapped_column(sa.String(16), default="loading")
     n_examples: Mapped[int | None]
+    options: Mapped[dict | None] = mapped_column(sa.JSON)  # how the examples were made (sample, seed, window)
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
 
 
@@ -84,6 +85,7 @@ class Example(Base):
     doc_id: Mapped[str | None] = mapped_column(sa.String(255))
     sent_id: Mapped[str | None] = mapped_column(sa.String(255))
     source_line: Mapped[int | None]
+    source_index: Mapped[int | None]  # the row's own index in the original corpus (GLUE idx, MNLI row)
 
 
 class Word(Base):
@@ -109,6 +111,58 @@ class Word(Base):
     char_start: Mapped[int | None]
     char_end: Mapped[int | None]
     annotator: Mapped[str] = mapped_column(sa.String(255))
+    sentence: Mapped[int] = mapped_column(sa.SmallInteger, default=0, server_default="0")
+    feats: Mapped[str | None] = mapped_column(sa.Text)
+
+
+class Mention(Base):
+    """A coreference mention: words [word_start, word_end) of an example, its entity and head word (gold tree)."""
+
+    __tablename__ = "mentions"
+    __table_args__ = (sa.Index("ix_mentions_example_id_entity", "example_id", "entity"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    example_id: Mapped[int] = mapped_column(sa.ForeignKey("examples.id", ondelete="CASCADE"))
+    word_start: Mapped[int]
+    word_end: Mapped[int]
+    head: Mapped[int]
+    entity: Mapped[str] = mapped_column(sa.String(64))
+    kind: Mapped[str] = mapped_column(sa.String(16))  # pronoun | proper | nominal (from the head's UPOS)
+    doc_order: Mapped[int]  # position of the mention in its document, counting all windows
+
+
+class Frame(Base):
+    """A FrameNet annotation set: the frame evoked by a lexical unit (target) in an example."""
+
+    __tablename__ = "frames"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    example_id: Mapped[int] = mapped_column(sa.ForeignKey("examples.id", ondelete="CASCADE"), index=True)
+    annoset_id: Mapped[int | None]
+    frame_id: Mapped[int]
+    frame: Mapped[str] = mapped_column(sa.String(128))
+    lu_id: Mapped[int | None]
+    lu: Mapped[str] = mapped_column(sa.String(128))
+    target_start: Mapped[int | None]  # word positions [start, end)
+    target_end: Mapped[int | None]
+    char_start: Mapped[int]
+    char_end: Mapped[int]
+
+
+class FrameElement(Base):
+    """A frame element span of an annotation set, with its core type."""
+
+    __tablename__ = "frame_elements"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    frame_row_id: Mapped[int] = mapped_column(sa.ForeignKey("frames.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(sa.String(128))
+    core_type: Mapped[str] = mapped_column(sa.String(32))
+    in_core_set: Mapped[bool]
+    word_start: Mapped[int | None]
+    word_end: Mapped[int | None]
+    char_start: Mapped[int]
+    char_end: Mapped[int]
 
 
 class Run(Base):

@@ -18,7 +18,10 @@ from .db import check_connection, create_engine, session_scope
 from .errors import ConflictError, InvalidArgumentError, NotFoundError
 from .migrate import upgrade_command, verify_schema
 from .records import ExampleInput, RunInfo, StoredExample
-from .schema import Dataset, Example, HeadMetric, Model, Run, Sequence, Token, Word, utcnow
+from .schema import Dataset, Example, Frame, FrameElement, HeadMetric, Mention, Model, Run, Sequence, Token, Word, utcnow
+
+WORD_FIELDS = ("position", "segment", "sentence", "form", "lemma", "upos", "xpos", "feats", "head", "deprel",
+               "char_start", "char_end")
 
 RunRef = str | int
 
@@ -281,18 +284,29 @@ class Store:
             return set(conn.scalars(sa.select(Example.position).where(Example.dataset_id == dataset_id)))
 
     def add_examples(self, dataset_id: int, batch: Seq[ExampleInput], annotator: str) -> None:
-        """Insert examples with their words in one transaction (all of the batch or nothing)."""
+        """Insert examples with their words, mentions and frames in one transaction (all of the batch or nothing)."""
         with self.session() as s:
             ids = s.execute(
                 sa.insert(Example).returning(Example.id, Example.position),
                 [dict(dataset_id=dataset_id, position=e.position, text_a=e.text_a, text_b=e.text_b, label=e.label,
-                      doc_id=e.doc_id, sent_id=e.sent_id, source_line=e.source_line) for e in batch],
+                      doc_id=e.doc_id, sent_id=e.sent_id, source_line=e.source_line, source_index=e.source_index)
+                 for e in batch],
             ).all()
             by_pos = {pos: eid for eid, pos in ids}
-            words = [dict(example_id=by_pos[e.position], annotator=w.get("annotator", annotator), **{k: v for k, v in w.items() if k != "annotator"})
+            words = [dict(example_id=by_pos[e.position], annotator=w.get("annotator", annotator),
+                          **{k: w.get(k, 0 if k == "sentence" else None) for k in WORD_FIELDS})
                      for e in batch for w in e.words]
             if words:
                 s.execute(sa.insert(Word), words)
+            mentions = [dict(example_id=by_pos[e.position], **m) for e in batch for m in e.mentions]
+            if mentions:
+                s.execute(sa.insert(Mention), mentions)
+            for e in batch:
+                for f in e.frames:
+                    fields = {k: v for k, v in f.items() if k != "elements"}
+                    frame_row_id = s.execute(sa.insert(Frame).returning(Frame.id), dict(example_id=by_pos[e.position], **fields)).scalar_one()
+                    if f["elements"]:
+                        s.execute(sa.insert(FrameElement), [dict(frame_row_id=frame_row_id, **fe) for fe in f["elements"]])
 
     def complete_dataset(self, dataset_id: int) -> int:
         with self.session() as s:
