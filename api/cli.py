@@ -255,6 +255,20 @@ def tokens(locations, run, example, fmt):
     emit(open_store(locations).tokens(run, example), fmt)
 
 
+@main.command()
+@click.argument("query")
+@click.option("--max-rows", default=1000, show_default=True, type=int, help="Print at most this many rows.")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@store_options
+@friendly_errors
+def sql(locations, query, max_rows, fmt):
+    """Run a SQL QUERY over the metadata (tables and views of docs/SQL.md); nothing is committed."""
+    frame = open_store(locations).sql(query, max_rows=max_rows + 1)
+    emit(frame.head(max_rows), fmt)
+    if len(frame) > max_rows:
+        click.echo(f"(truncated to {max_rows} rows; raise --max-rows)", err=True)
+
+
 # ---------------------------------------------------------------- queries
 
 

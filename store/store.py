@@ -57,10 +57,24 @@ class Store:
 
     # ------------------------------------------------------------------ reading
 
-    def sql(self, query: str, params: dict | None = None) -> pd.DataFrame:
-        """Run a read-only SQL query over the metadata and return a DataFrame."""
-        with self.engine.connect() as conn:
-            return pd.read_sql_query(sa.text(query), conn, params=params or {})
+    def sql(self, query: str, params: dict | None = None, max_rows: int | None = None) -> pd.DataFrame:
+        """Run a SQL query over the metadata and return a DataFrame (at most `max_rows` rows).
+
+        The transaction is rolled back, so a statement that writes changes nothing.
+        """
+        try:
+            with self.engine.connect() as conn:
+                result = conn.execute(sa.text(query), params or {})
+                if not result.returns_rows:
+                    conn.rollback()
+                    return pd.DataFrame()
+                rows = result.fetchmany(max_rows) if max_rows else result.fetchall()
+                frame = pd.DataFrame(rows, columns=list(result.keys()))
+                conn.rollback()
+                return frame
+        except sa.exc.SQLAlchemyError as exc:
+            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            raise InvalidArgumentError(f"SQL error: {reason}") from None
 
     def runs(self) -> pd.DataFrame:
         """One row per run: run, run_id, model, dataset, split, status, counts, settings, times."""

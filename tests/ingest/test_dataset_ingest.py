@@ -1,0 +1,55 @@
+"""Built-in datasets through the real tokenizer: spans land on the right wordpieces."""
+
+from pathlib import Path
+
+import pytest
+
+from attnstore.ingest import ingest
+
+pytestmark = pytest.mark.model
+DATA = str(Path(__file__).parents[1] / "fixtures" / "data")
+
+
+def pieces(tokens, start, end):
+    return tokens[(tokens["word_position"] >= start) & (tokens["word_position"] < end)]["token"].tolist()
+
+
+def test_framenet_spans_reach_wordpieces(store, loaded_model):
+    run = ingest(store, dataset="framenet/1.5:exemplars", data_dir=DATA, loaded=loaded_model, progress=False).run
+    spans = store.sql("SELECT e.position AS example, f.* FROM frame_element_spans f JOIN examples e ON e.id = f.example_id")
+    texts = store.examples(run.name).set_index("example")["text_a"]
+    for row in spans.itertuples():
+        if row.word_start is None:
+            continue
+        toks = store.tokens(run.name, row.example)
+        inside = toks[(toks["word_position"] >= row.word_start) & (toks["word_position"] < row.word_end)]
+        assert len(inside) > 0
+        text = texts[row.example]
+        # every piece's characters lie inside the words of the span
+        words = store.words(run.name, row.example).set_index("position")
+        lo, hi = words.loc[row.word_start, "char_start"], words.loc[row.word_end - 1, "char_end"]
+        assert ((inside["char_start"] >= lo) & (inside["char_end"] <= hi)).all(), (text, row)
+    pound = store.examples(run.name)
+    example = int(pound[pound["text_a"].str.contains("£200")]["example"].iloc[0])
+    toks = store.tokens(run.name, example)
+    assert pieces(toks, 2, 3) == ["£2", "##00"]  # non-ASCII symbol glued to a number
+    assert toks[toks["word"] == "damage"]["token"].tolist() == ["damage"]
+    assert set(toks["upos"].dropna()) and run.manifest["corpus"]["annotator"].startswith("spacy:")
+
+
+def test_gum_mention_heads_have_wordpieces(store, loaded_model):
+    run = ingest(store, dataset="gum/ontogum:dev", data_dir=DATA, window_words=40, loaded=loaded_model, progress=False).run
+    assert run.n_truncated == 0
+    rows = store.sql("SELECT e.position AS example, m.head FROM mentions m JOIN examples e ON e.id = m.example_id")
+    assert len(rows) >= 8
+    for example, group in rows.groupby("example"):
+        toks = store.tokens(run.name, int(example))
+        have = set(toks["word_position"].dropna().astype(int))
+        assert set(group["head"]) <= have
+
+
+def test_ud_word_spans_reach_wordpieces(store, loaded_model):
+    run = ingest(store, dataset="ud/en_ewt:dev", data_dir=DATA, loaded=loaded_model, progress=False).run
+    toks = store.tokens(run.name, 5)  # "call them at 303-832-8160."
+    assert pieces(toks, 3, 4) == ["303", "-", "83", "##2", "-", "81", "##60"]
+    assert toks[toks["word"] == "."]["token"].tolist() == ["."]
