@@ -52,3 +52,19 @@ def test_newer_database_is_refused(db_url, tmp_path):
     engine.dispose()
     with pytest.raises(SchemaOutOfDateError, match="newer than this attnstore"):
         open_store(db=db_url, root=str(tmp_path / "z"))
+
+
+def test_downgrade_and_upgrade_again(db_url):
+    migrate.upgrade(db_url)
+    from alembic import command
+
+    command.downgrade(migrate.alembic_config(db_url), "0002")
+    engine = sa.create_engine(db_url)
+    names = set(sa.inspect(engine).get_table_names()) | set(sa.inspect(engine).get_view_names())
+    engine.dispose()
+    assert "mentions" not in names and "mention_antecedents" not in names
+    assert migrate.upgrade(db_url) == ("0002", migrate.head_revision())
+    engine = sa.create_engine(db_url)
+    views = set(sa.inspect(engine).get_view_names())
+    engine.dispose()
+    assert {"word_annotations", "negated_examples", "mention_antecedents", "frame_element_spans", "token_annotations"} <= views
