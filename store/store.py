@@ -198,6 +198,34 @@ class Store:
         with self.engine.connect() as conn:
             return pd.read_sql_query(q, conn)
 
+    def word_table(self, run: RunRef) -> pd.DataFrame:
+        """All words of a run's stored examples: example, position, segment, form, lemma, upos, feats, head, deprel."""
+        info = self.run_info(run)
+        q = (
+            sa.select(Example.position.label("example"), Word.position, Word.segment, Word.sentence, Word.form, Word.lemma,
+                      Word.upos, Word.feats, Word.head, Word.deprel)
+            .join(Example, Example.id == Word.example_id)
+            .join(Sequence, sa.and_(Sequence.example_id == Example.id, Sequence.run_id == info.id))
+            .order_by(Example.position, Word.position)
+        )
+        with self.engine.connect() as conn:
+            frame = pd.read_sql_query(q, conn)
+        frame["head"] = frame["head"].astype("Int64")
+        return frame
+
+    def mention_table(self, run: RunRef) -> pd.DataFrame:
+        """Coreference mentions of a run's stored examples: example, word_start, word_end, head, entity, kind, doc_order."""
+        info = self.run_info(run)
+        q = (
+            sa.select(Example.position.label("example"), Mention.word_start, Mention.word_end, Mention.head, Mention.entity,
+                      Mention.kind, Mention.doc_order)
+            .join(Example, Example.id == Mention.example_id)
+            .join(Sequence, sa.and_(Sequence.example_id == Example.id, Sequence.run_id == info.id))
+            .order_by(Example.position, Mention.doc_order)
+        )
+        with self.engine.connect() as conn:
+            return pd.read_sql_query(q, conn)
+
     def _array(self, info: RunInfo, read_only: bool = True):
         return arrays.open_run_array(self.locations.array_root, info.array_path, read_only=read_only)
 

@@ -96,7 +96,11 @@ def make_run():
     Tokens whose string is a key's token of `specials` are special (ids from `specials`).
     """
 
-    def build(store, maps_list, token_lists, *, name="hand", specials=BERT_SPECIALS, chunk_cells=64, dtype="float32"):
+    def build(store, maps_list, token_lists, *, name="hand", specials=BERT_SPECIALS, chunk_cells=64, dtype="float32",
+              words_list=None, token_words=None, mentions_list=None):
+        """words_list: per example, word dicts (form, head, deprel, upos, ...) replacing one word per
+        non-special token; token_words: per example, each token's word position (None for specials);
+        mentions_list: per example, mention dicts (word_start, word_end, head, entity, kind, doc_order)."""
         n_layers, n_heads = maps_list[0].shape[:2]
         special_ids = {v["token"]: v["id"] for v in specials.values()}
         model_id = store.find_or_create_model(
@@ -108,10 +112,15 @@ def make_run():
                                                      format="text", source="tests", annotator="whitespace")
         inputs = []
         for position, toks in enumerate(token_lists):
-            words = [t for t in toks if t not in special_ids]
-            inputs.append(ExampleInput(position=position, text_a=" ".join(words), words=tuple(
-                dict(position=i, segment=0, form=w, lemma=None, upos=None, xpos=None, head=None, deprel=None, char_start=None, char_end=None)
-                for i, w in enumerate(words))))
+            if words_list is not None:
+                words = [dict(dict(segment=0, lemma=None, upos=None, xpos=None, head=None, deprel=None, char_start=None,
+                                   char_end=None), position=i, **w) for i, w in enumerate(words_list[position])]
+            else:
+                words = [dict(position=i, segment=0, form=w, lemma=None, upos=None, xpos=None, head=None, deprel=None,
+                              char_start=None, char_end=None) for i, w in enumerate(t for t in toks if t not in special_ids)]
+            mentions = tuple(mentions_list[position]) if mentions_list else ()
+            inputs.append(ExampleInput(position=position, text_a=" ".join(w["form"] for w in words), words=tuple(words),
+                                       mentions=mentions))
         store.add_examples(dataset_id, inputs, "whitespace")
         store.complete_dataset(dataset_id)
         info = store.start_run(name=name, model_id=model_id, dataset_id=dataset_id, dtype=dtype,
@@ -123,9 +132,13 @@ def make_run():
         for position, (maps, toks) in enumerate(zip(maps_list, token_lists)):
             word = 0
             rows = []
-            for tok in toks:
+            for t, tok in enumerate(toks):
                 special = tok in special_ids
-                rows.append(dict(token=tok, token_id=special_ids.get(tok, 1000 + len(tok)), word_position=None if special else word,
+                if token_words is not None:
+                    position_of_word = token_words[position][t]
+                else:
+                    position_of_word = None if special else word
+                rows.append(dict(token=tok, token_id=special_ids.get(tok, 1000 + len(tok)), word_position=position_of_word,
                                  segment=0, is_special=special, char_start=None, char_end=None))
                 word += 0 if special else 1
             writer.add(ids[position], np.asarray(maps), rows)
