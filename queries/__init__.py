@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .registry import QUERIES, QuerySpec, get_query, register
 
-_MODULES = ("relative_position", "special_tokens", "entropy", "word_level", "dependency")
+_MODULES = ("relative_position", "special_tokens", "entropy", "word_level", "dependency", "coreference", "head_clusters")
 
 
 def load_all() -> None:

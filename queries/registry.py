@@ -48,6 +48,21 @@ def get_query(name: str) -> QuerySpec:
     return QUERIES[name]
 
 
+def parse_examples(text: str) -> list[int]:
+    """'0,3,10-19' -> [0, 3, 10, ..., 19] (example positions)."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            if "-" in part.strip()[1:]:
+                first, last = part.split("-", 1)
+                out.extend(range(int(first), int(last) + 1))
+            elif part.strip():
+                out.append(int(part))
+    except ValueError:
+        raise InvalidArgumentError(f"examples={text!r}: give positions and ranges like 0,3,10-19") from None
+    return out
+
+
 def coerce_params(spec: QuerySpec, raw: dict[str, str]) -> dict:
     """Turn `key=value` strings from the command line into typed keyword arguments."""
     params = spec.parameters()
@@ -56,7 +71,9 @@ def coerce_params(spec: QuerySpec, raw: dict[str, str]) -> dict:
         if key not in params:
             raise InvalidArgumentError(f"query {spec.name!r} has no parameter {key!r}; it takes: {', '.join(params) or 'none'}")
         default = params[key].default
-        if isinstance(default, bool):
+        if key == "examples":
+            out[key] = parse_examples(value)
+        elif isinstance(default, bool):
             out[key] = value.lower() in ("1", "true", "yes", "on")
         elif isinstance(default, int):
             out[key] = int(value)

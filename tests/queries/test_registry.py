@@ -23,3 +23,10 @@ def test_params_are_typed_and_checked():
     assert coerce_params(spec, {"punct": ".,;"}) == {"punct": ".,;"}
     with pytest.raises(InvalidArgumentError, match="no parameter 'bogus'"):
         coerce_params(spec, {"bogus": "1"})
+
+
+def test_examples_parameter_takes_positions_and_ranges():
+    spec = get_query("entropy")
+    assert coerce_params(spec, {"examples": "0,3,10-12"}) == {"examples": [0, 3, 10, 11, 12]}
+    with pytest.raises(InvalidArgumentError, match="positions and ranges"):
+        coerce_params(spec, {"examples": "x"})
