@@ -316,5 +316,30 @@ def query(locations, name, run, params, fmt, output, save):
         click.echo(f"saved {n} values to head_metrics (metric '{name}.*')", err=True)
 
 
+@main.group()
+def report():
+    """Write a paper's tables (Markdown + CSV) and figures (PNG + SVG) for stored runs."""
+
+
+@report.command("clark")
+@click.option("--run", required=True, help="Run over a dependency treebank (e.g. ingested with --dataset ud/en_ewt:dev).")
+@click.option("--coref-run", default=None, help="Run over gum/ontogum windows for Table 2.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--mds-examples", default=500, show_default=True, type=int, help="Examples used for the head clustering (0 = all).")
+@click.option("--min-count", default=100, show_default=True, type=int, help="Table 1: least edges per relation.")
+@store_options
+@friendly_errors
+def report_clark(locations, run, coref_run, out, mds_examples, min_count):
+    """Clark et al. 2019: Fig. 2, Fig. 4, Fig. 6, Tables 1-2 and relative-position heads for RUN."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise click.ClickException("figures need matplotlib: pip install 'attnstore[report]'") from None
+    from .report import clark_report
+
+    path = clark_report(open_store(locations), run, out, coref_run=coref_run, mds_examples=mds_examples, min_count=min_count)
+    click.echo(f"wrote {path} and its tables and figures")
+
+
 if __name__ == "__main__":
     main()

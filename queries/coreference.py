@@ -5,7 +5,7 @@ entity), a head is right when the mention's head word attends most (word-level m
 special tokens and the word itself excluded) to the head word of one of its antecedents.
 Baselines pick one earlier mention and are right when it is of the same entity:
 `nearest` (the closest earlier mention), `head_match` (the closest with the same head
-word, else the closest) and `sieve` (exact string match, then head match, then number /
+word; none, and so wrong, when there is no such mention) and `sieve` (exact string match, then head match, then number /
 gender / person agreement of the head words, then the closest). Results are broken down
 by the kind of the mention: pronoun, proper (name) or nominal.
 """
@@ -43,7 +43,7 @@ def choose_antecedent(mention: dict, candidates: list[dict], method: str) -> dic
         return nearest
     same_head = [c for c in candidates if c["head_form"] == mention["head_form"]]
     if method == "head_match":
-        return same_head[-1] if same_head else nearest
+        return same_head[-1] if same_head else None
     for rule in (lambda c: c["text"] == mention["text"], lambda c: c["head_form"] == mention["head_form"],
                  lambda c: _agrees(c["feats"], mention["feats"])):
         hits = [c for c in candidates if rule(c)]

@@ -95,7 +95,7 @@ def dependency(store, *, run, examples=None, min_count: int = 100) -> pd.DataFra
 def dependency_summary(store, *, run, examples=None, min_count: int = 100) -> pd.DataFrame:
     """Table 1 of Clark et al.: per relation and direction, the best head against the best fixed offset.
 
-    Columns: relation (UD), paper_relation (Clark et al.'s label, where one maps),
+    Columns: relation (UD; `all` pools every edge), paper_relation (Clark et al.'s label, where one maps),
     direction, n (edges), layer, head, accuracy (the best head), baseline_offset,
     baseline_accuracy. Relations with fewer than `min_count` edges are left out.
     """
@@ -104,6 +104,12 @@ def dependency_summary(store, *, run, examples=None, min_count: int = 100) -> pd
     for label, uds in PAPER_RELATIONS.items():
         for ud in uds:
             paper[ud] = label
+    # "all": every edge whatever its relation (the paper's first row)
+    relations = ["all", *relations]
+    correct = np.concatenate([correct.sum(-1, keepdims=True), correct], axis=-1)
+    baseline = np.concatenate([baseline.sum(-1, keepdims=True), baseline], axis=-1)
+    totals = np.concatenate([[totals.sum()], totals])
+    paper["all"] = "All"
     rows = []
     for r, rel in enumerate(relations):
         if totals[r] < min_count:

@@ -41,7 +41,7 @@ def test_coreference_summary_and_baselines(store, coref_run):
     df = run_query(store, "coreference_summary", run=coref_run).set_index("method")
     assert df.loc["head 0-0", "all"] == 1.0
     assert df.loc["nearest", "pronoun"] == 0.0  # Bob is nearer
-    assert df.loc["head_match", "pronoun"] == 0.0  # no earlier "she": falls back to Bob
+    assert df.loc["head_match", "pronoun"] == 0.0  # no earlier "she": no pick
     assert df.loc["sieve", "pronoun"] == 1.0  # gender agreement rules Bob out
     assert df.loc["n", "all"] == 1 and df.loc["n", "proper"] == 0
 

@@ -49,6 +49,8 @@ def test_dependency_summary_with_fixed_offset_baseline(store, dep_run):
     got = {(r.relation, r.direction): (r.paper_relation, r.n, r.layer, r.head, r.accuracy, r.baseline_offset, r.baseline_accuracy)
            for r in df.itertuples()}
     assert got == {
+        ("all", "dep2head"): ("All", 2, 0, 0, 1.0, 1, 1.0),
+        ("all", "head2dep"): ("All", 2, 0, 1, 1.0, -1, 1.0),
         ("det", "dep2head"): ("det", 1, 0, 0, 1.0, 1, 1.0),
         ("det", "head2dep"): ("det", 1, 0, 1, 1.0, -1, 1.0),
         ("nsubj", "dep2head"): ("nsubj", 1, 0, 0, 1.0, 1, 1.0),

@@ -1,0 +1,157 @@
+"""`attnstore report clark`: the tables and figures of Clark et al. 2019 for stored runs.
+
+Thin: every number comes from a registered query; this module only lays the results
+out as Markdown/CSV tables and PNG/SVG figures, each naming the model and the data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..queries import run_query
+from ..queries.dependency import PAPER_RELATIONS
+
+CATEGORY_COLOURS = {"to_cls": "tab:red", "to_sep": "tab:blue", "to_punct": "tab:green"}
+CATEGORY_LABELS = {"to_cls": "[CLS]-like", "to_sep": "[SEP]-like", "to_punct": ". or ,"}
+
+
+def _caption(store, run) -> str:
+    info = store.run_info(run)
+    return f"{info.model} on {info.dataset}:{info.split} ({info.n_stored} examples, run {info.name})"
+
+
+def _save(fig, out: Path, stem: str) -> list[str]:
+    names = []
+    for ext in ("png", "svg"):
+        fig.savefig(out / f"{stem}.{ext}", dpi=150, bbox_inches="tight")
+        names.append(f"{stem}.{ext}")
+    return names
+
+
+def _table(frame: pd.DataFrame, out: Path, stem: str) -> str:
+    frame.to_csv(out / f"{stem}.csv", index=False)
+    shown = frame.round(3)
+    return shown.to_markdown(index=False) if _has_tabulate() else shown.to_string(index=False)
+
+
+def _has_tabulate() -> bool:
+    try:
+        import tabulate  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _per_layer_scatter(ax, frame: pd.DataFrame, column: str, colour: str, label: str, offset: float = 0.0):
+    jitter = np.random.default_rng(0).uniform(-0.12, 0.12, len(frame))
+    ax.scatter(frame["layer"] + 1 + offset + jitter, frame[column], s=14, alpha=0.75, color=colour, label=label)
+
+
+def figure_special_tokens(store, run, out: Path) -> tuple[list[str], pd.DataFrame]:
+    import matplotlib.pyplot as plt
+
+    df = run_query(store, "special_tokens", run=run)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (column, colour) in enumerate(CATEGORY_COLOURS.items()):
+        _per_layer_scatter(left, df, column, colour, CATEGORY_LABELS[column], offset=(i - 1) * 0.25)
+    left.set(xlabel="layer", ylabel="avg. attention", title="Attention to special tokens and punctuation")
+    left.legend()
+    _per_layer_scatter(right, df, "sep_from_sep", "tab:blue", "from [SEP]-like to [SEP]-like", -0.15)
+    _per_layer_scatter(right, df, "sep_from_other", "tab:orange", "from other tokens to [SEP]-like", 0.15)
+    right.set(xlabel="layer", ylabel="avg. attention", title="Attention to [SEP]-like tokens")
+    right.legend()
+    fig.suptitle(f"Fig. 2 — {_caption(store, run)}", fontsize=9)
+    names = _save(fig, out, "fig2_special_tokens")
+    plt.close(fig)
+    return names, df
+
+
+def figure_entropy(store, run, out: Path) -> tuple[list[str], pd.DataFrame]:
+    import matplotlib.pyplot as plt
+
+    df = run_query(store, "entropy", run=run)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    _per_layer_scatter(ax, df, "entropy", "tab:purple", "head (all tokens)", -0.15)
+    _per_layer_scatter(ax, df, "entropy_from_cls", "tab:red", "head (from [CLS]-like)", 0.15)
+    ax.axhline(df["uniform_entropy"].iloc[0], color="grey", linestyle="--", label="uniform attention")
+    ax.set(xlabel="layer", ylabel="avg. attention entropy (nats)", title="Entropy of attention distributions")
+    ax.legend(fontsize=8)
+    fig.suptitle(f"Fig. 4 — {_caption(store, run)}", fontsize=9)
+    names = _save(fig, out, "fig4_entropy")
+    plt.close(fig)
+    return names, df
+
+
+def figure_mds(store, run, out: Path, examples) -> tuple[list[str], pd.DataFrame]:
+    import matplotlib.pyplot as plt
+
+    df = run_query(store, "head_clusters", run=run, examples=examples)
+    behaviour = run_query(store, "special_tokens", run=run, examples=examples)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    points = left.scatter(df["x"], df["y"], c=df["layer"] + 1, cmap="viridis", s=22)
+    fig.colorbar(points, ax=left, label="layer")
+    left.set(title="Heads coloured by layer", xticks=[], yticks=[])
+    kind = np.where(behaviour["to_cls"] > 0.5, "[CLS]-like", np.where(behaviour["to_sep"] > 0.5, "[SEP]-like",
+                    np.where(behaviour["to_punct"] > 0.5, ". or ,", "other")))
+    for label, colour in (("[CLS]-like", "tab:red"), ("[SEP]-like", "tab:blue"), (". or ,", "tab:green"), ("other", "lightgrey")):
+        mask = kind == label
+        right.scatter(df["x"][mask], df["y"][mask], s=22, color=colour, label=f"> 50 % to {label}" if label != "other" else label)
+    right.set(title="Heads coloured by behaviour", xticks=[], yticks=[])
+    right.legend(fontsize=8)
+    n = "all" if examples is None else len(examples)
+    fig.suptitle(f"Fig. 6 — MDS of summed JS distances between heads ({n} examples) — {_caption(store, run)}", fontsize=9)
+    names = _save(fig, out, "fig6_mds")
+    plt.close(fig)
+    return names, df
+
+
+def clark_report(store, run, out: str, coref_run=None, mds_examples: int = 500, min_count: int = 100) -> Path:
+    """Write the report for `run` (a treebank run, e.g. ud/en_ewt:dev) and optionally `coref_run` (gum/ontogum)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    caption = _caption(store, run)
+    lines = [f"# Clark et al. 2019, reproduced with attnstore", "", f"Attention statistics, Table 1, Figs. 2, 4, 6: {caption}."]
+    if coref_run is not None:
+        lines.append(f"Table 2: {_caption(store, coref_run)}.")
+    lines += ["", "Layers and heads are 0-based in tables (`layer-head`), 1-based on figure axes as in the paper.", ""]
+
+    fig2, special = figure_special_tokens(store, run, out_dir)
+    special.to_csv(out_dir / "special_tokens.csv", index=False)
+    lines += ["## Attention to special tokens and punctuation (Sec. 3.2, Fig. 2)", "", f"![Fig. 2]({fig2[0]})", "",
+              "Mean over the heads of each layer (per head: special_tokens.csv):", "",
+              _table(special.drop(columns="head").groupby("layer").mean().reset_index(), out_dir, "special_tokens_by_layer"), ""]
+    fig4, entropy = figure_entropy(store, run, out_dir)
+    lines += ["## Attention entropy (Sec. 3.3, Fig. 4)", "", f"![Fig. 4]({fig4[0]})", "",
+              _table(entropy.groupby("layer")[["entropy", "entropy_from_cls", "uniform_entropy"]].mean().reset_index(),
+                     out_dir, "entropy_by_layer"), ""]
+    relpos = run_query(store, "relative_position", run=run)
+    strong = relpos[(relpos["to_previous"] > 0.5) | (relpos["to_next"] > 0.5)]
+    lines += ["## Relative position (Sec. 3.1): heads with more than half their attention on the previous or next token", "",
+              _table(strong, out_dir, "relative_position_strong"), ""]
+    summary = run_query(store, "dependency_summary", run=run, min_count=min_count)
+    paper_first = summary.assign(order=summary["relation"].map(lambda r: 0 if r in {u for us in PAPER_RELATIONS.values() for u in us} else 1))
+    table1 = paper_first.sort_values(["order", "relation", "direction"]).drop(columns="order")
+    lines += ["## Table 1 — dependency relations (Sec. 4.2)", "",
+              f"Best head per relation and direction vs. the best fixed offset; relations with at least {min_count} edges.",
+              "", _table(table1, out_dir, "table1_dependency"), ""]
+    if coref_run is not None:
+        lines += ["## Table 2 — coreference antecedent selection (Sec. 4.3)", "",
+                  _table(run_query(store, "coreference_summary", run=coref_run), out_dir, "table2_coreference"), ""]
+    lines += ["## Table 3 — attention probes (Sec. 5)", "", "Not computed: the probes (`attnstore probe train`) are not implemented yet.", ""]
+    examples = None
+    n = store.run_info(run).n_stored
+    if mds_examples and n > mds_examples:
+        examples = store.examples(run)["example"].iloc[:mds_examples].tolist()
+    fig6, _ = figure_mds(store, run, out_dir, examples)
+    lines += ["## Clustering of heads (Sec. 6, Fig. 6)", "", f"![Fig. 6]({fig6[0]})", ""]
+    lines += ["## Gradient-based importance (Fig. 3)", "",
+              "Not computed: it needs the model's masked-LM head (see `attnstore query` docs); "
+              f"{store.run_info(run).model} ships without one.", ""]
+    (out_dir / "README.md").write_text("\n".join(lines), encoding="utf-8")
+    return out_dir / "README.md"
