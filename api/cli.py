@@ -317,6 +317,43 @@ def query(locations, name, run, params, fmt, output, save):
 
 
 @main.group()
+def probe():
+    """Attention probes for dependency parsing (Clark et al. Sec. 5): train, evaluate, list."""
+
+
+@probe.command("train")
+@click.option("--run", required=True, help="Training run (a treebank split, e.g. ud/en_ewt:train).")
+@click.option("--eval-run", required=True, help="Held-out run for UAS (e.g. ud/en_ewt:dev).")
+@click.option("--kind", required=True, type=click.Choice(["attn", "attn+words", "right-branching", "distance+words"]),
+              help="The probe, or a baseline.")
+@click.option("--max-train", default=2000, show_default=True, type=int, help="Training sentences used (memory grows with them).")
+@click.option("--epochs", default=100, show_default=True, type=int, help="Full-batch Adam steps.")
+@click.option("--lr", default=0.05, show_default=True, type=float, help="Adam learning rate.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@store_options
+@friendly_errors
+def probe_train(locations, run, eval_run, kind, max_train, epochs, lr, seed):
+    """Train a probe on stored word-level maps of RUN and store its UAS on EVAL-RUN."""
+    from ..queries.probes import train_and_evaluate
+
+    store = open_store(locations)
+    result = train_and_evaluate(store, run=run, eval_run=eval_run, kind=kind, max_train=max_train, epochs=epochs, lr=lr, seed=seed)
+    store.save_probe_result(run, eval_run, result, params=dict(max_train=max_train, lr=lr, seed=seed))
+    train = "" if result["train_uas"] is None else f", train UAS {result['train_uas']:.3f} on {result['n_train']} words"
+    click.echo(f"{kind}: UAS {result['uas']:.3f} on {result['n_eval']} words of {eval_run}{train} (saved to probe_results)")
+
+
+@probe.command("results")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@store_options
+@friendly_errors
+def probe_results(locations, fmt):
+    """List saved probe results (the probe_results table)."""
+    frame = open_store(locations).probe_results()
+    emit(frame.drop(columns=["params", "created_at"]) if fmt == "table" else frame, fmt)
+
+
+@main.group()
 def report():
     """Write a paper's tables (Markdown + CSV) and figures (PNG + SVG) for stored runs."""
 

@@ -143,7 +143,16 @@ def clark_report(store, run, out: str, coref_run=None, mds_examples: int = 500, 
     if coref_run is not None:
         lines += ["## Table 2 — coreference antecedent selection (Sec. 4.3)", "",
                   _table(run_query(store, "coreference_summary", run=coref_run), out_dir, "table2_coreference"), ""]
-    lines += ["## Table 3 — attention probes (Sec. 5)", "", "Not computed: the probes (`attnstore probe train`) are not implemented yet.", ""]
+    probes = store.probe_results()
+    probes = probes[probes["eval_run"] == store.run_info(run).name]
+    lines += ["## Table 3 — attention probes (Sec. 5)", ""]
+    if len(probes):
+        latest = probes.groupby("kind").tail(1)[["kind", "run", "n_train", "uas", "train_uas", "epochs"]]
+        lines += [f"UAS on {len(store.word_table(run))} words of the held-out run (latest result per probe):", "",
+                  _table(latest, out_dir, "table3_probes"), ""]
+    else:
+        lines += ["Not computed yet: `attnstore probe train --run TRAIN_RUN --eval-run " + store.run_info(run).name
+                  + " --kind attn` (and attn+words, right-branching, distance+words) stores the results shown here.", ""]
     examples = None
     n = store.run_info(run).n_stored
     if mds_examples and n > mds_examples:

@@ -274,3 +274,22 @@ class AblationResult(Base):
     baseline_score: Mapped[float | None] = mapped_column(sa.Float)
     n_examples: Mapped[int]
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class ProbeResult(Base):
+    """UAS of an attention probe (Clark et al. C8) trained on one run and evaluated on another."""
+
+    __tablename__ = "probe_results"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
+    eval_run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(sa.String(32))
+    uas: Mapped[float] = mapped_column(sa.Float)
+    train_uas: Mapped[float | None] = mapped_column(sa.Float)
+    n_train: Mapped[int]
+    n_eval: Mapped[int]
+    epochs: Mapped[int]
+    final_loss: Mapped[float | None] = mapped_column(sa.Float)
+    params: Mapped[dict] = mapped_column(sa.JSON)
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)

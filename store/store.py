@@ -10,6 +10,7 @@ from typing import Iterable, Iterator, Sequence as Seq
 import numpy as np
 import pandas as pd
 import sqlalchemy as sa
+import sqlalchemy.orm
 from sqlalchemy.orm import sessionmaker
 
 from . import arrays
@@ -18,7 +19,8 @@ from .db import check_connection, create_engine, session_scope
 from .errors import ConflictError, InvalidArgumentError, NotFoundError
 from .migrate import upgrade_command, verify_schema
 from .records import ExampleInput, RunInfo, StoredExample
-from .schema import Dataset, Example, Frame, FrameElement, HeadMetric, Mention, Model, Run, Sequence, Token, Word, utcnow
+from .schema import (Dataset, Example, Frame, FrameElement, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token,
+                     Word, utcnow)
 
 WORD_FIELDS = ("position", "segment", "sentence", "form", "lemma", "upos", "xpos", "feats", "head", "deprel",
                "char_start", "char_end")
@@ -294,6 +296,25 @@ class Store:
             if rows:
                 s.execute(sa.insert(HeadMetric), rows)
         return len(rows)
+
+    def save_probe_result(self, run: RunRef, eval_run: RunRef, result: dict, params: dict) -> int:
+        train, held_out = self.run_info(run), self.run_info(eval_run)
+        with self.session() as s:
+            row = ProbeResult(run_id=train.id, eval_run_id=held_out.id, params=params, **result)
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def probe_results(self) -> pd.DataFrame:
+        """Saved probe results: run, eval_run, kind, uas, train_uas, n_train, n_eval, epochs, final_loss, params."""
+        train, held_out = sa.orm.aliased(Run), sa.orm.aliased(Run)
+        q = (sa.select(train.name.label("run"), held_out.name.label("eval_run"), ProbeResult.kind, ProbeResult.uas,
+                       ProbeResult.train_uas, ProbeResult.n_train, ProbeResult.n_eval, ProbeResult.epochs,
+                       ProbeResult.final_loss, ProbeResult.params, ProbeResult.created_at)
+             .join(train, train.id == ProbeResult.run_id).join(held_out, held_out.id == ProbeResult.eval_run_id)
+             .order_by(ProbeResult.id))
+        with self.engine.connect() as conn:
+            return pd.read_sql_query(q, conn)
 
     def find_or_create_model(self, **fields) -> int:
         with self.session() as s:

@@ -53,3 +53,17 @@ def test_ud_word_spans_reach_wordpieces(store, loaded_model):
     toks = store.tokens(run.name, 5)  # "call them at 303-832-8160."
     assert pieces(toks, 3, 4) == ["303", "-", "83", "##2", "-", "81", "##60"]
     assert toks[toks["word"] == "."]["token"].tolist() == ["."]
+
+
+def test_word_vector_probes_run_on_real_maps(store, loaded_model):
+    import numpy as np
+
+    from attnstore.queries.probes import collect, train_and_evaluate
+
+    run = ingest(store, dataset="ud/en_ewt:dev", data_dir=DATA, loaded=loaded_model, progress=False).run
+    data = collect(store, run.name)
+    uniform_loss = float(np.log(np.diff(np.r_[data.starts, len(data.gold)])).mean())  # loss of the untrained probe
+    for kind in ("attn+words", "distance+words"):
+        result = train_and_evaluate(store, run=run.name, eval_run=run.name, kind=kind, epochs=30)
+        assert result["n_eval"] == sum(len(store.words(run.name, e)) for e in range(6))
+        assert result["final_loss"] < 0.8 * uniform_loss and result["uas"] > 0.3

@@ -1,0 +1,231 @@
+"""C8 (Clark et al. 2019, Sec. 5, Table 3): attention-based probing classifiers for dependency parsing.
+
+The probes read stored word-level maps (C5) and nothing is back-propagated into the
+model. For each word j they score every candidate head i (the other words and a ROOT
+candidate, the [CLS]-like unit) and pick the most probable:
+
+- `attn`: p(i|j) ∝ exp(Σ_k w_k α^k_ji + u_k α^k_ij) over all heads k (α^k_ji: attention
+  from word j to word i in head k, on word-level maps);
+- `attn+words`: the weights are functions of the two words' vectors,
+  p(i|j) ∝ exp(Σ_k (W_k·(v_i ⊕ v_j)) α^k_ji + (U_k·(v_i ⊕ v_j)) α^k_ij);
+- baselines `right-branching` (each word's head is the next word; the last is the root)
+  and `distance+words`: p(i|j) ∝ exp(w·(v_i ⊕ v_j) + b[i − j]) with offsets clipped to ±5.
+
+Word vectors are the model's own input embeddings (mean over a word's pieces), read with
+numpy from its safetensors file (GloVe, used by the paper, is not available); ROOT uses
+the embedding of the [CLS]-like token. Training is full-batch Adam on the log-likelihood
+of the gold heads of a training run; UAS is measured on a held-out run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .common import iter_maps
+from .errors import InvalidArgumentError, NotFoundError
+from .word_level import units_of, word_level
+
+KINDS = ("attn", "attn+words", "right-branching", "distance+words")
+MAX_OFFSET = 5
+
+
+@dataclass
+class ProbeData:
+    """All (dependent, candidate) pairs of a set of sentences, grouped by dependent."""
+
+    attn: np.ndarray  # (pairs, 2K): α^k_{dep->cand} then α^k_{cand->dep}
+    cand: np.ndarray  # (pairs,) candidate word id into `vectors` (ROOT: its own id)
+    dep: np.ndarray  # (pairs,) dependent word id
+    offset: np.ndarray  # (pairs,) bucket of cand - dep in [0, 2*MAX_OFFSET], ROOT -> 2*MAX_OFFSET + 1
+    gold: np.ndarray  # (pairs,) 1 where the candidate is the gold head
+    starts: np.ndarray  # (dependents,) first pair of each dependent's group
+    right_branching: np.ndarray  # (dependents,) 1 where "next word / root if last" is the gold head
+    token_ids: list  # per word id: its wordpiece ids (ROOT: the [CLS]-like id)
+
+
+def collect(store, run, examples=None, max_examples: int | None = None) -> ProbeData:
+    """Build probe inputs from a run's stored maps and its gold trees (sentences must be whole)."""
+    info = store.run_info(run)
+    words = {int(k): g.reset_index(drop=True) for k, g in store.word_table(info.id).groupby("example")}
+    tokens = {int(k): g for k, g in store.token_table(info.id).groupby("example")}
+    cls_id = int((info.special_tokens.get("cls") or info.special_tokens.get("bos") or {"id": 0})["id"])
+    parts = {k: [] for k in ("attn", "cand", "dep", "offset", "gold")}
+    starts, right, token_ids = [], [], []
+    n_pairs = used = 0
+    for example, maps in iter_maps(store, info, examples):
+        if max_examples is not None and used >= max_examples:
+            break
+        w, t = words.get(example), tokens[example]
+        if w is None or w["head"].isna().all() and not (w["deprel"] == "root").any():
+            continue
+        units = units_of(t["word_position"])
+        unit_of = units.index_of_words(w["position"])
+        specials = np.flatnonzero(~units.is_word)
+        if (unit_of < 0).any() or len(specials) == 0:
+            continue  # truncated sentence or no [CLS]-like unit: skip it whole
+        used += 1
+        wmap = word_level(maps, units)  # (L, H, U, U)
+        wmap = wmap.reshape(-1, *wmap.shape[2:])  # (K, U, U)
+        n = len(w)
+        cand_units = np.r_[specials[0], unit_of]  # candidate 0 = ROOT
+        base = len(token_ids)
+        root_id = base + n
+        for p in range(n):
+            pieces = t[t["word_position"] == w["position"].iloc[p]]["token_id"].tolist()
+            token_ids.append(pieces)
+        token_ids.append([cls_id])
+        heads = w["head"].to_numpy()
+        for j in range(n):
+            cands = [c for c in range(n + 1) if c != j + 1]
+            cu = cand_units[cands]
+            fwd = wmap[:, unit_of[j], cu].T  # attention from the dependent to each candidate
+            bwd = wmap[:, cu, unit_of[j]].T
+            parts["attn"].append(np.concatenate([fwd, bwd], axis=1).astype(np.float32))
+            parts["cand"].append(np.array([root_id if c == 0 else base + c - 1 for c in cands]))
+            parts["dep"].append(np.full(len(cands), base + j))
+            parts["offset"].append(np.array([2 * MAX_OFFSET + 1 if c == 0 else np.clip(c - 1 - j, -MAX_OFFSET, MAX_OFFSET) + MAX_OFFSET
+                                             for c in cands]))
+            gold_c = 0 if pd.isna(heads[j]) else int(heads[j]) + 1
+            parts["gold"].append(np.array([c == gold_c for c in cands], dtype=np.float32))
+            starts.append(n_pairs)
+            n_pairs += len(cands)
+            right.append(float(gold_c == (j + 2 if j + 1 < n else 0)))
+    if not starts:
+        raise NotFoundError(f"run {info.name!r} has no whole sentences with dependency trees to probe")
+    return ProbeData(*(np.concatenate(parts[k]) for k in ("attn", "cand", "dep", "offset", "gold")),
+                     np.array(starts), np.array(right), token_ids)
+
+
+def word_vectors(store, run, data: ProbeData) -> np.ndarray:
+    """Each probe word's vector: the mean of the model's input embeddings of its pieces."""
+    info = store.run_info(run)
+    source = Path(info.manifest.get("model", {}).get("source", ""))
+    files = sorted(source.glob("*.safetensors")) if source.is_dir() else []
+    if not files:
+        raise NotFoundError(f"word vectors need the model's safetensors weights; none found at {source or '(no source)'}")
+    from safetensors import safe_open
+
+    table = None
+    for file in files:
+        with safe_open(str(file), "np") as fh:
+            key = next((k for k in fh.keys() if k.endswith("word_embeddings.weight")), None)
+            if key:
+                table = fh.get_tensor(key).astype(np.float32)
+                break
+    if table is None:
+        raise NotFoundError(f"no word_embeddings.weight tensor in {files[0].parent}")
+    return np.stack([table[ids].mean(axis=0) for ids in data.token_ids])
+
+
+def sum_by(values: np.ndarray, index: np.ndarray, size: int) -> np.ndarray:
+    """Rows of `values` summed by `index` (like np.add.at, via a sort and np.add.reduceat: much faster)."""
+    order = np.argsort(index, kind="stable")
+    idx = index[order]
+    starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
+    out = np.zeros((size, values.shape[1]), dtype=values.dtype)
+    out[idx[starts]] = np.add.reduceat(values[order], starts, axis=0)
+    return out
+
+
+def _group_softmax(scores: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    top = np.maximum.reduceat(scores, starts)
+    counts = np.diff(np.r_[starts, len(scores)])
+    e = np.exp(scores - np.repeat(top, counts))
+    return e / np.repeat(np.add.reduceat(e, starts), counts)
+
+
+class Probe:
+    """A log-linear head selector with parameters `params` (dict of arrays) and a `scores` function."""
+
+    def __init__(self, kind: str, n_features: int, dim: int, seed: int = 0):
+        if kind not in KINDS or kind == "right-branching":
+            raise InvalidArgumentError(f"cannot train a {kind!r} probe; kinds: attn, attn+words, distance+words")
+        self.kind = kind
+        rng = np.random.default_rng(seed)
+        if kind == "attn":
+            self.params = {"w": np.zeros(n_features, dtype=np.float32)}
+        elif kind == "attn+words":
+            self.params = {"top": (rng.standard_normal((dim, n_features)) * 0.01).astype(np.float32),
+                           "bottom": (rng.standard_normal((dim, n_features)) * 0.01).astype(np.float32),
+                           "w": np.zeros(n_features, dtype=np.float32)}
+        else:
+            self.params = {"v": np.zeros(2 * dim, dtype=np.float32), "b": np.zeros(2 * MAX_OFFSET + 2, dtype=np.float32)}
+
+    def scores_and_grad(self, data: ProbeData, vectors: np.ndarray | None, need_grad: bool):
+        p = self.params
+        if self.kind == "attn":
+            s = data.attn @ p["w"]
+            back = (lambda g: {"w": data.attn.T @ g})
+        elif self.kind == "attn+words":
+            cand_w = vectors @ p["top"]  # (words, 2K): weights as functions of the candidate's vector
+            dep_w = vectors @ p["bottom"]
+            weights = cand_w[data.cand] + dep_w[data.dep] + p["w"]
+            s = (data.attn * weights).sum(1)
+
+            def back(g):
+                ga = data.attn * g[:, None]
+                return {"top": vectors.T @ sum_by(ga, data.cand, len(vectors)),
+                        "bottom": vectors.T @ sum_by(ga, data.dep, len(vectors)), "w": ga.sum(0)}
+        else:
+            dim = vectors.shape[1]
+            # per-word scalars first, then gathered: no (pairs x dim) temporaries
+            s = (vectors @ p["v"][:dim])[data.cand] + (vectors @ p["v"][dim:])[data.dep] + p["b"][data.offset]
+
+            def back(g):
+                return {"v": np.r_[vectors.T @ np.bincount(data.cand, g, len(vectors)), vectors.T @ np.bincount(data.dep, g, len(vectors))],
+                        "b": np.bincount(data.offset, g, 2 * MAX_OFFSET + 2)}
+        return s, (back if need_grad else None)
+
+    def fit(self, data: ProbeData, vectors=None, epochs: int = 100, lr: float = 0.05) -> list[float]:
+        """Full-batch Adam on the mean negative log-likelihood of the gold heads; returns the loss curve."""
+        m = {k: np.zeros_like(v) for k, v in self.params.items()}
+        v2 = {k: np.zeros_like(v) for k, v in self.params.items()}
+        losses = []
+        n = len(data.starts)
+        for step in range(1, epochs + 1):
+            s, back = self.scores_and_grad(data, vectors, need_grad=True)
+            prob = _group_softmax(s, data.starts)
+            losses.append(float(-np.log(np.maximum(prob[data.gold > 0], 1e-12)).sum() / n))
+            grads = back(((prob - data.gold) / n).astype(np.float32))
+            for k in self.params:
+                m[k] = 0.9 * m[k] + 0.1 * grads[k]
+                v2[k] = 0.999 * v2[k] + 0.001 * grads[k] ** 2
+                self.params[k] -= lr * (m[k] / (1 - 0.9**step)) / (np.sqrt(v2[k] / (1 - 0.999**step)) + 1e-8)
+        return losses
+
+    def uas(self, data: ProbeData, vectors=None) -> float:
+        s, _ = self.scores_and_grad(data, vectors, need_grad=False)
+        return attachment_score(s, data)
+
+
+def attachment_score(scores: np.ndarray, data: ProbeData) -> float:
+    """Fraction of dependents whose highest-scoring candidate is the gold head."""
+    best = np.maximum.reduceat(scores, data.starts)
+    counts = np.diff(np.r_[data.starts, len(scores)])
+    top = scores == np.repeat(best, counts)
+    first_top = np.maximum.reduceat(np.where(top, np.arange(len(scores)), -1), data.starts)
+    return float(data.gold[first_top].mean())
+
+
+def train_and_evaluate(store, *, run, eval_run, kind: str, max_train: int | None = 2000, max_eval: int | None = None,
+                       epochs: int = 100, lr: float = 0.05, seed: int = 0) -> dict:
+    """Train a probe on `run`, measure UAS on `eval_run`; returns a result record."""
+    if kind not in KINDS:
+        raise InvalidArgumentError(f"unknown probe kind {kind!r}; choose one of {', '.join(KINDS)}")
+    test = collect(store, eval_run, max_examples=max_eval)
+    if kind == "right-branching":
+        return dict(kind=kind, uas=float(test.right_branching.mean()), train_uas=None, n_train=0,
+                    n_eval=len(test.starts), epochs=0, final_loss=None)
+    train = collect(store, run, max_examples=max_train)
+    needs_words = kind in ("attn+words", "distance+words")
+    train_vec = word_vectors(store, run, train) if needs_words else None
+    test_vec = word_vectors(store, eval_run, test) if needs_words else None
+    dim = train_vec.shape[1] if needs_words else 0
+    probe = Probe(kind, train.attn.shape[1], dim, seed)
+    losses = probe.fit(train, train_vec, epochs=epochs, lr=lr)
+    return dict(kind=kind, uas=probe.uas(test, test_vec), train_uas=probe.uas(train, train_vec), n_train=len(train.starts),
+                n_eval=len(test.starts), epochs=epochs, final_loss=losses[-1])

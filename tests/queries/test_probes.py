@@ -1,0 +1,77 @@
+import numpy as np
+import pytest
+
+from attnstore.queries.errors import NotFoundError
+from attnstore.queries.probes import _group_softmax, attachment_score, collect, sum_by, train_and_evaluate
+
+SENTENCES = [
+    (["[CLS]", "the", "dog", "barks", "[SEP]"],
+     [dict(form="the", head=1, deprel="det"), dict(form="dog", head=2, deprel="nsubj"), dict(form="barks", head=None, deprel="root")]),
+    (["[CLS]", "dog", "barks", "loudly", "[SEP]"],
+     [dict(form="dog", head=1, deprel="nsubj"), dict(form="barks", head=None, deprel="root"), dict(form="loudly", head=1, deprel="advmod")]),
+]
+
+
+def maps_for(words) -> np.ndarray:
+    """1 layer, 2 heads: head 0 sends each word to its gold head ([CLS] for the root); head 1 is uniform."""
+    n = len(words) + 2
+    a = np.zeros((1, 2, n, n), dtype=np.float32)
+    a[0, 0, 0, 0] = a[0, 0, n - 1, n - 1] = 1
+    for j, w in enumerate(words):
+        a[0, 0, j + 1, 0 if w["head"] is None else w["head"] + 1] = 1
+    a[0, 1] = 1 / n
+    return a
+
+
+@pytest.fixture
+def probe_runs(store, make_run):
+    names = []
+    for name in ("probe-train", "probe-eval"):
+        names.append(make_run(store, [maps_for(w) for _, w in SENTENCES], [t for t, _ in SENTENCES], name=name,
+                              words_list=[w for _, w in SENTENCES]))
+    return names
+
+
+def test_collect_builds_candidate_groups(store, probe_runs):
+    data = collect(store, probe_runs[0])
+    assert len(data.starts) == 6  # one group per word
+    assert np.diff(np.r_[data.starts, len(data.gold)]).tolist() == [3] * 6  # ROOT + the 2 other words
+    assert data.gold.reshape(6, 3).sum(1).tolist() == [1] * 6
+    assert data.attn.shape[1] == 2 * 2  # 2 heads, both directions
+    # the dependent->candidate attention of head 0 is 1 exactly on the gold head
+    assert (data.attn[data.gold > 0, 0] == 1).all() and (data.attn[data.gold == 0, 0] == 0).all()
+
+
+def test_right_branching_baseline_exact(store, probe_runs):
+    result = train_and_evaluate(store, run=probe_runs[0], eval_run=probe_runs[1], kind="right-branching")
+    assert result["uas"] == pytest.approx(4 / 6)  # all of sentence 1; only "dog -> barks" of sentence 2
+
+
+def test_attention_probe_learns_the_syntactic_head(store, probe_runs):
+    result = train_and_evaluate(store, run=probe_runs[0], eval_run=probe_runs[1], kind="attn", epochs=50)
+    assert result["uas"] == 1.0 and result["train_uas"] == 1.0 and result["final_loss"] < 0.5
+    store.save_probe_result(probe_runs[0], probe_runs[1], result, params={"epochs": 50})
+    saved = store.probe_results()
+    assert saved[["run", "eval_run", "kind", "uas"]].values.tolist() == [["probe-train", "probe-eval", "attn", 1.0]]
+
+
+def test_word_vector_probes_need_model_weights(store, probe_runs):
+    with pytest.raises(NotFoundError, match="word vectors need the model's safetensors weights"):
+        train_and_evaluate(store, run=probe_runs[0], eval_run=probe_runs[1], kind="attn+words", epochs=1)
+
+
+def test_helpers():
+    values = np.arange(12, dtype=np.float32).reshape(6, 2)
+    index = np.array([2, 0, 2, 1, 0, 2])
+    expected = np.zeros((4, 2), dtype=np.float32)
+    np.add.at(expected, index, values)
+    np.testing.assert_array_equal(sum_by(values, index, 4), expected)
+    starts = np.array([0, 3])
+    prob = _group_softmax(np.array([0.0, 1.0, 2.0, 5.0, 5.0, 0.0]), starts)
+    np.testing.assert_allclose(np.add.reduceat(prob, starts), 1.0)
+    # ties go to the first candidate of a group
+    from attnstore.queries.probes import ProbeData
+
+    data = ProbeData(np.zeros((6, 1)), np.zeros(6, int), np.zeros(6, int), np.zeros(6, int),
+                     np.array([1, 0, 0, 0, 1, 0], dtype=np.float32), starts, np.zeros(2), [])
+    assert attachment_score(np.array([1.0, 1.0, 0.0, 3.0, 3.0, 0.0]), data) == 0.5
