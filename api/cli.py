@@ -316,6 +316,25 @@ def query(locations, name, run, params, fmt, output, save):
         click.echo(f"saved {n} values to head_metrics (metric '{name}.*')", err=True)
 
 
+@main.command()
+@click.option("--run", required=True, help="Run whose model has a masked-LM head.")
+@click.option("--max-examples", default=200, show_default=True, type=int)
+@click.option("--mask-rate", default=0.15, show_default=True, type=float)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@store_options
+@friendly_errors
+def gradients(locations, run, max_examples, mask_rate, seed, fmt):
+    """Gradient importance of attention to special tokens (Clark et al. Fig. 3); saved to head_metrics."""
+    from ..ingest.gradients import gradient_importance
+
+    store = open_store(locations)
+    frame = gradient_importance(store, run, max_examples=max_examples, mask_rate=mask_rate, seed=seed)
+    emit(frame, fmt)
+    n = store.save_head_metrics(run, frame, prefix="gradient", params=dict(max_examples=max_examples, mask_rate=mask_rate, seed=seed))
+    click.echo(f"saved {n} values to head_metrics (metric 'gradient.*')", err=True)
+
+
 @main.group()
 def probe():
     """Attention probes for dependency parsing (Clark et al. Sec. 5): train, evaluate, list."""

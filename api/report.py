@@ -85,6 +85,23 @@ def figure_entropy(store, run, out: Path) -> tuple[list[str], pd.DataFrame]:
     return names, df
 
 
+def figure_gradients(store, run, grads: pd.DataFrame, out: Path) -> list[str]:
+    import matplotlib.pyplot as plt
+
+    by_layer = grads.groupby(["metric", "layer"])["value"].mean().unstack(0)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for metric, label in (("gradient.to_sep", "[SEP]-like"), ("gradient.to_punct", ". or ,"), ("gradient.to_other", "other"),
+                          ("gradient.to_cls", "[CLS]-like")):
+        if metric in by_layer:
+            ax.plot(by_layer.index + 1, by_layer[metric], marker="o", label=label)
+    ax.set(xlabel="layer", ylabel="avg. |gradient| of attention", title="Gradient-based importance of attention")
+    ax.legend()
+    fig.suptitle(f"Fig. 3 — {_caption(store, run)}", fontsize=9)
+    names = _save(fig, out, "fig3_gradients")
+    plt.close(fig)
+    return names
+
+
 def figure_mds(store, run, out: Path, examples) -> tuple[list[str], pd.DataFrame]:
     import matplotlib.pyplot as plt
 
@@ -159,8 +176,14 @@ def clark_report(store, run, out: str, coref_run=None, mds_examples: int = 500, 
         examples = store.examples(run)["example"].iloc[:mds_examples].tolist()
     fig6, _ = figure_mds(store, run, out_dir, examples)
     lines += ["## Clustering of heads (Sec. 6, Fig. 6)", "", f"![Fig. 6]({fig6[0]})", ""]
-    lines += ["## Gradient-based importance (Fig. 3)", "",
-              "Not computed: it needs the model's masked-LM head (see `attnstore query` docs); "
-              f"{store.run_info(run).model} ships without one.", ""]
+    lines += ["## Gradient-based importance (Fig. 3)", ""]
+    grads = store.head_metrics(run)
+    grads = grads[grads["metric"].str.startswith("gradient.")]
+    if len(grads):
+        fig3 = figure_gradients(store, run, grads, out_dir)
+        lines += [f"![Fig. 3]({fig3[0]})", ""]
+    else:
+        lines += [f"Not computed: `attnstore gradients --run {store.run_info(run).name}` stores it, for a model with a "
+                  f"masked-LM head; {store.run_info(run).model} has none if that command refuses it.", ""]
     (out_dir / "README.md").write_text("\n".join(lines), encoding="utf-8")
     return out_dir / "README.md"

@@ -1,0 +1,80 @@
+"""C3 (Clark et al. 2019, Fig. 3): gradient-based importance of attention to special tokens.
+
+For a run whose model has a masked-LM head: mask a random 15 % of each example's
+non-special tokens, compute the MLM loss, and average |∂loss/∂α| over the attention
+weights α that point *to* [SEP]-like tokens, to punctuation, to [CLS]-like tokens and to
+other tokens, per head. Needs the model (torch), so it lives in `ingest`; results are
+saved to `head_metrics` as `gradient.to_*`. A model without a masked-LM head (such as
+the default all-MiniLM-L6-v2, a sentence-embedding model) is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .errors import IngestError, ModelNotFoundError
+
+HEAD_KEYS = ("cls.predictions", "lm_head", "predictions.", "generator_lm_head", "vocab_projector")
+
+
+def load_mlm(source: str):
+    from transformers import AutoModelForMaskedLM
+
+    try:
+        model, info = AutoModelForMaskedLM.from_pretrained(source, attn_implementation="eager", output_loading_info=True)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(f"cannot load a masked-LM model from {source}: {str(exc).splitlines()[0][:200]}") from None
+    missing = [k for k in info.get("missing_keys", []) if any(h in k for h in HEAD_KEYS)]
+    if missing:
+        raise IngestError(f"the model at {source} has no masked-LM head (missing {missing[0]}, ...); gradient importance "
+                          "(Clark et al. Fig. 3) needs one, e.g. a run of bert-base-uncased")
+    return model.eval()
+
+
+def gradient_importance(store, run, *, max_examples: int = 200, mask_rate: float = 0.15, seed: int = 0,
+                        punct: str = ".,") -> pd.DataFrame:
+    """Per head: mean |∂MLM loss/∂α| of attention to [CLS]-like, [SEP]-like, punctuation and other tokens."""
+    import torch
+
+    info = store.run_info(run)
+    source = info.manifest.get("model", {}).get("source")
+    if not source:
+        raise IngestError(f"run {info.name!r} has no model source in its manifest")
+    model = load_mlm(source)
+    mask_id = (info.special_tokens.get("mask") or {}).get("id")
+    if mask_id is None:
+        raise IngestError(f"the tokenizer of run {info.name!r} has no mask token")
+    from ..queries.common import token_flags
+
+    flags = token_flags(store, info, punct)
+    tokens = {int(k): g for k, g in store.token_table(info.id).groupby("example")}
+    rng = np.random.default_rng(seed)
+    kinds = ("cls", "sep", "punct", "other")
+    total = np.zeros((len(kinds), info.n_layers, info.n_heads))
+    count = np.zeros(len(kinds))
+    for example in sorted(tokens)[:max_examples]:
+        t, f = tokens[example], flags[example]
+        ids = torch.tensor([t["token_id"].tolist()])
+        candidates = np.flatnonzero(~f.special)
+        if len(candidates) == 0:
+            continue
+        chosen = rng.choice(candidates, size=max(1, int(round(mask_rate * len(candidates)))), replace=False)
+        labels = torch.full_like(ids, -100)
+        labels[0, chosen] = ids[0, chosen]
+        ids[0, chosen] = mask_id
+        out = model(input_ids=ids, token_type_ids=torch.tensor([t["segment"].tolist()]), labels=labels, output_attentions=True)
+        for a in out.attentions:
+            a.retain_grad()
+        out.loss.backward()
+        grads = torch.stack([a.grad[0] for a in out.attentions]).abs().numpy()  # (layer, head, query, key)
+        other = ~(f.cls | f.sep | f.punct)
+        for k, mask in enumerate((f.cls, f.sep, f.punct, other)):
+            total[k] += grads[..., mask].sum(axis=(-1, -2))
+            count[k] += mask.sum() * grads.shape[-2]
+        model.zero_grad(set_to_none=True)
+    if not count.any():
+        raise IngestError(f"run {info.name!r} has no tokens to mask")
+    from ..queries.common import per_head_frame, safe_divide
+
+    return per_head_frame(info, **{f"to_{k}": safe_divide(total[i], count[i]) for i, k in enumerate(kinds)})
