@@ -17,7 +17,7 @@ import pandas as pd
 
 from .common import iter_maps, per_head_frame, safe_divide
 from .registry import register
-from .word_level import units_of, word_level
+from .word_level import most_attended_words, units_of
 
 KINDS = ("pronoun", "proper", "nominal")
 BASELINES = ("nearest", "head_match", "sieve")
@@ -65,13 +65,8 @@ def coreference_counts(store, run, examples=None):
             continue
         w = words[example]
         forms = w["form"].str.lower().tolist()
-        units = units_of(tokens[example]["word_position"])
-        keep = np.flatnonzero(units.is_word)
-        wmap = word_level(maps, units)[:, :, keep][:, :, :, keep]
-        diag = np.arange(wmap.shape[-1])
-        wmap[:, :, diag, diag] = -np.inf
-        pred = wmap.argmax(-1)  # (layer, head, word unit)
-        unit_of = {int(p): i for i, p in enumerate(units.word[keep])}
+        pred, unit_words = most_attended_words(maps, units_of(tokens[example]["word_position"]))
+        unit_of = {int(p): i for i, p in enumerate(unit_words)}
         found = []
         for m in mentions[example].sort_values("doc_order").to_dict("records"):
             m["head_form"] = forms[m["head"]]

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .common import iter_maps, per_head_frame
-from .word_level import units_of, word_level
+from .word_level import most_attended_words, units_of
 from .registry import register
 
 DIRECTIONS = ("dep2head", "head2dep")
@@ -49,13 +49,8 @@ def dependency_counts(store, run, examples=None):
     for example, maps in iter_maps(store, info, examples):
         if example not in edges:
             continue
-        units = units_of(tokens[example]["word_position"])
-        keep = np.flatnonzero(units.is_word)
-        wmap = word_level(maps, units)[:, :, keep][:, :, :, keep]  # special tokens ignored
-        diag = np.arange(wmap.shape[-1])
-        wmap[:, :, diag, diag] = -np.inf  # the most-attended *other* word
-        pred = wmap.argmax(-1)  # (layer, head, word unit)
-        word_units = {int(w): i for i, w in enumerate(units.word[keep])}
+        pred, unit_words = most_attended_words(maps, units_of(tokens[example]["word_position"]))
+        word_units = {int(w): i for i, w in enumerate(unit_words)}
         e = edges[example]
         dep = np.array([word_units.get(int(p), -1) for p in e["position"]])
         head = np.array([word_units.get(int(p), -1) for p in e["head"]])

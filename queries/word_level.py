@@ -53,6 +53,19 @@ def word_level(maps: np.ndarray, units: Units) -> np.ndarray:
     return mean_rows @ maps.astype(np.float32, copy=False) @ units.assign.T
 
 
+def most_attended_words(maps: np.ndarray, units: Units) -> tuple[np.ndarray, np.ndarray]:
+    """For every head and word: the index of the *other* word it attends to most (special tokens ignored).
+
+    Returns (pred, words): pred is (layer, head, n_words) indices into `words`, the word
+    positions of the word units in order.
+    """
+    keep = np.flatnonzero(units.is_word)
+    wmap = word_level(maps, units)[:, :, keep][:, :, :, keep]
+    diag = np.arange(len(keep))
+    wmap[:, :, diag, diag] = -np.inf
+    return wmap.argmax(-1), units.word[keep]
+
+
 @register("word_maps", per_head=False)
 def word_maps(store, *, run, example: int = 0, layer: int = 0, head: int = 0) -> pd.DataFrame:
     """One head's word-level map for one example, as a long table (from, to, attention).

@@ -78,6 +78,10 @@ class Store:
             reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
             raise InvalidArgumentError(f"SQL error: {reason}") from None
 
+    def _frame(self, query) -> pd.DataFrame:
+        with self.engine.connect() as conn:
+            return pd.read_sql_query(query, conn)
+
     def runs(self) -> pd.DataFrame:
         """One row per run: run, run_id, model, dataset, split, status, counts, settings, times."""
         q = (
@@ -91,8 +95,7 @@ class Store:
             .join(Dataset, Dataset.id == Run.dataset_id)
             .order_by(Run.id)
         )
-        with self.engine.connect() as conn:
-            return pd.read_sql_query(q, conn)
+        return self._frame(q)
 
     def run_info(self, run: RunRef) -> RunInfo:
         with self.session() as s:
@@ -127,8 +130,7 @@ class Store:
             .where(Sequence.run_id == info.id)
             .order_by(Example.position)
         )
-        with self.engine.connect() as conn:
-            return pd.read_sql_query(q, conn)
+        return self._frame(q)
 
     def _sequence(self, info: RunInfo, example: int) -> tuple[int, int, int | None]:
         if isinstance(example, bool) or not isinstance(example, (int, np.integer)):
@@ -166,8 +168,7 @@ class Store:
             .where(Token.run_id == info.id, Token.example_id == example_id)
             .order_by(Token.position)
         )
-        with self.engine.connect() as conn:
-            df = pd.read_sql_query(q, conn)
+        df = self._frame(q)
         for col in ("word_position", "head", "char_start", "char_end"):
             df[col] = df[col].astype("Int64")
         return df
@@ -180,8 +181,7 @@ class Store:
             Word.position, Word.segment, Word.form, Word.lemma, Word.upos, Word.xpos, Word.head, Word.deprel,
             Word.annotator, Word.char_start, Word.char_end,
         ).where(Word.example_id == example_id).order_by(Word.position)
-        with self.engine.connect() as conn:
-            df = pd.read_sql_query(q, conn)
+        df = self._frame(q)
         df["head"] = df["head"].astype("Int64")
         return df
 
@@ -197,8 +197,7 @@ class Store:
             .where(Token.run_id == info.id)
             .order_by(Example.position, Token.position)
         )
-        with self.engine.connect() as conn:
-            return pd.read_sql_query(q, conn)
+        return self._frame(q)
 
     def word_table(self, run: RunRef) -> pd.DataFrame:
         """All words of a run's stored examples: example, position, segment, form, lemma, upos, feats, head, deprel."""
@@ -210,8 +209,7 @@ class Store:
             .join(Sequence, sa.and_(Sequence.example_id == Example.id, Sequence.run_id == info.id))
             .order_by(Example.position, Word.position)
         )
-        with self.engine.connect() as conn:
-            frame = pd.read_sql_query(q, conn)
+        frame = self._frame(q)
         frame["head"] = frame["head"].astype("Int64")
         return frame
 
@@ -225,8 +223,7 @@ class Store:
             .join(Sequence, sa.and_(Sequence.example_id == Example.id, Sequence.run_id == info.id))
             .order_by(Example.position, Mention.doc_order)
         )
-        with self.engine.connect() as conn:
-            return pd.read_sql_query(q, conn)
+        return self._frame(q)
 
     def _array(self, info: RunInfo, read_only: bool = True):
         return arrays.open_run_array(self.locations.array_root, info.array_path, read_only=read_only)
@@ -269,13 +266,14 @@ class Store:
         yield from arrays.iter_blocks(self._array(info), refs, info.n_layers, info.n_heads)
 
     def head_metrics(self, run: RunRef | None = None, metric: str | None = None) -> pd.DataFrame:
-        q = sa.select(Run.name.label("run"), HeadMetric.metric, HeadMetric.params, HeadMetric.layer, HeadMetric.head, HeadMetric.value).join(Run, Run.id == HeadMetric.run_id)
+        """Saved per-head values: run, metric, params, layer, head, value (optionally one run / metric)."""
+        q = sa.select(Run.name.label("run"), HeadMetric.metric, HeadMetric.params, HeadMetric.layer, HeadMetric.head,
+                      HeadMetric.value).join(Run, Run.id == HeadMetric.run_id)
         if run is not None:
             q = q.where(HeadMetric.run_id == self.run_info(run).id)
         if metric is not None:
             q = q.where(HeadMetric.metric == metric)
-        with self.engine.connect() as conn:
-            return pd.read_sql_query(q.order_by(HeadMetric.metric, HeadMetric.layer, HeadMetric.head), conn)
+        return self._frame(q.order_by(HeadMetric.metric, HeadMetric.layer, HeadMetric.head))
 
     # ------------------------------------------------------------------ writing
 
@@ -313,8 +311,7 @@ class Store:
                        ProbeResult.final_loss, ProbeResult.params, ProbeResult.created_at)
              .join(train, train.id == ProbeResult.run_id).join(held_out, held_out.id == ProbeResult.eval_run_id)
              .order_by(ProbeResult.id))
-        with self.engine.connect() as conn:
-            return pd.read_sql_query(q, conn)
+        return self._frame(q)
 
     def find_or_create_model(self, **fields) -> int:
         with self.session() as s:
