@@ -16,7 +16,6 @@ from itertools import islice
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-import numpy as np
 
 from ..store import arrays
 from ..store.records import RunInfo

@@ -1,5 +1,4 @@
 import numpy as np
-import pytest
 
 from attnstore.queries import run_query
 

@@ -38,7 +38,6 @@ def test_attention_selects_layers_and_heads_keeping_four_axes(store, run):
 def test_no_storage_wasted_on_padding(store, run):
     info = store.run_info(run)
     ex = store.examples(run)
-    cells = (info.n_layers * info.n_heads * ex["length"] ** 2)
     # offsets are back to back within the run (each example starts where the last ended)
     order = ex.sort_values("offset")
     ends = (order["offset"] + info.n_layers * info.n_heads * order["length"] ** 2).to_numpy()
