@@ -304,13 +304,23 @@ def parse_params(ctx, _param, values):
 @friendly_errors
 def query(locations, name, run, params, fmt, output, save):
     """Run stored query NAME over a run's maps (no model needed)."""
+    import warnings
+
+    from ..queries import run_query
     from ..queries.registry import coerce_params, get_query
+    from ..store.errors import IncompleteRunWarning
 
     spec = get_query(name)
     kwargs = coerce_params(spec, params)
     store = open_store(locations)
-    frame = spec.func(store, run=run, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", IncompleteRunWarning)
+        frame = run_query(store, name, run=run, **kwargs)
+    for w in caught:
+        click.echo(f"warning: {w.message}", err=True)
     emit(frame, fmt, output)
+    if save and frame.attrs.get("run_state") != "complete":
+        raise click.ClickException(f"not saved: run {run!r} is incomplete; save its results once its ingest completes")
     if save:
         n = store.save_head_metrics(run, frame, prefix=name, params=kwargs)
         click.echo(f"saved {n} values to head_metrics (metric '{name}.*')", err=True)

@@ -7,7 +7,9 @@ are committed only after its maps are on disk (see store.arrays.BlockWriter).
 
 from __future__ import annotations
 
+import hashlib
 import random
+import sys
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +20,9 @@ from typing import Callable, Iterable, Iterator
 
 
 from ..store import arrays
+from ..store.errors import BusyError
+from ..store.leases import live_holder
+from ..store.store import run_lease_name, validate_run_name
 from ..store.records import RunInfo
 from .align import TRUNCATION_POLICIES, Encoded, encode_batch
 from .annotate import annotate, make_annotator
@@ -90,35 +95,63 @@ def select_positions(n: int, limit: int | None, sample: int | None, seed: int) -
     return list(range(n)), ""
 
 
-def register_dataset(store, source: CorpusSource, *, annotator: str = "spacy", limit: int | None = None,
-                     sample: int | None = None, seed: int = 0, progress: bool = True) -> tuple[int, str]:
-    """Validate the whole corpus, then store the selected examples with words (resuming a partial load).
+@dataclass(frozen=True)
+class DatasetPlan:
+    """Which examples of a source a dataset holds, and the split name that says so."""
 
-    Returns (dataset id, annotator name). Nothing is written if any record is bad.
-    """
+    source: CorpusSource
+    chosen: list[int]
+    split: str
+    options: dict
+
+    @property
+    def lease_name(self) -> str:
+        key = hashlib.sha256(f"{self.source.name}\0{self.split}\0{self.source.checksum}".encode()).hexdigest()[:32]
+        return f"dataset:{key}"
+
+
+def plan_dataset(source: CorpusSource, *, limit: int | None = None, sample: int | None = None, seed: int = 0) -> DatasetPlan:
+    """Read (and so validate) the whole corpus once and choose its examples; writes nothing."""
     n = sum(1 for _ in source.read())
     if n == 0:
         raise EmptyCorpusError(source.source)
     chosen, suffix = select_positions(n, limit, sample, seed)
-    split = source.split + suffix
-    existing = store.find_dataset(name=source.name, split=split, checksum=source.checksum)
+    options = {**source.options, "limit": limit, "sample": sample, "seed": seed if sample is not None else None}
+    return DatasetPlan(source, chosen, source.split + suffix, options)
+
+
+def register_dataset(store, source: CorpusSource | DatasetPlan, *, annotator: str = "spacy", limit: int | None = None,
+                     sample: int | None = None, seed: int = 0, progress: bool = True) -> tuple[int, str]:
+    """Validate the whole corpus, then store the selected examples with words (resuming a partial load).
+
+    Returns (dataset id, annotator name). Nothing is written if any record is bad. One
+    process loads a dataset at a time (a lease); another one asking for it waits, then
+    uses what the first stored.
+    """
+    plan = source if isinstance(source, DatasetPlan) else plan_dataset(source, limit=limit, sample=sample, seed=seed)
+    source = plan.source
+    existing = store.find_dataset(name=source.name, split=plan.split, checksum=source.checksum)
     if existing is not None and existing["status"] == "complete":
         return existing["id"], existing["annotator"]  # annotated once: no spaCy needed
-    tool = None if source.gold else make_annotator(annotator)
-    annotator_name = "gold" if source.gold else tool.name
-    dataset_id, _ = store.find_or_create_dataset(
-        name=source.name, split=split, checksum=source.checksum, format=source.fmt, source=source.source,
-        annotator=annotator_name, license=source.license,
-        options={**source.options, "limit": limit, "sample": sample, "seed": seed if sample is not None else None})
-    stored = store.stored_positions(dataset_id)
-    rank = {original: new for new, original in enumerate(chosen)}
-    todo = (replace(e, position=rank[e.position]) for e in source.read()
-            if e.position in rank and rank[e.position] not in stored)
-    with _progress(len(chosen) - len(stored), f"annotating ({annotator_name})", progress) as bar:
-        while batch := list(islice(todo, INSERT_BATCH)):
-            store.add_examples(dataset_id, list(annotate(batch, tool)) if tool else batch, annotator_name)
-            bar.update(len(batch))
-    store.complete_dataset(dataset_id)
+    on_wait = (lambda msg: print(msg, file=sys.stderr)) if progress else None
+    with store.lease(plan.lease_name, f"dataset {source.name}:{plan.split}", wait=True, on_wait=on_wait):
+        existing = store.find_dataset(name=source.name, split=plan.split, checksum=source.checksum)
+        if existing is not None and existing["status"] == "complete":
+            return existing["id"], existing["annotator"]  # loaded by the process we waited for
+        tool = None if source.gold else make_annotator(annotator)
+        annotator_name = "gold" if source.gold else tool.name
+        dataset_id, _ = store.find_or_create_dataset(
+            name=source.name, split=plan.split, checksum=source.checksum, format=source.fmt, source=source.source,
+            annotator=annotator_name, license=source.license, options=plan.options)
+        stored = store.stored_positions(dataset_id)
+        rank = {original: new for new, original in enumerate(plan.chosen)}
+        todo = (replace(e, position=rank[e.position]) for e in source.read()
+                if e.position in rank and rank[e.position] not in stored)
+        with _progress(len(plan.chosen) - len(stored), f"annotating ({annotator_name})", progress) as bar:
+            while batch := list(islice(todo, INSERT_BATCH)):
+                store.add_examples(dataset_id, list(annotate(batch, tool)) if tool else batch, annotator_name)
+                bar.update(len(batch))
+        store.complete_dataset(dataset_id)
     return dataset_id, annotator_name
 
 
@@ -214,39 +247,69 @@ def ingest(store, *, corpus: str | None = None, fmt: str | None = None, dataset:
         raise InvalidArgumentError("give either --corpus FILE (with --format) or --dataset NAME:SPLIT")
     if corpus is not None and fmt is None:
         raise InvalidArgumentError("--corpus needs --format (text, tsv, pairs-tsv or conllu)")
+    if isinstance(chunk_cells, bool) or not isinstance(chunk_cells, int) or chunk_cells < 1:
+        raise InvalidArgumentError(f"--chunk-cells must be a positive number of cells, not {chunk_cells!r}")
+    if name is not None:
+        validate_run_name(name)
+    store.require_writable()
     codec = codec or dict(arrays.DEFAULT_CODEC)
+    arrays.make_codec(codec, dtype)  # a bad codec fails here, before anything is stored
     started = time.perf_counter()
     source = (file_source(corpus, fmt, dataset_name, split, **read_options) if corpus is not None
               else builtin_source(dataset, data_dir, window_words=window_words))
-    dataset_id, annotator_name = register_dataset(store, source, annotator=annotator, limit=limit, sample=sample,
-                                                  seed=seed, progress=progress)
-    checksum = source.checksum
+    if name is not None:
+        _refuse_if_busy(store, name)  # fail at once, before reading the corpus or loading the model
+    # The model and corpus are checked before anything is written: a bad --model or a bad
+    # record leaves the store as it was.
     loaded = loaded or load_model(model)
     if max_length is not None and not 2 < max_length <= loaded.max_length:
         raise InvalidArgumentError(f"--max-length must be between 3 and the model's limit {loaded.max_length}")
     max_length = max_length or loaded.max_length
-    model_id = store.find_or_create_model(**loaded.record())
-    dataset_row = store.sql("SELECT name, split, n_examples FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
-    run_name = name or f"{dataset_row['name']}-{dataset_row['split']}-{loaded.name}"
-    manifest = build_manifest(loaded=loaded, corpus=source.source, fmt=source.fmt, corpus_checksum=checksum,
-                              annotator=annotator_name, dtype=dtype, max_length=max_length, truncation=truncation,
-                              batch_size=batch_size, codec=codec, chunk_cells=chunk_cells)
-    from .. import __version__
+    plan = plan_dataset(source, limit=limit, sample=sample, seed=seed)
+    run_name = name or f"{source.name}-{plan.split}-{loaded.name}"
+    validate_run_name(run_name)
+    with store.lease(run_lease_name(run_name), f"run {run_name!r}") as lease:
+        dataset_id, annotator_name = register_dataset(store, plan, annotator=annotator, progress=progress)
+        model_id = store.find_or_create_model(**loaded.record())
+        dataset_row = store.sql("SELECT n_examples FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
+        manifest = build_manifest(loaded=loaded, corpus=source.source, fmt=source.fmt, corpus_checksum=source.checksum,
+                                  annotator=annotator_name, dtype=dtype, max_length=max_length, truncation=truncation,
+                                  batch_size=batch_size, codec=codec, chunk_cells=chunk_cells)
+        from .. import __version__
 
-    info = store.start_run(name=run_name, model_id=model_id, dataset_id=dataset_id, dtype=dtype, codec=codec,
-                           chunk_cells=chunk_cells, max_length=max_length, truncation=truncation,
-                           attn_implementation=loaded.attn_implementation, batch_size=batch_size,
-                           code_version=__version__, corpus_checksum=checksum, manifest=manifest)
-    if info.status == "complete":
-        return IngestResult(info, 0, 0.0, True)
-    done = store.done_example_ids(info.id)
-    total = int(dataset_row["n_examples"]) - len(done)
-    run_started = time.perf_counter()
-    writer = store.run_writer(info.id)
-    n_new = _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress)
-    seconds = time.perf_counter() - run_started
-    info = writer.finish(seconds, {"timings": {"total_seconds": time.perf_counter() - started}})
+        info = store.start_run(name=run_name, model_id=model_id, dataset_id=dataset_id, dtype=dtype, codec=codec,
+                               chunk_cells=chunk_cells, max_length=max_length, truncation=truncation,
+                               attn_implementation=loaded.attn_implementation, batch_size=batch_size,
+                               code_version=__version__, corpus_checksum=source.checksum, manifest=manifest)
+        if info.status == "complete":
+            return IngestResult(info, 0, 0.0, True)
+        done = store.done_example_ids(info.id)
+        total = int(dataset_row["n_examples"]) - len(done)
+        run_started = time.perf_counter()
+        writer = store.run_writer(info.id, lease)
+        try:
+            n_new = _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype,
+                                 total, progress)
+            seconds = time.perf_counter() - run_started
+            info = writer.finish(seconds, {"timings": {"total_seconds": time.perf_counter() - started}})
+        except BaseException:
+            _mark_interrupted(store, info.id)
+            raise
     return IngestResult(info, n_new, seconds, False)
+
+
+def _refuse_if_busy(store, run_name: str) -> None:
+    holder = live_holder(store.engine, run_lease_name(run_name))
+    if holder is not None:
+        raise BusyError(f"run {run_name!r} is being written by {holder.describe()}; wait for it to finish "
+                        f"(or stop it: a killed writer's run resumes with the same command)")
+
+
+def _mark_interrupted(store, run_id: int) -> None:
+    try:
+        store.fail_run(run_id, status="interrupted")
+    except Exception:
+        pass  # e.g. the database is on the full disk too: a run whose writer is gone reads as interrupted anyway
 
 
 def _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress) -> int:
@@ -282,7 +345,7 @@ def _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_
             while inflight:
                 inflight.popleft().result()
         except BaseException:
-            # Keep what is safely on disk; mark the run so `ingest` resumes it.
+            # Keep what is safely on disk (the caller marks the run interrupted, so `ingest` resumes it).
             for f in inflight:
                 f.cancel()
             for f in inflight:
@@ -293,7 +356,6 @@ def _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_
                         pass
             try:
                 writer.commit()
-                store.fail_run(info.id, status="interrupted")
             except Exception:
                 pass
             raise

@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import warnings
+
+from ..store.errors import IncompleteRunWarning, NotFoundError
 from .registry import QUERIES, QuerySpec, get_query, register
 
 _MODULES = ("relative_position", "special_tokens", "entropy", "word_level", "dependency", "coreference", "head_clusters")
@@ -20,7 +23,28 @@ def load_all() -> None:
 
 
 def run_query(store, name: str, *, run, **params):
-    return get_query(name).func(store, run=run, **params)
+    """Run query `name` over `run` as one consistent snapshot of its committed examples.
+
+    A run still being written, or interrupted, is queried over the examples stored so far
+    with an IncompleteRunWarning (and `frame.attrs["run_state"]` says which); a run with
+    no stored example raises NotFoundError.
+    """
+    spec = get_query(name)
+    with store.pinned(run) as info:
+        state, holder = store.run_state(info.id)
+        n_stored = int((~store.examples(info.id)["skipped"]).sum())
+        if n_stored == 0:
+            why = {"writing": f"it is being written by {holder.describe()}" if holder else "it is being written",
+                   "interrupted": "its ingest was interrupted before the first batch was stored; run the ingest again",
+                   "complete": "every example was skipped (longer than the length limit)"}[state]
+            raise NotFoundError(f"run {info.name!r} has no stored examples to query: {why}")
+        if state != "complete":
+            what = "is still being written" if state == "writing" else "was interrupted (resume it with the same ingest command)"
+            warnings.warn(IncompleteRunWarning(f"run {info.name!r} {what}: results cover the {n_stored} examples "
+                                               f"stored so far"), stacklevel=2)
+        frame = spec.func(store, run=run, **params)
+    frame.attrs.update(run_state=state, n_examples=n_stored)
+    return frame
 
 
 __all__ = ["QUERIES", "QuerySpec", "get_query", "load_all", "register", "run_query"]

@@ -10,21 +10,28 @@ committed data is never rewritten: a crash cannot damage stored examples.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec
+from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
 
-from .errors import CorruptInputError, InvalidArgumentError, NotFoundError
+from .errors import DamagedDataError, InvalidArgumentError, NotFoundError
 
 AXES = ("layer", "head", "query", "key")
 # Chosen by measurement (benchmarks/choose_codec.py, docs/ARCHITECTURE.md): on MRPC dev
 # float16 maps, byte-shuffle + zstd level 1 gives ~1.66 bytes/cell at ~300 M cells/s;
 # bit-shuffle or higher zstd levels gain < 1 % for 3-10x the time.
-DEFAULT_CODEC = {"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 1 << 18}
+# "checksum": every chunk ends with a CRC32C of its compressed bytes (Zarr v3's crc32c codec),
+# checked before decompression: flipped or truncated bytes fail loudly, never decode.
+DEFAULT_CODEC = {"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 1 << 18,
+                 "checksum": "crc32c"}
+# Chunks equal to the fill value are written too, so a missing chunk always means damage.
+ARRAY_CONFIG = {"write_empty_chunks": True}
 DEFAULT_CHUNK_CELLS = 1 << 20  # 2 MiB of float16: about 5 MRPC examples, ~3 ms to decode
 # The array is created with a large nominal length: chunks never written take no space,
 # and not resizing while ingesting means the array metadata is written once.
@@ -40,16 +47,30 @@ def open_root(root: str, read_only: bool):
     return LocalStore(path, read_only=read_only)
 
 
-def make_codec(spec: dict, dtype: str) -> BloscCodec:
+def root_writable(root: str) -> bool:
+    """Whether a local array root can be written (its nearest existing folder); remote roots are assumed writable."""
+    if "://" in root and not root.startswith("file://"):
+        return True
+    path = os.path.abspath(root[len("file://"):] if root.startswith("file://") else root)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return os.access(path, os.W_OK)
+
+
+def make_codec(spec: dict, dtype: str) -> list:
+    """The bytes-to-bytes codecs of a codec spec: blosc, then an optional CRC32C checksum."""
     if spec.get("name") != "blosc":
         raise InvalidArgumentError(f"unsupported codec {spec!r}; only blosc codecs are supported")
-    return BloscCodec(
+    if spec.get("checksum") not in (None, "crc32c"):
+        raise InvalidArgumentError(f"unsupported checksum {spec['checksum']!r}; use 'crc32c' or none")
+    blosc = BloscCodec(
         typesize=np.dtype(dtype).itemsize,
         cname=spec["cname"],
         clevel=spec["clevel"],
         shuffle=spec["shuffle"],
         blocksize=spec.get("blocksize", 0),
     )
+    return [blosc, Crc32cCodec()] if spec.get("checksum") == "crc32c" else [blosc]
 
 
 def create_run_array(root: str, path: str, *, dtype: str, chunk_cells: int, codec: dict, attributes: dict):
@@ -61,7 +82,8 @@ def create_run_array(root: str, path: str, *, dtype: str, chunk_cells: int, code
         shape=(CAPACITY_CELLS,),
         chunks=(chunk_cells,),
         dtype=dtype,
-        compressors=[make_codec(codec, dtype)],
+        compressors=make_codec(codec, dtype),
+        config=ARRAY_CONFIG,
         fill_value=0,
         dimension_names=("cell",),
         attributes={"block_axes": list(AXES), **attributes},
@@ -70,7 +92,8 @@ def create_run_array(root: str, path: str, *, dtype: str, chunk_cells: int, code
 
 def open_run_array(root: str, path: str, *, read_only: bool = True):
     try:
-        return zarr.open_array(store=open_root(root, read_only=read_only), path=path, mode="r" if read_only else "r+")
+        return zarr.open_array(store=open_root(root, read_only=read_only), path=path, mode="r" if read_only else "r+",
+                               config=ARRAY_CONFIG)
     except (FileNotFoundError, KeyError) as exc:
         raise NotFoundError(f"attention array {path!r} not found under {root}; is --root the store's array root? ({exc})") from None
 
@@ -141,29 +164,97 @@ def block_shape(n_layers: int, n_heads: int, length: int) -> tuple[int, int, int
     return (n_layers, n_heads, length, length)
 
 
-def read_block(array, offset: int, shape: tuple[int, ...]) -> np.ndarray:
+def chunk_key(array, index: int) -> str:
+    """The store key of chunk `index`, e.g. runs/<id>/c/12."""
+    return f"{array.path}/{array.metadata.encode_chunk_key((index,))}"
+
+
+def present_chunks(array) -> set[int]:
+    """Indices of the chunks that exist in the store (one listing)."""
+    prefix = chunk_key(array, 0)[: -1]
+
+    async def listing():
+        return [key async for key in array.store_path.store.list_prefix(prefix)]
+
+    return {int(k[len(prefix):]) for k in sync(listing()) if k[len(prefix):].isdigit()}
+
+
+def chunk_range(array, start: int, stop: int) -> range:
+    chunk = array.chunks[0]
+    return range(start // chunk, (stop - 1) // chunk + 1) if stop > start else range(0)
+
+
+Describe = Callable[[int, int], str]  # (start, stop) cells -> "run 'x', example 3"
+
+
+def _damaged(array, index: int, what: str, describe: Describe, reason: str) -> DamagedDataError:
+    chunk = array.chunks[0]
+    where = describe(index * chunk, (index + 1) * chunk)
+    return DamagedDataError(f"{where}: chunk {chunk_key(array, index)} {reason}; "
+                            f"run `attnstore check` to list the damage ({what})")
+
+
+def read_cells(array, start: int, stop: int, describe: Describe, present: set[int] | None = None) -> np.ndarray:
+    """Cells [start, stop), or DamagedDataError naming the chunk when one is missing or fails to decode.
+
+    A chunk inside a run's written range is never legitimately absent (empty chunks are
+    written too), so absence is damage, not zeros. `present` saves a lookup per chunk.
+    """
+    wanted = chunk_range(array, start, stop)
+    if present is None:
+        store = array.store_path.store
+        missing = [i for i in wanted if not sync(store.exists(chunk_key(array, i)))]
+    else:
+        missing = [i for i in wanted if i not in present]
+    if missing:
+        raise _damaged(array, missing[0], f"{len(missing)} missing", describe, "is missing")
+    try:
+        data = array[start:stop]
+    except Exception as exc:  # checksum mismatch, truncated or undecodable bytes
+        for i in wanted:  # name the first chunk that fails on its own
+            try:
+                array[i * array.chunks[0]: (i + 1) * array.chunks[0]]
+            except Exception as inner:
+                raise _damaged(array, i, type(inner).__name__, describe, f"is damaged ({str(inner).splitlines()[0][:120]})") from None
+        raise DamagedDataError(f"{describe(start, stop)}: cannot read cells {start}..{stop}: {exc}") from None
+    if data.size != stop - start:
+        raise DamagedDataError(f"{describe(start, stop)}: the array is shorter than its metadata says; run `attnstore check`")
+    return data
+
+
+def read_block(array, offset: int, shape: tuple[int, ...], describe: Describe | None = None) -> np.ndarray:
     n = int(np.prod(shape))
-    data = array[offset : offset + n]
-    if data.size != n:
-        raise CorruptInputError(f"attention array is shorter than expected at offset {offset}: store is damaged")
-    return data.reshape(shape)
+    describe = describe or (lambda a, b: f"array {array.path}")
+    return read_cells(array, offset, offset + n, describe).reshape(shape)
 
 
-def iter_blocks(array, refs: Iterable[BlockRef], n_layers: int, n_heads: int, slab_cells: int | None = None) -> Iterator[tuple[object, np.ndarray]]:
-    """Stream blocks in offset order, reading contiguous slabs of ~16 chunks at a time (bounded memory)."""
+def iter_blocks(array, refs: Iterable[BlockRef], n_layers: int, n_heads: int, slab_cells: int | None = None,
+                describe: Callable[[list], str] | None = None) -> Iterator[tuple[object, np.ndarray]]:
+    """Stream blocks in offset order, reading contiguous slabs of ~16 chunks at a time (bounded memory).
+
+    Chunks are checked against one listing of the array; `describe(keys)` names examples in errors.
+    """
     slab_cells = slab_cells or 16 * array.chunks[0]
+    present = present_chunks(array)
     group: list[BlockRef] = []
+
+    def size(r: BlockRef) -> int:
+        return n_layers * n_heads * r.length**2
 
     def emit(group):
         start = group[0].offset
-        end = max(r.offset + n_layers * n_heads * r.length**2 for r in group)
-        data = array[start:end]
+        end = max(r.offset + size(r) for r in group)
+
+        def where(a: int, b: int) -> str:
+            keys = [r.key for r in group if r.offset < b and r.offset + size(r) > a]
+            return describe(keys) if describe else f"array {array.path}, blocks {keys}"
+
+        data = read_cells(array, start, end, where, present)
         for r in group:
-            n = n_layers * n_heads * r.length**2
-            yield r.key, data[r.offset - start : r.offset - start + n].reshape(block_shape(n_layers, n_heads, r.length))
+            yield r.key, data[r.offset - start : r.offset - start + size(r)].reshape(block_shape(n_layers, n_heads, r.length))
 
     for ref in sorted(refs, key=lambda r: r.offset):
-        if group and ref.offset + n_layers * n_heads * ref.length**2 - group[0].offset > slab_cells:
+        if group and ref.offset + size(ref) - group[0].offset > slab_cells:
             yield from emit(group)
             group = []
         group.append(ref)

@@ -2,34 +2,76 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from contextlib import contextmanager
+from urllib.parse import quote
 from typing import Iterator
 
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .config import redact
 from .errors import AttnStoreError, InvalidArgumentError
 
 
-def create_engine(url: str) -> sa.Engine:
-    """Create an engine; SQLite gets foreign keys on and a busy timeout for concurrent readers."""
+SUPPORTED = ("sqlite", "postgresql")
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a sqlite:///PATH URL (None for other URLs and in-memory databases)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///"):].split("?", 1)[0]
+    return path or None
+
+
+def sqlite_writable(path: str) -> bool:
+    """Whether this process can write the SQLite file (and create its -wal/-shm files beside it)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return os.access(folder, os.W_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
+
+
+def _readonly_sqlite_creator(path: str):
+    # mode=ro reads a live store safely but needs to create the -shm file; on a folder we
+    # cannot write, immutable=1 reads the file as it is (no locking: nobody else may write it).
+    flag = "mode=ro" if os.access(os.path.dirname(os.path.abspath(path)), os.W_OK) else "immutable=1"
+    uri = f"file:{quote(os.path.abspath(path))}?{flag}"
+    return lambda: sqlite3.connect(uri, uri=True, timeout=30, check_same_thread=False)
+
+
+def create_engine(url: str, read_only: bool = False) -> sa.Engine:
+    """Create an engine; SQLite gets foreign keys on and a busy timeout for concurrent readers.
+
+    `read_only` opens a SQLite file without ever writing to it (for stores on read-only
+    shares and mounts).
+    """
+    scheme = url.split(":", 1)[0].split("+", 1)[0]
+    if scheme not in SUPPORTED:
+        raise InvalidArgumentError(
+            f"cannot use database URL {redact(url)!r}: attnstore keeps metadata in SQLite or PostgreSQL; "
+            "use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB")
     try:
-        if url.startswith("sqlite"):
-            engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        if scheme == "sqlite":
+            path = sqlite_path(url)
+            if read_only and path:
+                engine = sa.create_engine("sqlite://", creator=_readonly_sqlite_creator(path))
+            else:
+                engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
             @event.listens_for(engine, "connect")
             def _sqlite_pragmas(dbapi_conn, _record):
                 cur = dbapi_conn.cursor()
                 cur.execute("PRAGMA foreign_keys=ON")
-                cur.execute("PRAGMA journal_mode=WAL")
+                if not read_only:
+                    cur.execute("PRAGMA journal_mode=WAL")
                 cur.close()
 
             return engine
         return sa.create_engine(url, pool_pre_ping=True)
-    except (ArgumentError, NoSuchModuleError) as exc:
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise InvalidArgumentError(
             f"cannot use database URL {redact(url)!r}: {exc}; use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
         ) from None
@@ -37,11 +79,13 @@ def create_engine(url: str) -> sa.Engine:
 
 def check_connection(engine: sa.Engine) -> None:
     try:
-        with engine.connect():
-            pass
-    except OperationalError as exc:
+        with engine.connect() as conn:
+            if engine.dialect.name == "sqlite":
+                conn.exec_driver_sql("SELECT count(*) FROM sqlite_master").scalar()  # reads the header
+    except DBAPIError as exc:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise AttnStoreError(f"cannot connect to database {redact(str(engine.url))}: {reason}") from None
+        hint = "; is it an attnstore SQLite store (meta.sqlite)?" if engine.dialect.name == "sqlite" else ""
+        raise AttnStoreError(f"cannot open database {redact(str(engine.url))}: {reason}{hint}") from None
 
 
 @contextmanager

@@ -23,3 +23,27 @@ class CorruptInputError(AttnStoreError, ValueError):
 
 class ConflictError(AttnStoreError):
     """A write that would contradict what is already stored (e.g. a run name reused for another model)."""
+
+
+class BusyError(ConflictError):
+    """Another live process is writing this run (or loading this dataset) right now."""
+
+
+class LeaseLostError(ConflictError):
+    """This process's write lease was taken over (it stalled past the stale period); it must stop writing."""
+
+
+class StorageIOError(AttnStoreError, OSError):
+    """Reading or writing the array root or database failed at the operating-system level (disk full, permissions)."""
+
+
+class ReadOnlyStoreError(AttnStoreError, PermissionError):
+    """A write was asked of a store opened read-only (no write permission on its database or array root)."""
+
+
+class DamagedDataError(CorruptInputError):
+    """Stored attention data fails its checks: a missing, truncated or corrupted chunk, or inconsistent metadata."""
+
+
+class IncompleteRunWarning(UserWarning):
+    """A query read a run that is still being written or was interrupted: results cover only its stored examples."""

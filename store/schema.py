@@ -293,3 +293,21 @@ class ProbeResult(Base):
     final_loss: Mapped[float | None] = mapped_column(sa.Float)
     params: Mapped[dict] = mapped_column(sa.JSON)
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class Lease(Base):
+    """Who may write a resource ("run:NAME", "dataset:KEY") now: one row while a writer holds it.
+
+    The holder refreshes `heartbeat_at`; a row whose holder died (same host, process gone)
+    or whose heartbeat is older than the stale period may be taken over, so a crashed
+    ingest resumes. See store/leases.py and docs/RELIABILITY.md.
+    """
+
+    __tablename__ = "leases"
+
+    resource: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    token: Mapped[str] = mapped_column(sa.String(32))
+    host: Mapped[str] = mapped_column(sa.String(255))
+    pid: Mapped[int]
+    acquired_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
