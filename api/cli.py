@@ -118,6 +118,7 @@ def db_current(locations):
     engine = create_engine(locations.db_url)
     check_connection(engine)
     current, head = migrate.current_revision(engine), migrate.head_revision()
+    migrate.refuse_newer(locations.db_url, current)
     status = "up to date" if current == head else f"out of date: run {migrate.upgrade_command(locations.db_url)}"
     click.echo(f"{redact(locations.db_url)}: revision {current or 'none'} (head {head}, {status})")
 
@@ -262,11 +263,33 @@ def tokens(locations, run, example, fmt):
 @store_options
 @friendly_errors
 def sql(locations, query, max_rows, fmt):
-    """Run a SQL QUERY over the metadata (tables and views of docs/SQL.md); nothing is committed."""
+    """Run one read-only SQL QUERY (SELECT, WITH, VALUES, EXPLAIN) over the metadata (tables and views
+    of docs/SQL.md); statements that would write are refused (see docs/CLI.md)."""
     frame = open_store(locations).sql(query, max_rows=max_rows + 1)
     emit(frame.head(max_rows), fmt)
     if len(frame) > max_rows:
         click.echo(f"(truncated to {max_rows} rows; raise --max-rows)", err=True)
+
+
+@main.command()
+@click.option("--run", "runs_", multiple=True, help="Run to check (repeatable; default: every run).")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@store_options
+@friendly_errors
+def check(locations, runs_, fmt):
+    """Verify stored runs: chunks present and checksums valid, block offsets, row sums, SQL counts.
+
+    Prints one line per run and one per problem found; exits 1 if anything is damaged.
+    """
+    from ..store.check import check_store
+
+    summary, problems = check_store(open_store(locations), runs_ or None)
+    emit(summary, fmt)
+    if not problems.empty:
+        click.echo(f"\n{len(problems)} problem(s):", err=True)
+        emit(problems, fmt)
+        raise SystemExit(1)
+    click.echo("store OK" if not summary.empty else "no runs to check", err=True)
 
 
 # ---------------------------------------------------------------- queries

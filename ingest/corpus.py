@@ -39,6 +39,11 @@ def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
         raise CorpusError(path, None, "no such file", "check the --corpus path")
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, start=1):
+            if number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+                raise CorpusError(path, 1, "the file is UTF-16 (it starts with a UTF-16 byte-order mark), not UTF-8",
+                                  "re-encode it as UTF-8, e.g. iconv -f utf-16 -t utf-8")
+            if b"\x00" in raw:
+                raise CorpusError(path, number, _nul_problem(raw), _nul_fix(raw))
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -49,6 +54,33 @@ def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
             if number == 1:
                 line = line.lstrip("\ufeff")
             yield number, line.rstrip("\r\n")
+
+
+def _nul_problem(raw: bytes) -> str:
+    column = raw.index(b"\x00") + 1
+    return f"NUL byte (\\x00) at column {column}"
+
+
+def _nul_fix(raw: bytes) -> str:
+    if raw.count(b"\x00") * 3 >= len(raw.rstrip(b"\r\n")):  # every other byte: UTF-16 without a byte-order mark
+        return "the file looks like UTF-16: re-encode it as UTF-8, e.g. iconv -f utf-16le -t utf-8"
+    return r"remove the NUL byte (e.g. tr -d '\000' < IN > OUT); PostgreSQL cannot store NUL in text"
+
+
+def check_no_nul(path, line: int | None, value, what: str = "a field") -> None:
+    """Raise CorpusError if a decoded string (or any string inside lists/dicts) holds U+0000, e.g. from a JSON \\u0000."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise CorpusError(path, line, f"NUL character (U+0000) in {what}",
+                                  "remove it (e.g. a \\u0000 escape); PostgreSQL cannot store NUL in text")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
 
 
 def read_text(path) -> Iterator[ExampleInput]:
@@ -193,6 +225,7 @@ def read_conllu(path) -> Iterator[ExampleInput]:
 def _conllu_sentence(path, position, lines, comments, doc_id, start_line) -> ExampleInput:
     words: list[dict] = []
     ranges: dict[int, tuple[int, int, str, bool]] = {}  # first word id -> (first, last, surface form, space after)
+    raw_heads: list[str] = []  # each word's HEAD column as written ("_", "0", "3", ...)
     for number, f in lines:
         wid = f[0]
         m = _ID_RANGE.match(wid)
@@ -209,17 +242,56 @@ def _conllu_sentence(path, position, lines, comments, doc_id, start_line) -> Exa
         if int(wid) != len(words) + 1:
             raise CorpusError(path, number, f"word ID {wid} out of sequence (expected {len(words) + 1})", "renumber the sentence")
         head = f[6]
-        if head != "_" and not head.isdigit():
+        if head != "_" and not (head.isascii() and head.isdigit()):
             raise CorpusError(path, number, f"HEAD {head!r} is not a number", "HEAD must be 0 (root) or a word ID")
+        raw_heads.append(head)
         words.append(dict(position=len(words), segment=0, sentence=0, form=f[1], lemma=_opt(f[2]), upos=_opt(f[3]),
-                          xpos=_opt(f[4]), feats=_opt(f[5]), head=None if head in ("_", "0") else int(head) - 1,
+                          xpos=_opt(f[4]), feats=_opt(f[5]), head=None if head == "_" or int(head) == 0 else int(head) - 1,
                           deprel=_opt(f[7]), misc=_opt(f[9]), line=number, _space=("SpaceAfter=No" not in f[9])))
     for w in words:
         if w["head"] is not None and w["head"] >= len(words):
-            raise CorpusError(path, w["line"], f"HEAD {w['head'] + 1} points past the sentence's {len(words)} words", "fix the HEAD column")
+            raise CorpusError(path, w["line"], f"HEAD {w['head'] + 1} points past the sentence's {len(words)} words",
+                              f"HEAD must be 0 (root) or the ID of a word of the same sentence (1-{len(words)})")
+    _check_tree(path, start_line, words, raw_heads, comments.get("sent_id"))
     text = _attach_char_spans(words, ranges)
     return ExampleInput(position=position, text_a=comments.get("text") or text, doc_id=doc_id,
                         sent_id=comments.get("sent_id"), source_line=start_line, words=tuple(words))
+
+
+def _check_tree(path, start_line, words: list[dict], raw_heads: list[str], sent_id: str | None) -> None:
+    """A sentence whose words have HEADs must form one tree: exactly one word with HEAD 0, no cycles.
+
+    Sentences with no HEADs at all (every HEAD `_`) carry no tree and pass. A sentence that
+    leaves some HEADs `_` is only checked for cycles (its root may be among the unannotated words).
+    Errors name the sentence's first line (its first comment or word line).
+    """
+    if all(h == "_" for h in raw_heads):
+        return
+    which = f"sentence {sent_id!r}" if sent_id else "the sentence"
+    if "_" not in raw_heads:
+        roots = [w for w, h in zip(words, raw_heads) if int(h) == 0]
+        if not roots:
+            raise CorpusError(path, start_line, f"{which} has no root (no word with HEAD 0)",
+                              "give its main word HEAD 0 and deprel root")
+        if len(roots) > 1:
+            listed = ", ".join(f"{r['position'] + 1} (line {r['line']})" for r in roots)
+            raise CorpusError(path, start_line, f"{which} has {len(roots)} roots: words {listed} have HEAD 0",
+                              "give exactly one word HEAD 0 and attach the others to words of the sentence")
+    state = [0] * len(words)  # 0 unvisited, 1 on the current path, 2 known to reach the root
+    for start in range(len(words)):
+        path_ids = []
+        node = start
+        while node is not None and state[node] == 0:
+            state[node] = 1
+            path_ids.append(node)
+            node = words[node]["head"]
+        if node is not None and state[node] == 1:
+            cycle = path_ids[path_ids.index(node):]
+            listed = " -> ".join(str(i + 1) for i in cycle + [node])
+            raise CorpusError(path, start_line, f"dependency cycle in {which}: words {listed} (word {node + 1} is on line {words[node]['line']})",
+                              "fix the HEAD column so every word leads to the root (HEAD 0)")
+        for i in path_ids:
+            state[i] = 2
 
 
 def _attach_char_spans(words: list[dict], ranges) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ..store.errors import AttnStoreError, CorruptInputError, InvalidArgumentError, NotFoundError
 
-__all__ = ["AttnStoreError", "CorpusError", "EmptyCorpusError", "IngestError", "InvalidArgumentError", "ModelNotFoundError"]
+__all__ = ["AttnStoreError", "CorpusError", "EmptyCorpusError", "IngestError", "InvalidArgumentError", "ModelError",
+           "ModelNotFoundError"]
 
 
 class CorpusError(CorruptInputError):
@@ -27,3 +28,7 @@ class ModelNotFoundError(NotFoundError):
 
 class IngestError(AttnStoreError):
     """Ingestion cannot go on (e.g. the model's attention is not a valid distribution)."""
+
+
+class ModelError(IngestError):
+    """A model directory that exists but cannot be loaded: no weights, no tokenizer, a corrupt or truncated file."""

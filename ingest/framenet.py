@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..store.records import ExampleInput
-from .corpus import read_lines
+from .corpus import check_no_nul, read_lines
 from .errors import CorpusError
 
 FN_NS = "{http://framenet.icsi.berkeley.edu}"
@@ -80,6 +80,7 @@ def read_exemplars_jsonl(path, frames_path=None) -> Iterator[ExampleInput]:
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise CorpusError(path, number, f"not an exemplar record ({type(exc).__name__}: {exc})",
                               "each line needs text, target, fe, frame_id, frame_name, lu_id, lu_name, annoset_id") from None
+        check_no_nul(path, number, rec, "the record")
         if not 0 <= target[0] < target[1] <= len(text) or any(not 0 <= s < e <= len(text) for s, e, _, _ in elements):
             raise CorpusError(path, number, "a character span lies outside the text", "spans are [start, end) offsets into text")
         yield _example(position, text, whitespace_words(text), number, str(rec.get("sent_id")), fields, target, elements,

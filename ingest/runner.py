@@ -313,7 +313,10 @@ def _mark_interrupted(store, run_id: int) -> None:
 
 
 def _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress) -> int:
-    pending = store.dataset_examples(dataset_id, exclude_ids=done)
+    # Batches are planned over the whole dataset, already-stored examples included, so a resumed
+    # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):
+    # its maps are bit-identical. Batches with nothing new are not run.
+    pending = store.dataset_examples(dataset_id)
     encoded = (enc for group in iter(lambda: list(islice(pending, 256)), [])
                for enc in encode_batch(loaded.tokenizer, group, max_length, truncation))
     inflight: deque = deque()
@@ -332,12 +335,15 @@ def _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_
     with ThreadPoolExecutor(max_workers=1) as pool, _progress(total, f"ingesting {info.name}", progress) as bar:
         try:
             for batch in plan_batches(encoded, batch_size):
+                if all(e.example_id in done for e in batch):
+                    continue
                 skipped = [e for e in batch if not e.input_ids]
                 batch = [e for e in batch if e.input_ids]
-                items = [(e, None) for e in skipped]
-                if batch:
+                items = [(e, None) for e in skipped if e.example_id not in done]
+                if any(e.example_id not in done for e in batch):
                     attentions, lengths = forward_attention(loaded, batch)
-                    items += list(zip(batch, to_blocks(attentions, lengths, dtype, batch)))
+                    items += [(e, maps) for e, maps in zip(batch, to_blocks(attentions, lengths, dtype, batch))
+                              if e.example_id not in done]
                 while len(inflight) >= 2:
                     inflight.popleft().result()
                 inflight.append(pool.submit(store_batch, items))

@@ -6,6 +6,9 @@ The CLI and any other front end look them up here; nothing is ever `eval`-ed.
 from __future__ import annotations
 
 import inspect
+import math
+import types
+import typing
 from dataclasses import dataclass
 from typing import Callable
 
@@ -54,13 +57,47 @@ def parse_examples(text: str) -> list[int]:
     try:
         for part in text.split(","):
             if "-" in part.strip()[1:]:
-                first, last = part.split("-", 1)
-                out.extend(range(int(first), int(last) + 1))
+                first, last = (int(x) for x in part.split("-", 1))
+                if last < first:
+                    backwards = part.strip()
+                    break
+                out.extend(range(first, last + 1))
             elif part.strip():
                 out.append(int(part))
+        else:
+            backwards = None
     except ValueError:
         raise InvalidArgumentError(f"examples={text!r}: give positions and ranges like 0,3,10-19") from None
+    if backwards:
+        raise InvalidArgumentError(f"examples={text!r}: range {backwards!r} ends before it starts; write FIRST-LAST, like 10-19")
+    if any(p < 0 for p in out):
+        raise InvalidArgumentError(f"examples={text!r}: positions start at 0; give positions and ranges like 0,3,10-19")
     return out
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_KINDS = {bool: ("true or false", "true"), int: ("an integer", "0"), float: ("a number", "0.5"), str: ("text", "x")}
+
+
+def param_type(spec: QuerySpec, name: str) -> tuple[type, bool]:
+    """(bool, int, float or str; whether None is allowed) from the annotation, else from the default."""
+    param = spec.parameters()[name]
+    try:
+        hint = typing.get_type_hints(spec.func).get(name, inspect.Parameter.empty)
+    except Exception:  # some annotation does not resolve: read this one's text
+        hint = _simple_annotation(param.annotation)
+    nullable = param.default is None
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        nullable = nullable or type(None) in args
+        args = [a for a in args if a is not type(None)]
+        hint = args[0] if len(args) == 1 else inspect.Parameter.empty
+    if hint in _KINDS:
+        return hint, nullable
+    default = param.default
+    if type(default) in _KINDS:
+        return type(default), nullable
+    return str, nullable
 
 
 def coerce_params(spec: QuerySpec, raw: dict[str, str]) -> dict:
@@ -70,15 +107,55 @@ def coerce_params(spec: QuerySpec, raw: dict[str, str]) -> dict:
     for key, value in raw.items():
         if key not in params:
             raise InvalidArgumentError(f"query {spec.name!r} has no parameter {key!r}; it takes: {', '.join(params) or 'none'}")
-        default = params[key].default
-        if key == "examples":
-            out[key] = parse_examples(value)
-        elif isinstance(default, bool):
-            out[key] = value.lower() in ("1", "true", "yes", "on")
-        elif isinstance(default, int):
-            out[key] = int(value)
-        elif isinstance(default, float):
-            out[key] = float(value)
-        else:
-            out[key] = value
+        out[key] = _coerce(spec, key, value)
     return out
+
+
+_NAMED = {"bool": bool, "int": int, "float": float, "str": str, "None": type(None)}
+
+
+def _simple_annotation(text):
+    """`int`, `int | None`, `Optional[int]` written as text, without evaluating anything; else no hint."""
+    if not isinstance(text, str):
+        return text
+    text = text.strip("'\"").replace(" ", "").replace("typing.", "")
+    if text.startswith("Optional[") and text.endswith("]"):
+        text = text[len("Optional["):-1] + "|None"
+    names = text.split("|")
+    if all(n in _NAMED for n in names):
+        return typing.Union[tuple(_NAMED[n] for n in names)]
+    return inspect.Parameter.empty
+
+
+def _coerce(spec: QuerySpec, key: str, value: str):
+    default = spec.parameters()[key].default
+    kind, nullable = param_type(spec, key)
+    what, sample = _KINDS[kind]
+    if default is not inspect.Parameter.empty and default is not None and type(default) is kind:
+        sample = str(default).lower() if kind is bool else str(default)
+    where = f"parameter {key} of query {spec.name!r}"
+    if not value.strip():
+        shown = ("" if default is inspect.Parameter.empty else " or leave it out for every example" if key == "examples"
+                 else f" or leave it out for the default {default!r}")
+        raise InvalidArgumentError(f"{where} needs a value, not {value!r}: give --param {key}=VALUE{shown}")
+    if key == "examples":
+        return parse_examples(value)
+    if nullable and value.strip().lower() in ("none", "null"):
+        return None
+    text = value.strip()
+    try:
+        if kind is bool:
+            if text.lower() not in _TRUE + _FALSE:
+                raise ValueError
+            return text.lower() in _TRUE
+        if kind is int:
+            return int(text)
+        if kind is float:
+            number = float(text)
+            if not math.isfinite(number):
+                raise ValueError
+            return number
+    except ValueError:
+        also = " (or none)" if nullable else ""
+        raise InvalidArgumentError(f"{where} must be {what}{also}, not {value!r}; e.g. --param {key}={sample}") from None
+    return value

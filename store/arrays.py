@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
 
@@ -184,6 +185,28 @@ def chunk_range(array, start: int, stop: int) -> range:
     return range(start // chunk, (stop - 1) // chunk + 1) if stop > start else range(0)
 
 
+def has_checksum(array) -> bool:
+    return any(isinstance(c, Crc32cCodec) for c in array.metadata.codecs)
+
+
+def legacy_chunk_problem(array, index: int) -> str | None:
+    """For a chunk written without a checksum: does its blosc header agree with its stored size?
+
+    Decoding a truncated blosc buffer can crash the process (segmentation fault), so arrays
+    from before checksums are checked this way before any chunk is decoded.
+    """
+    raw = sync(array.store_path.store.get(chunk_key(array, index), prototype=default_buffer_prototype()))
+    if raw is None:
+        return "is missing"
+    data = raw.to_bytes()
+    if len(data) < 16:
+        return f"is truncated ({len(data)} bytes)"
+    cbytes = int.from_bytes(data[12:16], "little")
+    if cbytes != len(data):
+        return f"is truncated or padded (header says {cbytes} bytes, file has {len(data)})"
+    return None
+
+
 Describe = Callable[[int, int], str]  # (start, stop) cells -> "run 'x', example 3"
 
 
@@ -208,6 +231,10 @@ def read_cells(array, start: int, stop: int, describe: Describe, present: set[in
         missing = [i for i in wanted if i not in present]
     if missing:
         raise _damaged(array, missing[0], f"{len(missing)} missing", describe, "is missing")
+    if not has_checksum(array):
+        for i in wanted:
+            if why := legacy_chunk_problem(array, i):
+                raise _damaged(array, i, "no checksums in this run", describe, why)
     try:
         data = array[start:stop]
     except Exception as exc:  # checksum mismatch, truncated or undecodable bytes

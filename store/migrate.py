@@ -37,12 +37,25 @@ def current_revision(engine: sa.Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+def known_revisions() -> set[str]:
+    return {rev.revision for rev in ScriptDirectory.from_config(alembic_config("sqlite://")).walk_revisions()}
+
+
+def refuse_newer(url: str, current: str | None) -> None:
+    """A database migrated by a newer attnstore cannot be used (or "upgraded") by this one."""
+    if current is not None and current not in known_revisions():
+        raise SchemaOutOfDateError(
+            f"database {redact(url)} is at revision {current}, newer than this attnstore (head {head_revision()}); "
+            "upgrade attnstore (pip install -U attnstore) to use it")
+
+
 def upgrade(url: str, revision: str = "head") -> tuple[str | None, str]:
     """Upgrade the database at `url`; returns (revision before, revision after)."""
     engine = create_engine(url)
     check_connection(engine)
     before = current_revision(engine)
     engine.dispose()
+    refuse_newer(url, before)
     command.upgrade(alembic_config(url), revision)
     engine = create_engine(url)
     after = current_revision(engine)
@@ -65,11 +78,7 @@ def verify_schema(engine: sa.Engine) -> None:
         raise SchemaOutOfDateError(
             f"database {redact(url)} has no attnstore schema; create it with: {upgrade_command(url)}"
         )
-    known = {rev.revision for rev in ScriptDirectory.from_config(alembic_config(url)).walk_revisions()}
-    if current not in known:
-        raise SchemaOutOfDateError(
-            f"database {redact(url)} is at revision {current}, newer than this attnstore (head {head}); upgrade attnstore"
-        )
+    refuse_newer(url, current)
     raise SchemaOutOfDateError(
         f"database {redact(url)} is at revision {current}, expected {head}; run: {upgrade_command(url)}"
     )

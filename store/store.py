@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from contextlib import contextmanager
 from typing import Iterable, Iterator, Sequence as Seq
 
 import numpy as np
@@ -13,10 +14,11 @@ import sqlalchemy as sa
 import sqlalchemy.orm
 from sqlalchemy.orm import sessionmaker
 
-from . import arrays
+from . import arrays, leases
 from .config import Locations, resolve_locations
-from .db import check_connection, create_engine, session_scope
-from .errors import ConflictError, InvalidArgumentError, NotFoundError
+from .db import check_connection, create_engine, session_scope, sqlite_path, sqlite_writable
+from .errors import (ConflictError, DamagedDataError, InvalidArgumentError, NotFoundError, ReadOnlyStoreError,
+                     StorageIOError)
 from .migrate import upgrade_command, verify_schema
 from .records import ExampleInput, RunInfo, StoredExample
 from .schema import (Dataset, Example, Frame, FrameElement, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token,
@@ -38,15 +40,29 @@ def open_store(db: str | None = None, root: str | None = None, home: str | None 
 
 
 class Store:
+    """A store: SQL metadata at `locations.db_url` plus Zarr arrays under `locations.array_root`.
+
+    A store whose SQLite file or local array root this process cannot write is opened
+    read-only: every read works, every write raises ReadOnlyStoreError.
+    """
+
     def __init__(self, locations: Locations):
         self.locations = locations
         url = locations.db_url
-        if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
-            raise NotFoundError(f"no store database at {url[len('sqlite:///'):]}; create it with: {upgrade_command(url)}")
-        self.engine = create_engine(locations.db_url)
+        path = sqlite_path(url)
+        if path and not os.path.exists(path):
+            raise NotFoundError(f"no store database at {path}; create it with: {upgrade_command(url)}")
+        self.read_only = bool(path and not sqlite_writable(path)) or not arrays.root_writable(locations.array_root)
+        self.engine = create_engine(locations.db_url, read_only=bool(path and not sqlite_writable(path)))
         check_connection(self.engine)
         verify_schema(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._pins: dict[int, int] = {}  # run id -> largest block offset visible (see `pinned`)
+
+    def require_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyStoreError(f"store {self.locations.describe()} is read-only for this user (no write permission "
+                                     "on its database or array root); it can be queried but not written")
 
     def __repr__(self) -> str:
         return f"Store({self.locations.describe()})"
@@ -62,21 +78,18 @@ class Store:
     def sql(self, query: str, params: dict | None = None, max_rows: int | None = None) -> pd.DataFrame:
         """Run a SQL query over the metadata and return a DataFrame (at most `max_rows` rows).
 
-        The transaction is rolled back, so a statement that writes changes nothing.
+        One read-only statement (SELECT, WITH, VALUES, EXPLAIN; introspection PRAGMAs on SQLite)
+        on its own read-only connection, under a time limit; anything that would write, and
+        several statements at once, raise InvalidArgumentError("SQL error: ..."). See store/readonly.py.
         """
-        try:
-            with self.engine.connect() as conn:
-                result = conn.execute(sa.text(query), params or {})
-                if not result.returns_rows:
-                    conn.rollback()
-                    return pd.DataFrame()
-                rows = result.fetchmany(max_rows) if max_rows else result.fetchall()
-                frame = pd.DataFrame(rows, columns=list(result.keys()))
-                conn.rollback()
-                return frame
-        except sa.exc.SQLAlchemyError as exc:
-            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-            raise InvalidArgumentError(f"SQL error: {reason}") from None
+        from .readonly import run_readonly_sql
+
+        # SQLite: by file (a read-only store's engine has no path in its URL); PostgreSQL: via the engine.
+        target = self.locations.db_url if self.engine.dialect.name == "sqlite" else self.engine
+        columns, rows = run_readonly_sql(target, query, params, max_rows)
+        if columns is None:
+            return pd.DataFrame()
+        return pd.DataFrame(rows, columns=columns)
 
     def _frame(self, query) -> pd.DataFrame:
         with self.engine.connect() as conn:
@@ -127,10 +140,39 @@ class Store:
                 Sequence.truncated, Sequence.skipped,
             )
             .join(Sequence, Sequence.example_id == Example.id)
-            .where(Sequence.run_id == info.id)
+            .where(self._visible(info))
             .order_by(Example.position)
         )
         return self._frame(q)
+
+    def _visible(self, info: RunInfo):
+        """SQL condition: sequences of the run, up to its pinned snapshot if one is pinned.
+
+        Blocks are appended at increasing offsets by the run's single writer, so "offset at
+        most the largest committed when pinned" is exactly the examples committed by then
+        (skipped examples have no offset and no maps; they are always visible).
+        """
+        cond = Sequence.run_id == info.id
+        pin = self._pins.get(info.id)
+        return cond if pin is None else sa.and_(cond, sa.or_(Sequence.offset.is_(None), Sequence.offset <= pin))
+
+    @contextmanager
+    def pinned(self, run: RunRef):
+        """Read the run as of now: inside this block, every read sees only examples committed before it began.
+
+        Queries use it so a run being written is read as one consistent snapshot.
+        """
+        info = self.run_info(run)
+        if info.id in self._pins:
+            yield info
+            return
+        with self.engine.connect() as conn:
+            last = conn.scalar(sa.select(sa.func.max(Sequence.offset)).where(Sequence.run_id == info.id))
+        self._pins[info.id] = -1 if last is None else int(last)
+        try:
+            yield info
+        finally:
+            self._pins.pop(info.id, None)
 
     def _sequence(self, info: RunInfo, example: int) -> tuple[int, int, int | None]:
         if isinstance(example, bool) or not isinstance(example, (int, np.integer)):
@@ -139,7 +181,7 @@ class Store:
             row = conn.execute(
                 sa.select(Example.id, Sequence.length, Sequence.offset)
                 .join(Sequence, Sequence.example_id == Example.id)
-                .where(Sequence.run_id == info.id, Example.position == int(example))
+                .where(self._visible(info), Example.position == int(example))
             ).first()
         if row is None:
             raise NotFoundError(
@@ -194,7 +236,8 @@ class Store:
                 Token.word_position, Token.segment, Token.is_special,
             )
             .join(Example, Example.id == Token.example_id)
-            .where(Token.run_id == info.id)
+            .join(Sequence, sa.and_(Sequence.example_id == Token.example_id, Sequence.run_id == Token.run_id))
+            .where(Token.run_id == info.id, self._visible(info))
             .order_by(Example.position, Token.position)
         )
         return self._frame(q)
@@ -206,7 +249,7 @@ class Store:
             sa.select(Example.position.label("example"), Word.position, Word.segment, Word.sentence, Word.form, Word.lemma,
                       Word.upos, Word.feats, Word.head, Word.deprel)
             .join(Example, Example.id == Word.example_id)
-            .join(Sequence, sa.and_(Sequence.example_id == Example.id, Sequence.run_id == info.id))
+            .join(Sequence, sa.and_(Sequence.example_id == Example.id, self._visible(info)))
             .order_by(Example.position, Word.position)
         )
         frame = self._frame(q)
@@ -220,7 +263,7 @@ class Store:
             sa.select(Example.position.label("example"), Mention.word_start, Mention.word_end, Mention.head, Mention.entity,
                       Mention.kind, Mention.doc_order)
             .join(Example, Example.id == Mention.example_id)
-            .join(Sequence, sa.and_(Sequence.example_id == Example.id, Sequence.run_id == info.id))
+            .join(Sequence, sa.and_(Sequence.example_id == Example.id, self._visible(info)))
             .order_by(Example.position, Mention.doc_order)
         )
         return self._frame(q)
@@ -243,12 +286,14 @@ class Store:
 
         `layer` / `head` are None (all), an int or a list of ints; the result keeps
         all four axes either way. Rows sum to 1 over the example's L tokens.
+        Damaged or missing chunks raise DamagedDataError naming run, example and chunk.
         """
         info = self.run_info(run)
         layers = self._select("layer", layer, info.n_layers)
         heads = self._select("head", head, info.n_heads)
         _, length, offset = self._sequence(info, example)
-        block = arrays.read_block(self._array(info), offset, arrays.block_shape(info.n_layers, info.n_heads, length))
+        block = arrays.read_block(self._array(info), offset, arrays.block_shape(info.n_layers, info.n_heads, length),
+                                  describe=lambda a, b: f"run {info.name!r}, example {example}")
         return block[layers][:, heads]
 
     def iter_attention(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
@@ -263,7 +308,12 @@ class Store:
                 raise NotFoundError(f"run {info.name!r} has no stored example(s) {sorted(missing)[:10]}")
             seqs = seqs[seqs["example"].isin(wanted)]
         refs = [arrays.BlockRef(int(e), int(o), int(n)) for e, o, n in zip(seqs["example"], seqs["offset"], seqs["length"])]
-        yield from arrays.iter_blocks(self._array(info), refs, info.n_layers, info.n_heads)
+
+        def describe(keys: list) -> str:
+            shown = ", ".join(str(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
+            return f"run {info.name!r}, example{'s' if len(keys) > 1 else ''} {shown}"
+
+        yield from arrays.iter_blocks(self._array(info), refs, info.n_layers, info.n_heads, describe=describe)
 
     def head_metrics(self, run: RunRef | None = None, metric: str | None = None) -> pd.DataFrame:
         """Saved per-head values: run, metric, params, layer, head, value (optionally one run / metric)."""
@@ -401,7 +451,15 @@ class Store:
 
     def start_run(self, *, name: str, model_id: int, dataset_id: int, dtype: str, codec: dict, chunk_cells: int,
                   max_length: int, truncation: str, **fields) -> RunInfo:
-        """Create a run (and its array), or return the existing one if its settings match."""
+        """Create a run (and its array), or return the existing one if its settings match.
+
+        The row is inserted before the array is created, in one transaction: if the array
+        cannot be created, no run is left behind (and no array without a row).
+        """
+        validate_run_name(name)
+        if isinstance(chunk_cells, bool) or not isinstance(chunk_cells, int) or chunk_cells < 1:
+            raise InvalidArgumentError(f"chunk size must be a positive number of cells, not {chunk_cells!r}")
+        self.require_writable()
         with self.session() as s:
             run = s.scalars(sa.select(Run).where(Run.name == name)).first()
             if run is not None:
@@ -412,13 +470,17 @@ class Store:
                     raise ConflictError(f"run {name!r} already exists with other settings ({what}); pick another --name")
                 return self.run_info(run.id)
             array_path = f"runs/{uuid.uuid4().hex}"
-            arrays.create_run_array(self.locations.array_root, array_path, dtype=dtype, chunk_cells=chunk_cells, codec=codec,
-                                    attributes={"run": name})
             run = Run(name=name, model_id=model_id, dataset_id=dataset_id, dtype=dtype, codec=codec, chunk_cells=chunk_cells,
                       max_length=max_length, truncation=truncation, array_path=array_path, status="running", **fields)
             s.add(run)
             s.flush()
             run_id = run.id
+            try:
+                arrays.create_run_array(self.locations.array_root, array_path, dtype=dtype, chunk_cells=chunk_cells,
+                                        codec=codec, attributes={"run": name})
+            except OSError as exc:
+                raise StorageIOError(f"cannot create the attention array of run {name!r} under {self.locations.array_root}: "
+                                     f"{exc.strerror or exc}; give a writable --root") from None
         return self.run_info(run_id)
 
     def done_example_ids(self, run: RunRef) -> set[int]:
@@ -426,13 +488,40 @@ class Store:
         with self.engine.connect() as conn:
             return set(conn.scalars(sa.select(Sequence.example_id).where(Sequence.run_id == info.id)))
 
-    def run_writer(self, run: RunRef) -> "RunWriter":
-        return RunWriter(self, self.run_info(run))
+    def run_writer(self, run: RunRef, lease: leases.WriteLease | None = None) -> "RunWriter":
+        """A writer for a run; takes the run's write lease unless the caller holds it (`lease`)."""
+        return RunWriter(self, self.run_info(run), lease)
+
+    def lease(self, resource: str, what: str, *, wait: bool = False, on_wait=None) -> leases.WriteLease:
+        """Take the write lease on `resource` ("run:NAME", "dataset:KEY"); BusyError if a live process holds it."""
+        self.require_writable()
+        return leases.acquire(self.engine, resource, what, wait=wait, on_wait=on_wait)
+
+    def run_state(self, run: RunRef) -> tuple[str, leases.Holder | None]:
+        """("complete" | "writing" | "interrupted", live writer or None) of a run."""
+        info = self.run_info(run)
+        if info.status == "complete":
+            return "complete", None
+        holder = leases.live_holder(self.engine, run_lease_name(info.name))
+        return ("writing", holder) if holder else ("interrupted", None)
 
     def fail_run(self, run: RunRef, status: str = "interrupted") -> None:
         info = self.run_info(run)
         with self.session() as s:
             s.execute(sa.update(Run).where(Run.id == info.id, Run.status != "complete").values(status=status))
+
+
+MAX_RUN_NAME = 200
+
+
+def validate_run_name(name: str) -> None:
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_RUN_NAME or any(ord(c) < 32 or c == "\x7f" for c in name):
+        shown = name if not isinstance(name, str) or len(name) <= 40 else name[:40] + "..."
+        raise InvalidArgumentError(f"run name {shown!r} is not usable: give --name with 1 to {MAX_RUN_NAME} printable characters")
+
+
+def run_lease_name(run_name: str) -> str:
+    return f"run:{run_name}"
 
 
 TOKEN_FIELDS = ("token", "token_id", "word_position", "segment", "is_special", "char_start", "char_end")
@@ -446,19 +535,29 @@ def bulk_insert(conn, table: str, columns: tuple[str, ...], rows: list[tuple]) -
 
 
 class RunWriter:
-    """Append examples' maps and tokens to a run; SQL rows are committed only once their maps are on disk."""
+    """Append examples' maps and tokens to a run; SQL rows are committed only once their maps are on disk.
 
-    def __init__(self, store: Store, info: RunInfo):
+    Holds the run's write lease: it is checked before every chunk write and again inside
+    the transaction that commits the rows, so a writer that lost it writes nothing more.
+    """
+
+    def __init__(self, store: Store, info: RunInfo, lease: leases.WriteLease | None = None):
         self.store = store
         self.info = info
-        array = store._array(info, read_only=False)
-        with store.engine.connect() as conn:
-            end = conn.scalar(
-                sa.select(sa.func.max(Sequence.offset + info.n_layers * info.n_heads * Sequence.length * Sequence.length))
-                .where(Sequence.run_id == info.id)
-            )
-        self.blocks = arrays.BlockWriter(array, arrays.resume_offset(int(end or 0), info.chunk_cells))
-        self._pending: list[tuple[int, dict, list[dict]]] = []  # (end offset, sequence row, token rows)
+        self._own_lease = lease is None
+        self.lease = lease or store.lease(run_lease_name(info.name), f"run {info.name!r}")
+        try:
+            array = store._array(info, read_only=False)
+            with store.engine.connect() as conn:
+                end = conn.scalar(
+                    sa.select(sa.func.max(Sequence.offset + info.n_layers * info.n_heads * Sequence.length * Sequence.length))
+                    .where(Sequence.run_id == info.id)
+                )
+            self.blocks = arrays.BlockWriter(array, arrays.resume_offset(int(end or 0), info.chunk_cells))
+        except BaseException:
+            self.close()
+            raise
+        self._pending: list[tuple[int, dict, list[tuple]]] = []  # (end offset, sequence row, token rows)
 
     def add(self, example_id: int, maps: np.ndarray, tokens: list[dict], truncated: bool = False) -> None:
         expected = (self.info.n_layers, self.info.n_heads)
@@ -474,9 +573,18 @@ class RunWriter:
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=None, truncated=False, skipped=True)
         self._pending.append((0, seq, []))
 
+    def _flush_blocks(self, final: bool) -> int:
+        self.lease.check()
+        try:
+            return self.blocks.flush(final=final)
+        except OSError as exc:
+            raise StorageIOError(f"cannot write the maps of run {self.info.name!r} under {self.store.locations.array_root}: "
+                                 f"{exc.strerror or exc}; the run is kept as interrupted: free space or fix permissions, "
+                                 f"then run the same ingest command to resume") from None
+
     def commit(self, final: bool = False) -> int:
         """Write whole chunks, then commit rows of the examples now fully on disk; returns rows committed."""
-        durable = self.blocks.flush(final=final)
+        durable = self._flush_blocks(final)
         ready = [p for p in self._pending if p[0] <= durable]
         self._pending = [p for p in self._pending if p[0] > durable]
         if not ready:
@@ -485,6 +593,7 @@ class RunWriter:
         toks = [t for p in ready for t in p[2]]
         n_stored = sum(1 for q in seqs if not q["skipped"])
         with self.store.session() as s:
+            self.lease.check(s.connection())
             s.execute(sa.insert(Sequence), seqs)
             if toks:
                 bulk_insert(s.connection(), "tokens", ("run_id", "example_id", "position", *TOKEN_FIELDS), toks)
@@ -496,12 +605,21 @@ class RunWriter:
         return len(ready)
 
     def finish(self, seconds: float, manifest_update: dict | None = None) -> RunInfo:
-        self.commit(final=True)
-        with self.store.session() as s:
-            run = s.get(Run, self.info.id)
-            run.status = "complete"
-            run.finished_at = utcnow()
-            run.ingest_seconds = (run.ingest_seconds or 0.0) + seconds
-            if manifest_update:
-                run.manifest = {**(run.manifest or {}), **manifest_update}
+        try:
+            self.commit(final=True)
+            with self.store.session() as s:
+                self.lease.check(s.connection())
+                run = s.get(Run, self.info.id)
+                run.status = "complete"
+                run.finished_at = utcnow()
+                run.ingest_seconds = (run.ingest_seconds or 0.0) + seconds
+                if manifest_update:
+                    run.manifest = {**(run.manifest or {}), **manifest_update}
+        finally:
+            self.close()
         return self.store.run_info(self.info.id)
+
+    def close(self) -> None:
+        """Release the lease if this writer took it."""
+        if self._own_lease:
+            self.lease.release()

@@ -97,7 +97,7 @@ def make_run():
     """
 
     def build(store, maps_list, token_lists, *, name="hand", specials=BERT_SPECIALS, chunk_cells=64, dtype="float32",
-              words_list=None, token_words=None, mentions_list=None):
+              words_list=None, token_words=None, mentions_list=None, checksum="crc32c", finish=True):
         """words_list: per example, word dicts (form, head, deprel, upos, ...) replacing one word per
         non-special token; token_words: per example, each token's word position (None for specials);
         mentions_list: per example, mention dicts (word_start, word_end, head, entity, kind, doc_order)."""
@@ -124,7 +124,8 @@ def make_run():
         store.add_examples(dataset_id, inputs, "whitespace")
         store.complete_dataset(dataset_id)
         info = store.start_run(name=name, model_id=model_id, dataset_id=dataset_id, dtype=dtype,
-                               codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
+                               codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0,
+                                      **({"checksum": checksum} if checksum else {})},
                                chunk_cells=chunk_cells, max_length=512, truncation="truncate", attn_implementation="eager",
                                batch_size=1, code_version="test", corpus_checksum="x", manifest={})
         ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
@@ -143,7 +144,11 @@ def make_run():
                 word += 0 if special else 1
             writer.add(ids[position], np.asarray(maps), rows)
             writer.commit()
-        writer.finish(0.0)
+        if finish:
+            writer.finish(0.0)
+        else:  # leave the run unfinished, its writer (and lease) still open: the caller closes it
+            writer.commit(final=True)
+            return name, writer
         return name
 
     return build

@@ -1,0 +1,318 @@
+"""Fault injection: kill -9 at random moments, concurrent writers, queries during ingest, a full
+disk, a read-only store. Each test ends in "nothing lost, nothing duplicated, maps identical to a
+clean run" or in a clean one-line error. See docs/RELIABILITY.md for the guarantees these back.
+
+Ingests run as real `attnstore ingest` processes (so kill -9 is real) with a tiny random BERT
+(2 layers x 2 heads) over a synthetic corpus; the clean reference is the same ingest in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from attnstore.queries import run_query
+from attnstore.store import migrate, open_store
+from attnstore.store.check import check_store
+from attnstore.store.errors import IncompleteRunWarning, NotFoundError
+
+pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+N_EXAMPLES = 300
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "house", "it", "was", "red", "and", "big"]
+INGEST = ["--format", "text", "--annotate", "whitespace", "--batch-size", "2", "--chunk-cells", "1024", "--no-progress"]
+KILLS_PER_BACKEND = 20
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    """A random 2-layer, 2-head BERT with a WordPiece vocabulary of a few words, saved like a real model."""
+    import torch
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, ".", ","]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=64)
+    transformers.BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    rng = random.Random(7)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 30))) + " ." for _ in range(N_EXAMPLES)]
+    path = tmp_path_factory.mktemp("corpus") / "sentences.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory, tiny_model, corpus):
+    """The reference: the same ingest, uninterrupted, in this process."""
+    from attnstore.ingest import ingest
+    from attnstore.ingest.model import load_model
+
+    folder = tmp_path_factory.mktemp("clean")
+    url = f"sqlite:///{folder / 'meta.sqlite'}"
+    migrate.upgrade(url)
+    store = open_store(db=url, root=str(folder / "attention.zarr"))
+    ingest(store, corpus=str(corpus), fmt="text", annotator="whitespace", batch_size=2, chunk_cells=1024, name="k",
+           progress=False, loaded=load_model(tiny_model))
+    return store
+
+
+def maps_of(store, run: str) -> dict[int, np.ndarray]:
+    return {example: maps.copy() for example, maps in store.iter_attention(run)}
+
+
+def assert_same_as_clean(store, clean, run: str = "k") -> None:
+    """Nothing lost, nothing duplicated, every map and token identical to the clean run, check finds nothing."""
+    info = store.run_info(run)
+    assert info.status == "complete" and info.n_stored == N_EXAMPLES
+    examples = store.examples(run)
+    assert sorted(examples["example"]) == list(range(N_EXAMPLES)) and examples["example_id"].is_unique
+    got, want = maps_of(store, run), maps_of(clean, "k")
+    assert got.keys() == want.keys()
+    for example in want:
+        np.testing.assert_array_equal(got[example], want[example], err_msg=f"example {example}")
+    tokens, clean_tokens = store.token_table(run), clean.token_table("k")
+    assert tokens[["example", "position", "token_id"]].equals(clean_tokens[["example", "position", "token_id"]])
+    summary, problems = check_store(store, [run])
+    assert problems.empty, problems.to_string()
+    assert store.sql("SELECT count(*) AS n FROM leases")["n"][0] == 0
+
+
+def cli(url: str, root: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "attnstore.api.cli", *args, "--db", url, "--root", str(root)]
+
+
+def ingest_cmd(url, root, corpus, tiny_model, name="k"):
+    return cli(url, root, "ingest", "--corpus", str(corpus), "--model", tiny_model, "--name", name, *INGEST)
+
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def spawn(cmd) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def lease_held(url: str, resource: str) -> bool:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text("SELECT count(*) FROM leases WHERE resource = :r"), {"r": resource}).scalar() > 0
+    except sa.exc.SQLAlchemyError:
+        return False
+    finally:
+        engine.dispose()
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 60.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.fixture
+def fresh(db_url, tmp_path):
+    migrate.upgrade(db_url)
+    return db_url, tmp_path / "attention.zarr"
+
+
+# ---------------------------------------------------------------- kill -9
+
+
+def test_kill_9_at_random_moments_loses_and_duplicates_nothing(fresh, corpus, tiny_model, clean):
+    url, root = fresh
+    rng = random.Random(20261122 + ("postgresql" in url))
+    cmd = ingest_cmd(url, root, corpus, tiny_model)
+    kills = 0
+    for _ in range(4 * KILLS_PER_BACKEND):
+        proc = spawn(cmd)
+        if rng.random() < 0.2:  # anywhere: start-up, model load, dataset registration
+            time.sleep(rng.uniform(0, 4))
+        else:  # while writing: after the run's lease is taken
+            wait_for(lambda: lease_held(url, "run:k"), proc)
+            time.sleep(rng.uniform(0, 0.3))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait(timeout=60)
+        assert proc.returncode in (0, -signal.SIGKILL), proc.stderr.read()[-2000:]
+        if proc.returncode == 0 or kills >= KILLS_PER_BACKEND:
+            break
+    assert kills >= KILLS_PER_BACKEND
+    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_same_as_clean(open_store(db=url, root=str(root)), clean)
+
+
+# ---------------------------------------------------------------- concurrent writers
+
+
+def test_second_writer_of_a_run_fails_at_once_and_the_first_is_intact(fresh, corpus, tiny_model, clean):
+    url, root = fresh
+    first = spawn(ingest_cmd(url, root, corpus, tiny_model))
+    assert wait_for(lambda: lease_held(url, "run:k"), first)
+    started = time.time()
+    second = subprocess.run(ingest_cmd(url, root, corpus, tiny_model), env=ENV, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1
+    message = second.stderr.strip()
+    assert "run 'k' is being written by" in message and f"pid {first.pid}" in message, message
+    assert len(message.splitlines()) == 1 and "Traceback" not in message
+    assert first.poll() is None or time.time() - started < 30  # it failed while the first was still writing
+    first.wait(timeout=300)
+    assert first.returncode == 0, first.stderr.read()[-2000:]
+    assert_same_as_clean(open_store(db=url, root=str(root)), clean)
+
+
+def test_two_writers_started_together_one_wins(fresh, corpus, tiny_model, clean):
+    url, root = fresh
+    procs = [spawn(ingest_cmd(url, root, corpus, tiny_model)) for _ in range(2)]
+    for p in procs:
+        p.wait(timeout=300)
+    codes = sorted(p.returncode for p in procs)
+    errors = [p.stderr.read() for p in procs if p.returncode]
+    assert codes == [0, 1], errors
+    assert "is being written by" in errors[0] and "Traceback" not in errors[0]
+    assert_same_as_clean(open_store(db=url, root=str(root)), clean)
+
+
+def test_two_runs_of_one_new_dataset_at_once_register_it_once(fresh, corpus, tiny_model, clean):
+    url, root = fresh
+    procs = [spawn(ingest_cmd(url, root, corpus, tiny_model, name=name)) for name in ("k", "k2")]
+    for p in procs:
+        p.wait(timeout=300)
+        assert p.returncode == 0, p.stderr.read()[-2000:]
+    store = open_store(db=url, root=str(root))
+    assert store.sql("SELECT count(*) AS n FROM datasets")["n"][0] == 1
+    assert store.sql("SELECT count(*) AS n FROM examples")["n"][0] == N_EXAMPLES
+    assert_same_as_clean(store, clean, "k")
+    assert_same_as_clean(store, clean, "k2")
+
+
+# ---------------------------------------------------------------- reading while writing
+
+
+def test_queries_during_ingest_see_consistent_snapshots(fresh, corpus, tiny_model, clean):
+    url, root = fresh
+    proc = spawn(ingest_cmd(url, root, corpus, tiny_model))
+    partial = 0
+    store = None
+    while proc.poll() is None:
+        try:
+            store = store or open_store(db=url, root=str(root))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                frame = run_query(store, "relative_position", run="k")
+            n = frame.attrs["n_examples"]
+            if frame.attrs["run_state"] != "complete":
+                assert any(issubclass(w.category, IncompleteRunWarning) for w in caught)
+                partial += 1
+            examples = store.examples("k")
+            assert len(examples) >= n and examples["example_id"].is_unique
+            last = int(examples["example"].iloc[-1])
+            np.testing.assert_array_equal(store.attention("k", last), clean.attention("k", last))
+        except NotFoundError as exc:  # no run yet, or no example stored yet
+            assert "no run" in str(exc) or "no stored examples" in str(exc), str(exc)
+        time.sleep(0.05)
+    assert proc.returncode == 0, proc.stderr.read()[-2000:]
+    assert partial > 0
+    final = run_query(open_store(db=url, root=str(root)), "relative_position", run="k")
+    assert final.equals(run_query(clean, "relative_position", run="k"))
+
+
+# ---------------------------------------------------------------- full disk, read-only
+
+
+def _mount_tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()}); needs root/CAP_SYS_ADMIN")
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    mounted: list[Path] = []
+
+    def mount(name: str, size: str) -> Path:
+        path = tmp_path / name
+        _mount_tmpfs(path, size)
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_full_disk_is_one_line_interrupted_and_resumable(fresh, corpus, tiny_model, clean, tmpfs):
+    url, _ = fresh
+    root = tmpfs("small", "256k") / "attention.zarr"
+    cmd = ingest_cmd(url, root, corpus, tiny_model)
+    full = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert full.returncode == 1
+    message = full.stderr.strip().splitlines()
+    assert len(message) == 1 and "No space left on device" in message[0] and "resume" in message[0], full.stderr
+    store = open_store(db=url, root=str(root))
+    assert store.run_state("k")[0] == "interrupted" and store.run_info("k").status == "interrupted"
+    assert 0 < store.run_info("k").n_stored < N_EXAMPLES
+    subprocess.run(["mount", "-o", "remount,size=64m", str(root.parent)], check=True)
+    again = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert_same_as_clean(open_store(db=url, root=str(root)), clean)
+
+
+def test_read_only_store_can_be_read_but_not_written(tmp_path, corpus, tiny_model, clean, tmpfs):
+    from click.testing import CliRunner
+
+    from attnstore.api.cli import main
+
+    home = tmpfs("share", "64m")
+    url, root = f"sqlite:///{home / 'meta.sqlite'}", home / "attention.zarr"
+    migrate.upgrade(url)
+    done = subprocess.run(ingest_cmd(url, root, corpus, tiny_model), env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    subprocess.run(["mount", "-o", "remount,ro", str(home)], check=True)
+    store = open_store(db=url, root=str(root))
+    assert store.read_only
+    assert run_query(store, "entropy", run="k").equals(run_query(clean, "entropy", run="k"))
+    runner = CliRunner()
+    for args in (["runs"], ["sql", "SELECT count(*) AS n FROM tokens"], ["check"],
+                 ["query", "relative_position", "--run", "k"]):
+        result = runner.invoke(main, [*args, "--db", url, "--root", str(root)])
+        assert result.exit_code == 0, (args, result.output)
+    result = runner.invoke(main, ["ingest", "--corpus", str(corpus), "--format", "text", "--annotate", "whitespace",
+                                  "--model", tiny_model, "--name", "new", "--db", url, "--root", str(root)])
+    assert result.exit_code == 1 and "read-only" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_writer_given_a_read_only_array_root_fails_cleanly(fresh, corpus, tiny_model, tmpfs):
+    url, _ = fresh
+    share = tmpfs("ro", "1m")
+    subprocess.run(["mount", "-o", "remount,ro", str(share)], check=True)
+    done = subprocess.run(ingest_cmd(url, share / "attention.zarr", corpus, tiny_model), env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and "read-only" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    store = open_store(db=url, root=str(share / "attention.zarr"))
+    assert store.runs().empty and store.sql("SELECT count(*) AS n FROM datasets")["n"][0] == 0
