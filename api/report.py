@@ -133,7 +133,7 @@ def clark_report(store, run, out: str, coref_run=None, mds_examples: int = 500, 
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     caption = _caption(store, run)
-    lines = [f"# Clark et al. 2019, reproduced with attnstore", "", f"Attention statistics, Table 1, Figs. 2, 4, 6: {caption}."]
+    lines = ["# Clark et al. 2019, reproduced with attnstore", "", f"Attention statistics, Table 1, Figs. 2, 4, 6: {caption}."]
     if coref_run is not None:
         lines.append(f"Table 2: {_caption(store, coref_run)}.")
     lines += ["", "Layers and heads are 0-based in tables (`layer-head`), 1-based on figure axes as in the paper.", ""]
@@ -152,7 +152,8 @@ def clark_report(store, run, out: str, coref_run=None, mds_examples: int = 500, 
     lines += ["## Relative position (Sec. 3.1): heads with more than half their attention on the previous or next token", "",
               _table(strong, out_dir, "relative_position_strong"), ""]
     summary = run_query(store, "dependency_summary", run=run, min_count=min_count)
-    paper_first = summary.assign(order=summary["relation"].map(lambda r: 0 if r in {u for us in PAPER_RELATIONS.values() for u in us} else 1))
+    paper_relations = {u for us in PAPER_RELATIONS.values() for u in us}
+    paper_first = summary.assign(order=summary["relation"].map(lambda r: 0 if r in paper_relations else 1))
     table1 = paper_first.sort_values(["order", "relation", "direction"]).drop(columns="order")
     lines += ["## Table 1 — dependency relations (Sec. 4.2)", "",
               f"Best head per relation and direction vs. the best fixed offset; relations with at least {min_count} edges.",

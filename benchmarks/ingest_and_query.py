@@ -135,7 +135,8 @@ def main() -> None:
     print()
     print(f"{'figure':42s} {'measured':>12s}  {'target':>8s}")
     rows = [
-        ("ingest / bare forward throughput", bare / ingest_seconds, ">= 0.9", f"bare {bare:.2f}s ({bare_1:.2f}/{bare_2:.2f}), ingest {ingest_seconds:.2f}s"),
+        ("ingest / bare forward throughput", bare / ingest_seconds, ">= 0.9",
+         f"bare {bare:.2f}s ({bare_1:.2f}/{bare_2:.2f}), ingest {ingest_seconds:.2f}s"),
         ("stored bytes per attention cell", stored_bytes / cells, "<= 1.7", f"{stored_bytes:,} bytes; raw float16 = 2.0"),
         ("recompute / stored query (relative_position)", recompute_seconds / query_seconds, ">= 30",
          f"recompute {recompute_seconds:.2f}s, stored {query_seconds:.3f}s, max |diff| {agree:.1e}"),
@@ -145,7 +146,8 @@ def main() -> None:
         print(f"{label:42s} {value:12.3f}  {target:>8s}   {detail}")
     print()
     for name, seconds in other.items():
-        print(f"query {name}: {seconds:.3f}s over the stored run ({recompute_seconds / seconds:.1f}x faster than recomputing with the model)")
+        print(f"query {name}: {seconds:.3f}s over the stored run "
+              f"({recompute_seconds / seconds:.1f}x faster than recomputing with the model)")
     print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     print(f"store left at {home}", file=sys.stderr)
 

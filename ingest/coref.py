@@ -9,8 +9,8 @@ mentions go to the `mentions` table with their head word taken from the gold tre
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..store.records import ExampleInput
 from .corpus import read_conllu

@@ -10,8 +10,8 @@ from __future__ import annotations
 import csv
 import hashlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..store.records import ExampleInput
 from .errors import CorpusError, EmptyCorpusError
@@ -288,7 +288,8 @@ def _check_tree(path, start_line, words: list[dict], raw_heads: list[str], sent_
         if node is not None and state[node] == 1:
             cycle = path_ids[path_ids.index(node):]
             listed = " -> ".join(str(i + 1) for i in cycle + [node])
-            raise CorpusError(path, start_line, f"dependency cycle in {which}: words {listed} (word {node + 1} is on line {words[node]['line']})",
+            raise CorpusError(path, start_line,
+                              f"dependency cycle in {which}: words {listed} (word {node + 1} is on line {words[node]['line']})",
                               "fix the HEAD column so every word leads to the root (HEAD 0)")
         for i in path_ids:
             state[i] = 2

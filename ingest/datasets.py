@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from ..store.records import ExampleInput
 from .coref import DEFAULT_WINDOW_WORDS, read_gum_documents
@@ -49,7 +49,8 @@ def _glue(task, split, file, n, license, source, single=False, **options):
 MRPC_LICENSE = "MSR Shared Source License (research, non-commercial)"
 BUILTIN: list[DatasetSpec] = [
     _glue("MRPC", "dev", "dev.tsv", 408, MRPC_LICENSE, "Nstats/my_bert data/MRPC", text_a="#1 String", text_b="#2 String", label="Quality"),
-    _glue("MRPC", "train", "train.tsv", 3668, MRPC_LICENSE, "Nstats/my_bert data/MRPC", text_a="#1 String", text_b="#2 String", label="Quality"),
+    _glue("MRPC", "train", "train.tsv", 3668, MRPC_LICENSE, "Nstats/my_bert data/MRPC",
+          text_a="#1 String", text_b="#2 String", label="Quality"),
     _glue("RTE", "dev", "dev.tsv", 277, "RTE challenge data (research use)", "HF export, Ji-Yishan/MIEC-FYP",
           text_a="sentence1", text_b="sentence2", label="label", index="idx", quoting="csv", label_map=RTE_LABELS),
     _glue("RTE", "train", "train.tsv", 2490, "RTE challenge data (research use)", "HF export, Ji-Yishan/MIEC-FYP",

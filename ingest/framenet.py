@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..store.records import ExampleInput
 from .corpus import check_no_nul, read_lines
@@ -110,12 +110,12 @@ def read_release_xml(root) -> Iterator[ExampleInput]:
             text = sentence.findtext(f"{FN_NS}text") or ""
             for annoset in sentence.iter(f"{FN_NS}annotationSet"):
                 layers = {layer.get("name"): layer for layer in annoset.iter(f"{FN_NS}layer") if layer.get("rank", "1") == "1"}
-                targets = [(int(l.get("start")), int(l.get("end")) + 1) for l in layers.get("Target", []) if l.get("start")]
+                targets = [(int(lab.get("start")), int(lab.get("end")) + 1) for lab in layers.get("Target", []) if lab.get("start")]
                 if not targets:
                     continue
-                elements = [(int(l.get("start")), int(l.get("end")) + 1, l.get("name"),
-                             core_types.get((fields["frame_id"], l.get("name")), ""))
-                            for l in layers.get("FE", []) if l.get("start")]
+                elements = [(int(lab.get("start")), int(lab.get("end")) + 1, lab.get("name"),
+                             core_types.get((fields["frame_id"], lab.get("name")), ""))
+                            for lab in layers.get("FE", []) if lab.get("start")]
                 yield _example(position, text, whitespace_words(text), None, sentence.get("ID"),
                                dict(fields, annoset_id=int(annoset.get("ID"))), targets[0], elements,
                                core.get(fields["frame_id"], set()))

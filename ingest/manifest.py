@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import platform
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 
 PACKAGES = ("attnstore", "torch", "transformers", "tokenizers", "spacy", "zarr", "numcodecs", "numpy", "sqlalchemy", "pandas")
@@ -33,5 +33,5 @@ def build_manifest(*, loaded, corpus: str, fmt: str, corpus_checksum: str, annot
         "storage": {"codec": codec, "chunk_cells": chunk_cells, "layout": "flat (layer, head, query, key) blocks at offsets"},
         "packages": package_versions(),
         "python": sys.version.split()[0], "platform": platform.platform(),
-        "created_at": datetime.now(timezone.utc).isoformat(),
+        "created_at": datetime.now(UTC).isoformat(),
     }

@@ -193,7 +193,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
     model.eval()
     config = model.config
     used = getattr(config, "_attn_implementation", attn_implementation)
-    limits = [n for n in (getattr(tokenizer, "model_max_length", None), getattr(config, "max_position_embeddings", None)) if n and n < 100_000]
+    declared = (getattr(tokenizer, "model_max_length", None), getattr(config, "max_position_embeddings", None))
+    limits = [n for n in declared if n and n < 100_000]
     max_length = min(limits) if limits else 512
     if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") and max_length == config.max_position_embeddings:
         max_length -= 2  # RoBERTa position ids start after the padding index

@@ -12,18 +12,17 @@ import random
 import sys
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
-
 
 from ..store import arrays
 from ..store.errors import BusyError
 from ..store.leases import live_holder
-from ..store.store import run_lease_name, validate_run_name
 from ..store.records import RunInfo
+from ..store.store import run_lease_name, validate_run_name
 from .align import TRUNCATION_POLICIES, Encoded, encode_batch
 from .annotate import annotate, make_annotator
 from .corpus import file_checksum, read_corpus

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from .common import iter_maps, per_head_frame
-from .word_level import most_attended_words, units_of
 from .registry import register
+from .word_level import most_attended_words, units_of
 
 DIRECTIONS = ("dep2head", "head2dep")
 OFFSETS = (-3, -2, -1, 1, 2, 3)

@@ -159,7 +159,9 @@ class Probe:
         p = self.params
         if self.kind == "attn":
             s = data.attn @ p["w"]
-            back = (lambda g: {"w": data.attn.T @ g})
+
+            def back(g):
+                return {"w": data.attn.T @ g}
         elif self.kind == "attn+words":
             cand_w = vectors @ p["top"]  # (words, 2K): weights as functions of the candidate's vector
             dep_w = vectors @ p["bottom"]

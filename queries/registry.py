@@ -9,8 +9,8 @@ import inspect
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pandas as pd
 
@@ -123,7 +123,7 @@ def _simple_annotation(text):
         text = text[len("Optional["):-1] + "|None"
     names = text.split("|")
     if all(n in _NAMED for n in names):
-        return typing.Union[tuple(_NAMED[n] for n in names)]
+        return typing.Union[tuple(_NAMED[n] for n in names)]  # noqa: UP007 (built from a tuple at run time)
     return inspect.Parameter.empty
 
 

@@ -11,12 +11,13 @@ committed data is never rewritten: a crash cannot damage stored examples.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.core.array_spec import ArrayConfigParams
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
@@ -32,7 +33,7 @@ AXES = ("layer", "head", "query", "key")
 DEFAULT_CODEC = {"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 1 << 18,
                  "checksum": "crc32c"}
 # Chunks equal to the fill value are written too, so a missing chunk always means damage.
-ARRAY_CONFIG = {"write_empty_chunks": True}
+ARRAY_CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 DEFAULT_CHUNK_CELLS = 1 << 20  # 2 MiB of float16: about 5 MRPC examples, ~3 ms to decode
 # The array is created with a large nominal length: chunks never written take no space,
 # and not resizing while ingesting means the array metadata is written once.

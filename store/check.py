@@ -43,9 +43,11 @@ def _check_blocks(report: RunReport, array, seqs: pd.DataFrame, n_layers: int, n
     examples = seqs["example"].to_numpy()
     order = np.argsort(starts, kind="stable")
     starts, ends, examples, sizes = starts[order], ends[order], examples[order], sizes[order]
+    k: int
+    j: int
     overlap = np.flatnonzero(starts[1:] < ends[:-1])
-    for k in overlap:
-        report.add(f"block overlaps the block of example {examples[k]}", example=int(examples[k + 1]))
+    for o in overlap:
+        report.add(f"block overlaps the block of example {examples[o]}", example=int(examples[o + 1]))
     needed = sorted({i for s, e in zip(starts, ends) for i in range(s // chunk, (e - 1) // chunk + 1)})
     report.chunks = len(needed)
     bad: dict[int, str] = {i: "is missing" for i in needed if i not in present}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import quote
-from typing import Iterator
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .config import redact
 from .errors import AttnStoreError, InvalidArgumentError
-
 
 SUPPORTED = ("sqlite", "postgresql")
 

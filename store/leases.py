@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -48,7 +48,7 @@ class Holder:
 
 
 def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)  # SQLite returns naive UTC
+    return value if value.tzinfo else value.replace(tzinfo=UTC)  # SQLite returns naive UTC
 
 
 def _pid_alive(pid: int) -> bool:
@@ -131,7 +131,7 @@ class WriteLease:
         except Exception:
             pass  # left behind, the row is stale as soon as this process exits
 
-    def __enter__(self) -> "WriteLease":
+    def __enter__(self) -> WriteLease:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -29,7 +29,9 @@ def alembic_config(url: str) -> Config:
 
 
 def head_revision() -> str:
-    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert head is not None, "attnstore ships its migrations"
+    return head
 
 
 def current_revision(engine: sa.Engine) -> str | None:
@@ -49,7 +51,7 @@ def refuse_newer(url: str, current: str | None) -> None:
             "upgrade attnstore (pip install -U attnstore) to use it")
 
 
-def upgrade(url: str, revision: str = "head") -> tuple[str | None, str]:
+def upgrade(url: str, revision: str = "head") -> tuple[str | None, str | None]:
     """Upgrade the database at `url`; returns (revision before, revision after)."""
     engine = create_engine(url)
     check_connection(engine)

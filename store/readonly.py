@@ -33,7 +33,8 @@ import os
 import re
 import sqlite3
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 from urllib.parse import quote
 
 import sqlalchemy as sa
@@ -421,7 +422,7 @@ def run_postgresql(target: sa.Engine | str, query: str, params: dict | None, max
         except sa.exc.DBAPIError as exc:
             raise InvalidArgumentError(f"SQL error: cannot connect: {first_line(exc.orig or exc)}") from None
         try:
-            raw = conn.connection.dbapi_connection
+            raw: Any = conn.connection.dbapi_connection  # a psycopg connection (cursor(...).execute(prepare=...))
             raw.rollback()
             cur = raw.cursor()
             try:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Iterable, Iterator, Set
+from collections.abc import Sequence as Seq
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Sequence as Seq
 
 import numpy as np
 import pandas as pd
@@ -17,12 +18,10 @@ from sqlalchemy.orm import sessionmaker
 from . import arrays, leases
 from .config import Locations, resolve_locations
 from .db import check_connection, create_engine, session_scope, sqlite_path, sqlite_writable
-from .errors import (ConflictError, DamagedDataError, InvalidArgumentError, NotFoundError, ReadOnlyStoreError,
-                     StorageIOError)
+from .errors import ConflictError, InvalidArgumentError, NotFoundError, ReadOnlyStoreError, StorageIOError
 from .migrate import upgrade_command, verify_schema
 from .records import ExampleInput, RunInfo, StoredExample
-from .schema import (Dataset, Example, Frame, FrameElement, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token,
-                     Word, utcnow)
+from .schema import Dataset, Example, Frame, FrameElement, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token, Word, utcnow
 
 WORD_FIELDS = ("position", "segment", "sentence", "form", "lemma", "upos", "xpos", "feats", "head", "deprel",
                "char_start", "char_end")
@@ -30,7 +29,7 @@ WORD_FIELDS = ("position", "segment", "sentence", "form", "lemma", "upos", "xpos
 RunRef = str | int
 
 
-def open_store(db: str | None = None, root: str | None = None, home: str | None = None) -> "Store":
+def open_store(db: str | None = None, root: str | None = None, home: str | None = None) -> Store:
     """Open the store: `db` URL and array `root`, each from argument > environment > default.
 
     Connects and checks the schema; never creates or migrates anything
@@ -114,7 +113,8 @@ class Store:
         with self.session() as s:
             where = Run.id == run if isinstance(run, int) else Run.name == str(run)
             row = s.execute(
-                sa.select(Run, Model, Dataset).join(Model, Model.id == Run.model_id).join(Dataset, Dataset.id == Run.dataset_id).where(where)
+                sa.select(Run, Model, Dataset).join(Model, Model.id == Run.model_id)
+                .join(Dataset, Dataset.id == Run.dataset_id).where(where)
             ).first()
             if row is None:
                 known = s.scalars(sa.select(Run.name).order_by(Run.id).limit(10)).all()
@@ -292,6 +292,7 @@ class Store:
         layers = self._select("layer", layer, info.n_layers)
         heads = self._select("head", head, info.n_heads)
         _, length, offset = self._sequence(info, example)
+        assert offset is not None  # _sequence refuses skipped examples
         block = arrays.read_block(self._array(info), offset, arrays.block_shape(info.n_layers, info.n_heads, length),
                                   describe=lambda a, b: f"run {info.name!r}, example {example}")
         return block[layers][:, heads]
@@ -313,7 +314,8 @@ class Store:
             shown = ", ".join(str(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
             return f"run {info.name!r}, example{'s' if len(keys) > 1 else ''} {shown}"
 
-        yield from arrays.iter_blocks(self._array(info), refs, info.n_layers, info.n_heads, describe=describe)
+        for key, maps in arrays.iter_blocks(self._array(info), refs, info.n_layers, info.n_heads, describe=describe):
+            yield int(key), maps  # type: ignore[call-overload]  # keys are the example positions given above
 
     def head_metrics(self, run: RunRef | None = None, metric: str | None = None) -> pd.DataFrame:
         """Saved per-head values: run, metric, params, layer, head, value (optionally one run / metric)."""
@@ -333,14 +335,17 @@ class Store:
         if not {"layer", "head"} <= set(frame.columns):
             raise InvalidArgumentError("only per-head results (with layer and head columns) can be saved to head_metrics")
         params_json = json.dumps(params or {}, sort_keys=True, default=str)
-        value_cols = [c for c in frame.columns if c not in ("layer", "head") and pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])]
+        value_cols = [c for c in frame.columns if c not in ("layer", "head")
+                      and pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])]
         rows = []
         for col in value_cols:
             for layer, head, value in zip(frame["layer"], frame["head"], frame[col]):
                 v = None if pd.isna(value) else float(value)
-                rows.append(dict(run_id=info.id, metric=f"{prefix}.{col}", params=params_json, layer=int(layer), head=int(head), value=v, created_at=utcnow()))
+                rows.append(dict(run_id=info.id, metric=f"{prefix}.{col}", params=params_json, layer=int(layer),
+                                 head=int(head), value=v, created_at=utcnow()))
         with self.session() as s:
-            s.execute(sa.delete(HeadMetric).where(HeadMetric.run_id == info.id, HeadMetric.params == params_json, HeadMetric.metric.in_([f"{prefix}.{c}" for c in value_cols])))
+            s.execute(sa.delete(HeadMetric).where(HeadMetric.run_id == info.id, HeadMetric.params == params_json,
+                                                  HeadMetric.metric.in_([f"{prefix}.{c}" for c in value_cols])))
             if rows:
                 s.execute(sa.insert(HeadMetric), rows)
         return len(rows)
@@ -365,7 +370,8 @@ class Store:
 
     def find_or_create_model(self, **fields) -> int:
         with self.session() as s:
-            existing = s.scalars(sa.select(Model).where(Model.name == fields["name"], Model.weights_sha256 == fields["weights_sha256"])).first()
+            existing = s.scalars(sa.select(Model).where(Model.name == fields["name"],
+                                                        Model.weights_sha256 == fields["weights_sha256"])).first()
             if existing:
                 return existing.id
             model = Model(**fields)
@@ -414,7 +420,8 @@ class Store:
             for e in batch:
                 for f in e.frames:
                     fields = {k: v for k, v in f.items() if k != "elements"}
-                    frame_row_id = s.execute(sa.insert(Frame).returning(Frame.id), dict(example_id=by_pos[e.position], **fields)).scalar_one()
+                    frame_row_id = s.execute(sa.insert(Frame).returning(Frame.id),
+                                             dict(example_id=by_pos[e.position], **fields)).scalar_one()
                     if f["elements"]:
                         s.execute(sa.insert(FrameElement), [dict(frame_row_id=frame_row_id, **fe) for fe in f["elements"]])
 
@@ -424,7 +431,7 @@ class Store:
             s.execute(sa.update(Dataset).where(Dataset.id == dataset_id).values(status="complete", n_examples=n))
             return n
 
-    def dataset_examples(self, dataset_id: int, exclude_ids: set[int] = frozenset(), batch_size: int = 512) -> Iterator[StoredExample]:
+    def dataset_examples(self, dataset_id: int, exclude_ids: Set[int] = frozenset(), batch_size: int = 512) -> Iterator[StoredExample]:
         """Stream a dataset's examples (with words) in corpus order, skipping `exclude_ids`."""
         last = -1
         while True:
@@ -444,7 +451,8 @@ class Store:
                         sa.select(Word.example_id, Word.position, Word.segment, Word.form, Word.char_start, Word.char_end)
                         .where(Word.example_id.in_(ids)).order_by(Word.example_id, Word.position)
                     ):
-                        words[w.example_id].append(dict(position=w.position, segment=w.segment, form=w.form, char_start=w.char_start, char_end=w.char_end))
+                        words[w.example_id].append(dict(position=w.position, segment=w.segment, form=w.form,
+                                                        char_start=w.char_start, char_end=w.char_end))
             for r in rows:
                 if r.id in words:
                     yield StoredExample(r.id, r.position, r.text_a, r.text_b, tuple(words[r.id]))
@@ -488,7 +496,7 @@ class Store:
         with self.engine.connect() as conn:
             return set(conn.scalars(sa.select(Sequence.example_id).where(Sequence.run_id == info.id)))
 
-    def run_writer(self, run: RunRef, lease: leases.WriteLease | None = None) -> "RunWriter":
+    def run_writer(self, run: RunRef, lease: leases.WriteLease | None = None) -> RunWriter:
         """A writer for a run; takes the run's write lease unless the caller holds it (`lease`)."""
         return RunWriter(self, self.run_info(run), lease)
 

@@ -13,9 +13,9 @@ copy of tests/fixtures/data), `model_args` (a broken copy of a tiny random BERT)
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import sqlalchemy as sa
@@ -180,7 +180,7 @@ def newer_schema(*command: str) -> Callable[[Env], list[str]]:
     return build
 
 
-def flags_query(store, *, run, smooth: bool = False, top: int | None = None, scale: "Optional[float]" = None):  # noqa: F821
+def flags_query(store, *, run, smooth: bool = False, top: int | None = None, scale: Optional[float] = None):  # noqa: F821
     """A query with bool and Optional parameters (none of the stored queries has a bool yet)."""
     raise AssertionError("parameters must be rejected before the query runs")
 

@@ -8,7 +8,8 @@ SENTENCES = [
     (["[CLS]", "the", "dog", "barks", "[SEP]"],
      [dict(form="the", head=1, deprel="det"), dict(form="dog", head=2, deprel="nsubj"), dict(form="barks", head=None, deprel="root")]),
     (["[CLS]", "dog", "barks", "loudly", "[SEP]"],
-     [dict(form="dog", head=1, deprel="nsubj"), dict(form="barks", head=None, deprel="root"), dict(form="loudly", head=1, deprel="advmod")]),
+     [dict(form="dog", head=1, deprel="nsubj"), dict(form="barks", head=None, deprel="root"),
+      dict(form="loudly", head=1, deprel="advmod")]),
 ]
 
 

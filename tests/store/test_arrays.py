@@ -38,7 +38,7 @@ def test_iter_blocks_streams_in_offset_order_across_slabs(tmp_path):
     w.flush(final=True)
     got = list(arrays.iter_blocks(arr, reversed(refs), 1, 2, slab_cells=20))
     assert [k for k, _ in got] == [0, 1, 2, 3, 4]
-    for (k, block), expected in zip(got, blocks):
+    for (_, block), expected in zip(got, blocks):
         np.testing.assert_array_equal(block, expected)
 
 
