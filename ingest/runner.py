@@ -260,6 +260,12 @@ def ingest(store, *, corpus: str | None = None, fmt: str | None = None, dataset:
         _refuse_if_busy(store, name)  # fail at once, before reading the corpus or loading the model
     # The model and corpus are checked before anything is written: a bad --model or a bad
     # record leaves the store as it was.
+    registered = store.model_row(model) if loaded is None else None
+    finetuned = registered is not None and (registered.get("training") or {}).get("checkpoint")
+    if finetuned:  # a model fine-tuned in this store: its encoder, from the store's models folder
+        from .finetune import models_folder
+
+        loaded = load_model(str(models_folder(store) / registered["training"]["checkpoint"]))
     loaded = loaded or load_model(model)
     if max_length is not None and not 2 < max_length <= loaded.max_length:
         raise InvalidArgumentError(f"--max-length must be between 3 and the model's limit {loaded.max_length}")
@@ -269,7 +275,7 @@ def ingest(store, *, corpus: str | None = None, fmt: str | None = None, dataset:
     validate_run_name(run_name)
     with store.lease(run_lease_name(run_name), f"run {run_name!r}") as lease:
         dataset_id, annotator_name = register_dataset(store, plan, annotator=annotator, progress=progress)
-        model_id = store.find_or_create_model(**loaded.record())
+        model_id = registered["id"] if finetuned else store.find_or_create_model(**loaded.record())
         dataset_row = store.sql("SELECT n_examples FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
         manifest = build_manifest(loaded=loaded, corpus=source.source, fmt=source.fmt, corpus_checksum=source.checksum,
                                   annotator=annotator_name, dtype=dtype, max_length=max_length, truncation=truncation,

@@ -14,6 +14,8 @@ from pathlib import Path
 ENV_HOME = "ATTNSTORE_HOME"
 ENV_DB = "ATTNSTORE_DB"
 ENV_ROOT = "ATTNSTORE_ROOT"
+ENV_MODELS = "ATTNSTORE_MODELS"
+MODELS_NAME = "models"
 DEFAULT_HOME = "attnstore-data"
 SQLITE_NAME = "meta.sqlite"
 ZARR_NAME = "attention.zarr"
@@ -26,6 +28,21 @@ class Locations:
 
     def describe(self) -> str:
         return f"db={redact(self.db_url)} root={self.array_root}"
+
+    @property
+    def models_root(self) -> str:
+        """Where fine-tuned checkpoints live: ATTNSTORE_MODELS, else a `models` folder beside the array root.
+
+        The `models` table records checkpoints relative to this folder, so a store copied with
+        its folders (or pointed at by a colleague) finds its models.
+        """
+        if os.environ.get(ENV_MODELS):
+            return os.environ[ENV_MODELS]
+        root = self.array_root.rstrip("/")
+        if "://" in root and not root.startswith("file://"):
+            return root.rsplit("/", 1)[0] + "/" + MODELS_NAME
+        local = root[len("file://"):] if root.startswith("file://") else root
+        return str(Path(local).absolute().parent / MODELS_NAME)
 
 
 def redact(url: str) -> str:

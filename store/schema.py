@@ -48,6 +48,9 @@ class Model(Base):
     init: Mapped[str] = mapped_column(sa.String(32), default="pretrained")
     task: Mapped[str | None] = mapped_column(sa.String(64))
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    # Fine-tuned models: hyper-parameters, seed, data used, epochs done, training time, checkpoint
+    # folder relative to the store's models root (so a copied store finds its models).
+    training: Mapped[dict | None] = mapped_column(sa.JSON)
 
 
 class Dataset(Base):
@@ -259,15 +262,23 @@ class PatternLabel(Base):
 
 
 class AblationResult(Base):
-    """Task score of a model with some heads disabled (Kovaleva et al. K7), next to its baseline."""
+    """Task score of a model with some heads disabled (Kovaleva et al. K7), next to its baseline.
+
+    `config` names the disabled set canonically ("none", "layer:3", "heads:0:1,2:5"); a
+    configuration is stored once per (model, task, split, mode, metric): the unique key makes
+    two processes sweeping one model unable to write duplicates. config "none" (no head
+    disabled) is the plain evaluation of the model.
+    """
 
     __tablename__ = "ablation_results"
+    __table_args__ = (sa.UniqueConstraint("model_id", "task", "split", "mode", "config", "metric"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     model_id: Mapped[int] = mapped_column(sa.ForeignKey("models.id", ondelete="CASCADE"))
     task: Mapped[str] = mapped_column(sa.String(64))
     split: Mapped[str] = mapped_column(sa.String(64))
     mode: Mapped[str] = mapped_column(sa.String(16))
+    config: Mapped[str] = mapped_column(sa.String(255))
     disabled_heads: Mapped[list] = mapped_column(sa.JSON)
     metric: Mapped[str] = mapped_column(sa.String(64))
     score: Mapped[float] = mapped_column(sa.Float)

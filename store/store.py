@@ -21,7 +21,22 @@ from .db import check_connection, create_engine, session_scope, sqlite_path, sql
 from .errors import ConflictError, InvalidArgumentError, NotFoundError, ReadOnlyStoreError, StorageIOError
 from .migrate import upgrade_command, verify_schema
 from .records import ExampleInput, RunInfo, StoredExample
-from .schema import Dataset, Example, Frame, FrameElement, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token, Word, utcnow
+from .schema import (
+    AblationResult,
+    Dataset,
+    Example,
+    Frame,
+    FrameElement,
+    HeadMetric,
+    Mention,
+    Model,
+    ProbeResult,
+    Run,
+    Sequence,
+    Token,
+    Word,
+    utcnow,
+)
 
 WORD_FIELDS = ("position", "segment", "sentence", "form", "lemma", "upos", "xpos", "feats", "head", "deprel",
                "char_start", "char_end")
@@ -368,7 +383,69 @@ class Store:
              .order_by(ProbeResult.id))
         return self._frame(q)
 
+    def model_row(self, name: str) -> dict | None:
+        """The most recent model registered under `name` (id, name, source, init, task, parent_id, training, ...)."""
+        with self.session() as s:
+            m = s.scalars(sa.select(Model).where(Model.name == name).order_by(Model.id.desc())).first()
+            return None if m is None else {c.name: getattr(m, c.name) for c in Model.__table__.columns}
+
+    def models(self) -> pd.DataFrame:
+        """Registered models: id, name, architecture, n_layers, n_heads, init, task, parent, training, created_at."""
+        parent = sa.orm.aliased(Model)
+        q = (sa.select(Model.id, Model.name, Model.architecture, Model.n_layers, Model.n_heads, Model.init, Model.task,
+                       parent.name.label("parent"), Model.training, Model.created_at)
+             .outerjoin(parent, parent.id == Model.parent_id).order_by(Model.id))
+        return self._frame(q)
+
+    def register_finetuned_model(self, **fields) -> int:
+        """Register a fine-tuned model (fields of `models`, with parent_id, init, task, training); idempotent."""
+        self.require_writable()
+        with self.session() as s:
+            existing = s.scalars(sa.select(Model).where(Model.name == fields["name"],
+                                                        Model.weights_sha256 == fields["weights_sha256"])).first()
+            if existing is not None:
+                existing.training = fields.get("training")
+                return existing.id
+            model = Model(**fields)
+            s.add(model)
+            s.flush()
+            return model.id
+
+    def add_ablation_results(self, rows: list[dict]) -> bool:
+        """Insert the rows of one configuration in one transaction; False if it was already stored (by anyone)."""
+        self.require_writable()
+        now = utcnow()
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(sa.insert(AblationResult), [dict(created_at=now, **r) for r in rows])
+        except sa.exc.IntegrityError:
+            return False
+        return True
+
+    def ablation_configs(self, model_id: int, task: str, split: str, mode: str) -> set[str]:
+        """Configurations already stored for (model, task, split, mode)."""
+        with self.engine.connect() as conn:
+            return set(conn.scalars(sa.select(AblationResult.config).where(
+                AblationResult.model_id == model_id, AblationResult.task == task, AblationResult.split == split,
+                AblationResult.mode == mode).distinct()))
+
+    def ablation_results(self, model: str | None = None, task: str | None = None) -> pd.DataFrame:
+        """Stored evaluations and ablations: model, init, task, split, mode, config, disabled_heads, metric, score,
+        baseline_score, delta (score - baseline), n_examples. Config "none" is the model's plain evaluation."""
+        q = (sa.select(Model.name.label("model"), Model.init, AblationResult.task, AblationResult.split, AblationResult.mode,
+                       AblationResult.config, AblationResult.disabled_heads, AblationResult.metric, AblationResult.score,
+                       AblationResult.baseline_score, AblationResult.n_examples, AblationResult.created_at)
+             .join(Model, Model.id == AblationResult.model_id).order_by(AblationResult.id))
+        if model is not None:
+            q = q.where(Model.name == model)
+        if task is not None:
+            q = q.where(AblationResult.task == task)
+        frame = self._frame(q)
+        frame["delta"] = frame["score"] - frame["baseline_score"]
+        return frame
+
     def find_or_create_model(self, **fields) -> int:
+        self.require_writable()
         with self.session() as s:
             existing = s.scalars(sa.select(Model).where(Model.name == fields["name"],
                                                         Model.weights_sha256 == fields["weights_sha256"])).first()

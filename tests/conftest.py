@@ -161,3 +161,26 @@ def loaded_model():
     from attnstore.ingest.model import load_model
 
     return load_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> str:
+    """A random 2-layer, 4-head BERT (hidden 16) saved like a real model; its character-level WordPiece
+    vocabulary tokenizes any lowercase ASCII text (one piece per letter), so GLUE fixtures run through it."""
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import string
+
+    import torch
+
+    folder = tmp_path_factory.mktemp("tiny-bert-classifier")
+    letters = string.ascii_lowercase + string.digits
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *(f"##{c}" for c in letters), *string.punctuation]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=32, max_position_embeddings=512)
+    transformers.BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)

@@ -1,0 +1,157 @@
+"""`attnstore report table1` and `attnstore report ablation`: Kovaleva et al. Table 1, Fig. 8, Fig. 9.
+
+Every number is a row of `ablation_results` (config "none" = a model's plain dev score);
+this module lays them out as CSV/Markdown tables and PNG/SVG figures naming model and data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..ingest.glue import TASKS
+from ..store.errors import NotFoundError
+from .report import _has_tabulate, _save
+
+COLUMNS = {"pretrained": "no fine-tuning", "random": "fine-tuned from random init", "finetuned": "fine-tuned from pre-trained"}
+NO_FINETUNING = ("no fine-tuning = the pre-trained encoder with a sequence-classification head initialised with a fixed seed "
+                 "(0) and never trained, evaluated on the dev set (the paper's 'pre-trained' column); scores near chance "
+                 "are expected.")
+
+
+def _markdown(frame: pd.DataFrame) -> str:
+    return frame.to_markdown(index=False) if _has_tabulate() else frame.to_string(index=False)
+
+
+def _cell(values: pd.Series) -> str:
+    if values.empty:
+        return "–"
+    if len(values) == 1:
+        return f"{values.iloc[0]:.1f}"
+    return f"{values.mean():.1f} ± {values.std(ddof=1):.1f} (n={len(values)})"
+
+
+def table1(store) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(long rows: task, column, model, metric, score; the paper-shaped table: task x initialisation)."""
+    rows = store.ablation_results()
+    rows = rows[rows["config"] == "none"]
+    if rows.empty:
+        raise NotFoundError("no evaluations stored yet; run `attnstore evaluate --model M --task T` first")
+    rows = rows.assign(column=rows["init"].map(COLUMNS))
+    shaped = []
+    for task, group in rows.groupby("task", sort=False):
+        metrics = TASKS[task].metrics if task in TASKS else tuple(group["metric"].unique())
+        line = {"task": task, "metric": "/".join(metrics)}
+        for init, column in COLUMNS.items():
+            cells = [_cell(group[(group["init"] == init) & (group["metric"] == m)]["score"]) for m in metrics]
+            line[column] = " / ".join(cells)
+        line["dev examples"] = int(group["n_examples"].iloc[0])
+        shaped.append(line)
+    long = rows[["task", "column", "model", "metric", "score", "n_examples"]].reset_index(drop=True)
+    return long, pd.DataFrame(shaped)
+
+
+def table1_report(store, out: str) -> Path:
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    long, shaped = table1(store)
+    long.to_csv(folder / "table1_scores.csv", index=False)
+    shaped.to_csv(folder / "table1.csv", index=False)
+    text = ["# Table 1 (Kovaleva et al. 2019): GLUE dev scores by initialisation", "", _markdown(shaped), "",
+            f"Scores in percent; mean ± sample sd over seeds where several were run. {NO_FINETUNING}", ""]
+    path = folder / "table1.md"
+    path.write_text("\n".join(text), encoding="utf-8")
+    return path
+
+
+def _single_heads(frame: pd.DataFrame, n_layers: int, n_heads: int) -> np.ndarray:
+    grid = np.full((n_layers, n_heads), np.nan)
+    for heads, score in zip(frame["disabled_heads"], frame["score"]):
+        if len(heads) == 1:
+            layer, head = heads[0]
+            grid[layer, head] = score
+    return grid
+
+
+def ablation_tables(store, mode: str = "uniform") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per model, task, configuration: score, baseline, delta; per head: tasks it helps / hurts, mean delta)."""
+    rows = store.ablation_results()
+    rows = rows[(rows["mode"] == mode) & (rows["config"] != "none")]
+    if rows.empty:
+        raise NotFoundError(f"no {mode} ablations stored yet; run `attnstore ablate --model M --task T` first")
+    headline = rows[rows.apply(lambda r: r["metric"] == TASKS[r["task"]].metrics[0], axis=1)]
+    singles = headline[headline["config"].str.startswith("heads:") & (headline["disabled_heads"].map(len) == 1)]
+    per_task = (singles.assign(layer=singles["disabled_heads"].map(lambda h: h[0][0]),
+                               head=singles["disabled_heads"].map(lambda h: h[0][1]))
+                .groupby(["task", "layer", "head"], as_index=False)["delta"].mean())
+    verdict = (per_task.groupby(["layer", "head"])
+               .agg(tasks=("task", "nunique"), helps=("delta", lambda d: int((d > 0).sum())),
+                    hurts=("delta", lambda d: int((d < 0).sum())), mean_delta=("delta", "mean"))
+               .reset_index())
+    return headline.reset_index(drop=True), verdict
+
+
+def ablation_report(store, out: str, mode: str = "uniform") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    headline, verdict = ablation_tables(store, mode)
+    headline.drop(columns=["created_at"]).to_csv(folder / f"ablation_{mode}.csv", index=False)
+    verdict.to_csv(folder / f"heads_help_or_hurt_{mode}.csv", index=False)
+    models = store.models().set_index("name")
+    lines = [f"# Disabling heads ({mode}; Kovaleva et al. Fig. 8-9)", ""]
+    for (model, task), group in headline.groupby(["model", "task"], sort=False):
+        n_layers, n_heads = int(models.loc[model, "n_layers"]), int(models.loc[model, "n_heads"])
+        metric = TASKS[task].metrics[0]
+        baseline = float(group["baseline_score"].iloc[0])
+        n = int(group["n_examples"].iloc[0])
+        noise = 100 * np.sqrt((baseline / 100) * (1 - baseline / 100) / n) if metric == "accuracy" else float("nan")
+        stem = f"{task}_{model}".replace("/", "_")
+        grid = _single_heads(group, n_layers, n_heads)
+        if not np.isnan(grid).all():
+            fig, ax = plt.subplots(figsize=(0.5 * n_heads + 2, 0.45 * n_layers + 1.6))
+            span = np.nanmax(np.abs(grid - baseline)) or 1.0
+            image = ax.imshow(grid, cmap="RdBu", vmin=baseline - span, vmax=baseline + span)
+            ax.set_xlabel("head (0-based)")
+            ax.set_ylabel("layer (0-based)")
+            ax.set_xticks(range(n_heads))
+            ax.set_yticks(range(n_layers))
+            fig.colorbar(image, ax=ax, label=f"{metric} with the head disabled (baseline {baseline:.1f}: white)")
+            ax.set_title(f"Fig. 8: {task} dev, {model}\none head disabled ({mode}); blue = better than baseline", fontsize=9)
+            _save(fig, folder, f"fig8_{stem}")
+            plt.close(fig)
+        layers = group[group["config"].str.startswith("layer:")]
+        if not layers.empty:
+            order = layers.assign(layer=layers["config"].str.split(":").str[1].astype(int)).sort_values("layer")
+            fig, ax = plt.subplots(figsize=(5, 3))
+            ax.plot(order["layer"], order["score"], marker="o", label="layer disabled")
+            ax.axhline(baseline, color="grey", linestyle="--", label=f"baseline {baseline:.1f}")
+            ax.set_xlabel("disabled layer (0-based)")
+            ax.set_ylabel(f"{task} dev {metric}")
+            ax.set_xticks(order["layer"])
+            ax.set_title(f"Fig. 9: {task}, {model} ({mode})", fontsize=9)
+            ax.legend(fontsize=8)
+            _save(fig, folder, f"fig9_{stem}")
+            plt.close(fig)
+        best = group.loc[group["score"].idxmax()]
+        worst = group.loc[group["score"].idxmin()]
+        lines += [f"## {task}: {model}", "",
+                  f"Baseline {metric} {baseline:.1f} on {n} dev examples"
+                  + (f" (binomial standard error {noise:.1f} points)" if noise == noise else "") + ".",
+                  f"Best configuration: {best['config']} ({best['score']:.1f}, {best['delta']:+.1f}); "
+                  f"worst: {worst['config']} ({worst['score']:.1f}, {worst['delta']:+.1f}).",
+                  f"Single heads that improve the score: {int(((group['delta'] > 0) & group['config'].str.startswith('heads:')).sum())}"
+                  f" of {int(group['config'].str.startswith('heads:').sum())}.", ""]
+    lines += ["## Heads that help or hurt across tasks", "",
+              "Per head: on how many tasks disabling it alone raised (`helps`) or lowered (`hurts`) the headline metric, "
+              "and the mean change in points (averaged over seeds within a task first).", "",
+              _markdown(verdict.sort_values("mean_delta", ascending=False).round(2)), ""]
+    path = folder / f"ablation_{mode}.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path

@@ -1,0 +1,138 @@
+"""Commands for fine-tuned models: finetune, evaluate, ablate, models, report table1 / ablation.
+
+Thin: the work is in attnstore.ingest.finetune / .evaluate; results are rows of `models`
+and `ablation_results`, laid out by api/ablation_report.py.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .common import FORMATS, emit, friendly_errors, open_store, store_options
+
+TASK_NAMES = ("MRPC", "RTE", "STS-B", "SST-2", "QNLI", "MNLI")
+
+
+@click.command()
+@click.option("--task", required=True, type=click.Choice(TASK_NAMES, case_sensitive=False), help="GLUE task (train split).")
+@click.option("--model", default="all-MiniLM-L6-v2", show_default=True, help="Base model: name or local directory.")
+@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random"]),
+              help="Start from the pre-trained weights, or from a normal initialisation (Table 1's middle column).")
+@click.option("--epochs", default=3, show_default=True, type=int)
+@click.option("--batch-size", default=32, show_default=True, type=int)
+@click.option("--lr", default=2e-5, show_default=True, type=float, help="Peak learning rate (AdamW, linear warmup and decay).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seeds the classifier head, shuffling and dropout.")
+@click.option("--train-limit", default=None, type=int, help="Train on a seeded sample of N examples (e.g. for SST-2's 67k).")
+@click.option("--max-length", default=128, show_default=True, type=int, help="Token limit per example.")
+@click.option("--name", default=None, help="Model name (default BASE-TASK-INIT-seedSEED[-nLIMIT]).")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False), help="Folder holding glue/ (env ATTNSTORE_DATA).")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@store_options
+@friendly_errors
+def finetune(locations, task, model, init, epochs, batch_size, lr, seed, train_limit, max_length, name, data_dir, progress):
+    """Fine-tune MODEL on TASK's train split (CPU) and register it with its checkpoint in the store.
+
+    Interrupted, the same command resumes at the last finished epoch.
+    """
+    from ..ingest.finetune import finetune as run_finetune
+
+    result = run_finetune(open_store(locations), task=task, model=model, init=init, epochs=epochs, batch_size=batch_size,
+                          lr=lr, seed=seed, train_limit=train_limit, max_length=max_length, name=name, data_dir=data_dir,
+                          progress=progress)
+    if result.already_done:
+        click.echo(f"model {result.name!r} is already fine-tuned ({result.path})")
+    else:
+        click.echo(f"fine-tuned {result.name!r}: {result.epochs_run} epoch(s) in {result.seconds:.0f}s, saved to {result.path}")
+
+
+@click.command()
+@click.option("--model", required=True, help="A fine-tuned model of the store, or a base model (evaluated without fine-tuning).")
+@click.option("--task", required=True, type=click.Choice(TASK_NAMES, case_sensitive=False))
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False), help="Folder holding glue/ (env ATTNSTORE_DATA).")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@store_options
+@friendly_errors
+def evaluate(locations, model, task, data_dir, fmt, progress):
+    """GLUE dev metrics of MODEL on TASK (MRPC F1/accuracy, STS-B Pearson/Spearman, others accuracy), stored once."""
+    import pandas as pd
+
+    from ..ingest.evaluate import evaluate as run_evaluate
+    from ..ingest.evaluate import open_evaluator
+
+    store = open_store(locations)
+    ev = open_evaluator(store, model=model, task=task, data_dir=data_dir)
+    scores = run_evaluate(store, ev, progress=progress)
+    emit(pd.DataFrame([dict(model=model, task=ev.task.name, metric=m, score=v, n_examples=len(ev.items))
+                       for m, v in scores.items()]), fmt)
+    click.echo(ev.description, err=True)
+
+
+@click.command()
+@click.option("--model", required=True, help="A fine-tuned model of the store.")
+@click.option("--task", required=True, type=click.Choice(TASK_NAMES, case_sensitive=False))
+@click.option("--heads", default="each", show_default=True,
+              help="each (every head alone), layers (every layer's heads together) or LAYER:HEAD,... (0-based, one set).")
+@click.option("--mode", default="uniform", show_default=True, type=click.Choice(["uniform", "zero"]),
+              help="uniform: attention 1/L over the real tokens (the paper); zero: no attention at all.")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False), help="Folder holding glue/ (env ATTNSTORE_DATA).")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@store_options
+@friendly_errors
+def ablate(locations, model, task, heads, mode, data_dir, fmt, progress):
+    """Evaluate MODEL on TASK with heads disabled; one ablation_results row per configuration and metric.
+
+    Configurations already stored are skipped, so an interrupted sweep resumes and two
+    processes can share one sweep.
+    """
+    from ..ingest.evaluate import ablate as run_ablate
+    from ..ingest.evaluate import open_evaluator
+
+    store = open_store(locations)
+    frame = run_ablate(store, open_evaluator(store, model=model, task=task, data_dir=data_dir), heads=heads, mode=mode,
+                       progress=progress)
+    emit(frame[["config", "metric", "score", "baseline_score", "delta", "n_examples"]] if fmt == "table" else frame, fmt)
+
+
+@click.command("models")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@store_options
+@friendly_errors
+def list_models(locations, fmt):
+    """List the store's models: base models and fine-tuned ones (parent, task, init, training)."""
+    frame = open_store(locations).models()
+    emit(frame.drop(columns=["training", "created_at"]) if fmt == "table" else frame, fmt)
+
+
+def _need_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise click.ClickException("figures need matplotlib: pip install 'attnstore[report]'") from None
+
+
+@click.command("table1")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@store_options
+@friendly_errors
+def report_table1(locations, out):
+    """Kovaleva et al. Table 1: dev scores without fine-tuning, fine-tuned from random init and from pre-trained."""
+    from .ablation_report import table1_report
+
+    path = table1_report(open_store(locations), out)
+    click.echo(f"wrote {path}")
+
+
+@click.command("ablation")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--mode", default="uniform", show_default=True, type=click.Choice(["uniform", "zero"]))
+@store_options
+@friendly_errors
+def report_ablation(locations, out, mode):
+    """Kovaleva et al. Fig. 8 (single heads disabled), Fig. 9 (layers disabled), heads that help or hurt."""
+    _need_matplotlib()
+    from .ablation_report import ablation_report
+
+    path = ablation_report(open_store(locations), out, mode=mode)
+    click.echo(f"wrote {path} and its figures")
