@@ -104,6 +104,8 @@ def db_current(locations):
 @click.option("--label-column", default=None, help="pairs-tsv: label column.")
 @click.option("--quoting", default="none", show_default=True, type=click.Choice(["none", "csv"]),
               help="pairs-tsv: 'none' treats quotes as text (GLUE); 'csv' reads quoted fields (HF exports).")
+@click.option("--tokenize", "tokenization", default=None, type=click.Choice(["text", "words"]),
+              help="Feed the model the raw text (default for GLUE and plain text) or the corpus's words (default for CoNLL-U).")
 @click.option("--chunk-cells", default=1 << 20, show_default=True, type=int,
               help="Zarr chunk length in cells (advanced; the default was chosen by benchmarks/choose_codec.py).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
@@ -111,7 +113,7 @@ def db_current(locations):
 @friendly_errors
 def ingest(locations, corpus, fmt, dataset, data_dir, model, name, dataset_name, split, annotator, batch_size, max_length,
            truncation, dtype, limit, sample, seed, window_words, text_a_column, text_b_column, label_column, quoting,
-           chunk_cells, progress):
+           chunk_cells, tokenization, progress):
     """Run a model once over a corpus and store every attention map.
 
     Interrupted runs resume when the same command is run again: no example is
@@ -129,7 +131,8 @@ def ingest(locations, corpus, fmt, dataset, data_dir, model, name, dataset_name,
         result = run_ingest(store, corpus=corpus, fmt=fmt, dataset=dataset, data_dir=data_dir, model=model, name=name,
                             dataset_name=dataset_name, split=split, annotator=annotator, batch_size=batch_size,
                             max_length=max_length, truncation=truncation, dtype=dtype, limit=limit, sample=sample,
-                            seed=seed, window_words=window_words, chunk_cells=chunk_cells, progress=progress,
+                            seed=seed, window_words=window_words, chunk_cells=chunk_cells, tokenization=tokenization,
+                            progress=progress,
                             **read_options)
     except KeyboardInterrupt:
         click.echo("interrupted: stored examples are kept; run the same command again to resume", err=True)

@@ -1,20 +1,32 @@
-"""Explicit word <-> wordpiece alignment.
+"""Explicit word <-> wordpiece alignment, for the two ways a model can be fed.
 
-Words are given to the tokenizer already split (`is_split_into_words=True`), as
-Clark et al. do, so each wordpiece knows its word: `word_ids()` plus the segment
-from `sequence_ids()`. Special tokens come from the tokenizer (no word, flagged
-`is_special`), never from hard-coded strings. A word may get no pieces (e.g. a
-lone control character) or lose them to truncation; it still exists in `words`.
+- `tokenization="text"` (default for corpora without gold tokenization: GLUE, plain
+  text): the tokenizer sees the raw text, exactly what the model normally sees (and what
+  fine-tuning and evaluation use). Each token is aligned to the word whose characters
+  contain the token's first character (offset mapping); a token that starts between
+  words (none in practice) has no word. Where the tokenizer and the word annotator split
+  differently ("don't": spaCy "do" + "n't", WordPiece "don" + "'" + "t"), a token goes to
+  the word it starts in.
+- `tokenization="words"` (gold-tokenized corpora: CoNLL-U, as Clark et al. did): words
+  are given already split (`is_split_into_words=True`), so each wordpiece knows its word
+  from `word_ids()`.
+
+Either way the segment comes from `sequence_ids()`, and special tokens come from the
+tokenizer (no word, flagged `is_special`), never from hard-coded strings. A word may get
+no pieces (e.g. a lone control character) or lose them to truncation; it still exists in
+`words`.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from ..store.records import StoredExample
 from .errors import InvalidArgumentError
 
 TRUNCATION_POLICIES = ("truncate", "skip")
+TOKENIZATIONS = ("text", "words")
 
 
 @dataclass
@@ -40,52 +52,91 @@ def _segments(example: StoredExample) -> tuple[list[dict], list[dict]]:
     return a, b
 
 
-def encode(tokenizer, example: StoredExample, max_length: int, truncation: str) -> Encoded:
-    """Tokenize one example from its words (see `encode_batch`)."""
-    return encode_batch(tokenizer, [example], max_length, truncation)[0]
+def encode(tokenizer, example: StoredExample, max_length: int, truncation: str, tokenization: str = "words") -> Encoded:
+    """Tokenize one example (see `encode_batch`)."""
+    return encode_batch(tokenizer, [example], max_length, truncation, tokenization)[0]
 
 
-def encode_batch(tokenizer, examples: list[StoredExample], max_length: int, truncation: str) -> list[Encoded]:
-    """Tokenize examples from their words, in one tokenizer call per kind (single / pair).
+def encode_batch(tokenizer, examples: list[StoredExample], max_length: int, truncation: str,
+                 tokenization: str = "words") -> list[Encoded]:
+    """Tokenize examples from their raw text or their words, in one tokenizer call per kind (single / pair).
 
     An example longer than `max_length` is truncated (longest segment first) or, with
     `truncation="skip"`, returned with no input ids and `truncated=True`.
     """
     if not getattr(tokenizer, "is_fast", False):
         raise InvalidArgumentError(f"tokenizer {type(tokenizer).__name__} is not a fast tokenizer; word alignment needs one")
+    if tokenization not in TOKENIZATIONS:
+        raise InvalidArgumentError(f"tokenization must be one of {TOKENIZATIONS}, not {tokenization!r}")
+    from_text = tokenization == "text"
+    kwargs = _TEXT_KWARGS if from_text else _WORD_KWARGS
     out: dict[int, Encoded] = {}
     segments = [_segments(e) for e in examples]
     for pair in (False, True):
         idx = [i for i, (_, b) in enumerate(segments) if bool(b) == pair]
         if not idx:
             continue
-        forms_a = [[w["form"] for w in segments[i][0]] for i in idx]
-        forms_b = [[w["form"] for w in segments[i][1]] for i in idx] if pair else None
-        enc = tokenizer(forms_a, forms_b, truncation=False, **_KWARGS)
+        if from_text:
+            inputs_a: list = [_text(examples[i], 0) for i in idx]
+            inputs_b: list | None = [_text(examples[i], 1) for i in idx] if pair else None
+        else:
+            inputs_a = [[w["form"] for w in segments[i][0]] for i in idx]
+            inputs_b = [[w["form"] for w in segments[i][1]] for i in idx] if pair else None
+        enc = tokenizer(inputs_a, inputs_b, truncation=False, **kwargs)
         for j, i in enumerate(idx):
             full_length = len(enc["input_ids"][j])
             if full_length <= max_length:
-                out[i] = _build(tokenizer, examples[i], segments[i], enc, j, False, full_length)
+                out[i] = _build(tokenizer, examples[i], segments[i], enc, j, False, full_length, from_text)
             elif truncation == "skip":
                 out[i] = Encoded(examples[i].id, examples[i].position, [], None, [], True, full_length)
             else:
-                one = tokenizer([forms_a[j]], [forms_b[j]] if pair else None, max_length=max_length,
-                                truncation="longest_first" if pair else True, **_KWARGS)
-                out[i] = _build(tokenizer, examples[i], segments[i], one, 0, True, full_length)
+                one = tokenizer([inputs_a[j]], [inputs_b[j]] if inputs_b is not None else None, max_length=max_length,
+                                truncation="longest_first" if pair else True, **kwargs)
+                out[i] = _build(tokenizer, examples[i], segments[i], one, 0, True, full_length, from_text)
     return [out[i] for i in range(len(examples))]
 
 
-_KWARGS = dict(is_split_into_words=True, return_offsets_mapping=True, add_special_tokens=True)
+_WORD_KWARGS = dict(is_split_into_words=True, return_offsets_mapping=True, add_special_tokens=True)
+_TEXT_KWARGS = dict(return_offsets_mapping=True, add_special_tokens=True)
 
 
-def _build(tokenizer, example: StoredExample, segments, enc, j: int, truncated: bool, full_length: int) -> Encoded:
+def _text(example: StoredExample, segment: int) -> str:
+    text = example.text_a if segment == 0 else example.text_b
+    if text is None:
+        raise InvalidArgumentError(f"example {example.position} has no text for segment {segment}")
+    return text
+
+
+def _word_at(words: list[dict], starts: list[int], char: int) -> dict | None:
+    """The word whose characters contain `char` (`starts`: the segment's word starts, ascending)."""
+    k = bisect_right(starts, char) - 1
+    return words[k] if k >= 0 and char < words[k]["char_end"] else None
+
+
+def can_use_text(examples: list[StoredExample]) -> bool:
+    """Raw-text input needs every word's character offsets in its segment's text."""
+    return all(w["char_start"] is not None for e in examples for w in e.words)
+
+
+def _build(tokenizer, example: StoredExample, segments, enc, j: int, truncated: bool, full_length: int,
+           from_text: bool = False) -> Encoded:
     ids = enc["input_ids"][j]
     pieces = tokenizer.convert_ids_to_tokens(ids)
+    special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True) if from_text else None
+    starts = [[w["char_start"] for w in seg] for seg in segments] if from_text else None
     tokens = []
     segment = 0
-    for token, token_id, word_idx, seq_id, (start, end) in zip(pieces, ids, enc.word_ids(j), enc.sequence_ids(j), enc["offset_mapping"][j]):
+    rows = zip(pieces, ids, enc.word_ids(j), enc.sequence_ids(j), enc["offset_mapping"][j])
+    for k, (token, token_id, word_idx, seq_id, (start, end)) in enumerate(rows):
         # Special tokens have no sequence id; they belong to the segment they close/open.
         segment = seq_id if seq_id is not None else segment
+        if from_text:
+            is_special = seq_id is None or bool(special[k])
+            word = None if is_special else _word_at(segments[seq_id], starts[seq_id], start)
+            tokens.append(dict(token=token, token_id=int(token_id), word_position=None if word is None else word["position"],
+                               segment=segment, is_special=is_special, char_start=None if is_special else start,
+                               char_end=None if is_special else end))
+            continue
         word = segments[seq_id][word_idx] if word_idx is not None and seq_id is not None else None
         has_chars = word is not None and word["char_start"] is not None
         tokens.append(dict(

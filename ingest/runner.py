@@ -23,7 +23,7 @@ from ..store.errors import BusyError
 from ..store.leases import live_holder
 from ..store.records import RunInfo
 from ..store.store import run_lease_name, validate_run_name
-from .align import TRUNCATION_POLICIES, Encoded, encode_batch
+from .align import TOKENIZATIONS, TRUNCATION_POLICIES, Encoded, can_use_text, encode_batch
 from .annotate import annotate, make_annotator
 from .corpus import file_checksum, read_corpus
 from .datasets import dataset_path, find_dataset, path_checksum, resolve_data_dir
@@ -230,10 +230,17 @@ def ingest(store, *, corpus: str | None = None, fmt: str | None = None, dataset:
            dataset_name: str | None = None, split: str | None = None, annotator: str = "spacy",
            batch_size: int = 32, max_length: int | None = None, truncation: str = "truncate", dtype: str = "float16",
            limit: int | None = None, sample: int | None = None, seed: int = 0, window_words: int | None = None,
-           chunk_cells: int = arrays.DEFAULT_CHUNK_CELLS, codec: dict | None = None,
+           chunk_cells: int = arrays.DEFAULT_CHUNK_CELLS, codec: dict | None = None, tokenization: str | None = None,
            progress: bool = True, loaded: LoadedModel | None = None, **read_options) -> IngestResult:
     """Ingest a corpus file (`corpus` + `fmt`) or a built-in `dataset` with `model` into run `name`
-    (created, or resumed if it exists)."""
+    (created, or resumed if it exists).
+
+    `tokenization`: "text" feeds the model the raw text (the default for corpora without gold
+    tokenization), "words" the corpus's words (the default for gold-tokenized corpora such as
+    CoNLL-U); see ingest/align.py. Recorded in `runs.tokenization`.
+    """
+    if tokenization is not None and tokenization not in TOKENIZATIONS:
+        raise InvalidArgumentError(f"--tokenize must be one of {TOKENIZATIONS}, not {tokenization!r}")
     if truncation not in TRUNCATION_POLICIES:
         raise InvalidArgumentError(f"truncation must be one of {TRUNCATION_POLICIES}, not {truncation!r}")
     if dtype not in arrays.DTYPES:
@@ -271,6 +278,7 @@ def ingest(store, *, corpus: str | None = None, fmt: str | None = None, dataset:
         raise InvalidArgumentError(f"--max-length must be between 3 and the model's limit {loaded.max_length}")
     max_length = max_length or loaded.max_length
     plan = plan_dataset(source, limit=limit, sample=sample, seed=seed)
+    tokenization = tokenization or ("words" if source.gold else "text")
     run_name = name or f"{source.name}-{plan.split}-{loaded.name}"
     validate_run_name(run_name)
     with store.lease(run_lease_name(run_name), f"run {run_name!r}") as lease:
@@ -279,12 +287,12 @@ def ingest(store, *, corpus: str | None = None, fmt: str | None = None, dataset:
         dataset_row = store.sql("SELECT n_examples FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
         manifest = build_manifest(loaded=loaded, corpus=source.source, fmt=source.fmt, corpus_checksum=source.checksum,
                                   annotator=annotator_name, dtype=dtype, max_length=max_length, truncation=truncation,
-                                  batch_size=batch_size, codec=codec, chunk_cells=chunk_cells)
+                                  batch_size=batch_size, codec=codec, chunk_cells=chunk_cells, tokenization=tokenization)
         from .. import __version__
 
         info = store.start_run(name=run_name, model_id=model_id, dataset_id=dataset_id, dtype=dtype, codec=codec,
                                chunk_cells=chunk_cells, max_length=max_length, truncation=truncation,
-                               attn_implementation=loaded.attn_implementation, batch_size=batch_size,
+                               attn_implementation=loaded.attn_implementation, batch_size=batch_size, tokenization=tokenization,
                                code_version=__version__, corpus_checksum=source.checksum, manifest=manifest)
         if info.status == "complete":
             return IngestResult(info, 0, 0.0, True)
@@ -294,13 +302,20 @@ def ingest(store, *, corpus: str | None = None, fmt: str | None = None, dataset:
         writer = store.run_writer(info.id, lease)
         try:
             n_new = _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype,
-                                 total, progress)
+                                 total, progress, tokenization)
             seconds = time.perf_counter() - run_started
             info = writer.finish(seconds, {"timings": {"total_seconds": time.perf_counter() - started}})
         except BaseException:
             _mark_interrupted(store, info.id)
             raise
     return IngestResult(info, n_new, seconds, False)
+
+
+def _checked(group, tokenization: str):
+    if tokenization == "text" and not can_use_text(group):
+        raise InvalidArgumentError("--tokenize text needs each word's character offsets, which this dataset's words lack "
+                                   "(gold-tokenized corpora): use --tokenize words")
+    return group
 
 
 def _refuse_if_busy(store, run_name: str) -> None:
@@ -317,13 +332,14 @@ def _mark_interrupted(store, run_id: int) -> None:
         pass  # e.g. the database is on the full disk too: a run whose writer is gone reads as interrupted anyway
 
 
-def _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress) -> int:
+def _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress,
+                 tokenization) -> int:
     # Batches are planned over the whole dataset, already-stored examples included, so a resumed
     # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):
     # its maps are bit-identical. Batches with nothing new are not run.
     pending = store.dataset_examples(dataset_id)
     encoded = (enc for group in iter(lambda: list(islice(pending, 256)), [])
-               for enc in encode_batch(loaded.tokenizer, group, max_length, truncation))
+               for enc in encode_batch(loaded.tokenizer, _checked(group, tokenization), max_length, truncation, tokenization))
     inflight: deque = deque()
     n_new = 0
 

@@ -29,6 +29,7 @@ class RunInfo:
     n_truncated: int
     n_skipped: int
     manifest: dict = field(default_factory=dict)
+    tokenization: str = "words"
 
 
 @dataclass(frozen=True)

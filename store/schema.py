@@ -186,6 +186,7 @@ class Run(Base):
     chunk_cells: Mapped[int] = mapped_column(sa.BigInteger)
     array_path: Mapped[str] = mapped_column(sa.Text)
     batch_size: Mapped[int]
+    tokenization: Mapped[str] = mapped_column(sa.String(16), default="words", server_default="words")  # text | words: what the model was fed
     code_version: Mapped[str] = mapped_column(sa.String(64))
     corpus_checksum: Mapped[str] = mapped_column(sa.String(64))
     manifest: Mapped[dict] = mapped_column(sa.JSON)

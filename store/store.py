@@ -115,7 +115,7 @@ class Store:
             sa.select(
                 Run.name.label("run"), Run.id.label("run_id"), Model.name.label("model"),
                 Dataset.name.label("dataset"), Dataset.split, Run.status, Run.n_stored, Run.n_truncated,
-                Run.n_skipped, Model.n_layers, Model.n_heads, Run.max_length, Run.truncation, Run.dtype,
+                Run.n_skipped, Model.n_layers, Model.n_heads, Run.max_length, Run.truncation, Run.tokenization, Run.dtype,
                 Run.attn_implementation, Run.started_at, Run.finished_at, Run.ingest_seconds,
             )
             .join(Model, Model.id == Run.model_id)
@@ -142,7 +142,7 @@ class Store:
                 truncation=r.truncation, dtype=r.dtype, codec=r.codec, chunk_cells=r.chunk_cells,
                 array_path=r.array_path, attn_implementation=r.attn_implementation,
                 special_tokens=m.special_tokens, n_stored=r.n_stored, n_truncated=r.n_truncated,
-                n_skipped=r.n_skipped, manifest=r.manifest,
+                n_skipped=r.n_skipped, manifest=r.manifest, tokenization=r.tokenization,
             )
 
     def examples(self, run: RunRef) -> pd.DataFrame:
@@ -549,6 +549,8 @@ class Store:
             run = s.scalars(sa.select(Run).where(Run.name == name)).first()
             if run is not None:
                 wanted = dict(model_id=model_id, dataset_id=dataset_id, dtype=dtype, max_length=max_length, truncation=truncation)
+                if "tokenization" in fields:
+                    wanted["tokenization"] = fields["tokenization"]
                 differs = {k: (getattr(run, k), v) for k, v in wanted.items() if getattr(run, k) != v}
                 if differs:
                     what = ", ".join(f"{k} stored={a!r} asked={b!r}" for k, (a, b) in differs.items())
