@@ -186,7 +186,8 @@ class Run(Base):
     chunk_cells: Mapped[int] = mapped_column(sa.BigInteger)
     array_path: Mapped[str] = mapped_column(sa.Text)
     batch_size: Mapped[int]
-    tokenization: Mapped[str] = mapped_column(sa.String(16), default="words", server_default="words")  # text | words: what the model was fed
+    # text | words: what the model was fed (raw text, or the corpus's words; see ingest/align.py)
+    tokenization: Mapped[str] = mapped_column(sa.String(16), default="words", server_default="words")
     code_version: Mapped[str] = mapped_column(sa.String(64))
     corpus_checksum: Mapped[str] = mapped_column(sa.String(64))
     manifest: Mapped[dict] = mapped_column(sa.JSON)
