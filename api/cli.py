@@ -289,6 +289,9 @@ def query(locations, name, run, params, fmt, output, save):
 
     spec = get_query(name)
     kwargs = coerce_params(spec, params)
+    if save and not spec.per_head:
+        raise click.ClickException(f"query {name!r} is not per head (one row per layer and head), so it cannot be saved "
+                                   "to head_metrics; write it to a file with --output instead")
     store = open_store(locations)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", IncompleteRunWarning)
