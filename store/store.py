@@ -84,6 +84,12 @@ class Store:
     def close(self) -> None:
         self.engine.dispose()
 
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def session(self):
         return session_scope(self._sessions)
 
@@ -443,6 +449,95 @@ class Store:
         frame = self._frame(q)
         frame["delta"] = frame["score"] - frame["baseline_score"]
         return frame
+
+    # ------------------------------------------------------------------ attention-pattern labels (Kovaleva et al. K1)
+
+    def example_rows(self, run: RunRef) -> pd.DataFrame:
+        """A run's examples with their row in the original corpus.
+
+        Columns: example (position), example_id, source_row (examples.source_index where the
+        corpus numbers its rows, e.g. a sampled GLUE set, else the position), length, skipped.
+        """
+        info = self.run_info(run)
+        q = (sa.select(Example.position.label("example"), Example.id.label("example_id"), Example.source_index,
+                       Sequence.length, Sequence.skipped)
+             .join(Sequence, Sequence.example_id == Example.id).where(self._visible(info)).order_by(Example.position))
+        frame = self._frame(q)
+        index = pd.to_numeric(frame["source_index"], errors="coerce")
+        frame["source_row"] = index.where(index.notna(), frame["example"]).astype("int64")
+        return frame[["example", "example_id", "source_row", "length", "skipped"]]
+
+    def pattern_labels(self, run: RunRef | None = None, source: str | None = None) -> pd.DataFrame:
+        """Saved attention-pattern labels (Kovaleva et al. K1), one row per (run, example, layer, head, source).
+
+        Columns: run, model, dataset, split, example (position), example_id, source_row, layer,
+        head, label, source ("human", "rules", "cnn", ...), confidence, created_at.
+        """
+        from .schema import PatternLabel  # imported here so this block stays self-contained
+
+        q = (sa.select(Run.name.label("run"), Model.name.label("model"), Dataset.name.label("dataset"), Dataset.split,
+                       Example.position.label("example"), PatternLabel.example_id, Example.source_index, PatternLabel.layer,
+                       PatternLabel.head, PatternLabel.label, PatternLabel.source, PatternLabel.confidence,
+                       PatternLabel.created_at)
+             .join(Run, Run.id == PatternLabel.run_id).join(Model, Model.id == Run.model_id)
+             .join(Dataset, Dataset.id == Run.dataset_id).join(Example, Example.id == PatternLabel.example_id)
+             .order_by(Run.id, Example.position, PatternLabel.layer, PatternLabel.head, PatternLabel.source))
+        if run is not None:
+            q = q.where(PatternLabel.run_id == self.run_info(run).id)
+        if source is not None:
+            q = q.where(PatternLabel.source == source)
+        frame = self._frame(q)
+        index = pd.to_numeric(frame["source_index"], errors="coerce")
+        frame.insert(6, "source_row", index.where(index.notna(), frame["example"]).astype("int64"))
+        return frame.drop(columns="source_index")
+
+    def save_pattern_labels(self, rows: pd.DataFrame, source: str) -> int:
+        """Save attention-pattern labels in one transaction; a map already labelled by `source` is relabelled.
+
+        `rows`: columns run (name or id), example (position), layer, head, label and optionally
+        confidence. Every row is checked (the run exists, the example is stored and not skipped,
+        layer and head are in range) before anything is written; a bad row raises NotFoundError or
+        InvalidArgumentError naming it, and nothing is saved.
+        """
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        from .schema import PatternLabel  # imported here so this block stays self-contained
+
+        self.require_writable()
+        missing = {"run", "example", "layer", "head", "label"} - set(rows.columns)
+        if missing:
+            raise InvalidArgumentError(f"pattern labels need the columns run, example, layer, head, label; missing {sorted(missing)}")
+        if not source or len(source) > 64:
+            raise InvalidArgumentError(f"a label source is 1 to 64 characters, not {source!r}")
+        now = utcnow()
+        records = []
+        confidence = rows["confidence"] if "confidence" in rows.columns else pd.Series([None] * len(rows), index=rows.index)
+        for run, part in rows.groupby("run", sort=False):
+            info = self.run_info(int(run) if isinstance(run, (int, np.integer)) else str(run))
+            stored = self.example_rows(info.id)
+            stored = stored[~stored["skipped"]].set_index("example")["example_id"]
+            for i, example, layer, head, label in zip(part.index, part["example"], part["layer"], part["head"], part["label"]):
+                if int(example) not in stored.index:
+                    raise NotFoundError(f"run {info.name!r} has no stored example {int(example)} (label row {i})")
+                if not (0 <= int(layer) < info.n_layers and 0 <= int(head) < info.n_heads):
+                    raise InvalidArgumentError(f"layer {int(layer)}, head {int(head)} is out of range for run {info.name!r} "
+                                               f"({info.n_layers} layers x {info.n_heads} heads; label row {i})")
+                if not isinstance(label, str) or not label or len(label) > 32:
+                    raise InvalidArgumentError(f"label {label!r} is not 1 to 32 characters (label row {i})")
+                c = confidence.loc[i]
+                records.append(dict(run_id=info.id, example_id=int(stored.loc[int(example)]), layer=int(layer), head=int(head),
+                                    label=label, source=source, confidence=None if pd.isna(c) else float(c), created_at=now))
+        dialect = {"sqlite": sqlite, "postgresql": postgresql}.get(self.engine.dialect.name)
+        if dialect is None:
+            raise InvalidArgumentError(f"saving pattern labels needs SQLite or PostgreSQL, not {self.engine.dialect.name}")
+        stmt = dialect.insert(PatternLabel)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["run_id", "example_id", "layer", "head", "source"],
+            set_=dict(label=stmt.excluded.label, confidence=stmt.excluded.confidence, created_at=stmt.excluded.created_at))
+        if records:
+            with self.session() as s:
+                s.execute(stmt, records)
+        return len(records)
 
     def find_or_create_model(self, **fields) -> int:
         self.require_writable()
