@@ -76,7 +76,8 @@ def read_exemplars_jsonl(path, frames_path=None) -> Iterator[ExampleInput]:
             target = tuple(rec["target"][0])
             fields = dict(annoset_id=int(rec["annoset_id"]), frame_id=int(rec["frame_id"]), frame=rec["frame_name"],
                           lu_id=int(rec["lu_id"]), lu=rec["lu_name"])
-            elements = [(int(s), int(e), name, ctype) for s, e, name, ctype in rec["fe"]]
+            # coreType null (2 records of the 1.5 exemplars: an FE the frame does not define) -> "" (unknown)
+            elements = [(int(s), int(e), name, ctype or "") for s, e, name, ctype in rec["fe"]]
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise CorpusError(path, number, f"not an exemplar record ({type(exc).__name__}: {exc})",
                               "each line needs text, target, fe, frame_id, frame_name, lu_id, lu_name, annoset_id") from None

@@ -11,7 +11,8 @@ import warnings
 from ..store.errors import IncompleteRunWarning, NotFoundError
 from .registry import QUERIES, QuerySpec, get_query, register
 
-_MODULES = ("relative_position", "special_tokens", "entropy", "word_level", "dependency", "coreference", "head_clusters")
+_MODULES = ("relative_position", "special_tokens", "entropy", "word_level", "dependency", "coreference", "head_clusters",
+            "feature_attention", "token_to_token", "run_similarity", "frame_heads")
 
 
 def load_all() -> None:

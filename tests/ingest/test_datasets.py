@@ -187,3 +187,19 @@ def test_a_bad_record_writes_nothing(store, tmp_path):
         register_dataset(store, file_source(str(path), "pairs-tsv"), annotator="whitespace", progress=False)
     assert store.sql("SELECT count(*) AS n FROM datasets").n[0] == 0
     assert store.sql("SELECT count(*) AS n FROM examples").n[0] == 0
+
+
+def test_framenet_element_without_core_type_reads_as_unknown(tmp_path):
+    """FrameNet 1.5's derived exemplars hold two FEs with coreType null (frame 965 does not define 'Dimension')."""
+    import json
+
+    from attnstore.ingest.framenet import read_exemplars_jsonl
+
+    (tmp_path / "frames.jsonl").write_text(json.dumps({"frame_id": 965, "name": "Measurable_attributes", "FEs": [],
+                                                       "FEcoreSets": []}) + "\n", encoding="utf-8")
+    record = {"sent_id": 1, "annoset_id": 2, "lu_id": 3, "lu_name": "long.a", "frame_id": 965,
+              "frame_name": "Measurable_attributes", "text": "Why this long discourse ?", "target": [[9, 13]],
+              "fe": [[9, 13, "Dimension", None], [14, 23, "Entity", "Core"]]}
+    (tmp_path / "ex.jsonl").write_text(json.dumps(record) + "\n", encoding="utf-8")
+    (example,) = list(read_exemplars_jsonl(tmp_path / "ex.jsonl"))
+    assert [(fe["name"], fe["core_type"]) for fe in example.frames[0]["elements"]] == [("Dimension", ""), ("Entity", "Core")]

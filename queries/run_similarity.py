@@ -1,0 +1,125 @@
+"""K3 (Kovaleva et al. 2019, Sec. 4.3, Fig. 5): how much each head's maps change between two runs.
+
+Two runs over the same examples with the same tokenizer (typically pre-trained vs fine-tuned
+model): per head, the cosine similarity of the flattened L x L maps of each example, averaged
+over the examples (at most `max_examples`, a seeded random sample when there are more).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .common import per_head_frame
+from .errors import InvalidArgumentError, NotFoundError
+from .registry import register
+
+# Maps of both runs held at once for one batch of examples: at most about this many cells per run.
+BATCH_CELLS = 1 << 24
+
+
+def shared_examples(store, a, b, examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Examples stored (not skipped) in both runs: example, example_id, length; checked to be the same inputs."""
+    if a.dataset_id != b.dataset_id:
+        raise InvalidArgumentError(
+            f"runs {a.name!r} ({a.dataset}:{a.split}) and {b.name!r} ({b.dataset}:{b.split}) share no dataset: "
+            "run_similarity compares the maps of the same examples; ingest both models over the same dataset")
+    if (a.n_layers, a.n_heads) != (b.n_layers, b.n_heads):
+        raise InvalidArgumentError(f"runs {a.name!r} ({a.n_layers} layers x {a.n_heads} heads) and {b.name!r} "
+                                   f"({b.n_layers} x {b.n_heads}) have differently shaped models; maps cannot be compared head by head")
+    ea, eb = (store.examples(info.id) for info in (a, b))
+    ea, eb = ea[~ea["skipped"]], eb[~eb["skipped"]]
+    both = ea[["example", "example_id", "length"]].merge(eb[["example_id", "length"]], on="example_id", suffixes=("", "_other"))
+    if examples is not None:
+        wanted = sorted({int(e) for e in examples})
+        missing = sorted(set(wanted) - set(both["example"]))
+        if missing:
+            raise NotFoundError(f"example(s) {missing[:10]} are not stored in both runs {a.name!r} and {b.name!r}")
+        both = both[both["example"].isin(wanted)]
+    if both.empty:
+        raise InvalidArgumentError(f"runs {a.name!r} and {b.name!r} have no stored example in common")
+    if max_examples < 1:
+        raise InvalidArgumentError(f"max_examples must be at least 1, not {max_examples}")
+    if len(both) > max_examples:
+        keep = np.random.default_rng(seed).choice(len(both), size=max_examples, replace=False)
+        both = both.iloc[np.sort(keep)]
+    both = both.sort_values("example").reset_index(drop=True)
+    check_same_tokens(store, a, b, both)
+    return both
+
+
+def check_same_tokens(store, a, b, both: pd.DataFrame) -> None:
+    """Refuse, naming the first example, when the two runs tokenised an example differently."""
+    chosen = set(both["example"])
+    ta, tb = (t[t["example"].isin(chosen)][["example", "position", "token", "token_id"]]
+              for t in (store.token_table(a.id), store.token_table(b.id)))
+    joined = ta.merge(tb, on=["example", "position"], how="outer", suffixes=("", "_other"), indicator=True)
+    bad = joined[(joined["_merge"] != "both") | (joined["token_id"] != joined["token_id_other"])]
+    if bad.empty:
+        return
+    first = bad.sort_values(["example", "position"]).iloc[0]
+    example, position = int(first["example"]), int(first["position"])
+    if first["_merge"] != "both":
+        la = int(both.loc[both["example"] == example, "length"].iloc[0])
+        lb = int(both.loc[both["example"] == example, "length_other"].iloc[0])
+        what = f"{la} tokens in {a.name!r}, {lb} in {b.name!r} (truncation or tokenizer differ)"
+    else:
+        what = (f"token {position} is {first['token']!r} (id {int(first['token_id'])}) in {a.name!r} but "
+                f"{first['token_other']!r} (id {int(first['token_id_other'])}) in {b.name!r}")
+    n = bad["example"].nunique()
+    raise InvalidArgumentError(f"runs {a.name!r} and {b.name!r} tokenised example {example} differently: {what}"
+                               f"{f' ({n} examples differ)' if n > 1 else ''}; run_similarity needs the same tokenizer "
+                               "and the same inputs")
+
+
+def batches(shared: pd.DataFrame, cells_per_example) -> list[list[int]]:
+    """Consecutive groups of examples whose maps hold at most about BATCH_CELLS cells."""
+    out, group, size = [], [], 0
+    for example, length in zip(shared["example"], shared["length"]):
+        cells = cells_per_example * int(length) ** 2
+        if group and size + cells > BATCH_CELLS:
+            out.append(group)
+            group, size = [], 0
+        group.append(int(example))
+        size += cells
+    if group:
+        out.append(group)
+    return out
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(layer, head, L, L) x 2 -> (layer, head): cosine similarity of the flattened maps."""
+    a = a.reshape(*a.shape[:2], -1).astype(np.float64)
+    b = b.reshape(*b.shape[:2], -1).astype(np.float64)
+    dot = (a * b).sum(-1)
+    norms = np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(norms > 0, dot / np.where(norms > 0, norms, 1), np.nan)
+
+
+@register("run_similarity")
+def run_similarity(store, *, run, other: str | None = None, examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Kovaleva K3: per head, mean cosine similarity between the maps of two runs over the same examples.
+
+    `other`: the run to compare with (required). Examples are matched by their stored id (both runs must be over the same dataset, and
+    must have tokenised each compared example into the same token ids). At most
+    `max_examples` shared examples are compared (a random sample drawn with `seed` when
+    there are more, as the paper sampled 1000 dev examples).
+    Columns: layer, head, similarity (mean over examples of the cosine of the two flattened
+    L x L maps), n_examples.
+    """
+    if other is None:
+        raise InvalidArgumentError("run_similarity compares two runs: name the other one, e.g. --param other=RUN")
+    a, b = store.run_info(run), store.run_info(other)
+    shared = shared_examples(store, a, b, examples, max_examples, seed)
+    total = np.zeros((a.n_layers, a.n_heads))
+    n = 0
+    for group in batches(shared, a.n_layers * a.n_heads):
+        theirs = dict(store.iter_attention(b.id, group))
+        for example, maps in store.iter_attention(a.id, group):
+            total += cosine(maps, theirs.pop(example))
+            n += 1
+    frame = per_head_frame(a, similarity=total / n)
+    frame["n_examples"] = n
+    frame.attrs["other"] = b.name
+    return frame

@@ -1,0 +1,144 @@
+"""K6 (Kovaleva et al. 2019, Sec. 4.5, Fig. 7): token-to-token attention and what [CLS] attends to.
+
+`token_to_token`: per head, attention between linked words -- a verb and its subject (both
+directions) and nouns and pronouns of the same sentence (both directions) -- on word-level
+maps (C5 convention: attention *to* a word sums its pieces, *from* a word averages them).
+`cls_feature_attention`: in one layer (the last by default), the attention *from* the first
+special token to each feature type of K5, summed over the type's tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .common import iter_maps
+from .errors import InvalidArgumentError
+from .feature_attention import NOUN_UPOS, PRONOUN_UPOS, SUBJECT_DEPRELS, VERB_UPOS, feature_masks, long_frame, parse_features
+from .registry import register
+from .word_level import units_of, word_level
+
+RELATIONS = ("verb_to_subject", "subject_to_verb", "noun_to_pronoun", "pronoun_to_noun")
+
+
+def parse_relations(relations: str | None) -> tuple[str, ...]:
+    if relations is None or not str(relations).strip():
+        return RELATIONS
+    names = tuple(dict.fromkeys(n.strip().lower() for n in str(relations).split(",") if n.strip()))
+    unknown = [n for n in names if n not in RELATIONS]
+    if unknown:
+        raise InvalidArgumentError(f"unknown relation(s) {', '.join(map(repr, unknown))}; choose from {', '.join(RELATIONS)} "
+                                   "(comma-separated)")
+    return names
+
+
+def relation_pairs(words: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per relation, the linked word pairs of a run: columns example, a (from word), b (to word) positions.
+
+    verb/subject: a word whose relation is a subject (nsubj, nsubj:pass, nsubjpass) and its
+    head word, when the head's UPOS is VERB. noun/pronoun: every noun (NOUN, PROPN) and every
+    pronoun (PRON) of the same example, segment and sentence.
+    """
+    words = words.assign(upos=words["upos"].fillna(""), deprel=words["deprel"].fillna("").str.lower(),
+                         sentence=words["sentence"].fillna(0) if "sentence" in words else 0)
+    subjects = words[words["deprel"].isin(SUBJECT_DEPRELS) & words["head"].notna()]
+    subjects = subjects.assign(head=subjects["head"].astype("int64"))[["example", "position", "head"]]
+    verbs = words[words["upos"].isin(VERB_UPOS)][["example", "position"]].rename(columns={"position": "head"})
+    sv = subjects.merge(verbs, on=["example", "head"]).rename(columns={"position": "subject", "head": "verb"})
+    where = ["example", "segment", "sentence"]
+    nouns = words[words["upos"].isin(NOUN_UPOS)][[*where, "position"]].rename(columns={"position": "noun"})
+    pronouns = words[words["upos"].isin(PRONOUN_UPOS)][[*where, "position"]].rename(columns={"position": "pronoun"})
+    np_ = nouns.merge(pronouns, on=where)
+
+    def pairs(frame, a, b):
+        return frame[["example", a, b]].set_axis(["example", "a", "b"], axis=1).sort_values(["example", "a", "b"])
+
+    return {"verb_to_subject": pairs(sv, "verb", "subject"), "subject_to_verb": pairs(sv, "subject", "verb"),
+            "noun_to_pronoun": pairs(np_, "noun", "pronoun"), "pronoun_to_noun": pairs(np_, "pronoun", "noun")}
+
+
+def by_example(frame: pd.DataFrame, columns) -> dict[int, np.ndarray]:
+    """Rows of a frame sorted by example, as example -> (n, len(columns)) array."""
+    if frame.empty:
+        return {}
+    examples = frame["example"].to_numpy()
+    values = frame[list(columns)].to_numpy()
+    starts = np.r_[0, np.flatnonzero(np.diff(examples)) + 1]
+    ends = np.r_[starts[1:], len(examples)]
+    return {int(examples[s]): values[s:e] for s, e in zip(starts, ends)}
+
+
+@register("token_to_token", per_head=False)
+def token_to_token(store, *, run, relations: str | None = None, examples=None) -> pd.DataFrame:
+    """Kovaleva K6: per head, mean word-to-word attention verb->subject, subject->verb, noun->pronoun, pronoun->noun.
+
+    For each linked pair (A, B) the attention from word A to word B on the word-level map
+    (summed over B's pieces, averaged over A's pieces); averaged over the example's pairs,
+    then over the examples that have at least one pair of that relation.
+    Columns: layer, head, relation, value, n_examples, n_pairs.
+    `relations`: comma-separated subset of verb_to_subject, subject_to_verb, noun_to_pronoun, pronoun_to_noun.
+    """
+    names = parse_relations(relations)
+    info = store.run_info(run)
+    found = relation_pairs(store.word_table(info.id))
+    pairs = {r: by_example(found[r], ["a", "b"]) for r in names}
+    table = store.token_table(info.id)
+    tokens = by_example(table.assign(word_position=table["word_position"].astype(float)), ["word_position"])
+    shape = (info.n_layers, info.n_heads)
+    total = {r: np.zeros(shape) for r in names}
+    count = dict.fromkeys(names, 0)
+    n_pairs = dict.fromkeys(names, 0)
+    for example, maps in iter_maps(store, info, examples):
+        if not any(example in pairs[r] for r in names):
+            continue
+        units = units_of(tokens[example][:, 0])
+        index = {int(w): u for u, w in enumerate(units.word) if w >= 0}
+        wanted = {}
+        for r in names:
+            kept = [(index[a], index[b]) for a, b in pairs[r].get(example, ()) if a in index and b in index]
+            if kept:
+                wanted[r] = np.array(kept)
+        if not wanted:
+            continue
+        wmap = word_level(maps, units).astype(np.float64)  # (layer, head, from unit, to unit)
+        for r, uv in wanted.items():
+            total[r] += wmap[:, :, uv[:, 0], uv[:, 1]].mean(-1)
+            count[r] += 1
+            n_pairs[r] += len(uv)
+    frame = long_frame(range(info.n_layers), info.n_heads, names, total, count, "relation")
+    frame["n_pairs"] = frame["relation"].map(n_pairs).astype(int)
+    return frame
+
+
+@register("cls_feature_attention", per_head=False)
+def cls_feature_attention(store, *, run, layer: int | None = None, features: str | None = None, examples=None) -> pd.DataFrame:
+    """Kovaleva K6 (Fig. 7): attention from the first special token ([CLS]-like) to each K5 feature, in one layer.
+
+    For each example and head of `layer` (default: the last): the attention the first
+    [CLS]-like token pays to the feature's tokens, summed over them; averaged over the
+    examples that contain the feature (and a [CLS]-like token).
+    Columns: layer, head, feature, value, mean_over_heads (the feature's value averaged over
+    the layer's heads), n_examples.
+    """
+    names = parse_features(features)
+    info = store.run_info(run)
+    if layer is None:
+        layer = info.n_layers - 1
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < info.n_layers:
+        raise InvalidArgumentError(f"layer {layer!r} is out of range: the model has {info.n_layers} layers (0..{info.n_layers - 1})")
+    fm = feature_masks(store, info, names)
+    total = {f: np.zeros((1, info.n_heads)) for f in names}
+    count = dict.fromkeys(names, 0)
+    for example, maps in iter_maps(store, info, examples):
+        cls = np.flatnonzero(fm.flags[example].cls)
+        if not len(cls):
+            continue
+        row = maps[layer, :, cls[0], :].astype(np.float64)  # (head, key)
+        for f in names:
+            mask = fm.masks[example][f]
+            if mask.any():
+                total[f][0] += row[:, mask].sum(-1)
+                count[f] += 1
+    frame = long_frame([int(layer)], info.n_heads, names, total, count, "feature")
+    frame.insert(frame.columns.get_loc("value") + 1, "mean_over_heads", frame.groupby("feature", sort=False)["value"].transform("mean"))
+    return frame

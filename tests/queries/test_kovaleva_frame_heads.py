@@ -1,0 +1,150 @@
+"""K2 `frame_heads` on hand-built FrameNet-style annotation sets, expected values worked out by hand."""
+
+import uuid
+
+import numpy as np
+import pytest
+
+from attnstore.queries import run_query
+from attnstore.queries.frame_heads import span_distance
+from attnstore.store.errors import InvalidArgumentError
+from attnstore.store.records import ExampleInput
+
+SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
+
+
+def fe(name, start, end, core_type="Core", in_core_set=True):
+    return dict(name=name, core_type=core_type, in_core_set=in_core_set, word_start=start, word_end=end, char_start=0, char_end=1)
+
+
+# (words, LU word span, frame elements, tokens, each token's word)
+SENTENCES = [
+    # S0 passes: LU "agitated" (split agit ##ated) <-> core FE "He" 3 words away; the peripheral
+    # FE "was becoming" is next to the LU but, not being core, neither filters nor scores.
+    ("He was becoming agitated".split(), (3, 4), [fe("Experiencer", 0, 1), fe("Time", 1, 3, "Peripheral", False)],
+     ["[CLS]", "he", "was", "becoming", "agit", "##ated", "[SEP]"], [None, 0, 1, 2, 3, 3, None]),
+    # S1: core FE "cars" is next to the LU "sold": out (min_distance 2); "Kim" alone is 2 away.
+    ("Yesterday Kim quickly sold cars".split(), (3, 4), [fe("Seller", 1, 2), fe("Goods", 4, 5, in_core_set=False)],
+     ["[CLS]", "yesterday", "kim", "quickly", "sold", "cars", "[SEP]"], [None, 0, 1, 2, 3, 4, None]),
+    # S2 passes: core FE "The old man" (3 words) ends 2 words before the LU "ate".
+    ("The old man slowly ate".split(), (4, 5), [fe("Ingestor", 0, 3, in_core_set=False)],
+     ["[CLS]", "the", "old", "man", "slowly", "ate", "[SEP]"], [None, 0, 1, 2, 3, 4, None]),
+    # S3: a frame element of 5 words: out (max_fe_words 3).
+    ("The very old grey man ate".split(), (5, 6), [fe("Ingestor", 0, 5)],
+     ["[CLS]", "the", "very", "old", "grey", "man", "ate", "[SEP]"], [None, 0, 1, 2, 3, 4, 5, None]),
+    # S4: 13 words: out (max_words 12).
+    ("a b c d e f g h i j k l m".split(), (12, 13), [fe("X", 0, 1)],
+     ["[CLS]", *"abcdefghijklm", "[SEP]"], [None, *range(13), None]),
+    # S5: no core frame element: out.
+    ("Then she left".split(), (2, 3), [fe("Time", 0, 1, "Peripheral", False)],
+     ["[CLS]", "then", "she", "left", "[SEP]"], [None, 0, 1, 2, None]),
+]
+
+
+def head0_map(index: int, n: int) -> np.ndarray:
+    """Head 0: every row on [CLS] except the designed LU <-> core FE weights; head 1 stays uniform."""
+    a = np.zeros((n, n), dtype=np.float32)
+    a[:, 0] = 1
+    if index == 0:  # agit -> he 0.7 (the max); ##ated -> becoming 0.9 (peripheral: ignored); he -> ##ated 0.2
+        a[4] = 0
+        a[4, 1], a[4, 0] = 0.7, 0.3
+        a[5] = 0
+        a[5, 3], a[5, 0] = 0.9, 0.1
+        a[1] = 0
+        a[1, 5], a[1, 0] = 0.2, 0.8
+    if index == 2:  # FE -> LU: man -> ate 0.4 (the max); LU -> FE: ate -> man 0.3
+        a[3] = 0
+        a[3, 5], a[3, 0] = 0.4, 0.6
+        a[5] = 0
+        a[5, 3], a[5, 0] = 0.3, 0.7
+    if index == 1:  # uniform in both heads
+        a[:] = 1 / n
+    return a
+
+
+def build_frame_run(store, name="frames"):
+    model_id = store.find_or_create_model(
+        name=f"hand-{name}", source="tests", weights_sha256=uuid.uuid4().hex, architecture="Hand", n_layers=1, n_heads=2,
+        max_length=512, tokenizer="none", special_tokens=SPECIALS)
+    dataset_id, _ = store.find_or_create_dataset(name=f"hand-{name}", split="exemplars", checksum=uuid.uuid4().hex,
+                                                 format="framenet", source="tests", annotator="whitespace")
+    inputs = []
+    for position, (words, lu, elements, _, _) in enumerate(SENTENCES):
+        frame = dict(annoset_id=position, frame_id=1, frame="F", lu_id=1, lu="x.v", target_start=lu[0], target_end=lu[1],
+                     char_start=0, char_end=1, elements=elements)
+        inputs.append(ExampleInput(position=position, text_a=" ".join(words), words=tuple(
+            dict(position=i, segment=0, form=w) for i, w in enumerate(words)), frames=(frame,)))
+    store.add_examples(dataset_id, inputs, "whitespace")
+    store.complete_dataset(dataset_id)
+    run = store.start_run(name=name, model_id=model_id, dataset_id=dataset_id, dtype="float32",
+                          codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
+                          chunk_cells=64, max_length=512, truncation="truncate", attn_implementation="eager", batch_size=1,
+                          code_version="test", corpus_checksum="x", manifest={})
+    ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
+    writer = store.run_writer(run.id)
+    for position, (_, _, _, tokens, token_words) in enumerate(SENTENCES):
+        n = len(tokens)
+        maps = np.stack([head0_map(position, n), np.full((n, n), 1 / n, dtype=np.float32)])[None]
+        rows = [dict(token=t, token_id=SPECIALS["cls"]["id"] if t == "[CLS]" else SPECIALS["sep"]["id"] if t == "[SEP]" else 1000 + k,
+                     word_position=w, segment=0, is_special=w is None, char_start=None, char_end=None)
+                for k, (t, w) in enumerate(zip(tokens, token_words))]
+        writer.add(int(ids[position]), maps, rows)
+        writer.commit()
+    writer.finish(0.0)
+    return name
+
+
+@pytest.fixture
+def frame_run(store):
+    return build_frame_run(store)
+
+
+def test_frame_heads_exact_values(store, frame_run):
+    df = run_query(store, "frame_heads", run=frame_run)
+    assert list(df.columns) == ["layer", "head", "value", "n_sentences", "top"]
+    # S0: max(0.7, 0.2) = 0.7; S2: max(0.4, 0.3) = 0.4; head 1 uniform 1/7 in both (L = 7)
+    np.testing.assert_allclose(df.sort_values("head")["value"], [(0.7 + 0.4) / 2, 1 / 7], atol=1e-6)
+    assert (df["n_sentences"] == 2).all()
+    assert df.sort_values("head")["top"].tolist() == [True, False]
+    assert df.attrs["filter_counts"] == dict(annotation_sets=6, max_words=5, max_fe_words=4, has_core=3, min_distance=2,
+                                             with_tokens=2)
+
+
+def test_frame_heads_top(store, frame_run):
+    top = run_query(store, "frame_heads_top", run=frame_run)
+    assert list(top.columns) == ["layer", "head", "value", "n_sentences", "threshold"]
+    assert top[["layer", "head"]].values.tolist() == [[0, 0]]
+    assert top["threshold"].iloc[0] == pytest.approx(1 / 7 + 0.99 * ((0.7 + 0.4) / 2 - 1 / 7), abs=1e-6)
+
+
+def test_filter_parameters(store, frame_run):
+    near = run_query(store, "frame_heads", run=frame_run, min_distance=1)  # S1 now passes (uniform: 1/7)
+    np.testing.assert_allclose(near.sort_values("head")["value"], [(0.7 + 1 / 7 + 0.4) / 3, 1 / 7], atol=1e-6)
+    # core='set': FEcoreSets members only -- S2's FE is not one (S2 out); S1 keeps only "Kim", 2 words away (S1 in)
+    coreset = run_query(store, "frame_heads", run=frame_run, core="set")
+    np.testing.assert_allclose(coreset.sort_values("head")["value"], [(0.7 + 1 / 7) / 2, 1 / 7], atol=1e-6)
+    # S3 (a 5-word FE, 1 word from its LU) and S4 (13 words) pass looser filters; head 0 gives them 0
+    wide = run_query(store, "frame_heads", run=frame_run, max_fe_words=5, max_words=13, min_distance=1, examples=[3, 4])
+    assert (wide["n_sentences"] == 2).all()
+    np.testing.assert_allclose(wide.sort_values("head")["value"], [0.0, (1 / 8 + 1 / 15) / 2], atol=1e-6)
+    with pytest.raises(InvalidArgumentError, match="core must be"):
+        run_query(store, "frame_heads", run=frame_run, core="Core")
+
+
+def test_no_sentence_passing_is_an_error_with_the_counts(store, frame_run):
+    with pytest.raises(InvalidArgumentError, match=r"no FrameNet sentence .* passes the filters .*max_words: 1, max_fe_words: 1"):
+        run_query(store, "frame_heads", run=frame_run, max_words=3)  # only S5 is short enough, and it has no core FE
+
+
+def test_run_without_frames_is_refused(store, make_run):
+    maps = np.full((1, 2, 3, 3), 1 / 3, dtype=np.float32)
+    run = make_run(store, [maps], [["[CLS]", "x", "[SEP]"]], name="noframes")
+    with pytest.raises(InvalidArgumentError, match="has no FrameNet frames"):
+        run_query(store, "frame_heads", run=run)
+
+
+def test_span_distance():
+    assert span_distance((3, 4), (0, 1)) == 3
+    assert span_distance((0, 3), (4, 5)) == 2
+    assert span_distance((3, 4), (4, 5)) == 1
+    assert span_distance((1, 4), (3, 6)) == 0

@@ -1,0 +1,103 @@
+"""K3 `run_similarity`: two runs over the same examples, matched by example id, exact cosines by hand."""
+
+import uuid
+
+import numpy as np
+import pytest
+
+from attnstore.queries import run_query
+from attnstore.store.errors import InvalidArgumentError, NotFoundError
+
+TOKENS = [["[CLS]", "x", "[SEP]"], ["[CLS]", "[SEP]"]]
+SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
+
+
+def first_run_maps():
+    """1 layer x 2 heads. Example 0 (L=3): head 0 the identity, head 1 all to [CLS]. Example 1 (L=2): identity; all to [CLS]."""
+    e0 = np.stack([np.eye(3), np.tile([1.0, 0, 0], (3, 1))])[None].astype(np.float32)
+    e1 = np.stack([np.eye(2), np.tile([1.0, 0], (2, 1))])[None].astype(np.float32)
+    return [e0, e1]
+
+
+def second_run_maps():
+    """Example 0: head 0 the identity again (cosine 1), head 1 all to token 1 (disjoint: cosine 0).
+    Example 1: head 0 uniform 1/2 (cosine (1/2 + 1/2) / (sqrt(2) * 1) = 1/sqrt(2)), head 1 all to [CLS] (cosine 1)."""
+    e0 = np.stack([np.eye(3), np.tile([0, 1.0, 0], (3, 1))])[None].astype(np.float32)
+    e1 = np.stack([np.full((2, 2), 0.5), np.tile([1.0, 0], (2, 1))])[None].astype(np.float32)
+    return [e0, e1]
+
+
+def add_run(store, base_run, name, maps_list, *, order=(1, 0), token_ids=None):
+    """Another run over the dataset of `base_run`, its examples written in `order` (storage order differs from base)."""
+    info = store.run_info(base_run)
+    n_layers, n_heads = maps_list[0].shape[:2]
+    model_id = store.find_or_create_model(
+        name=f"hand-{name}", source="tests", weights_sha256=uuid.uuid4().hex, architecture="Hand", n_layers=n_layers,
+        n_heads=n_heads, max_length=512, tokenizer="none", special_tokens=SPECIALS)
+    run = store.start_run(name=name, model_id=model_id, dataset_id=info.dataset_id, dtype="float32",
+                          codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
+                          chunk_cells=64, max_length=512, truncation="truncate", attn_implementation="eager", batch_size=1,
+                          code_version="test", corpus_checksum="x", manifest={})
+    ids = store.examples(base_run).set_index("example")["example_id"]
+    writer = store.run_writer(run.id)
+    for position in order:
+        toks = TOKENS[position]
+        rows = [dict(token=t, token_id=(token_ids or {}).get((position, k), SPECIALS["cls"]["id"] if t == "[CLS]"
+                                                               else SPECIALS["sep"]["id"] if t == "[SEP]" else 1000 + len(t)),
+                     word_position=None if t.startswith("[") else 0, segment=0, is_special=t.startswith("["),
+                     char_start=None, char_end=None) for k, t in enumerate(toks)]
+        writer.add(int(ids[position]), maps_list[position], rows)
+        writer.commit()
+    writer.finish(0.0)
+    return name
+
+
+@pytest.fixture
+def two_runs(store, make_run):
+    base = make_run(store, first_run_maps(), TOKENS, name="pretrained", specials=SPECIALS)
+    return base, add_run(store, base, "finetuned", second_run_maps())
+
+
+def test_run_similarity_exact_cosines(store, two_runs):
+    base, other = two_runs
+    df = run_query(store, "run_similarity", run=base, other=other)
+    assert list(df.columns) == ["layer", "head", "similarity", "n_examples"]
+    np.testing.assert_allclose(df.sort_values("head")["similarity"], [(1 + 1 / np.sqrt(2)) / 2, (0 + 1) / 2], atol=1e-6)
+    assert (df["n_examples"] == 2).all()
+    # symmetric, and the runs' different storage orders do not pair the wrong examples
+    back = run_query(store, "run_similarity", run=other, other=base)
+    np.testing.assert_allclose(back.sort_values("head")["similarity"], df.sort_values("head")["similarity"], atol=1e-6)
+
+
+def test_examples_and_max_examples(store, two_runs):
+    base, other = two_runs
+    one = run_query(store, "run_similarity", run=base, other=other, examples=[1])
+    np.testing.assert_allclose(one.sort_values("head")["similarity"], [1 / np.sqrt(2), 1.0], atol=1e-6)
+    sampled = run_query(store, "run_similarity", run=base, other=other, max_examples=1, seed=3)
+    assert (sampled["n_examples"] == 1).all()
+    per_example = {0: [1.0, 0.0], 1: [1 / np.sqrt(2), 1.0]}
+    assert any(np.allclose(sampled.sort_values("head")["similarity"], v, atol=1e-6) for v in per_example.values())
+    with pytest.raises(NotFoundError, match=r"example\(s\) \[5\] are not stored in both runs"):
+        run_query(store, "run_similarity", run=base, other=other, examples=[5])
+
+
+def test_runs_over_different_datasets_are_refused(store, two_runs, make_run):
+    base, _ = two_runs
+    elsewhere = make_run(store, first_run_maps(), TOKENS, name="elsewhere", specials=SPECIALS)
+    with pytest.raises(InvalidArgumentError, match="share no dataset"):
+        run_query(store, "run_similarity", run=base, other=elsewhere)
+
+
+def test_different_token_ids_are_refused_naming_the_example(store, two_runs):
+    base, _ = two_runs
+    retok = add_run(store, base, "retokenised", second_run_maps(), token_ids={(0, 1): 7})
+    with pytest.raises(InvalidArgumentError, match=r"tokenised example 0 differently: token 1 is 'x' \(id 1001\) in 'pretrained'"):
+        run_query(store, "run_similarity", run=base, other=retok)
+
+
+def test_different_model_shapes_are_refused(store, two_runs):
+    base, _ = two_runs
+    wide = [np.concatenate([m, m], axis=1) for m in second_run_maps()]
+    other = add_run(store, base, "wide", wide)
+    with pytest.raises(InvalidArgumentError, match="differently shaped models"):
+        run_query(store, "run_similarity", run=base, other=other)
