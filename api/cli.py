@@ -387,6 +387,38 @@ def report_clark(locations, run, coref_run, out, mds_examples, min_count):
     click.echo(f"wrote {path} and its tables and figures")
 
 
+def _task_runs(ctx, _param, values) -> dict[str, str]:
+    out = {}
+    for item in values:
+        if "=" not in item:
+            raise click.BadParameter(f"{item!r} is not TASK=RUN", ctx=ctx)
+        task, run = item.split("=", 1)
+        out[task.strip()] = run.strip()
+    return out
+
+
+@report.command("kovaleva")
+@click.option("--run", "runs_", multiple=True, required=True, callback=_task_runs, metavar="TASK=RUN",
+              help="A pre-trained model's run over a task's dev set (repeatable), e.g. MRPC=MRPC-dev.")
+@click.option("--finetuned-run", "finetuned", multiple=True, callback=_task_runs, metavar="TASK=RUN",
+              help="A fine-tuned model's run over the same examples (repeatable): Fig. 5 and the fine-tuned Fig. 6.")
+@click.option("--frame-run", default=None, help="A run over FrameNet exemplars (framenet/1.5:exemplars) for Fig. 3.")
+@click.option("--max-examples", default=1000, show_default=True, type=int, help="Examples per task for Fig. 2 and Fig. 5.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@store_options
+@friendly_errors
+def report_kovaleva(locations, runs_, finetuned, frame_run, max_examples, out):
+    """Kovaleva et al. 2019: Fig. 2, 3, 5, 6, 7 and the token-to-token table from stored runs."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise click.ClickException("figures need matplotlib: pip install 'attnstore[report]'") from None
+    from .kovaleva_report import kovaleva_report
+
+    path = kovaleva_report(open_store(locations), out, runs_, finetuned, frame_run, max_examples)
+    click.echo(f"wrote {path} and its tables and figures")
+
+
 from .models_cli import ablate, evaluate, finetune, list_models, report_ablation, report_table1  # noqa: E402
 
 for command in (finetune, evaluate, ablate, list_models):

@@ -1,0 +1,201 @@
+"""`attnstore report kovaleva`: the stored-map figures and tables of Kovaleva et al. 2019.
+
+Thin: every number comes from a registered query (pattern_proportions, frame_heads,
+run_similarity, feature_attention, cls_feature_attention, token_to_token); this module lays
+them out as CSV/Markdown tables and PNG/SVG figures, each naming the model and the data.
+Layers and heads are 0-based, as in the data, and every axis says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..queries import QUERIES, load_all, run_query
+from ..store.errors import AttnStoreError
+from .report import _has_tabulate, _save
+
+FIG6_FEATURES = ("sep", "cls", "noun", "verb", "pronoun", "subject", "object", "negation")
+
+
+def _markdown(frame: pd.DataFrame) -> str:
+    shown = frame.round(3)
+    return shown.to_markdown(index=False) if _has_tabulate() else shown.to_string(index=False)
+
+
+def _grid(frame: pd.DataFrame, value: str, n_layers: int, n_heads: int) -> np.ndarray:
+    grid = np.full((n_layers, n_heads), np.nan)
+    grid[frame["layer"].to_numpy(int), frame["head"].to_numpy(int)] = frame[value].to_numpy(float)
+    return grid
+
+
+def _heatmap(ax, grid: np.ndarray, title: str, cmap: str = "viridis", vmin=None, vmax=None):
+    image = ax.imshow(grid, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    ax.set_xlabel("head (0-based)")
+    ax.set_ylabel("layer (0-based)")
+    ax.set_xticks(range(grid.shape[1]))
+    ax.set_yticks(range(grid.shape[0]))
+    ax.tick_params(labelsize=6)
+    ax.set_title(title, fontsize=8)
+    return image
+
+
+def _describe(store, run) -> str:
+    info = store.run_info(run)
+    return f"{info.model} on {info.dataset}:{info.split} ({info.n_stored} examples)"
+
+
+def figure_patterns(store, runs: dict[str, str], out: Path, max_examples: int) -> tuple[list[str], pd.DataFrame]:
+    import matplotlib.pyplot as plt
+
+    frames = []
+    for task, run in runs.items():
+        frame = run_query(store, "pattern_proportions", run=run, max_examples=max_examples)
+        frames.append(frame.assign(task=task))
+    table = pd.concat(frames, ignore_index=True)
+    wide = table.pivot_table(index="task", columns="label", values="fraction", aggfunc="sum").fillna(0.0)
+    wide = wide.reindex(list(runs))
+    fig, ax = plt.subplots(figsize=(1.1 * len(runs) + 3, 4))
+    bottom = np.zeros(len(wide))
+    for label in wide.columns:
+        ax.bar(wide.index, wide[label], bottom=bottom, label=label)
+        bottom += wide[label].to_numpy()
+    ax.set_ylabel("fraction of (example, layer, head) maps")
+    ax.set_xlabel("task (dev set)")
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    model = store.run_info(next(iter(runs.values()))).model
+    ax.set_title(f"Fig. 2: attention pattern classes (rule classifier), {model}, ≤ {max_examples} dev examples per task",
+                 fontsize=8)
+    names = _save(fig, out, "fig2_pattern_classes")
+    plt.close(fig)
+    return names, table
+
+
+def figure_frame_heads(store, run: str, out: Path) -> tuple[list[str], pd.DataFrame]:
+    import matplotlib.pyplot as plt
+
+    frame = run_query(store, "frame_heads", run=run)
+    info = store.run_info(run)
+    fig, ax = plt.subplots(figsize=(0.5 * info.n_heads + 2, 0.45 * info.n_layers + 1.5))
+    image = _heatmap(ax, _grid(frame, "value", info.n_layers, info.n_heads),
+                     f"Fig. 3: max attention between LU and core FE tokens, mean over "
+                     f"{int(frame['n_sentences'].iloc[0])} sentences\n{_describe(store, run)}")
+    fig.colorbar(image, ax=ax, label="mean max attention")
+    for layer, head in frame.loc[frame["top"], ["layer", "head"]].itertuples(index=False):
+        ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
+    names = _save(fig, out, "fig3_frame_heads")
+    plt.close(fig)
+    return names, frame
+
+
+def figure_similarity(store, pairs: dict[str, tuple[str, str]], out: Path, max_examples: int) -> tuple[list[str], pd.DataFrame]:
+    import matplotlib.pyplot as plt
+
+    frames = []
+    fig, axes = plt.subplots(1, len(pairs), figsize=(4.2 * len(pairs), 3.6), squeeze=False)
+    for ax, (task, (pre, tuned)) in zip(axes[0], pairs.items()):
+        frame = run_query(store, "run_similarity", run=pre, other=tuned, max_examples=max_examples)
+        info = store.run_info(pre)
+        image = _heatmap(ax, _grid(frame, "similarity", info.n_layers, info.n_heads),
+                         f"{task}: pre-trained vs {store.run_info(tuned).model}", cmap="magma", vmin=0, vmax=1)
+        frames.append(frame.assign(task=task, run=pre, other=tuned))
+    fig.colorbar(image, ax=list(axes[0]), label="cosine similarity of maps")
+    fig.suptitle("Fig. 5: per-head cosine similarity between pre-trained and fine-tuned attention (dev examples)", fontsize=9)
+    names = _save(fig, out, "fig5_similarity")
+    plt.close(fig)
+    return names, pd.concat(frames, ignore_index=True)
+
+
+def figure_features(store, runs: dict[str, str], out: Path, stem: str, title: str) -> tuple[list[str], pd.DataFrame]:
+    import matplotlib.pyplot as plt
+
+    frames = {task: run_query(store, "feature_attention", run=run) for task, run in runs.items()}
+    features = [f for f in FIG6_FEATURES if any(f in set(fr["feature"]) for fr in frames.values())]
+    info = store.run_info(next(iter(runs.values())))
+    fig, axes = plt.subplots(len(features), len(runs), figsize=(3.2 * len(runs), 2.6 * len(features)), squeeze=False)
+    for col, (task, frame) in enumerate(frames.items()):
+        for row, feature in enumerate(features):
+            part = frame[frame["feature"] == feature]
+            _heatmap(axes[row][col], _grid(part, "value", info.n_layers, info.n_heads), f"{task}: to {feature}",
+                     cmap="Reds", vmin=0)
+    fig.suptitle(f"{title}, {info.model}", fontsize=9)
+    fig.tight_layout()
+    names = _save(fig, out, stem)
+    plt.close(fig)
+    return names, pd.concat([f.assign(task=t) for t, f in frames.items()], ignore_index=True)
+
+
+def figure_cls(store, runs: dict[str, str], out: Path) -> tuple[list[str], pd.DataFrame]:
+    import matplotlib.pyplot as plt
+
+    frames = [run_query(store, "cls_feature_attention", run=run).assign(task=task) for task, run in runs.items()]
+    table = pd.concat(frames, ignore_index=True)
+    means = table.groupby(["task", "feature"], sort=False)["mean_over_heads"].first().unstack("feature").reindex(list(runs))
+    fig, ax = plt.subplots(figsize=(1.2 * len(runs) + 4, 3.8))
+    width = 0.8 / max(len(means.columns), 1)
+    for k, feature in enumerate(means.columns):
+        ax.bar(np.arange(len(means)) + k * width, means[feature], width, label=feature)
+    ax.set_xticks(np.arange(len(means)) + 0.4 - width / 2, means.index)
+    ax.set_xlabel("task (dev set)")
+    ax.set_ylabel("attention from [CLS]-like token, mean over heads")
+    layer = int(table["layer"].iloc[0])
+    ax.set_title(f"Fig. 7: last layer (layer {layer}, 0-based) attention from [CLS] to feature tokens, "
+                 f"{store.run_info(next(iter(runs.values()))).model}", fontsize=8)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    names = _save(fig, out, "fig7_cls_attention")
+    plt.close(fig)
+    return names, table
+
+
+def kovaleva_report(store, out: str, runs: dict[str, str], finetuned: dict[str, str] | None = None,
+                    frame_run: str | None = None, max_examples: int = 1000) -> Path:
+    """Write the figures and tables for `runs` (task -> pre-trained dev run), `finetuned` (task -> a run of the
+    fine-tuned model on the same examples) and `frame_run` (a FrameNet exemplar run); return the Markdown index."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    load_all()
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    finetuned = finetuned or {}
+    lines = ["# Kovaleva et al. 2019 on stored maps", "",
+             "Runs: " + ", ".join(f"{t} = `{r}` ({_describe(store, r)})" for t, r in runs.items()), ""]
+
+    def section(title: str, build, table_name: str, note: str = "") -> None:
+        try:
+            names, table = build()
+        except AttnStoreError as exc:
+            lines.extend([f"## {title}", "", f"Not produced: {exc}", ""])
+            return
+        table.to_csv(folder / f"{table_name}.csv", index=False)
+        lines.extend([f"## {title}", "", *[f"![{n}]({n})" for n in names if n.endswith(".png")],
+                      "", f"Data: [{table_name}.csv]({table_name}.csv). {note}".rstrip(), ""])
+
+    if "pattern_proportions" in QUERIES:
+        section("Fig. 2: attention pattern classes per task", lambda: figure_patterns(store, runs, folder, max_examples),
+                "fig2_pattern_classes")
+    if frame_run:
+        section("Fig. 3: heads specific to frame-semantic relations", lambda: figure_frame_heads(store, frame_run, folder),
+                "fig3_frame_heads", "Red squares: heads above the 99th percentile.")
+    pairs = {t: (runs[t], r) for t, r in finetuned.items() if t in runs}
+    if pairs:
+        section("Fig. 5: change of attention after fine-tuning", lambda: figure_similarity(store, pairs, folder, max_examples),
+                "fig5_similarity")
+        tuned_runs = {t: r for t, r in finetuned.items() if t in runs}
+        section("Fig. 6 (fine-tuned): attention to linguistic features",
+                lambda: figure_features(store, tuned_runs, folder, "fig6_features_finetuned",
+                                        "Fig. 6: normalised attention to feature tokens after fine-tuning"),
+                "fig6_features_finetuned")
+    section("Fig. 6: attention to linguistic features and special tokens",
+            lambda: figure_features(store, runs, folder, "fig6_features",
+                                    "Fig. 6: normalised attention to feature tokens (pre-trained)"), "fig6_features")
+    section("Fig. 7: attention from [CLS] in the last layer", lambda: figure_cls(store, runs, folder), "fig7_cls_attention")
+    section("Token-to-token attention (Sec. 4.5)",
+            lambda: ([], pd.concat([run_query(store, "token_to_token", run=r).assign(task=t) for t, r in runs.items()],
+                                   ignore_index=True)), "token_to_token",
+            "Per head: verb→subject, subject→verb, noun→pronoun, pronoun→noun (word-level maps).")
+    path = folder / "README.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
