@@ -136,7 +136,9 @@ def clark_report(store, run, out: str, coref_run=None, mds_examples: int = 500, 
     lines = ["# Clark et al. 2019, reproduced with attnstore", "", f"Attention statistics, Table 1, Figs. 2, 4, 6: {caption}."]
     if coref_run is not None:
         lines.append(f"Table 2: {_caption(store, coref_run)}.")
-    lines += ["", "Layers and heads are 0-based in tables (`layer-head`), 1-based on figure axes as in the paper.", ""]
+    lines += ["", "Layers and heads are 0-based in tables (`layer-head`), 1-based on figure axes as in the paper.",
+              "Attention statistics (Figs. 2 and 4, relative position) are averaged within each sentence (example), then "
+              "over sentences, as in the authors' code (queries' default `average=example`).", ""]
 
     fig2, special = figure_special_tokens(store, run, out_dir)
     special.to_csv(out_dir / "special_tokens.csv", index=False)
@@ -150,13 +152,21 @@ def clark_report(store, run, out: str, coref_run=None, mds_examples: int = 500, 
     relpos = run_query(store, "relative_position", run=run)
     strong = relpos[(relpos["to_previous"] > 0.5) | (relpos["to_next"] > 0.5)]
     lines += ["## Relative position (Sec. 3.1): heads with more than half their attention on the previous or next token", "",
+              "Per sentence, the attention to the previous (next) token summed over its L tokens and divided by L, as in the "
+              "authors' code (the first token has no previous token: a perfect previous-token head scores (L-1)/L).", "",
               _table(strong, out_dir, "relative_position_strong"), ""]
     summary = run_query(store, "dependency_summary", run=run, min_count=min_count)
     paper_relations = {u for us in PAPER_RELATIONS.values() for u in us}
     paper_first = summary.assign(order=summary["relation"].map(lambda r: 0 if r in paper_relations else 1))
     table1 = paper_first.sort_values(["order", "relation", "direction"]).drop(columns="order")
     lines += ["## Table 1 — dependency relations (Sec. 4.2)", "",
-              f"Best head per relation and direction vs. the best fixed offset; relations with at least {min_count} edges.",
+              "Best head per relation over both directions, as in the paper: `dep2head` = the dependent attends most to its "
+              "head; `head2dep` = the word that attends most to the dependent is its head (the transposed map, as in the "
+              "authors' code). A word whose row (column) has no unique non-zero maximum among the other words makes no "
+              "prediction (counted wrong). `all` counts every word, root words included (attention never predicts ROOT). "
+              "A possessor followed by 's is judged by the 's (the paper's poss rule). Baseline: the best fixed offset "
+              "(-3..3) from the dependent, clamped to the sentence (before it: ROOT; past it: the last word). Relations "
+              f"with at least {min_count} edges.",
               "", _table(table1, out_dir, "table1_dependency"), ""]
     if coref_run is not None:
         lines += ["## Table 2 — coreference antecedent selection (Sec. 4.3)", "",

@@ -69,3 +69,30 @@ def safe_divide(total: np.ndarray, count) -> np.ndarray:
     count = np.asarray(count, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / np.where(count > 0, count, 1), np.nan)
+
+
+AVERAGES = ("example", "token")
+
+
+def check_average(average: str) -> str:
+    """The `average` parameter of the Clark C1/C2/C4 queries: "example" (Clark et al.'s code) or "token" (pooled)."""
+    if average not in AVERAGES:
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"average={average!r}: use 'example' (mean per example, then over examples: "
+                                   f"Clark et al.'s code) or 'token' (pooled over every query token of the run)")
+    return average
+
+
+def unique_argmax(scores: np.ndarray) -> np.ndarray:
+    """argmax over the last axis, or -1 ("no prediction") where the maximum is not > 0 or is reached more than once.
+
+    A row of exact zeros (e.g. float16 underflow) or a tie predicts nothing, instead of the
+    first index that numpy's argmax would return.
+    """
+    if scores.shape[-1] == 0:
+        return np.full(scores.shape[:-1], -1, dtype=np.int64)
+    best = scores.argmax(-1)
+    top = np.take_along_axis(scores, best[..., None], -1)
+    unique = (scores == top).sum(-1) == 1
+    return np.where(unique & (top[..., 0] > 0), best, -1)

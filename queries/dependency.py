@@ -1,23 +1,37 @@
-"""C6 (Clark et al. 2019, Sec. 4.2, Table 1): heads that find a word's syntactic head (or dependents).
+"""C6 (Clark et al. 2019, Sec. 4.2, Table 1): heads that find a word's syntactic head.
 
-For each head and relation: the accuracy of "the dependent's most-attended other word
-is its gold head" (direction `dep2head`) and of "the head's most-attended other word is
-the dependent" (`head2dep`), on word-level maps (C5) with special tokens ignored. The
-baseline predicts the word at the best fixed offset (-3..3, not 0) for each relation.
+Every prediction is made for a **dependent** word d and is right when it names d's gold
+head, as in the authors' code (clarkkev/attention-analysis, Syntax_Analysis.ipynb), on
+word-level maps (C5) restricted to words (special tokens ignored), the diagonal set to 0:
+
+- `dep2head`: the word d attends to most;
+- `head2dep`: with head2dep="transpose" (default, the authors' code), the word that
+  attends to d most (the transposed map); with head2dep="direct", the edge is right when
+  the head's most-attended word is d (a prediction made for the head word).
+
+A row (or column) whose largest entry is 0 or is reached by more than one word makes **no
+prediction** and counts as wrong. Root words (no head) are in the `all` row: no attention
+prediction can name ROOT, so they always count as wrong there. The baseline predicts the
+word at a fixed offset (-3..3, not 0) from the dependent, clamped to the sentence as in the
+authors' code: before the first word is ROOT, past the last word is the last word.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from .common import iter_maps, per_head_frame
+from .common import iter_maps, per_head_frame, unique_argmax
+from .errors import InvalidArgumentError
 from .registry import register
-from .word_level import most_attended_words, units_of
+from .word_level import units_of, word_level
 
 DIRECTIONS = ("dep2head", "head2dep")
+HEAD2DEP = ("transpose", "direct")
+SUMMARY_DIRECTIONS = ("best", "each", *DIRECTIONS)
 OFFSETS = (-3, -2, -1, 1, 2, 3)
 # Clark et al.'s Stanford Dependencies labels and the UD labels used for them here.
 # Approximate where the schemes attach words differently: UD attaches a preposition to
@@ -28,93 +42,185 @@ PAPER_RELATIONS = {
     "amod": ("amod",), "dobj": ("obj",), "advmod": ("advmod",), "aux": ("aux",), "poss": ("nmod:poss",),
     "auxpass": ("aux:pass",), "ccomp": ("ccomp",), "mark": ("mark",), "prt": ("compound:prt",),
 }
+# The paper's `poss` rule (Sec. 4.2): when a possessor is followed by 's, the prediction made
+# for the 's is judged instead ("the accuracy in Table 1 counts 's as correct").
+POSS_RELATIONS = ("nmod:poss", "poss")  # UD, Stanford/ClearNLP
+POSSESSIVE_MARKERS = ("'s", "’s", "'", "’", "s'", "s’")
+
+
+@dataclass
+class DependencyCounts:
+    """Hits per (direction, layer, head, relation) over the non-root edges, and the root words apart."""
+
+    info: object
+    relations: list[str]
+    correct: np.ndarray  # (2, layers, heads, relations)
+    totals: np.ndarray  # (relations,) edges evaluated
+    baseline: np.ndarray  # (offsets, relations) baseline hits
+    n_root: int  # root words evaluated (attention never predicts ROOT: always wrong)
+    baseline_root: np.ndarray  # (offsets,) root words the clamped baseline gets right
+    no_prediction: np.ndarray  # (2, layers, heads) evaluated words (root included) with no prediction
 
 
 def _groups(frame: pd.DataFrame) -> dict[int, pd.DataFrame]:
     return {int(k): g for k, g in frame.groupby("example", sort=False)}
 
 
-def dependency_counts(store, run, examples=None):
-    """Correct predictions per (direction, layer, head, relation), edge counts and baseline hits."""
+def _check(name: str, value: str, allowed) -> None:
+    if value not in allowed:
+        raise InvalidArgumentError(f"{name}={value!r}: use one of {', '.join(repr(a) for a in allowed)}")
+
+
+def word_predictions(maps: np.ndarray, units) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(by_row, by_col, words): for every head and word, the other word it attends to most (by_row) and
+    the other word attending to it most (by_col), as indices into `words` (word positions), -1 for no
+    prediction (largest entry 0, or reached by two words); special tokens ignored, diagonal set to 0."""
+    keep = np.flatnonzero(units.is_word)
+    wmap = word_level(maps, units)[:, :, keep][:, :, :, keep]
+    diag = np.arange(len(keep))
+    wmap[:, :, diag, diag] = 0
+    return unique_argmax(wmap), unique_argmax(np.swapaxes(wmap, -1, -2)), units.word[keep]
+
+
+def dependency_counts(store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True
+                      ) -> DependencyCounts:
+    """Correct predictions per (direction, layer, head, relation), edge counts, baseline hits, root words."""
+    _check("head2dep", head2dep, HEAD2DEP)
     info = store.run_info(run)
-    words = store.word_table(info.id)
-    words = words[words["head"].notna() & words["deprel"].notna()]
-    relations = sorted(set(words["deprel"]))
+    all_words = store.word_table(info.id)
+    spans = all_words.groupby(["example", "segment", "sentence"])["position"].agg(["min", "max"])
+    bounds = {tuple(int(x) for x in key): (int(lo), int(hi)) for key, lo, hi in zip(spans.index, spans["min"], spans["max"])}
+    words = all_words[all_words["deprel"].notna()]
+    is_root_word = words["head"].isna()
+    relations = sorted(set(words["deprel"][~is_root_word]))
     rel_index = {r: i for i, r in enumerate(relations)}
+    forms = {int(k): dict(zip(g["position"], g["form"])) for k, g in all_words.groupby("example", sort=False)}
     tokens = _groups(store.token_table(info.id)[["example", "word_position"]])
     edges = _groups(words)
     correct = np.zeros((2, info.n_layers, info.n_heads, len(relations)))
-    baseline = np.zeros((2, len(OFFSETS), len(relations)))
+    no_prediction = np.zeros((2, info.n_layers, info.n_heads))
+    baseline = np.zeros((len(OFFSETS), len(relations)))
+    baseline_root = np.zeros(len(OFFSETS))
     totals = np.zeros(len(relations))
+    n_root = 0
     for example, maps in iter_maps(store, info, examples):
         if example not in edges:
             continue
-        pred, unit_words = most_attended_words(maps, units_of(tokens[example]["word_position"]))
+        by_row, by_col, unit_words = word_predictions(maps, units_of(tokens[example]["word_position"]))
         word_units = {int(w): i for i, w in enumerate(unit_words)}
         e = edges[example]
-        dep = np.array([word_units.get(int(p), -1) for p in e["position"]])
-        head = np.array([word_units.get(int(p), -1) for p in e["head"]])
-        ok = (dep >= 0) & (head >= 0)
-        dep, head = dep[ok], head[ok]
-        rel = np.array([rel_index[r] for r in e["deprel"][ok]], dtype=np.int64)
-        onehot = np.zeros((len(rel), len(relations)))
-        onehot[np.arange(len(rel)), rel] = 1
-        correct[0] += (pred[:, :, dep] == head) @ onehot
-        correct[1] += (pred[:, :, head] == dep) @ onehot
+        root = e["head"].isna().to_numpy()
+        d_pos = e["position"].to_numpy(dtype=np.int64)
+        h_pos = e["head"].fillna(-1).to_numpy(dtype=np.int64)  # -1: ROOT
+        # the word whose prediction is judged: the dependent, or the 's after a possessor
+        judged_pos = d_pos.copy()
+        if poss_apostrophe:
+            text = forms[example]
+            for k, (rel, p) in enumerate(zip(e["deprel"], d_pos)):
+                following = text.get(int(p) + 1)
+                if rel in POSS_RELATIONS and following is not None and following.lower() in POSSESSIVE_MARKERS:
+                    judged_pos[k] = p + 1
+        dep = np.array([word_units.get(int(p), -1) for p in d_pos], dtype=np.int64)
+        judged = np.array([word_units.get(int(p), -1) for p in judged_pos], dtype=np.int64)
+        judged = np.where(judged >= 0, judged, dep)  # an 's cut by truncation: judge the dependent itself
+        head = np.array([word_units.get(int(p), -1) if p >= 0 else -1 for p in h_pos], dtype=np.int64)
+        ok = (dep >= 0) & (root | (head >= 0))
+        root, dep, judged, head = root[ok], dep[ok], judged[ok], head[ok]
+        d_pos, h_pos, judged_pos = d_pos[ok], h_pos[ok], judged_pos[ok]
+        rels = e["deprel"].to_numpy()[ok]
+        # predictions (layer, head, edges); -1 never matches: `head` is checked >= 0, root words always miss
+        hit_dep2head = (by_row[:, :, judged] == head) & (head >= 0)
+        if head2dep == "transpose":
+            hit_head2dep = (by_col[:, :, judged] == head) & (head >= 0)
+            none_head2dep = by_col[:, :, judged] < 0
+        else:  # the head word's most-attended word is the (judged) dependent
+            safe_head = np.where(head >= 0, head, 0)
+            hit_head2dep = (by_row[:, :, safe_head] == judged) & (head >= 0)
+            none_head2dep = (by_row[:, :, safe_head] < 0) | (head < 0)
+        no_prediction[0] += (by_row[:, :, judged] < 0).sum(-1)
+        no_prediction[1] += none_head2dep.sum(-1)
+        nonroot = ~root
+        onehot = np.zeros((int(nonroot.sum()), len(relations)))
+        onehot[np.arange(len(onehot)), [rel_index[r] for r in rels[nonroot]]] = 1
+        correct[0] += hit_dep2head[:, :, nonroot] @ onehot
+        correct[1] += hit_head2dep[:, :, nonroot] @ onehot
         totals += onehot.sum(0)
-        d_pos, h_pos = e["position"].to_numpy()[ok], e["head"].to_numpy(dtype=np.int64)[ok]
+        n_root += int(root.sum())
+        # the fixed-offset baseline, clamped to the judged word's sentence
+        span = np.array([bounds[(example, int(s), int(t))] for s, t in e[["segment", "sentence"]].to_numpy()[ok]],
+                        dtype=np.int64).reshape(-1, 2)
+        first, last = span[:, 0], span[:, 1]
         for k, off in enumerate(OFFSETS):
-            baseline[0, k] += (h_pos == d_pos + off) @ onehot
-            baseline[1, k] += (d_pos == h_pos + off) @ onehot
-    return info, relations, correct, totals, baseline
+            target = judged_pos + off
+            pred = np.where(target < first, -1, np.minimum(target, last))
+            hit = pred == h_pos
+            baseline[k] += hit[nonroot] @ onehot
+            baseline_root[k] += hit[root].sum()
+    return DependencyCounts(info, relations, correct, totals, baseline, n_root, baseline_root, no_prediction)
 
 
 @register("dependency")
-def dependency(store, *, run, examples=None, min_count: int = 100) -> pd.DataFrame:
-    """Per head, accuracy at finding the gold head (dep2head) or dependent (head2dep) of each relation.
+def dependency(store, *, run, examples=None, min_count: int = 100, head2dep: str = "transpose",
+               poss_apostrophe: bool = True) -> pd.DataFrame:
+    """Per head, accuracy at finding the gold head of each relation's dependents, in both directions.
 
     Columns: layer, head, then `<relation>:<direction>` for every relation with at least
     `min_count` edges (UD labels as stored; see `dependency_summary` for the paper's
-    labels). Needs a run over a corpus with dependency trees (gold CoNLL-U, or spaCy's).
+    labels). dep2head: the dependent's most-attended other word is its head; head2dep:
+    the word attending most to the dependent is its head (head2dep="transpose", the
+    authors' code) or the head's most-attended word is the dependent ("direct").
+    poss_apostrophe: judge the 's after a possessor instead (the paper's poss rule).
+    Needs a run over a corpus with dependency trees (gold CoNLL-U, or spaCy's).
     """
-    info, relations, correct, totals, _ = dependency_counts(store, run, examples)
+    counts = dependency_counts(store, run, examples, head2dep, poss_apostrophe)
     columns = {}
-    for r, rel in enumerate(relations):
-        if totals[r] >= min_count:
+    for r, rel in enumerate(counts.relations):
+        if counts.totals[r] >= min_count:
             for d, direction in enumerate(DIRECTIONS):
-                columns[f"{rel}:{direction}"] = correct[d, :, :, r] / totals[r]
-    return per_head_frame(info, **columns)
+                columns[f"{rel}:{direction}"] = counts.correct[d, :, :, r] / counts.totals[r]
+    return per_head_frame(counts.info, **columns)
 
 
 @register("dependency_summary", per_head=False)
-def dependency_summary(store, *, run, examples=None, min_count: int = 100) -> pd.DataFrame:
-    """Table 1 of Clark et al.: per relation and direction, the best head against the best fixed offset.
+def dependency_summary(store, *, run, examples=None, min_count: int = 100, direction: str = "best",
+                       head2dep: str = "transpose", root_in_all: bool = True, poss_apostrophe: bool = True) -> pd.DataFrame:
+    """Table 1 of Clark et al.: per relation, the best head against the best fixed offset.
 
-    Columns: relation (UD; `all` pools every edge), paper_relation (Clark et al.'s label, where one maps),
-    direction, n (edges), layer, head, accuracy (the best head), baseline_offset,
-    baseline_accuracy. Relations with fewer than `min_count` edges are left out.
+    Columns: relation (UD; `all` = every evaluated word), paper_relation (Clark et al.'s label,
+    where one maps), direction, n (edges), layer, head, accuracy (the best head),
+    baseline_offset, baseline_accuracy. direction="best" (default, the paper's Table 1): one
+    row per relation, the best head over both directions (`direction` says which; ties go to
+    dep2head, then the lowest layer and head); "each": a row per relation and direction;
+    "dep2head" / "head2dep": that direction only. root_in_all (default true, the authors'
+    code): root words count in `all` (always wrong for attention; the clamped baseline gets
+    a root right when its offset falls before the sentence). Relations with fewer than
+    `min_count` edges are left out; head2dep and poss_apostrophe as in `dependency`.
     """
-    info, relations, correct, totals, baseline = dependency_counts(store, run, examples)
+    _check("direction", direction, SUMMARY_DIRECTIONS)
+    counts = dependency_counts(store, run, examples, head2dep, poss_apostrophe)
     paper = defaultdict(str)
     for label, uds in PAPER_RELATIONS.items():
         for ud in uds:
             paper[ud] = label
-    # "all": every edge whatever its relation (the paper's first row)
-    relations = ["all", *relations]
-    correct = np.concatenate([correct.sum(-1, keepdims=True), correct], axis=-1)
-    baseline = np.concatenate([baseline.sum(-1, keepdims=True), baseline], axis=-1)
-    totals = np.concatenate([[totals.sum()], totals])
+    # "all": every edge whatever its relation, and the root words (the paper's first row)
+    n_root = counts.n_root if root_in_all else 0
+    relations = ["all", *counts.relations]
+    correct = np.concatenate([counts.correct.sum(-1, keepdims=True), counts.correct], axis=-1)
+    baseline_all = counts.baseline.sum(-1) + (counts.baseline_root if root_in_all else 0)
+    baseline = np.concatenate([baseline_all[:, None], counts.baseline], axis=-1)
+    totals = np.concatenate([[counts.totals.sum() + n_root], counts.totals])
     paper["all"] = "All"
+    chosen = {"best": [(0, 1)], "each": [(0,), (1,)], "dep2head": [(0,)], "head2dep": [(1,)]}[direction]
     rows = []
     for r, rel in enumerate(relations):
-        if totals[r] < min_count:
+        if totals[r] < min_count or totals[r] == 0:
             continue
-        for d, direction in enumerate(DIRECTIONS):
-            acc = correct[d, :, :, r] / totals[r]
-            layer, head = np.unravel_index(np.argmax(acc), acc.shape)
-            k = int(np.argmax(baseline[d, :, r]))
-            rows.append(dict(relation=rel, paper_relation=paper[rel], direction=direction, n=int(totals[r]),
-                             layer=int(layer), head=int(head), accuracy=float(acc[layer, head]),
-                             baseline_offset=OFFSETS[k], baseline_accuracy=float(baseline[d, k, r] / totals[r])))
+        k = int(np.argmax(baseline[:, r]))
+        for group in chosen:
+            acc = correct[list(group), :, :, r] / totals[r]  # (directions, layer, head)
+            d, layer, head = np.unravel_index(np.argmax(acc), acc.shape)
+            rows.append(dict(relation=rel, paper_relation=paper[rel], direction=DIRECTIONS[group[d]], n=int(totals[r]),
+                             layer=int(layer), head=int(head), accuracy=float(acc[d, layer, head]),
+                             baseline_offset=OFFSETS[k], baseline_accuracy=float(baseline[k, r] / totals[r])))
     return pd.DataFrame(rows, columns=["relation", "paper_relation", "direction", "n", "layer", "head", "accuracy",
                                        "baseline_offset", "baseline_accuracy"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .common import iter_maps, per_head_frame, safe_divide, token_flags
+from .common import check_average, iter_maps, per_head_frame, safe_divide, token_flags
 from .registry import register
 
 
@@ -16,15 +16,20 @@ def row_entropy(maps: np.ndarray) -> np.ndarray:
 
 
 @register("entropy")
-def entropy(store, *, run, examples=None) -> pd.DataFrame:
+def entropy(store, *, run, examples=None, average: str = "example") -> pd.DataFrame:
     """Mean entropy (nats) of each head's attention, over all query tokens and from the first special token only.
 
     Columns: layer, head;
-    entropy: mean over all query tokens of the run of -sum_j a_ij log a_ij;
+    entropy: mean over query tokens of -sum_j a_ij log a_ij;
     entropy_from_cls: the same over [CLS]-like query tokens only (tokenizer's cls/bos id);
     uniform_entropy: mean log(L) over the same query tokens, what uniform attention would give;
     uniform_entropy_from_cls: log(L) averaged over the [CLS]-like queries.
+    average="example" (default, Clark et al.'s code): each mean is taken within an example,
+      then over the examples (for the *_from_cls columns, those with a [CLS]-like token);
+    average="token": pooled over every query token of the run (long examples weigh more).
     """
+    check_average(average)
+    per_example = average == "example"
     info = store.run_info(run)
     flags = token_flags(store, info)
     shape = (info.n_layers, info.n_heads)
@@ -34,13 +39,22 @@ def entropy(store, *, run, examples=None) -> pd.DataFrame:
     for example, maps in iter_maps(store, info, examples):
         f = flags[example]
         h = row_entropy(maps.astype(np.float32, copy=False))  # (layer, head, query)
-        length = maps.shape[-1]
-        total += h.sum(-1)
-        from_cls += h[..., f.cls].sum(-1)
-        n_queries += length
-        n_cls += int(f.cls.sum())
-        uniform += length * np.log(length)
-        uniform_cls += int(f.cls.sum()) * np.log(length)
+        length, cls = maps.shape[-1], int(f.cls.sum())
+        if per_example:  # this example's means, counted once
+            total += h.mean(-1, dtype=np.float64)
+            uniform += np.log(length)
+            n_queries += 1
+            if cls:
+                from_cls += h[..., f.cls].mean(-1, dtype=np.float64)
+                uniform_cls += np.log(length)
+                n_cls += 1
+        else:
+            total += h.sum(-1, dtype=np.float64)
+            from_cls += h[..., f.cls].sum(-1, dtype=np.float64)
+            uniform += length * np.log(length)
+            uniform_cls += cls * np.log(length)
+            n_queries += length
+            n_cls += cls
     frame = per_head_frame(info, entropy=safe_divide(total, n_queries), entropy_from_cls=safe_divide(from_cls, n_cls))
     frame["uniform_entropy"] = safe_divide(uniform, n_queries)
     frame["uniform_entropy_from_cls"] = safe_divide(uniform_cls, n_cls)

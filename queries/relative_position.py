@@ -5,29 +5,41 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .common import iter_maps, per_head_frame, safe_divide
+from .common import check_average, iter_maps, per_head_frame, safe_divide
 from .registry import register
 
 
 @register("relative_position")
-def relative_position(store, *, run, examples=None) -> pd.DataFrame:
+def relative_position(store, *, run, examples=None, average: str = "example") -> pd.DataFrame:
     """Mean attention per head from each token to the previous, the same and the next token.
 
-    Columns: layer, head;
-    to_previous: mean of a[i, i-1] over query tokens that have a previous token (i >= 1);
-    to_self: mean of a[i, i] over all query tokens;
-    to_next: mean of a[i, i+1] over query tokens that have a next token (i <= L-2).
+    Columns: layer, head, to_previous, to_self, to_next.
+    average="example" (default, Clark et al.'s code): per example, the sum of a[i, i-1]
+      (a[i, i], a[i, i+1]) over its L query tokens divided by L, then the mean over examples;
+      the first (last) token has no previous (next) token and counts as 0.
+    average="token" (pooled): to_previous = mean of a[i, i-1] over every query token of the
+      run that has a previous token (i >= 1), to_next likewise (i <= L-2), to_self over all
+      query tokens; long examples weigh more.
     All tokens count, special tokens included (as in the paper).
     """
+    check_average(average)
     info = store.run_info(run)
     shape = (info.n_layers, info.n_heads)
     prev, same, nxt = np.zeros(shape), np.zeros(shape), np.zeros(shape)
-    n_tokens = n_pairs = 0
+    n_tokens = n_pairs = n_examples = 0
     for _, maps in iter_maps(store, info, examples):
-        prev += np.diagonal(maps, offset=-1, axis1=2, axis2=3).sum(-1, dtype=np.float64)
-        same += np.diagonal(maps, offset=0, axis1=2, axis2=3).sum(-1, dtype=np.float64)
-        nxt += np.diagonal(maps, offset=1, axis1=2, axis2=3).sum(-1, dtype=np.float64)
-        n_tokens += maps.shape[-1]
-        n_pairs += maps.shape[-1] - 1
+        length = maps.shape[-1]
+        sums = [np.diagonal(maps, offset=k, axis1=2, axis2=3).sum(-1, dtype=np.float64) for k in (-1, 0, 1)]
+        if average == "example":
+            sums = [s / length for s in sums]
+        prev += sums[0]
+        same += sums[1]
+        nxt += sums[2]
+        n_tokens += length
+        n_pairs += length - 1
+        n_examples += 1
+    if average == "example":
+        return per_head_frame(info, to_previous=safe_divide(prev, n_examples), to_self=safe_divide(same, n_examples),
+                              to_next=safe_divide(nxt, n_examples))
     return per_head_frame(info, to_previous=safe_divide(prev, n_pairs), to_self=safe_divide(same, n_tokens),
                           to_next=safe_divide(nxt, n_pairs))

@@ -5,23 +5,29 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .common import iter_maps, per_head_frame, safe_divide, token_flags
+from .common import check_average, iter_maps, per_head_frame, safe_divide, token_flags
 from .registry import register
 
 
 @register("special_tokens")
-def special_tokens(store, *, run, punct: str = ".,", examples=None) -> pd.DataFrame:
+def special_tokens(store, *, run, punct: str = ".,", examples=None, average: str = "example") -> pd.DataFrame:
     """Mean attention per head to [CLS]-like, [SEP]-like and punctuation tokens, and from [SEP] to [SEP].
 
     Columns: layer, head;
     to_cls, to_sep, to_punct, to_other: attention mass a query token gives each kind of
-      key token, averaged over all query tokens of the run (the four sum to 1);
-      `to_other` includes other special tokens; punctuation = non-special tokens
-      whose text (without subword marker) is one of the characters in `punct`;
+      key token, averaged over query tokens (the four sum to 1); `to_other` includes other
+      special tokens; punctuation = non-special tokens whose text (without subword marker)
+      is one of the characters in `punct`;
     sep_from_sep: mean attention a separator token gives to separator tokens;
     sep_from_other: the same for all other query tokens.
+    average="example" (default, Clark et al.'s code): each mean is taken within an example
+      (over its L query tokens; over its separators for sep_from_sep, its other tokens for
+      sep_from_other), then over the examples (those that have such query tokens);
+    average="token": pooled over every query token of the run.
     Special tokens are identified by the tokenizer's ids recorded with the model.
     """
+    check_average(average)
+    per_example = average == "example"
     info = store.run_info(run)
     flags = token_flags(store, info, punct)
     shape = (info.n_layers, info.n_heads)
@@ -32,14 +38,18 @@ def special_tokens(store, *, run, punct: str = ".,", examples=None) -> pd.DataFr
         f = flags[example]
         received = maps.sum(axis=2, dtype=np.float64)  # (layer, head, key): attention each key gets, summed over queries
         other = ~(f.cls | f.sep | f.punct)
-        for name, mask in (("cls", f.cls), ("sep", f.sep), ("punct", f.punct), ("other", other)):
-            to[name] += received[..., mask].sum(-1)
+        length, seps = maps.shape[-1], int(f.sep.sum())
         to_sep = maps[..., f.sep].sum(-1, dtype=np.float64)  # (layer, head, query)
-        sep_from_sep += to_sep[..., f.sep].sum(-1)
-        sep_from_other += to_sep[..., ~f.sep].sum(-1)
-        n_queries += maps.shape[-1]
-        n_sep += int(f.sep.sum())
-        n_non_sep += int((~f.sep).sum())
+        # per example: divide by this example's counts and count the example once
+        for name, mask in (("cls", f.cls), ("sep", f.sep), ("punct", f.punct), ("other", other)):
+            to[name] += received[..., mask].sum(-1) / (length if per_example else 1)
+        if seps:
+            sep_from_sep += to_sep[..., f.sep].sum(-1) / (seps if per_example else 1)
+        if length - seps:
+            sep_from_other += to_sep[..., ~f.sep].sum(-1) / (length - seps if per_example else 1)
+        n_queries += 1 if per_example else length
+        n_sep += (1 if per_example else seps) if seps else 0
+        n_non_sep += (1 if per_example else length - seps) if length - seps else 0
     return per_head_frame(
         info,
         **{f"to_{k}": safe_divide(v, n_queries) for k, v in to.items()},
