@@ -30,3 +30,14 @@ def test_examples_parameter_takes_positions_and_ranges():
     assert coerce_params(spec, {"examples": "0,3,10-12"}) == {"examples": [0, 3, 10, 11, 12]}
     with pytest.raises(InvalidArgumentError, match="positions and ranges"):
         coerce_params(spec, {"examples": "x"})
+
+
+def test_every_registered_query_is_documented():
+    from pathlib import Path
+
+    from attnstore.queries import QUERIES, load_all
+
+    load_all()
+    docs = (Path(__file__).parents[2] / "docs" / "QUERIES.md").read_text(encoding="utf-8")
+    missing = [name for name in QUERIES if f"`{name}`" not in docs]
+    assert not missing, f"queries missing from docs/QUERIES.md: {missing}"
