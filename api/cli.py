@@ -420,11 +420,13 @@ def report_kovaleva(locations, runs_, finetuned, frame_run, max_examples, out):
 
 
 from .models_cli import ablate, evaluate, finetune, list_models, report_ablation, report_table1  # noqa: E402
+from .patterns_cli import patterns  # noqa: E402
 
 for command in (finetune, evaluate, ablate, list_models):
     main.add_command(command)
 report.add_command(report_table1)
 report.add_command(report_ablation)
+main.add_command(patterns)
 
 if __name__ == "__main__":
     main()

@@ -12,7 +12,7 @@ from ..store.errors import IncompleteRunWarning, NotFoundError
 from .registry import QUERIES, QuerySpec, get_query, register
 
 _MODULES = ("relative_position", "special_tokens", "entropy", "word_level", "dependency", "coreference", "head_clusters",
-            "feature_attention", "token_to_token", "run_similarity", "frame_heads")
+            "feature_attention", "token_to_token", "run_similarity", "frame_heads", "patterns")
 
 
 def load_all() -> None:

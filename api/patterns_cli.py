@@ -1,0 +1,177 @@
+"""`attnstore patterns`: attention-pattern classes (Kovaleva et al. K1) — label maps, train and run classifiers, Fig 2.
+
+Thin: sampling, rendering and label files are in api/pattern_labels.py, the rules in
+queries/patterns.py, the CNN (torch, imported only by the commands that need it) in
+ingest/pattern_cnn.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from .common import FORMATS, emit, friendly_errors, open_store, store_options
+
+
+def _need_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise click.ClickException("figures need matplotlib: pip install 'attnstore[report]'") from None
+
+
+@click.group()
+def patterns():
+    """Attention-pattern classes (Kovaleva et al. Sec 4.1): label maps, train and run classifiers, Fig 2."""
+
+
+@patterns.command("render")
+@click.option("--run", "runs", required=True, multiple=True, help="Run to sample from (repeatable: the sample is spread over runs).")
+@click.option("--n", "n", default=100, show_default=True, type=int, help="Number of maps.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder (PNG pages + sample.jsonl).")
+@click.option("--rows", default=4, show_default=True, type=int, help="Panels per page, vertically.")
+@click.option("--cols", default=5, show_default=True, type=int, help="Panels per page, horizontally.")
+@click.option("--gamma", default=1.0, show_default=True, type=float, help="Colour scale (a / max) ** GAMMA; 1 is linear.")
+@store_options
+@friendly_errors
+def render(locations, runs, n, seed, out, rows, cols, gamma):
+    """Draw a seeded sample of maps spread over runs, layers and heads; write PNG pages and sample.jsonl to label."""
+    _need_matplotlib()
+    from .pattern_labels import draw_sample, render_sample
+
+    store = open_store(locations)
+    names = render_sample(store, draw_sample(store, list(runs), n, seed), out, rows=rows, cols=cols, gamma=gamma)
+    click.echo(f"wrote {len(names) - 1} page(s) and sample.jsonl ({n} maps) to {out}")
+
+
+@patterns.command("import")
+@click.argument("labels", type=click.Path(dir_okay=False))
+@click.option("--source", default="human", show_default=True, help="pattern_labels source to write.")
+@store_options
+@friendly_errors
+def import_(locations, labels, source):
+    """Load a JSON Lines label file into pattern_labels (all lines or none; a bad line is named)."""
+    from .pattern_labels import import_labels
+
+    rows = import_labels(open_store(locations), labels, source=source)
+    click.echo(f"imported {rows['line'].nunique()} label(s) as {len(rows)} pattern_labels row(s) over "
+               f"{rows['run'].nunique()} run(s) (source {source!r})")
+
+
+@patterns.command("export")
+@click.option("--source", default="human", show_default=True, help="Which labels: human, rules, cnn, ...")
+@click.option("--run", default=None, help="Only this run's labels.")
+@click.option("--labeller", default=None, help="Name written as labeller (the store keeps none; default unknown / the source).")
+@click.option("--output", default=None, type=click.Path(dir_okay=False), help="Write to a file instead of stdout.")
+@store_options
+@friendly_errors
+def export(locations, source, run, labeller, output):
+    """Write stored pattern labels as a JSON Lines label file (the format `patterns import` reads)."""
+    from .pattern_labels import export_labels
+
+    records = export_labels(open_store(locations), source=source, labeller=labeller, run=run)
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        click.echo(f"wrote {len(records)} label(s) to {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+@patterns.command("calibrate")
+@click.option("--source", default="human", show_default=True, help="Labels to calibrate on.")
+@click.option("--test-fraction", default=0.25, show_default=True, type=float)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the stratified split (the CNN's too).")
+@store_options
+@friendly_errors
+def calibrate(locations, source, test_fraction, seed):
+    """Grid-search the rule thresholds on the training part of stored labels; report both parts."""
+    from ..queries.patterns import THRESHOLDS, calibrate, evaluate, labelled_scores, labels_from_scores, stratified_split
+
+    data = labelled_scores(open_store(locations), source)
+    held_out = stratified_split(data["label"], test_fraction, seed)
+    train = data[~held_out]
+    best, train_f1 = calibrate(train, train["label"])
+    for name, thresholds in (("module constants", THRESHOLDS), ("grid optimum", best)):
+        predicted = labels_from_scores(data["vertical"], data["diagonal"], data["block"], thresholds)
+        tr = evaluate(data["label"][~held_out], predicted[~held_out])
+        te = evaluate(data["label"][held_out], predicted[held_out])
+        shown = ", ".join(f"{k}={v:g}" for k, v in thresholds.items())
+        click.echo(f"{name}: {shown}\n  train macro-F1 {tr['macro_f1']:.3f} (n={tr['n']}), "
+                   f"held-out macro-F1 {te['macro_f1']:.3f} accuracy {te['accuracy']:.3f} (n={te['n']})")
+
+
+@patterns.command("train-cnn")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Weights file to write (.pt); a .json report beside it.")
+@click.option("--source", default="human", show_default=True, help="Labels to train on.")
+@click.option("--test-fraction", default=0.25, show_default=True, type=float)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seeds the split, the initialisation and the batches.")
+@click.option("--epochs", default=60, show_default=True, type=int)
+@click.option("--size", default=32, show_default=True, type=int, help="Maps are pooled to SIZE x SIZE (a multiple of 8).")
+@click.option("--masks/--no-masks", default=False, show_default=True,
+              help="Also give the network special-token and own-segment channels.")
+@store_options
+@friendly_errors
+def train_cnn(locations, out, source, test_fraction, seed, epochs, size, masks):
+    """Train the pattern CNN on stored labels (CPU); report held-out F1 of the CNN and of the rules on the same maps."""
+    from ..ingest.pattern_cnn import format_report, train_from_store
+
+    report = train_from_store(open_store(locations), out, source=source, test_fraction=test_fraction, seed=seed,
+                              epochs=epochs, size=size, masks=masks)
+    click.echo(format_report(report))
+
+
+@patterns.command("classify")
+@click.option("--run", "runs", required=True, multiple=True, help="Run to classify (repeatable).")
+@click.option("--classifier", default="rules", show_default=True, type=click.Choice(["rules", "cnn"]))
+@click.option("--model-file", default=None, type=click.Path(dir_okay=False), help="CNN weights from `patterns train-cnn`.")
+@click.option("--max-examples", default=1000, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int, help="Sample of examples when a run has more.")
+@click.option("--save", is_flag=True, help="Store one label per (example, layer, head) in pattern_labels (source rules / cnn).")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@store_options
+@friendly_errors
+def classify(locations, runs, classifier, model_file, max_examples, seed, save, fmt):
+    """Classify every map of up to MAX_EXAMPLES examples of each run; print the class shares per run."""
+    import pandas as pd
+
+    from ..queries.patterns import CLASSES, pattern_classes
+    from ..store.errors import InvalidArgumentError
+
+    store = open_store(locations)
+    if classifier == "cnn" and not model_file:
+        raise InvalidArgumentError("--classifier cnn needs --model-file (from `attnstore patterns train-cnn`)")
+    rows = []
+    for run in runs:
+        if classifier == "rules":
+            labels = pattern_classes(store, run=run, max_examples=max_examples, seed=seed, save=save)
+        else:
+            from ..ingest.pattern_cnn import classify_run
+
+            labels = classify_run(store, run, model_file, max_examples=max_examples, seed=seed, save=save)
+        shares = labels["label"].value_counts(normalize=True).reindex(list(CLASSES), fill_value=0.0)
+        rows.append(dict(run=run, n_examples=labels["example"].nunique(), n_maps=len(labels), **shares.to_dict()))
+        if save:
+            click.echo(f"saved {len(labels)} labels of run {run!r} (source {classifier!r})", err=True)
+    emit(pd.DataFrame(rows), fmt)
+
+
+@patterns.command("figure")
+@click.option("--run", "runs", required=True, multiple=True, help="Run (one bar each, in the order given).")
+@click.option("--source", default="rules", show_default=True, help="rules (classified now) or stored labels: cnn, human, ...")
+@click.option("--max-examples", default=1000, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@store_options
+@friendly_errors
+def figure(locations, runs, source, max_examples, seed, out):
+    """Fig 2 of Kovaleva et al (2019): stacked bars of the pattern classes per task, as PNG, SVG and CSV."""
+    _need_matplotlib()
+    from .pattern_labels import figure_proportions, proportions_table
+
+    table = proportions_table(open_store(locations), list(runs), source, max_examples=max_examples, seed=seed)
+    names = figure_proportions(table, out, source, max_examples)
+    click.echo(f"wrote {', '.join(names)} to {out}")

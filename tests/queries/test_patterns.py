@@ -1,0 +1,321 @@
+"""K1 attention-pattern classes: the rules on hand-built maps, threshold edges, metrics, split, calibration, queries."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import sqlalchemy as sa
+
+from attnstore.queries import patterns as P
+from attnstore.queries import run_query
+from attnstore.store.errors import InvalidArgumentError
+
+# ---------------------------------------------------------------- hand-built maps
+
+ONE_SEGMENT = 20  # [CLS] w1 .. w18 [SEP]
+
+
+def one_segment(length=ONE_SEGMENT):
+    special = np.zeros(length, bool)
+    special[[0, length - 1]] = True
+    return special, np.zeros(length, int)
+
+
+SEGMENT = 20  # words per segment of two-segment inputs: long enough that uniform attention has little on neighbours
+
+
+def two_segments(a=SEGMENT, b=SEGMENT):
+    """[CLS] a words [SEP] b words [SEP]; segment 0 up to the first [SEP], 1 after."""
+    length = a + b + 3
+    special = np.zeros(length, bool)
+    special[[0, a + 1, length - 1]] = True
+    segment = np.r_[np.zeros(a + 2, int), np.ones(b + 1, int)]
+    return special, segment
+
+
+def vertical_map(length=ONE_SEGMENT):
+    m = np.zeros((length, length))
+    m[:, 0] = 0.7  # [CLS]
+    m[:, -1] = 0.3  # [SEP]
+    return m
+
+
+def previous_map(length=ONE_SEGMENT):
+    m = np.zeros((length, length))
+    m[0, 1] = 1
+    for i in range(1, length):
+        m[i, i - 1] = 1
+    return m
+
+
+def next_map(length=ONE_SEGMENT):
+    m = np.zeros((length, length))
+    for i in range(length - 1):
+        m[i, i + 1] = 1
+    m[-1, -2] = 1
+    return m
+
+
+def far_map(length=ONE_SEGMENT, shift=None):
+    """Each row on one plain token far from it (no neighbour, no special): no structure the rules see."""
+    shift = shift or length // 2
+    m = np.zeros((length, length))
+    for i in range(length):
+        j = 1 + (i - 1 + shift) % (length - 2)
+        m[i, j] = 1
+    return m
+
+
+def cross_map(a=SEGMENT, b=SEGMENT):
+    """Every plain token attends to the plain token at the same place in the other segment; specials to a far token."""
+    special, segment = two_segments(a, b)
+    m = np.zeros((len(special), len(special)))
+    for i in range(1, a + 1):
+        m[i, a + 1 + i] = 1
+        m[a + 1 + i, i] = 1
+    for i in np.flatnonzero(special):
+        m[i, a // 2] = 1
+    return m, special, segment
+
+
+def block_map(a=SEGMENT, b=SEGMENT):
+    """Every token attends uniformly to the plain tokens of its own segment."""
+    special, segment = two_segments(a, b)
+    plain = ~special
+    m = np.zeros((len(special), len(special)))
+    for i in range(len(special)):
+        own = plain & (segment == segment[i])
+        m[i, own] = 1 / own.sum()
+    return m, special, segment
+
+
+def test_scores_exact_on_a_tiny_map():
+    # [CLS] x y [SEP] z [SEP]: segments 0 0 0 0 1 1
+    special = np.array([1, 0, 0, 1, 0, 1], bool)
+    segment = np.array([0, 0, 0, 0, 1, 1])
+    m = np.array([
+        [0.5, 0.5, 0, 0, 0, 0],
+        [0.2, 0.2, 0.6, 0, 0, 0],
+        [0, 0.5, 0, 0.25, 0.25, 0],
+        [1, 0, 0, 0, 0, 0],
+        [0, 0.4, 0, 0.2, 0, 0.4],
+        [0, 0, 0, 0, 1, 0],
+    ])
+    s = P.pattern_scores(m, special, segment)
+    assert s["vertical"] == pytest.approx((0.5 + 0.2 + 0.25 + 1 + 0.6 + 0) / 6)
+    # neighbours: a[0,1] .5, a[1,0] .2, a[1,2] .6, a[2,1] .5, a[2,3] .25, a[3,2] 0, a[3,4] 0, a[4,3] .2, a[4,5] .4, a[5,4] 1
+    assert s["diagonal"] == pytest.approx((0.5 + 0.2 + 0.6 + 0.5 + 0.25 + 0.2 + 0.4 + 1) / 6)
+    assert s["self"] == pytest.approx((0.5 + 0.2) / 6)
+    # plain queries x, y, z: own-segment share of plain mass: x (0.2+0.6)/0.8, y 0.5/0.75, z 0/0.4
+    assert s["block"] == pytest.approx((1 + 0.5 / 0.75 + 0) / 3)
+    assert np.isnan(P.pattern_scores(m, special, np.zeros(6, int))["block"])  # one segment: no block score
+
+
+@pytest.mark.parametrize("build, expected", [
+    (lambda: (vertical_map(), *one_segment()), "vertical"),
+    (lambda: (previous_map(), *one_segment()), "diagonal"),
+    (lambda: (0.5 * vertical_map() + 0.5 * previous_map(), *one_segment()), "vertical+diagonal"),
+    (block_map, "block"),
+    (lambda: (far_map(), *one_segment()), "heterogeneous"),
+    (cross_map, "heterogeneous"),
+    (lambda: (block_map()[0], *one_segment(2 * SEGMENT + 3)), "heterogeneous"),  # the same map read as one segment: no block
+])
+def test_each_class_on_a_hand_built_map(build, expected):
+    attn, special, segment = build()
+    np.testing.assert_allclose(attn.sum(1), 1)
+    assert P.classify_map(attn, special, segment) == expected
+
+
+def test_next_token_is_diagonal_but_self_is_not():
+    special, segment = one_segment()
+    assert P.classify_map(next_map(), special, segment) == "diagonal"
+    assert P.classify_map(np.eye(ONE_SEGMENT), special, segment) == "heterogeneous"
+
+
+def test_classify_maps_is_classify_map_per_head():
+    special, segment = one_segment()
+    maps = np.stack([np.stack([vertical_map(), previous_map()]), np.stack([far_map(), 0.5 * vertical_map() + 0.5 * previous_map()])])
+    labels = P.classify_maps(maps, special, segment)
+    assert labels.shape == (2, 2)
+    assert labels.tolist() == [["vertical", "diagonal"], ["heterogeneous", "vertical+diagonal"]]
+    for layer in range(2):
+        for head in range(2):
+            assert labels[layer, head] == P.classify_map(maps[layer, head], special, segment)
+
+
+def below(x):
+    return np.nextafter(x, -np.inf)
+
+
+def test_threshold_edges():
+    t = P.THRESHOLDS
+    lab = P.labels_from_scores
+    nan = np.nan
+    # vertical: at the threshold it is vertical, just below it is not
+    assert lab([t["vertical_min"]], [0.0], [nan])[0] == "vertical"
+    assert lab([below(t["vertical_min"])], [0.0], [nan])[0] == "heterogeneous"
+    # diagonal
+    assert lab([0.0], [t["diagonal_min"]], [nan])[0] == "diagonal"
+    assert lab([0.0], [below(t["diagonal_min"])], [nan])[0] == "heterogeneous"
+    # the mix needs both of its thresholds; it wins over vertical and diagonal
+    mv, md = t["mix_vertical_min"], t["mix_diagonal_min"]
+    assert lab([mv], [md], [nan])[0] == "vertical+diagonal"
+    assert lab([max(mv, t["vertical_min"])], [md], [nan])[0] == "vertical+diagonal"
+    assert lab([below(mv)], [md], [nan])[0] == ("diagonal" if md >= t["diagonal_min"] else "heterogeneous")
+    assert lab([mv], [below(md)], [nan])[0] == ("vertical" if mv >= t["vertical_min"] else "heterogeneous")
+    # block: two segments only, at the threshold, and only when neither vertical nor diagonal
+    assert lab([0.0], [0.0], [t["block_min"]])[0] == "block"
+    assert lab([0.0], [0.0], [below(t["block_min"])])[0] == "heterogeneous"
+    assert lab([t["vertical_min"]], [0.0], [1.0])[0] == "vertical"
+    assert lab([0.0], [t["diagonal_min"]], [1.0])[0] == "diagonal"
+    assert lab([0.0], [0.0], [nan])[0] == "heterogeneous"
+
+
+def test_thresholds_can_be_overridden_and_are_checked():
+    special, segment = one_segment()
+    assert P.classify_map(vertical_map(), special, segment, thresholds=dict(vertical_min=1.01, mix_vertical_min=1.01)) \
+        == "heterogeneous"
+    with pytest.raises(InvalidArgumentError, match="unknown thresholds"):
+        P.labels_from_scores([0.1], [0.1], [np.nan], dict(vertical=0.5))
+
+
+def test_bad_shapes_raise():
+    special, segment = one_segment()
+    with pytest.raises(InvalidArgumentError):
+        P.classify_map(np.zeros((3, 4)), special[:3], segment[:3])
+    with pytest.raises(InvalidArgumentError):
+        P.classify_map(vertical_map(), special[:5], segment)
+    with pytest.raises(InvalidArgumentError):
+        P.classify_map(np.zeros((2, 2, 20, 20)), special, segment)
+
+
+# ---------------------------------------------------------------- metrics, split, calibration
+
+
+def test_metrics_exact_on_a_hand_confusion_matrix():
+    true = ["vertical"] * 5 + ["diagonal"] * 3 + ["block"] * 2
+    pred = ["vertical"] * 4 + ["diagonal"] + ["diagonal"] * 2 + ["heterogeneous"] + ["vertical"] * 2
+    result = P.evaluate(true, pred)
+    expected = np.zeros((5, 5), int)
+    expected[0, 0], expected[0, 1], expected[1, 1], expected[1, 4], expected[3, 0] = 4, 1, 2, 1, 2
+    np.testing.assert_array_equal(result["confusion"], expected)
+    # vertical: P 4/6, R 4/5 -> F1 8/11; diagonal: P 2/3, R 2/3 -> 2/3; block: 0; heterogeneous: P 0 -> 0
+    np.testing.assert_allclose(result["precision"], [4 / 6, 2 / 3, 0, 0, 0])
+    np.testing.assert_allclose(result["recall"], [4 / 5, 2 / 3, 0, 0, 0])
+    np.testing.assert_allclose(result["f1"], [8 / 11, 2 / 3, 0, 0, 0])
+    np.testing.assert_array_equal(result["support"], [5, 3, 0, 2, 0])
+    # macro over the classes true or predicted (vertical, diagonal, block, heterogeneous): the mix is left out
+    assert result["macro_f1"] == pytest.approx((8 / 11 + 2 / 3 + 0 + 0) / 4)
+    assert result["weighted_f1"] == pytest.approx((5 * 8 / 11 + 3 * 2 / 3) / 10)
+    assert result["accuracy"] == pytest.approx(6 / 10)
+    with pytest.raises(InvalidArgumentError, match="unknown class"):
+        P.confusion_matrix(["vertical"], ["stripes"])
+
+
+def test_fast_macro_f1_agrees_with_the_plain_one():
+    rng = np.random.default_rng(3)
+    true = rng.integers(0, 5, 60)
+    preds = rng.integers(0, 5, (7, 60))
+    fast = P._macro_f1_rows(true, preds, 5)
+    for row, value in zip(preds, fast):
+        assert value == pytest.approx(P.evaluate([P.CLASSES[i] for i in true], [P.CLASSES[i] for i in row])["macro_f1"])
+
+
+def test_stratified_split_is_seeded_and_keeps_every_class_on_both_sides():
+    labels = ["vertical"] * 40 + ["diagonal"] * 8 + ["block"] * 2 + ["heterogeneous"] * 30
+    a = P.stratified_split(labels, 0.25, seed=1)
+    assert (a == P.stratified_split(labels, 0.25, seed=1)).all()
+    assert not (a == P.stratified_split(labels, 0.25, seed=2)).all()
+    labels = np.array(labels)
+    assert [int(a[labels == c].sum()) for c in ("vertical", "diagonal", "block", "heterogeneous")] == [10, 2, 1, 8]
+    with pytest.raises(InvalidArgumentError):
+        P.stratified_split(labels, 1.0)
+
+
+def test_calibrate_recovers_separating_thresholds():
+    rng = np.random.default_rng(0)
+    rows, labels = [], []
+    for _ in range(20):
+        rows.append((rng.uniform(0.72, 0.95), rng.uniform(0.0, 0.1), np.nan))
+        labels.append("vertical")
+        rows.append((rng.uniform(0.0, 0.1), rng.uniform(0.62, 0.9), np.nan))
+        labels.append("diagonal")
+        rows.append((rng.uniform(0.0, 0.2), rng.uniform(0.0, 0.2), rng.uniform(0.0, 0.5)))
+        labels.append("heterogeneous")
+        rows.append((rng.uniform(0.0, 0.2), rng.uniform(0.0, 0.2), rng.uniform(0.83, 1.0)))
+        labels.append("block")
+        rows.append((rng.uniform(0.42, 0.55), rng.uniform(0.33, 0.45), np.nan))
+        labels.append("vertical+diagonal")
+    scores = pd.DataFrame(rows, columns=["vertical", "diagonal", "block"])
+    best, f1 = P.calibrate(scores, labels, grid=np.round(np.arange(0.1, 0.91, 0.1), 2))
+    assert f1 == pytest.approx(1.0)
+    predicted = P.labels_from_scores(scores["vertical"], scores["diagonal"], scores["block"], best)
+    assert list(predicted) == labels
+
+
+# ---------------------------------------------------------------- queries over a stored run
+
+
+TOKENS_ONE = ["[CLS]", *[f"w{i}" for i in range(18)], "[SEP]"]
+TOKENS_TWO = ["[CLS]", *[f"a{i}" for i in range(SEGMENT)], "[SEP]", *[f"b{i}" for i in range(SEGMENT)], "[SEP]"]
+
+
+@pytest.fixture
+def pattern_run(store, make_run):
+    """Two examples, 1 layer x 3 heads. Example 0 (one segment): vertical, diagonal, heterogeneous.
+    Example 1 (two segments): block, vertical+diagonal, vertical."""
+    m0 = np.stack([vertical_map(), previous_map(), far_map()])[None]
+    length = len(TOKENS_TWO)
+    vd = np.zeros((length, length))
+    vd[:, 0] = 0.5
+    vd[0, 0] = 1
+    for i in range(1, length):
+        vd[i, i - 1] += 0.5
+    vert = np.zeros((length, length))
+    vert[:, SEGMENT + 1] = 1  # the middle [SEP]
+    m1 = np.stack([block_map()[0], vd, vert])[None]
+    run = make_run(store, [m0.astype(np.float32), m1.astype(np.float32)], [TOKENS_ONE, TOKENS_TWO], name="patterns")
+    with store.engine.begin() as conn:  # make_run writes one segment: the second example's tail is segment 1
+        conn.execute(sa.text("UPDATE tokens SET segment = 1 WHERE position >= :first AND example_id = "
+                             "(SELECT max(example_id) FROM tokens)"), {"first": SEGMENT + 2})
+    return run
+
+
+def test_pattern_classes_query_and_save(store, pattern_run):
+    frame = run_query(store, "pattern_classes", run=pattern_run)
+    assert list(frame.columns) == ["example", "layer", "head", "label", "vertical", "diagonal", "self", "block"]
+    assert frame["label"].tolist() == ["vertical", "diagonal", "heterogeneous", "block", "vertical+diagonal", "vertical"]
+    assert frame["block"].isna().tolist() == [True] * 3 + [False] * 3
+    assert store.pattern_labels(pattern_run).empty
+    run_query(store, "pattern_classes", run=pattern_run, save=True)
+    saved = store.pattern_labels(pattern_run, source="rules")
+    assert saved["label"].tolist() == frame["label"].tolist()
+    assert set(saved["source"]) == {"rules"} and saved["source_row"].tolist() == [0, 0, 0, 1, 1, 1]
+    run_query(store, "pattern_classes", run=pattern_run, save=True)  # saving again relabels, never duplicates
+    assert len(store.pattern_labels(pattern_run)) == 6
+    one = run_query(store, "pattern_classes", run=pattern_run, max_examples=1, seed=0)
+    assert one["example"].nunique() == 1
+
+
+def test_pattern_proportions_and_heads(store, pattern_run):
+    shares = run_query(store, "pattern_proportions", run=pattern_run)
+    assert shares["label"].tolist() == list(P.CLASSES)
+    np.testing.assert_allclose(shares["fraction"], [2 / 6, 1 / 6, 1 / 6, 1 / 6, 1 / 6])
+    assert shares["n_maps"].sum() == 6 and set(shares["n_examples"]) == {2}
+    heads = run_query(store, "pattern_heads", run=pattern_run)
+    assert heads["majority"].tolist() == ["vertical", "diagonal", "vertical"]  # ties go to the earlier class
+    np.testing.assert_allclose(heads["vertical"], [0.5, 0, 0.5])
+    assert heads["n_maps"].tolist() == [2, 2, 2]
+    with pytest.raises(InvalidArgumentError, match="no pattern labels from source 'cnn'"):
+        run_query(store, "pattern_proportions", run=pattern_run, source="cnn")
+    store.save_pattern_labels(pd.DataFrame(dict(run=pattern_run, example=[0, 1], layer=0, head=0, label="block")), source="cnn")
+    from_cnn = run_query(store, "pattern_proportions", run=pattern_run, source="cnn")
+    assert from_cnn.set_index("label")["n_maps"].to_dict()["block"] == 2
+
+
+def test_save_pattern_labels_checks_every_row_first(store, pattern_run):
+    good = dict(run=pattern_run, example=0, layer=0, head=0, label="vertical")
+    for bad, message in [(dict(example=7), "no stored example 7"), (dict(head=3), "out of range"),
+                         (dict(run="nope"), "no run 'nope'")]:
+        with pytest.raises(Exception, match=message):
+            store.save_pattern_labels(pd.DataFrame([good, dict(good, **bad)]), source="human")
+        assert store.pattern_labels().empty
