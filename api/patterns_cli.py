@@ -146,6 +146,8 @@ def classify(locations, runs, classifier, model_file, max_examples, seed, save, 
         raise InvalidArgumentError("--classifier cnn needs --model-file (from `attnstore patterns train-cnn`)")
     rows = []
     for run in runs:
+        if save and store.run_state(store.run_info(run).id)[0] != "complete":
+            raise InvalidArgumentError(f"not saved: run {run!r} is incomplete; classify it with --save once its ingest completes")
         if classifier == "rules":
             labels = pattern_classes(store, run=run, max_examples=max_examples, seed=seed, save=save)
         else:

@@ -169,14 +169,28 @@ def test_kill_9_at_random_moments_loses_and_duplicates_nothing(fresh, corpus, ti
 # ---------------------------------------------------------------- concurrent writers
 
 
-def test_second_writer_of_a_run_fails_at_once_and_the_first_is_intact(fresh, corpus, tiny_model, clean):
+# The second writer is started (interpreter up, attnstore imported) before the first, then released
+# through a gate file once the first holds the run's lease: on a loaded machine a cold start could
+# otherwise take longer than the whole first ingest.
+GATED = ("import os, sys, time\n"
+         "from attnstore.api.cli import main\n"
+         "while not os.path.exists(sys.argv[1]):\n    time.sleep(0.01)\n"
+         "sys.argv = ['attnstore', *sys.argv[2:]]\n"
+         "main()\n")
+
+
+def test_second_writer_of_a_run_fails_at_once_and_the_first_is_intact(fresh, corpus, tiny_model, clean, tmp_path):
     url, root = fresh
+    gate = tmp_path / "go"
+    second = subprocess.Popen([sys.executable, "-c", GATED, str(gate), *ingest_cmd(url, root, corpus, tiny_model)[3:]],
+                              env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     first = spawn(ingest_cmd(url, root, corpus, tiny_model))
     assert wait_for(lambda: lease_held(url, "run:k"), first)
     started = time.time()
-    second = subprocess.run(ingest_cmd(url, root, corpus, tiny_model), env=ENV, capture_output=True, text=True, timeout=120)
+    gate.touch()
+    second.wait(timeout=120)
     assert second.returncode == 1
-    message = second.stderr.strip()
+    message = second.stderr.read().strip()
     assert "run 'k' is being written by" in message and f"pid {first.pid}" in message, message
     assert len(message.splitlines()) == 1 and "Traceback" not in message
     assert first.poll() is None or time.time() - started < 30  # it failed while the first was still writing
