@@ -150,3 +150,23 @@ def _build(tokenizer, example: StoredExample, segments, enc, j: int, truncated: 
         ))
     type_ids = enc["token_type_ids"][j] if "token_type_ids" in enc else None
     return Encoded(example.id, example.position, list(ids), type_ids, tokens, truncated, full_length)
+
+
+def pad_inputs(items, pad_id: int) -> dict:
+    """Model inputs for one batch, padded to its longest item (dynamic padding): input_ids,
+    attention_mask, and token_type_ids when the tokenizer gives them."""
+    import torch
+
+    width = max(e.length for e in items)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    types = torch.zeros((len(items), width), dtype=torch.long)
+    for k, e in enumerate(items):
+        ids[k, : e.length] = torch.tensor(e.input_ids)
+        mask[k, : e.length] = 1
+        if e.token_type_ids is not None:
+            types[k, : e.length] = torch.tensor(e.token_type_ids)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if items[0].token_type_ids is not None:
+        inputs["token_type_ids"] = types
+    return inputs

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .align import pad_inputs
 from .errors import IngestError, InvalidArgumentError
 from .glue import LabelledPair
 
@@ -67,18 +68,7 @@ def collate(items: Sequence[Encoded], pad_id: int, regression: bool):
     """Padded tensors for one batch: inputs dict and labels."""
     import torch
 
-    width = max(e.length for e in items)
-    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    types = torch.zeros((len(items), width), dtype=torch.long)
-    for k, e in enumerate(items):
-        ids[k, : e.length] = torch.tensor(e.input_ids)
-        mask[k, : e.length] = 1
-        if e.token_type_ids is not None:
-            types[k, : e.length] = torch.tensor(e.token_type_ids)
-    inputs = {"input_ids": ids, "attention_mask": mask}
-    if items[0].token_type_ids is not None:
-        inputs["token_type_ids"] = types
+    inputs = pad_inputs(items, pad_id)
     labels = torch.tensor([e.label for e in items], dtype=torch.float32 if regression else torch.long)
     return inputs, labels
 

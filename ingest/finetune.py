@@ -20,6 +20,7 @@ from ..store.errors import ConflictError, InvalidArgumentError
 from .classifier import collate, encode, length_batches
 from .glue import GlueTask, get_task, read_split, require_train
 from .model import DEFAULT_MODEL, load_model, weights_digest
+from .runner import _progress
 
 INITS = ("pretrained", "random")
 STATE_FILE = "training-state.pt"
@@ -33,12 +34,6 @@ class FinetuneResult:
     epochs_run: int
     seconds: float
     already_done: bool
-
-
-def _progress(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="batch", disable=not enabled, dynamic_ncols=True, leave=False)
 
 
 def build_classifier(source: str, task: GlueTask, init: str, seed: int):
@@ -117,7 +112,7 @@ def finetune(store, *, task: str, model: str = DEFAULT_MODEL, init: str = "pretr
             torch.manual_seed(seed * 1000 + epoch)  # dropout: the same masks whether or not the run was resumed
             rng = np.random.default_rng([seed, epoch])
             total, n = 0.0, 0
-            with _progress(steps_per_epoch, f"fine-tuning {run_name} epoch {epoch + 1}/{epochs}", progress) as bar:
+            with _progress(steps_per_epoch, f"fine-tuning {run_name} epoch {epoch + 1}/{epochs}", progress, "batch") as bar:
                 for batch in length_batches(items, batch_size, rng):
                     inputs, labels = collate([items[i] for i in batch], pad, spec.is_regression)
                     loss = classifier(**inputs, labels=labels).loss

@@ -23,7 +23,7 @@ from ..store.errors import BusyError
 from ..store.leases import live_holder
 from ..store.records import RunInfo
 from ..store.store import run_lease_name, validate_run_name
-from .align import TOKENIZATIONS, TRUNCATION_POLICIES, Encoded, can_use_text, encode_batch
+from .align import TOKENIZATIONS, TRUNCATION_POLICIES, Encoded, can_use_text, encode_batch, pad_inputs
 from .annotate import annotate, make_annotator
 from .corpus import file_checksum, read_corpus
 from .datasets import dataset_path, find_dataset, path_checksum, resolve_data_dir
@@ -43,10 +43,10 @@ class IngestResult:
     already_complete: bool
 
 
-def _progress(total: int, desc: str, enabled: bool):
+def _progress(total: int, desc: str, enabled: bool, unit: str = "ex"):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="ex", disable=not enabled, dynamic_ncols=True, leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True, leave=False)
 
 
 @dataclass(frozen=True)
@@ -181,19 +181,7 @@ def forward_attention(loaded: LoadedModel, batch: list[Encoded]):
     import torch
 
     lengths = [e.length for e in batch]
-    width = max(lengths)
-    pad = loaded.tokenizer.pad_token_id or 0
-    ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    types = torch.zeros((len(batch), width), dtype=torch.long)
-    for k, e in enumerate(batch):
-        ids[k, : e.length] = torch.tensor(e.input_ids)
-        mask[k, : e.length] = 1
-        if e.token_type_ids is not None:
-            types[k, : e.length] = torch.tensor(e.token_type_ids)
-    inputs = {"input_ids": ids, "attention_mask": mask}
-    if batch[0].token_type_ids is not None:
-        inputs["token_type_ids"] = types
+    inputs = pad_inputs(batch, loaded.tokenizer.pad_token_id or 0)
     with torch.inference_mode():
         out = loaded.model(**inputs, output_attentions=True)
     if not out.attentions or out.attentions[0] is None:

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..store.records import RunInfo
+from .errors import InvalidArgumentError
 
 SUBWORD_MARKERS = ("##", "Ġ", "▁")  # WordPiece, byte-level BPE, SentencePiece
 
@@ -77,8 +78,6 @@ AVERAGES = ("example", "token")
 def check_average(average: str) -> str:
     """The `average` parameter of the Clark C1/C2/C4 queries: "example" (Clark et al.'s code) or "token" (pooled)."""
     if average not in AVERAGES:
-        from .errors import InvalidArgumentError
-
         raise InvalidArgumentError(f"average={average!r}: use 'example' (mean per example, then over examples: "
                                    f"Clark et al.'s code) or 'token' (pooled over every query token of the run)")
     return average
@@ -96,3 +95,15 @@ def unique_argmax(scores: np.ndarray) -> np.ndarray:
     top = np.take_along_axis(scores, best[..., None], -1)
     unique = (scores == top).sum(-1) == 1
     return np.where(unique & (top[..., 0] > 0), best, -1)
+
+
+def parse_choices(text: str | None, choices: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """'a,b' -> ('a', 'b') checked against `choices`; None or '' -> every choice. Unknown names raise InvalidArgumentError."""
+    if text is None or not str(text).strip():
+        return choices
+    names = tuple(dict.fromkeys(n.strip().lower() for n in str(text).split(",") if n.strip()))
+    unknown = [n for n in names if n not in choices]
+    if unknown:
+        raise InvalidArgumentError(f"unknown {what}(s) {', '.join(map(repr, unknown))}; choose from {', '.join(choices)} "
+                                   "(comma-separated)")
+    return names

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .common import TokenFlags, iter_maps, token_flags
-from .errors import InvalidArgumentError
+from .common import TokenFlags, iter_maps, parse_choices, token_flags
 from .registry import register
 
 # Paper, footnote 6: the authors' list of negation words.
@@ -36,14 +35,7 @@ _EDGE_PUNCT = re.compile(r"^\W+|\W+$")
 
 def parse_features(features: str | None) -> tuple[str, ...]:
     """'noun,sep' -> ('noun', 'sep'); None or '' -> every feature. Unknown names raise InvalidArgumentError."""
-    if features is None or not str(features).strip():
-        return FEATURES
-    names = tuple(dict.fromkeys(n.strip().lower() for n in str(features).split(",") if n.strip()))
-    unknown = [n for n in names if n not in FEATURES]
-    if unknown:
-        raise InvalidArgumentError(f"unknown feature(s) {', '.join(map(repr, unknown))}; choose from {', '.join(FEATURES)} "
-                                   "(comma-separated)")
-    return names
+    return parse_choices(features, FEATURES, "feature")
 
 
 def normalise_form(form) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .common import iter_maps
+from .common import iter_maps, parse_choices
 from .errors import InvalidArgumentError
 from .feature_attention import NOUN_UPOS, PRONOUN_UPOS, SUBJECT_DEPRELS, VERB_UPOS, feature_masks, long_frame, parse_features
 from .registry import register
@@ -22,14 +22,7 @@ RELATIONS = ("verb_to_subject", "subject_to_verb", "noun_to_pronoun", "pronoun_t
 
 
 def parse_relations(relations: str | None) -> tuple[str, ...]:
-    if relations is None or not str(relations).strip():
-        return RELATIONS
-    names = tuple(dict.fromkeys(n.strip().lower() for n in str(relations).split(",") if n.strip()))
-    unknown = [n for n in names if n not in RELATIONS]
-    if unknown:
-        raise InvalidArgumentError(f"unknown relation(s) {', '.join(map(repr, unknown))}; choose from {', '.join(RELATIONS)} "
-                                   "(comma-separated)")
-    return names
+    return parse_choices(relations, RELATIONS, "relation")
 
 
 def relation_pairs(words: pd.DataFrame) -> dict[str, pd.DataFrame]:
