@@ -287,6 +287,13 @@ CASES: list[Case] = [
          "parameter scale of query 'test_flags' must be a number (or none), not 'inf'"),
     Case("param-examples-backwards", query_args("entropy", "examples=5-2"), "examples='5-2': range '5-2' ends before it starts"),
     Case("param-examples-negative", query_args("entropy", "examples=-1"), "examples='-1': positions start at 0"),
+    # fine-tuning and evaluation
+    Case("finetune-zero-epochs", lambda env: ["finetune", "--task", "SST-2", "--model", env.model, "--epochs", "0", "--no-progress"],
+         "--epochs, --batch-size, --lr and --train-limit must be positive"),
+    Case("finetune-task-without-train-split", lambda env: ["finetune", "--task", "QNLI", "--model", env.model, "--no-progress"],
+         "QNLI has no train split in the data directory"),
+    Case("evaluate-unknown-model", lambda env: ["evaluate", "--task", "MRPC", "--model", "no-such-org/no-such-model", "--no-progress"],
+         "cannot load model 'no-such-org/no-such-model'"),
     Case("save-a-query-that-is-not-per-head", lambda env: [*query_args("dependency_summary")(env), "--save"],
          "query 'dependency_summary' is not per head (one row per layer and head), so it cannot be saved to head_metrics"),
     Case("param-unknown", query_args("entropy", "layer=1"), "query 'entropy' has no parameter 'layer'; it takes: examples"),
