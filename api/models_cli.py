@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from ..ingest.classifier import MODES
 from .common import FORMATS, emit, friendly_errors, open_store, store_options
 
 TASK_NAMES = ("MRPC", "RTE", "STS-B", "SST-2", "QNLI", "MNLI")
@@ -73,8 +74,9 @@ def evaluate(locations, model, task, data_dir, fmt, progress):
 @click.option("--task", required=True, type=click.Choice(TASK_NAMES, case_sensitive=False))
 @click.option("--heads", default="each", show_default=True,
               help="each (every head alone), layers (every layer's heads together) or LAYER:HEAD,... (0-based, one set).")
-@click.option("--mode", default="uniform", show_default=True, type=click.Choice(["uniform", "zero"]),
-              help="uniform: attention 1/L over the real tokens (the paper); zero: no attention at all.")
+@click.option("--mode", default="uniform", show_default=True, type=click.Choice(MODES),
+              help="uniform: attention 1/L over the real tokens (the paper); zero: no attention at all; "
+                   "mean: the head's output replaced by its mean over the dev set's real tokens.")
 @click.option("--data-dir", default=None, type=click.Path(file_okay=False), help="Folder holding glue/ (env ATTNSTORE_DATA).")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--progress/--no-progress", default=True, show_default=True)
@@ -126,7 +128,7 @@ def report_table1(locations, out):
 
 @click.command("ablation")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
-@click.option("--mode", default="uniform", show_default=True, type=click.Choice(["uniform", "zero"]))
+@click.option("--mode", default="uniform", show_default=True, type=click.Choice(MODES))
 @store_options
 @friendly_errors
 def report_ablation(locations, out, mode):

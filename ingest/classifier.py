@@ -6,6 +6,12 @@ module (identity at evaluation time): the probabilities it returns for a disable
 replaced by uniform 1/L over the real (non-padding) keys, or by zeros. Hugging Face's
 `head_mask` zeroes heads instead (and is gone in transformers v5). The hook also changes
 `output_attentions`, which is how tests check it exactly.
+
+Mean ablation works one step later, on the self-attention module's output: a disabled head's
+output vector (its attention-weighted values) at every real token is replaced by that head's
+mean output over all real tokens of a reference set (the evaluated split, one unablated pass
+first), the usual "mean ablation" of circuit analyses. Its attention probabilities are left
+as they are, since they no longer reach the output.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from .align import pad_inputs
 from .errors import IngestError, InvalidArgumentError
 from .glue import LabelledPair
 
-MODES = ("uniform", "zero")
+MODES = ("uniform", "zero", "mean")
 
 
 @dataclass(frozen=True)
@@ -93,18 +99,23 @@ def predict(model, items: Sequence[Encoded], pad_id: int, regression: bool, batc
 # ---------------------------------------------------------------- head disabling
 
 
-def attention_dropouts(model) -> list:
-    """Each layer's dropout module applied to the attention probabilities, in layer order.
+def self_attentions(model) -> list:
+    """Each layer's self-attention module, in layer order.
 
     BERT-family self-attention (BERT, RoBERTa, XLM-R, ELECTRA, MPNet, DistilBERT) applies an
-    `nn.Dropout` module named `dropout` to the probabilities in eager mode; other designs are
-    refused by `HeadDisabler` after a probe forward pass.
+    `nn.Dropout` module named `dropout` to the probabilities in eager mode and returns the
+    heads' outputs concatenated on the last axis; other designs are refused by `HeadDisabler`
+    after a probe forward pass.
     """
     import torch.nn as nn
 
-    found = [m.dropout for _, m in model.named_modules()
-             if type(m).__name__.endswith("SelfAttention") and isinstance(getattr(m, "dropout", None), nn.Dropout)]
-    return found
+    return [m for _, m in model.named_modules()
+            if type(m).__name__.endswith("SelfAttention") and isinstance(getattr(m, "dropout", None), nn.Dropout)]
+
+
+def attention_dropouts(model) -> list:
+    """Each layer's dropout module applied to the attention probabilities, in layer order."""
+    return [m.dropout for m in self_attentions(model)]
 
 
 def parse_heads(spec: str, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
@@ -136,20 +147,25 @@ def config_name(heads: Sequence[tuple[int, int]], n_heads: int) -> str:
 
 
 class HeadDisabler:
-    """Forward hooks that replace chosen heads' attention probabilities; `disabled(heads, mode)` scopes them."""
+    """Forward hooks that replace chosen heads' attention probabilities (uniform, zero) or outputs (mean);
+    `disabled(heads, mode)` scopes them. Mean ablation needs `fit_means` (or `means`) first."""
 
     def __init__(self, model, n_layers: int, n_heads: int):
         self.model = model
         self.n_layers, self.n_heads = n_layers, n_heads
-        self.modules = attention_dropouts(model)
-        if len(self.modules) != n_layers:
-            raise IngestError(f"cannot disable heads of {type(model).__name__}: found {len(self.modules)} attention-probability "
+        attentions = self_attentions(model)
+        if len(attentions) != n_layers:
+            raise IngestError(f"cannot disable heads of {type(model).__name__}: found {len(attentions)} attention-probability "
                               f"dropout modules for {n_layers} layers (supported: BERT-family eager self-attention)")
+        self.modules = [m.dropout for m in attentions]
         self.heads: dict[int, list[int]] = {}
         self.mode = "uniform"
         self.key_mask = None
         self.calls = 0
+        self.means: list | None = None  # per layer: (n_heads, head_size) mean output over a reference set's real tokens
+        self._sums: list | None = None  # while fitting: [sum of outputs, number of real tokens] per layer
         self._handles = [m.register_forward_hook(self._hook(layer)) for layer, m in enumerate(self.modules)]
+        self._handles += [m.register_forward_hook(self._output_hook(layer)) for layer, m in enumerate(attentions)]
         self._handles.append(model.register_forward_pre_hook(self._capture_mask, with_kwargs=True))
 
     def _capture_mask(self, _module, args, kwargs):
@@ -167,6 +183,8 @@ class HeadDisabler:
             if probs.dim() != 4 or probs.shape[1] != self.n_heads:
                 raise IngestError(f"layer {layer}: attention probabilities of shape {tuple(probs.shape)} are not "
                                   f"(batch, {self.n_heads} heads, query, key); cannot disable heads of this model")
+            if self.mode == "mean":
+                return None  # replaced at the module's output instead
             probs = probs.clone()
             if self.mode == "zero":
                 probs[:, heads] = 0
@@ -181,10 +199,61 @@ class HeadDisabler:
 
         return hook
 
+    def _real_tokens(self, like):
+        """(batch, tokens) 1.0 at real tokens, 0.0 at padding."""
+        if self.key_mask is None:
+            return like.new_ones(like.shape[0], like.shape[1])
+        return self.key_mask.to(like.dtype)
+
+    def _per_head(self, layer: int, context):
+        if context.dim() != 3 or context.shape[-1] % self.n_heads:
+            raise IngestError(f"layer {layer}: self-attention output of shape {tuple(context.shape)} is not "
+                              f"(batch, tokens, {self.n_heads} heads x head size); cannot mean-ablate heads of this model")
+        return context.view(*context.shape[:2], self.n_heads, context.shape[-1] // self.n_heads)
+
+    def _output_hook(self, layer: int):
+        def hook(_module, _inputs, output):
+            context = output[0] if isinstance(output, tuple) else output
+            if self._sums is not None:
+                real = self._real_tokens(context)
+                per_head = self._per_head(layer, context).double()
+                self._sums[layer][0] = self._sums[layer][0] + (per_head * real.double()[:, :, None, None]).sum((0, 1))
+                self._sums[layer][1] += float(real.sum())
+                return None
+            heads = self.heads.get(layer)
+            if not heads or self.mode != "mean":
+                return None
+            assert self.means is not None
+            context = context.clone()
+            per_head = self._per_head(layer, context)
+            real = self._real_tokens(context).bool()
+            mean = self.means[layer][heads].to(context.dtype)  # (len(heads), head_size)
+            for i, head in enumerate(heads):
+                per_head[:, :, head][real] = mean[i]
+            return (context, *output[1:]) if isinstance(output, tuple) else context
+
+        return hook
+
+    @contextmanager
+    def fitting_means(self):
+        """Forward passes inside this scope (no heads disabled) set `means`: each head's mean output over real tokens."""
+        import torch
+
+        self._sums = [[torch.zeros((), dtype=torch.float64), 0.0] for _ in range(self.n_layers)]
+        try:
+            yield self
+            if any(count == 0 for _, count in self._sums):
+                raise IngestError("no real tokens were seen while fitting mean head outputs")
+            self.means = [(total / count).float() for total, count in self._sums]
+        finally:
+            self._sums = None
+
     @contextmanager
     def disabled(self, heads: Sequence[tuple[int, int]], mode: str = "uniform"):
         if mode not in MODES:
             raise InvalidArgumentError(f"--mode must be one of {MODES}, not {mode!r}")
+        if mode == "mean" and heads and self.means is None:
+            raise InvalidArgumentError("mean ablation needs each head's mean output first (HeadDisabler.fitting_means)")
         by_layer: dict[int, list[int]] = {}
         for layer, head in heads:
             by_layer.setdefault(layer, []).append(head)

@@ -62,6 +62,10 @@ class Evaluator:
     def scores(self, heads=(), mode: str = "uniform", progress: bool = False) -> dict[str, float]:
         from tqdm.auto import tqdm
 
+        if heads and mode == "mean" and self.disabler.means is None:
+            with tqdm(total=len(self.items), desc=f"{self.task.name}: mean head outputs", unit="ex",
+                      disable=not progress, leave=False) as bar, self.disabler.fitting_means():
+                predict(self.classifier, self.items, self.pad_id, self.task.is_regression, progress=bar)
         with tqdm(total=len(self.items), desc=f"{self.task.name} {config_name(heads, self.n_heads)}", unit="ex",
                   disable=not progress, leave=False) as bar:
             if heads:

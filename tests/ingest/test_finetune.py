@@ -85,6 +85,47 @@ def test_disabled_head_attends_uniformly_to_real_tokens_only(tiny_classifier, ti
         assert torch.equal(tiny_classifier(**inputs).logits, plain.logits)
 
 
+def test_mean_ablation_replaces_a_heads_output_by_its_mean_over_real_tokens(tiny_classifier, tiny_bert):
+    from attnstore.ingest.classifier import HeadDisabler, self_attentions
+    from attnstore.store.errors import InvalidArgumentError
+
+    inputs = _batch(tiny_bert)
+    real = inputs["attention_mask"].bool()
+    captured = {}
+
+    def keep(layer):
+        def hook(_module, _inputs, output):
+            captured[layer] = output[0].detach().clone()
+        return hook
+
+    disabler = HeadDisabler(tiny_classifier, n_layers=2, n_heads=4)
+    # registered after the disabler's hooks, so they see what the next layer sees
+    taps = [m.register_forward_hook(keep(i)) for i, m in enumerate(self_attentions(tiny_classifier))]
+    with torch.inference_mode():
+        plain = tiny_classifier(**inputs)
+    outputs = {layer: out.view(*out.shape[:2], 4, -1) for layer, out in captured.items()}  # (batch, token, head, size)
+    with pytest.raises(InvalidArgumentError, match="mean output first"):
+        with disabler.disabled([(1, 2)], "mean"):
+            pass
+    with torch.inference_mode(), disabler.fitting_means():
+        assert torch.equal(tiny_classifier(**inputs).logits, plain.logits)  # fitting changes nothing
+    # the mean over the real tokens of the batch only (padding excluded), per layer and head
+    expected = outputs[1][real].double().mean(0).float()
+    assert torch.allclose(disabler.means[1], expected, atol=1e-6)
+    with torch.inference_mode(), disabler.disabled([(1, 2)], "mean"):
+        ablated = tiny_classifier(**inputs)
+    got = captured[1].view(*captured[1].shape[:2], 4, -1)
+    assert torch.equal(got[:, :, 2][real], disabler.means[1][2].expand(int(real.sum()), -1))
+    assert torch.equal(got[:, :, [0, 1, 3]], outputs[1][:, :, [0, 1, 3]])  # other heads of the layer untouched
+    assert torch.equal(captured[0], outputs[0].flatten(2))  # the layer before untouched
+    assert not torch.equal(ablated.logits, plain.logits)
+    with torch.inference_mode(), disabler.disabled([], "mean"):
+        assert torch.equal(tiny_classifier(**inputs).logits, plain.logits)
+    disabler.remove()
+    for tap in taps:
+        tap.remove()
+
+
 def test_head_specs_and_config_names():
     from attnstore.ingest.classifier import config_name, parse_heads
     from attnstore.ingest.evaluate import configurations
@@ -210,11 +251,15 @@ def test_command_line_finetune_evaluate_ablate_report_and_ingest(tmp_path, tiny_
     ok("evaluate", "--model", tiny_bert, "--task", "SST-2", "--no-progress")  # no fine-tuning
     assert "heads:0:1,1:2" in ok("ablate", "--model", "tiny-sst2", "--task", "SST-2", "--heads", "1:2,0:1", "--no-progress")
     ok("ablate", "--model", "tiny-sst2", "--task", "SST-2", "--heads", "layers", "--no-progress")
+    assert "layer:1" in ok("ablate", "--model", "tiny-sst2", "--task", "SST-2", "--heads", "layers", "--mode", "mean",
+                           "--no-progress")
     ok("report", "table1", "--out", str(tmp_path / "t1"))
     table = (tmp_path / "t1" / "table1.md").read_text()
     assert "SST-2" in table and "no fine-tuning" in table and "fine-tuned from pre-trained" in table
     ok("report", "ablation", "--out", str(tmp_path / "ab"))
     assert (tmp_path / "ab" / "fig9_SST-2_tiny-sst2.png").exists() and (tmp_path / "ab" / "ablation_uniform.md").exists()
+    ok("report", "ablation", "--mode", "mean", "--out", str(tmp_path / "ab-mean"))
+    assert "layer:1" in (tmp_path / "ab-mean" / "ablation_mean.csv").read_text()
     assert "tiny-sst2" in ok("models")
     corpus = tmp_path / "c.txt"
     corpus.write_text("a good film\nnot a good film\n", encoding="utf-8")
