@@ -298,6 +298,8 @@ def query(locations, name, run, params, fmt, output, save):
         frame = run_query(store, name, run=run, **kwargs)
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
+    if frame.attrs.get("note"):
+        click.echo(f"note: {frame.attrs['note']}", err=True)
     emit(frame, fmt, output)
     if save and frame.attrs.get("run_state") != "complete":
         raise click.ClickException(f"not saved: run {run!r} is incomplete; save its results once its ingest completes")

@@ -3,13 +3,15 @@
 - `tokenization="text"` (default for corpora without gold tokenization: GLUE, plain
   text): the tokenizer sees the raw text, exactly what the model normally sees (and what
   fine-tuning and evaluation use). Each token is aligned to the word whose characters
-  contain the token's first character (offset mapping); a token that starts between
-  words (none in practice) has no word. Where the tokenizer and the word annotator split
-  differently ("don't": spaCy "do" + "n't", WordPiece "don" + "'" + "t"), a token goes to
-  the word it starts in.
+  contain the token's first non-space character (offset mapping: GPT-2's "Ġcat" starts at
+  the space before "cat"; a lone space piece belongs to the word after it); a token that
+  starts between words (none in practice) has no word. Where the tokenizer and the word
+  annotator split differently ("don't": spaCy "do" + "n't", WordPiece "don" + "'" + "t"),
+  a token goes to the word it starts in.
 - `tokenization="words"` (gold-tokenized corpora: CoNLL-U, as Clark et al. did): words
   are given already split (`is_split_into_words=True`), so each wordpiece knows its word
-  from `word_ids()`.
+  from `word_ids()`. Byte-level BPE tokenizers get each word with a leading space there
+  (`add_prefix_space=True`, `LoadedModel.tokenizer_for("words")`), as in running text.
 
 Either way the segment comes from `sequence_ids()`, and special tokens come from the
 tokenizer (no word, flagged `is_special`), never from hard-coded strings. A word may get
@@ -82,7 +84,11 @@ def encode_batch(tokenizer, examples: list[StoredExample], max_length: int, trun
         else:
             inputs_a = [[w["form"] for w in segments[i][0]] for i in idx]
             inputs_b = [[w["form"] for w in segments[i][1]] for i in idx] if pair else None
-        enc = tokenizer(inputs_a, inputs_b, truncation=False, **kwargs)
+        try:
+            enc = tokenizer(inputs_a, inputs_b, truncation=False, **kwargs)
+        except AssertionError as exc:  # e.g. a byte-level BPE tokenizer without add_prefix_space (see model.word_tokenizer_for)
+            raise InvalidArgumentError(f"tokenizer {type(tokenizer).__name__} cannot encode words given already split "
+                                       f"({str(exc).strip() or 'AssertionError'}); use --tokenize text") from None
         for j, i in enumerate(idx):
             full_length = len(enc["input_ids"][j])
             if full_length <= max_length:
@@ -113,6 +119,20 @@ def _word_at(words: list[dict], starts: list[int], char: int) -> dict | None:
     return words[k] if k >= 0 and char < words[k]["char_end"] else None
 
 
+def _skip_space(text: str, start: int, end: int) -> tuple[int, int]:
+    """(the token's start without leading whitespace, the first non-space character at or after it).
+
+    Byte-level BPE (GPT-2) and SentencePiece tokens such as "Ġcat" / "▁cat" may have offsets
+    that include the space before the word: the token belongs to the word after the space. A
+    token of whitespace only (a lone "Ġ" before "ran") keeps its start and belongs to the
+    next word, as it does when words are given already split.
+    """
+    first = start
+    while first < len(text) and text[first].isspace():
+        first += 1
+    return (first if first < end else start), first
+
+
 def can_use_text(examples: list[StoredExample]) -> bool:
     """Raw-text input needs every word's character offsets in its segment's text."""
     return all(w["char_start"] is not None for e in examples for w in e.words)
@@ -124,6 +144,7 @@ def _build(tokenizer, example: StoredExample, segments, enc, j: int, truncated: 
     pieces = tokenizer.convert_ids_to_tokens(ids)
     special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True) if from_text else None
     starts = [[w["char_start"] for w in seg] for seg in segments] if from_text else None
+    texts = [_text(example, k) if seg else "" for k, seg in enumerate(segments)] if from_text else None
     tokens = []
     segment = 0
     rows = zip(pieces, ids, enc.word_ids(j), enc.sequence_ids(j), enc["offset_mapping"][j])
@@ -132,7 +153,9 @@ def _build(tokenizer, example: StoredExample, segments, enc, j: int, truncated: 
         segment = seq_id if seq_id is not None else segment
         if from_text:
             is_special = seq_id is None or bool(special[k])
-            word = None if is_special else _word_at(segments[seq_id], starts[seq_id], start)
+            if not is_special:
+                start, first = _skip_space(texts[seq_id], start, end)
+            word = None if is_special else _word_at(segments[seq_id], starts[seq_id], first)
             tokens.append(dict(token=token, token_id=int(token_id), word_position=None if word is None else word["position"],
                                segment=segment, is_special=is_special, char_start=None if is_special else start,
                                char_end=None if is_special else end))

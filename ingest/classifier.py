@@ -79,6 +79,14 @@ def collate(items: Sequence[Encoded], pad_id: int, regression: bool):
     return inputs, labels
 
 
+def accepted(model, inputs: dict) -> dict:
+    """`inputs` without what the model's forward pass does not take (DistilBERT, MPNet: no token_type_ids)."""
+    import inspect
+
+    names = inspect.signature(model.forward).parameters
+    return {k: v for k, v in inputs.items() if k in names}
+
+
 def predict(model, items: Sequence[Encoded], pad_id: int, regression: bool, batch_size: int = 64,
             progress=None) -> np.ndarray:
     """Predicted class (argmax) or score of every item, in item order; eval mode, inference mode."""
@@ -89,7 +97,7 @@ def predict(model, items: Sequence[Encoded], pad_id: int, regression: bool, batc
     with torch.inference_mode():
         for batch in length_batches(items, batch_size):
             inputs, _ = collate([items[i] for i in batch], pad_id, regression)
-            logits = model(**inputs).logits
+            logits = model(**accepted(model, inputs)).logits
             out[batch] = (logits[:, 0] if regression else logits.argmax(-1)).numpy()
             if progress is not None:
                 progress.update(len(batch))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..store.errors import AttnStoreError, CorruptInputError, InvalidArgumentError, NotFoundError
 
 __all__ = ["AttnStoreError", "CorpusError", "EmptyCorpusError", "IngestError", "InvalidArgumentError", "ModelError",
-           "ModelNotFoundError"]
+           "ModelNotFoundError", "UnsupportedModelError"]
 
 
 class CorpusError(CorruptInputError):
@@ -32,3 +32,8 @@ class IngestError(AttnStoreError):
 
 class ModelError(IngestError):
     """A model directory that exists but cannot be loaded: no weights, no tokenizer, a corrupt or truncated file."""
+
+
+class UnsupportedModelError(ModelError):
+    """A model that loads but whose attention attnstore cannot store as (layer, head, query, key) maps over its input
+    (an encoder-decoder, pooled or partly convolutional attention); the message names what the probe at load found."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..store.errors import ConflictError, InvalidArgumentError
-from .classifier import collate, encode, length_batches
+from .classifier import accepted, collate, encode, length_batches
 from .glue import GlueTask, get_task, read_split, require_train
 from .model import DEFAULT_MODEL, load_model, weights_digest
 from .runner import _progress
@@ -115,7 +115,7 @@ def finetune(store, *, task: str, model: str = DEFAULT_MODEL, init: str = "pretr
             with _progress(steps_per_epoch, f"fine-tuning {run_name} epoch {epoch + 1}/{epochs}", progress, "batch") as bar:
                 for batch in length_batches(items, batch_size, rng):
                     inputs, labels = collate([items[i] for i in batch], pad, spec.is_regression)
-                    loss = classifier(**inputs, labels=labels).loss
+                    loss = classifier(**accepted(classifier, inputs), labels=labels).loss
                     loss.backward()
                     torch.nn.utils.clip_grad_norm_(classifier.parameters(), 1.0)
                     optimizer.step()
@@ -141,7 +141,7 @@ def finetune(store, *, task: str, model: str = DEFAULT_MODEL, init: str = "pretr
         model_id = store.register_finetuned_model(
             name=run_name, source=f"models/{run_name}", weights_sha256=digest, architecture=type(classifier).__name__,
             n_layers=base.n_layers, n_heads=base.n_heads, max_length=base.max_length,
-            tokenizer=type(tokenizer).__name__, special_tokens=base.special_tokens, parent_id=parent_id,
+            tokenizer=type(tokenizer).__name__, special_tokens=base.special_tokens, parent_id=parent_id, causal=base.causal,
             init="finetuned" if init == "pretrained" else "random", task=spec.name, training=training)
         state_path.unlink(missing_ok=True)
     return FinetuneResult(run_name, model_id, str(folder), epochs - start_epoch, seconds, False)

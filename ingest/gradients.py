@@ -32,6 +32,19 @@ def load_mlm(source: str):
     return model.eval()
 
 
+def takes_token_types(model, info) -> bool:
+    """Whether to give the masked-LM model the stored segments as token_type_ids: only where its forward takes
+    them, its type-embedding table holds segment 1 (not RoBERTa's single type), and the run gave them too
+    (`manifest.model.inputs`, recorded since the probe at load; older runs: decided from the model alone)."""
+    import inspect
+
+    recorded = (info.manifest or {}).get("model", {}).get("inputs")
+    type_vocab = getattr(model.config, "type_vocab_size", None)
+    return ("token_type_ids" in inspect.signature(model.forward).parameters
+            and (recorded is None or "token_type_ids" in recorded)
+            and not (isinstance(type_vocab, int) and type_vocab < 2))
+
+
 def gradient_importance(store, run, *, max_examples: int = 200, mask_rate: float = 0.15, seed: int = 0,
                         punct: str = ".,") -> pd.DataFrame:
     """Per head: mean |∂MLM loss/∂α| of attention to [CLS]-like, [SEP]-like, punctuation and other tokens."""
@@ -48,6 +61,7 @@ def gradient_importance(store, run, *, max_examples: int = 200, mask_rate: float
     from ..queries.common import token_flags
 
     flags = token_flags(store, info, punct)
+    use_types = takes_token_types(model, info)
     tokens = {int(k): g for k, g in store.token_table(info.id).groupby("example")}
     rng = np.random.default_rng(seed)
     kinds = ("cls", "sep", "punct", "other")
@@ -63,7 +77,10 @@ def gradient_importance(store, run, *, max_examples: int = 200, mask_rate: float
         labels = torch.full_like(ids, -100)
         labels[0, chosen] = ids[0, chosen]
         ids[0, chosen] = mask_id
-        out = model(input_ids=ids, token_type_ids=torch.tensor([t["segment"].tolist()]), labels=labels, output_attentions=True)
+        inputs = {"input_ids": ids}
+        if use_types:
+            inputs["token_type_ids"] = torch.tensor([t["segment"].tolist()])
+        out = model(**inputs, labels=labels, output_attentions=True)
         for a in out.attentions:
             a.retain_grad()
         out.loss.backward()

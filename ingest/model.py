@@ -1,15 +1,23 @@
-"""Load a Hugging Face encoder by name or path, offline, with eager attention."""
+"""Load a Hugging Face encoder (or decoder-only model) by name or path, offline, with eager attention.
+
+The config is not trusted for what ingestion relies on: one tiny forward pass at load
+(`probe_model`) finds the layers and heads the model really returns, that every map is
+square over the input, whether attention is causal, and that padding a batch leaves the
+real tokens' maps unchanged. What cannot be stored as (layer, head, query, key) maps over
+the input is refused with one line naming the reason (`UnsupportedModelError`).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ModelError, ModelNotFoundError
+from .errors import ModelError, ModelNotFoundError, UnsupportedModelError
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # Models shipped as Python packages (usable offline): name -> (module, package to install).
@@ -38,12 +46,29 @@ class LoadedModel:
     max_length: int
     special_tokens: dict
     attn_implementation: str
+    # From the probe at load (see probe_model):
+    causal: bool = False  # every token attends only to itself and earlier tokens (decoder-only models)
+    inputs: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")  # what the forward pass is given
+    pad_id: int = 0  # fills batches (the tokenizer's pad token, else its eos token); masked out by attention_mask
+    # The tokenizer for words given already split (`is_split_into_words`), and how it differs from `tokenizer`:
+    # byte-level BPE (RoBERTa, GPT-2) needs add_prefix_space=True there. None: the same tokenizer.
+    word_tokenizer: object | None = None
+    word_tokenizer_options: dict = field(default_factory=dict)
 
     def record(self) -> dict:
         """Fields of the `models` table."""
         return dict(name=self.name, source=self.source, weights_sha256=self.weights_sha256, architecture=self.architecture,
                     n_layers=self.n_layers, n_heads=self.n_heads, max_length=self.max_length,
-                    tokenizer=type(self.tokenizer).__name__, special_tokens=self.special_tokens, init="pretrained")
+                    tokenizer=type(self.tokenizer).__name__, special_tokens=self.special_tokens, init="pretrained",
+                    causal=self.causal)
+
+    def tokenizer_for(self, tokenization: str):
+        """The tokenizer for raw text ("text") or for words given already split ("words")."""
+        return self.word_tokenizer if tokenization == "words" and self.word_tokenizer is not None else self.tokenizer
+
+    def model_inputs(self, inputs: dict) -> dict:
+        """`inputs` (a batch from align.pad_inputs) without what this model's forward pass does not take."""
+        return {k: v for k, v in inputs.items() if k in self.inputs}
 
 
 def resolve_source(name_or_path: str) -> tuple[str, str]:
@@ -193,16 +218,194 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
     model.eval()
     config = model.config
     used = getattr(config, "_attn_implementation", attn_implementation)
-    declared = (getattr(tokenizer, "model_max_length", None), getattr(config, "max_position_embeddings", None))
-    limits = [n for n in declared if n and n < 100_000]
-    max_length = min(limits) if limits else 512
-    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") and max_length == config.max_position_embeddings:
-        max_length -= 2  # RoBERTa position ids start after the padding index
+    pad_id = pad_token_id(tokenizer)
+    probe = probe_model(model, tokenizer, name, pad_id)
+    word_tokenizer, word_options = word_tokenizer_for(tokenizer, source, offline)
     with torch.no_grad():
         digest = weights_digest(model)
     return LoadedModel(
         name=name, source=source, model=model, tokenizer=tokenizer, weights_sha256=digest,
-        architecture=(config.architectures or [type(model).__name__])[0], n_layers=int(config.num_hidden_layers),
-        n_heads=int(config.num_attention_heads), max_length=int(max_length), special_tokens=special_tokens(tokenizer),
-        attn_implementation=used,
+        architecture=type(model).__name__, n_layers=probe.n_layers, n_heads=probe.n_heads,
+        max_length=int(max_input_length(model, tokenizer)), special_tokens=special_tokens(tokenizer),
+        attn_implementation=used, causal=probe.causal, inputs=probe.inputs, pad_id=pad_id, word_tokenizer=word_tokenizer,
+        word_tokenizer_options=word_options,
     )
+
+
+def pad_token_id(tokenizer) -> int:
+    """The id that fills batches: the pad token, else the eos token (GPT-2, Llama have no pad token), else 0.
+
+    Padding goes on the right and attention_mask hides it, so any id gives the same maps for the
+    real tokens (the probe at load checks it)."""
+    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(candidate, int):
+            return candidate
+    return 0
+
+
+def position_limit(model) -> int | None:
+    """How many positions the model can embed, from its position-embedding table when it has one.
+
+    RoBERTa-style embeddings (RoBERTa, XLM-R, CamemBERT, MPNet, ...) number positions from
+    padding_idx + 1, so they hold num_embeddings - padding_idx - 1 tokens (514 - 2 = 512).
+    """
+    import torch
+
+    for module in model.modules():
+        table = getattr(module, "position_embeddings", None)
+        if not isinstance(table, torch.nn.Embedding):
+            continue
+        pad = getattr(module, "padding_idx", None)
+        if isinstance(pad, int) and table.padding_idx is not None and table.padding_idx == pad:
+            return table.num_embeddings - pad - 1
+        return table.num_embeddings
+    limit = getattr(model.config, "max_position_embeddings", None)
+    return limit if isinstance(limit, int) else None
+
+
+def max_input_length(model, tokenizer) -> int:
+    """The longest input (special tokens included): the tokenizer's and the position table's limits, else 512."""
+    declared = (getattr(tokenizer, "model_max_length", None), position_limit(model))
+    limits = [n for n in declared if isinstance(n, int) and 0 < n < 100_000]
+    return min(limits) if limits else 512
+
+
+def forward_inputs(model, tokenizer, name: str) -> tuple[str, ...]:
+    """The inputs ingestion gives the model: input_ids and attention_mask, and token_type_ids only where the
+    tokenizer makes them, the model's forward takes them and its type-embedding table can hold segment 1.
+
+    (DistilBERT or MPNet take no token_type_ids; RoBERTa's single type embedding fails on a pair's segment 1.)
+    """
+    accepted = set(inspect.signature(model.forward).parameters)
+    missing = [k for k in ("input_ids", "attention_mask") if k not in accepted]
+    if missing:
+        raise UnsupportedModelError(f"model {name!r} ({type(model).__name__}) takes no {' or '.join(missing)} in its forward "
+                                    "pass; attnstore feeds batches of token ids with an attention mask")
+    inputs = ["input_ids", "attention_mask"]
+    type_vocab = getattr(model.config, "type_vocab_size", None)
+    if ("token_type_ids" in getattr(tokenizer, "model_input_names", ()) and "token_type_ids" in accepted
+            and not (isinstance(type_vocab, int) and type_vocab < 2)):
+        inputs.append("token_type_ids")
+    return tuple(inputs)
+
+
+ENCODER_DECODER = "is an encoder-decoder model; attnstore stores self-attention of encoder-only or decoder-only models"
+PROBE_TEXT = ("the cat sat on the mat.", "a dog ran.")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one forward pass at load showed: layers and heads returned, and whether attention is causal."""
+
+    n_layers: int
+    n_heads: int
+    causal: bool
+    inputs: tuple[str, ...]
+
+
+def _shape(t) -> str:
+    return "(" + ", ".join(str(n) for n in t.shape) + ")"
+
+
+def probe_model(model, tokenizer, name: str, pad_id: int) -> Probe:
+    """Run a short pair through the model, alone and in a right-padded batch of two, and check the maps.
+
+    The inputs given are those of `forward_inputs`.
+
+    Refuses (UnsupportedModelError, one line naming the cause) an encoder-decoder model, a
+    model that returns no attention, maps that are not (batch, heads, L, L) over the L input
+    tokens (Funnel's pooling), fewer heads than its config declares (ConvBERT's head_ratio:
+    the other heads are convolutions), rows that do not sum to 1, and maps that change
+    when the batch is padded. Causal: every entry above the diagonal is exactly 0.
+    """
+    import torch
+
+    kind = f"model {name!r} ({type(model).__name__})"
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(f"{kind} {ENCODER_DECODER}")
+    inputs = forward_inputs(model, tokenizer, name)
+    enc = tokenizer(*PROBE_TEXT)
+    ids = list(enc["input_ids"])
+    types = list(enc.get("token_type_ids") or [0] * len(ids))
+    while len(ids) < 6:  # a tokenizer with very long pieces: repeat the text (causality needs >= 3 tokens)
+        ids, types = ids + ids, types + types
+    limit = max(6, max_input_length(model, tokenizer))
+    ids, types = ids[:limit], types[:limit]
+    n, short = len(ids), len(ids) - 3
+
+    def run(rows: list[list[int]], row_types: list[list[int]]):
+        width = max(len(r) for r in rows)
+        batch = {"input_ids": torch.tensor([r + [pad_id] * (width - len(r)) for r in rows]),
+                 "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+                 "token_type_ids": torch.tensor([t + [0] * (width - len(t)) for t in row_types])}
+        try:
+            with torch.inference_mode():
+                out = model(**{k: v for k, v in batch.items() if k in inputs}, output_attentions=True)
+        except Exception as exc:
+            raise UnsupportedModelError(f"{kind} fails on a {width}-token probe input with output_attentions=True "
+                                        f"({_detail(exc)})") from None
+        attentions = getattr(out, "attentions", None)
+        if not attentions or any(a is None for a in attentions):
+            raise UnsupportedModelError(f"{kind} returns no attention maps (output_attentions=True, "
+                                        f"attn_implementation={getattr(config, '_attn_implementation', None)!r})")
+        return attentions
+
+    both = run([ids, ids[:short]], [types, types[:short]])
+    for layer, a in enumerate(both):
+        if a.dim() != 4 or tuple(a.shape[:1]) + tuple(a.shape[2:]) != (2, n, n):
+            raise UnsupportedModelError(
+                f"{kind} returns attention of shape {_shape(a)} in layer {layer} for {n} tokens (batch 2): its maps are "
+                f"not (batch, head, query, key) over the input tokens (pooled or compressed, as in Funnel Transformer); "
+                f"attnstore stores token-to-token self-attention")
+    heads = {int(a.shape[1]) for a in both}
+    if len(heads) > 1:
+        raise UnsupportedModelError(f"{kind} returns {sorted(heads)} heads in different layers; attnstore stores the same "
+                                    "number of heads in every layer")
+    n_heads = heads.pop()
+    declared = getattr(config, "num_attention_heads", None)
+    if isinstance(declared, int) and declared != n_heads:
+        ratio = getattr(config, "head_ratio", None)
+        why = (f"head_ratio={ratio}: the other heads mix tokens by convolution, outside the attention maps" if ratio
+               else "part of its token mixing is not in the returned maps")
+        raise UnsupportedModelError(f"{kind} returns {n_heads} attention heads per layer where its config declares "
+                                    f"num_attention_heads={declared} ({why}); attnstore would store an incomplete picture")
+    maps = torch.stack([a.float() for a in both], 1)  # (batch, layer, head, query, key)
+    err = (maps[0].sum(-1) - 1).abs().max().item()
+    if err > 1e-3:
+        raise UnsupportedModelError(f"{kind} returns attention rows that do not sum to 1 (max error {err:.2e}); "
+                                    "attnstore needs softmax attention probabilities")
+    alone = torch.stack([a.float() for a in run([ids[:short]], [types[:short]])], 1)[0]
+    drift = (maps[1, :, :, :short, :short] - alone).abs().max().item()
+    if drift > 1e-4:
+        raise UnsupportedModelError(f"{kind} gives other attention maps for an input padded on the right in a batch "
+                                    f"(max difference {drift:.2e}); attnstore batches inputs with right padding")
+    causal = bool((torch.triu(maps[0], diagonal=1) == 0).all())
+    return Probe(n_layers=len(both), n_heads=n_heads, causal=causal, inputs=inputs)
+
+
+def _byte_level_without_prefix_space(tokenizer) -> bool:
+    try:
+        state = json.loads(tokenizer.backend_tokenizer.pre_tokenizer.__getstate__())
+    except Exception:  # no pre-tokenizer, or one that cannot be serialized
+        return False
+    return state.get("type") == "ByteLevel" and not state.get("add_prefix_space", False)
+
+
+def word_tokenizer_for(tokenizer, source: str, offline: bool) -> tuple[object | None, dict]:
+    """The tokenizer for words given already split, and the options it was loaded with.
+
+    Byte-level BPE (RoBERTa, GPT-2, BART fast tokenizers) marks word starts with a space:
+    split words must be encoded with add_prefix_space=True (transformers asserts otherwise), so
+    each word is tokenized as it is in running text. Such a tokenizer is loaded again with it;
+    any other tokenizer is used as it is (None).
+    """
+    if getattr(tokenizer, "add_prefix_space", None) is not False or not _byte_level_without_prefix_space(tokenizer):
+        return None, {}
+    from transformers import AutoTokenizer
+
+    try:
+        words = AutoTokenizer.from_pretrained(source, local_files_only=offline, add_prefix_space=True)
+    except Exception:  # text input still works; word input gives a clear error at tokenization
+        return None, {}
+    return words, {"add_prefix_space": True}

@@ -181,7 +181,7 @@ def forward_attention(loaded: LoadedModel, batch: list[Encoded]):
     import torch
 
     lengths = [e.length for e in batch]
-    inputs = pad_inputs(batch, loaded.tokenizer.pad_token_id or 0)
+    inputs = loaded.model_inputs(pad_inputs(batch, loaded.pad_id))  # only what the model's forward takes
     with torch.inference_mode():
         out = loaded.model(**inputs, output_attentions=True)
     if not out.attentions or out.attentions[0] is None:
@@ -276,6 +276,9 @@ def ingest(store, *, corpus: str | None = None, fmt: str | None = None, dataset:
         manifest = build_manifest(loaded=loaded, corpus=source.source, fmt=source.fmt, corpus_checksum=source.checksum,
                                   annotator=annotator_name, dtype=dtype, max_length=max_length, truncation=truncation,
                                   batch_size=batch_size, codec=codec, chunk_cells=chunk_cells, tokenization=tokenization)
+        manifest["model"].update(causal=loaded.causal, inputs=list(loaded.inputs))
+        if tokenization == "words":
+            manifest["tokenizer"].update(loaded.word_tokenizer_options)  # e.g. add_prefix_space for byte-level BPE
         from .. import __version__
 
         info = store.start_run(name=run_name, model_id=model_id, dataset_id=dataset_id, dtype=dtype, codec=codec,
@@ -327,7 +330,8 @@ def _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_
     # its maps are bit-identical. Batches with nothing new are not run.
     pending = store.dataset_examples(dataset_id)
     encoded = (enc for group in iter(lambda: list(islice(pending, 256)), [])
-               for enc in encode_batch(loaded.tokenizer, _checked(group, tokenization), max_length, truncation, tokenization))
+               for enc in encode_batch(loaded.tokenizer_for(tokenization), _checked(group, tokenization), max_length, truncation,
+                                       tokenization))
     inflight: deque = deque()
     n_new = 0
 

@@ -29,6 +29,18 @@ def special_id(info: RunInfo, role: str) -> int | None:
     return None if entry is None else int(entry["id"])
 
 
+def is_causal(store, info: RunInfo) -> bool:
+    """Whether the run's model attends only to earlier tokens (decoder-only: GPT-2, Llama), as probed when it was
+    loaded (`models.causal`). Row i of a causal map sees i + 1 tokens, which changes baselines such as uniform
+    attention; models registered before that column existed (NULL) count as bidirectional."""
+    frame = store.sql("SELECT causal FROM models WHERE id = :i", {"i": int(info.model_id)})
+    value = frame.iloc[0, 0] if len(frame) else None
+    return bool(value) if value is not None and not pd.isna(value) else False
+
+
+CAUSAL_NOTE = "causal model: the first token attends only to itself, and no token attends to a later one"
+
+
 def token_flags(store, info: RunInfo, punct: str = ".,") -> dict[int, TokenFlags]:
     """Per example, which tokens are the first special token ([CLS]-like), separators, other specials, punctuation.
 

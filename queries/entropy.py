@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from math import lgamma
+
 import numpy as np
 import pandas as pd
 
-from .common import check_average, iter_maps, per_head_frame, safe_divide, token_flags
+from .common import CAUSAL_NOTE, check_average, is_causal, iter_maps, per_head_frame, safe_divide, token_flags
 from .registry import register
 
 
@@ -23,14 +25,19 @@ def entropy(store, *, run, examples=None, average: str = "example") -> pd.DataFr
     entropy: mean over query tokens of -sum_j a_ij log a_ij;
     entropy_from_cls: the same over [CLS]-like query tokens only (tokenizer's cls/bos id);
     uniform_entropy: mean log(L) over the same query tokens, what uniform attention would give;
+      for a causal model (models.causal) uniform attention over what each query sees: log(i + 1)
+      for the query at position i;
     uniform_entropy_from_cls: log(L) averaged over the [CLS]-like queries.
     average="example" (default, Clark et al.'s code): each mean is taken within an example,
       then over the examples (for the *_from_cls columns, those with a [CLS]-like token);
     average="token": pooled over every query token of the run (long examples weigh more).
+    Causal models: the *_from_cls columns are NaN (the first token sees only itself, so its
+    entropy is 0 by construction), and frame.attrs["note"] says so.
     """
     check_average(average)
     per_example = average == "example"
     info = store.run_info(run)
+    causal = is_causal(store, info)
     flags = token_flags(store, info)
     shape = (info.n_layers, info.n_heads)
     total, from_cls = np.zeros(shape), np.zeros(shape)
@@ -40,9 +47,11 @@ def entropy(store, *, run, examples=None, average: str = "example") -> pd.DataFr
         f = flags[example]
         h = row_entropy(maps.astype(np.float32, copy=False))  # (layer, head, query)
         length, cls = maps.shape[-1], int(f.cls.sum())
+        # Uniform attention over the keys a query sees: all L, or (causal) the i + 1 up to itself.
+        uniform_sum = lgamma(length + 1) if causal else length * np.log(length)  # sum over the L queries
         if per_example:  # this example's means, counted once
             total += h.mean(-1, dtype=np.float64)
-            uniform += np.log(length)
+            uniform += uniform_sum / length
             n_queries += 1
             if cls:
                 from_cls += h[..., f.cls].mean(-1, dtype=np.float64)
@@ -51,11 +60,14 @@ def entropy(store, *, run, examples=None, average: str = "example") -> pd.DataFr
         else:
             total += h.sum(-1, dtype=np.float64)
             from_cls += h[..., f.cls].sum(-1, dtype=np.float64)
-            uniform += length * np.log(length)
+            uniform += uniform_sum
             uniform_cls += cls * np.log(length)
             n_queries += length
             n_cls += cls
     frame = per_head_frame(info, entropy=safe_divide(total, n_queries), entropy_from_cls=safe_divide(from_cls, n_cls))
     frame["uniform_entropy"] = safe_divide(uniform, n_queries)
     frame["uniform_entropy_from_cls"] = safe_divide(uniform_cls, n_cls)
+    if causal:
+        frame[["entropy_from_cls", "uniform_entropy_from_cls"]] = np.nan
+        frame.attrs["note"] = f"{CAUSAL_NOTE}: uniform_entropy is over each query's visible prefix; *_from_cls are NaN"
     return frame

@@ -13,7 +13,8 @@ candidate, the [CLS]-like unit) and pick the most probable:
 
 Word vectors are the model's own input embeddings (mean over a word's pieces), read with
 numpy from its safetensors file (GloVe, used by the paper, is not available); ROOT uses
-the embedding of the [CLS]-like token. Training is full-batch Adam on the log-likelihood
+the embedding of the [CLS]-like token (a run whose tokenizer adds no special token, such
+as GPT-2's, is refused: it has no ROOT unit). Training is full-batch Adam on the log-likelihood
 of the gold heads of a training run; UAS is measured on a held-out run.
 """
 
@@ -30,6 +31,8 @@ from .errors import InvalidArgumentError, NotFoundError
 from .word_level import units_of, word_level
 
 KINDS = ("attn", "attn+words", "right-branching", "distance+words")
+# Input-embedding tables in safetensors: BERT-like encoders, Llama-like and GPT-2-like decoders.
+EMBEDDING_KEYS = ("word_embeddings.weight", "embed_tokens.weight", "wte.weight")
 MAX_OFFSET = 5
 
 
@@ -51,7 +54,12 @@ def collect(store, run, examples=None, max_examples: int | None = None) -> Probe
     """Build probe inputs from a run's stored maps and its gold trees (sentences must be whole)."""
     info = store.run_info(run)
     words = {int(k): g.reset_index(drop=True) for k, g in store.word_table(info.id).groupby("example")}
-    tokens = {int(k): g for k, g in store.token_table(info.id).groupby("example")}
+    table = store.token_table(info.id)
+    if len(table) and not table["is_special"].any():
+        raise InvalidArgumentError(
+            f"run {info.name!r} has no [CLS]-like token: its tokenizer ({info.model}) adds no special token to the "
+            f"inputs, and attention probes use one as the ROOT candidate; probe a run of a model whose tokenizer adds one")
+    tokens = {int(k): g for k, g in table.groupby("example")}
     cls_id = int((info.special_tokens.get("cls") or info.special_tokens.get("bos") or {"id": 0})["id"])
     parts = {k: [] for k in ("attn", "cand", "dep", "offset", "gold")}
     starts, right, token_ids = [], [], []
@@ -112,12 +120,12 @@ def word_vectors(store, run, data: ProbeData) -> np.ndarray:
     table = None
     for file in files:
         with safe_open(str(file), "np") as fh:
-            key = next((k for k in fh.keys() if k.endswith("word_embeddings.weight")), None)
+            key = next((k for k in fh.keys() if k.endswith(EMBEDDING_KEYS)), None)
             if key:
                 table = fh.get_tensor(key).astype(np.float32)
                 break
     if table is None:
-        raise NotFoundError(f"no word_embeddings.weight tensor in {files[0].parent}")
+        raise NotFoundError(f"no input-embedding tensor ({', '.join(EMBEDDING_KEYS)}) in {files[0].parent}")
     return np.stack([table[ids].mean(axis=0) for ids in data.token_ids])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .common import check_average, iter_maps, per_head_frame, safe_divide
+from .common import CAUSAL_NOTE, check_average, is_causal, iter_maps, per_head_frame, safe_divide
 from .registry import register
 
 
@@ -21,9 +21,12 @@ def relative_position(store, *, run, examples=None, average: str = "example") ->
       run that has a previous token (i >= 1), to_next likewise (i <= L-2), to_self over all
       query tokens; long examples weigh more.
     All tokens count, special tokens included (as in the paper).
+    Causal models (models.causal): to_next is NaN, since no token can attend to the next one
+    (it would be 0 by construction); frame.attrs["note"] says so.
     """
     check_average(average)
     info = store.run_info(run)
+    causal = is_causal(store, info)
     shape = (info.n_layers, info.n_heads)
     prev, same, nxt = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     n_tokens = n_pairs = n_examples = 0
@@ -39,7 +42,12 @@ def relative_position(store, *, run, examples=None, average: str = "example") ->
         n_pairs += length - 1
         n_examples += 1
     if average == "example":
-        return per_head_frame(info, to_previous=safe_divide(prev, n_examples), to_self=safe_divide(same, n_examples),
-                              to_next=safe_divide(nxt, n_examples))
-    return per_head_frame(info, to_previous=safe_divide(prev, n_pairs), to_self=safe_divide(same, n_tokens),
-                          to_next=safe_divide(nxt, n_pairs))
+        frame = per_head_frame(info, to_previous=safe_divide(prev, n_examples), to_self=safe_divide(same, n_examples),
+                               to_next=safe_divide(nxt, n_examples))
+    else:
+        frame = per_head_frame(info, to_previous=safe_divide(prev, n_pairs), to_self=safe_divide(same, n_tokens),
+                               to_next=safe_divide(nxt, n_pairs))
+    if causal:
+        frame["to_next"] = np.nan
+        frame.attrs["note"] = f"{CAUSAL_NOTE}: to_next is NaN"
+    return frame

@@ -51,6 +51,9 @@ class Model(Base):
     # Fine-tuned models: hyper-parameters, seed, data used, epochs done, training time, checkpoint
     # folder relative to the store's models root (so a copied store finds its models).
     training: Mapped[dict | None] = mapped_column(sa.JSON)
+    # Whether each token attends only to itself and earlier tokens (decoder-only models: GPT-2, Llama), as the
+    # forward pass at load showed; NULL for models registered before revision 0008 (treated as bidirectional).
+    causal: Mapped[bool | None] = mapped_column(sa.Boolean, default=False)
 
 
 class Dataset(Base):

@@ -545,6 +545,8 @@ class Store:
             existing = s.scalars(sa.select(Model).where(Model.name == fields["name"],
                                                         Model.weights_sha256 == fields["weights_sha256"])).first()
             if existing:
+                if existing.causal is None and fields.get("causal") is not None:
+                    existing.causal = fields["causal"]  # registered before migration 0008 probed it
                 return existing.id
             model = Model(**fields)
             s.add(model)
