@@ -189,7 +189,7 @@ def show(locations, run):
 
 
 @main.command()
-@click.option("--run", required=True, help="Run name.")
+@click.option("--run", required=True, help="Run name or id (see `attnstore runs`).")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @store_options
 @friendly_errors
@@ -199,7 +199,7 @@ def examples(locations, run, fmt):
 
 
 @main.command()
-@click.option("--run", required=True, help="Run name.")
+@click.option("--run", required=True, help="Run name or id (see `attnstore runs`).")
 @click.option("--example", required=True, type=int, help="Example position in the corpus (0-based).")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @store_options
@@ -271,7 +271,7 @@ def parse_params(ctx, _param, values):
 
 @main.command()
 @click.argument("name")
-@click.option("--run", required=True, help="Run name.")
+@click.option("--run", required=True, help="Run name or id (see `attnstore runs`).")
 @click.option("--param", "params", multiple=True, callback=parse_params, metavar="KEY=VALUE",
               help="Query parameter (repeatable); see `attnstore queries`.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))

@@ -133,10 +133,10 @@ class Store:
     def run_info(self, run: RunRef) -> RunInfo:
         with self.session() as s:
             where = Run.id == run if isinstance(run, int) else Run.name == str(run)
-            row = s.execute(
-                sa.select(Run, Model, Dataset).join(Model, Model.id == Run.model_id)
-                .join(Dataset, Dataset.id == Run.dataset_id).where(where)
-            ).first()
+            joined = sa.select(Run, Model, Dataset).join(Model, Model.id == Run.model_id).join(Dataset, Dataset.id == Run.dataset_id)
+            row = s.execute(joined.where(where)).first()
+            if row is None and isinstance(run, str) and run.strip().isdigit():
+                row = s.execute(joined.where(Run.id == int(run))).first()  # the run id `attnstore runs` shows
             if row is None:
                 known = s.scalars(sa.select(Run.name).order_by(Run.id).limit(10)).all()
                 hint = f"known runs: {', '.join(known)}" if known else "the store has no runs yet; create one with `attnstore ingest`"
