@@ -378,6 +378,22 @@ def check_pg_statement(text: str) -> None:
 _PSYCOPG_PLACEHOLDER = re.compile(r"%(?:\(([^)]+)\))?(.)", re.S)
 
 
+_QUOTED = re.compile(r"""
+      (?P<estr>[eE]'(?:[^'\\]|\\.|'')*')      # E'...' : backslash escapes
+    | (?P<str>'(?:[^']|'')*')                    # '...'  : standard-conforming string
+    | (?P<ident>"(?:[^"]|"")*")                  # "..."  : quoted identifier
+    | (?P<dollar>\$(?P<tag>[A-Za-z_]\w*|)\$.*?\$(?P=tag)\$)   # $tag$...$tag$
+    | (?P<line>--[^\n]*)                          # -- comment
+    | (?P<block>/\*.*?\*/)                        # /* comment */
+""", re.VERBOSE | re.DOTALL)
+
+
+def escape_quoted_colons(query: str) -> str:
+    """Escape ':' inside string literals, quoted identifiers and comments for `sa.text`, which would
+    read 'dev[:20]' or ':x' there as bind parameters; `:name` outside them stays a parameter."""
+    return _QUOTED.sub(lambda m: m.group(0).replace(":", "\\:"), query)
+
+
 def _as_sent(compiled_sql: str) -> str:
     """The text psycopg sends for `compiled_sql` (pyformat): %% -> %, %(name)s / %s -> $n."""
     count = 0
@@ -408,7 +424,7 @@ def run_postgresql(target: sa.Engine | str, query: str, params: dict | None, max
 
     engine, own_engine = _pg_engine(target)
     try:
-        stmt = sa.text(query)
+        stmt = sa.text(escape_quoted_colons(query))
         compiled = stmt.compile(dialect=engine.dialect)
         try:
             args = compiled.construct_params(params or {})

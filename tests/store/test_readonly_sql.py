@@ -246,6 +246,10 @@ def test_reads_still_work(filled):
     assert store.sql("VALUES (1, 'a')").shape == (1, 2)
     assert len(store.sql("EXPLAIN SELECT * FROM tokens")) > 0
     assert store.sql("SELECT 'a:b' AS colon, 'ab' LIKE 'a%' AS percent").values.tolist() == [["a:b", True]]
+    # colons inside literals, quoted names and comments are text, not bind parameters
+    literals = store.sql("""SELECT ':x' AS "a:b", 'dev[:20]' AS s -- :c\n FROM tokens /* :d */ WHERE token = :t""",
+                         {"t": "a"})
+    assert literals.values.tolist() == [[":x", "dev[:20]"]] and list(literals.columns) == ["a:b", "s"]
     # views (migration 0003), listed from the catalogue through `sql` itself
     if backend(store) == "sqlite":
         views = set(store.sql("SELECT name FROM sqlite_master WHERE type = 'view'").name)
