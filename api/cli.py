@@ -168,6 +168,10 @@ def datasets(data_dir, fmt):
 # ---------------------------------------------------------------- browsing
 
 
+RUNS_TABLE_COLUMNS = ["run_id", "run", "model", "dataset", "split", "status", "n_stored", "n_truncated", "n_skipped",
+                      "tokenization", "ingest_seconds"]
+
+
 @main.command()
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @store_options
@@ -175,7 +179,9 @@ def datasets(data_dir, fmt):
 def runs(locations, fmt):
     """List the runs in the store."""
     frame = open_store(locations).runs()
-    emit(frame.drop(columns=["started_at", "finished_at"]) if fmt == "table" else frame, fmt)
+    emit(frame[RUNS_TABLE_COLUMNS] if fmt == "table" else frame, fmt)
+    if fmt == "table" and not frame.empty:
+        click.echo("(settings of each run: attnstore show RUN; every column: --format csv or json)", err=True)
 
 
 @main.command()

@@ -46,13 +46,75 @@ def open_store(locations):
     return Store(locations)
 
 
+TABLE_CELL_WIDTH = 60  # longer text cells are cut in table output (csv and json keep them whole)
+
+
+def _whole_numbers(frame):
+    """Integer columns that pandas turned into floats because of missing values, back to integers."""
+    import pandas as pd
+
+    out = frame.copy()
+    for name in out.columns:
+        col = out[name]
+        if pd.api.types.is_float_dtype(col) and col.isna().any() and col.notna().any():
+            values = col.dropna()
+            if (values == values.round()).all() and values.abs().max() < 2**53:
+                out[name] = col.astype("Int64")
+    return out
+
+
+def _json_value(value):
+    import math
+
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # NaN, inf: JSON has no such numbers
+    if value is pd.NA or value is pd.NaT or value is None:
+        return None
+    if isinstance(value, pd.Timestamp):
+        return value.isoformat()
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+def to_json_records(frame) -> str:
+    """Records as JSON: numbers as numbers, missing values as null, text unescaped (no `glue\\/MRPC`)."""
+    import json
+
+    records = [{str(k): _json_value(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+    return json.dumps(records, indent=2, ensure_ascii=False, default=str)
+
+
+def to_table(frame) -> str:
+    """A plain-text table: text left-aligned, numbers right-aligned, floats to 4 places, integers as integers,
+    missing values blank, long text cut to TABLE_CELL_WIDTH characters."""
+    import pandas as pd
+    from tabulate import tabulate
+
+    shown = _whole_numbers(frame)
+    for name in shown.columns:
+        if shown[name].dtype == object or pd.api.types.is_string_dtype(shown[name]):
+            shown[name] = shown[name].map(lambda v: v if not isinstance(v, str) or len(v) <= TABLE_CELL_WIDTH
+                                          else v[: TABLE_CELL_WIDTH - 1] + "…")
+    rows = shown.astype(object).where(shown.notna(), None).values.tolist()
+    return tabulate(rows, headers=[str(c) for c in shown.columns], floatfmt=".4f", missingval="", tablefmt="simple")
+
+
 def emit(frame, fmt: str, output: str | None = None) -> None:
+    """Print (or write to `output`) a DataFrame as a table, CSV or JSON records; an empty table says so."""
     if fmt == "csv":
         text = frame.to_csv(index=False)
     elif fmt == "json":
-        text = frame.to_json(orient="records", indent=2, date_format="iso")
+        text = to_json_records(frame)
+    elif frame.empty:
+        text = f"(no rows; columns: {', '.join(map(str, frame.columns))})" if len(frame.columns) else "(no rows)"
     else:
-        text = frame.to_string(index=False, float_format=lambda v: f"{v:.4f}")
+        text = to_table(frame)
     if output:
         with open(output, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
