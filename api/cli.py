@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import click
 
 from ..store.config import redact
-from .common import FORMATS, emit, friendly_errors, open_store, store_options
+from .common import FORMATS, create_store, emit, friendly_errors, open_store, store_options
 
 
 def bound_heap_growth() -> None:
@@ -48,13 +47,7 @@ def db():
 @friendly_errors
 def db_upgrade(locations):
     """Create the schema, or upgrade it to this version's head."""
-    from ..store import migrate
-
-    if locations.db_url.startswith("sqlite:///"):
-        os.makedirs(os.path.dirname(locations.db_url[len("sqlite:///"):]) or ".", exist_ok=True)
-    before, after = migrate.upgrade(locations.db_url)
-    state = "already at" if before == after else f"upgraded from {before or 'empty'} to"
-    click.echo(f"{redact(locations.db_url)}: {state} revision {after}")
+    click.echo(create_store(locations))
 
 
 @db.command("current")
@@ -126,7 +119,7 @@ def ingest(locations, corpus, fmt, dataset, data_dir, model, name, dataset_name,
         read_options = dict(text_a=text_a_column, text_b=text_b_column, label=label_column, quoting=quoting)
     elif fmt == "tsv":
         read_options = dict(text_a=text_a_column, label=label_column, quoting=quoting)
-    store = open_store(locations)
+    store = open_store(locations, create=True)
     try:
         result = run_ingest(store, corpus=corpus, fmt=fmt, dataset=dataset, data_dir=data_dir, model=model, name=name,
                             dataset_name=dataset_name, split=split, annotator=annotator, batch_size=batch_size,

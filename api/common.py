@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import click
 
@@ -40,9 +41,39 @@ def friendly_errors(func):
     return wrapper
 
 
-def open_store(locations):
+def _local_path(url_or_path: str) -> str | None:
+    if url_or_path.startswith("sqlite:///"):
+        return url_or_path[len("sqlite:///"):]
+    if url_or_path.startswith("file://"):
+        return url_or_path[len("file://"):]
+    return None if "://" in url_or_path else url_or_path
+
+
+def create_store(locations) -> str:
+    """Create or upgrade the schema, and create a local array root; returns what `db upgrade` prints."""
+    from ..store import migrate
+    from ..store.config import redact
+
+    db_file = _local_path(locations.db_url)
+    if db_file and locations.db_url.startswith("sqlite:///"):
+        os.makedirs(os.path.dirname(db_file) or ".", exist_ok=True)
+    before, after = migrate.upgrade(locations.db_url)
+    root = _local_path(locations.array_root)
+    if root:
+        os.makedirs(root, exist_ok=True)
+    state = "already at" if before == after else f"upgraded from {before or 'empty'} to"
+    return f"{redact(locations.db_url)}: {state} revision {after}" + (f"; arrays in {root}" if root else "")
+
+
+def open_store(locations, create: bool = False):
+    """The store at `locations`. With `create` (commands that write, like ingest), a SQLite store whose file
+    does not exist yet is created first, so the embedded default just works; PostgreSQL keeps an explicit
+    `attnstore db upgrade`."""
     from ..store import Store
 
+    db_file = _local_path(locations.db_url) if locations.db_url.startswith("sqlite:///") else None
+    if create and db_file and not os.path.exists(db_file):
+        click.echo(f"creating a new store: {create_store(locations)}", err=True)
     return Store(locations)
 
 

@@ -37,7 +37,7 @@ def finetune(locations, task, model, init, epochs, batch_size, lr, seed, train_l
     """
     from ..ingest.finetune import finetune as run_finetune
 
-    result = run_finetune(open_store(locations), task=task, model=model, init=init, epochs=epochs, batch_size=batch_size,
+    result = run_finetune(open_store(locations, create=True), task=task, model=model, init=init, epochs=epochs, batch_size=batch_size,
                           lr=lr, seed=seed, train_limit=train_limit, max_length=max_length, name=name, data_dir=data_dir,
                           progress=progress)
     if result.already_done:

@@ -40,6 +40,27 @@ def test_db_upgrade_then_current(db_url):
     assert current.exit_code == 0 and "up to date" in current.output
 
 
+def test_db_upgrade_creates_the_array_root_too(tmp_path):
+    result = CliRunner().invoke(main, ["db", "upgrade", "--home", str(tmp_path / "h")])
+    assert result.exit_code == 0 and (tmp_path / "h" / "attention.zarr").is_dir() and "arrays in" in result.output
+
+
+def test_ingest_creates_the_embedded_store_on_a_fresh_machine(tmp_path, tiny_bert):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a b\n", encoding="utf-8")
+    home = tmp_path / "fresh"
+    runner = CliRunner()
+    result = runner.invoke(main, ["ingest", "--home", str(home), "--corpus", str(corpus), "--format", "text",
+                                  "--annotate", "whitespace", "--model", tiny_bert, "--name", "r", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "creating a new store" in result.output and (home / "meta.sqlite").is_file()
+    assert "r" in runner.invoke(main, ["runs", "--home", str(home)]).output
+    # a read command never creates a store
+    empty = tmp_path / "nothing"
+    result = runner.invoke(main, ["runs", "--home", str(empty)])
+    assert result.exit_code == 1 and not (empty / "meta.sqlite").exists()
+
+
 def test_out_of_date_database_exits_with_the_command(db_url, tmp_path):
     from attnstore.store import migrate
 
