@@ -7,6 +7,12 @@ import sys
 
 import click
 
+from ..ingest.align import TOKENIZATIONS, TRUNCATION_POLICIES
+from ..ingest.annotate import ANNOTATORS
+from ..ingest.corpus import FORMATS as CORPUS_FORMATS
+from ..ingest.model import DEFAULT_MODEL
+from ..queries.probes import KINDS as PROBE_KINDS
+from ..store.arrays import DEFAULT_CHUNK_CELLS, DTYPES
 from ..store.config import redact
 from .common import FORMATS, create_store, emit, friendly_errors, open_store, store_options
 
@@ -71,23 +77,23 @@ def db_current(locations):
 
 @main.command()
 @click.option("--corpus", default=None, type=click.Path(dir_okay=False), help="Corpus file to ingest (or use --dataset).")
-@click.option("--format", "fmt", default=None, type=click.Choice(["text", "tsv", "pairs-tsv", "conllu"]),
+@click.option("--format", "fmt", default=None, type=click.Choice(CORPUS_FORMATS),
               help="text: one example per line; tsv / pairs-tsv: TSV with a header and one / two text columns; "
                    "conllu: CoNLL-U with gold annotation.")
 @click.option("--dataset", default=None, metavar="NAME:SPLIT", help="A built-in dataset, e.g. glue/MRPC:dev (see `attnstore datasets`).")
 @click.option("--data-dir", default=None, type=click.Path(file_okay=False),
               help="Folder holding the built-in datasets' files (env ATTNSTORE_DATA; default ../shared/data).")
-@click.option("--model", default="all-MiniLM-L6-v2", show_default=True, help="Hugging Face model name or local directory.")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Hugging Face model name or local directory.")
 @click.option("--name", default=None, help="Run name (default DATASET-SPLIT-MODEL). Re-running a name resumes it.")
 @click.option("--dataset-name", default=None, help="Dataset name (default: the file's folder name).")
 @click.option("--split", default=None, help="Split name (default: the file's stem).")
-@click.option("--annotate", "annotator", default="spacy", show_default=True, type=click.Choice(["spacy", "whitespace"]),
+@click.option("--annotate", "annotator", default="spacy", show_default=True, type=click.Choice(ANNOTATORS),
               help="Word annotation for corpora without gold annotation.")
 @click.option("--batch-size", default=32, show_default=True, type=int)
 @click.option("--max-length", default=None, type=int, help="Token limit (default: the model's).")
-@click.option("--truncation", default="truncate", show_default=True, type=click.Choice(["truncate", "skip"]),
+@click.option("--truncation", default="truncate", show_default=True, type=click.Choice(TRUNCATION_POLICIES),
               help="What to do with inputs over the limit: truncate them (longest segment first) or skip them. Counted per run.")
-@click.option("--dtype", default="float16", show_default=True, type=click.Choice(["float16", "float32"]))
+@click.option("--dtype", default="float16", show_default=True, type=click.Choice(DTYPES))
 @click.option("--limit", default=None, type=int, help="Only the first N examples.")
 @click.option("--sample", default=None, type=int, help="A random sample of N examples (reproducible with --seed).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for --sample.")
@@ -97,9 +103,9 @@ def db_current(locations):
 @click.option("--label-column", default=None, help="pairs-tsv: label column.")
 @click.option("--quoting", default="none", show_default=True, type=click.Choice(["none", "csv"]),
               help="pairs-tsv: 'none' treats quotes as text (GLUE); 'csv' reads quoted fields (HF exports).")
-@click.option("--tokenize", "tokenization", default=None, type=click.Choice(["text", "words"]),
+@click.option("--tokenize", "tokenization", default=None, type=click.Choice(TOKENIZATIONS),
               help="Feed the model the raw text (default for GLUE and plain text) or the corpus's words (default for CoNLL-U).")
-@click.option("--chunk-cells", default=1 << 20, show_default=True, type=int,
+@click.option("--chunk-cells", default=DEFAULT_CHUNK_CELLS, show_default=True, type=int,
               help="Zarr chunk length in cells (advanced; the default was chosen by benchmarks/choose_codec.py).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
 @store_options
@@ -317,7 +323,7 @@ def query(locations, name, run, params, fmt, output, save):
 @friendly_errors
 def gradients(locations, run, max_examples, mask_rate, seed, fmt):
     """Gradient importance of attention to special tokens (Clark et al. Fig. 3); saved to head_metrics."""
-    from ..ingest.gradients import gradient_importance
+    from ..queries.gradients import gradient_importance
 
     store = open_store(locations)
     frame = gradient_importance(store, run, max_examples=max_examples, mask_rate=mask_rate, seed=seed)
@@ -334,7 +340,7 @@ def probe():
 @probe.command("train")
 @click.option("--run", required=True, help="Training run (a treebank split, e.g. ud/en_ewt:train).")
 @click.option("--eval-run", required=True, help="Held-out run for UAS (e.g. ud/en_ewt:dev).")
-@click.option("--kind", required=True, type=click.Choice(["attn", "attn+words", "right-branching", "distance+words"]),
+@click.option("--kind", required=True, type=click.Choice(PROBE_KINDS),
               help="The probe, or a baseline.")
 @click.option("--max-train", default=2000, show_default=True, type=int, help="Training sentences used (memory grows with them).")
 @click.option("--epochs", default=100, show_default=True, type=int, help="Full-batch Adam steps.")

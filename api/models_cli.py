@@ -9,15 +9,18 @@ from __future__ import annotations
 import click
 
 from ..ingest.classifier import MODES
+from ..ingest.finetune import INITS
+from ..ingest.glue import TASKS
+from ..ingest.model import DEFAULT_MODEL
 from .common import FORMATS, emit, friendly_errors, open_store, store_options
 
-TASK_NAMES = ("MRPC", "RTE", "STS-B", "SST-2", "QNLI", "MNLI")
+TASK_NAMES = tuple(TASKS)
 
 
 @click.command()
 @click.option("--task", required=True, type=click.Choice(TASK_NAMES, case_sensitive=False), help="GLUE task (train split).")
-@click.option("--model", default="all-MiniLM-L6-v2", show_default=True, help="Base model: name or local directory.")
-@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random"]),
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Base model: name or local directory.")
+@click.option("--init", default="pretrained", show_default=True, type=click.Choice(INITS),
               help="Start from the pre-trained weights, or from a normal initialisation (Table 1's middle column).")
 @click.option("--epochs", default=3, show_default=True, type=int)
 @click.option("--batch-size", default=32, show_default=True, type=int)
