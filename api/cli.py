@@ -14,7 +14,7 @@ from ..ingest.model import DEFAULT_MODEL
 from ..queries.probes import KINDS as PROBE_KINDS
 from ..store.arrays import DEFAULT_CHUNK_CELLS, DTYPES
 from ..store.config import redact
-from .common import FORMATS, create_store, emit, friendly_errors, open_store, store_options
+from .common import FORMATS, create_store, emit, friendly_errors, open_store, require_extra, store_options
 
 
 def bound_heap_growth() -> None:
@@ -125,6 +125,7 @@ def ingest(locations, corpus, fmt, dataset, data_dir, model, name, dataset_name,
         read_options = dict(text_a=text_a_column, text_b=text_b_column, label=label_column, quoting=quoting)
     elif fmt == "tsv":
         read_options = dict(text_a=text_a_column, label=label_column, quoting=quoting)
+    require_extra("ingest")
     store = open_store(locations, create=True)
     try:
         result = run_ingest(store, corpus=corpus, fmt=fmt, dataset=dataset, data_dir=data_dir, model=model, name=name,

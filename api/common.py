@@ -37,8 +37,35 @@ def friendly_errors(func):
             return func(*args, **kwargs)
         except AttnStoreError as exc:
             raise click.ClickException(str(exc)) from None
+        except ModuleNotFoundError as exc:
+            raise click.ClickException(missing_extra_message(exc)) from None
 
     return wrapper
+
+
+# Optional dependencies -> the extra (pyproject.toml) that installs them.
+EXTRAS = {"torch": "ingest", "transformers": "ingest", "spacy": "ingest", "scipy": "ingest", "matplotlib": "report",
+          "fsspec": "s3", "s3fs": "s3", "aiobotocore": "s3"}
+EXTRA_HINTS = {"ingest": "pip install torch==2.13.0 'attnstore[ingest]'", "report": "pip install 'attnstore[report]'",
+               "s3": "pip install fsspec s3fs"}
+
+
+def require_extra(extra: str) -> None:
+    """Fail in one line, before anything is done, when a package of `extra` is not installed."""
+    import importlib.util
+
+    for module, needed_by in EXTRAS.items():
+        if needed_by == extra and module != "aiobotocore" and importlib.util.find_spec(module) is None:
+            raise click.ClickException(missing_extra_message(ModuleNotFoundError(f"No module named {module!r}", name=module)))
+
+
+def missing_extra_message(exc: ModuleNotFoundError) -> str:
+    """One line naming the optional extra a missing module belongs to (or the module itself)."""
+    module = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(module)
+    if extra is None:
+        return f"missing Python package {module!r} ({exc}); install it, or reinstall attnstore"
+    return f"this command needs the {extra!r} extra ({module} is not installed): {EXTRA_HINTS[extra]}"
 
 
 def _local_path(url_or_path: str) -> str | None:

@@ -12,7 +12,7 @@ from ..ingest.classifier import MODES
 from ..ingest.finetune import INITS
 from ..ingest.glue import TASKS
 from ..ingest.model import DEFAULT_MODEL
-from .common import FORMATS, emit, friendly_errors, open_store, store_options
+from .common import FORMATS, emit, friendly_errors, open_store, require_extra, store_options
 
 TASK_NAMES = tuple(TASKS)
 
@@ -40,6 +40,7 @@ def finetune(locations, task, model, init, epochs, batch_size, lr, seed, train_l
     """
     from ..ingest.finetune import finetune as run_finetune
 
+    require_extra("ingest")
     result = run_finetune(open_store(locations, create=True), task=task, model=model, init=init, epochs=epochs, batch_size=batch_size,
                           lr=lr, seed=seed, train_limit=train_limit, max_length=max_length, name=name, data_dir=data_dir,
                           progress=progress)

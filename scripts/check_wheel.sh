@@ -13,4 +13,12 @@ cd "$work"  # away from the source tree: only the installed package can be impor
 "$work/venv/bin/attnstore" db upgrade --db "sqlite:///$work/new.sqlite"
 "$work/venv/bin/attnstore" db current --db "sqlite:///$work/new.sqlite" | grep -q "up to date"
 "$work/venv/bin/attnstore" runs --db "sqlite:///$work/new.sqlite" --root "$work/z" > /dev/null
-echo "wheel check: attnstore installs from its wheel; --help, db upgrade, db current and runs work"
+# without the ingest extra, ingest fails in one line naming it, before creating anything
+printf 'a b\n' > "$work/c.txt"
+if out=$("$work/venv/bin/attnstore" ingest --corpus "$work/c.txt" --format text --home "$work/h" 2>&1); then
+  echo "wheel check: ingest without torch should have failed"; exit 1
+fi
+if [ "$(printf '%s\n' "$out" | wc -l)" -ne 1 ] || ! printf '%s' "$out" | grep -q "needs the 'ingest' extra" || [ -e "$work/h" ]; then
+  echo "wheel check: ingest without torch should fail in one line naming the extra, creating nothing; got:"; echo "$out"; exit 1
+fi
+echo "wheel check: attnstore installs from its wheel; --help, db upgrade, db current and runs work; ingest names its missing extra"

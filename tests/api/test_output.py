@@ -44,3 +44,17 @@ def test_empty_results_say_so(capsys):
     assert capsys.readouterr().out.strip() == "(no rows; columns: run, status)"
     emit(pd.DataFrame(columns=["run"]), "json")
     assert json.loads(capsys.readouterr().out) == []
+
+
+def test_a_missing_optional_package_is_one_line_naming_its_extra():
+    import click
+    import pytest
+
+    from attnstore.api.common import friendly_errors
+
+    @friendly_errors
+    def needs_torch():
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    with pytest.raises(click.ClickException, match=r"needs the 'ingest' extra \(torch is not installed\): pip install torch==2.13.0"):
+        needs_torch()
