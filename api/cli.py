@@ -216,6 +216,30 @@ def tokens(locations, run, example, fmt):
 
 
 @main.command()
+@click.option("--run", required=True, help="Run name or id (see `attnstore runs`).")
+@click.option("--example", required=True, type=int, help="Example position in the corpus (0-based).")
+@click.option("--layer", default=None, type=int, help="Only this layer (0-based); default: every layer.")
+@click.option("--head", default=None, type=int, help="Only this head of --layer (0-based).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="Picture to write (.png or .svg), or bertviz input (.json) with --bertviz.")
+@click.option("--bertviz", is_flag=True, help="Write bertviz head_view/model_view input (JSON) instead of a picture.")
+@store_options
+@friendly_errors
+def view(locations, run, example, layer, head, out, bertviz):
+    """Draw one example's attention as token x token heatmaps: one head, a layer's heads, or every head."""
+    store = open_store(locations)
+    if bertviz:
+        from .view import save_bertviz
+
+        click.echo(f"wrote {save_bertviz(store, run, example, out)}")
+        return
+    require_extra("report")
+    from .view import save_view
+
+    click.echo(f"wrote {save_view(store, run, example, out, layer=layer, head=head)}")
+
+
+@main.command()
 @click.argument("query")
 @click.option("--max-rows", default=1000, show_default=True, type=int, help="Print at most this many rows.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))

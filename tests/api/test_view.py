@@ -1,0 +1,71 @@
+"""`attnstore view`: heatmaps of one example (one head, a layer, every head) and bertviz input, on a hand-built run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture
+def hand_store(store, make_run):
+    maps = np.zeros((2, 3, 4, 4), dtype=np.float32)
+    maps[..., 0] = 1.0  # every head attends to [CLS]
+    maps[1, 2] = np.eye(4)  # except L1-H2, which attends to itself
+    make_run(store, [maps], [["[CLS]", "a", "b", "[SEP]"]], name="view")
+    return store, maps
+
+
+def test_pictures_of_one_head_a_layer_and_every_head(hand_store, tmp_path):
+    from PIL import Image
+
+    from attnstore.api.view import plot_attention, save_view
+
+    store, _ = hand_store
+    for layer, head, name in ((1, 2, "one.png"), (1, None, "layer.png"), (None, None, "all.svg")):
+        path = save_view(store, "view", 0, str(tmp_path / name), layer=layer, head=head)
+        assert path.stat().st_size > 1000
+    assert Image.open(tmp_path / "one.png").size[0] > 100
+    fig = plot_attention(store, "view", 0, layer=1, head=2)
+    ax = fig.axes[0]
+    np.testing.assert_array_equal(ax.images[0].get_array(), np.eye(4))  # the stored map, unchanged
+    labels = ax.get_xticklabels()
+    assert [t.get_text() for t in labels] == ["[CLS]", "a", "b", "[SEP]"]
+    assert labels[0].get_color() == "tab:red" and labels[1].get_color() != "tab:red"  # special tokens marked
+    assert ax.get_xlabel() == "key (attended to)" and "layer 1, head 2 (0-based)" in ax.get_title()
+    grid = plot_attention(store, "view", 0)
+    assert sum(ax.get_visible() for ax in grid.axes) == 6  # 2 layers x 3 heads
+
+
+def test_bertviz_input(hand_store, tmp_path):
+    from attnstore.api.view import bertviz_input
+
+    store, maps = hand_store
+    data = bertviz_input(store, "view", 0)
+    assert data["tokens"] == ["[CLS]", "a", "b", "[SEP]"] and data["sentence_b_start"] is None
+    assert len(data["attention"]) == 2 and np.array(data["attention"][1]).shape == (1, 3, 4, 4)
+    np.testing.assert_array_equal(np.array(data["attention"][1])[0], maps[1])
+
+
+def test_view_command_and_its_errors(hand_store, tmp_path):
+    from attnstore.api.cli import main
+
+    store, _ = hand_store
+    where = ["--db", store.locations.db_url, "--root", store.locations.array_root]
+    runner = CliRunner()
+    ok = runner.invoke(main, ["view", "--run", "view", "--example", "0", "--layer", "0", "--out", str(tmp_path / "v.png"), *where])
+    assert ok.exit_code == 0, ok.output and (tmp_path / "v.png").exists()
+    ok = runner.invoke(main, ["view", "--run", "view", "--example", "0", "--bertviz", "--out", str(tmp_path / "b.json"), *where])
+    assert ok.exit_code == 0 and json.loads((tmp_path / "b.json").read_text())["tokens"][0] == "[CLS]"
+    for args, message in ((["--out", str(tmp_path / "v.txt")], "give a file ending in .png or .svg"),
+                          (["--head", "1", "--out", str(tmp_path / "h.png")], "--head needs --layer"),
+                          (["--layer", "7", "--out", str(tmp_path / "l.png")], "layer"),
+                          (["--example", "5", "--out", str(tmp_path / "e.png")], "example")):
+        base = ["view", "--run", "view"] + ([] if "--example" in args else ["--example", "0"])
+        bad = runner.invoke(main, [*base, *args, *where])
+        assert bad.exit_code == 1 and message in bad.output and "Traceback" not in bad.output, bad.output
+        assert len(bad.output.strip().splitlines()) == 1
