@@ -7,6 +7,7 @@ this module lays them out as CSV/Markdown tables and PNG/SVG figures naming mode
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,9 @@ import pandas as pd
 from ..ingest.glue import TASKS
 from ..store.errors import NotFoundError
 from .report import _has_tabulate, _save
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 COLUMNS = {"pretrained": "no fine-tuning", "random": "fine-tuned from random init", "finetuned": "fine-tuned from pre-trained"}
 NO_FINETUNING = ("no fine-tuning = the pre-trained encoder with a sequence-classification head initialised with a fixed seed "
@@ -33,7 +37,7 @@ def _cell(values: pd.Series) -> str:
     return f"{values.mean():.1f} ± {values.std(ddof=1):.1f} (n={len(values)})"
 
 
-def table1(store) -> tuple[pd.DataFrame, pd.DataFrame]:
+def table1(store: Store) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(long rows: task, column, model, metric, score; the paper-shaped table: task x initialisation)."""
     rows = store.ablation_results()
     rows = rows[rows["config"] == "none"]
@@ -53,7 +57,7 @@ def table1(store) -> tuple[pd.DataFrame, pd.DataFrame]:
     return long, pd.DataFrame(shaped)
 
 
-def table1_report(store, out: str) -> Path:
+def table1_report(store: Store, out: str) -> Path:
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     long, shaped = table1(store)
@@ -75,7 +79,7 @@ def _single_heads(frame: pd.DataFrame, n_layers: int, n_heads: int) -> np.ndarra
     return grid
 
 
-def ablation_tables(store, mode: str = "uniform") -> tuple[pd.DataFrame, pd.DataFrame]:
+def ablation_tables(store: Store, mode: str = "uniform") -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per model, task, configuration: score, baseline, delta; per head: tasks it helps / hurts, mean delta)."""
     rows = store.ablation_results()
     rows = rows[(rows["mode"] == mode) & (rows["config"] != "none")]
@@ -93,7 +97,7 @@ def ablation_tables(store, mode: str = "uniform") -> tuple[pd.DataFrame, pd.Data
     return headline.reset_index(drop=True), verdict
 
 
-def ablation_report(store, out: str, mode: str = "uniform") -> Path:
+def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -14,7 +14,7 @@ from ..ingest.model import DEFAULT_MODEL
 from ..queries.probes import KINDS as PROBE_KINDS
 from ..store.arrays import DEFAULT_CHUNK_CELLS, DTYPES
 from ..store.config import redact
-from .common import FORMATS, create_store, emit, friendly_errors, open_store, require_extra, store_options
+from .common import FORMATS, create_store, emit, friendly_errors, open_store, reading_progress, require_extra, store_options
 
 
 def bound_heap_growth() -> None:
@@ -323,7 +323,7 @@ def query(locations, name, run, params, fmt, output, save):
         raise click.ClickException(f"query {name!r} is not per head (one row per layer and head), so it cannot be saved "
                                    "to head_metrics; write it to a file with --output instead")
     store = open_store(locations)
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, reading_progress(f"{name} over {run}"):
         warnings.simplefilter("always", IncompleteRunWarning)
         frame = run_query(store, name, run=run, **kwargs)
     for w in caught:
@@ -378,7 +378,9 @@ def probe_train(locations, run, eval_run, kind, max_train, epochs, lr, seed):
     from ..queries.probes import train_and_evaluate
 
     store = open_store(locations)
-    result = train_and_evaluate(store, run=run, eval_run=eval_run, kind=kind, max_train=max_train, epochs=epochs, lr=lr, seed=seed)
+    with reading_progress(f"probe {kind}: reading word-level maps"):
+        result = train_and_evaluate(store, run=run, eval_run=eval_run, kind=kind, max_train=max_train, epochs=epochs, lr=lr,
+                                    seed=seed)
     store.save_probe_result(run, eval_run, result, params=dict(max_train=max_train, lr=lr, seed=seed))
     train = "" if result["train_uas"] is None else f", train UAS {result['train_uas']:.3f} on {result['n_train']} words"
     click.echo(f"{kind}: UAS {result['uas']:.3f} on {result['n_eval']} words of {eval_run}{train} (saved to probe_results)")
@@ -415,7 +417,9 @@ def report_clark(locations, run, coref_run, out, mds_examples, min_count):
         raise click.ClickException("figures need matplotlib: pip install 'attnstore[report]'") from None
     from .report import clark_report
 
-    path = clark_report(open_store(locations), run, out, coref_run=coref_run, mds_examples=mds_examples, min_count=min_count)
+    with reading_progress("report clark: examples read"):
+        path = clark_report(open_store(locations), run, out, coref_run=coref_run, mds_examples=mds_examples,
+                            min_count=min_count)
     click.echo(f"wrote {path} and its tables and figures")
 
 
@@ -447,7 +451,8 @@ def report_kovaleva(locations, runs_, finetuned, frame_run, max_examples, out):
         raise click.ClickException("figures need matplotlib: pip install 'attnstore[report]'") from None
     from .kovaleva_report import kovaleva_report
 
-    path = kovaleva_report(open_store(locations), out, runs_, finetuned, frame_run, max_examples)
+    with reading_progress("report kovaleva: examples read"):
+        path = kovaleva_report(open_store(locations), out, runs_, finetuned, frame_run, max_examples)
     click.echo(f"wrote {path} and its tables and figures")
 
 

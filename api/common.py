@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -90,6 +91,19 @@ def create_store(locations) -> str:
         os.makedirs(root, exist_ok=True)
     state = "already at" if before == after else f"upgraded from {before or 'empty'} to"
     return f"{redact(locations.db_url)}: {state} revision {after}" + (f"; arrays in {root}" if root else "")
+
+
+@contextlib.contextmanager
+def reading_progress(desc: str, total: int | None = None):
+    """A progress bar on stderr counting the examples a command reads (`store.progress`); shown on a
+    terminal only, so piped output and logs stay clean."""
+    from tqdm.auto import tqdm
+
+    from ..store.progress import reporting
+
+    with tqdm(total=total, desc=desc, unit="ex", disable=None, dynamic_ncols=True, leave=False) as bar, \
+            reporting(bar.update):
+        yield bar
 
 
 def open_store(locations, create: bool = False):

@@ -9,6 +9,7 @@ Layers and heads are 0-based, as in the data, and every axis says so.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -16,6 +17,9 @@ import pandas as pd
 from ..queries import QUERIES, load_all, run_query
 from ..store.errors import AttnStoreError
 from .report import _has_tabulate, _save
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 FIG6_FEATURES = ("sep", "cls", "noun", "verb", "pronoun", "subject", "object", "negation")
 
@@ -42,12 +46,12 @@ def _heatmap(ax, grid: np.ndarray, title: str, cmap: str = "viridis", vmin=None,
     return image
 
 
-def _describe(store, run) -> str:
+def _describe(store: Store, run) -> str:
     info = store.run_info(run)
     return f"{info.model} on {info.dataset}:{info.split} ({info.n_stored} examples)"
 
 
-def figure_patterns(store, runs: dict[str, str], out: Path, max_examples: int) -> tuple[list[str], pd.DataFrame]:
+def figure_patterns(store: Store, runs: dict[str, str], out: Path, max_examples: int) -> tuple[list[str], pd.DataFrame]:
     import matplotlib.pyplot as plt
 
     frames = []
@@ -73,7 +77,7 @@ def figure_patterns(store, runs: dict[str, str], out: Path, max_examples: int) -
     return names, table
 
 
-def figure_frame_heads(store, run: str, out: Path) -> tuple[list[str], pd.DataFrame]:
+def figure_frame_heads(store: Store, run: str, out: Path) -> tuple[list[str], pd.DataFrame]:
     import matplotlib.pyplot as plt
 
     frame = run_query(store, "frame_heads", run=run)
@@ -90,7 +94,7 @@ def figure_frame_heads(store, run: str, out: Path) -> tuple[list[str], pd.DataFr
     return names, frame
 
 
-def figure_similarity(store, pairs: dict[str, tuple[str, str]], out: Path, max_examples: int) -> tuple[list[str], pd.DataFrame]:
+def figure_similarity(store: Store, pairs: dict[str, tuple[str, str]], out: Path, max_examples: int) -> tuple[list[str], pd.DataFrame]:
     import matplotlib.pyplot as plt
 
     frames = []
@@ -108,7 +112,7 @@ def figure_similarity(store, pairs: dict[str, tuple[str, str]], out: Path, max_e
     return names, pd.concat(frames, ignore_index=True)
 
 
-def figure_features(store, runs: dict[str, str], out: Path, stem: str, title: str) -> tuple[list[str], pd.DataFrame]:
+def figure_features(store: Store, runs: dict[str, str], out: Path, stem: str, title: str) -> tuple[list[str], pd.DataFrame]:
     import matplotlib.pyplot as plt
 
     frames = {task: run_query(store, "feature_attention", run=run) for task, run in runs.items()}
@@ -127,7 +131,7 @@ def figure_features(store, runs: dict[str, str], out: Path, stem: str, title: st
     return names, pd.concat([f.assign(task=t) for t, f in frames.items()], ignore_index=True)
 
 
-def figure_cls(store, runs: dict[str, str], out: Path) -> tuple[list[str], pd.DataFrame]:
+def figure_cls(store: Store, runs: dict[str, str], out: Path) -> tuple[list[str], pd.DataFrame]:
     import matplotlib.pyplot as plt
 
     frames = [run_query(store, "cls_feature_attention", run=run).assign(task=task) for task, run in runs.items()]
@@ -149,7 +153,7 @@ def figure_cls(store, runs: dict[str, str], out: Path) -> tuple[list[str], pd.Da
     return names, table
 
 
-def kovaleva_report(store, out: str, runs: dict[str, str], finetuned: dict[str, str] | None = None,
+def kovaleva_report(store: Store, out: str, runs: dict[str, str], finetuned: dict[str, str] | None = None,
                     frame_run: str | None = None, max_examples: int = 1000) -> Path:
     """Write the figures and tables for `runs` (task -> pre-trained dev run), `finetuned` (task -> a run of the
     fine-tuned model on the same examples) and `frame_run` (a FrameNet exemplar run); return the Markdown index."""

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from ..queries.patterns import CLASSES, labels_of
 from ..store.errors import InvalidArgumentError, NotFoundError
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 KEY = ("model", "dataset", "split", "source_row", "layer", "head")
 FIELDS = (*KEY, "label", "labeller")
@@ -28,7 +32,7 @@ FIELDS = (*KEY, "label", "labeller")
 # ---------------------------------------------------------------- sample and render
 
 
-def draw_sample(store, runs: list[str], n: int, seed: int = 0) -> pd.DataFrame:
+def draw_sample(store: Store, runs: list[str], n: int, seed: int = 0) -> pd.DataFrame:
     """A seeded sample of n (run, example, layer, head) maps, spread evenly over runs, layers and heads.
 
     The n maps are shared out over the runs as evenly as possible; within a run, (layer, head)
@@ -70,7 +74,7 @@ def draw_sample(store, runs: list[str], n: int, seed: int = 0) -> pd.DataFrame:
     return frame
 
 
-def render_sample(store, sample: pd.DataFrame, out: str | Path, rows: int = 4, cols: int = 5, gamma: float = 1.0) -> list[str]:
+def render_sample(store: Store, sample: pd.DataFrame, out: str | Path, rows: int = 4, cols: int = 5, gamma: float = 1.0) -> list[str]:
     """Write the sample as PNG pages of rows x cols maps and a sample.jsonl manifest; returns the file names.
 
     Each panel is titled with the map's id and its length L; axes are "key" (columns) and
@@ -142,7 +146,8 @@ def read_label_file(path: str | Path) -> list[dict]:
         raise NotFoundError(f"no label file {path}") from None
     except UnicodeDecodeError as exc:
         raise InvalidArgumentError(f"{path}: not valid UTF-8 ({exc.reason})") from None
-    items, seen = [], {}
+    items: list[dict] = []
+    seen: dict[tuple, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -174,7 +179,7 @@ def read_label_file(path: str | Path) -> list[dict]:
     return items
 
 
-def match_labels(store, items: list[dict], path_name: str = "labels") -> pd.DataFrame:
+def match_labels(store: Store, items: list[dict], path_name: str = "labels") -> pd.DataFrame:
     """Rows (run, example, layer, head, label, line) for every run of the store over each label's model, dataset
     and split that stores its source row; a label that matches nothing raises InvalidArgumentError naming its line."""
     runs = store.runs()
@@ -209,7 +214,7 @@ def match_labels(store, items: list[dict], path_name: str = "labels") -> pd.Data
     return pd.DataFrame(out, columns=["run", "example", "layer", "head", "label", "line"])
 
 
-def import_labels(store, path: str | Path, source: str = "human") -> pd.DataFrame:
+def import_labels(store: Store, path: str | Path, source: str = "human") -> pd.DataFrame:
     """Check every line of a label file, then save all of it (or nothing) to pattern_labels; returns the rows saved."""
     items = read_label_file(path)
     rows = match_labels(store, items, Path(path).name)
@@ -217,7 +222,7 @@ def import_labels(store, path: str | Path, source: str = "human") -> pd.DataFram
     return rows
 
 
-def export_labels(store, source: str = "human", labeller: str | None = None, run: str | None = None) -> list[dict]:
+def export_labels(store: Store, source: str = "human", labeller: str | None = None, run: str | None = None) -> list[dict]:
     """Stored labels of `source` as label-file records (one per map: a map stored by several runs of the same
     model, dataset and split is written once), sorted by model, dataset, split, source_row, layer, head.
 
@@ -240,7 +245,7 @@ def task_name(dataset: str) -> str:
     return dataset.rsplit("/", 1)[-1]
 
 
-def proportions_table(store, runs: list[str], source: str, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
+def proportions_table(store: Store, runs: list[str], source: str, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
     """One row per run: task, run, n_examples, n_maps and the fraction of maps in each class."""
     rows = []
     for run in runs:
@@ -275,7 +280,7 @@ def figure_proportions(table: pd.DataFrame, out: str | Path, source: str, max_ex
         ax.bar(x, values, bottom=bottom, color=COLOURS[cls], label=cls, width=0.7)
         for xi, b, v in zip(x, bottom, values):
             if v >= 4:
-                ax.text(xi, b + v / 2, f"{v:.0f}", ha="center", va="center", fontsize=8, color="white")
+                ax.text(float(xi), b + v / 2, f"{v:.0f}", ha="center", va="center", fontsize=8, color="white")
         bottom += values
     ax.set_xticks(x, labels=table["task"])
     ax.set(xlabel="task (dev set)", ylabel="% of (example, layer, head) maps", ylim=(0, 100))

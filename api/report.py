@@ -7,6 +7,7 @@ out as Markdown/CSV tables and PNG/SVG figures, each naming the model and the da
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -14,11 +15,14 @@ import pandas as pd
 from ..queries import run_query
 from ..queries.dependency import PAPER_RELATIONS
 
+if TYPE_CHECKING:
+    from ..store import Store
+
 CATEGORY_COLOURS = {"to_cls": "tab:red", "to_sep": "tab:blue", "to_punct": "tab:green"}
 CATEGORY_LABELS = {"to_cls": "[CLS]-like", "to_sep": "[SEP]-like", "to_punct": ". or ,"}
 
 
-def _caption(store, run) -> str:
+def _caption(store: Store, run) -> str:
     info = store.run_info(run)
     return f"{info.model} on {info.dataset}:{info.split} ({info.n_stored} examples, run {info.name})"
 
@@ -50,7 +54,7 @@ def _per_layer_scatter(ax, frame: pd.DataFrame, column: str, colour: str, label:
     ax.scatter(frame["layer"] + 1 + offset + jitter, frame[column], s=14, alpha=0.75, color=colour, label=label)
 
 
-def figure_special_tokens(store, run, out: Path) -> tuple[list[str], pd.DataFrame]:
+def figure_special_tokens(store: Store, run, out: Path) -> tuple[list[str], pd.DataFrame]:
     import matplotlib.pyplot as plt
 
     df = run_query(store, "special_tokens", run=run)
@@ -69,7 +73,7 @@ def figure_special_tokens(store, run, out: Path) -> tuple[list[str], pd.DataFram
     return names, df
 
 
-def figure_entropy(store, run, out: Path) -> tuple[list[str], pd.DataFrame]:
+def figure_entropy(store: Store, run, out: Path) -> tuple[list[str], pd.DataFrame]:
     import matplotlib.pyplot as plt
 
     df = run_query(store, "entropy", run=run)
@@ -85,7 +89,7 @@ def figure_entropy(store, run, out: Path) -> tuple[list[str], pd.DataFrame]:
     return names, df
 
 
-def figure_gradients(store, run, grads: pd.DataFrame, out: Path) -> list[str]:
+def figure_gradients(store: Store, run, grads: pd.DataFrame, out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     by_layer = grads.groupby(["metric", "layer"])["value"].mean().unstack(0)
@@ -102,7 +106,7 @@ def figure_gradients(store, run, grads: pd.DataFrame, out: Path) -> list[str]:
     return names
 
 
-def figure_mds(store, run, out: Path, examples) -> tuple[list[str], pd.DataFrame]:
+def figure_mds(store: Store, run, out: Path, examples) -> tuple[list[str], pd.DataFrame]:
     import matplotlib.pyplot as plt
 
     df = run_query(store, "head_clusters", run=run, examples=examples)
@@ -125,7 +129,7 @@ def figure_mds(store, run, out: Path, examples) -> tuple[list[str], pd.DataFrame
     return names, df
 
 
-def clark_report(store, run, out: str, coref_run=None, mds_examples: int = 500, min_count: int = 100) -> Path:
+def clark_report(store: Store, run, out: str, coref_run=None, mds_examples: int = 500, min_count: int = 100) -> Path:
     """Write the report for `run` (a treebank run, e.g. ud/en_ewt:dev) and optionally `coref_run` (gum/ontogum)."""
     import matplotlib
 

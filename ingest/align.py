@@ -142,9 +142,10 @@ def _build(tokenizer, example: StoredExample, segments, enc, j: int, truncated: 
            from_text: bool = False) -> Encoded:
     ids = enc["input_ids"][j]
     pieces = tokenizer.convert_ids_to_tokens(ids)
-    special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True) if from_text else None
-    starts = [[w["char_start"] for w in seg] for seg in segments] if from_text else None
-    texts = [_text(example, k) if seg else "" for k, seg in enumerate(segments)] if from_text else None
+    # read only when aligning raw text by character offsets (`from_text`)
+    special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True) if from_text else []
+    starts = [[w["char_start"] for w in seg] for seg in segments] if from_text else []
+    texts = [_text(example, k) if seg else "" for k, seg in enumerate(segments)] if from_text else []
     tokens = []
     segment = 0
     rows = zip(pieces, ids, enc.word_ids(j), enc.sequence_ids(j), enc["offset_mapping"][j])
@@ -161,15 +162,15 @@ def _build(tokenizer, example: StoredExample, segments, enc, j: int, truncated: 
                                char_end=None if is_special else end))
             continue
         word = segments[seq_id][word_idx] if word_idx is not None and seq_id is not None else None
-        has_chars = word is not None and word["char_start"] is not None
+        word_start = None if word is None else word["char_start"]  # None: the word has no character offsets
         tokens.append(dict(
             token=token,
             token_id=int(token_id),
             word_position=None if word is None else word["position"],
             segment=segment,
             is_special=word is None,
-            char_start=word["char_start"] + start if has_chars else None,
-            char_end=word["char_start"] + end if has_chars else None,
+            char_start=None if word_start is None else word_start + start,
+            char_end=None if word_start is None else word_start + end,
         ))
     type_ids = enc["token_type_ids"][j] if "token_type_ids" in enc else None
     return Encoded(example.id, example.position, list(ids), type_ids, tokens, truncated, full_length)

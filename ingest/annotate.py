@@ -95,7 +95,7 @@ def annotate(examples: Iterable[ExampleInput], annotator) -> Iterator[ExampleInp
         if e.words:
             yield e
             continue
-        words = []
+        words: list[dict] = []
         for segment, ws in ((0, seg_a[e.position]), (1, seg_b.get(e.position, []))):
             base = len(words)
             for w in ws:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,9 @@ from .classifier import Encoded, HeadDisabler, config_name, encode, parse_heads,
 from .finetune import build_classifier, models_folder
 from .glue import GlueTask, compute_metrics, get_task, read_split
 from .model import load_model
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 SPLIT = "dev"
 NO_FINETUNING_SEED = 0
@@ -32,7 +36,7 @@ class Evaluator:
     model_name: str
     model_id: int
     task: GlueTask
-    classifier: object
+    classifier: Any  # a transformers sequence-classification model (torch, imported lazily)
     items: list[Encoded]
     labels: np.ndarray
     pad_id: int
@@ -76,7 +80,7 @@ class Evaluator:
         return compute_metrics(self.task, predictions, self.labels)
 
 
-def open_evaluator(store, *, model: str, task: str, data_dir: str | None = None, max_length: int = 128,
+def open_evaluator(store: Store, *, model: str, task: str, data_dir: str | None = None, max_length: int = 128,
                    dev_limit: int | None = None) -> Evaluator:
     """Load `model` as a classifier for `task`: a fine-tuned model of the store, or a base model with an
     untrained, seeded classifier head ("no fine-tuning", Table 1's first column)."""
@@ -117,13 +121,13 @@ def _rows(ev: Evaluator, config: str, heads, mode: str, scores: dict, baseline: 
             for m, v in scores.items()]
 
 
-def stored_scores(store, ev: Evaluator, config: str, mode: str) -> dict[str, float] | None:
+def stored_scores(store: Store, ev: Evaluator, config: str, mode: str) -> dict[str, float] | None:
     frame = store.ablation_results(model=ev.model_name, task=ev.task.name)
     frame = frame[(frame["config"] == config) & (frame["mode"] == mode) & (frame["split"] == SPLIT)]
     return None if frame.empty else dict(zip(frame["metric"], frame["score"]))
 
 
-def evaluate(store, ev: Evaluator, progress: bool = False) -> dict[str, float]:
+def evaluate(store: Store, ev: Evaluator, progress: bool = False) -> dict[str, float]:
     """The model's dev scores (config "none"): stored once, then read back."""
     stored = stored_scores(store, ev, "none", "none")
     if stored is not None:
@@ -143,7 +147,7 @@ def configurations(spec: str, n_layers: int, n_heads: int) -> list[list[tuple[in
     return [parse_heads(spec, n_layers, n_heads)]
 
 
-def ablate(store, ev: Evaluator, heads: str = "each", mode: str = "uniform", progress: bool = True) -> pd.DataFrame:
+def ablate(store: Store, ev: Evaluator, heads: str = "each", mode: str = "uniform", progress: bool = True) -> pd.DataFrame:
     """Evaluate every configuration of `heads` not yet stored; returns their stored rows (with the baseline)."""
     from tqdm.auto import tqdm
 
@@ -173,7 +177,7 @@ def ablate(store, ev: Evaluator, heads: str = "each", mode: str = "uniform", pro
     return frame[frame["config"].isin(names) & (frame["mode"] == mode)].reset_index(drop=True)
 
 
-def checkpoint_path(store, model: str) -> Path | None:
+def checkpoint_path(store: Store, model: str) -> Path | None:
     """The checkpoint folder of a fine-tuned model registered in the store, or None."""
     row = store.model_row(model)
     if row is None or not (row.get("training") or {}).get("checkpoint"):

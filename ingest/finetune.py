@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +22,9 @@ from .classifier import accepted, collate, encode, length_batches
 from .glue import GlueTask, get_task, read_split, require_train
 from .model import DEFAULT_MODEL, load_model, weights_digest
 from .runner import _progress
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 INITS = ("pretrained", "random")
 STATE_FILE = "training-state.pt"
@@ -51,14 +55,14 @@ def build_classifier(source: str, task: GlueTask, init: str, seed: int):
     return AutoModelForSequenceClassification.from_pretrained(source, config=config, attn_implementation="eager")
 
 
-def models_folder(store) -> Path:
+def models_folder(store: Store) -> Path:
     root = store.locations.models_root
     if "://" in root:
         raise InvalidArgumentError(f"fine-tuned checkpoints need a local models folder, not {root}; set ATTNSTORE_MODELS")
     return Path(root)
 
 
-def finetune(store, *, task: str, model: str = DEFAULT_MODEL, init: str = "pretrained", epochs: int = 3,
+def finetune(store: Store, *, task: str, model: str = DEFAULT_MODEL, init: str = "pretrained", epochs: int = 3,
              batch_size: int = 32, lr: float = 2e-5, seed: int = 0, train_limit: int | None = None,
              max_length: int = 128, warmup: float = 0.1, weight_decay: float = 0.01, name: str | None = None,
              data_dir: str | None = None, progress: bool = True) -> FinetuneResult:

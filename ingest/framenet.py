@@ -22,7 +22,8 @@ FN_NS = "{http://framenet.icsi.berkeley.edu}"
 
 
 def whitespace_words(text: str) -> list[dict]:
-    words, cursor = [], 0
+    words: list[dict] = []
+    cursor = 0
     for form in text.split():
         start = text.index(form, cursor)
         cursor = start + len(form)

@@ -10,8 +10,8 @@ from importlib import metadata
 PACKAGES = ("attnstore", "torch", "transformers", "tokenizers", "spacy", "zarr", "numcodecs", "numpy", "sqlalchemy", "pandas")
 
 
-def package_versions() -> dict:
-    versions = {}
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)

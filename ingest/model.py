@@ -16,6 +16,7 @@ import os
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .errors import ModelError, ModelNotFoundError, UnsupportedModelError
 
@@ -37,8 +38,9 @@ TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt", "voca
 class LoadedModel:
     name: str
     source: str
-    model: object
-    tokenizer: object
+    # transformers objects (imported lazily, so typed Any): a PreTrainedModel in eval mode and its tokenizer
+    model: Any
+    tokenizer: Any
     weights_sha256: str
     architecture: str
     n_layers: int
@@ -52,7 +54,7 @@ class LoadedModel:
     pad_id: int = 0  # fills batches (the tokenizer's pad token, else its eos token); masked out by attention_mask
     # The tokenizer for words given already split (`is_split_into_words`), and how it differs from `tokenizer`:
     # byte-level BPE (RoBERTa, GPT-2) needs add_prefix_space=True there. None: the same tokenizer.
-    word_tokenizer: object | None = None
+    word_tokenizer: Any = None
     word_tokenizer_options: dict = field(default_factory=dict)
 
     def record(self) -> dict:
@@ -392,7 +394,7 @@ def _byte_level_without_prefix_space(tokenizer) -> bool:
     return state.get("type") == "ByteLevel" and not state.get("add_prefix_space", False)
 
 
-def word_tokenizer_for(tokenizer, source: str, offline: bool) -> tuple[object | None, dict]:
+def word_tokenizer_for(tokenizer, source: str, offline: bool) -> tuple[Any, dict]:
     """The tokenizer for words given already split, and the options it was loaded with.
 
     Byte-level BPE (RoBERTa, GPT-2, BART fast tokenizers) marks word starts with a space:

@@ -25,6 +25,7 @@ import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -40,6 +41,9 @@ from ..queries.patterns import (
     token_layout,
 )
 from ..store.errors import InvalidArgumentError, NotFoundError
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 SIZE = 32
 WIDTH = 16
@@ -180,7 +184,7 @@ def _summary(result: dict) -> dict:
                 confusion=result["confusion"].tolist())
 
 
-def train_from_store(store, out: str | Path, *, source: str = "human", test_fraction: float = 0.25, seed: int = 0,
+def train_from_store(store: Store, out: str | Path, *, source: str = "human", test_fraction: float = 0.25, seed: int = 0,
                      epochs: int = EPOCHS, size: int = SIZE, width: int = WIDTH, masks: bool = False) -> dict:
     """Train on the stored labels of `source` with a seeded stratified held-out part; evaluate the CNN and the
     rules (module thresholds) on the same held-out maps. Writes the weights + split to `out` and the report
@@ -231,7 +235,7 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def classify_run(store, run, model_file: str | Path, *, examples=None, max_examples: int = 1000, seed: int = 0,
+def classify_run(store: Store, run, model_file: str | Path, *, examples=None, max_examples: int = 1000, seed: int = 0,
                  save: bool = False) -> pd.DataFrame:
     """CNN class of every (example, layer, head) map of up to max_examples examples (default_rng(seed) sample).
 

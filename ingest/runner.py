@@ -17,12 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..store import arrays
 from ..store.errors import BusyError
 from ..store.leases import live_holder
 from ..store.records import RunInfo
-from ..store.store import run_lease_name, validate_run_name
+from ..store.writer import run_lease_name, validate_run_name
 from .align import TOKENIZATIONS, TRUNCATION_POLICIES, Encoded, can_use_text, encode_batch, pad_inputs
 from .annotate import annotate, make_annotator
 from .corpus import file_checksum, read_corpus
@@ -30,6 +31,9 @@ from .datasets import dataset_path, find_dataset, path_checksum, resolve_data_di
 from .errors import CorpusError, EmptyCorpusError, IngestError, InvalidArgumentError
 from .manifest import build_manifest
 from .model import DEFAULT_MODEL, LoadedModel, load_model
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 ROW_SUM_TOLERANCE = 1e-3
 INSERT_BATCH = 256
@@ -119,7 +123,7 @@ def plan_dataset(source: CorpusSource, *, limit: int | None = None, sample: int 
     return DatasetPlan(source, chosen, source.split + suffix, options)
 
 
-def register_dataset(store, source: CorpusSource | DatasetPlan, *, annotator: str = "spacy", limit: int | None = None,
+def register_dataset(store: Store, source: CorpusSource | DatasetPlan, *, annotator: str = "spacy", limit: int | None = None,
                      sample: int | None = None, seed: int = 0, progress: bool = True) -> tuple[int, str]:
     """Validate the whole corpus, then store the selected examples with words (resuming a partial load).
 
@@ -138,7 +142,7 @@ def register_dataset(store, source: CorpusSource | DatasetPlan, *, annotator: st
         if existing is not None and existing["status"] == "complete":
             return existing["id"], existing["annotator"]  # loaded by the process we waited for
         tool = None if source.gold else make_annotator(annotator)
-        annotator_name = "gold" if source.gold else tool.name
+        annotator_name = "gold" if tool is None else tool.name
         dataset_id, _ = store.find_or_create_dataset(
             name=source.name, split=plan.split, checksum=source.checksum, format=source.fmt, source=source.source,
             annotator=annotator_name, license=source.license, options=plan.options)
@@ -213,7 +217,7 @@ def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) 
     return blocks
 
 
-def ingest(store, *, corpus: str | None = None, fmt: str | None = None, dataset: str | None = None,
+def ingest(store: Store, *, corpus: str | None = None, fmt: str | None = None, dataset: str | None = None,
            data_dir: str | None = None, model: str = DEFAULT_MODEL, name: str | None = None,
            dataset_name: str | None = None, split: str | None = None, annotator: str = "spacy",
            batch_size: int = 32, max_length: int | None = None, truncation: str = "truncate", dtype: str = "float16",
@@ -249,18 +253,22 @@ def ingest(store, *, corpus: str | None = None, fmt: str | None = None, dataset:
     codec = codec or dict(arrays.DEFAULT_CODEC)
     arrays.make_codec(codec, dtype)  # a bad codec fails here, before anything is stored
     started = time.perf_counter()
-    source = (file_source(corpus, fmt, dataset_name, split, **read_options) if corpus is not None
-              else builtin_source(dataset, data_dir, window_words=window_words))
+    if corpus is not None:
+        assert fmt is not None  # refused above
+        source = file_source(corpus, fmt, dataset_name, split, **read_options)
+    else:
+        assert dataset is not None  # refused above: one of corpus and dataset
+        source = builtin_source(dataset, data_dir, window_words=window_words)
     if name is not None:
         _refuse_if_busy(store, name)  # fail at once, before reading the corpus or loading the model
     # The model and corpus are checked before anything is written: a bad --model or a bad
     # record leaves the store as it was.
     registered = store.model_row(model) if loaded is None else None
-    finetuned = registered is not None and (registered.get("training") or {}).get("checkpoint")
-    if finetuned:  # a model fine-tuned in this store: its encoder, from the store's models folder
+    finetuned = registered if registered is not None and (registered.get("training") or {}).get("checkpoint") else None
+    if finetuned is not None:  # a model fine-tuned in this store: its encoder, from the store's models folder
         from .finetune import models_folder
 
-        loaded = load_model(str(models_folder(store) / registered["training"]["checkpoint"]))
+        loaded = load_model(str(models_folder(store) / finetuned["training"]["checkpoint"]))
     loaded = loaded or load_model(model)
     if max_length is not None and not 2 < max_length <= loaded.max_length:
         raise InvalidArgumentError(f"--max-length must be between 3 and the model's limit {loaded.max_length}")
@@ -271,7 +279,7 @@ def ingest(store, *, corpus: str | None = None, fmt: str | None = None, dataset:
     validate_run_name(run_name)
     with store.lease(run_lease_name(run_name), f"run {run_name!r}") as lease:
         dataset_id, annotator_name = register_dataset(store, plan, annotator=annotator, progress=progress)
-        model_id = registered["id"] if finetuned else store.find_or_create_model(**loaded.record())
+        model_id = finetuned["id"] if finetuned is not None else store.find_or_create_model(**loaded.record())
         dataset_row = store.sql("SELECT n_examples FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
         manifest = build_manifest(loaded=loaded, corpus=source.source, fmt=source.fmt, corpus_checksum=source.checksum,
                                   annotator=annotator_name, dtype=dtype, max_length=max_length, truncation=truncation,
@@ -309,21 +317,21 @@ def _checked(group, tokenization: str):
     return group
 
 
-def _refuse_if_busy(store, run_name: str) -> None:
+def _refuse_if_busy(store: Store, run_name: str) -> None:
     holder = live_holder(store.engine, run_lease_name(run_name))
     if holder is not None:
         raise BusyError(f"run {run_name!r} is being written by {holder.describe()}; wait for it to finish "
                         f"(or stop it: a killed writer's run resumes with the same command)")
 
 
-def _mark_interrupted(store, run_id: int) -> None:
+def _mark_interrupted(store: Store, run_id: int) -> None:
     try:
         store.fail_run(run_id, status="interrupted")
     except Exception:
         pass  # e.g. the database is on the full disk too: a run whose writer is gone reads as interrupted anyway
 
 
-def _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress,
+def _run_batches(store: Store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress,
                  tokenization) -> int:
     # Batches are planned over the whole dataset, already-stored examples included, so a resumed
     # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):

@@ -7,9 +7,13 @@
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 from ..store.errors import IncompleteRunWarning, NotFoundError
 from .registry import QUERIES, QuerySpec, get_query, register
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 _MODULES = ("relative_position", "special_tokens", "entropy", "word_level", "dependency", "coreference", "head_clusters",
             "feature_attention", "token_to_token", "run_similarity", "frame_heads", "patterns")
@@ -23,7 +27,7 @@ def load_all() -> None:
         importlib.import_module(f"{__name__}.{name}")
 
 
-def run_query(store, name: str, *, run, **params):
+def run_query(store: Store, name: str, *, run, **params):
     """Run query `name` over `run` as one consistent snapshot of its committed examples.
 
     A run still being written, or interrupted, is queried over the examples stored so far

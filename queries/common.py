@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from ..store.records import RunInfo
 from .errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 SUBWORD_MARKERS = ("##", "Ġ", "▁")  # WordPiece, byte-level BPE, SentencePiece
 
@@ -29,7 +33,7 @@ def special_id(info: RunInfo, role: str) -> int | None:
     return None if entry is None else int(entry["id"])
 
 
-def is_causal(store, info: RunInfo) -> bool:
+def is_causal(store: Store, info: RunInfo) -> bool:
     """Whether the run's model attends only to earlier tokens (decoder-only: GPT-2, Llama), as probed when it was
     loaded (`models.causal`). Row i of a causal map sees i + 1 tokens, which changes baselines such as uniform
     attention; models registered before that column existed (NULL) count as bidirectional."""
@@ -41,7 +45,7 @@ def is_causal(store, info: RunInfo) -> bool:
 CAUSAL_NOTE = "causal model: the first token attends only to itself, and no token attends to a later one"
 
 
-def token_flags(store, info: RunInfo, punct: str = ".,") -> dict[int, TokenFlags]:
+def token_flags(store: Store, info: RunInfo, punct: str = ".,") -> dict[int, TokenFlags]:
     """Per example, which tokens are the first special token ([CLS]-like), separators, other specials, punctuation.
 
     Roles come from the tokenizer recorded with the model (cls/sep, else bos/eos), never from strings.
@@ -65,7 +69,7 @@ def token_flags(store, info: RunInfo, punct: str = ".,") -> dict[int, TokenFlags
     }
 
 
-def iter_maps(store, info: RunInfo, examples=None) -> Iterator[tuple[int, np.ndarray]]:
+def iter_maps(store: Store, info: RunInfo, examples=None) -> Iterator[tuple[int, np.ndarray]]:
     """(example, maps as stored, float16 or float32) over a run, streamed; reduce with dtype=np.float64."""
     yield from store.iter_attention(info.id, examples)
 
@@ -78,7 +82,7 @@ def per_head_frame(info: RunInfo, **columns: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame(data)
 
 
-def safe_divide(total: np.ndarray, count) -> np.ndarray:
+def safe_divide(total: np.ndarray | float, count) -> np.ndarray:
     count = np.asarray(count, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / np.where(count > 0, count, 1), np.nan)

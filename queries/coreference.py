@@ -12,12 +12,17 @@ by the kind of the mention: pronoun, proper (name) or nominal.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from .common import iter_maps, per_head_frame, safe_divide
 from .registry import register
 from .word_level import most_attended_words, units_of
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 KINDS = ("pronoun", "proper", "nominal")
 BASELINES = ("nearest", "head_match", "sieve")
@@ -52,7 +57,7 @@ def choose_antecedent(mention: dict, candidates: list[dict], method: str) -> dic
     return nearest
 
 
-def coreference_counts(store, run, examples=None):
+def coreference_counts(store: Store, run, examples=None):
     info = store.run_info(run)
     words = {int(k): g.reset_index(drop=True) for k, g in store.word_table(info.id).groupby("example")}
     mentions = {int(k): g for k, g in store.mention_table(info.id).groupby("example")}
@@ -67,7 +72,7 @@ def coreference_counts(store, run, examples=None):
         forms = w["form"].str.lower().tolist()
         pred, unit_words = most_attended_words(maps, units_of(tokens[example]["word_position"]))
         unit_of = {int(p): i for i, p in enumerate(unit_words)}
-        found = []
+        found: list[dict] = []
         for m in mentions[example].sort_values("doc_order").to_dict("records"):
             m["head_form"] = forms[m["head"]]
             m["text"] = " ".join(forms[m["word_start"]:m["word_end"]])
@@ -88,7 +93,7 @@ def coreference_counts(store, run, examples=None):
 
 
 @register("coreference")
-def coreference(store, *, run, examples=None) -> pd.DataFrame:
+def coreference(store: Store, *, run, examples=None) -> pd.DataFrame:
     """Per head, antecedent-selection accuracy: all mentions and by kind (pronoun, proper, nominal).
 
     Columns: layer, head, all, pronoun, proper, nominal. Needs a run over a corpus with
@@ -101,7 +106,7 @@ def coreference(store, *, run, examples=None) -> pd.DataFrame:
 
 
 @register("coreference_summary", per_head=False)
-def coreference_summary(store, *, run, examples=None) -> pd.DataFrame:
+def coreference_summary(store: Store, *, run, examples=None) -> pd.DataFrame:
     """Table 2 of Clark et al.: the best head (by all mentions) against the three baselines.
 
     Columns: method (`head L-H`, nearest, head_match, sieve), layer, head, all, pronoun,

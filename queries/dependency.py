@@ -20,14 +20,19 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
+from ..store.records import RunInfo
 from .common import iter_maps, per_head_frame, unique_argmax
 from .errors import InvalidArgumentError
 from .registry import register
 from .word_level import units_of, word_level
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 DIRECTIONS = ("dep2head", "head2dep")
 HEAD2DEP = ("transpose", "direct")
@@ -37,7 +42,7 @@ OFFSETS = (-3, -2, -1, 1, 2, 3)
 # Approximate where the schemes attach words differently: UD attaches a preposition to
 # its noun (`case`), SD to the verb/noun it modifies (`prep`); the noun of a PP is UD
 # `obl`/`nmod` (attached to the verb/noun), SD `pobj` (attached to the preposition).
-PAPER_RELATIONS = {
+PAPER_RELATIONS: dict[str, tuple[str, ...]] = {
     "prep": ("case",), "pobj": ("obl", "nmod"), "det": ("det",), "nn": ("compound",), "nsubj": ("nsubj",),
     "amod": ("amod",), "dobj": ("obj",), "advmod": ("advmod",), "aux": ("aux",), "poss": ("nmod:poss",),
     "auxpass": ("aux:pass",), "ccomp": ("ccomp",), "mark": ("mark",), "prt": ("compound:prt",),
@@ -52,7 +57,7 @@ POSSESSIVE_MARKERS = ("'s", "’s", "'", "’", "s'", "s’")
 class DependencyCounts:
     """Hits per (direction, layer, head, relation) over the non-root edges, and the root words apart."""
 
-    info: object
+    info: RunInfo
     relations: list[str]
     correct: np.ndarray  # (2, layers, heads, relations)
     totals: np.ndarray  # (relations,) edges evaluated
@@ -82,7 +87,7 @@ def word_predictions(maps: np.ndarray, units) -> tuple[np.ndarray, np.ndarray, n
     return unique_argmax(wmap), unique_argmax(np.swapaxes(wmap, -1, -2)), units.word[keep]
 
 
-def dependency_counts(store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True
+def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True
                       ) -> DependencyCounts:
     """Correct predictions per (direction, layer, head, relation), edge counts, baseline hits, root words."""
     _check("head2dep", head2dep, HEAD2DEP)
@@ -160,7 +165,7 @@ def dependency_counts(store, run, examples=None, head2dep: str = "transpose", po
 
 
 @register("dependency")
-def dependency(store, *, run, examples=None, min_count: int = 100, head2dep: str = "transpose",
+def dependency(store: Store, *, run, examples=None, min_count: int = 100, head2dep: str = "transpose",
                poss_apostrophe: bool = True) -> pd.DataFrame:
     """Per head, accuracy at finding the gold head of each relation's dependents, in both directions.
 
@@ -182,7 +187,7 @@ def dependency(store, *, run, examples=None, min_count: int = 100, head2dep: str
 
 
 @register("dependency_summary", per_head=False)
-def dependency_summary(store, *, run, examples=None, min_count: int = 100, direction: str = "best",
+def dependency_summary(store: Store, *, run, examples=None, min_count: int = 100, direction: str = "best",
                        head2dep: str = "transpose", root_in_all: bool = True, poss_apostrophe: bool = True) -> pd.DataFrame:
     """Table 1 of Clark et al.: per relation, the best head against the best fixed offset.
 
@@ -210,7 +215,8 @@ def dependency_summary(store, *, run, examples=None, min_count: int = 100, direc
     baseline = np.concatenate([baseline_all[:, None], counts.baseline], axis=-1)
     totals = np.concatenate([[counts.totals.sum() + n_root], counts.totals])
     paper["all"] = "All"
-    chosen = {"best": [(0, 1)], "each": [(0,), (1,)], "dep2head": [(0,)], "head2dep": [(1,)]}[direction]
+    groups: dict[str, list[tuple[int, ...]]] = {"best": [(0, 1)], "each": [(0,), (1,)], "dep2head": [(0,)], "head2dep": [(1,)]}
+    chosen = groups[direction]
     rows = []
     for r, rel in enumerate(relations):
         if totals[r] < min_count or totals[r] == 0:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from math import lgamma
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from .common import CAUSAL_NOTE, check_average, is_causal, iter_maps, per_head_frame, safe_divide, token_flags
 from .registry import register
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 
 def row_entropy(maps: np.ndarray) -> np.ndarray:
@@ -18,7 +22,7 @@ def row_entropy(maps: np.ndarray) -> np.ndarray:
 
 
 @register("entropy")
-def entropy(store, *, run, examples=None, average: str = "example") -> pd.DataFrame:
+def entropy(store: Store, *, run, examples=None, average: str = "example") -> pd.DataFrame:
     """Mean entropy (nats) of each head's attention, over all query tokens and from the first special token only.
 
     Columns: layer, head;

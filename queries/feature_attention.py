@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from .common import TokenFlags, iter_maps, parse_choices, token_flags
 from .registry import register
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 # Paper, footnote 6: the authors' list of negation words.
 NEGATION_WORDS = frozenset({"neither", "nor", "not", "never", "none", "don't", "won't", "didn't", "hadn't", "haven't",
@@ -89,7 +93,7 @@ class FeatureMasks:
     flags: dict[int, TokenFlags]
 
 
-def feature_masks(store, info, features=FEATURES) -> FeatureMasks:
+def feature_masks(store: Store, info, features=FEATURES) -> FeatureMasks:
     """Token masks of every feature for every stored example of a run.
 
     Word features cover every wordpiece of a matching word (special tokens never match);
@@ -126,7 +130,7 @@ def feature_masks(store, info, features=FEATURES) -> FeatureMasks:
 
 
 @register("feature_attention", per_head=False)
-def feature_attention(store, *, run, features: str | None = None, examples=None) -> pd.DataFrame:
+def feature_attention(store: Store, *, run, features: str | None = None, examples=None) -> pd.DataFrame:
     """Kovaleva K5: per head, normalised attention received by nouns, verbs, ... negation, [CLS], [SEP] (long format).
 
     For each example and head, a token's score is the sum over all query tokens of the

@@ -9,12 +9,17 @@ the LU and a token of a core FE, in either direction; average over the kept sent
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from .common import iter_maps, per_head_frame
 from .errors import InvalidArgumentError
 from .registry import register
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 CORE = ("type", "set")
 
@@ -44,22 +49,25 @@ def annotation_sets(rows: pd.DataFrame):
     """(example, LU word span or None, [(FE start, end, core_type, in_core_set)] of overt FEs) per frame row."""
     records = zip(rows["example"], rows["frame_row_id"], rows["target_start"], rows["target_end"], rows["fe_id"],
                   rows["core_type"], rows["in_core_set"], rows["word_start"], rows["word_end"])
-    current, out = None, None
+    current = None
+    out: tuple[int, tuple[int | None, int | None] | None, list[tuple[int, int, str, bool]]] | None = None
+    fes: list[tuple[int, int, str, bool]] = []
     for example, frame_row, t_start, t_end, fe_id, core_type, in_set, w_start, w_end in records:
         if frame_row != current:
             if out is not None:
                 yield out
             current = frame_row
             lu = (_int(t_start), _int(t_end))
-            out = (int(example), None if None in lu else lu, [])
+            fes = []
+            out = (int(example), None if None in lu else lu, fes)
         start, end = _int(w_start), _int(w_end)
         if _int(fe_id) is not None and start is not None and end is not None:
-            out[2].append((start, end, core_type, bool(in_set)))
+            fes.append((start, end, core_type, bool(in_set)))
     if out is not None:
         yield out
 
 
-def select_sentences(store, info, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2,
+def select_sentences(store: Store, info, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2,
                      core: str = "type") -> tuple[dict[int, list[tuple[tuple[int, int], list[tuple[int, int]]]]], dict]:
     """Annotation sets that pass the filters, per example: [(LU span, [core FE spans])], and the count after each filter."""
     if core not in CORE:
@@ -99,7 +107,7 @@ def select_sentences(store, info, examples=None, max_words: int = 12, max_fe_wor
     return kept, counts
 
 
-def frame_head_scores(store, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2,
+def frame_head_scores(store: Store, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2,
                       core: str = "type"):
     info = store.run_info(run)
     kept, counts = select_sentences(store, info, examples, max_words, max_fe_words, min_distance, core)
@@ -127,7 +135,7 @@ def frame_head_scores(store, run, examples=None, max_words: int = 12, max_fe_wor
 
 
 @register("frame_heads")
-def frame_heads(store, *, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2,
+def frame_heads(store: Store, *, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2,
                 core: str = "type", percentile: float = 99.0) -> pd.DataFrame:
     """Kovaleva K2: per head, mean over FrameNet sentences of the max attention between the LU and its core frame elements.
 
@@ -150,7 +158,7 @@ def frame_heads(store, *, run, examples=None, max_words: int = 12, max_fe_words:
 
 
 @register("frame_heads_top", per_head=False)
-def frame_heads_top(store, *, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2,
+def frame_heads_top(store: Store, *, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2,
                     core: str = "type", percentile: float = 99.0) -> pd.DataFrame:
     """Kovaleva K2: the heads of `frame_heads` above the given percentile of all heads (paper: 99th), best first.
 

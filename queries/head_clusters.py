@@ -9,11 +9,17 @@ up to rotation and reflection.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
+from ..store.records import RunInfo
 from .common import iter_maps
 from .registry import register
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 
 def xlogx_ratio(p: np.ndarray, log_p: np.ndarray, log_m: np.ndarray) -> np.ndarray:
@@ -49,7 +55,7 @@ def classical_mds(distances: np.ndarray, dims: int = 2) -> np.ndarray:
     return vectors[:, top] * np.sqrt(np.clip(values[top], 0, None))
 
 
-def head_distance_sum(store, run, examples=None) -> tuple[object, np.ndarray, int]:
+def head_distance_sum(store: Store, run, examples=None) -> tuple[RunInfo, np.ndarray, int]:
     info = store.run_info(run)
     total = np.zeros((info.n_layers * info.n_heads,) * 2)
     n_tokens = 0
@@ -60,7 +66,7 @@ def head_distance_sum(store, run, examples=None) -> tuple[object, np.ndarray, in
 
 
 @register("head_distances", per_head=False)
-def head_distances(store, *, run, examples=None) -> pd.DataFrame:
+def head_distances(store: Store, *, run, examples=None) -> pd.DataFrame:
     """Distance between every pair of heads: summed Jensen-Shannon divergence of their attention.
 
     Columns: layer_a, head_a, layer_b, head_b, distance (sum over all query tokens, nats),
@@ -68,15 +74,14 @@ def head_distances(store, *, run, examples=None) -> pd.DataFrame:
     """
     info, total, n_tokens = head_distance_sum(store, run, examples)
     n = info.n_layers * info.n_heads
-    a, b = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-    a, b = a.ravel(), b.ravel()
+    a, b = (grid.ravel() for grid in np.meshgrid(np.arange(n), np.arange(n), indexing="ij"))
     return pd.DataFrame({"layer_a": a // info.n_heads, "head_a": a % info.n_heads, "layer_b": b // info.n_heads,
                          "head_b": b % info.n_heads, "distance": total.ravel(),
                          "mean_distance": total.ravel() / max(n_tokens, 1)})
 
 
 @register("head_clusters")
-def head_clusters(store, *, run, examples=None) -> pd.DataFrame:
+def head_clusters(store: Store, *, run, examples=None) -> pd.DataFrame:
     """2-D multidimensional scaling of the heads by summed Jensen-Shannon distance (Fig. 6).
 
     Columns: layer, head, x, y (coordinates; only relative positions mean anything).

@@ -41,12 +41,16 @@ This module needs numpy and pandas only; the CNN classifier is in attnstore.inge
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from .errors import InvalidArgumentError
 from .registry import register
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 CLASSES = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
 
@@ -243,7 +247,7 @@ def _macro_f1_rows(true: np.ndarray, preds: np.ndarray, k: int) -> np.ndarray:
 # ---------------------------------------------------------------- reading a run
 
 
-def token_layout(store, info) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def token_layout(store: Store, info) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per example position: (special mask, segment ids) of its tokens, from the tokenizer's roles."""
     table = store.token_table(info.id)
     out = {}
@@ -252,7 +256,7 @@ def token_layout(store, info) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-def sample_examples(store, info, examples=None, max_examples: int = 1000, seed: int = 0) -> list[int]:
+def sample_examples(store: Store, info, examples=None, max_examples: int = 1000, seed: int = 0) -> list[int]:
     """Stored (not skipped) example positions, restricted to `examples`; a default_rng(seed) sample of
     `max_examples` when there are more (sorted)."""
     if max_examples is not None and max_examples < 1:
@@ -276,7 +280,7 @@ def _check_source(source: str) -> None:
 
 
 @register("pattern_classes", per_head=False)
-def pattern_classes(store, *, run, examples=None, max_examples: int = 1000, seed: int = 0, save: bool = False) -> pd.DataFrame:
+def pattern_classes(store: Store, *, run, examples=None, max_examples: int = 1000, seed: int = 0, save: bool = False) -> pd.DataFrame:
     """Rule-based attention-pattern class of every (example, layer, head) map (Kovaleva et al. Fig 1).
 
     Columns: example, layer, head, label (vertical, diagonal, vertical+diagonal, block,
@@ -304,7 +308,7 @@ def pattern_classes(store, *, run, examples=None, max_examples: int = 1000, seed
     return frame
 
 
-def labels_of(store, info, source: str, examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
+def labels_of(store: Store, info, source: str, examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Labels (example, layer, head, label) of a run from `source`: "rules" classifies now, any other
     source reads pattern_labels (over the same example sample)."""
     _check_source(source)
@@ -319,7 +323,8 @@ def labels_of(store, info, source: str, examples=None, max_examples: int = 1000,
 
 
 @register("pattern_proportions", per_head=False)
-def pattern_proportions(store, *, run, source: str = "rules", examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
+def pattern_proportions(store: Store, *, run, source: str = "rules", examples=None, max_examples: int = 1000,
+                        seed: int = 0) -> pd.DataFrame:
     """Share of maps in each attention-pattern class over a run (Kovaleva et al. Fig 2's bars).
 
     Columns: label (the five classes, in order), n_maps, fraction (of all maps read), n_examples.
@@ -336,7 +341,7 @@ def pattern_proportions(store, *, run, source: str = "rules", examples=None, max
 
 
 @register("pattern_heads")
-def pattern_heads(store, *, run, source: str = "rules", examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
+def pattern_heads(store: Store, *, run, source: str = "rules", examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per head, the share of its maps in each attention-pattern class, and its most frequent class.
 
     Columns: layer, head, vertical, diagonal, vertical+diagonal, block, heterogeneous (fractions of
@@ -357,7 +362,7 @@ def pattern_heads(store, *, run, source: str = "rules", examples=None, max_examp
     return frame
 
 
-def labelled_maps(store, source: str = "human", run=None) -> tuple[pd.DataFrame, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+def labelled_maps(store: Store, source: str = "human", run=None) -> tuple[pd.DataFrame, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """Stored labels of `source` with their maps, in a fixed order (run id, example, layer, head).
 
     Returns (frame, maps): frame has the pattern_labels columns plus the rule scores; maps[i] is
@@ -383,6 +388,6 @@ def labelled_maps(store, source: str = "human", run=None) -> tuple[pd.DataFrame,
     return frame, maps
 
 
-def labelled_scores(store, source: str = "human") -> pd.DataFrame:
+def labelled_scores(store: Store, source: str = "human") -> pd.DataFrame:
     """Stored labels of `source` with the rule scores of their maps (see labelled_maps)."""
     return labelled_maps(store, source)[0]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,9 @@ import pandas as pd
 from .common import iter_maps
 from .errors import InvalidArgumentError, NotFoundError
 from .word_level import units_of, word_level
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 KINDS = ("attn", "attn+words", "right-branching", "distance+words")
 # Input-embedding tables in safetensors: BERT-like encoders, Llama-like and GPT-2-like decoders.
@@ -50,7 +54,7 @@ class ProbeData:
     token_ids: list  # per word id: its wordpiece ids (ROOT: the [CLS]-like id)
 
 
-def collect(store, run, examples=None, max_examples: int | None = None) -> ProbeData:
+def collect(store: Store, run, examples=None, max_examples: int | None = None) -> ProbeData:
     """Build probe inputs from a run's stored maps and its gold trees (sentences must be whole)."""
     info = store.run_info(run)
     words = {int(k): g.reset_index(drop=True) for k, g in store.word_table(info.id).groupby("example")}
@@ -61,8 +65,10 @@ def collect(store, run, examples=None, max_examples: int | None = None) -> Probe
             f"inputs, and attention probes use one as the ROOT candidate; probe a run of a model whose tokenizer adds one")
     tokens = {int(k): g for k, g in table.groupby("example")}
     cls_id = int((info.special_tokens.get("cls") or info.special_tokens.get("bos") or {"id": 0})["id"])
-    parts = {k: [] for k in ("attn", "cand", "dep", "offset", "gold")}
-    starts, right, token_ids = [], [], []
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("attn", "cand", "dep", "offset", "gold")}
+    starts: list[int] = []
+    right: list[float] = []
+    token_ids: list[list[int]] = []
     n_pairs = used = 0
     for example, maps in iter_maps(store, info, examples):
         if max_examples is not None and used >= max_examples:
@@ -104,11 +110,11 @@ def collect(store, run, examples=None, max_examples: int | None = None) -> Probe
             right.append(float(gold_c == (j + 2 if j + 1 < n else 0)))
     if not starts:
         raise NotFoundError(f"run {info.name!r} has no whole sentences with dependency trees to probe")
-    return ProbeData(*(np.concatenate(parts[k]) for k in ("attn", "cand", "dep", "offset", "gold")),
-                     np.array(starts), np.array(right), token_ids)
+    attn, cand, dep, offset, gold = (np.concatenate(parts[k]) for k in ("attn", "cand", "dep", "offset", "gold"))
+    return ProbeData(attn, cand, dep, offset, gold, np.array(starts), np.array(right), token_ids)
 
 
-def word_vectors(store, run, data: ProbeData) -> np.ndarray:
+def word_vectors(store: Store, run, data: ProbeData) -> np.ndarray:
     """Each probe word's vector: the mean of the model's input embeddings of its pieces."""
     info = store.run_info(run)
     source = Path(info.manifest.get("model", {}).get("source", ""))
@@ -146,6 +152,12 @@ def _group_softmax(scores: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return e / np.repeat(np.add.reduceat(e, starts), counts)
 
 
+def _needs_vectors(vectors: np.ndarray | None, kind: str) -> np.ndarray:
+    if vectors is None:
+        raise InvalidArgumentError(f"a {kind!r} probe needs word vectors (see word_vectors)")
+    return vectors
+
+
 class Probe:
     """A log-linear head selector with parameters `params` (dict of arrays) and a `scores` function."""
 
@@ -171,6 +183,7 @@ class Probe:
             def back(g):
                 return {"w": data.attn.T @ g}
         elif self.kind == "attn+words":
+            vectors = _needs_vectors(vectors, self.kind)
             cand_w = vectors @ p["top"]  # (words, 2K): weights as functions of the candidate's vector
             dep_w = vectors @ p["bottom"]
             weights = cand_w[data.cand] + dep_w[data.dep] + p["w"]
@@ -181,6 +194,7 @@ class Probe:
                 return {"top": vectors.T @ sum_by(ga, data.cand, len(vectors)),
                         "bottom": vectors.T @ sum_by(ga, data.dep, len(vectors)), "w": ga.sum(0)}
         else:
+            vectors = _needs_vectors(vectors, self.kind)
             dim = vectors.shape[1]
             # per-word scalars first, then gathered: no (pairs x dim) temporaries
             s = (vectors @ p["v"][:dim])[data.cand] + (vectors @ p["v"][dim:])[data.dep] + p["b"][data.offset]
@@ -221,7 +235,7 @@ def attachment_score(scores: np.ndarray, data: ProbeData) -> float:
     return float(data.gold[first_top].mean())
 
 
-def train_and_evaluate(store, *, run, eval_run, kind: str, max_train: int | None = 2000, max_eval: int | None = None,
+def train_and_evaluate(store: Store, *, run, eval_run, kind: str, max_train: int | None = 2000, max_eval: int | None = None,
                        epochs: int = 100, lr: float = 0.05, seed: int = 0) -> dict:
     """Train a probe on `run`, measure UAS on `eval_run`; returns a result record."""
     if kind not in KINDS:
@@ -234,7 +248,7 @@ def train_and_evaluate(store, *, run, eval_run, kind: str, max_train: int | None
     needs_words = kind in ("attn+words", "distance+words")
     train_vec = word_vectors(store, run, train) if needs_words else None
     test_vec = word_vectors(store, eval_run, test) if needs_words else None
-    dim = train_vec.shape[1] if needs_words else 0
+    dim = 0 if train_vec is None else train_vec.shape[1]
     probe = Probe(kind, train.attn.shape[1], dim, seed)
     losses = probe.fit(train, train_vec, epochs=epochs, lr=lr)
     return dict(kind=kind, uas=probe.uas(test, test_vec), train_uas=probe.uas(train, train_vec), n_train=len(train.starts),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from ..store import Store
 from .errors import InvalidArgumentError, UnknownQueryError
 
 
@@ -83,15 +84,16 @@ def param_type(spec: QuerySpec, name: str) -> tuple[type, bool]:
     """(bool, int, float or str; whether None is allowed) from the annotation, else from the default."""
     param = spec.parameters()[name]
     try:
-        hint = typing.get_type_hints(spec.func).get(name, inspect.Parameter.empty)
+        # Query modules import Store for type checking only: name it here so every annotation resolves.
+        hint = typing.get_type_hints(spec.func, localns={"Store": Store}).get(name, inspect.Parameter.empty)
     except Exception:  # some annotation does not resolve: read this one's text
         hint = _simple_annotation(param.annotation)
     nullable = param.default is None
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         args = typing.get_args(hint)
         nullable = nullable or type(None) in args
-        args = [a for a in args if a is not type(None)]
-        hint = args[0] if len(args) == 1 else inspect.Parameter.empty
+        members = [a for a in args if a is not type(None)]
+        hint = members[0] if len(members) == 1 else inspect.Parameter.empty
     if hint in _KINDS:
         return hint, nullable
     default = param.default

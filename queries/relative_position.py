@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from .common import CAUSAL_NOTE, check_average, is_causal, iter_maps, per_head_frame, safe_divide
 from .registry import register
 
+if TYPE_CHECKING:
+    from ..store import Store
+
 
 @register("relative_position")
-def relative_position(store, *, run, examples=None, average: str = "example") -> pd.DataFrame:
+def relative_position(store: Store, *, run, examples=None, average: str = "example") -> pd.DataFrame:
     """Mean attention per head from each token to the previous, the same and the next token.
 
     Columns: layer, head, to_previous, to_self, to_next.

@@ -7,6 +7,8 @@ over the examples (at most `max_examples`, a seeded random sample when there are
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
@@ -14,11 +16,14 @@ from .common import per_head_frame
 from .errors import InvalidArgumentError, NotFoundError
 from .registry import register
 
+if TYPE_CHECKING:
+    from ..store import Store
+
 # Maps of both runs held at once for one batch of examples: at most about this many cells per run.
 BATCH_CELLS = 1 << 24
 
 
-def shared_examples(store, a, b, examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
+def shared_examples(store: Store, a, b, examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Examples stored (not skipped) in both runs: example, example_id, length; checked to be the same inputs."""
     if a.dataset_id != b.dataset_id:
         raise InvalidArgumentError(
@@ -48,7 +53,7 @@ def shared_examples(store, a, b, examples=None, max_examples: int = 1000, seed: 
     return both
 
 
-def check_same_tokens(store, a, b, both: pd.DataFrame) -> None:
+def check_same_tokens(store: Store, a, b, both: pd.DataFrame) -> None:
     """Refuse, naming the first example, when the two runs tokenised an example differently."""
     chosen = set(both["example"])
     ta, tb = (t[t["example"].isin(chosen)][["example", "position", "token", "token_id"]]
@@ -74,7 +79,9 @@ def check_same_tokens(store, a, b, both: pd.DataFrame) -> None:
 
 def batches(shared: pd.DataFrame, cells_per_example) -> list[list[int]]:
     """Consecutive groups of examples whose maps hold at most about BATCH_CELLS cells."""
-    out, group, size = [], [], 0
+    out: list[list[int]] = []
+    group: list[int] = []
+    size = 0
     for example, length in zip(shared["example"], shared["length"]):
         cells = cells_per_example * int(length) ** 2
         if group and size + cells > BATCH_CELLS:
@@ -98,7 +105,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @register("run_similarity")
-def run_similarity(store, *, run, other: str | None = None, examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
+def run_similarity(store: Store, *, run, other: str | None = None, examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Kovaleva K3: per head, mean cosine similarity between the maps of two runs over the same examples.
 
     `other`: the run to compare with (required). Examples are matched by their stored id (both runs must be over the same dataset, and

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from .common import check_average, iter_maps, per_head_frame, safe_divide, token_flags
 from .registry import register
 
+if TYPE_CHECKING:
+    from ..store import Store
+
 
 @register("special_tokens")
-def special_tokens(store, *, run, punct: str = ".,", examples=None, average: str = "example") -> pd.DataFrame:
+def special_tokens(store: Store, *, run, punct: str = ".,", examples=None, average: str = "example") -> pd.DataFrame:
     """Mean attention per head to [CLS]-like, [SEP]-like and punctuation tokens, and from [SEP] to [SEP].
 
     Columns: layer, head;

@@ -9,6 +9,8 @@ special token to each feature type of K5, summed over the type's tokens.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
@@ -17,6 +19,9 @@ from .errors import InvalidArgumentError
 from .feature_attention import NOUN_UPOS, PRONOUN_UPOS, SUBJECT_DEPRELS, VERB_UPOS, feature_masks, long_frame, parse_features
 from .registry import register
 from .word_level import units_of, word_level
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 RELATIONS = ("verb_to_subject", "subject_to_verb", "noun_to_pronoun", "pronoun_to_noun")
 
@@ -62,7 +67,7 @@ def by_example(frame: pd.DataFrame, columns) -> dict[int, np.ndarray]:
 
 
 @register("token_to_token", per_head=False)
-def token_to_token(store, *, run, relations: str | None = None, examples=None) -> pd.DataFrame:
+def token_to_token(store: Store, *, run, relations: str | None = None, examples=None) -> pd.DataFrame:
     """Kovaleva K6: per head, mean word-to-word attention verb->subject, subject->verb, noun->pronoun, pronoun->noun.
 
     For each linked pair (A, B) the attention from word A to word B on the word-level map
@@ -104,7 +109,7 @@ def token_to_token(store, *, run, relations: str | None = None, examples=None) -
 
 
 @register("cls_feature_attention", per_head=False)
-def cls_feature_attention(store, *, run, layer: int | None = None, features: str | None = None, examples=None) -> pd.DataFrame:
+def cls_feature_attention(store: Store, *, run, layer: int | None = None, features: str | None = None, examples=None) -> pd.DataFrame:
     """Kovaleva K6 (Fig. 7): attention from the first special token ([CLS]-like) to each K5 feature, in one layer.
 
     For each example and head of `layer` (default: the last): the attention the first

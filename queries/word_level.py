@@ -9,11 +9,15 @@ unit. Used by the dependency, coreference and probe queries.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from .registry import register
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ def most_attended_words(maps: np.ndarray, units: Units) -> tuple[np.ndarray, np.
 
 
 @register("word_maps", per_head=False)
-def word_maps(store, *, run, example: int = 0, layer: int = 0, head: int = 0) -> pd.DataFrame:
+def word_maps(store: Store, *, run, example: int = 0, layer: int = 0, head: int = 0) -> pd.DataFrame:
     """One head's word-level map for one example, as a long table (from, to, attention).
 
     Columns: from_unit, to_unit (unit indices), from_word, to_word (word positions, -1 for

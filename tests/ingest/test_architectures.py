@@ -317,7 +317,7 @@ def test_gradients_pass_only_the_inputs_the_model_takes(tiny, sqlite_store, tmp_
     """C3 gradients with masked-LM models that take no token_type_ids (DistilBERT, MPNet) or hold one type only (RoBERTa
     pairs: segment 1 would be out of range)."""
     from attnstore.ingest import ingest
-    from attnstore.ingest.gradients import gradient_importance
+    from attnstore.queries.gradients import gradient_importance
 
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text(PAIRS, encoding="utf-8")

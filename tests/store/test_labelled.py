@@ -28,6 +28,7 @@ def test_one_example_and_a_run_as_labelled_arrays(store, make_run):
     assert sub.coords["layer"].values.tolist() == [1] and sub.coords["head"].values.tolist() == [0, 2]
     np.testing.assert_array_equal(sub.values, first[[1]][:, [0, 2]])
     assert one.attrs["run"] == "xr" and one.attrs["example"] == 0
+    assert store.labelled_attention("xr", 0).equals(one)  # the Store methods are the same functions
     run = labelled_run(store, "xr")
     assert set(run.data_vars) == {"example_0", "example_1"}
     assert run["example_1"].dims == ("layer", "head", "query_1", "key_1")

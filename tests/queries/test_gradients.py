@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from attnstore.ingest import ingest
-from attnstore.ingest.errors import IngestError
-from attnstore.ingest.gradients import gradient_importance
+from attnstore.queries.gradients import gradient_importance
+from attnstore.store.errors import InvalidArgumentError
 
 pytestmark = pytest.mark.model
 
@@ -14,7 +14,7 @@ def test_default_model_has_no_mlm_head(store, loaded_model, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("One sentence here.\n", encoding="utf-8")
     run = ingest(store, corpus=str(corpus), fmt="text", annotator="whitespace", loaded=loaded_model, progress=False).run
-    with pytest.raises(IngestError, match="has no masked-LM head"):
+    with pytest.raises(InvalidArgumentError, match="has no masked-LM head"):
         gradient_importance(store, run.name)
 
 

@@ -3,17 +3,25 @@
 For a run whose model has a masked-LM head: mask a random 15 % of each example's
 non-special tokens, compute the MLM loss, and average |∂loss/∂α| over the attention
 weights α that point *to* [SEP]-like tokens, to punctuation, to [CLS]-like tokens and to
-other tokens, per head. Needs the model (torch), so it lives in `ingest`; results are
-saved to `head_metrics` as `gradient.to_*`. A model without a masked-LM head (such as
-the default all-MiniLM-L6-v2, a sentence-embedding model) is refused with a clear error.
+other tokens, per head. An analysis of a stored run, but it needs the model again (torch
+and transformers, imported inside the functions), so it is not a registered query:
+`attnstore gradients` runs it and saves the results to `head_metrics` as `gradient.to_*`.
+A model without a masked-LM head (such as the default all-MiniLM-L6-v2, a
+sentence-embedding model) is refused with a clear error (InvalidArgumentError).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
-from .errors import IngestError, ModelNotFoundError
+from .common import per_head_frame, safe_divide, token_flags
+from .errors import InvalidArgumentError, NotFoundError
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 HEAD_KEYS = ("cls.predictions", "lm_head", "predictions.", "generator_lm_head", "vocab_projector")
 
@@ -24,10 +32,10 @@ def load_mlm(source: str):
     try:
         model, info = AutoModelForMaskedLM.from_pretrained(source, attn_implementation="eager", output_loading_info=True)
     except (OSError, ValueError) as exc:
-        raise ModelNotFoundError(f"cannot load a masked-LM model from {source}: {str(exc).splitlines()[0][:200]}") from None
+        raise NotFoundError(f"cannot load a masked-LM model from {source}: {str(exc).splitlines()[0][:200]}") from None
     missing = [k for k in info.get("missing_keys", []) if any(h in k for h in HEAD_KEYS)]
     if missing:
-        raise IngestError(f"the model at {source} has no masked-LM head (missing {missing[0]}, ...); gradient importance "
+        raise InvalidArgumentError(f"the model at {source} has no masked-LM head (missing {missing[0]}, ...); gradient importance "
                           "(Clark et al. Fig. 3) needs one, e.g. a run of bert-base-uncased")
     return model.eval()
 
@@ -45,7 +53,7 @@ def takes_token_types(model, info) -> bool:
             and not (isinstance(type_vocab, int) and type_vocab < 2))
 
 
-def gradient_importance(store, run, *, max_examples: int = 200, mask_rate: float = 0.15, seed: int = 0,
+def gradient_importance(store: Store, run, *, max_examples: int = 200, mask_rate: float = 0.15, seed: int = 0,
                         punct: str = ".,") -> pd.DataFrame:
     """Per head: mean |∂MLM loss/∂α| of attention to [CLS]-like, [SEP]-like, punctuation and other tokens."""
     import torch
@@ -53,13 +61,11 @@ def gradient_importance(store, run, *, max_examples: int = 200, mask_rate: float
     info = store.run_info(run)
     source = info.manifest.get("model", {}).get("source")
     if not source:
-        raise IngestError(f"run {info.name!r} has no model source in its manifest")
+        raise InvalidArgumentError(f"run {info.name!r} has no model source in its manifest")
     model = load_mlm(source)
     mask_id = (info.special_tokens.get("mask") or {}).get("id")
     if mask_id is None:
-        raise IngestError(f"the tokenizer of run {info.name!r} has no mask token")
-    from ..queries.common import token_flags
-
+        raise InvalidArgumentError(f"the tokenizer of run {info.name!r} has no mask token")
     flags = token_flags(store, info, punct)
     use_types = takes_token_types(model, info)
     tokens = {int(k): g for k, g in store.token_table(info.id).groupby("example")}
@@ -91,7 +97,5 @@ def gradient_importance(store, run, *, max_examples: int = 200, mask_rate: float
             count[k] += mask.sum() * grads.shape[-2]
         model.zero_grad(set_to_none=True)
     if not count.any():
-        raise IngestError(f"run {info.name!r} has no tokens to mask")
-    from ..queries.common import per_head_frame, safe_divide
-
+        raise InvalidArgumentError(f"run {info.name!r} has no tokens to mask")
     return per_head_frame(info, **{f"to_{k}": safe_divide(total[i], count[i]) for i, k in enumerate(kinds)})

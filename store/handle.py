@@ -1,0 +1,75 @@
+"""A run handle: one run's reads and queries without repeating its name.
+
+    >>> run = store.run("MRPC-dev-all-MiniLM-L6-v2")    # NotFoundError if there is no such run
+    >>> run.info.n_layers, run.examples(), run.tokens(0)
+    >>> run.attention(0, layer=5).shape                 # (1, head, query, key)
+    >>> run.query("entropy")                            # = run_query(store, "entropy", run=...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from .records import RunInfo
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+@dataclass(frozen=True)
+class RunHandle:
+    """A run of a store, found once by name or id: every method reads that run (by its id).
+
+    `info` is the run's record when the handle was made; counts and status of a run still
+    being written move on, so ask `store.run(...)` again for fresh ones.
+    """
+
+    store: Store
+    info: RunInfo
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.info.name!r}, id={self.info.id}, {self.info.status}, {self.store!r})"
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def id(self) -> int:
+        return self.info.id
+
+    def examples(self) -> pd.DataFrame:
+        """The run's examples (see `Store.examples`)."""
+        return self.store.examples(self.info.id)
+
+    def tokens(self, example: int) -> pd.DataFrame:
+        """Tokens of one example with their word alignment and annotation (see `Store.tokens`)."""
+        return self.store.tokens(self.info.id, example)
+
+    def words(self, example: int) -> pd.DataFrame:
+        """Words of one example (see `Store.words`)."""
+        return self.store.words(self.info.id, example)
+
+    def attention(self, example: int, layer: int | Iterable[int] | None = None,
+                  head: int | Iterable[int] | None = None) -> np.ndarray:
+        """One example's maps as a (layer, head, query, key) array (see `Store.attention`)."""
+        return self.store.attention(self.info.id, example, layer=layer, head=head)
+
+    def iter_attention(self, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """Stream (example, maps) over the run with bounded memory (see `Store.iter_attention`)."""
+        return self.store.iter_attention(self.info.id, examples)
+
+    def head_metrics(self, metric: str | None = None) -> pd.DataFrame:
+        """Saved per-head values of this run (see `Store.head_metrics`)."""
+        return self.store.head_metrics(self.info.id, metric)
+
+    def query(self, name: str, **params: Any) -> pd.DataFrame:
+        """Run the registered query `name` over this run: `attnstore.queries.run_query(store, name, run=..., **params)`."""
+        from ..queries import run_query  # imported here: queries depend on the store, not the other way
+
+        return run_query(self.store, name, run=self.info.name, **params)

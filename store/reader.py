@@ -1,0 +1,465 @@
+"""Reading a store: connect to SQL + Zarr, then runs, examples, tokens, words, maps and saved results.
+
+`StoreReader` only reads; `store.writer.StoreWriter` adds the write API used by ingest, and
+`store.store.Store` is the class callers get from `open_store`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Set
+from contextlib import contextmanager
+from typing import Any, Self
+
+import numpy as np
+import pandas as pd
+import sqlalchemy as sa
+import sqlalchemy.orm
+from sqlalchemy.orm import sessionmaker
+
+from . import arrays, progress
+from .config import Locations
+from .db import check_connection, create_engine, session_scope, sqlite_path, sqlite_writable
+from .errors import InvalidArgumentError, NotFoundError
+from .migrate import upgrade_command, verify_schema
+from .records import RunInfo, StoredExample
+from .schema import AblationResult, Dataset, Example, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token, Word
+
+RunRef = str | int
+
+
+class StoreReader:
+    """Read access to a store: SQL metadata at `locations.db_url` plus Zarr arrays under `locations.array_root`.
+
+    A store whose SQLite file or local array root this process cannot write is opened
+    read-only (`read_only`): every read works, every write raises ReadOnlyStoreError.
+    """
+
+    def __init__(self, locations: Locations):
+        self.locations = locations
+        url = locations.db_url
+        path = sqlite_path(url)
+        if path and not os.path.exists(path):
+            raise NotFoundError(f"no store database at {path}; create it with: {upgrade_command(url)}")
+        self.read_only = bool(path and not sqlite_writable(path)) or not arrays.root_writable(locations.array_root)
+        self.engine = create_engine(locations.db_url, read_only=bool(path and not sqlite_writable(path)))
+        check_connection(self.engine)
+        verify_schema(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._pins: dict[int, int] = {}  # run id -> largest block offset visible (see `pinned`)
+
+    def __repr__(self) -> str:
+        return f"Store({self.locations.describe()})"
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def session(self):
+        return session_scope(self._sessions)
+
+    # ------------------------------------------------------------------ runs, examples, tokens, words, maps
+
+    def sql(self, query: str, params: dict | None = None, max_rows: int | None = None) -> pd.DataFrame:
+        """Run a SQL query over the metadata and return a DataFrame (at most `max_rows` rows).
+
+        One read-only statement (SELECT, WITH, VALUES, EXPLAIN; introspection PRAGMAs on SQLite)
+        on its own read-only connection, under a time limit; anything that would write, and
+        several statements at once, raise InvalidArgumentError("SQL error: ..."). See store/readonly.py.
+        """
+        from .readonly import run_readonly_sql
+
+        # SQLite: by file (a read-only store's engine has no path in its URL); PostgreSQL: via the engine.
+        target = self.locations.db_url if self.engine.dialect.name == "sqlite" else self.engine
+        columns, rows = run_readonly_sql(target, query, params, max_rows)
+        if columns is None:
+            return pd.DataFrame()
+        return pd.DataFrame(rows, columns=columns)
+
+    def _frame(self, query) -> pd.DataFrame:
+        with self.engine.connect() as conn:
+            return pd.read_sql_query(query, conn)
+
+    def runs(self) -> pd.DataFrame:
+        """One row per run: run, run_id, model, dataset, split, status, counts, settings, times."""
+        q = (
+            sa.select(
+                Run.name.label("run"), Run.id.label("run_id"), Model.name.label("model"),
+                Dataset.name.label("dataset"), Dataset.split, Run.status, Run.n_stored, Run.n_truncated,
+                Run.n_skipped, Model.n_layers, Model.n_heads, Run.max_length, Run.truncation, Run.tokenization, Run.dtype,
+                Run.attn_implementation, Run.started_at, Run.finished_at, Run.ingest_seconds,
+            )
+            .join(Model, Model.id == Run.model_id)
+            .join(Dataset, Dataset.id == Run.dataset_id)
+            .order_by(Run.id)
+        )
+        return self._frame(q)
+
+    def run_info(self, run: RunRef) -> RunInfo:
+        with self.session() as s:
+            where = Run.id == run if isinstance(run, int) else Run.name == str(run)
+            joined = sa.select(Run, Model, Dataset).join(Model, Model.id == Run.model_id).join(Dataset, Dataset.id == Run.dataset_id)
+            row = s.execute(joined.where(where)).first()
+            if row is None and isinstance(run, str) and run.strip().isdigit():
+                row = s.execute(joined.where(Run.id == int(run))).first()  # the run id `attnstore runs` shows
+            if row is None:
+                known = s.scalars(sa.select(Run.name).order_by(Run.id).limit(10)).all()
+                hint = f"known runs: {', '.join(known)}" if known else "the store has no runs yet; create one with `attnstore ingest`"
+                raise NotFoundError(f"no run {run!r} in {self.locations.describe()}; {hint}")
+            r, m, d = row
+            return RunInfo(
+                id=r.id, name=r.name, status=r.status, model=m.name, model_id=m.id, dataset=d.name, split=d.split,
+                dataset_id=d.id, n_layers=m.n_layers, n_heads=m.n_heads, max_length=r.max_length,
+                truncation=r.truncation, dtype=r.dtype, codec=r.codec, chunk_cells=r.chunk_cells,
+                array_path=r.array_path, attn_implementation=r.attn_implementation,
+                special_tokens=m.special_tokens, n_stored=r.n_stored, n_truncated=r.n_truncated,
+                n_skipped=r.n_skipped, manifest=r.manifest, tokenization=r.tokenization,
+            )
+
+    def examples(self, run: RunRef) -> pd.DataFrame:
+        """Examples of a run: example (position in the corpus), example_id, texts, label, length, offset, flags."""
+        info = self.run_info(run)
+        q = (
+            sa.select(
+                Example.position.label("example"), Example.id.label("example_id"), Example.text_a, Example.text_b,
+                Example.label, Example.doc_id, Example.sent_id, Sequence.length, Sequence.offset,
+                Sequence.truncated, Sequence.skipped,
+            )
+            .join(Sequence, Sequence.example_id == Example.id)
+            .where(self._visible(info))
+            .order_by(Example.position)
+        )
+        return self._frame(q)
+
+    def _visible(self, info: RunInfo):
+        """SQL condition: sequences of the run, up to its pinned snapshot if one is pinned.
+
+        Blocks are appended at increasing offsets by the run's single writer, so "offset at
+        most the largest committed when pinned" is exactly the examples committed by then
+        (skipped examples have no offset and no maps; they are always visible).
+        """
+        cond = Sequence.run_id == info.id
+        pin = self._pins.get(info.id)
+        return cond if pin is None else sa.and_(cond, sa.or_(Sequence.offset.is_(None), Sequence.offset <= pin))
+
+    @contextmanager
+    def pinned(self, run: RunRef):
+        """Read the run as of now: inside this block, every read sees only examples committed before it began.
+
+        Queries use it so a run being written is read as one consistent snapshot.
+        """
+        info = self.run_info(run)
+        if info.id in self._pins:
+            yield info
+            return
+        with self.engine.connect() as conn:
+            last = conn.scalar(sa.select(sa.func.max(Sequence.offset)).where(Sequence.run_id == info.id))
+        self._pins[info.id] = -1 if last is None else int(last)
+        try:
+            yield info
+        finally:
+            self._pins.pop(info.id, None)
+
+    def _sequence(self, info: RunInfo, example: int) -> tuple[int, int, int | None]:
+        if isinstance(example, bool) or not isinstance(example, (int, np.integer)):
+            raise InvalidArgumentError(f"example must be an integer position in the corpus, not {example!r}")
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(Example.id, Sequence.length, Sequence.offset)
+                .join(Sequence, Sequence.example_id == Example.id)
+                .where(self._visible(info), Example.position == int(example))
+            ).first()
+        if row is None:
+            raise NotFoundError(
+                f"run {info.name!r} has no example {example} (it stores {info.n_stored} examples; see store.examples(run))"
+            )
+        if row.offset is None:
+            raise NotFoundError(f"example {example} of run {info.name!r} was skipped (longer than {info.max_length} tokens)")
+        return row.id, row.length, row.offset
+
+    def tokens(self, run: RunRef, example: int) -> pd.DataFrame:
+        """Tokens of one example with their word alignment and annotation.
+
+        Columns: position, token, token_id, is_special, segment, word_position (NULL for
+        special tokens), word, lemma, upos, xpos, head (word position), deprel, annotator,
+        char_start, char_end (characters of the segment's text).
+        """
+        info = self.run_info(run)
+        example_id, _, _ = self._sequence(info, example)
+        q = (
+            sa.select(
+                Token.position, Token.token, Token.token_id, Token.is_special, Token.segment, Token.word_position,
+                Word.form.label("word"), Word.lemma, Word.upos, Word.xpos, Word.head, Word.deprel, Word.annotator,
+                Token.char_start, Token.char_end,
+            )
+            .outerjoin(Word, sa.and_(Word.example_id == Token.example_id, Word.position == Token.word_position))
+            .where(Token.run_id == info.id, Token.example_id == example_id)
+            .order_by(Token.position)
+        )
+        df = self._frame(q)
+        for col in ("word_position", "head", "char_start", "char_end"):
+            df[col] = df[col].astype("Int64")
+        return df
+
+    def words(self, run: RunRef, example: int) -> pd.DataFrame:
+        """Words of one example: position, segment, form, lemma, upos, xpos, head, deprel, annotator, chars."""
+        info = self.run_info(run)
+        example_id, _, _ = self._sequence(info, example)
+        q = sa.select(
+            Word.position, Word.segment, Word.form, Word.lemma, Word.upos, Word.xpos, Word.head, Word.deprel,
+            Word.annotator, Word.char_start, Word.char_end,
+        ).where(Word.example_id == example_id).order_by(Word.position)
+        df = self._frame(q)
+        df["head"] = df["head"].astype("Int64")
+        return df
+
+    def token_table(self, run: RunRef) -> pd.DataFrame:
+        """All tokens of a run (example, position, token, token_id, word_position, segment, is_special)."""
+        info = self.run_info(run)
+        q = (
+            sa.select(
+                Example.position.label("example"), Token.position, Token.token, Token.token_id,
+                Token.word_position, Token.segment, Token.is_special,
+            )
+            .join(Example, Example.id == Token.example_id)
+            .join(Sequence, sa.and_(Sequence.example_id == Token.example_id, Sequence.run_id == Token.run_id))
+            .where(Token.run_id == info.id, self._visible(info))
+            .order_by(Example.position, Token.position)
+        )
+        return self._frame(q)
+
+    def word_table(self, run: RunRef) -> pd.DataFrame:
+        """All words of a run's stored examples: example, position, segment, form, lemma, upos, feats, head, deprel."""
+        info = self.run_info(run)
+        q = (
+            sa.select(Example.position.label("example"), Word.position, Word.segment, Word.sentence, Word.form, Word.lemma,
+                      Word.upos, Word.feats, Word.head, Word.deprel)
+            .join(Example, Example.id == Word.example_id)
+            .join(Sequence, sa.and_(Sequence.example_id == Example.id, self._visible(info)))
+            .order_by(Example.position, Word.position)
+        )
+        frame = self._frame(q)
+        frame["head"] = frame["head"].astype("Int64")
+        return frame
+
+    def mention_table(self, run: RunRef) -> pd.DataFrame:
+        """Coreference mentions of a run's stored examples: example, word_start, word_end, head, entity, kind, doc_order."""
+        info = self.run_info(run)
+        q = (
+            sa.select(Example.position.label("example"), Mention.word_start, Mention.word_end, Mention.head, Mention.entity,
+                      Mention.kind, Mention.doc_order)
+            .join(Example, Example.id == Mention.example_id)
+            .join(Sequence, sa.and_(Sequence.example_id == Example.id, self._visible(info)))
+            .order_by(Example.position, Mention.doc_order)
+        )
+        return self._frame(q)
+
+    def _array(self, info: RunInfo, read_only: bool = True):
+        return arrays.open_run_array(self.locations.array_root, info.array_path, read_only=read_only)
+
+    @staticmethod
+    def _select(name: str, value, size: int):
+        if value is None:
+            return slice(None)
+        values = [value] if isinstance(value, (int, np.integer)) else list(value)
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -size <= v < size:
+                raise InvalidArgumentError(f"{name} {v!r} is out of range: the model has {size} {name}s (0..{size - 1})")
+        return values
+
+    def attention(self, run: RunRef, example: int, layer=None, head=None) -> np.ndarray:
+        """One example's maps as a (layer, head, query, key) array, never padded.
+
+        `layer` / `head` are None (all), an int or a list of ints; the result keeps
+        all four axes either way. Rows sum to 1 over the example's L tokens.
+        Damaged or missing chunks raise DamagedDataError naming run, example and chunk.
+        """
+        info = self.run_info(run)
+        layers = self._select("layer", layer, info.n_layers)
+        heads = self._select("head", head, info.n_heads)
+        _, length, offset = self._sequence(info, example)
+        assert offset is not None  # _sequence refuses skipped examples
+        block = arrays.read_block(self._array(info), offset, arrays.block_shape(info.n_layers, info.n_heads, length),
+                                  describe=lambda a, b: f"run {info.name!r}, example {example}")
+        return block[layers][:, heads]
+
+    def labelled_attention(self, run: RunRef, example: int, layer=None, head=None) -> Any:
+        """`attention` as an xarray.DataArray with dims (layer, head, query, key) and the tokens as coordinates
+        (needs the `xarray` extra; see store/labelled.py)."""
+        from .labelled import labelled_attention
+
+        return labelled_attention(self, run, example, layer=layer, head=head)  # type: ignore[arg-type]
+
+    def labelled_run(self, run: RunRef, examples: Iterable[int] | None = None, layer=None, head=None) -> Any:
+        """Several examples (default: all) as an xarray.Dataset, one variable per example (see store/labelled.py)."""
+        from .labelled import labelled_run
+
+        return labelled_run(self, run, examples, layer=layer, head=head)  # type: ignore[arg-type]
+
+    def iter_attention(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """Stream (example, maps) over a run in storage order with bounded memory."""
+        info = self.run_info(run)
+        seqs = self.examples(info.id)
+        seqs = seqs[~seqs["skipped"]]
+        if examples is not None:
+            wanted = set(int(e) for e in examples)
+            missing = wanted - set(seqs["example"])
+            if missing:
+                raise NotFoundError(f"run {info.name!r} has no stored example(s) {sorted(missing)[:10]}")
+            seqs = seqs[seqs["example"].isin(wanted)]
+        refs = [arrays.BlockRef(int(e), int(o), int(n)) for e, o, n in zip(seqs["example"], seqs["offset"], seqs["length"])]
+
+        def describe(keys: list) -> str:
+            shown = ", ".join(str(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
+            return f"run {info.name!r}, example{'s' if len(keys) > 1 else ''} {shown}"
+
+        for key, maps in arrays.iter_blocks(self._array(info), refs, info.n_layers, info.n_heads, describe=describe):
+            yield int(key), maps  # type: ignore[call-overload]  # keys are the example positions given above
+            progress.advance()  # a progress bar listens only where a command asked for one (store/progress.py)
+
+    # ------------------------------------------------------------------ saved results and models
+
+    def head_metrics(self, run: RunRef | None = None, metric: str | None = None) -> pd.DataFrame:
+        """Saved per-head values: run, metric, params, layer, head, value (optionally one run / metric)."""
+        q = sa.select(Run.name.label("run"), HeadMetric.metric, HeadMetric.params, HeadMetric.layer, HeadMetric.head,
+                      HeadMetric.value).join(Run, Run.id == HeadMetric.run_id)
+        if run is not None:
+            q = q.where(HeadMetric.run_id == self.run_info(run).id)
+        if metric is not None:
+            q = q.where(HeadMetric.metric == metric)
+        return self._frame(q.order_by(HeadMetric.metric, HeadMetric.layer, HeadMetric.head))
+
+    def probe_results(self) -> pd.DataFrame:
+        """Saved probe results: run, eval_run, kind, uas, train_uas, n_train, n_eval, epochs, final_loss, params."""
+        train, held_out = sa.orm.aliased(Run), sa.orm.aliased(Run)
+        q = (sa.select(train.name.label("run"), held_out.name.label("eval_run"), ProbeResult.kind, ProbeResult.uas,
+                       ProbeResult.train_uas, ProbeResult.n_train, ProbeResult.n_eval, ProbeResult.epochs,
+                       ProbeResult.final_loss, ProbeResult.params, ProbeResult.created_at)
+             .join(train, train.id == ProbeResult.run_id).join(held_out, held_out.id == ProbeResult.eval_run_id)
+             .order_by(ProbeResult.id))
+        return self._frame(q)
+
+    def model_row(self, name: str) -> dict | None:
+        """The most recent model registered under `name` (id, name, source, init, task, parent_id, training, ...)."""
+        with self.session() as s:
+            m = s.scalars(sa.select(Model).where(Model.name == name).order_by(Model.id.desc())).first()
+            return None if m is None else {c.name: getattr(m, c.name) for c in Model.__table__.columns}
+
+    def models(self) -> pd.DataFrame:
+        """Registered models: id, name, architecture, n_layers, n_heads, init, task, parent, training, created_at."""
+        parent = sa.orm.aliased(Model)
+        q = (sa.select(Model.id, Model.name, Model.architecture, Model.n_layers, Model.n_heads, Model.init, Model.task,
+                       parent.name.label("parent"), Model.training, Model.created_at)
+             .outerjoin(parent, parent.id == Model.parent_id).order_by(Model.id))
+        return self._frame(q)
+
+    def ablation_configs(self, model_id: int, task: str, split: str, mode: str) -> set[str]:
+        """Configurations already stored for (model, task, split, mode)."""
+        with self.engine.connect() as conn:
+            return set(conn.scalars(sa.select(AblationResult.config).where(
+                AblationResult.model_id == model_id, AblationResult.task == task, AblationResult.split == split,
+                AblationResult.mode == mode).distinct()))
+
+    def ablation_results(self, model: str | None = None, task: str | None = None) -> pd.DataFrame:
+        """Stored evaluations and ablations: model, init, task, split, mode, config, disabled_heads, metric, score,
+        baseline_score, delta (score - baseline), n_examples. Config "none" is the model's plain evaluation."""
+        q = (sa.select(Model.name.label("model"), Model.init, AblationResult.task, AblationResult.split, AblationResult.mode,
+                       AblationResult.config, AblationResult.disabled_heads, AblationResult.metric, AblationResult.score,
+                       AblationResult.baseline_score, AblationResult.n_examples, AblationResult.created_at)
+             .join(Model, Model.id == AblationResult.model_id).order_by(AblationResult.id))
+        if model is not None:
+            q = q.where(Model.name == model)
+        if task is not None:
+            q = q.where(AblationResult.task == task)
+        frame = self._frame(q)
+        frame["delta"] = frame["score"] - frame["baseline_score"]
+        return frame
+
+    # ------------------------------------------------------------------ attention-pattern labels (Kovaleva et al. K1)
+
+    def example_rows(self, run: RunRef) -> pd.DataFrame:
+        """A run's examples with their row in the original corpus.
+
+        Columns: example (position), example_id, source_row (examples.source_index where the
+        corpus numbers its rows, e.g. a sampled GLUE set, else the position), length, skipped.
+        """
+        info = self.run_info(run)
+        q = (sa.select(Example.position.label("example"), Example.id.label("example_id"), Example.source_index,
+                       Sequence.length, Sequence.skipped)
+             .join(Sequence, Sequence.example_id == Example.id).where(self._visible(info)).order_by(Example.position))
+        frame = self._frame(q)
+        index = pd.to_numeric(frame["source_index"], errors="coerce")
+        frame["source_row"] = index.where(index.notna(), frame["example"]).astype("int64")
+        return frame[["example", "example_id", "source_row", "length", "skipped"]]
+
+    def pattern_labels(self, run: RunRef | None = None, source: str | None = None) -> pd.DataFrame:
+        """Saved attention-pattern labels (Kovaleva et al. K1), one row per (run, example, layer, head, source).
+
+        Columns: run, model, dataset, split, example (position), example_id, source_row, layer,
+        head, label, source ("human", "rules", "cnn", ...), confidence, created_at.
+        """
+        from .schema import PatternLabel  # imported here so this block stays self-contained
+
+        q = (sa.select(Run.name.label("run"), Model.name.label("model"), Dataset.name.label("dataset"), Dataset.split,
+                       Example.position.label("example"), PatternLabel.example_id, Example.source_index, PatternLabel.layer,
+                       PatternLabel.head, PatternLabel.label, PatternLabel.source, PatternLabel.confidence,
+                       PatternLabel.created_at)
+             .join(Run, Run.id == PatternLabel.run_id).join(Model, Model.id == Run.model_id)
+             .join(Dataset, Dataset.id == Run.dataset_id).join(Example, Example.id == PatternLabel.example_id)
+             .order_by(Run.id, Example.position, PatternLabel.layer, PatternLabel.head, PatternLabel.source))
+        if run is not None:
+            q = q.where(PatternLabel.run_id == self.run_info(run).id)
+        if source is not None:
+            q = q.where(PatternLabel.source == source)
+        frame = self._frame(q)
+        index = pd.to_numeric(frame["source_index"], errors="coerce")
+        frame.insert(6, "source_row", index.where(index.notna(), frame["example"]).astype("int64"))
+        return frame.drop(columns="source_index")
+
+    # ------------------------------------------------------------------ datasets and runs as ingest reads them
+
+    def find_dataset(self, *, name: str, split: str, checksum: str) -> dict | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(Dataset.id, Dataset.status, Dataset.annotator).where(
+                Dataset.name == name, Dataset.split == split, Dataset.checksum == checksum)).first()
+        return None if row is None else dict(row._mapping)
+
+    def stored_positions(self, dataset_id: int) -> set[int]:
+        with self.engine.connect() as conn:
+            return set(conn.scalars(sa.select(Example.position).where(Example.dataset_id == dataset_id)))
+
+    def dataset_examples(self, dataset_id: int, exclude_ids: Set[int] = frozenset(), batch_size: int = 512) -> Iterator[StoredExample]:
+        """Stream a dataset's examples (with words) in corpus order, skipping `exclude_ids`."""
+        last = -1
+        while True:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    sa.select(Example.id, Example.position, Example.text_a, Example.text_b)
+                    .where(Example.dataset_id == dataset_id, Example.position > last)
+                    .order_by(Example.position).limit(batch_size)
+                ).all()
+                if not rows:
+                    return
+                last = rows[-1].position
+                ids = [r.id for r in rows if r.id not in exclude_ids]
+                words: dict[int, list[dict]] = {i: [] for i in ids}
+                if ids:
+                    for w in conn.execute(
+                        sa.select(Word.example_id, Word.position, Word.segment, Word.form, Word.char_start, Word.char_end)
+                        .where(Word.example_id.in_(ids)).order_by(Word.example_id, Word.position)
+                    ):
+                        words[w.example_id].append(dict(position=w.position, segment=w.segment, form=w.form,
+                                                        char_start=w.char_start, char_end=w.char_end))
+            for r in rows:
+                if r.id in words:
+                    yield StoredExample(r.id, r.position, r.text_a, r.text_b, tuple(words[r.id]))
+
+    def done_example_ids(self, run: RunRef) -> set[int]:
+        info = self.run_info(run)
+        with self.engine.connect() as conn:
+            return set(conn.scalars(sa.select(Sequence.example_id).where(Sequence.run_id == info.id)))

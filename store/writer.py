@@ -1,0 +1,385 @@
+"""Writing a store: models, datasets, runs and their maps, saved results, pattern labels, write leases.
+
+`StoreWriter` adds these to the reads of `StoreReader`; `RunWriter` appends one run's maps
+and tokens under the run's write lease.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence as Seq
+
+import numpy as np
+import pandas as pd
+import sqlalchemy as sa
+
+from . import arrays, leases
+from .errors import ConflictError, InvalidArgumentError, NotFoundError, ReadOnlyStoreError, StorageIOError
+from .reader import RunRef, StoreReader
+from .records import ExampleInput, RunInfo
+from .schema import (
+    AblationResult,
+    Dataset,
+    Example,
+    Frame,
+    FrameElement,
+    HeadMetric,
+    Mention,
+    Model,
+    ProbeResult,
+    Run,
+    Sequence,
+    Word,
+    utcnow,
+)
+
+WORD_FIELDS = ("position", "segment", "sentence", "form", "lemma", "upos", "xpos", "feats", "head", "deprel",
+               "char_start", "char_end")
+
+
+class StoreWriter(StoreReader):
+    """The write API (used by ingest, fine-tuning, `--save` and labelling) on top of the reads of `StoreReader`."""
+
+    def require_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyStoreError(f"store {self.locations.describe()} is read-only for this user (no write permission "
+                                     "on its database or array root); it can be queried but not written")
+
+    # ------------------------------------------------------------------ results
+
+    def save_head_metrics(self, run: RunRef, frame: pd.DataFrame, prefix: str, params: dict | None = None) -> int:
+        """Save every numeric column of a per-head frame as metric `prefix.column`; replaces earlier values."""
+        info = self.run_info(run)
+        if not {"layer", "head"} <= set(frame.columns):
+            raise InvalidArgumentError("only per-head results (with layer and head columns) can be saved to head_metrics")
+        params_json = json.dumps(params or {}, sort_keys=True, default=str)
+        value_cols = [c for c in frame.columns if c not in ("layer", "head")
+                      and pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])]
+        rows = []
+        for col in value_cols:
+            for layer, head, value in zip(frame["layer"], frame["head"], frame[col]):
+                v = None if pd.isna(value) else float(value)
+                rows.append(dict(run_id=info.id, metric=f"{prefix}.{col}", params=params_json, layer=int(layer),
+                                 head=int(head), value=v, created_at=utcnow()))
+        with self.session() as s:
+            s.execute(sa.delete(HeadMetric).where(HeadMetric.run_id == info.id, HeadMetric.params == params_json,
+                                                  HeadMetric.metric.in_([f"{prefix}.{c}" for c in value_cols])))
+            if rows:
+                s.execute(sa.insert(HeadMetric), rows)
+        return len(rows)
+
+    def save_probe_result(self, run: RunRef, eval_run: RunRef, result: dict, params: dict) -> int:
+        train, held_out = self.run_info(run), self.run_info(eval_run)
+        with self.session() as s:
+            row = ProbeResult(run_id=train.id, eval_run_id=held_out.id, params=params, **result)
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def register_finetuned_model(self, **fields) -> int:
+        """Register a fine-tuned model (fields of `models`, with parent_id, init, task, training); idempotent."""
+        self.require_writable()
+        with self.session() as s:
+            existing = s.scalars(sa.select(Model).where(Model.name == fields["name"],
+                                                        Model.weights_sha256 == fields["weights_sha256"])).first()
+            if existing is not None:
+                existing.training = fields.get("training")
+                return existing.id
+            model = Model(**fields)
+            s.add(model)
+            s.flush()
+            return model.id
+
+    def add_ablation_results(self, rows: list[dict]) -> bool:
+        """Insert the rows of one configuration in one transaction; False if it was already stored (by anyone)."""
+        self.require_writable()
+        now = utcnow()
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(sa.insert(AblationResult), [dict(created_at=now, **r) for r in rows])
+        except sa.exc.IntegrityError:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ attention-pattern labels (Kovaleva et al. K1)
+
+    def save_pattern_labels(self, rows: pd.DataFrame, source: str) -> int:
+        """Save attention-pattern labels in one transaction; a map already labelled by `source` is relabelled.
+
+        `rows`: columns run (name or id), example (position), layer, head, label and optionally
+        confidence. Every row is checked (the run exists, the example is stored and not skipped,
+        layer and head are in range) before anything is written; a bad row raises NotFoundError or
+        InvalidArgumentError naming it, and nothing is saved.
+        """
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        from .schema import PatternLabel  # imported here so this block stays self-contained
+
+        self.require_writable()
+        missing = {"run", "example", "layer", "head", "label"} - set(rows.columns)
+        if missing:
+            raise InvalidArgumentError(f"pattern labels need the columns run, example, layer, head, label; missing {sorted(missing)}")
+        if not source or len(source) > 64:
+            raise InvalidArgumentError(f"a label source is 1 to 64 characters, not {source!r}")
+        now = utcnow()
+        records = []
+        confidence = rows["confidence"] if "confidence" in rows.columns else pd.Series([None] * len(rows), index=rows.index)
+        for run, part in rows.groupby("run", sort=False):
+            info = self.run_info(int(run) if isinstance(run, (int, np.integer)) else str(run))
+            stored = self.example_rows(info.id)
+            stored = stored[~stored["skipped"]].set_index("example")["example_id"]
+            for i, example, layer, head, label in zip(part.index, part["example"], part["layer"], part["head"], part["label"]):
+                if int(example) not in stored.index:
+                    raise NotFoundError(f"run {info.name!r} has no stored example {int(example)} (label row {i})")
+                if not (0 <= int(layer) < info.n_layers and 0 <= int(head) < info.n_heads):
+                    raise InvalidArgumentError(f"layer {int(layer)}, head {int(head)} is out of range for run {info.name!r} "
+                                               f"({info.n_layers} layers x {info.n_heads} heads; label row {i})")
+                if not isinstance(label, str) or not label or len(label) > 32:
+                    raise InvalidArgumentError(f"label {label!r} is not 1 to 32 characters (label row {i})")
+                c = confidence.loc[i]
+                records.append(dict(run_id=info.id, example_id=int(stored.loc[int(example)]), layer=int(layer), head=int(head),
+                                    label=label, source=source, confidence=None if pd.isna(c) else float(c), created_at=now))
+        dialect = {"sqlite": sqlite, "postgresql": postgresql}.get(self.engine.dialect.name)
+        if dialect is None:
+            raise InvalidArgumentError(f"saving pattern labels needs SQLite or PostgreSQL, not {self.engine.dialect.name}")
+        stmt = dialect.insert(PatternLabel)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["run_id", "example_id", "layer", "head", "source"],
+            set_=dict(label=stmt.excluded.label, confidence=stmt.excluded.confidence, created_at=stmt.excluded.created_at))
+        if records:
+            with self.session() as s:
+                s.execute(stmt, records)
+        return len(records)
+
+    # ------------------------------------------------------------------ models, datasets, runs
+
+    def find_or_create_model(self, **fields) -> int:
+        self.require_writable()
+        with self.session() as s:
+            existing = s.scalars(sa.select(Model).where(Model.name == fields["name"],
+                                                        Model.weights_sha256 == fields["weights_sha256"])).first()
+            if existing:
+                if existing.causal is None and fields.get("causal") is not None:
+                    existing.causal = fields["causal"]  # registered before migration 0008 probed it
+                return existing.id
+            model = Model(**fields)
+            s.add(model)
+            s.flush()
+            return model.id
+
+    def find_or_create_dataset(self, *, name: str, split: str, checksum: str, **fields) -> tuple[int, str]:
+        """Return (dataset id, status); a dataset is identified by name, split and file checksum."""
+        with self.session() as s:
+            ds = s.scalars(sa.select(Dataset).where(Dataset.name == name, Dataset.split == split, Dataset.checksum == checksum)).first()
+            if ds is None:
+                ds = Dataset(name=name, split=split, checksum=checksum, status="loading", **fields)
+                s.add(ds)
+                s.flush()
+            return ds.id, ds.status
+
+    def add_examples(self, dataset_id: int, batch: Seq[ExampleInput], annotator: str) -> None:
+        """Insert examples with their words, mentions and frames in one transaction (all of the batch or nothing)."""
+        with self.session() as s:
+            ids = s.execute(
+                sa.insert(Example).returning(Example.id, Example.position),
+                [dict(dataset_id=dataset_id, position=e.position, text_a=e.text_a, text_b=e.text_b, label=e.label,
+                      doc_id=e.doc_id, sent_id=e.sent_id, source_line=e.source_line, source_index=e.source_index)
+                 for e in batch],
+            ).all()
+            by_pos = {pos: eid for eid, pos in ids}
+            words = [dict(example_id=by_pos[e.position], annotator=w.get("annotator", annotator),
+                          **{k: w.get(k, 0 if k == "sentence" else None) for k in WORD_FIELDS})
+                     for e in batch for w in e.words]
+            if words:
+                s.execute(sa.insert(Word), words)
+            mentions = [dict(example_id=by_pos[e.position], **m) for e in batch for m in e.mentions]
+            if mentions:
+                s.execute(sa.insert(Mention), mentions)
+            for e in batch:
+                for f in e.frames:
+                    fields = {k: v for k, v in f.items() if k != "elements"}
+                    frame_row_id = s.execute(sa.insert(Frame).returning(Frame.id),
+                                             dict(example_id=by_pos[e.position], **fields)).scalar_one()
+                    if f["elements"]:
+                        s.execute(sa.insert(FrameElement), [dict(frame_row_id=frame_row_id, **fe) for fe in f["elements"]])
+
+    def complete_dataset(self, dataset_id: int) -> int:
+        with self.session() as s:
+            n = s.scalar(sa.select(sa.func.count()).select_from(Example).where(Example.dataset_id == dataset_id))
+            s.execute(sa.update(Dataset).where(Dataset.id == dataset_id).values(status="complete", n_examples=n))
+            return n
+
+    def start_run(self, *, name: str, model_id: int, dataset_id: int, dtype: str, codec: dict, chunk_cells: int,
+                  max_length: int, truncation: str, **fields) -> RunInfo:
+        """Create a run (and its array), or return the existing one if its settings match.
+
+        The row is inserted before the array is created, in one transaction: if the array
+        cannot be created, no run is left behind (and no array without a row).
+        """
+        validate_run_name(name)
+        if isinstance(chunk_cells, bool) or not isinstance(chunk_cells, int) or chunk_cells < 1:
+            raise InvalidArgumentError(f"chunk size must be a positive number of cells, not {chunk_cells!r}")
+        self.require_writable()
+        with self.session() as s:
+            run = s.scalars(sa.select(Run).where(Run.name == name)).first()
+            if run is not None:
+                wanted = dict(model_id=model_id, dataset_id=dataset_id, dtype=dtype, max_length=max_length, truncation=truncation)
+                if "tokenization" in fields:
+                    wanted["tokenization"] = fields["tokenization"]
+                differs = {k: (getattr(run, k), v) for k, v in wanted.items() if getattr(run, k) != v}
+                if differs:
+                    what = ", ".join(f"{k} stored={a!r} asked={b!r}" for k, (a, b) in differs.items())
+                    raise ConflictError(f"run {name!r} already exists with other settings ({what}); pick another --name")
+                return self.run_info(run.id)
+            array_path = f"runs/{uuid.uuid4().hex}"
+            run = Run(name=name, model_id=model_id, dataset_id=dataset_id, dtype=dtype, codec=codec, chunk_cells=chunk_cells,
+                      max_length=max_length, truncation=truncation, array_path=array_path, status="running", **fields)
+            s.add(run)
+            s.flush()
+            run_id = run.id
+            try:
+                arrays.create_run_array(self.locations.array_root, array_path, dtype=dtype, chunk_cells=chunk_cells,
+                                        codec=codec, attributes={"run": name})
+            except OSError as exc:
+                raise StorageIOError(f"cannot create the attention array of run {name!r} under {self.locations.array_root}: "
+                                     f"{exc.strerror or exc}; give a writable --root") from None
+        return self.run_info(run_id)
+
+    # ------------------------------------------------------------------ run writers and write leases
+
+    def run_writer(self, run: RunRef, lease: leases.WriteLease | None = None) -> RunWriter:
+        """A writer for a run; takes the run's write lease unless the caller holds it (`lease`)."""
+        return RunWriter(self, self.run_info(run), lease)
+
+    def lease(self, resource: str, what: str, *, wait: bool = False, on_wait=None) -> leases.WriteLease:
+        """Take the write lease on `resource` ("run:NAME", "dataset:KEY"); BusyError if a live process holds it."""
+        self.require_writable()
+        return leases.acquire(self.engine, resource, what, wait=wait, on_wait=on_wait)
+
+    def run_state(self, run: RunRef) -> tuple[str, leases.Holder | None]:
+        """("complete" | "writing" | "interrupted", live writer or None) of a run."""
+        info = self.run_info(run)
+        if info.status == "complete":
+            return "complete", None
+        holder = leases.live_holder(self.engine, run_lease_name(info.name))
+        return ("writing", holder) if holder else ("interrupted", None)
+
+    def fail_run(self, run: RunRef, status: str = "interrupted") -> None:
+        info = self.run_info(run)
+        with self.session() as s:
+            s.execute(sa.update(Run).where(Run.id == info.id, Run.status != "complete").values(status=status))
+
+
+MAX_RUN_NAME = 200
+
+
+def validate_run_name(name: str) -> None:
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_RUN_NAME or any(ord(c) < 32 or c == "\x7f" for c in name):
+        shown = name if not isinstance(name, str) or len(name) <= 40 else name[:40] + "..."
+        raise InvalidArgumentError(f"run name {shown!r} is not usable: give --name with 1 to {MAX_RUN_NAME} printable characters")
+
+
+def run_lease_name(run_name: str) -> str:
+    return f"run:{run_name}"
+
+
+TOKEN_FIELDS = ("token", "token_id", "word_position", "segment", "is_special", "char_start", "char_end")
+
+
+def bulk_insert(conn, table: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
+    """executemany straight on the driver: ~3x faster than Core for the tokens of a batch (SQLite and psycopg)."""
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})"
+    conn.exec_driver_sql(sql, rows)
+
+
+class RunWriter:
+    """Append examples' maps and tokens to a run; SQL rows are committed only once their maps are on disk.
+
+    Holds the run's write lease: it is checked before every chunk write and again inside
+    the transaction that commits the rows, so a writer that lost it writes nothing more.
+    """
+
+    def __init__(self, store: StoreWriter, info: RunInfo, lease: leases.WriteLease | None = None):
+        self.store = store
+        self.info = info
+        self._own_lease = lease is None
+        self.lease = lease or store.lease(run_lease_name(info.name), f"run {info.name!r}")
+        try:
+            array = store._array(info, read_only=False)
+            with store.engine.connect() as conn:
+                end = conn.scalar(
+                    sa.select(sa.func.max(Sequence.offset + info.n_layers * info.n_heads * Sequence.length * Sequence.length))
+                    .where(Sequence.run_id == info.id)
+                )
+            self.blocks = arrays.BlockWriter(array, arrays.resume_offset(int(end or 0), info.chunk_cells))
+        except BaseException:
+            self.close()
+            raise
+        self._pending: list[tuple[int, dict, list[tuple]]] = []  # (end offset, sequence row, token rows)
+
+    def add(self, example_id: int, maps: np.ndarray, tokens: list[dict], truncated: bool = False) -> None:
+        expected = (self.info.n_layers, self.info.n_heads)
+        if maps.ndim != 4 or maps.shape[:2] != expected or maps.shape[2] != maps.shape[3] or maps.shape[2] != len(tokens):
+            raise InvalidArgumentError(f"maps of shape {maps.shape} do not fit {len(tokens)} tokens and {expected} (layer, head)")
+        offset = self.blocks.append(maps)
+        length = maps.shape[-1]
+        seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=offset, truncated=truncated, skipped=False)
+        toks = [(self.info.id, example_id, i, *(t[c] for c in TOKEN_FIELDS)) for i, t in enumerate(tokens)]
+        self._pending.append((offset + maps.size, seq, toks))
+
+    def add_skipped(self, example_id: int, length: int) -> None:
+        seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=None, truncated=False, skipped=True)
+        self._pending.append((0, seq, []))
+
+    def _flush_blocks(self, final: bool) -> int:
+        self.lease.check()
+        try:
+            return self.blocks.flush(final=final)
+        except OSError as exc:
+            raise StorageIOError(f"cannot write the maps of run {self.info.name!r} under {self.store.locations.array_root}: "
+                                 f"{exc.strerror or exc}; the run is kept as interrupted: free space or fix permissions, "
+                                 f"then run the same ingest command to resume") from None
+
+    def commit(self, final: bool = False) -> int:
+        """Write whole chunks, then commit rows of the examples now fully on disk; returns rows committed."""
+        durable = self._flush_blocks(final)
+        ready = [p for p in self._pending if p[0] <= durable]
+        self._pending = [p for p in self._pending if p[0] > durable]
+        if not ready:
+            return 0
+        seqs = [p[1] for p in ready]
+        toks = [t for p in ready for t in p[2]]
+        n_stored = sum(1 for q in seqs if not q["skipped"])
+        with self.store.session() as s:
+            self.lease.check(s.connection())
+            s.execute(sa.insert(Sequence), seqs)
+            if toks:
+                bulk_insert(s.connection(), "tokens", ("run_id", "example_id", "position", *TOKEN_FIELDS), toks)
+            s.execute(sa.update(Run).where(Run.id == self.info.id).values(
+                n_stored=Run.n_stored + n_stored,
+                n_skipped=Run.n_skipped + (len(seqs) - n_stored),
+                n_truncated=Run.n_truncated + sum(1 for q in seqs if q["truncated"]),
+            ))
+        return len(ready)
+
+    def finish(self, seconds: float, manifest_update: dict | None = None) -> RunInfo:
+        try:
+            self.commit(final=True)
+            with self.store.session() as s:
+                self.lease.check(s.connection())
+                run = s.get(Run, self.info.id)
+                run.status = "complete"
+                run.finished_at = utcnow()
+                run.ingest_seconds = (run.ingest_seconds or 0.0) + seconds
+                if manifest_update:
+                    run.manifest = {**(run.manifest or {}), **manifest_update}
+        finally:
+            self.close()
+        return self.store.run_info(self.info.id)
+
+    def close(self) -> None:
+        """Release the lease if this writer took it."""
+        if self._own_lease:
+            self.lease.release()

@@ -1,0 +1,90 @@
+"""`store.run(name_or_id)`: a handle bound to one run; and the Store API the reader/writer split keeps."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import attnstore
+from attnstore.queries import run_query
+from attnstore.store import RunHandle, Store
+from attnstore.store.errors import NotFoundError
+
+TOKENS = [["[CLS]", "x", "y", "[SEP]"], ["[CLS]", "z", "[SEP]"], ["[CLS]", "p", "q", "r", "s", "[SEP]"]]
+
+
+def ragged_maps(length, seed):
+    rng = np.random.default_rng(seed)
+    maps = rng.random((3, 2, length, length)).astype(np.float32)
+    return maps / maps.sum(-1, keepdims=True)
+
+
+@pytest.fixture
+def run(store, make_run):
+    return make_run(store, [ragged_maps(len(t), i) for i, t in enumerate(TOKENS)], TOKENS, name="ragged")
+
+
+def test_handle_reads_what_the_store_reads(store, run):
+    handle = store.run(run)
+    assert isinstance(handle, RunHandle)
+    assert handle.info == store.run_info(run) and handle.name == "ragged" and handle.id == handle.info.id
+    pd.testing.assert_frame_equal(handle.examples(), store.examples(run))
+    for example, toks in enumerate(TOKENS):
+        pd.testing.assert_frame_equal(handle.tokens(example), store.tokens(run, example))
+        pd.testing.assert_frame_equal(handle.words(example), store.words(run, example))
+        np.testing.assert_array_equal(handle.attention(example), ragged_maps(len(toks), example))
+    np.testing.assert_array_equal(handle.attention(2, layer=[0, 2], head=1), ragged_maps(6, 2)[[0, 2]][:, [1]])
+    streamed = dict(handle.iter_attention([0, 2]))
+    assert sorted(streamed) == [0, 2]
+    np.testing.assert_array_equal(streamed[2], ragged_maps(6, 2))
+    assert "ragged" in repr(handle)
+
+
+def test_handle_by_id_as_int_or_text(store, run):
+    info = store.run_info(run)
+    assert store.run(info.id).info == info
+    assert store.run(str(info.id)).info == info  # the id `attnstore runs` shows, given as text
+
+
+def test_handle_runs_queries_and_reads_saved_metrics(store, run):
+    handle = store.run(run)
+    frame = handle.query("relative_position")
+    pd.testing.assert_frame_equal(frame, run_query(store, "relative_position", run=run))
+    assert frame.attrs["run_state"] == "complete" and frame.attrs["n_examples"] == 3
+    pd.testing.assert_frame_equal(handle.query("relative_position", average="token"),
+                                  run_query(store, "relative_position", run=run, average="token"))
+    assert handle.head_metrics().empty
+    store.save_head_metrics(run, frame, prefix="relative_position")
+    saved = handle.head_metrics()
+    assert len(saved) == 3 * 2 * 3 and set(saved["run"]) == {"ragged"}
+    pd.testing.assert_frame_equal(handle.head_metrics("relative_position.to_self"),
+                                  store.head_metrics(run, "relative_position.to_self"))
+
+
+def test_missing_run_raises_as_run_info_does(store, run):
+    with pytest.raises(NotFoundError) as from_info:
+        store.run_info("nope")
+    with pytest.raises(NotFoundError, match="no run 'nope'.*known runs: ragged") as from_handle:
+        store.run("nope")
+    assert str(from_handle.value) == str(from_info.value)
+    with pytest.raises(NotFoundError, match="run 'ragged' has no example 7"):
+        store.run(run).tokens(7)
+
+
+# Every public method `Store` had before it was split into store/reader.py and store/writer.py.
+STORE_METHODS = {
+    "ablation_configs", "ablation_results", "add_ablation_results", "add_examples", "attention", "close", "complete_dataset",
+    "dataset_examples", "done_example_ids", "example_rows", "examples", "fail_run", "find_dataset", "find_or_create_dataset",
+    "find_or_create_model", "head_metrics", "iter_attention", "lease", "mention_table", "model_row", "models",
+    "pattern_labels", "pinned", "probe_results", "register_finetuned_model", "require_writable", "run_info", "run_state",
+    "run_writer", "runs", "save_head_metrics", "save_pattern_labels", "save_probe_result", "session", "sql", "start_run",
+    "stored_positions", "token_table", "tokens", "word_table", "words",
+}
+
+
+def test_store_keeps_its_public_api(store):
+    assert attnstore.Store is Store and attnstore.open_store is attnstore.store.open_store
+    assert isinstance(store, Store) and repr(store).startswith("Store(")
+    public = {n for n in dir(Store) if not n.startswith("_") and callable(getattr(Store, n))}
+    assert public == STORE_METHODS | {"run", "labelled_attention", "labelled_run"}
+    with store as same:
+        assert same is store
