@@ -2,7 +2,7 @@
 
 Thin: sampling, rendering and label files are in api/pattern_labels.py, the rules in
 queries/patterns.py, the CNN (torch, imported only by the commands that need it) in
-ingest/pattern_cnn.py.
+queries/pattern_cnn.py.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def calibrate(locations, source, test_fraction, seed):
 @friendly_errors
 def train_cnn(locations, out, source, test_fraction, seed, epochs, size, masks):
     """Train the pattern CNN on stored labels (CPU); report held-out F1 of the CNN and of the rules on the same maps."""
-    from ..ingest.pattern_cnn import format_report, train_from_store
+    from ..queries.pattern_cnn import format_report, train_from_store
 
     report = train_from_store(open_store(locations), out, source=source, test_fraction=test_fraction, seed=seed,
                               epochs=epochs, size=size, masks=masks)
@@ -151,7 +151,7 @@ def classify(locations, runs, classifier, model_file, max_examples, seed, save, 
         if classifier == "rules":
             labels = pattern_classes(store, run=run, max_examples=max_examples, seed=seed, save=save)
         else:
-            from ..ingest.pattern_cnn import classify_run
+            from ..queries.pattern_cnn import classify_run
 
             labels = classify_run(store, run, model_file, max_examples=max_examples, seed=seed, save=save)
         shares = labels["label"].value_counts(normalize=True).reindex(list(CLASSES), fill_value=0.0)

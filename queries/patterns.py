@@ -35,7 +35,7 @@ with seed 0) of 480 hand-labelled maps of all-MiniLM-L6-v2 on six GLUE dev sets
 all). `calibrate` (CLI: `attnstore patterns calibrate`) reproduces the search; results and
 confusion matrices are in docs/results/all-MiniLM-L6-v2/pattern_classifiers.md.
 
-This module needs numpy and pandas only; the CNN classifier is in attnstore.ingest.pattern_cnn.
+This module needs numpy and pandas only; the CNN classifier is in attnstore.queries.pattern_cnn.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 set -euo pipefail
 python=${PYTHON:-python3}
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work" build' EXIT  # setuptools leaves build/ in the tree; stale copies there mislead
 "$python" -m pip wheel -q --no-deps -w "$work/dist" .
 "$python" -m venv "$work/venv"
 "$work/venv/bin/pip" install -q "$work"/dist/attnstore-*.whl

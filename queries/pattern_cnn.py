@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from ..queries.patterns import (
+from ..store.errors import InvalidArgumentError, NotFoundError
+from .patterns import (
     CLASSES,
     THRESHOLDS,
     evaluate,
@@ -40,7 +41,6 @@ from ..queries.patterns import (
     stratified_split,
     token_layout,
 )
-from ..store.errors import InvalidArgumentError, NotFoundError
 
 if TYPE_CHECKING:
     from ..store import Store

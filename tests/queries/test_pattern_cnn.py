@@ -11,7 +11,7 @@ from attnstore.store.errors import InvalidArgumentError, NotFoundError
 
 torch = pytest.importorskip("torch")
 
-from attnstore.ingest import pattern_cnn as C  # noqa: E402  (after the torch check)
+from attnstore.queries import pattern_cnn as C  # noqa: E402  (after the torch check)
 
 
 def synthetic_map(label: str, length: int, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
