@@ -88,12 +88,10 @@ def find_dataset(key: str) -> DatasetSpec:
 
 
 def resolve_data_dir(option: str | None = None) -> Path:
-    """--data-dir > ATTNSTORE_DATA > ../shared/data (from the working directory, then from this checkout)."""
+    """--data-dir > ATTNSTORE_DATA > ../shared/data from the working directory (the layout of a checkout with
+    the data beside it). Never guessed from where the package is installed."""
     if option or os.environ.get(ENV_DATA):
         return Path(option or os.environ[ENV_DATA]).expanduser()
-    for candidate in (Path.cwd().parent / "shared" / "data", Path(__file__).resolve().parents[2] / "shared" / "data"):
-        if candidate.is_dir():
-            return candidate
     return Path.cwd().parent / "shared" / "data"
 
 
