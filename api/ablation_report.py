@@ -97,6 +97,13 @@ def ablation_tables(store: Store, mode: str = "uniform") -> tuple[pd.DataFrame, 
     return headline.reset_index(drop=True), verdict
 
 
+def _single_heads_line(group: pd.DataFrame) -> str:
+    single = group["config"].str.startswith("heads:")
+    if not single.any():
+        return "No single-head configurations stored (`attnstore ablate --heads each` adds them)."
+    return f"Single heads that improve the score: {int(((group['delta'] > 0) & single).sum())} of {int(single.sum())}."
+
+
 def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
     import matplotlib
 
@@ -150,8 +157,7 @@ def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
                   + (f" (binomial standard error {noise:.1f} points)" if noise == noise else "") + ".",
                   f"Best configuration: {best['config']} ({best['score']:.1f}, {best['delta']:+.1f}); "
                   f"worst: {worst['config']} ({worst['score']:.1f}, {worst['delta']:+.1f}).",
-                  f"Single heads that improve the score: {int(((group['delta'] > 0) & group['config'].str.startswith('heads:')).sum())}"
-                  f" of {int(group['config'].str.startswith('heads:').sum())}.", ""]
+                  _single_heads_line(group), ""]
     lines += ["## Heads that help or hurt across tasks", "",
               "Per head: on how many tasks disabling it alone raised (`helps`) or lowered (`hurts`) the headline metric, "
               "and the mean change in points (averaged over seeds within a task first).", "",
