@@ -103,7 +103,7 @@ def figure_similarity(store: Store, pairs: dict[str, tuple[str, str]], out: Path
         frame = run_query(store, "run_similarity", run=pre, other=tuned, max_examples=max_examples)
         info = store.run_info(pre)
         image = _heatmap(ax, _grid(frame, "similarity", info.n_layers, info.n_heads),
-                         f"{task}: pre-trained vs {store.run_info(tuned).model}", cmap="magma", vmin=0, vmax=1)
+                         f"{task}: pre-trained vs\n{store.run_info(tuned).model}", cmap="magma", vmin=0, vmax=1)
         frames.append(frame.assign(task=task, run=pre, other=tuned))
     fig.colorbar(image, ax=list(axes[0]), label="cosine similarity of maps")
     fig.suptitle("Fig. 5: per-head cosine similarity between pre-trained and fine-tuned attention (dev examples)", fontsize=9)
@@ -118,14 +118,22 @@ def figure_features(store: Store, runs: dict[str, str], out: Path, stem: str, ti
     frames = {task: run_query(store, "feature_attention", run=run) for task, run in runs.items()}
     features = [f for f in FIG6_FEATURES if any(f in set(fr["feature"]) for fr in frames.values())]
     info = store.run_info(next(iter(runs.values())))
-    fig, axes = plt.subplots(len(features), len(runs), figsize=(3.2 * len(runs), 2.6 * len(features)), squeeze=False)
-    for col, (task, frame) in enumerate(frames.items()):
-        for row, feature in enumerate(features):
+    fig, axes = plt.subplots(len(features), len(runs), figsize=(3.4 * len(runs) + 0.6, 2.6 * len(features)), squeeze=False,
+                             layout="constrained")  # leaves room for the colour bars
+    models = {task: store.run_info(run).model for task, run in runs.items()}
+    for row, feature in enumerate(features):
+        # one colour scale per feature, shared by the tasks, so a row's panels compare
+        top = max(float(fr.loc[fr["feature"] == feature, "value"].max()) for fr in frames.values()
+                  if (fr["feature"] == feature).any())
+        for col, (task, frame) in enumerate(frames.items()):
             part = frame[frame["feature"] == feature]
-            _heatmap(axes[row][col], _grid(part, "value", info.n_layers, info.n_heads), f"{task}: to {feature}",
-                     cmap="Reds", vmin=0)
-    fig.suptitle(f"{title}, {info.model}", fontsize=9)
-    fig.tight_layout()
+            label = f"{task}: to {feature}" + (f"\n{models[task]}" if row == 0 and len(set(models.values())) > 1 else "")
+            image = _heatmap(axes[row][col], _grid(part, "value", info.n_layers, info.n_heads), label, cmap="Reds",
+                             vmin=0, vmax=top if top == top and top > 0 else None)
+        fig.colorbar(image, ax=axes[row].tolist(), fraction=0.02, pad=0.01)
+    same_model = len(set(models.values())) == 1
+    fig.suptitle(f"{title}, {info.model}" if same_model else f"{title} (each column's model named at its top)", fontsize=9)
+
     names = _save(fig, out, stem)
     plt.close(fig)
     return names, pd.concat([f.assign(task=t) for t, f in frames.items()], ignore_index=True)
