@@ -161,7 +161,7 @@ def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
         baseline = float(group["baseline_score"].iloc[0])
         n = int(group["n_examples"].iloc[0])
         noise = 100 * np.sqrt((baseline / 100) * (1 - baseline / 100) / n) if metric == "accuracy" else float("nan")
-        stem = f"{task}_{model}".replace("/", "_")
+        stem = f"{task}_{model}".replace("/", "_") + ("" if mode == "uniform" else f"_{mode}")  # modes share a folder
         grid = _single_heads(group, n_layers, n_heads)
         if not np.isnan(grid).all():
             fig, ax = plt.subplots(figsize=(0.5 * n_heads + 2, 0.45 * n_layers + 1.6))

@@ -260,6 +260,7 @@ def test_command_line_finetune_evaluate_ablate_report_and_ingest(tmp_path, tiny_
     assert (tmp_path / "ab" / "fig9_SST-2_tiny-sst2.png").exists() and (tmp_path / "ab" / "ablation_uniform.md").exists()
     ok("report", "ablation", "--mode", "mean", "--out", str(tmp_path / "ab-mean"))
     assert "layer:1" in (tmp_path / "ab-mean" / "ablation_mean.csv").read_text()
+    assert (tmp_path / "ab-mean" / "fig9_SST-2_tiny-sst2_mean.png").exists()
     assert "tiny-sst2" in ok("models")
     corpus = tmp_path / "c.txt"
     corpus.write_text("a good film\nnot a good film\n", encoding="utf-8")
