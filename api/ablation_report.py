@@ -20,9 +20,11 @@ if TYPE_CHECKING:
     from ..store import Store
 
 COLUMNS = {"pretrained": "no fine-tuning", "random": "fine-tuned from random init", "finetuned": "fine-tuned from pre-trained"}
-NO_FINETUNING = ("no fine-tuning = the pre-trained encoder with a sequence-classification head initialised with a fixed seed "
-                 "(0) and never trained, evaluated on the dev set (the paper's 'pre-trained' column); scores near chance "
-                 "are expected.")
+NO_FINETUNING = (
+    "no fine-tuning = the pre-trained encoder with a sequence-classification head initialised with a fixed seed "
+    "(0) and never trained, evaluated on the dev set (the paper's 'pre-trained' column); scores near chance "
+    "are expected."
+)
 
 
 def _markdown(frame: pd.DataFrame) -> str:
@@ -95,14 +97,24 @@ def table1_report(store: Store, out: str) -> Path:
     long, shaped = table1(store)
     long.to_csv(folder / "table1_scores.csv", index=False)
     shaped.to_csv(folder / "table1.csv", index=False)
-    text = ["# Table 1 (Kovaleva et al. 2019): GLUE dev scores by initialisation", "", _markdown(shaped), "",
-            f"Scores in percent; mean ± sample sd over seeds where several were run, each task at one fine-tuning "
-            f"setting (the paper's, {PAPER_SETTING}, where it was run; a train-set sample where `-nN` ends the model "
-            f"name; every model's setting is in table1_scores.csv). {NO_FINETUNING}", ""]
+    text = [
+        "# Table 1 (Kovaleva et al. 2019): GLUE dev scores by initialisation",
+        "",
+        _markdown(shaped),
+        "",
+        f"Scores in percent; mean ± sample sd over seeds where several were run, each task at one fine-tuning "
+        f"setting (the paper's, {PAPER_SETTING}, where it was run; a train-set sample where `-nN` ends the model "
+        f"name; every model's setting is in table1_scores.csv). {NO_FINETUNING}",
+        "",
+    ]
     others = long[~long["in_table"]]
     if not others.empty:
-        text += ["Other settings (not in the table above):", "",
-                 _markdown(others[["task", "column", "model", "setting", "metric", "score"]].round(1)), ""]
+        text += [
+            "Other settings (not in the table above):",
+            "",
+            _markdown(others[["task", "column", "model", "setting", "metric", "score"]].round(1)),
+            "",
+        ]
     path = folder / "table1.md"
     path.write_text("\n".join(text), encoding="utf-8")
     return path
@@ -125,13 +137,21 @@ def ablation_tables(store: Store, mode: str = "uniform") -> tuple[pd.DataFrame, 
         raise NotFoundError(f"no {mode} ablations stored yet; run `attnstore ablate --model M --task T` first")
     headline = rows[rows.apply(lambda r: r["metric"] == TASKS[r["task"]].metrics[0], axis=1)]
     singles = headline[headline["config"].str.startswith("heads:") & (headline["disabled_heads"].map(len) == 1)]
-    per_task = (singles.assign(layer=singles["disabled_heads"].map(lambda h: h[0][0]),
-                               head=singles["disabled_heads"].map(lambda h: h[0][1]))
-                .groupby(["task", "layer", "head"], as_index=False)["delta"].mean())
-    verdict = (per_task.groupby(["layer", "head"])
-               .agg(tasks=("task", "nunique"), helps=("delta", lambda d: int((d > 0).sum())),
-                    hurts=("delta", lambda d: int((d < 0).sum())), mean_delta=("delta", "mean"))
-               .reset_index())
+    per_task = (
+        singles.assign(layer=singles["disabled_heads"].map(lambda h: h[0][0]), head=singles["disabled_heads"].map(lambda h: h[0][1]))
+        .groupby(["task", "layer", "head"], as_index=False)["delta"]
+        .mean()
+    )
+    verdict = (
+        per_task.groupby(["layer", "head"])
+        .agg(
+            tasks=("task", "nunique"),
+            helps=("delta", lambda d: int((d > 0).sum())),
+            hurts=("delta", lambda d: int((d < 0).sum())),
+            mean_delta=("delta", "mean"),
+        )
+        .reset_index()
+    )
     return headline.reset_index(drop=True), verdict
 
 
@@ -190,16 +210,26 @@ def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
             plt.close(fig)
         best = group.loc[group["score"].idxmax()]
         worst = group.loc[group["score"].idxmin()]
-        lines += [f"## {task}: {model}", "",
-                  f"Baseline {metric} {baseline:.1f} on {n} dev examples"
-                  + (f" (binomial standard error {noise:.1f} points)" if noise == noise else "") + ".",
-                  f"Best configuration: {best['config']} ({best['score']:.1f}, {best['delta']:+.1f}); "
-                  f"worst: {worst['config']} ({worst['score']:.1f}, {worst['delta']:+.1f}).",
-                  _single_heads_line(group), ""]
-    lines += ["## Heads that help or hurt across tasks", "",
-              "Per head: on how many tasks disabling it alone raised (`helps`) or lowered (`hurts`) the headline metric, "
-              "and the mean change in points (averaged over seeds within a task first).", "",
-              _markdown(verdict.sort_values("mean_delta", ascending=False).round(2)), ""]
+        lines += [
+            f"## {task}: {model}",
+            "",
+            f"Baseline {metric} {baseline:.1f} on {n} dev examples"
+            + (f" (binomial standard error {noise:.1f} points)" if noise == noise else "")
+            + ".",
+            f"Best configuration: {best['config']} ({best['score']:.1f}, {best['delta']:+.1f}); "
+            f"worst: {worst['config']} ({worst['score']:.1f}, {worst['delta']:+.1f}).",
+            _single_heads_line(group),
+            "",
+        ]
+    lines += [
+        "## Heads that help or hurt across tasks",
+        "",
+        "Per head: on how many tasks disabling it alone raised (`helps`) or lowered (`hurts`) the headline metric, "
+        "and the mean change in points (averaged over seeds within a task first).",
+        "",
+        _markdown(verdict.sort_values("mean_delta", ascending=False).round(2)),
+        "",
+    ]
     path = folder / f"ablation_{mode}.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

@@ -77,22 +77,41 @@ def db_current(locations):
 
 @main.command()
 @click.option("--corpus", default=None, type=click.Path(dir_okay=False), help="Corpus file to ingest (or use --dataset).")
-@click.option("--format", "fmt", default=None, type=click.Choice(CORPUS_FORMATS),
-              help="text: one example per line; tsv / pairs-tsv: TSV with a header and one / two text columns; "
-                   "conllu: CoNLL-U with gold annotation.")
+@click.option(
+    "--format",
+    "fmt",
+    default=None,
+    type=click.Choice(CORPUS_FORMATS),
+    help="text: one example per line; tsv / pairs-tsv: TSV with a header and one / two text columns; conllu: CoNLL-U with gold annotation.",
+)
 @click.option("--dataset", default=None, metavar="NAME:SPLIT", help="A built-in dataset, e.g. glue/MRPC:dev (see `attnstore datasets`).")
-@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
-              help="Folder holding the built-in datasets' files (env ATTNSTORE_DATA; default ../shared/data).")
+@click.option(
+    "--data-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Folder holding the built-in datasets' files (env ATTNSTORE_DATA; default ../shared/data).",
+)
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Hugging Face model name or local directory.")
 @click.option("--name", default=None, help="Run name (default DATASET-SPLIT-MODEL). Re-running a name resumes it.")
 @click.option("--dataset-name", default=None, help="Dataset name (default: the file's folder name).")
 @click.option("--split", default=None, help="Split name (default: the file's stem).")
-@click.option("--annotate", "annotator", default="spacy", show_default=True, type=click.Choice(ANNOTATORS),
-              help="Word annotation for corpora without gold annotation.")
+@click.option(
+    "--annotate",
+    "annotator",
+    default="spacy",
+    show_default=True,
+    type=click.Choice(ANNOTATORS),
+    help="Word annotation for corpora without gold annotation.",
+)
 @click.option("--batch-size", default=32, show_default=True, type=int)
 @click.option("--max-length", default=None, type=int, help="Token limit (default: the model's).")
-@click.option("--truncation", default="truncate", show_default=True, type=click.Choice(TRUNCATION_POLICIES),
-              help="What to do with inputs over the limit: truncate them (longest segment first) or skip them. Counted per run.")
+@click.option(
+    "--truncation",
+    default="truncate",
+    show_default=True,
+    type=click.Choice(TRUNCATION_POLICIES),
+    help="What to do with inputs over the limit: truncate them (longest segment first) or skip them. Counted per run.",
+)
 @click.option("--dtype", default="float16", show_default=True, type=click.Choice(DTYPES))
 @click.option("--limit", default=None, type=int, help="Only the first N examples.")
 @click.option("--sample", default=None, type=int, help="A random sample of N examples (reproducible with --seed).")
@@ -101,18 +120,57 @@ def db_current(locations):
 @click.option("--text-a-column", default=None, help="pairs-tsv: first text column (default: found from the header).")
 @click.option("--text-b-column", default=None, help="pairs-tsv: second text column.")
 @click.option("--label-column", default=None, help="pairs-tsv: label column.")
-@click.option("--quoting", default="none", show_default=True, type=click.Choice(["none", "csv"]),
-              help="pairs-tsv: 'none' treats quotes as text (GLUE); 'csv' reads quoted fields (HF exports).")
-@click.option("--tokenize", "tokenization", default=None, type=click.Choice(TOKENIZATIONS),
-              help="Feed the model the raw text (default for GLUE and plain text) or the corpus's words (default for CoNLL-U).")
-@click.option("--chunk-cells", default=DEFAULT_CHUNK_CELLS, show_default=True, type=int,
-              help="Zarr chunk length in cells (advanced; the default was chosen by benchmarks/choose_codec.py).")
+@click.option(
+    "--quoting",
+    default="none",
+    show_default=True,
+    type=click.Choice(["none", "csv"]),
+    help="pairs-tsv: 'none' treats quotes as text (GLUE); 'csv' reads quoted fields (HF exports).",
+)
+@click.option(
+    "--tokenize",
+    "tokenization",
+    default=None,
+    type=click.Choice(TOKENIZATIONS),
+    help="Feed the model the raw text (default for GLUE and plain text) or the corpus's words (default for CoNLL-U).",
+)
+@click.option(
+    "--chunk-cells",
+    default=DEFAULT_CHUNK_CELLS,
+    show_default=True,
+    type=int,
+    help="Zarr chunk length in cells (advanced; the default was chosen by benchmarks/choose_codec.py).",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
 @store_options
 @friendly_errors
-def ingest(locations, corpus, fmt, dataset, data_dir, model, name, dataset_name, split, annotator, batch_size, max_length,
-           truncation, dtype, limit, sample, seed, window_words, text_a_column, text_b_column, label_column, quoting,
-           chunk_cells, tokenization, progress):
+def ingest(
+    locations,
+    corpus,
+    fmt,
+    dataset,
+    data_dir,
+    model,
+    name,
+    dataset_name,
+    split,
+    annotator,
+    batch_size,
+    max_length,
+    truncation,
+    dtype,
+    limit,
+    sample,
+    seed,
+    window_words,
+    text_a_column,
+    text_b_column,
+    label_column,
+    quoting,
+    chunk_cells,
+    tokenization,
+    progress,
+):
     """Run a model once over a corpus and store every attention map.
 
     Interrupted runs resume when the same command is run again: no example is
@@ -128,12 +186,30 @@ def ingest(locations, corpus, fmt, dataset, data_dir, model, name, dataset_name,
     require_extra("ingest")
     store = open_store(locations, create=True)
     try:
-        result = run_ingest(store, corpus=corpus, fmt=fmt, dataset=dataset, data_dir=data_dir, model=model, name=name,
-                            dataset_name=dataset_name, split=split, annotator=annotator, batch_size=batch_size,
-                            max_length=max_length, truncation=truncation, dtype=dtype, limit=limit, sample=sample,
-                            seed=seed, window_words=window_words, chunk_cells=chunk_cells, tokenization=tokenization,
-                            progress=progress,
-                            **read_options)
+        result = run_ingest(
+            store,
+            corpus=corpus,
+            fmt=fmt,
+            dataset=dataset,
+            data_dir=data_dir,
+            model=model,
+            name=name,
+            dataset_name=dataset_name,
+            split=split,
+            annotator=annotator,
+            batch_size=batch_size,
+            max_length=max_length,
+            truncation=truncation,
+            dtype=dtype,
+            limit=limit,
+            sample=sample,
+            seed=seed,
+            window_words=window_words,
+            chunk_cells=chunk_cells,
+            tokenization=tokenization,
+            progress=progress,
+            **read_options,
+        )
     except KeyboardInterrupt:
         click.echo("interrupted: stored examples are kept; run the same command again to resume", err=True)
         sys.exit(130)
@@ -141,14 +217,20 @@ def ingest(locations, corpus, fmt, dataset, data_dir, model, name, dataset_name,
     if result.already_complete:
         click.echo(f"run {run.name!r} is already complete ({run.n_stored} examples); nothing to do")
         return
-    click.echo(f"run {run.name!r}: stored {result.n_new} examples in {result.seconds:.1f}s "
-               f"({run.n_stored} stored, {run.n_truncated} truncated, {run.n_skipped} skipped; max length {run.max_length}, "
-               f"truncation={run.truncation})")
+    click.echo(
+        f"run {run.name!r}: stored {result.n_new} examples in {result.seconds:.1f}s "
+        f"({run.n_stored} stored, {run.n_truncated} truncated, {run.n_skipped} skipped; max length {run.max_length}, "
+        f"truncation={run.truncation})"
+    )
 
 
 @main.command()
-@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
-              help="Folder holding the datasets' files (env ATTNSTORE_DATA; default ../shared/data).")
+@click.option(
+    "--data-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Folder holding the datasets' files (env ATTNSTORE_DATA; default ../shared/data).",
+)
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @friendly_errors
 def datasets(data_dir, fmt):
@@ -158,8 +240,17 @@ def datasets(data_dir, fmt):
     from ..ingest.datasets import BUILTIN, resolve_data_dir
 
     root = resolve_data_dir(data_dir)
-    rows = [dict(dataset=s.key, size=f"{s.n_examples:,} {s.unit}", annotation=s.annotation, license=s.license,
-                 source=s.source, present=(root / s.path).exists()) for s in BUILTIN]
+    rows = [
+        dict(
+            dataset=s.key,
+            size=f"{s.n_examples:,} {s.unit}",
+            annotation=s.annotation,
+            license=s.license,
+            source=s.source,
+            present=(root / s.path).exists(),
+        )
+        for s in BUILTIN
+    ]
     emit(pd.DataFrame(rows), fmt)
     if fmt == "table":
         click.echo(f"data directory: {root}", err=True)
@@ -168,8 +259,19 @@ def datasets(data_dir, fmt):
 # ---------------------------------------------------------------- browsing
 
 
-RUNS_TABLE_COLUMNS = ["run_id", "run", "model", "dataset", "split", "status", "n_stored", "n_truncated", "n_skipped",
-                      "tokenization", "ingest_seconds"]
+RUNS_TABLE_COLUMNS = [
+    "run_id",
+    "run",
+    "model",
+    "dataset",
+    "split",
+    "status",
+    "n_stored",
+    "n_truncated",
+    "n_skipped",
+    "tokenization",
+    "ingest_seconds",
+]
 
 
 @main.command()
@@ -220,8 +322,12 @@ def tokens(locations, run, example, fmt):
 @click.option("--example", required=True, type=int, help="Example position in the corpus (0-based).")
 @click.option("--layer", default=None, type=int, help="Only this layer (0-based); default: every layer.")
 @click.option("--head", default=None, type=int, help="Only this head of --layer (0-based).")
-@click.option("--out", required=True, type=click.Path(dir_okay=False),
-              help="Picture to write (.png or .svg), or bertviz input (.json) with --bertviz.")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Picture to write (.png or .svg), or bertviz input (.json) with --bertviz.",
+)
 @click.option("--bertviz", is_flag=True, help="Write bertviz head_view/model_view input (JSON) instead of a picture.")
 @store_options
 @friendly_errors
@@ -302,8 +408,14 @@ def parse_params(ctx, _param, values):
 @main.command()
 @click.argument("name")
 @click.option("--run", required=True, help="Run name or id (see `attnstore runs`).")
-@click.option("--param", "params", multiple=True, callback=parse_params, metavar="KEY=VALUE",
-              help="Query parameter (repeatable); see `attnstore queries`.")
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    callback=parse_params,
+    metavar="KEY=VALUE",
+    help="Query parameter (repeatable); see `attnstore queries`.",
+)
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--output", default=None, type=click.Path(dir_okay=False), help="Write to a file instead of stdout.")
 @click.option("--save", is_flag=True, help="Also save the per-head values to the head_metrics table.")
@@ -320,8 +432,10 @@ def query(locations, name, run, params, fmt, output, save):
     spec = get_query(name)
     kwargs = coerce_params(spec, params)
     if save and not spec.per_head:
-        raise click.ClickException(f"query {name!r} is not per head (one row per layer and head), so it cannot be saved "
-                                   "to head_metrics; write it to a file with --output instead")
+        raise click.ClickException(
+            f"query {name!r} is not per head (one row per layer and head), so it cannot be saved "
+            "to head_metrics; write it to a file with --output instead"
+        )
     store = open_store(locations)
     with warnings.catch_warnings(record=True) as caught, reading_progress(f"{name} over {run}"):
         warnings.simplefilter("always", IncompleteRunWarning)
@@ -365,8 +479,7 @@ def probe():
 @probe.command("train")
 @click.option("--run", required=True, help="Training run (a treebank split, e.g. ud/en_ewt:train).")
 @click.option("--eval-run", required=True, help="Held-out run for UAS (e.g. ud/en_ewt:dev).")
-@click.option("--kind", required=True, type=click.Choice(PROBE_KINDS),
-              help="The probe, or a baseline.")
+@click.option("--kind", required=True, type=click.Choice(PROBE_KINDS), help="The probe, or a baseline.")
 @click.option("--max-train", default=2000, show_default=True, type=int, help="Training sentences used (memory grows with them).")
 @click.option("--epochs", default=100, show_default=True, type=int, help="Full-batch Adam steps.")
 @click.option("--lr", default=0.05, show_default=True, type=float, help="Adam learning rate.")
@@ -379,8 +492,7 @@ def probe_train(locations, run, eval_run, kind, max_train, epochs, lr, seed):
 
     store = open_store(locations)
     with reading_progress(f"probe {kind}: reading word-level maps"):
-        result = train_and_evaluate(store, run=run, eval_run=eval_run, kind=kind, max_train=max_train, epochs=epochs, lr=lr,
-                                    seed=seed)
+        result = train_and_evaluate(store, run=run, eval_run=eval_run, kind=kind, max_train=max_train, epochs=epochs, lr=lr, seed=seed)
     store.save_probe_result(run, eval_run, result, params=dict(max_train=max_train, lr=lr, seed=seed))
     train = "" if result["train_uas"] is None else f", train UAS {result['train_uas']:.3f} on {result['n_train']} words"
     click.echo(f"{kind}: UAS {result['uas']:.3f} on {result['n_eval']} words of {eval_run}{train} (saved to probe_results)")
@@ -418,8 +530,7 @@ def report_clark(locations, run, coref_run, out, mds_examples, min_count):
     from .report import clark_report
 
     with reading_progress("report clark: examples read"):
-        path = clark_report(open_store(locations), run, out, coref_run=coref_run, mds_examples=mds_examples,
-                            min_count=min_count)
+        path = clark_report(open_store(locations), run, out, coref_run=coref_run, mds_examples=mds_examples, min_count=min_count)
     click.echo(f"wrote {path} and its tables and figures")
 
 
@@ -434,10 +545,23 @@ def _task_runs(ctx, _param, values) -> dict[str, str]:
 
 
 @report.command("kovaleva")
-@click.option("--run", "runs_", multiple=True, required=True, callback=_task_runs, metavar="TASK=RUN",
-              help="A pre-trained model's run over a task's dev set (repeatable), e.g. MRPC=MRPC-dev.")
-@click.option("--finetuned-run", "finetuned", multiple=True, callback=_task_runs, metavar="TASK=RUN",
-              help="A fine-tuned model's run over the same examples (repeatable): Fig. 5 and the fine-tuned Fig. 6.")
+@click.option(
+    "--run",
+    "runs_",
+    multiple=True,
+    required=True,
+    callback=_task_runs,
+    metavar="TASK=RUN",
+    help="A pre-trained model's run over a task's dev set (repeatable), e.g. MRPC=MRPC-dev.",
+)
+@click.option(
+    "--finetuned-run",
+    "finetuned",
+    multiple=True,
+    callback=_task_runs,
+    metavar="TASK=RUN",
+    help="A fine-tuned model's run over the same examples (repeatable): Fig. 5 and the fine-tuned Fig. 6.",
+)
 @click.option("--frame-run", default=None, help="A run over FrameNet exemplars (framenet/1.5:exemplars) for Fig. 3.")
 @click.option("--max-examples", default=1000, show_default=True, type=int, help="Examples per task for Fig. 2 and Fig. 5.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")

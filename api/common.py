@@ -18,10 +18,16 @@ def store_options(func):
     """--db / --root / --home, resolved as option > environment variable > default."""
 
     @click.option("--home", default=None, help="Store directory for the embedded default (env ATTNSTORE_HOME; default ./attnstore-data).")
-    @click.option("--root", default=None,
-                  help="Zarr root for attention arrays: a path or fsspec URL (env ATTNSTORE_ROOT; default HOME/attention.zarr).")
-    @click.option("--db", default=None,
-                  help="Metadata database URL, e.g. postgresql+psycopg://user@host/db (env ATTNSTORE_DB; default sqlite HOME/meta.sqlite).")
+    @click.option(
+        "--root",
+        default=None,
+        help="Zarr root for attention arrays: a path or fsspec URL (env ATTNSTORE_ROOT; default HOME/attention.zarr).",
+    )
+    @click.option(
+        "--db",
+        default=None,
+        help="Metadata database URL, e.g. postgresql+psycopg://user@host/db (env ATTNSTORE_DB; default sqlite HOME/meta.sqlite).",
+    )
     @functools.wraps(func)
     def wrapper(*args, db=None, root=None, home=None, **kwargs):
         return func(*args, locations=resolve_locations(db=db, root=root, home=home), **kwargs)
@@ -45,10 +51,21 @@ def friendly_errors(func):
 
 
 # Optional dependencies -> the extra (pyproject.toml) that installs them.
-EXTRAS = {"torch": "ingest", "transformers": "ingest", "spacy": "ingest", "scipy": "ingest", "matplotlib": "report",
-          "fsspec": "s3", "s3fs": "s3", "aiobotocore": "s3"}
-EXTRA_HINTS = {"ingest": "pip install torch==2.13.0 'attnstore[ingest]'", "report": "pip install 'attnstore[report]'",
-               "s3": "pip install fsspec s3fs"}
+EXTRAS = {
+    "torch": "ingest",
+    "transformers": "ingest",
+    "spacy": "ingest",
+    "scipy": "ingest",
+    "matplotlib": "report",
+    "fsspec": "s3",
+    "s3fs": "s3",
+    "aiobotocore": "s3",
+}
+EXTRA_HINTS = {
+    "ingest": "pip install torch==2.13.0 'attnstore[ingest]'",
+    "report": "pip install 'attnstore[report]'",
+    "s3": "pip install fsspec s3fs",
+}
 
 
 def require_extra(extra: str) -> None:
@@ -71,9 +88,9 @@ def missing_extra_message(exc: ModuleNotFoundError) -> str:
 
 def _local_path(url_or_path: str) -> str | None:
     if url_or_path.startswith("sqlite:///"):
-        return url_or_path[len("sqlite:///"):]
+        return url_or_path[len("sqlite:///") :]
     if url_or_path.startswith("file://"):
-        return url_or_path[len("file://"):]
+        return url_or_path[len("file://") :]
     return None if "://" in url_or_path else url_or_path
 
 
@@ -101,8 +118,7 @@ def reading_progress(desc: str, total: int | None = None):
 
     from ..store.progress import reporting
 
-    with tqdm(total=total, desc=desc, unit="ex", disable=None, dynamic_ncols=True, leave=False) as bar, \
-            reporting(bar.update):
+    with tqdm(total=total, desc=desc, unit="ex", disable=None, dynamic_ncols=True, leave=False) as bar, reporting(bar.update):
         yield bar
 
 
@@ -171,8 +187,9 @@ def to_table(frame) -> str:
     shown = _whole_numbers(frame)
     for name in shown.columns:
         if shown[name].dtype == object or pd.api.types.is_string_dtype(shown[name]):
-            shown[name] = shown[name].map(lambda v: v if not isinstance(v, str) or len(v) <= TABLE_CELL_WIDTH
-                                          else v[: TABLE_CELL_WIDTH - 1] + "…")
+            shown[name] = shown[name].map(
+                lambda v: v if not isinstance(v, str) or len(v) <= TABLE_CELL_WIDTH else v[: TABLE_CELL_WIDTH - 1] + "…"
+            )
     rows = shown.astype(object).where(shown.notna(), None).values.tolist()
     return tabulate(rows, headers=[str(c) for c in shown.columns], floatfmt=".4f", missingval="", tablefmt="simple")
 

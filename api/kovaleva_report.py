@@ -70,8 +70,7 @@ def figure_patterns(store: Store, runs: dict[str, str], out: Path, max_examples:
     ax.set_xlabel("task (dev set)")
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
     model = store.run_info(next(iter(runs.values()))).model
-    ax.set_title(f"Fig. 2: attention pattern classes (rule classifier), {model}, ≤ {max_examples} dev examples per task",
-                 fontsize=8)
+    ax.set_title(f"Fig. 2: attention pattern classes (rule classifier), {model}, ≤ {max_examples} dev examples per task", fontsize=8)
     names = _save(fig, out, "fig2_pattern_classes")
     plt.close(fig)
     return names, table
@@ -83,9 +82,12 @@ def figure_frame_heads(store: Store, run: str, out: Path) -> tuple[list[str], pd
     frame = run_query(store, "frame_heads", run=run)
     info = store.run_info(run)
     fig, ax = plt.subplots(figsize=(0.5 * info.n_heads + 2, 0.45 * info.n_layers + 1.5))
-    image = _heatmap(ax, _grid(frame, "value", info.n_layers, info.n_heads),
-                     f"Fig. 3: max attention between LU and core FE tokens, mean over "
-                     f"{int(frame['n_sentences'].iloc[0])} sentences\n{_describe(store, run)}")
+    image = _heatmap(
+        ax,
+        _grid(frame, "value", info.n_layers, info.n_heads),
+        f"Fig. 3: max attention between LU and core FE tokens, mean over "
+        f"{int(frame['n_sentences'].iloc[0])} sentences\n{_describe(store, run)}",
+    )
     fig.colorbar(image, ax=ax, label="mean max attention")
     for layer, head in frame.loc[frame["top"], ["layer", "head"]].itertuples(index=False):
         ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
@@ -102,8 +104,14 @@ def figure_similarity(store: Store, pairs: dict[str, tuple[str, str]], out: Path
     for ax, (task, (pre, tuned)) in zip(axes[0], pairs.items()):
         frame = run_query(store, "run_similarity", run=pre, other=tuned, max_examples=max_examples)
         info = store.run_info(pre)
-        image = _heatmap(ax, _grid(frame, "similarity", info.n_layers, info.n_heads),
-                         f"{task}: pre-trained vs\n{store.run_info(tuned).model}", cmap="magma", vmin=0, vmax=1)
+        image = _heatmap(
+            ax,
+            _grid(frame, "similarity", info.n_layers, info.n_heads),
+            f"{task}: pre-trained vs\n{store.run_info(tuned).model}",
+            cmap="magma",
+            vmin=0,
+            vmax=1,
+        )
         frames.append(frame.assign(task=task, run=pre, other=tuned))
     fig.colorbar(image, ax=list(axes[0]), label="cosine similarity of maps")
     fig.suptitle("Fig. 5: per-head cosine similarity between pre-trained and fine-tuned attention (dev examples)", fontsize=9)
@@ -118,18 +126,24 @@ def figure_features(store: Store, runs: dict[str, str], out: Path, stem: str, ti
     frames = {task: run_query(store, "feature_attention", run=run) for task, run in runs.items()}
     features = [f for f in FIG6_FEATURES if any(f in set(fr["feature"]) for fr in frames.values())]
     info = store.run_info(next(iter(runs.values())))
-    fig, axes = plt.subplots(len(features), len(runs), figsize=(3.4 * len(runs) + 0.6, 2.6 * len(features)), squeeze=False,
-                             layout="constrained")  # leaves room for the colour bars
+    fig, axes = plt.subplots(
+        len(features), len(runs), figsize=(3.4 * len(runs) + 0.6, 2.6 * len(features)), squeeze=False, layout="constrained"
+    )  # leaves room for the colour bars
     models = {task: store.run_info(run).model for task, run in runs.items()}
     for row, feature in enumerate(features):
         # one colour scale per feature, shared by the tasks, so a row's panels compare
-        top = max(float(fr.loc[fr["feature"] == feature, "value"].max()) for fr in frames.values()
-                  if (fr["feature"] == feature).any())
+        top = max(float(fr.loc[fr["feature"] == feature, "value"].max()) for fr in frames.values() if (fr["feature"] == feature).any())
         for col, (task, frame) in enumerate(frames.items()):
             part = frame[frame["feature"] == feature]
             label = f"{task}: to {feature}" + (f"\n{models[task]}" if row == 0 and len(set(models.values())) > 1 else "")
-            image = _heatmap(axes[row][col], _grid(part, "value", info.n_layers, info.n_heads), label, cmap="Reds",
-                             vmin=0, vmax=top if top == top and top > 0 else None)
+            image = _heatmap(
+                axes[row][col],
+                _grid(part, "value", info.n_layers, info.n_heads),
+                label,
+                cmap="Reds",
+                vmin=0,
+                vmax=top if top == top and top > 0 else None,
+            )
         fig.colorbar(image, ax=axes[row].tolist(), fraction=0.02, pad=0.01)
     same_model = len(set(models.values())) == 1
     fig.suptitle(f"{title}, {info.model}" if same_model else f"{title} (each column's model named at its top)", fontsize=9)
@@ -153,16 +167,25 @@ def figure_cls(store: Store, runs: dict[str, str], out: Path) -> tuple[list[str]
     ax.set_xlabel("task (dev set)")
     ax.set_ylabel("attention from [CLS]-like token, mean over heads")
     layer = int(table["layer"].iloc[0])
-    ax.set_title(f"Fig. 7: last layer (layer {layer}, 0-based) attention from [CLS] to feature tokens, "
-                 f"{store.run_info(next(iter(runs.values()))).model}", fontsize=8)
+    ax.set_title(
+        f"Fig. 7: last layer (layer {layer}, 0-based) attention from [CLS] to feature tokens, "
+        f"{store.run_info(next(iter(runs.values()))).model}",
+        fontsize=8,
+    )
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
     names = _save(fig, out, "fig7_cls_attention")
     plt.close(fig)
     return names, table
 
 
-def kovaleva_report(store: Store, out: str, runs: dict[str, str], finetuned: dict[str, str] | None = None,
-                    frame_run: str | None = None, max_examples: int = 1000) -> Path:
+def kovaleva_report(
+    store: Store,
+    out: str,
+    runs: dict[str, str],
+    finetuned: dict[str, str] | None = None,
+    frame_run: str | None = None,
+    max_examples: int = 1000,
+) -> Path:
     """Write the figures and tables for `runs` (task -> pre-trained dev run), `finetuned` (task -> a run of the
     fine-tuned model on the same examples) and `frame_run` (a FrameNet exemplar run); return the Markdown index."""
     import matplotlib
@@ -172,8 +195,12 @@ def kovaleva_report(store: Store, out: str, runs: dict[str, str], finetuned: dic
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     finetuned = finetuned or {}
-    lines = ["# Kovaleva et al. 2019 on stored maps", "",
-             "Runs: " + ", ".join(f"{t} = `{r}` ({_describe(store, r)})" for t, r in runs.items()), ""]
+    lines = [
+        "# Kovaleva et al. 2019 on stored maps",
+        "",
+        "Runs: " + ", ".join(f"{t} = `{r}` ({_describe(store, r)})" for t, r in runs.items()),
+        "",
+    ]
 
     def section(title: str, build, table_name: str, note: str = "") -> None:
         try:
@@ -182,32 +209,55 @@ def kovaleva_report(store: Store, out: str, runs: dict[str, str], finetuned: dic
             lines.extend([f"## {title}", "", f"Not produced: {exc}", ""])
             return
         table.to_csv(folder / f"{table_name}.csv", index=False)
-        lines.extend([f"## {title}", "", *[f"![{n}]({n})" for n in names if n.endswith(".png")],
-                      "", f"Data: [{table_name}.csv]({table_name}.csv). {note}".rstrip(), ""])
+        lines.extend(
+            [
+                f"## {title}",
+                "",
+                *[f"![{n}]({n})" for n in names if n.endswith(".png")],
+                "",
+                f"Data: [{table_name}.csv]({table_name}.csv). {note}".rstrip(),
+                "",
+            ]
+        )
 
     if "pattern_proportions" in QUERIES:
-        section("Fig. 2: attention pattern classes per task", lambda: figure_patterns(store, runs, folder, max_examples),
-                "fig2_pattern_classes")
+        section(
+            "Fig. 2: attention pattern classes per task", lambda: figure_patterns(store, runs, folder, max_examples), "fig2_pattern_classes"
+        )
     if frame_run:
-        section("Fig. 3: heads specific to frame-semantic relations", lambda: figure_frame_heads(store, frame_run, folder),
-                "fig3_frame_heads", "Red squares: heads above the 99th percentile.")
+        section(
+            "Fig. 3: heads specific to frame-semantic relations",
+            lambda: figure_frame_heads(store, frame_run, folder),
+            "fig3_frame_heads",
+            "Red squares: heads above the 99th percentile.",
+        )
     pairs = {t: (runs[t], r) for t, r in finetuned.items() if t in runs}
     if pairs:
-        section("Fig. 5: change of attention after fine-tuning", lambda: figure_similarity(store, pairs, folder, max_examples),
-                "fig5_similarity")
+        section(
+            "Fig. 5: change of attention after fine-tuning",
+            lambda: figure_similarity(store, pairs, folder, max_examples),
+            "fig5_similarity",
+        )
         tuned_runs = {t: r for t, r in finetuned.items() if t in runs}
-        section("Fig. 6 (fine-tuned): attention to linguistic features",
-                lambda: figure_features(store, tuned_runs, folder, "fig6_features_finetuned",
-                                        "Fig. 6: normalised attention to feature tokens after fine-tuning"),
-                "fig6_features_finetuned")
-    section("Fig. 6: attention to linguistic features and special tokens",
-            lambda: figure_features(store, runs, folder, "fig6_features",
-                                    "Fig. 6: normalised attention to feature tokens (pre-trained)"), "fig6_features")
+        section(
+            "Fig. 6 (fine-tuned): attention to linguistic features",
+            lambda: figure_features(
+                store, tuned_runs, folder, "fig6_features_finetuned", "Fig. 6: normalised attention to feature tokens after fine-tuning"
+            ),
+            "fig6_features_finetuned",
+        )
+    section(
+        "Fig. 6: attention to linguistic features and special tokens",
+        lambda: figure_features(store, runs, folder, "fig6_features", "Fig. 6: normalised attention to feature tokens (pre-trained)"),
+        "fig6_features",
+    )
     section("Fig. 7: attention from [CLS] in the last layer", lambda: figure_cls(store, runs, folder), "fig7_cls_attention")
-    section("Token-to-token attention (Sec. 4.5)",
-            lambda: ([], pd.concat([run_query(store, "token_to_token", run=r).assign(task=t) for t, r in runs.items()],
-                                   ignore_index=True)), "token_to_token",
-            "Per head: verb→subject, subject→verb, noun→pronoun, pronoun→noun (word-level maps).")
+    section(
+        "Token-to-token attention (Sec. 4.5)",
+        lambda: ([], pd.concat([run_query(store, "token_to_token", run=r).assign(task=t) for t, r in runs.items()], ignore_index=True)),
+        "token_to_token",
+        "Per head: verb→subject, subject→verb, noun→pronoun, pronoun→noun (word-level maps).",
+    )
     path = folder / "README.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

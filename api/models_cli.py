@@ -20,8 +20,13 @@ TASK_NAMES = tuple(TASKS)
 @click.command()
 @click.option("--task", required=True, type=click.Choice(TASK_NAMES, case_sensitive=False), help="GLUE task (train split).")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Base model: name or local directory.")
-@click.option("--init", default="pretrained", show_default=True, type=click.Choice(INITS),
-              help="Start from the pre-trained weights, or from a normal initialisation (Table 1's middle column).")
+@click.option(
+    "--init",
+    default="pretrained",
+    show_default=True,
+    type=click.Choice(INITS),
+    help="Start from the pre-trained weights, or from a normal initialisation (Table 1's middle column).",
+)
 @click.option("--epochs", default=3, show_default=True, type=int)
 @click.option("--batch-size", default=32, show_default=True, type=int)
 @click.option("--lr", default=2e-5, show_default=True, type=float, help="Peak learning rate (AdamW, linear warmup and decay).")
@@ -41,9 +46,21 @@ def finetune(locations, task, model, init, epochs, batch_size, lr, seed, train_l
     from ..ingest.finetune import finetune as run_finetune
 
     require_extra("ingest")
-    result = run_finetune(open_store(locations, create=True), task=task, model=model, init=init, epochs=epochs, batch_size=batch_size,
-                          lr=lr, seed=seed, train_limit=train_limit, max_length=max_length, name=name, data_dir=data_dir,
-                          progress=progress)
+    result = run_finetune(
+        open_store(locations, create=True),
+        task=task,
+        model=model,
+        init=init,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        seed=seed,
+        train_limit=train_limit,
+        max_length=max_length,
+        name=name,
+        data_dir=data_dir,
+        progress=progress,
+    )
     if result.already_done:
         click.echo(f"model {result.name!r} is already fine-tuned ({result.path})")
     else:
@@ -68,19 +85,27 @@ def evaluate(locations, model, task, data_dir, fmt, progress):
     store = open_store(locations)
     ev = open_evaluator(store, model=model, task=task, data_dir=data_dir)
     scores = run_evaluate(store, ev, progress=progress)
-    emit(pd.DataFrame([dict(model=model, task=ev.task.name, metric=m, score=v, n_examples=len(ev.items))
-                       for m, v in scores.items()]), fmt)
+    emit(pd.DataFrame([dict(model=model, task=ev.task.name, metric=m, score=v, n_examples=len(ev.items)) for m, v in scores.items()]), fmt)
     click.echo(ev.description, err=True)
 
 
 @click.command()
 @click.option("--model", required=True, help="A fine-tuned model of the store.")
 @click.option("--task", required=True, type=click.Choice(TASK_NAMES, case_sensitive=False))
-@click.option("--heads", default="each", show_default=True,
-              help="each (every head alone), layers (every layer's heads together) or LAYER:HEAD,... (0-based, one set).")
-@click.option("--mode", default="uniform", show_default=True, type=click.Choice(MODES),
-              help="uniform: attention 1/L over the real tokens (the paper); zero: no attention at all; "
-                   "mean: the head's output replaced by its mean over the dev set's real tokens.")
+@click.option(
+    "--heads",
+    default="each",
+    show_default=True,
+    help="each (every head alone), layers (every layer's heads together) or LAYER:HEAD,... (0-based, one set).",
+)
+@click.option(
+    "--mode",
+    default="uniform",
+    show_default=True,
+    type=click.Choice(MODES),
+    help="uniform: attention 1/L over the real tokens (the paper); zero: no attention at all; "
+    "mean: the head's output replaced by its mean over the dev set's real tokens.",
+)
 @click.option("--data-dir", default=None, type=click.Path(file_okay=False), help="Folder holding glue/ (env ATTNSTORE_DATA).")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--progress/--no-progress", default=True, show_default=True)
@@ -96,8 +121,7 @@ def ablate(locations, model, task, heads, mode, data_dir, fmt, progress):
     from ..ingest.evaluate import open_evaluator
 
     store = open_store(locations)
-    frame = run_ablate(store, open_evaluator(store, model=model, task=task, data_dir=data_dir), heads=heads, mode=mode,
-                       progress=progress)
+    frame = run_ablate(store, open_evaluator(store, model=model, task=task, data_dir=data_dir), heads=heads, mode=mode, progress=progress)
     emit(frame[["config", "metric", "score", "baseline_score", "delta", "n_examples"]] if fmt == "table" else frame, fmt)
 
 

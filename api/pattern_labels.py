@@ -65,9 +65,18 @@ def draw_sample(store: Store, runs: list[str], n: int, seed: int = 0) -> pd.Data
                     break
             seen.add((i, int(slot)))
             row = stored.iloc[i]
-            rows.append(dict(run=info.name, model=info.model, dataset=info.dataset, split=info.split,
-                             source_row=int(row["source_row"]), example=int(row["example"]),
-                             layer=int(slot) // info.n_heads, head=int(slot) % info.n_heads))
+            rows.append(
+                dict(
+                    run=info.name,
+                    model=info.model,
+                    dataset=info.dataset,
+                    split=info.split,
+                    source_row=int(row["source_row"]),
+                    example=int(row["example"]),
+                    layer=int(slot) // info.n_heads,
+                    head=int(slot) % info.n_heads,
+                )
+            )
     order = rng.permutation(len(rows))  # mix runs and heads over the pages
     frame = pd.DataFrame([rows[i] for i in order])
     frame.insert(0, "id", [f"s{seed}-{i:04d}" for i in range(len(frame))])
@@ -106,8 +115,7 @@ def render_sample(store: Store, sample: pd.DataFrame, out: str | Path, rows: int
             attn = store.attention(item.run, item.example, layer=item.layer, head=item.head)[0, 0].astype(np.float64)
             special = store.tokens(item.run, item.example)["is_special"].to_numpy(bool)
             ax.set_axis_on()
-            ax.imshow(attn, cmap="Greys", norm=PowerNorm(gamma, vmin=0.0, vmax=max(float(attn.max()), 1e-9)),
-                      interpolation="nearest")
+            ax.imshow(attn, cmap="Greys", norm=PowerNorm(gamma, vmin=0.0, vmax=max(float(attn.max()), 1e-9)), interpolation="nearest")
             pad = max(1.0, 0.02 * len(attn))  # a margin, so the first and last columns are not hidden under the frame
             ax.set_xlim(-0.5 - pad, len(attn) - 0.5 + pad)
             ax.set_ylim(len(attn) - 0.5 + pad, -0.5 - pad)
@@ -121,8 +129,9 @@ def render_sample(store: Store, sample: pd.DataFrame, out: str | Path, rows: int
             ax.set_ylabel("query", fontsize=7, labelpad=1)
             ax.set_title(f"{item.id}  L={attn.shape[0]}  max {attn.max():.2f}", fontsize=8)
         scale = "linear" if gamma == 1 else f"(a / max) ** {gamma:g}"
-        fig.suptitle(f"attention maps, page {page} (darker = more attention; {scale} from 0 to the map's max; "
-                     "red ticks: special tokens)", fontsize=9)
+        fig.suptitle(
+            f"attention maps, page {page} (darker = more attention; {scale} from 0 to the map's max; red ticks: special tokens)", fontsize=9
+        )
         fig.tight_layout()
         name = f"page_{page:03d}.png"
         fig.savefig(out / name, dpi=90)
@@ -192,13 +201,14 @@ def match_labels(store: Store, items: list[dict], path_name: str = "labels") -> 
         where = f"{path_name}:{item['line']}"
         candidates = index.get((item["model"], item["dataset"], item["split"]), [])
         if not candidates:
-            raise InvalidArgumentError(f"{where}: no run of model {item['model']!r} over {item['dataset']}:{item['split']} "
-                                       "in this store")
+            raise InvalidArgumentError(f"{where}: no run of model {item['model']!r} over {item['dataset']}:{item['split']} in this store")
         matched = False
         for run in candidates:
             if item["layer"] >= run.n_layers or item["head"] >= run.n_heads:
-                raise InvalidArgumentError(f"{where}: layer {item['layer']}, head {item['head']} is out of range for run "
-                                           f"{run.run!r} ({run.n_layers} layers x {run.n_heads} heads)")
+                raise InvalidArgumentError(
+                    f"{where}: layer {item['layer']}, head {item['head']} is out of range for run "
+                    f"{run.run!r} ({run.n_layers} layers x {run.n_heads} heads)"
+                )
             if run.run not in rows_of:
                 stored = store.example_rows(run.run)
                 stored = stored[~stored["skipped"]]
@@ -206,8 +216,9 @@ def match_labels(store: Store, items: list[dict], path_name: str = "labels") -> 
             example = rows_of[run.run].get(item["source_row"])
             if example is not None:
                 matched = True
-                out.append(dict(run=run.run, example=example, layer=item["layer"], head=item["head"], label=item["label"],
-                                line=item["line"]))
+                out.append(
+                    dict(run=run.run, example=example, layer=item["layer"], head=item["head"], label=item["label"], line=item["line"])
+                )
         if not matched:
             names = ", ".join(r.run for r in candidates)
             raise InvalidArgumentError(f"{where}: source row {item['source_row']} is not a stored example of run(s) {names}")
@@ -233,8 +244,19 @@ def export_labels(store: Store, source: str = "human", labeller: str | None = No
         return []
     who = labeller or ("unknown" if source == "human" else source)
     frame = frame.drop_duplicates(subset=list(KEY)).sort_values(list(KEY))
-    return [dict(model=r.model, dataset=r.dataset, split=r.split, source_row=int(r.source_row), layer=int(r.layer),
-                 head=int(r.head), label=r.label, labeller=who) for r in frame.itertuples()]
+    return [
+        dict(
+            model=r.model,
+            dataset=r.dataset,
+            split=r.split,
+            source_row=int(r.source_row),
+            layer=int(r.layer),
+            head=int(r.head),
+            label=r.label,
+            labeller=who,
+        )
+        for r in frame.itertuples()
+    ]
 
 
 # ---------------------------------------------------------------- Fig 2
@@ -252,18 +274,36 @@ def proportions_table(store: Store, runs: list[str], source: str, max_examples: 
         info = store.run_info(run)
         labels = labels_of(store, info, source, max_examples=max_examples, seed=seed)
         counts = labels["label"].value_counts().reindex(list(CLASSES), fill_value=0)
-        rows.append(dict(task=task_name(info.dataset), run=info.name, model=info.model, split=info.split,
-                         n_examples=int(labels["example"].nunique()), n_maps=int(counts.sum()),
-                         **{c: float(counts[c] / counts.sum()) for c in CLASSES}))
+        rows.append(
+            dict(
+                task=task_name(info.dataset),
+                run=info.name,
+                model=info.model,
+                split=info.split,
+                n_examples=int(labels["example"].nunique()),
+                n_maps=int(counts.sum()),
+                **{c: float(counts[c] / counts.sum()) for c in CLASSES},
+            )
+        )
     return pd.DataFrame(rows)
 
 
-COLOURS = {"vertical": "tab:blue", "diagonal": "tab:orange", "vertical+diagonal": "tab:green", "block": "tab:red",
-           "heterogeneous": "tab:grey"}
+COLOURS = {
+    "vertical": "tab:blue",
+    "diagonal": "tab:orange",
+    "vertical+diagonal": "tab:green",
+    "block": "tab:red",
+    "heterogeneous": "tab:grey",
+}
 
 
-def figure_proportions(table: pd.DataFrame, out: str | Path, source: str, max_examples: int, stem: str = "fig2_pattern_classes",
-                       ) -> list[str]:
+def figure_proportions(
+    table: pd.DataFrame,
+    out: str | Path,
+    source: str,
+    max_examples: int,
+    stem: str = "fig2_pattern_classes",
+) -> list[str]:
     """Fig 2: stacked bars of class shares per task (PNG and SVG) and the table as CSV; returns the file names."""
     import matplotlib
 
@@ -286,8 +326,10 @@ def figure_proportions(table: pd.DataFrame, out: str | Path, source: str, max_ex
     ax.set(xlabel="task (dev set)", ylabel="% of (example, layer, head) maps", ylim=(0, 100))
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     models = ", ".join(sorted(set(table["model"])))
-    ax.set_title(f"Attention pattern classes per task — {models} on GLUE dev\n"
-                 f"(≤ {max_examples} examples per task; classifier: {source})", fontsize=10)
+    ax.set_title(
+        f"Attention pattern classes per task — {models} on GLUE dev\n(≤ {max_examples} examples per task; classifier: {source})",
+        fontsize=10,
+    )
     names = []
     for ext in ("png", "svg"):
         fig.savefig(out / f"{stem}.{ext}", dpi=150, bbox_inches="tight")

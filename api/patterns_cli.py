@@ -56,8 +56,10 @@ def import_(locations, labels, source):
     from .pattern_labels import import_labels
 
     rows = import_labels(open_store(locations), labels, source=source)
-    click.echo(f"imported {rows['line'].nunique()} label(s) as {len(rows)} pattern_labels row(s) over "
-               f"{rows['run'].nunique()} run(s) (source {source!r})")
+    click.echo(
+        f"imported {rows['line'].nunique()} label(s) as {len(rows)} pattern_labels row(s) over "
+        f"{rows['run'].nunique()} run(s) (source {source!r})"
+    )
 
 
 @patterns.command("export")
@@ -100,8 +102,10 @@ def calibrate(locations, source, test_fraction, seed):
         tr = evaluate(data["label"][~held_out], predicted[~held_out])
         te = evaluate(data["label"][held_out], predicted[held_out])
         shown = ", ".join(f"{k}={v:g}" for k, v in thresholds.items())
-        click.echo(f"{name}: {shown}\n  train macro-F1 {tr['macro_f1']:.3f} (n={tr['n']}), "
-                   f"held-out macro-F1 {te['macro_f1']:.3f} accuracy {te['accuracy']:.3f} (n={te['n']})")
+        click.echo(
+            f"{name}: {shown}\n  train macro-F1 {tr['macro_f1']:.3f} (n={tr['n']}), "
+            f"held-out macro-F1 {te['macro_f1']:.3f} accuracy {te['accuracy']:.3f} (n={te['n']})"
+        )
 
 
 @patterns.command("train-cnn")
@@ -111,16 +115,16 @@ def calibrate(locations, source, test_fraction, seed):
 @click.option("--seed", default=0, show_default=True, type=int, help="Seeds the split, the initialisation and the batches.")
 @click.option("--epochs", default=60, show_default=True, type=int)
 @click.option("--size", default=32, show_default=True, type=int, help="Maps are pooled to SIZE x SIZE (a multiple of 8).")
-@click.option("--masks/--no-masks", default=False, show_default=True,
-              help="Also give the network special-token and own-segment channels.")
+@click.option("--masks/--no-masks", default=False, show_default=True, help="Also give the network special-token and own-segment channels.")
 @store_options
 @friendly_errors
 def train_cnn(locations, out, source, test_fraction, seed, epochs, size, masks):
     """Train the pattern CNN on stored labels (CPU); report held-out F1 of the CNN and of the rules on the same maps."""
     from ..queries.pattern_cnn import format_report, train_from_store
 
-    report = train_from_store(open_store(locations), out, source=source, test_fraction=test_fraction, seed=seed,
-                              epochs=epochs, size=size, masks=masks)
+    report = train_from_store(
+        open_store(locations), out, source=source, test_fraction=test_fraction, seed=seed, epochs=epochs, size=size, masks=masks
+    )
     click.echo(format_report(report))
 
 

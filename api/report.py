@@ -94,8 +94,12 @@ def figure_gradients(store: Store, run, grads: pd.DataFrame, out: Path) -> list[
 
     by_layer = grads.groupby(["metric", "layer"])["value"].mean().unstack(0)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for metric, label in (("gradient.to_sep", "[SEP]-like"), ("gradient.to_punct", ". or ,"), ("gradient.to_other", "other"),
-                          ("gradient.to_cls", "[CLS]-like")):
+    for metric, label in (
+        ("gradient.to_sep", "[SEP]-like"),
+        ("gradient.to_punct", ". or ,"),
+        ("gradient.to_other", "other"),
+        ("gradient.to_cls", "[CLS]-like"),
+    ):
         if metric in by_layer:
             ax.plot(by_layer.index + 1, by_layer[metric], marker="o", label=label)
     ax.set(xlabel="layer", ylabel="avg. |gradient| of attention", title="Gradient-based importance of attention")
@@ -115,8 +119,11 @@ def figure_mds(store: Store, run, out: Path, examples) -> tuple[list[str], pd.Da
     points = left.scatter(df["x"], df["y"], c=df["layer"] + 1, cmap="viridis", s=22)
     fig.colorbar(points, ax=left, label="layer")
     left.set(title="Heads coloured by layer", xticks=[], yticks=[])
-    kind = np.where(behaviour["to_cls"] > 0.5, "[CLS]-like", np.where(behaviour["to_sep"] > 0.5, "[SEP]-like",
-                    np.where(behaviour["to_punct"] > 0.5, ". or ,", "other")))
+    kind = np.where(
+        behaviour["to_cls"] > 0.5,
+        "[CLS]-like",
+        np.where(behaviour["to_sep"] > 0.5, "[SEP]-like", np.where(behaviour["to_punct"] > 0.5, ". or ,", "other")),
+    )
     for label, colour in (("[CLS]-like", "tab:red"), ("[SEP]-like", "tab:blue"), (". or ,", "tab:green"), ("other", "lightgrey")):
         mask = kind == label
         right.scatter(df["x"][mask], df["y"][mask], s=22, color=colour, label=f"> 50 % to {label}" if label != "other" else label)
@@ -140,51 +147,91 @@ def clark_report(store: Store, run, out: str, coref_run=None, mds_examples: int 
     lines = ["# Clark et al. 2019, reproduced with attnstore", "", f"Attention statistics, Table 1, Figs. 2, 4, 6: {caption}."]
     if coref_run is not None:
         lines.append(f"Table 2: {_caption(store, coref_run)}.")
-    lines += ["", "Layers and heads are 0-based in tables (`layer-head`), 1-based on figure axes as in the paper.",
-              "Attention statistics (Figs. 2 and 4, relative position) are averaged within each sentence (example), then "
-              "over sentences, as in the authors' code (queries' default `average=example`).", ""]
+    lines += [
+        "",
+        "Layers and heads are 0-based in tables (`layer-head`), 1-based on figure axes as in the paper.",
+        "Attention statistics (Figs. 2 and 4, relative position) are averaged within each sentence (example), then "
+        "over sentences, as in the authors' code (queries' default `average=example`).",
+        "",
+    ]
 
     fig2, special = figure_special_tokens(store, run, out_dir)
     special.to_csv(out_dir / "special_tokens.csv", index=False)
-    lines += ["## Attention to special tokens and punctuation (Sec. 3.2, Fig. 2)", "", f"![Fig. 2]({fig2[0]})", "",
-              "Mean over the heads of each layer (per head: special_tokens.csv):", "",
-              _table(special.drop(columns="head").groupby("layer").mean().reset_index(), out_dir, "special_tokens_by_layer"), ""]
+    lines += [
+        "## Attention to special tokens and punctuation (Sec. 3.2, Fig. 2)",
+        "",
+        f"![Fig. 2]({fig2[0]})",
+        "",
+        "Mean over the heads of each layer (per head: special_tokens.csv):",
+        "",
+        _table(special.drop(columns="head").groupby("layer").mean().reset_index(), out_dir, "special_tokens_by_layer"),
+        "",
+    ]
     fig4, entropy = figure_entropy(store, run, out_dir)
-    lines += ["## Attention entropy (Sec. 3.3, Fig. 4)", "", f"![Fig. 4]({fig4[0]})", "",
-              _table(entropy.groupby("layer")[["entropy", "entropy_from_cls", "uniform_entropy"]].mean().reset_index(),
-                     out_dir, "entropy_by_layer"), ""]
+    lines += [
+        "## Attention entropy (Sec. 3.3, Fig. 4)",
+        "",
+        f"![Fig. 4]({fig4[0]})",
+        "",
+        _table(
+            entropy.groupby("layer")[["entropy", "entropy_from_cls", "uniform_entropy"]].mean().reset_index(), out_dir, "entropy_by_layer"
+        ),
+        "",
+    ]
     relpos = run_query(store, "relative_position", run=run)
     strong = relpos[(relpos["to_previous"] > 0.5) | (relpos["to_next"] > 0.5)]
-    lines += ["## Relative position (Sec. 3.1): heads with more than half their attention on the previous or next token", "",
-              "Per sentence, the attention to the previous (next) token summed over its L tokens and divided by L, as in the "
-              "authors' code (the first token has no previous token: a perfect previous-token head scores (L-1)/L).", "",
-              _table(strong, out_dir, "relative_position_strong"), ""]
+    lines += [
+        "## Relative position (Sec. 3.1): heads with more than half their attention on the previous or next token",
+        "",
+        "Per sentence, the attention to the previous (next) token summed over its L tokens and divided by L, as in the "
+        "authors' code (the first token has no previous token: a perfect previous-token head scores (L-1)/L).",
+        "",
+        _table(strong, out_dir, "relative_position_strong"),
+        "",
+    ]
     summary = run_query(store, "dependency_summary", run=run, min_count=min_count)
     paper_relations = {u for us in PAPER_RELATIONS.values() for u in us}
     paper_first = summary.assign(order=summary["relation"].map(lambda r: 0 if r in paper_relations else 1))
     table1 = paper_first.sort_values(["order", "relation", "direction"]).drop(columns="order")
-    lines += ["## Table 1 — dependency relations (Sec. 4.2)", "",
-              "Best head per relation over both directions, as in the paper: `dep2head` = the dependent attends most to its "
-              "head; `head2dep` = the word that attends most to the dependent is its head (the transposed map, as in the "
-              "authors' code). A word whose row (column) has no unique non-zero maximum among the other words makes no "
-              "prediction (counted wrong). `all` counts every word, root words included (attention never predicts ROOT). "
-              "A possessor followed by 's is judged by the 's (the paper's poss rule). Baseline: the best fixed offset "
-              "(-3..3) from the dependent, clamped to the sentence (before it: ROOT; past it: the last word). Relations "
-              f"with at least {min_count} edges.",
-              "", _table(table1, out_dir, "table1_dependency"), ""]
+    lines += [
+        "## Table 1 — dependency relations (Sec. 4.2)",
+        "",
+        "Best head per relation over both directions, as in the paper: `dep2head` = the dependent attends most to its "
+        "head; `head2dep` = the word that attends most to the dependent is its head (the transposed map, as in the "
+        "authors' code). A word whose row (column) has no unique non-zero maximum among the other words makes no "
+        "prediction (counted wrong). `all` counts every word, root words included (attention never predicts ROOT). "
+        "A possessor followed by 's is judged by the 's (the paper's poss rule). Baseline: the best fixed offset "
+        "(-3..3) from the dependent, clamped to the sentence (before it: ROOT; past it: the last word). Relations "
+        f"with at least {min_count} edges.",
+        "",
+        _table(table1, out_dir, "table1_dependency"),
+        "",
+    ]
     if coref_run is not None:
-        lines += ["## Table 2 — coreference antecedent selection (Sec. 4.3)", "",
-                  _table(run_query(store, "coreference_summary", run=coref_run), out_dir, "table2_coreference"), ""]
+        lines += [
+            "## Table 2 — coreference antecedent selection (Sec. 4.3)",
+            "",
+            _table(run_query(store, "coreference_summary", run=coref_run), out_dir, "table2_coreference"),
+            "",
+        ]
     probes = store.probe_results()
     probes = probes[probes["eval_run"] == store.run_info(run).name]
     lines += ["## Table 3 — attention probes (Sec. 5)", ""]
     if len(probes):
         latest = probes.groupby("kind").tail(1)[["kind", "run", "n_train", "uas", "train_uas", "epochs"]]
-        lines += [f"UAS on {len(store.word_table(run))} words of the held-out run (latest result per probe):", "",
-                  _table(latest, out_dir, "table3_probes"), ""]
+        lines += [
+            f"UAS on {len(store.word_table(run))} words of the held-out run (latest result per probe):",
+            "",
+            _table(latest, out_dir, "table3_probes"),
+            "",
+        ]
     else:
-        lines += ["Not computed yet: `attnstore probe train --run TRAIN_RUN --eval-run " + store.run_info(run).name
-                  + " --kind attn` (and attn+words, right-branching, distance+words) stores the results shown here.", ""]
+        lines += [
+            "Not computed yet: `attnstore probe train --run TRAIN_RUN --eval-run "
+            + store.run_info(run).name
+            + " --kind attn` (and attn+words, right-branching, distance+words) stores the results shown here.",
+            "",
+        ]
     examples = None
     n = store.run_info(run).n_stored
     if mds_examples and n > mds_examples:
@@ -198,7 +245,10 @@ def clark_report(store: Store, run, out: str, coref_run=None, mds_examples: int 
         fig3 = figure_gradients(store, run, grads, out_dir)
         lines += [f"![Fig. 3]({fig3[0]})", ""]
     else:
-        lines += [f"Not computed: `attnstore gradients --run {store.run_info(run).name}` stores it, for a model with a "
-                  f"masked-LM head; {store.run_info(run).model} has none if that command refuses it.", ""]
+        lines += [
+            f"Not computed: `attnstore gradients --run {store.run_info(run).name}` stores it, for a model with a "
+            f"masked-LM head; {store.run_info(run).model} has none if that command refuses it.",
+            "",
+        ]
     (out_dir / "README.md").write_text("\n".join(lines), encoding="utf-8")
     return out_dir / "README.md"

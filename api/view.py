@@ -113,9 +113,11 @@ def bertviz_input(store: Store, run: str, example: int) -> dict:
     maps = store.attention(run, example).astype(np.float32)
     tokens_frame = store.tokens(run, example)
     second = tokens_frame.index[tokens_frame["segment"] == 1]
-    return dict(attention=[maps[layer][None].tolist() for layer in range(maps.shape[0])],
-                tokens=tokens_frame["token"].astype(str).tolist(),
-                sentence_b_start=int(second[0]) if len(second) else None)
+    return dict(
+        attention=[maps[layer][None].tolist() for layer in range(maps.shape[0])],
+        tokens=tokens_frame["token"].astype(str).tolist(),
+        sentence_b_start=int(second[0]) if len(second) else None,
+    )
 
 
 def save_bertviz(store: Store, run: str, example: int, out: str) -> Path:

@@ -137,19 +137,31 @@ def main() -> None:
         latencies.append((time.perf_counter() - t) * 1000)
 
     n = len(examples)
-    print(f"corpus: {args.corpus} ({n} examples, {cells:,} attention cells, batch size {args.batch_size}, "
-          f"torch threads {torch.get_num_threads()})")
-    print(f"model: {loaded.name} ({loaded.n_layers} layers x {loaded.n_heads} heads), load {load_seconds:.1f}s; "
-          f"annotation once per dataset ({annotator}): {annotate_seconds:.1f}s")
+    print(
+        f"corpus: {args.corpus} ({n} examples, {cells:,} attention cells, batch size {args.batch_size}, "
+        f"torch threads {torch.get_num_threads()})"
+    )
+    print(
+        f"model: {loaded.name} ({loaded.n_layers} layers x {loaded.n_heads} heads), load {load_seconds:.1f}s; "
+        f"annotation once per dataset ({annotator}): {annotate_seconds:.1f}s"
+    )
     print(f"codec: {run.codec}, chunk {run.chunk_cells:,} cells, dtype {run.dtype}")
     print()
     print(f"{'figure':42s} {'measured':>12s}  {'target':>8s}")
     rows = [
-        ("ingest / bare forward throughput", bare / ingest_seconds, ">= 0.9",
-         f"bare {bare:.2f}s ({bare_1:.2f}/{bare_2:.2f}), ingest {ingest_seconds:.2f}s"),
+        (
+            "ingest / bare forward throughput",
+            bare / ingest_seconds,
+            ">= 0.9",
+            f"bare {bare:.2f}s ({bare_1:.2f}/{bare_2:.2f}), ingest {ingest_seconds:.2f}s",
+        ),
         ("stored bytes per attention cell", stored_bytes / cells, "<= 1.7", f"{stored_bytes:,} bytes; raw float16 = 2.0"),
-        ("recompute / stored query (relative_position)", recompute_seconds / query_seconds, ">= 30",
-         f"recompute {recompute_seconds:.2f}s, stored {query_seconds:.3f}s, max |diff| {agree:.1e}"),
+        (
+            "recompute / stored query (relative_position)",
+            recompute_seconds / query_seconds,
+            ">= 30",
+            f"recompute {recompute_seconds:.2f}s, stored {query_seconds:.3f}s, max |diff| {agree:.1e}",
+        ),
         ("read one example's maps, p50 (ms)", statistics.median(latencies), "< 20", f"p90 {np.percentile(latencies, 90):.1f} ms"),
     ]
     for label, value, target, detail in rows:
@@ -159,8 +171,9 @@ def main() -> None:
         if isinstance(seconds, str):
             print(f"query {name}: {seconds}")
             continue
-        print(f"query {name}: {seconds:.3f}s over the stored run "
-              f"({recompute_seconds / seconds:.1f}x faster than recomputing with the model)")
+        print(
+            f"query {name}: {seconds:.3f}s over the stored run ({recompute_seconds / seconds:.1f}x faster than recomputing with the model)"
+        )
     print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     print(f"store left at {home}", file=sys.stderr)
 

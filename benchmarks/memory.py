@@ -23,8 +23,10 @@ DEFAULT_CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" 
 def peak_mib(args: list[str], env: dict) -> float:
     """Run a command in a fresh child (via a tiny wrapper) and return its peak RSS in MiB (NaN if it fails,
     e.g. a coreference query on a corpus without mentions)."""
-    code = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
-            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    code = (
+        "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
     out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
     return int(out.stdout.strip()) / 1024 if out.returncode == 0 else float("nan")
 
@@ -44,8 +46,26 @@ def main() -> None:
     table: dict[str, list[float]] = {"ingest": []}
     for n in args.sizes:
         run = f"mem-{n}"
-        table["ingest"].append(peak_mib(cli + ["ingest", "--corpus", args.corpus, "--format", args.format, "--limit", str(n),
-                                               "--annotate", "whitespace", "--name", run, "--no-progress"], env))
+        table["ingest"].append(
+            peak_mib(
+                cli
+                + [
+                    "ingest",
+                    "--corpus",
+                    args.corpus,
+                    "--format",
+                    args.format,
+                    "--limit",
+                    str(n),
+                    "--annotate",
+                    "whitespace",
+                    "--name",
+                    run,
+                    "--no-progress",
+                ],
+                env,
+            )
+        )
         for name in queries:
             table.setdefault(f"query {name}", []).append(peak_mib(cli + ["query", name, "--run", run], env))
     print(f"peak RSS (MiB) of one CLI process, {Path(args.corpus).name}, by number of examples")
@@ -60,8 +80,9 @@ def run_only_queries() -> list[str]:
     from attnstore.queries import QUERIES, load_all
 
     load_all()
-    return sorted(name for name, spec in QUERIES.items()
-                  if not [p for p, v in spec.parameters().items() if v.default is inspect.Parameter.empty])
+    return sorted(
+        name for name, spec in QUERIES.items() if not [p for p, v in spec.parameters().items() if v.default is inspect.Parameter.empty]
+    )
 
 
 if __name__ == "__main__":

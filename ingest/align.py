@@ -59,8 +59,7 @@ def encode(tokenizer, example: StoredExample, max_length: int, truncation: str, 
     return encode_batch(tokenizer, [example], max_length, truncation, tokenization)[0]
 
 
-def encode_batch(tokenizer, examples: list[StoredExample], max_length: int, truncation: str,
-                 tokenization: str = "words") -> list[Encoded]:
+def encode_batch(tokenizer, examples: list[StoredExample], max_length: int, truncation: str, tokenization: str = "words") -> list[Encoded]:
     """Tokenize examples from their raw text or their words, in one tokenizer call per kind (single / pair).
 
     An example longer than `max_length` is truncated (longest segment first) or, with
@@ -87,8 +86,10 @@ def encode_batch(tokenizer, examples: list[StoredExample], max_length: int, trun
         try:
             enc = tokenizer(inputs_a, inputs_b, truncation=False, **kwargs)
         except AssertionError as exc:  # e.g. a byte-level BPE tokenizer without add_prefix_space (see model.word_tokenizer_for)
-            raise InvalidArgumentError(f"tokenizer {type(tokenizer).__name__} cannot encode words given already split "
-                                       f"({str(exc).strip() or 'AssertionError'}); use --tokenize text") from None
+            raise InvalidArgumentError(
+                f"tokenizer {type(tokenizer).__name__} cannot encode words given already split "
+                f"({str(exc).strip() or 'AssertionError'}); use --tokenize text"
+            ) from None
         for j, i in enumerate(idx):
             full_length = len(enc["input_ids"][j])
             if full_length <= max_length:
@@ -96,8 +97,13 @@ def encode_batch(tokenizer, examples: list[StoredExample], max_length: int, trun
             elif truncation == "skip":
                 out[i] = Encoded(examples[i].id, examples[i].position, [], None, [], True, full_length)
             else:
-                one = tokenizer([inputs_a[j]], [inputs_b[j]] if inputs_b is not None else None, max_length=max_length,
-                                truncation="longest_first" if pair else True, **kwargs)
+                one = tokenizer(
+                    [inputs_a[j]],
+                    [inputs_b[j]] if inputs_b is not None else None,
+                    max_length=max_length,
+                    truncation="longest_first" if pair else True,
+                    **kwargs,
+                )
                 out[i] = _build(tokenizer, examples[i], segments[i], one, 0, True, full_length, from_text)
     return [out[i] for i in range(len(examples))]
 
@@ -138,8 +144,7 @@ def can_use_text(examples: list[StoredExample]) -> bool:
     return all(w["char_start"] is not None for e in examples for w in e.words)
 
 
-def _build(tokenizer, example: StoredExample, segments, enc, j: int, truncated: bool, full_length: int,
-           from_text: bool = False) -> Encoded:
+def _build(tokenizer, example: StoredExample, segments, enc, j: int, truncated: bool, full_length: int, from_text: bool = False) -> Encoded:
     ids = enc["input_ids"][j]
     pieces = tokenizer.convert_ids_to_tokens(ids)
     # read only when aligning raw text by character offsets (`from_text`)
@@ -157,21 +162,31 @@ def _build(tokenizer, example: StoredExample, segments, enc, j: int, truncated: 
             if not is_special:
                 start, first = _skip_space(texts[seq_id], start, end)
             word = None if is_special else _word_at(segments[seq_id], starts[seq_id], first)
-            tokens.append(dict(token=token, token_id=int(token_id), word_position=None if word is None else word["position"],
-                               segment=segment, is_special=is_special, char_start=None if is_special else start,
-                               char_end=None if is_special else end))
+            tokens.append(
+                dict(
+                    token=token,
+                    token_id=int(token_id),
+                    word_position=None if word is None else word["position"],
+                    segment=segment,
+                    is_special=is_special,
+                    char_start=None if is_special else start,
+                    char_end=None if is_special else end,
+                )
+            )
             continue
         word = segments[seq_id][word_idx] if word_idx is not None and seq_id is not None else None
         word_start = None if word is None else word["char_start"]  # None: the word has no character offsets
-        tokens.append(dict(
-            token=token,
-            token_id=int(token_id),
-            word_position=None if word is None else word["position"],
-            segment=segment,
-            is_special=word is None,
-            char_start=None if word_start is None else word_start + start,
-            char_end=None if word_start is None else word_start + end,
-        ))
+        tokens.append(
+            dict(
+                token=token,
+                token_id=int(token_id),
+                word_position=None if word is None else word["position"],
+                segment=segment,
+                is_special=word is None,
+                char_start=None if word_start is None else word_start + start,
+                char_end=None if word_start is None else word_start + end,
+            )
+        )
     type_ids = enc["token_type_ids"][j] if "token_type_ids" in enc else None
     return Encoded(example.id, example.position, list(ids), type_ids, tokens, truncated, full_length)
 

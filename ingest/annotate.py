@@ -53,20 +53,31 @@ class SpacyAnnotator:
         from spacy.tokens import Doc
 
         docs = (Doc(self.nlp.vocab, words=words) for words in forms)
-        return [[dict(lemma=t.lemma_, upos=t.pos_, xpos=t.tag_, head=None if t.head.i == t.i else t.head.i, deprel=t.dep_)
-                 for t in doc] for doc in self.nlp.pipe(docs, batch_size=self.batch_size)]
+        return [
+            [dict(lemma=t.lemma_, upos=t.pos_, xpos=t.tag_, head=None if t.head.i == t.i else t.head.i, deprel=t.dep_) for t in doc]
+            for doc in self.nlp.pipe(docs, batch_size=self.batch_size)
+        ]
 
     def words(self, texts: list[str]) -> list[list[dict]]:
         out = []
         for doc in self.nlp.pipe(texts, batch_size=self.batch_size):
             kept = [t for t in doc if not t.is_space]
             index = {t.i: k for k, t in enumerate(kept)}
-            out.append([
-                dict(form=t.text, lemma=t.lemma_, upos=t.pos_, xpos=t.tag_,
-                     head=None if t.head.i == t.i else index.get(t.head.i), deprel=t.dep_,
-                     char_start=t.idx, char_end=t.idx + len(t.text))
-                for t in kept
-            ])
+            out.append(
+                [
+                    dict(
+                        form=t.text,
+                        lemma=t.lemma_,
+                        upos=t.pos_,
+                        xpos=t.tag_,
+                        head=None if t.head.i == t.i else index.get(t.head.i),
+                        deprel=t.dep_,
+                        char_start=t.idx,
+                        char_end=t.idx + len(t.text),
+                    )
+                    for t in kept
+                ]
+            )
         return out
 
 

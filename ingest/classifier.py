@@ -46,12 +46,12 @@ def encode(tokenizer, pairs: Sequence[LabelledPair], max_length: int) -> list[En
     b = [p.text_b for p in pairs] if pairs and pairs[0].text_b is not None else None
     enc = tokenizer(a, b, truncation=True, max_length=max_length)
     types = enc.get("token_type_ids")
-    return [Encoded(ids, types[i] if types is not None else None, p.label)
-            for i, (ids, p) in enumerate(zip(enc["input_ids"], pairs))]
+    return [Encoded(ids, types[i] if types is not None else None, p.label) for i, (ids, p) in enumerate(zip(enc["input_ids"], pairs))]
 
 
-def length_batches(items: Sequence[Encoded], batch_size: int, rng: np.random.Generator | None = None,
-                   window: int = 50) -> Iterator[list[int]]:
+def length_batches(
+    items: Sequence[Encoded], batch_size: int, rng: np.random.Generator | None = None, window: int = 50
+) -> Iterator[list[int]]:
     """Indices in batches of similar length (dynamic padding wastes little).
 
     Training (`rng` given): shuffle, sort within windows of `window` batches, shuffle the
@@ -62,9 +62,9 @@ def length_batches(items: Sequence[Encoded], batch_size: int, rng: np.random.Gen
     span = batch_size * window if rng is not None else len(order)
     batches = []
     for start in range(0, len(order), max(span, 1)):
-        chunk = order[start:start + span]
-        chunk = chunk[np.argsort(lengths[start:start + span], kind="stable")]
-        batches += [chunk[i:i + batch_size].tolist() for i in range(0, len(chunk), batch_size)]
+        chunk = order[start : start + span]
+        chunk = chunk[np.argsort(lengths[start : start + span], kind="stable")]
+        batches += [chunk[i : i + batch_size].tolist() for i in range(0, len(chunk), batch_size)]
     if rng is not None:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     yield from batches
@@ -87,8 +87,7 @@ def accepted(model, inputs: dict) -> dict:
     return {k: v for k, v in inputs.items() if k in names}
 
 
-def predict(model, items: Sequence[Encoded], pad_id: int, regression: bool, batch_size: int = 64,
-            progress=None) -> np.ndarray:
+def predict(model, items: Sequence[Encoded], pad_id: int, regression: bool, batch_size: int = 64, progress=None) -> np.ndarray:
     """Predicted class (argmax) or score of every item, in item order; eval mode, inference mode."""
     import torch
 
@@ -117,8 +116,11 @@ def self_attentions(model) -> list:
     """
     import torch.nn as nn
 
-    return [m for _, m in model.named_modules()
-            if type(m).__name__.endswith("SelfAttention") and isinstance(getattr(m, "dropout", None), nn.Dropout)]
+    return [
+        m
+        for _, m in model.named_modules()
+        if type(m).__name__.endswith("SelfAttention") and isinstance(getattr(m, "dropout", None), nn.Dropout)
+    ]
 
 
 def attention_dropouts(model) -> list:
@@ -135,8 +137,10 @@ def parse_heads(spec: str, n_layers: int, n_heads: int) -> list[tuple[int, int]]
         except ValueError:
             raise InvalidArgumentError(f"--heads {spec!r}: write each head as LAYER:HEAD (0-based), e.g. 0:1,2:5") from None
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
-            raise InvalidArgumentError(f"--heads {spec!r}: {part} is outside the model's {n_layers} layers x {n_heads} heads "
-                                       f"(0-based: 0..{n_layers - 1}:0..{n_heads - 1})")
+            raise InvalidArgumentError(
+                f"--heads {spec!r}: {part} is outside the model's {n_layers} layers x {n_heads} heads "
+                f"(0-based: 0..{n_layers - 1}:0..{n_heads - 1})"
+            )
         heads.append((layer, head))
     if not heads:
         raise InvalidArgumentError("--heads: give each, layers, or LAYER:HEAD pairs like 0:1,2:5")
@@ -163,8 +167,10 @@ class HeadDisabler:
         self.n_layers, self.n_heads = n_layers, n_heads
         attentions = self_attentions(model)
         if len(attentions) != n_layers:
-            raise IngestError(f"cannot disable heads of {type(model).__name__}: found {len(attentions)} attention-probability "
-                              f"dropout modules for {n_layers} layers (supported: BERT-family eager self-attention)")
+            raise IngestError(
+                f"cannot disable heads of {type(model).__name__}: found {len(attentions)} attention-probability "
+                f"dropout modules for {n_layers} layers (supported: BERT-family eager self-attention)"
+            )
         self.modules = [m.dropout for m in attentions]
         self.heads: dict[int, list[int]] = {}
         self.mode = "uniform"
@@ -189,8 +195,10 @@ class HeadDisabler:
             if not heads:
                 return None
             if probs.dim() != 4 or probs.shape[1] != self.n_heads:
-                raise IngestError(f"layer {layer}: attention probabilities of shape {tuple(probs.shape)} are not "
-                                  f"(batch, {self.n_heads} heads, query, key); cannot disable heads of this model")
+                raise IngestError(
+                    f"layer {layer}: attention probabilities of shape {tuple(probs.shape)} are not "
+                    f"(batch, {self.n_heads} heads, query, key); cannot disable heads of this model"
+                )
             if self.mode == "mean":
                 return None  # replaced at the module's output instead
             probs = probs.clone()
@@ -215,8 +223,10 @@ class HeadDisabler:
 
     def _per_head(self, layer: int, context):
         if context.dim() != 3 or context.shape[-1] % self.n_heads:
-            raise IngestError(f"layer {layer}: self-attention output of shape {tuple(context.shape)} is not "
-                              f"(batch, tokens, {self.n_heads} heads x head size); cannot mean-ablate heads of this model")
+            raise IngestError(
+                f"layer {layer}: self-attention output of shape {tuple(context.shape)} is not "
+                f"(batch, tokens, {self.n_heads} heads x head size); cannot mean-ablate heads of this model"
+            )
         return context.view(*context.shape[:2], self.n_heads, context.shape[-1] // self.n_heads)
 
     def _output_hook(self, layer: int):

@@ -24,7 +24,7 @@ def entity_brackets(misc: str | None) -> list[tuple[str, str]]:
     """[(kind, entity)] from a MISC column, kind in open / close / single, in written order."""
     if not misc:
         return []
-    value = next((part[len("Entity="):] for part in misc.split("|") if part.startswith("Entity=")), None)
+    value = next((part[len("Entity=") :] for part in misc.split("|") if part.startswith("Entity=")), None)
     if not value:
         return []
     out = []
@@ -120,9 +120,16 @@ def _window_example(position, doc_id, sentences, window, mentions, order) -> Exa
         base = len(words)
         offsets[s_idx] = base
         for w in sent.words:
-            words.append({**w, "position": base + w["position"], "sentence": k,
-                          "head": None if w["head"] is None else base + w["head"],
-                          "char_start": chars + w["char_start"], "char_end": chars + w["char_end"]})
+            words.append(
+                {
+                    **w,
+                    "position": base + w["position"],
+                    "sentence": k,
+                    "head": None if w["head"] is None else base + w["head"],
+                    "char_start": chars + w["char_start"],
+                    "char_end": chars + w["char_end"],
+                }
+            )
         texts.append(sent.text_a)
         chars += len(sent.text_a) + 1
     window_mentions = []
@@ -132,8 +139,23 @@ def _window_example(position, doc_id, sentences, window, mentions, order) -> Exa
             continue
         base = offsets[s_idx]
         head = head_of_span(words, base + start, base + end)
-        window_mentions.append(dict(word_start=base + start, word_end=base + end, head=head, entity=entity,
-                                    kind=mention_kind(words[head]["upos"]), doc_order=order[m]))
+        window_mentions.append(
+            dict(
+                word_start=base + start,
+                word_end=base + end,
+                head=head,
+                entity=entity,
+                kind=mention_kind(words[head]["upos"]),
+                doc_order=order[m],
+            )
+        )
     first = sentences[window[0]]
-    return ExampleInput(position=position, text_a=" ".join(texts), doc_id=doc_id, sent_id=first.sent_id,
-                        source_line=first.source_line, words=tuple(words), mentions=tuple(window_mentions))
+    return ExampleInput(
+        position=position,
+        text_a=" ".join(texts),
+        doc_id=doc_id,
+        sent_id=first.sent_id,
+        source_line=first.source_line,
+        words=tuple(words),
+        mentions=tuple(window_mentions),
+    )

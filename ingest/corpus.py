@@ -18,8 +18,14 @@ from .errors import CorpusError, EmptyCorpusError
 
 FORMATS = ("text", "tsv", "pairs-tsv", "conllu")
 # Column names of known pair corpora (GLUE and HF exports): first match wins.
-PAIR_COLUMNS = [("text_a", "text_b"), ("sentence1", "sentence2"), ("#1 String", "#2 String"),
-                ("question", "sentence"), ("premise", "hypothesis"), ("question1", "question2")]
+PAIR_COLUMNS = [
+    ("text_a", "text_b"),
+    ("sentence1", "sentence2"),
+    ("#1 String", "#2 String"),
+    ("question", "sentence"),
+    ("premise", "hypothesis"),
+    ("question1", "question2"),
+]
 LABEL_COLUMNS = ("label", "Quality", "gold_label", "score")
 SINGLE_COLUMNS = ("sentence", "text")
 
@@ -40,15 +46,21 @@ def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, start=1):
             if number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-                raise CorpusError(path, 1, "the file is UTF-16 (it starts with a UTF-16 byte-order mark), not UTF-8",
-                                  "re-encode it as UTF-8, e.g. iconv -f utf-16 -t utf-8")
+                raise CorpusError(
+                    path,
+                    1,
+                    "the file is UTF-16 (it starts with a UTF-16 byte-order mark), not UTF-8",
+                    "re-encode it as UTF-8, e.g. iconv -f utf-16 -t utf-8",
+                )
             if b"\x00" in raw:
                 raise CorpusError(path, number, _nul_problem(raw), _nul_fix(raw))
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise CorpusError(
-                    path, number, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
+                    path,
+                    number,
+                    f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
                     "re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8",
                 ) from None
             if number == 1:
@@ -74,8 +86,12 @@ def check_no_nul(path, line: int | None, value, what: str = "a field") -> None:
         item = stack.pop()
         if isinstance(item, str):
             if "\x00" in item:
-                raise CorpusError(path, line, f"NUL character (U+0000) in {what}",
-                                  "remove it (e.g. a \\u0000 escape); PostgreSQL cannot store NUL in text")
+                raise CorpusError(
+                    path,
+                    line,
+                    f"NUL character (U+0000) in {what}",
+                    "remove it (e.g. a \\u0000 escape); PostgreSQL cannot store NUL in text",
+                )
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
@@ -98,8 +114,15 @@ def _pick(header: list[str], wanted, path, option: str) -> int:
     return header.index(wanted)
 
 
-def read_pairs_tsv(path, text_a: str | None = None, text_b: str | None = None, label: str | None = None,
-                   quoting: str = "none", index: str | None = None, label_map: dict | None = None) -> Iterator[ExampleInput]:
+def read_pairs_tsv(
+    path,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    label: str | None = None,
+    quoting: str = "none",
+    index: str | None = None,
+    label_map: dict | None = None,
+) -> Iterator[ExampleInput]:
     """A tab-separated file with a header; two text columns become two segments.
 
     Columns are found by name (GLUE's `#1 String`/`#2 String`, `sentence1`/`sentence2`,
@@ -109,9 +132,16 @@ def read_pairs_tsv(path, text_a: str | None = None, text_b: str | None = None, l
     return read_tsv(path, text_a=text_a, text_b=text_b, label=label, quoting=quoting, index=index, label_map=label_map, pairs=True)
 
 
-def read_tsv(path, text_a: str | None = None, text_b: str | None = None, label: str | None = None,
-             quoting: str = "none", index: str | None = None, label_map: dict | None = None,
-             pairs: bool = False) -> Iterator[ExampleInput]:
+def read_tsv(
+    path,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    label: str | None = None,
+    quoting: str = "none",
+    index: str | None = None,
+    label_map: dict | None = None,
+    pairs: bool = False,
+) -> Iterator[ExampleInput]:
     """A TSV file with a header: one text column (`pairs=False`, e.g. SST-2) or two.
 
     `index` names a column holding the row's own index in the original corpus;
@@ -126,8 +156,9 @@ def read_tsv(path, text_a: str | None = None, text_b: str | None = None, label: 
     if pairs and (text_a is None or text_b is None):
         found = next(((a, b) for a, b in PAIR_COLUMNS if a in header and b in header), None)
         if found is None:
-            raise CorpusError(path, header_line, f"cannot tell the two text columns from header {header}",
-                              "pass --text-a-column and --text-b-column")
+            raise CorpusError(
+                path, header_line, f"cannot tell the two text columns from header {header}", "pass --text-a-column and --text-b-column"
+            )
         text_a, text_b = text_a or found[0], text_b or found[1]
     if not pairs and text_a is None:
         text_a = next((c for c in SINGLE_COLUMNS if c in header), None)
@@ -144,8 +175,12 @@ def read_tsv(path, text_a: str | None = None, text_b: str | None = None, label: 
         if len(fields) == 1 and not fields[0].strip():
             continue
         if len(fields) != len(header):
-            raise CorpusError(path, number, f"expected {len(header)} tab-separated fields, found {len(fields)}",
-                              "fix the row (a stray tab or quote?) or use the right --format")
+            raise CorpusError(
+                path,
+                number,
+                f"expected {len(header)} tab-separated fields, found {len(fields)}",
+                "fix the row (a stray tab or quote?) or use the right --format",
+            )
         a = fields[ia].strip()
         b = fields[ib].strip() if ib is not None else None
         if not a or (ib is not None and not b):
@@ -215,8 +250,12 @@ def read_conllu(path) -> Iterator[ExampleInput]:
             continue
         fields = line.split("\t")
         if len(fields) != 10:
-            raise CorpusError(path, number, f"expected 10 tab-separated CoNLL-U columns, found {len(fields)}",
-                              "check the line (spaces instead of tabs?) or use --format text")
+            raise CorpusError(
+                path,
+                number,
+                f"expected 10 tab-separated CoNLL-U columns, found {len(fields)}",
+                "check the line (spaces instead of tabs?) or use --format text",
+            )
         sentence.append((number, fields))
     if sentence:
         yield _conllu_sentence(path, position, sentence, comments, doc_id, start_line)
@@ -245,17 +284,41 @@ def _conllu_sentence(path, position, lines, comments, doc_id, start_line) -> Exa
         if head != "_" and not (head.isascii() and head.isdigit()):
             raise CorpusError(path, number, f"HEAD {head!r} is not a number", "HEAD must be 0 (root) or a word ID")
         raw_heads.append(head)
-        words.append(dict(position=len(words), segment=0, sentence=0, form=f[1], lemma=_opt(f[2]), upos=_opt(f[3]),
-                          xpos=_opt(f[4]), feats=_opt(f[5]), head=None if head == "_" or int(head) == 0 else int(head) - 1,
-                          deprel=_opt(f[7]), misc=_opt(f[9]), line=number, _space=("SpaceAfter=No" not in f[9])))
+        words.append(
+            dict(
+                position=len(words),
+                segment=0,
+                sentence=0,
+                form=f[1],
+                lemma=_opt(f[2]),
+                upos=_opt(f[3]),
+                xpos=_opt(f[4]),
+                feats=_opt(f[5]),
+                head=None if head == "_" or int(head) == 0 else int(head) - 1,
+                deprel=_opt(f[7]),
+                misc=_opt(f[9]),
+                line=number,
+                _space=("SpaceAfter=No" not in f[9]),
+            )
+        )
     for w in words:
         if w["head"] is not None and w["head"] >= len(words):
-            raise CorpusError(path, w["line"], f"HEAD {w['head'] + 1} points past the sentence's {len(words)} words",
-                              f"HEAD must be 0 (root) or the ID of a word of the same sentence (1-{len(words)})")
+            raise CorpusError(
+                path,
+                w["line"],
+                f"HEAD {w['head'] + 1} points past the sentence's {len(words)} words",
+                f"HEAD must be 0 (root) or the ID of a word of the same sentence (1-{len(words)})",
+            )
     _check_tree(path, start_line, words, raw_heads, comments.get("sent_id"))
     text = _attach_char_spans(words, ranges)
-    return ExampleInput(position=position, text_a=comments.get("text") or text, doc_id=doc_id,
-                        sent_id=comments.get("sent_id"), source_line=start_line, words=tuple(words))
+    return ExampleInput(
+        position=position,
+        text_a=comments.get("text") or text,
+        doc_id=doc_id,
+        sent_id=comments.get("sent_id"),
+        source_line=start_line,
+        words=tuple(words),
+    )
 
 
 def _check_tree(path, start_line, words: list[dict], raw_heads: list[str], sent_id: str | None) -> None:
@@ -271,12 +334,15 @@ def _check_tree(path, start_line, words: list[dict], raw_heads: list[str], sent_
     if "_" not in raw_heads:
         roots = [w for w, h in zip(words, raw_heads) if int(h) == 0]
         if not roots:
-            raise CorpusError(path, start_line, f"{which} has no root (no word with HEAD 0)",
-                              "give its main word HEAD 0 and deprel root")
+            raise CorpusError(path, start_line, f"{which} has no root (no word with HEAD 0)", "give its main word HEAD 0 and deprel root")
         if len(roots) > 1:
             listed = ", ".join(f"{r['position'] + 1} (line {r['line']})" for r in roots)
-            raise CorpusError(path, start_line, f"{which} has {len(roots)} roots: words {listed} have HEAD 0",
-                              "give exactly one word HEAD 0 and attach the others to words of the sentence")
+            raise CorpusError(
+                path,
+                start_line,
+                f"{which} has {len(roots)} roots: words {listed} have HEAD 0",
+                "give exactly one word HEAD 0 and attach the others to words of the sentence",
+            )
     state = [0] * len(words)  # 0 unvisited, 1 on the current path, 2 known to reach the root
     for start in range(len(words)):
         path_ids = []
@@ -286,11 +352,14 @@ def _check_tree(path, start_line, words: list[dict], raw_heads: list[str], sent_
             path_ids.append(node)
             node = words[node]["head"]
         if node is not None and state[node] == 1:
-            cycle = path_ids[path_ids.index(node):]
+            cycle = path_ids[path_ids.index(node) :]
             listed = " -> ".join(str(i + 1) for i in cycle + [node])
-            raise CorpusError(path, start_line,
-                              f"dependency cycle in {which}: words {listed} (word {node + 1} is on line {words[node]['line']})",
-                              "fix the HEAD column so every word leads to the root (HEAD 0)")
+            raise CorpusError(
+                path,
+                start_line,
+                f"dependency cycle in {which}: words {listed} (word {node + 1} is on line {words[node]['line']})",
+                "fix the HEAD column so every word leads to the root (HEAD 0)",
+            )
         for i in path_ids:
             state[i] = 2
 

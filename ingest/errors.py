@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from ..store.errors import AttnStoreError, CorruptInputError, InvalidArgumentError, NotFoundError
 
-__all__ = ["AttnStoreError", "CorpusError", "EmptyCorpusError", "IngestError", "InvalidArgumentError", "ModelError",
-           "ModelNotFoundError", "UnsupportedModelError"]
+__all__ = [
+    "AttnStoreError",
+    "CorpusError",
+    "EmptyCorpusError",
+    "IngestError",
+    "InvalidArgumentError",
+    "ModelError",
+    "ModelNotFoundError",
+    "UnsupportedModelError",
+]
 
 
 class CorpusError(CorruptInputError):

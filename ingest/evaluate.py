@@ -60,18 +60,25 @@ class Evaluator:
         predict(self.classifier, self.items[:1], self.pad_id, self.task.is_regression)
         if disabler.calls != self.n_layers:
             disabler.remove()
-            raise InvalidArgumentError(f"cannot disable heads of {self.model_name!r}: its attention hooks ran {disabler.calls} "
-                                       f"times for {self.n_layers} layers (eager BERT-family self-attention is supported)")
+            raise InvalidArgumentError(
+                f"cannot disable heads of {self.model_name!r}: its attention hooks ran {disabler.calls} "
+                f"times for {self.n_layers} layers (eager BERT-family self-attention is supported)"
+            )
 
     def scores(self, heads=(), mode: str = "uniform", progress: bool = False) -> dict[str, float]:
         from tqdm.auto import tqdm
 
         if heads and mode == "mean" and self.disabler.means is None:
-            with tqdm(total=len(self.items), desc=f"{self.task.name}: mean head outputs", unit="ex",
-                      disable=not progress, leave=False) as bar, self.disabler.fitting_means():
+            with (
+                tqdm(
+                    total=len(self.items), desc=f"{self.task.name}: mean head outputs", unit="ex", disable=not progress, leave=False
+                ) as bar,
+                self.disabler.fitting_means(),
+            ):
                 predict(self.classifier, self.items, self.pad_id, self.task.is_regression, progress=bar)
-        with tqdm(total=len(self.items), desc=f"{self.task.name} {config_name(heads, self.n_heads)}", unit="ex",
-                  disable=not progress, leave=False) as bar:
+        with tqdm(
+            total=len(self.items), desc=f"{self.task.name} {config_name(heads, self.n_heads)}", unit="ex", disable=not progress, leave=False
+        ) as bar:
             if heads:
                 with self.disabler.disabled(heads, mode):
                     predictions = predict(self.classifier, self.items, self.pad_id, self.task.is_regression, progress=bar)
@@ -80,8 +87,9 @@ class Evaluator:
         return compute_metrics(self.task, predictions, self.labels)
 
 
-def open_evaluator(store: Store, *, model: str, task: str, data_dir: str | None = None, max_length: int = 128,
-                   dev_limit: int | None = None) -> Evaluator:
+def open_evaluator(
+    store: Store, *, model: str, task: str, data_dir: str | None = None, max_length: int = 128, dev_limit: int | None = None
+) -> Evaluator:
     """Load `model` as a classifier for `task`: a fine-tuned model of the store, or a base model with an
     untrained, seeded classifier head ("no fine-tuning", Table 1's first column)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -93,8 +101,10 @@ def open_evaluator(store: Store, *, model: str, task: str, data_dir: str | None 
             raise InvalidArgumentError(f"model {model!r} was fine-tuned on {row['task']}, not {spec.name}")
         folder = models_folder(store) / row["training"]["checkpoint"]
         if not folder.is_dir():
-            raise NotFoundError(f"checkpoint of model {model!r} not found at {folder}; is the store's models folder "
-                                f"({store.locations.models_root}) copied with it? (or set ATTNSTORE_MODELS)")
+            raise NotFoundError(
+                f"checkpoint of model {model!r} not found at {folder}; is the store's models folder "
+                f"({store.locations.models_root}) copied with it? (or set ATTNSTORE_MODELS)"
+            )
         classifier = AutoModelForSequenceClassification.from_pretrained(folder, attn_implementation="eager")
         tokenizer = AutoTokenizer.from_pretrained(folder)
         model_id, n_layers, n_heads = row["id"], row["n_layers"], row["n_heads"]
@@ -105,20 +115,43 @@ def open_evaluator(store: Store, *, model: str, task: str, data_dir: str | None 
         tokenizer = base.tokenizer
         model_id = store.find_or_create_model(**base.record())
         n_layers, n_heads = base.n_layers, base.n_heads
-        description = (f"{base.name} without fine-tuning (pre-trained encoder, classifier head initialised with seed "
-                       f"{NO_FINETUNING_SEED} and never trained)")
+        description = (
+            f"{base.name} without fine-tuning (pre-trained encoder, classifier head initialised with seed "
+            f"{NO_FINETUNING_SEED} and never trained)"
+        )
     classifier.eval()
     pairs = read_split(spec, spec.dev, data_dir, dev_limit)
     items = encode(tokenizer, pairs, max_length)
-    return Evaluator(model, model_id, spec, classifier, items, np.array([p.label for p in pairs]),
-                     tokenizer.pad_token_id or 0, n_layers, n_heads, description)
+    return Evaluator(
+        model,
+        model_id,
+        spec,
+        classifier,
+        items,
+        np.array([p.label for p in pairs]),
+        tokenizer.pad_token_id or 0,
+        n_layers,
+        n_heads,
+        description,
+    )
 
 
 def _rows(ev: Evaluator, config: str, heads, mode: str, scores: dict, baseline: dict | None) -> list[dict]:
-    return [dict(model_id=ev.model_id, task=ev.task.name, split=SPLIT, mode=mode if heads else "none", config=config,
-                 disabled_heads=[list(h) for h in heads], metric=m, score=v,
-                 baseline_score=None if baseline is None else baseline[m], n_examples=len(ev.items))
-            for m, v in scores.items()]
+    return [
+        dict(
+            model_id=ev.model_id,
+            task=ev.task.name,
+            split=SPLIT,
+            mode=mode if heads else "none",
+            config=config,
+            disabled_heads=[list(h) for h in heads],
+            metric=m,
+            score=v,
+            baseline_score=None if baseline is None else baseline[m],
+            n_examples=len(ev.items),
+        )
+        for m, v in scores.items()
+    ]
 
 
 def stored_scores(store: Store, ev: Evaluator, config: str, mode: str) -> dict[str, float] | None:
@@ -157,8 +190,13 @@ def ablate(store: Store, ev: Evaluator, heads: str = "each", mode: str = "unifor
     done = store.ablation_configs(ev.model_id, ev.task.name, SPLIT, mode)
     busy = []
     todo = [(n, c) for n, c in zip(names, configs) if n not in done]
-    with tqdm(total=len(todo), desc=f"ablating {ev.model_name} on {ev.task.name} ({mode})", unit="config",
-              disable=not progress, dynamic_ncols=True) as bar:
+    with tqdm(
+        total=len(todo),
+        desc=f"ablating {ev.model_name} on {ev.task.name} ({mode})",
+        unit="config",
+        disable=not progress,
+        dynamic_ncols=True,
+    ) as bar:
         for name, heads_ in todo:
             try:
                 lease = store.lease(f"ablation:{ev.model_id}:{ev.task.name}:{SPLIT}:{mode}:{name}", f"configuration {name}")
@@ -171,8 +209,7 @@ def ablate(store: Store, ev: Evaluator, heads: str = "each", mode: str = "unifor
                     store.add_ablation_results(_rows(ev, name, heads_, mode, ev.scores(heads_, mode), baseline))
             bar.update(1)
     if busy and progress:
-        print(f"{len(busy)} configuration(s) were being evaluated by another process; run again to fill any it left",
-              file=sys.stderr)
+        print(f"{len(busy)} configuration(s) were being evaluated by another process; run again to fill any it left", file=sys.stderr)
     frame = store.ablation_results(model=ev.model_name, task=ev.task.name)
     return frame[frame["config"].isin(names) & (frame["mode"] == mode)].reset_index(drop=True)
 

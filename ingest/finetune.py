@@ -47,8 +47,9 @@ def build_classifier(source: str, task: GlueTask, init: str, seed: int):
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # "newly initialized: classifier.weight" is expected here
-    config = AutoConfig.from_pretrained(source, num_labels=task.num_labels,
-                                        problem_type="regression" if task.is_regression else "single_label_classification")
+    config = AutoConfig.from_pretrained(
+        source, num_labels=task.num_labels, problem_type="regression" if task.is_regression else "single_label_classification"
+    )
     torch.manual_seed(seed)  # the new classifier head (and, for random init, every weight) is seeded
     if init == "random":
         return AutoModelForSequenceClassification.from_config(config, attn_implementation="eager")
@@ -62,10 +63,24 @@ def models_folder(store: Store) -> Path:
     return Path(root)
 
 
-def finetune(store: Store, *, task: str, model: str = DEFAULT_MODEL, init: str = "pretrained", epochs: int = 3,
-             batch_size: int = 32, lr: float = 2e-5, seed: int = 0, train_limit: int | None = None,
-             max_length: int = 128, warmup: float = 0.1, weight_decay: float = 0.01, name: str | None = None,
-             data_dir: str | None = None, progress: bool = True) -> FinetuneResult:
+def finetune(
+    store: Store,
+    *,
+    task: str,
+    model: str = DEFAULT_MODEL,
+    init: str = "pretrained",
+    epochs: int = 3,
+    batch_size: int = 32,
+    lr: float = 2e-5,
+    seed: int = 0,
+    train_limit: int | None = None,
+    max_length: int = 128,
+    warmup: float = 0.1,
+    weight_decay: float = 0.01,
+    name: str | None = None,
+    data_dir: str | None = None,
+    progress: bool = True,
+) -> FinetuneResult:
     """Fine-tune `model` on `task`'s train split; resume an interrupted run of the same name at its last epoch."""
     import torch
 
@@ -79,9 +94,22 @@ def finetune(store: Store, *, task: str, model: str = DEFAULT_MODEL, init: str =
     base = load_model(model)
     run_name = name or f"{base.name}-{spec.name}-{init}-seed{seed}" + (f"-n{train_limit}" if train_limit else "")
     folder = models_folder(store) / run_name
-    hparams = dict(base=base.name, base_sha256=base.weights_sha256, task=spec.name, init=init, epochs=epochs,
-                   batch_size=batch_size, lr=lr, seed=seed, train_limit=train_limit, max_length=max_length, warmup=warmup,
-                   weight_decay=weight_decay, optimizer="torch.optim.AdamW", schedule="linear warmup + linear decay")
+    hparams = dict(
+        base=base.name,
+        base_sha256=base.weights_sha256,
+        task=spec.name,
+        init=init,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        seed=seed,
+        train_limit=train_limit,
+        max_length=max_length,
+        warmup=warmup,
+        weight_decay=weight_decay,
+        optimizer="torch.optim.AdamW",
+        schedule="linear warmup + linear decay",
+    )
     with store.lease(f"model:{run_name}", f"fine-tuning of {run_name!r}"):
         existing = store.model_row(run_name)
         if existing is not None and (existing.get("training") or {}).get("complete"):
@@ -102,8 +130,9 @@ def finetune(store: Store, *, task: str, model: str = DEFAULT_MODEL, init: str =
         if state_path.exists():
             state = torch.load(state_path, weights_only=False)
             if state["hparams"] != hparams:
-                raise ConflictError(f"{folder} holds an interrupted fine-tuning with other settings; pick another --name "
-                                    f"or delete that folder")
+                raise ConflictError(
+                    f"{folder} holds an interrupted fine-tuning with other settings; pick another --name or delete that folder"
+                )
             classifier.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
@@ -131,8 +160,18 @@ def finetune(store: Store, *, task: str, model: str = DEFAULT_MODEL, init: str =
             losses.append(total / max(n, 1))
             seconds += time.perf_counter() - started
             tmp = folder / (STATE_FILE + ".tmp")
-            torch.save(dict(hparams=hparams, epoch=epoch, losses=losses, seconds=seconds, model=classifier.state_dict(),
-                            optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict()), tmp)
+            torch.save(
+                dict(
+                    hparams=hparams,
+                    epoch=epoch,
+                    losses=losses,
+                    seconds=seconds,
+                    model=classifier.state_dict(),
+                    optimizer=optimizer.state_dict(),
+                    scheduler=scheduler.state_dict(),
+                ),
+                tmp,
+            )
             os.replace(tmp, state_path)  # an epoch is either fully saved or not at all
         classifier.eval()
         classifier.save_pretrained(folder)
@@ -140,12 +179,31 @@ def finetune(store: Store, *, task: str, model: str = DEFAULT_MODEL, init: str =
         parent_id = store.find_or_create_model(**base.record())
         with torch.no_grad():
             digest = weights_digest(classifier)
-        training = dict(hparams=hparams, complete=True, checkpoint=run_name, train_dataset=train_key,
-                        n_train=len(items), loss_per_epoch=losses, seconds=seconds, torch=torch.__version__)
+        training = dict(
+            hparams=hparams,
+            complete=True,
+            checkpoint=run_name,
+            train_dataset=train_key,
+            n_train=len(items),
+            loss_per_epoch=losses,
+            seconds=seconds,
+            torch=torch.__version__,
+        )
         model_id = store.register_finetuned_model(
-            name=run_name, source=f"models/{run_name}", weights_sha256=digest, architecture=type(classifier).__name__,
-            n_layers=base.n_layers, n_heads=base.n_heads, max_length=base.max_length,
-            tokenizer=type(tokenizer).__name__, special_tokens=base.special_tokens, parent_id=parent_id, causal=base.causal,
-            init="finetuned" if init == "pretrained" else "random", task=spec.name, training=training)
+            name=run_name,
+            source=f"models/{run_name}",
+            weights_sha256=digest,
+            architecture=type(classifier).__name__,
+            n_layers=base.n_layers,
+            n_heads=base.n_heads,
+            max_length=base.max_length,
+            tokenizer=type(tokenizer).__name__,
+            special_tokens=base.special_tokens,
+            parent_id=parent_id,
+            causal=base.causal,
+            init="finetuned" if init == "pretrained" else "random",
+            task=spec.name,
+            training=training,
+        )
         state_path.unlink(missing_ok=True)
     return FinetuneResult(run_name, model_id, str(folder), epochs - start_epoch, seconds, False)

@@ -56,11 +56,27 @@ def _example(position, text, words, source_line, sent_id, frame_fields, target, 
     fes = []
     for start, end, name, core_type in elements:
         w_start, w_end = char_span_to_words(words, start, end)
-        fes.append(dict(name=name, core_type=core_type, in_core_set=name in core_set, char_start=start, char_end=end,
-                        word_start=w_start, word_end=w_end))
+        fes.append(
+            dict(
+                name=name,
+                core_type=core_type,
+                in_core_set=name in core_set,
+                char_start=start,
+                char_end=end,
+                word_start=w_start,
+                word_end=w_end,
+            )
+        )
     frame = dict(frame_fields, target_start=t_start, target_end=t_end, char_start=target[0], char_end=target[1], elements=fes)
-    return ExampleInput(position=position, text_a=text.rstrip(), sent_id=sent_id, source_line=source_line,
-                        words=tuple(words), frames=(frame,), pretokenized=True)
+    return ExampleInput(
+        position=position,
+        text_a=text.rstrip(),
+        sent_id=sent_id,
+        source_line=source_line,
+        words=tuple(words),
+        frames=(frame,),
+        pretokenized=True,
+    )
 
 
 def read_exemplars_jsonl(path, frames_path=None) -> Iterator[ExampleInput]:
@@ -75,18 +91,36 @@ def read_exemplars_jsonl(path, frames_path=None) -> Iterator[ExampleInput]:
             rec = json.loads(line)
             text = rec["text"]
             target = tuple(rec["target"][0])
-            fields = dict(annoset_id=int(rec["annoset_id"]), frame_id=int(rec["frame_id"]), frame=rec["frame_name"],
-                          lu_id=int(rec["lu_id"]), lu=rec["lu_name"])
+            fields = dict(
+                annoset_id=int(rec["annoset_id"]),
+                frame_id=int(rec["frame_id"]),
+                frame=rec["frame_name"],
+                lu_id=int(rec["lu_id"]),
+                lu=rec["lu_name"],
+            )
             # coreType null (2 records of the 1.5 exemplars: an FE the frame does not define) -> "" (unknown)
             elements = [(int(s), int(e), name, ctype or "") for s, e, name, ctype in rec["fe"]]
         except (ValueError, KeyError, TypeError, IndexError) as exc:
-            raise CorpusError(path, number, f"not an exemplar record ({type(exc).__name__}: {exc})",
-                              "each line needs text, target, fe, frame_id, frame_name, lu_id, lu_name, annoset_id") from None
+            raise CorpusError(
+                path,
+                number,
+                f"not an exemplar record ({type(exc).__name__}: {exc})",
+                "each line needs text, target, fe, frame_id, frame_name, lu_id, lu_name, annoset_id",
+            ) from None
         check_no_nul(path, number, rec, "the record")
         if not 0 <= target[0] < target[1] <= len(text) or any(not 0 <= s < e <= len(text) for s, e, _, _ in elements):
             raise CorpusError(path, number, "a character span lies outside the text", "spans are [start, end) offsets into text")
-        yield _example(position, text, whitespace_words(text), number, str(rec.get("sent_id")), fields, target, elements,
-                       core.get(fields["frame_id"], set()))
+        yield _example(
+            position,
+            text,
+            whitespace_words(text),
+            number,
+            str(rec.get("sent_id")),
+            fields,
+            target,
+            elements,
+            core.get(fields["frame_id"], set()),
+        )
         position += 1
 
 
@@ -115,12 +149,27 @@ def read_release_xml(root) -> Iterator[ExampleInput]:
                 targets = [(int(lab.get("start")), int(lab.get("end")) + 1) for lab in layers.get("Target", []) if lab.get("start")]
                 if not targets:
                     continue
-                elements = [(int(lab.get("start")), int(lab.get("end")) + 1, lab.get("name"),
-                             core_types.get((fields["frame_id"], lab.get("name")), ""))
-                            for lab in layers.get("FE", []) if lab.get("start")]
-                yield _example(position, text, whitespace_words(text), None, sentence.get("ID"),
-                               dict(fields, annoset_id=int(annoset.get("ID"))), targets[0], elements,
-                               core.get(fields["frame_id"], set()))
+                elements = [
+                    (
+                        int(lab.get("start")),
+                        int(lab.get("end")) + 1,
+                        lab.get("name"),
+                        core_types.get((fields["frame_id"], lab.get("name")), ""),
+                    )
+                    for lab in layers.get("FE", [])
+                    if lab.get("start")
+                ]
+                yield _example(
+                    position,
+                    text,
+                    whitespace_words(text),
+                    None,
+                    sentence.get("ID"),
+                    dict(fields, annoset_id=int(annoset.get("ID"))),
+                    targets[0],
+                    elements,
+                    core.get(fields["frame_id"], set()),
+                )
                 position += 1
 
 

@@ -33,14 +33,17 @@ class GlueTask:
         return 1 if self.is_regression else len(self.labels)
 
 
-TASKS: dict[str, GlueTask] = {t.name: t for t in (
-    GlueTask("MRPC", "glue/MRPC:train", "glue/MRPC:dev", ("0", "1"), ("f1", "accuracy")),
-    GlueTask("RTE", "glue/RTE:train", "glue/RTE:dev", ("entailment", "not_entailment"), ("accuracy",)),
-    GlueTask("STS-B", "glue/STS-B:train", "glue/STS-B:dev", (), ("pearson", "spearman")),
-    GlueTask("SST-2", "glue/SST-2:train", "glue/SST-2:dev", ("0", "1"), ("accuracy",)),
-    GlueTask("QNLI", None, "glue/QNLI:dev", ("entailment", "not_entailment"), ("accuracy",)),
-    GlueTask("MNLI", None, "glue/MNLI:dev-matched-sample", ("entailment", "neutral", "contradiction"), ("accuracy",)),
-)}
+TASKS: dict[str, GlueTask] = {
+    t.name: t
+    for t in (
+        GlueTask("MRPC", "glue/MRPC:train", "glue/MRPC:dev", ("0", "1"), ("f1", "accuracy")),
+        GlueTask("RTE", "glue/RTE:train", "glue/RTE:dev", ("entailment", "not_entailment"), ("accuracy",)),
+        GlueTask("STS-B", "glue/STS-B:train", "glue/STS-B:dev", (), ("pearson", "spearman")),
+        GlueTask("SST-2", "glue/SST-2:train", "glue/SST-2:dev", ("0", "1"), ("accuracy",)),
+        GlueTask("QNLI", None, "glue/QNLI:dev", ("entailment", "not_entailment"), ("accuracy",)),
+        GlueTask("MNLI", None, "glue/MNLI:dev-matched-sample", ("entailment", "neutral", "contradiction"), ("accuracy",)),
+    )
+}
 
 
 def get_task(name: str) -> GlueTask:
@@ -54,7 +57,8 @@ def require_train(task: GlueTask) -> str:
     if task.train is None:
         raise InvalidArgumentError(
             f"{task.name} has no train split in the data directory (only {task.dev}); attnstore does not fine-tune on "
-            f"dev data, so its dev scores stay honest: fine-tune on MRPC, RTE, STS-B or SST-2")
+            f"dev data, so its dev scores stay honest: fine-tune on MRPC, RTE, STS-B or SST-2"
+        )
     return task.train
 
 
@@ -65,8 +69,7 @@ class LabelledPair:
     label: float | int
 
 
-def read_split(task: GlueTask, key: str, data_dir: str | None = None, limit: int | None = None,
-               seed: int = 0) -> list[LabelledPair]:
+def read_split(task: GlueTask, key: str, data_dir: str | None = None, limit: int | None = None, seed: int = 0) -> list[LabelledPair]:
     """Examples of one split with numeric labels (class index, or the STS-B score); `limit` draws a seeded sample."""
     spec = find_dataset(key)
     path: Path = dataset_path(spec, resolve_data_dir(data_dir))

@@ -30,8 +30,17 @@ SPECIAL_ROLES = ("cls_token", "sep_token", "bos_token", "eos_token", "pad_token"
 # PyTorch weights in the order transformers picks them (the first present is the one loaded).
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # A folder with none of these cannot hold a tokenizer (save_pretrained always writes tokenizer_config.json).
-TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt", "vocab.json", "spiece.model",
-                   "sentencepiece.bpe.model", "sentencepiece.model", "spm.model", "tokenizer.model")
+TOKENIZER_FILES = (
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "sentencepiece.model",
+    "spm.model",
+    "tokenizer.model",
+)
 
 
 @dataclass
@@ -59,10 +68,19 @@ class LoadedModel:
 
     def record(self) -> dict:
         """Fields of the `models` table."""
-        return dict(name=self.name, source=self.source, weights_sha256=self.weights_sha256, architecture=self.architecture,
-                    n_layers=self.n_layers, n_heads=self.n_heads, max_length=self.max_length,
-                    tokenizer=type(self.tokenizer).__name__, special_tokens=self.special_tokens, init="pretrained",
-                    causal=self.causal)
+        return dict(
+            name=self.name,
+            source=self.source,
+            weights_sha256=self.weights_sha256,
+            architecture=self.architecture,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            max_length=self.max_length,
+            tokenizer=type(self.tokenizer).__name__,
+            special_tokens=self.special_tokens,
+            init="pretrained",
+            causal=self.causal,
+        )
 
     def tokenizer_for(self, tokenization: str):
         """The tokenizer for raw text ("text") or for words given already split ("words")."""
@@ -101,8 +119,9 @@ def _detail(exc: BaseException) -> str:
 
 
 def _corrupt(file: Path, detail: str) -> ModelError:
-    return ModelError(f"weights file {file} is corrupt or truncated ({detail}); "
-                      "save the model again with save_pretrained() or copy the file again")
+    return ModelError(
+        f"weights file {file} is corrupt or truncated ({detail}); save the model again with save_pretrained() or copy the file again"
+    )
 
 
 def _check_weights_file(file: Path) -> None:
@@ -138,10 +157,22 @@ def check_model_dir(path: str | Path) -> None:
     weights = next((path / n for n in WEIGHT_FILES if (path / n).is_file()), None)
     has_tokenizer = any((path / n).is_file() for n in TOKENIZER_FILES)
     if weights is None or not has_tokenizer:
-        missing = [what for what, absent in (("no weights (model.safetensors or pytorch_model.bin)", weights is None),
-                                             ("no tokenizer (tokenizer.json, vocab.txt, ...)", not has_tokenizer)) if absent]
-        fixes = [fix for fix, absent in ((f"model.save_pretrained({str(path)!r})", weights is None),
-                                         (f"tokenizer.save_pretrained({str(path)!r})", not has_tokenizer)) if absent]
+        missing = [
+            what
+            for what, absent in (
+                ("no weights (model.safetensors or pytorch_model.bin)", weights is None),
+                ("no tokenizer (tokenizer.json, vocab.txt, ...)", not has_tokenizer),
+            )
+            if absent
+        ]
+        fixes = [
+            fix
+            for fix, absent in (
+                (f"model.save_pretrained({str(path)!r})", weights is None),
+                (f"tokenizer.save_pretrained({str(path)!r})", not has_tokenizer),
+            )
+            if absent
+        ]
         raise ModelError(f"model directory {path} has {' and '.join(missing)}; save into it with {' and '.join(fixes)}")
     if weights.name.endswith(".index.json"):
         try:
@@ -183,8 +214,9 @@ def special_tokens(tokenizer) -> dict:
 
 
 def _hub_error(name_or_path: str, exc: BaseException) -> ModelNotFoundError:
-    return ModelNotFoundError(f"cannot load model {name_or_path!r}: {_detail(exc)}; pass a local directory saved with "
-                              f"save_pretrained() or {DEFAULT_MODEL!r}")
+    return ModelNotFoundError(
+        f"cannot load model {name_or_path!r}: {_detail(exc)}; pass a local directory saved with save_pretrained() or {DEFAULT_MODEL!r}"
+    )
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "eager") -> LoadedModel:
@@ -200,22 +232,26 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
         raise ModelNotFoundError(
             f"cannot load model {name_or_path!r}: it is not a local directory, a packaged model ({DEFAULT_MODEL}) or in the "
             f"Hugging Face cache, and the hub is offline (HF_HUB_OFFLINE=1); pass a directory saved with save_pretrained() "
-            f"or --model {DEFAULT_MODEL}")
+            f"or --model {DEFAULT_MODEL}"
+        )
     # transformers raises many types (OSError, ValueError, SafetensorError, RuntimeError, ImportError, ...): any of
     # them means this model cannot be used, and the user gets one line instead of a traceback.
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
     except Exception as exc:
         if local:
-            raise ModelError(f"cannot load the tokenizer in {source} ({_detail(exc)}); "
-                             f"save it there with tokenizer.save_pretrained({source!r})") from None
+            raise ModelError(
+                f"cannot load the tokenizer in {source} ({_detail(exc)}); save it there with tokenizer.save_pretrained({source!r})"
+            ) from None
         raise _hub_error(name_or_path, exc) from None
     try:
         model = AutoModel.from_pretrained(source, attn_implementation=attn_implementation, local_files_only=offline)
     except Exception as exc:
         if local:
-            raise ModelError(f"cannot load the model in {source} ({_detail(exc)}); check config.json and the weights, "
-                             f"or save the model again with save_pretrained()") from None
+            raise ModelError(
+                f"cannot load the model in {source} ({_detail(exc)}); check config.json and the weights, "
+                f"or save the model again with save_pretrained()"
+            ) from None
         raise _hub_error(name_or_path, exc) from None
     model.eval()
     config = model.config
@@ -226,10 +262,21 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
     with torch.no_grad():
         digest = weights_digest(model)
     return LoadedModel(
-        name=name, source=source, model=model, tokenizer=tokenizer, weights_sha256=digest,
-        architecture=type(model).__name__, n_layers=probe.n_layers, n_heads=probe.n_heads,
-        max_length=int(max_input_length(model, tokenizer)), special_tokens=special_tokens(tokenizer),
-        attn_implementation=used, causal=probe.causal, inputs=probe.inputs, pad_id=pad_id, word_tokenizer=word_tokenizer,
+        name=name,
+        source=source,
+        model=model,
+        tokenizer=tokenizer,
+        weights_sha256=digest,
+        architecture=type(model).__name__,
+        n_layers=probe.n_layers,
+        n_heads=probe.n_heads,
+        max_length=int(max_input_length(model, tokenizer)),
+        special_tokens=special_tokens(tokenizer),
+        attn_implementation=used,
+        causal=probe.causal,
+        inputs=probe.inputs,
+        pad_id=pad_id,
+        word_tokenizer=word_tokenizer,
         word_tokenizer_options=word_options,
     )
 
@@ -281,12 +328,17 @@ def forward_inputs(model, tokenizer, name: str) -> tuple[str, ...]:
     accepted = set(inspect.signature(model.forward).parameters)
     missing = [k for k in ("input_ids", "attention_mask") if k not in accepted]
     if missing:
-        raise UnsupportedModelError(f"model {name!r} ({type(model).__name__}) takes no {' or '.join(missing)} in its forward "
-                                    "pass; attnstore feeds batches of token ids with an attention mask")
+        raise UnsupportedModelError(
+            f"model {name!r} ({type(model).__name__}) takes no {' or '.join(missing)} in its forward "
+            "pass; attnstore feeds batches of token ids with an attention mask"
+        )
     inputs = ["input_ids", "attention_mask"]
     type_vocab = getattr(model.config, "type_vocab_size", None)
-    if ("token_type_ids" in getattr(tokenizer, "model_input_names", ()) and "token_type_ids" in accepted
-            and not (isinstance(type_vocab, int) and type_vocab < 2)):
+    if (
+        "token_type_ids" in getattr(tokenizer, "model_input_names", ())
+        and "token_type_ids" in accepted
+        and not (isinstance(type_vocab, int) and type_vocab < 2)
+    ):
         inputs.append("token_type_ids")
     return tuple(inputs)
 
@@ -338,19 +390,24 @@ def probe_model(model, tokenizer, name: str, pad_id: int) -> Probe:
 
     def run(rows: list[list[int]], row_types: list[list[int]]):
         width = max(len(r) for r in rows)
-        batch = {"input_ids": torch.tensor([r + [pad_id] * (width - len(r)) for r in rows]),
-                 "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
-                 "token_type_ids": torch.tensor([t + [0] * (width - len(t)) for t in row_types])}
+        batch = {
+            "input_ids": torch.tensor([r + [pad_id] * (width - len(r)) for r in rows]),
+            "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+            "token_type_ids": torch.tensor([t + [0] * (width - len(t)) for t in row_types]),
+        }
         try:
             with torch.inference_mode():
                 out = model(**{k: v for k, v in batch.items() if k in inputs}, output_attentions=True)
         except Exception as exc:
-            raise UnsupportedModelError(f"{kind} fails on a {width}-token probe input with output_attentions=True "
-                                        f"({_detail(exc)})") from None
+            raise UnsupportedModelError(
+                f"{kind} fails on a {width}-token probe input with output_attentions=True ({_detail(exc)})"
+            ) from None
         attentions = getattr(out, "attentions", None)
         if not attentions or any(a is None for a in attentions):
-            raise UnsupportedModelError(f"{kind} returns no attention maps (output_attentions=True, "
-                                        f"attn_implementation={getattr(config, '_attn_implementation', None)!r})")
+            raise UnsupportedModelError(
+                f"{kind} returns no attention maps (output_attentions=True, "
+                f"attn_implementation={getattr(config, '_attn_implementation', None)!r})"
+            )
         return attentions
 
     both = run([ids, ids[:short]], [types, types[:short]])
@@ -359,29 +416,39 @@ def probe_model(model, tokenizer, name: str, pad_id: int) -> Probe:
             raise UnsupportedModelError(
                 f"{kind} returns attention of shape {_shape(a)} in layer {layer} for {n} tokens (batch 2): its maps are "
                 f"not (batch, head, query, key) over the input tokens (pooled or compressed, as in Funnel Transformer); "
-                f"attnstore stores token-to-token self-attention")
+                f"attnstore stores token-to-token self-attention"
+            )
     heads = {int(a.shape[1]) for a in both}
     if len(heads) > 1:
-        raise UnsupportedModelError(f"{kind} returns {sorted(heads)} heads in different layers; attnstore stores the same "
-                                    "number of heads in every layer")
+        raise UnsupportedModelError(
+            f"{kind} returns {sorted(heads)} heads in different layers; attnstore stores the same number of heads in every layer"
+        )
     n_heads = heads.pop()
     declared = getattr(config, "num_attention_heads", None)
     if isinstance(declared, int) and declared != n_heads:
         ratio = getattr(config, "head_ratio", None)
-        why = (f"head_ratio={ratio}: the other heads mix tokens by convolution, outside the attention maps" if ratio
-               else "part of its token mixing is not in the returned maps")
-        raise UnsupportedModelError(f"{kind} returns {n_heads} attention heads per layer where its config declares "
-                                    f"num_attention_heads={declared} ({why}); attnstore would store an incomplete picture")
+        why = (
+            f"head_ratio={ratio}: the other heads mix tokens by convolution, outside the attention maps"
+            if ratio
+            else "part of its token mixing is not in the returned maps"
+        )
+        raise UnsupportedModelError(
+            f"{kind} returns {n_heads} attention heads per layer where its config declares "
+            f"num_attention_heads={declared} ({why}); attnstore would store an incomplete picture"
+        )
     maps = torch.stack([a.float() for a in both], 1)  # (batch, layer, head, query, key)
     err = (maps[0].sum(-1) - 1).abs().max().item()
     if err > 1e-3:
-        raise UnsupportedModelError(f"{kind} returns attention rows that do not sum to 1 (max error {err:.2e}); "
-                                    "attnstore needs softmax attention probabilities")
+        raise UnsupportedModelError(
+            f"{kind} returns attention rows that do not sum to 1 (max error {err:.2e}); attnstore needs softmax attention probabilities"
+        )
     alone = torch.stack([a.float() for a in run([ids[:short]], [types[:short]])], 1)[0]
     drift = (maps[1, :, :, :short, :short] - alone).abs().max().item()
     if drift > 1e-4:
-        raise UnsupportedModelError(f"{kind} gives other attention maps for an input padded on the right in a batch "
-                                    f"(max difference {drift:.2e}); attnstore batches inputs with right padding")
+        raise UnsupportedModelError(
+            f"{kind} gives other attention maps for an input padded on the right in a batch "
+            f"(max difference {drift:.2e}); attnstore batches inputs with right padding"
+        )
     causal = bool((torch.triu(maps[0], diagonal=1) == 0).all())
     return Probe(n_layers=len(both), n_heads=n_heads, causal=causal, inputs=inputs)
 

@@ -72,9 +72,16 @@ def file_source(corpus: str, fmt: str, name: str | None = None, split: str | Non
     path = Path(corpus)
     if not path.is_file():
         raise CorpusError(path, None, "no such file", "check the --corpus path")
-    return CorpusSource(name=name or path.parent.name or "corpus", split=split or path.stem, fmt=fmt,
-                        source=str(path.resolve()), checksum=file_checksum(path), gold=fmt == "conllu",
-                        read=lambda: read_corpus(path, fmt, **read_options), options=dict(read_options))
+    return CorpusSource(
+        name=name or path.parent.name or "corpus",
+        split=split or path.stem,
+        fmt=fmt,
+        source=str(path.resolve()),
+        checksum=file_checksum(path),
+        gold=fmt == "conllu",
+        read=lambda: read_corpus(path, fmt, **read_options),
+        options=dict(read_options),
+    )
 
 
 def builtin_source(key: str, data_dir: str | None = None, **overrides) -> CorpusSource:
@@ -82,10 +89,17 @@ def builtin_source(key: str, data_dir: str | None = None, **overrides) -> Corpus
     root = resolve_data_dir(data_dir)
     path = dataset_path(spec, root)
     options = {**spec.options, **{k: v for k, v in overrides.items() if v is not None}}
-    return CorpusSource(name=spec.name, split=spec.split, fmt=spec.reader.__name__, source=str(path.resolve()),
-                        checksum=path_checksum(path), gold=spec.annotation == "gold",
-                        read=lambda: spec.reader(path, **options), license=spec.license,
-                        options={k: v for k, v in options.items() if k != "label_map"})
+    return CorpusSource(
+        name=spec.name,
+        split=spec.split,
+        fmt=spec.reader.__name__,
+        source=str(path.resolve()),
+        checksum=path_checksum(path),
+        gold=spec.annotation == "gold",
+        read=lambda: spec.reader(path, **options),
+        license=spec.license,
+        options={k: v for k, v in options.items() if k != "label_map"},
+    )
 
 
 def select_positions(n: int, limit: int | None, sample: int | None, seed: int) -> tuple[list[int], str]:
@@ -123,8 +137,16 @@ def plan_dataset(source: CorpusSource, *, limit: int | None = None, sample: int 
     return DatasetPlan(source, chosen, source.split + suffix, options)
 
 
-def register_dataset(store: Store, source: CorpusSource | DatasetPlan, *, annotator: str = "spacy", limit: int | None = None,
-                     sample: int | None = None, seed: int = 0, progress: bool = True) -> tuple[int, str]:
+def register_dataset(
+    store: Store,
+    source: CorpusSource | DatasetPlan,
+    *,
+    annotator: str = "spacy",
+    limit: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> tuple[int, str]:
     """Validate the whole corpus, then store the selected examples with words (resuming a partial load).
 
     Returns (dataset id, annotator name). Nothing is written if any record is bad. One
@@ -144,12 +166,18 @@ def register_dataset(store: Store, source: CorpusSource | DatasetPlan, *, annota
         tool = None if source.gold else make_annotator(annotator)
         annotator_name = "gold" if tool is None else tool.name
         dataset_id, _ = store.find_or_create_dataset(
-            name=source.name, split=plan.split, checksum=source.checksum, format=source.fmt, source=source.source,
-            annotator=annotator_name, license=source.license, options=plan.options)
+            name=source.name,
+            split=plan.split,
+            checksum=source.checksum,
+            format=source.fmt,
+            source=source.source,
+            annotator=annotator_name,
+            license=source.license,
+            options=plan.options,
+        )
         stored = store.stored_positions(dataset_id)
         rank = {original: new for new, original in enumerate(plan.chosen)}
-        todo = (replace(e, position=rank[e.position]) for e in source.read()
-                if e.position in rank and rank[e.position] not in stored)
+        todo = (replace(e, position=rank[e.position]) for e in source.read() if e.position in rank and rank[e.position] not in stored)
         with _progress(len(plan.chosen) - len(stored), f"annotating ({annotator_name})", progress) as bar:
             while batch := list(islice(todo, INSERT_BATCH)):
                 store.add_examples(dataset_id, list(annotate(batch, tool)) if tool else batch, annotator_name)
@@ -163,8 +191,9 @@ def register_dataset(store: Store, source: CorpusSource | DatasetPlan, *, annota
 MAX_BATCH_PAIRS = 32 * 128 * 128
 
 
-def plan_batches(encoded: Iterable[Encoded], batch_size: int, window_batches: int = 8,
-                 max_pairs: int = MAX_BATCH_PAIRS) -> Iterator[list[Encoded]]:
+def plan_batches(
+    encoded: Iterable[Encoded], batch_size: int, window_batches: int = 8, max_pairs: int = MAX_BATCH_PAIRS
+) -> Iterator[list[Encoded]]:
     """Batches of similar length (sorted within windows of a few batches), at most `batch_size`
     examples and `max_pairs` (batch x longest length squared) token pairs each."""
     it = iter(encoded)
@@ -211,19 +240,41 @@ def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) 
         block = out[k, :, :, :n, :n]
         err = (block.sum(-1, dtype=torch.float32) - 1).abs().max().item()
         if err > ROW_SUM_TOLERANCE:
-            raise IngestError(f"attention rows of example {batch[k].position} do not sum to 1 over its real tokens "
-                              f"(max error {err:.2e}); the model must use eager softmax attention")
+            raise IngestError(
+                f"attention rows of example {batch[k].position} do not sum to 1 over its real tokens "
+                f"(max error {err:.2e}); the model must use eager softmax attention"
+            )
         blocks.append(block.numpy())
     return blocks
 
 
-def ingest(store: Store, *, corpus: str | None = None, fmt: str | None = None, dataset: str | None = None,
-           data_dir: str | None = None, model: str = DEFAULT_MODEL, name: str | None = None,
-           dataset_name: str | None = None, split: str | None = None, annotator: str = "spacy",
-           batch_size: int = 32, max_length: int | None = None, truncation: str = "truncate", dtype: str = "float16",
-           limit: int | None = None, sample: int | None = None, seed: int = 0, window_words: int | None = None,
-           chunk_cells: int = arrays.DEFAULT_CHUNK_CELLS, codec: dict | None = None, tokenization: str | None = None,
-           progress: bool = True, loaded: LoadedModel | None = None, **read_options) -> IngestResult:
+def ingest(
+    store: Store,
+    *,
+    corpus: str | None = None,
+    fmt: str | None = None,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+    model: str = DEFAULT_MODEL,
+    name: str | None = None,
+    dataset_name: str | None = None,
+    split: str | None = None,
+    annotator: str = "spacy",
+    batch_size: int = 32,
+    max_length: int | None = None,
+    truncation: str = "truncate",
+    dtype: str = "float16",
+    limit: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    window_words: int | None = None,
+    chunk_cells: int = arrays.DEFAULT_CHUNK_CELLS,
+    codec: dict | None = None,
+    tokenization: str | None = None,
+    progress: bool = True,
+    loaded: LoadedModel | None = None,
+    **read_options,
+) -> IngestResult:
     """Ingest a corpus file (`corpus` + `fmt`) or a built-in `dataset` with `model` into run `name`
     (created, or resumed if it exists).
 
@@ -281,18 +332,41 @@ def ingest(store: Store, *, corpus: str | None = None, fmt: str | None = None, d
         dataset_id, annotator_name = register_dataset(store, plan, annotator=annotator, progress=progress)
         model_id = finetuned["id"] if finetuned is not None else store.find_or_create_model(**loaded.record())
         dataset_row = store.sql("SELECT n_examples FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
-        manifest = build_manifest(loaded=loaded, corpus=source.source, fmt=source.fmt, corpus_checksum=source.checksum,
-                                  annotator=annotator_name, dtype=dtype, max_length=max_length, truncation=truncation,
-                                  batch_size=batch_size, codec=codec, chunk_cells=chunk_cells, tokenization=tokenization)
+        manifest = build_manifest(
+            loaded=loaded,
+            corpus=source.source,
+            fmt=source.fmt,
+            corpus_checksum=source.checksum,
+            annotator=annotator_name,
+            dtype=dtype,
+            max_length=max_length,
+            truncation=truncation,
+            batch_size=batch_size,
+            codec=codec,
+            chunk_cells=chunk_cells,
+            tokenization=tokenization,
+        )
         manifest["model"].update(causal=loaded.causal, inputs=list(loaded.inputs))
         if tokenization == "words":
             manifest["tokenizer"].update(loaded.word_tokenizer_options)  # e.g. add_prefix_space for byte-level BPE
         from .. import __version__
 
-        info = store.start_run(name=run_name, model_id=model_id, dataset_id=dataset_id, dtype=dtype, codec=codec,
-                               chunk_cells=chunk_cells, max_length=max_length, truncation=truncation,
-                               attn_implementation=loaded.attn_implementation, batch_size=batch_size, tokenization=tokenization,
-                               code_version=__version__, corpus_checksum=source.checksum, manifest=manifest)
+        info = store.start_run(
+            name=run_name,
+            model_id=model_id,
+            dataset_id=dataset_id,
+            dtype=dtype,
+            codec=codec,
+            chunk_cells=chunk_cells,
+            max_length=max_length,
+            truncation=truncation,
+            attn_implementation=loaded.attn_implementation,
+            batch_size=batch_size,
+            tokenization=tokenization,
+            code_version=__version__,
+            corpus_checksum=source.checksum,
+            manifest=manifest,
+        )
         if info.status == "complete":
             return IngestResult(info, 0, 0.0, True)
         done = store.done_example_ids(info.id)
@@ -300,8 +374,9 @@ def ingest(store: Store, *, corpus: str | None = None, fmt: str | None = None, d
         run_started = time.perf_counter()
         writer = store.run_writer(info.id, lease)
         try:
-            n_new = _run_batches(store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype,
-                                 total, progress, tokenization)
+            n_new = _run_batches(
+                store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress, tokenization
+            )
             seconds = time.perf_counter() - run_started
             info = writer.finish(seconds, {"timings": {"total_seconds": time.perf_counter() - started}})
         except BaseException:
@@ -312,16 +387,20 @@ def ingest(store: Store, *, corpus: str | None = None, fmt: str | None = None, d
 
 def _checked(group, tokenization: str):
     if tokenization == "text" and not can_use_text(group):
-        raise InvalidArgumentError("--tokenize text needs each word's character offsets, which this dataset's words lack "
-                                   "(gold-tokenized corpora): use --tokenize words")
+        raise InvalidArgumentError(
+            "--tokenize text needs each word's character offsets, which this dataset's words lack "
+            "(gold-tokenized corpora): use --tokenize words"
+        )
     return group
 
 
 def _refuse_if_busy(store: Store, run_name: str) -> None:
     holder = live_holder(store.engine, run_lease_name(run_name))
     if holder is not None:
-        raise BusyError(f"run {run_name!r} is being written by {holder.describe()}; wait for it to finish "
-                        f"(or stop it: a killed writer's run resumes with the same command)")
+        raise BusyError(
+            f"run {run_name!r} is being written by {holder.describe()}; wait for it to finish "
+            f"(or stop it: a killed writer's run resumes with the same command)"
+        )
 
 
 def _mark_interrupted(store: Store, run_id: int) -> None:
@@ -331,15 +410,18 @@ def _mark_interrupted(store: Store, run_id: int) -> None:
         pass  # e.g. the database is on the full disk too: a run whose writer is gone reads as interrupted anyway
 
 
-def _run_batches(store: Store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress,
-                 tokenization) -> int:
+def _run_batches(
+    store: Store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress, tokenization
+) -> int:
     # Batches are planned over the whole dataset, already-stored examples included, so a resumed
     # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):
     # its maps are bit-identical. Batches with nothing new are not run.
     pending = store.dataset_examples(dataset_id)
-    encoded = (enc for group in iter(lambda: list(islice(pending, 256)), [])
-               for enc in encode_batch(loaded.tokenizer_for(tokenization), _checked(group, tokenization), max_length, truncation,
-                                       tokenization))
+    encoded = (
+        enc
+        for group in iter(lambda: list(islice(pending, 256)), [])
+        for enc in encode_batch(loaded.tokenizer_for(tokenization), _checked(group, tokenization), max_length, truncation, tokenization)
+    )
     inflight: deque = deque()
     n_new = 0
 
@@ -363,8 +445,7 @@ def _run_batches(store: Store, writer, loaded, info, done, dataset_id, batch_siz
                 items = [(e, None) for e in skipped if e.example_id not in done]
                 if any(e.example_id not in done for e in batch):
                     attentions, lengths = forward_attention(loaded, batch)
-                    items += [(e, maps) for e, maps in zip(batch, to_blocks(attentions, lengths, dtype, batch))
-                              if e.example_id not in done]
+                    items += [(e, maps) for e, maps in zip(batch, to_blocks(attentions, lengths, dtype, batch)) if e.example_id not in done]
                 while len(inflight) >= 2:
                     inflight.popleft().result()
                 inflight.append(pool.submit(store_batch, items))

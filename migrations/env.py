@@ -23,7 +23,7 @@ def _url() -> str:
     if url.startswith("sqlite:///"):
         from pathlib import Path
 
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     return url
 
 

@@ -1,7 +1,7 @@
 """Stored queries: one module per analysis, each `f(store, *, run, ...) -> pandas.DataFrame`.
 
-    >>> from attnstore.queries import run_query
-    >>> run_query(store, "entropy", run="MRPC-dev-all-MiniLM-L6-v2")
+>>> from attnstore.queries import run_query
+>>> run_query(store, "entropy", run="MRPC-dev-all-MiniLM-L6-v2")
 """
 
 from __future__ import annotations
@@ -15,8 +15,20 @@ from .registry import QUERIES, QuerySpec, get_query, register
 if TYPE_CHECKING:
     from ..store import Store
 
-_MODULES = ("relative_position", "special_tokens", "entropy", "word_level", "dependency", "coreference", "head_clusters",
-            "feature_attention", "token_to_token", "run_similarity", "frame_heads", "patterns")
+_MODULES = (
+    "relative_position",
+    "special_tokens",
+    "entropy",
+    "word_level",
+    "dependency",
+    "coreference",
+    "head_clusters",
+    "feature_attention",
+    "token_to_token",
+    "run_similarity",
+    "frame_heads",
+    "patterns",
+)
 
 
 def load_all() -> None:
@@ -39,14 +51,17 @@ def run_query(store: Store, name: str, *, run, **params):
         state, holder = store.run_state(info.id)
         n_stored = int((~store.examples(info.id)["skipped"]).sum())
         if n_stored == 0:
-            why = {"writing": f"it is being written by {holder.describe()}" if holder else "it is being written",
-                   "interrupted": "its ingest was interrupted before the first batch was stored; run the ingest again",
-                   "complete": "every example was skipped (longer than the length limit)"}[state]
+            why = {
+                "writing": f"it is being written by {holder.describe()}" if holder else "it is being written",
+                "interrupted": "its ingest was interrupted before the first batch was stored; run the ingest again",
+                "complete": "every example was skipped (longer than the length limit)",
+            }[state]
             raise NotFoundError(f"run {info.name!r} has no stored examples to query: {why}")
         if state != "complete":
             what = "is still being written" if state == "writing" else "was interrupted (resume it with the same ingest command)"
-            warnings.warn(IncompleteRunWarning(f"run {info.name!r} {what}: results cover the {n_stored} examples "
-                                               f"stored so far"), stacklevel=2)
+            warnings.warn(
+                IncompleteRunWarning(f"run {info.name!r} {what}: results cover the {n_stored} examples stored so far"), stacklevel=2
+            )
         frame = spec.func(store, run=run, **params)
     frame.attrs.update(run_state=state, n_examples=n_stored)
     return frame

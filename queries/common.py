@@ -63,10 +63,7 @@ def token_flags(store: Store, info: RunInfo, punct: str = ".,") -> dict[int, Tok
     starts = np.r_[0, bounds]
     ends = np.r_[bounds, len(table)]
     examples = table["example"].to_numpy()
-    return {
-        int(examples[s]): TokenFlags(is_cls[s:e], is_sep[s:e], special[s:e], is_punct[s:e])
-        for s, e in zip(starts, ends) if e > s
-    }
+    return {int(examples[s]): TokenFlags(is_cls[s:e], is_sep[s:e], special[s:e], is_punct[s:e]) for s, e in zip(starts, ends) if e > s}
 
 
 def iter_maps(store: Store, info: RunInfo, examples=None) -> Iterator[tuple[int, np.ndarray]]:
@@ -94,8 +91,10 @@ AVERAGES = ("example", "token")
 def check_average(average: str) -> str:
     """The `average` parameter of the Clark C1/C2/C4 queries: "example" (Clark et al.'s code) or "token" (pooled)."""
     if average not in AVERAGES:
-        raise InvalidArgumentError(f"average={average!r}: use 'example' (mean per example, then over examples: "
-                                   f"Clark et al.'s code) or 'token' (pooled over every query token of the run)")
+        raise InvalidArgumentError(
+            f"average={average!r}: use 'example' (mean per example, then over examples: "
+            f"Clark et al.'s code) or 'token' (pooled over every query token of the run)"
+        )
     return average
 
 
@@ -120,6 +119,5 @@ def parse_choices(text: str | None, choices: tuple[str, ...], what: str) -> tupl
     names = tuple(dict.fromkeys(n.strip().lower() for n in str(text).split(",") if n.strip()))
     unknown = [n for n in names if n not in choices]
     if unknown:
-        raise InvalidArgumentError(f"unknown {what}(s) {', '.join(map(repr, unknown))}; choose from {', '.join(choices)} "
-                                   "(comma-separated)")
+        raise InvalidArgumentError(f"unknown {what}(s) {', '.join(map(repr, unknown))}; choose from {', '.join(choices)} (comma-separated)")
     return names

@@ -49,8 +49,11 @@ def choose_antecedent(mention: dict, candidates: list[dict], method: str) -> dic
     same_head = [c for c in candidates if c["head_form"] == mention["head_form"]]
     if method == "head_match":
         return same_head[-1] if same_head else None
-    for rule in (lambda c: c["text"] == mention["text"], lambda c: c["head_form"] == mention["head_form"],
-                 lambda c: _agrees(c["feats"], mention["feats"])):
+    for rule in (
+        lambda c: c["text"] == mention["text"],
+        lambda c: c["head_form"] == mention["head_form"],
+        lambda c: _agrees(c["feats"], mention["feats"]),
+    ):
         hits = [c for c in candidates if rule(c)]
         if hits:
             return hits[-1]
@@ -75,7 +78,7 @@ def coreference_counts(store: Store, run, examples=None):
         found: list[dict] = []
         for m in mentions[example].sort_values("doc_order").to_dict("records"):
             m["head_form"] = forms[m["head"]]
-            m["text"] = " ".join(forms[m["word_start"]:m["word_end"]])
+            m["text"] = " ".join(forms[m["word_start"] : m["word_end"]])
             m["feats"] = _feats(w["feats"].iloc[m["head"]])
             earlier = [c for c in found if c["doc_order"] < m["doc_order"]]
             antecedents = [c for c in earlier if c["entity"] == m["entity"]]
@@ -115,11 +118,26 @@ def coreference_summary(store: Store, *, run, examples=None) -> pd.DataFrame:
     info, heads, base, totals = coreference_counts(store, run, examples)
     overall = safe_divide(heads.sum(0), totals.sum())
     layer, head = np.unravel_index(np.nanargmax(np.nan_to_num(overall, nan=-1)), overall.shape)
-    rows = [dict(method=f"head {layer}-{head}", layer=int(layer), head=int(head), all=float(overall[layer, head]),
-                 **{kind: float(safe_divide(heads[k, layer, head], totals[k])) for k, kind in enumerate(KINDS)})]
+    rows = [
+        dict(
+            method=f"head {layer}-{head}",
+            layer=int(layer),
+            head=int(head),
+            all=float(overall[layer, head]),
+            **{kind: float(safe_divide(heads[k, layer, head], totals[k])) for k, kind in enumerate(KINDS)},
+        )
+    ]
     for b, method in enumerate(BASELINES):
-        rows.append(dict(method=method, layer=None, head=None, all=float(safe_divide(base[:, b].sum(), totals.sum())),
-                         **{kind: float(safe_divide(base[k, b], totals[k])) for k, kind in enumerate(KINDS)}))
-    rows.append(dict(method="n", layer=None, head=None, all=float(totals.sum()),
-                     **{kind: float(totals[k]) for k, kind in enumerate(KINDS)}))
+        rows.append(
+            dict(
+                method=method,
+                layer=None,
+                head=None,
+                all=float(safe_divide(base[:, b].sum(), totals.sum())),
+                **{kind: float(safe_divide(base[k, b], totals[k])) for k, kind in enumerate(KINDS)},
+            )
+        )
+    rows.append(
+        dict(method="n", layer=None, head=None, all=float(totals.sum()), **{kind: float(totals[k]) for k, kind in enumerate(KINDS)})
+    )
     return pd.DataFrame(rows, columns=["method", "layer", "head", "all", *KINDS])

@@ -43,9 +43,20 @@ OFFSETS = (-3, -2, -1, 1, 2, 3)
 # its noun (`case`), SD to the verb/noun it modifies (`prep`); the noun of a PP is UD
 # `obl`/`nmod` (attached to the verb/noun), SD `pobj` (attached to the preposition).
 PAPER_RELATIONS: dict[str, tuple[str, ...]] = {
-    "prep": ("case",), "pobj": ("obl", "nmod"), "det": ("det",), "nn": ("compound",), "nsubj": ("nsubj",),
-    "amod": ("amod",), "dobj": ("obj",), "advmod": ("advmod",), "aux": ("aux",), "poss": ("nmod:poss",),
-    "auxpass": ("aux:pass",), "ccomp": ("ccomp",), "mark": ("mark",), "prt": ("compound:prt",),
+    "prep": ("case",),
+    "pobj": ("obl", "nmod"),
+    "det": ("det",),
+    "nn": ("compound",),
+    "nsubj": ("nsubj",),
+    "amod": ("amod",),
+    "dobj": ("obj",),
+    "advmod": ("advmod",),
+    "aux": ("aux",),
+    "poss": ("nmod:poss",),
+    "auxpass": ("aux:pass",),
+    "ccomp": ("ccomp",),
+    "mark": ("mark",),
+    "prt": ("compound:prt",),
 }
 # The paper's `poss` rule (Sec. 4.2): when a possessor is followed by 's, the prediction made
 # for the 's is judged instead ("the accuracy in Table 1 counts 's as correct").
@@ -87,8 +98,7 @@ def word_predictions(maps: np.ndarray, units) -> tuple[np.ndarray, np.ndarray, n
     return unique_argmax(wmap), unique_argmax(np.swapaxes(wmap, -1, -2)), units.word[keep]
 
 
-def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True
-                      ) -> DependencyCounts:
+def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True) -> DependencyCounts:
     """Correct predictions per (direction, layer, head, relation), edge counts, baseline hits, root words."""
     _check("head2dep", head2dep, HEAD2DEP)
     info = store.run_info(run)
@@ -152,8 +162,9 @@ def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpo
         totals += onehot.sum(0)
         n_root += int(root.sum())
         # the fixed-offset baseline, clamped to the judged word's sentence
-        span = np.array([bounds[(example, int(s), int(t))] for s, t in e[["segment", "sentence"]].to_numpy()[ok]],
-                        dtype=np.int64).reshape(-1, 2)
+        span = np.array([bounds[(example, int(s), int(t))] for s, t in e[["segment", "sentence"]].to_numpy()[ok]], dtype=np.int64).reshape(
+            -1, 2
+        )
         first, last = span[:, 0], span[:, 1]
         for k, off in enumerate(OFFSETS):
             target = judged_pos + off
@@ -165,8 +176,9 @@ def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpo
 
 
 @register("dependency")
-def dependency(store: Store, *, run, examples=None, min_count: int = 100, head2dep: str = "transpose",
-               poss_apostrophe: bool = True) -> pd.DataFrame:
+def dependency(
+    store: Store, *, run, examples=None, min_count: int = 100, head2dep: str = "transpose", poss_apostrophe: bool = True
+) -> pd.DataFrame:
     """Per head, accuracy at finding the gold head of each relation's dependents, in both directions.
 
     Columns: layer, head, then `<relation>:<direction>` for every relation with at least
@@ -187,8 +199,17 @@ def dependency(store: Store, *, run, examples=None, min_count: int = 100, head2d
 
 
 @register("dependency_summary", per_head=False)
-def dependency_summary(store: Store, *, run, examples=None, min_count: int = 100, direction: str = "best",
-                       head2dep: str = "transpose", root_in_all: bool = True, poss_apostrophe: bool = True) -> pd.DataFrame:
+def dependency_summary(
+    store: Store,
+    *,
+    run,
+    examples=None,
+    min_count: int = 100,
+    direction: str = "best",
+    head2dep: str = "transpose",
+    root_in_all: bool = True,
+    poss_apostrophe: bool = True,
+) -> pd.DataFrame:
     """Table 1 of Clark et al.: per relation, the best head against the best fixed offset.
 
     Columns: relation (UD; `all` = every evaluated word), paper_relation (Clark et al.'s label,
@@ -225,8 +246,19 @@ def dependency_summary(store: Store, *, run, examples=None, min_count: int = 100
         for group in chosen:
             acc = correct[list(group), :, :, r] / totals[r]  # (directions, layer, head)
             d, layer, head = np.unravel_index(np.argmax(acc), acc.shape)
-            rows.append(dict(relation=rel, paper_relation=paper[rel], direction=DIRECTIONS[group[d]], n=int(totals[r]),
-                             layer=int(layer), head=int(head), accuracy=float(acc[d, layer, head]),
-                             baseline_offset=OFFSETS[k], baseline_accuracy=float(baseline[k, r] / totals[r])))
-    return pd.DataFrame(rows, columns=["relation", "paper_relation", "direction", "n", "layer", "head", "accuracy",
-                                       "baseline_offset", "baseline_accuracy"])
+            rows.append(
+                dict(
+                    relation=rel,
+                    paper_relation=paper[rel],
+                    direction=DIRECTIONS[group[d]],
+                    n=int(totals[r]),
+                    layer=int(layer),
+                    head=int(head),
+                    accuracy=float(acc[d, layer, head]),
+                    baseline_offset=OFFSETS[k],
+                    baseline_accuracy=float(baseline[k, r] / totals[r]),
+                )
+            )
+    return pd.DataFrame(
+        rows, columns=["relation", "paper_relation", "direction", "n", "layer", "head", "accuracy", "baseline_offset", "baseline_accuracy"]
+    )

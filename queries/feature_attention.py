@@ -22,8 +22,27 @@ if TYPE_CHECKING:
     from ..store import Store
 
 # Paper, footnote 6: the authors' list of negation words.
-NEGATION_WORDS = frozenset({"neither", "nor", "not", "never", "none", "don't", "won't", "didn't", "hadn't", "haven't",
-                            "can't", "isn't", "wasn't", "shouldn't", "couldn't", "nothing", "nowhere"})
+NEGATION_WORDS = frozenset(
+    {
+        "neither",
+        "nor",
+        "not",
+        "never",
+        "none",
+        "don't",
+        "won't",
+        "didn't",
+        "hadn't",
+        "haven't",
+        "can't",
+        "isn't",
+        "wasn't",
+        "shouldn't",
+        "couldn't",
+        "nothing",
+        "nowhere",
+    }
+)
 NOUN_UPOS = frozenset({"NOUN", "PROPN"})  # the authors' PTB tags NN, NNS, NNP, NNPS
 VERB_UPOS = frozenset({"VERB"})
 PRONOUN_UPOS = frozenset({"PRON"})
@@ -59,7 +78,7 @@ def negation_flags(words: pd.DataFrame) -> np.ndarray:
     """
     forms = words["form"].map(normalise_form)
     whole = forms.isin(NEGATION_WORDS).to_numpy()
-    same = (words["example"].to_numpy()[1:] == words["example"].to_numpy()[:-1])
+    same = words["example"].to_numpy()[1:] == words["example"].to_numpy()[:-1]
     if "segment" in words:
         same &= words["segment"].to_numpy()[1:] == words["segment"].to_numpy()[:-1]
     clitic = (forms.to_numpy()[1:] == "n't") & same
@@ -76,13 +95,18 @@ def word_feature_table(words: pd.DataFrame) -> pd.DataFrame:
     words = words.sort_values(["example", "position"]).reset_index(drop=True)
     upos = words["upos"].fillna("")
     deprel = words["deprel"].fillna("").str.lower()
-    return pd.DataFrame({
-        "example": words["example"].to_numpy(), "position": words["position"].to_numpy(),
-        "noun": upos.isin(NOUN_UPOS).to_numpy(), "verb": upos.isin(VERB_UPOS).to_numpy(),
-        "pronoun": upos.isin(PRONOUN_UPOS).to_numpy(), "subject": deprel.isin(SUBJECT_DEPRELS).to_numpy(),
-        "object": deprel.isin(OBJECT_DEPRELS).to_numpy(),
-        "negation": negation_flags(words) if len(words) else np.zeros(0, dtype=bool),
-    })
+    return pd.DataFrame(
+        {
+            "example": words["example"].to_numpy(),
+            "position": words["position"].to_numpy(),
+            "noun": upos.isin(NOUN_UPOS).to_numpy(),
+            "verb": upos.isin(VERB_UPOS).to_numpy(),
+            "pronoun": upos.isin(PRONOUN_UPOS).to_numpy(),
+            "subject": deprel.isin(SUBJECT_DEPRELS).to_numpy(),
+            "object": deprel.isin(OBJECT_DEPRELS).to_numpy(),
+            "negation": negation_flags(words) if len(words) else np.zeros(0, dtype=bool),
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -106,8 +130,11 @@ def feature_masks(store: Store, info, features=FEATURES) -> FeatureMasks:
     if wanted:
         table = word_feature_table(store.word_table(info.id))
         table = table.assign(position=pd.array(table["position"], dtype="Int64"))
-        tokens = tokens.merge(table[["example", "position", *wanted]].rename(columns={"position": "word_position"}),
-                              on=["example", "word_position"], how="left")
+        tokens = tokens.merge(
+            table[["example", "position", *wanted]].rename(columns={"position": "word_position"}),
+            on=["example", "word_position"],
+            how="left",
+        )
         for f in wanted:
             tokens[f] = tokens[f].astype("boolean").fillna(False).astype(bool)
     tokens = tokens.sort_values(["example", "position"], kind="stable")
@@ -163,6 +190,9 @@ def long_frame(layers, n_heads: int, names, total: dict, count: dict, key: str) 
     for name in names:
         n = count[name]
         value = total[name] / n if n else np.full(layer.shape, np.nan)
-        parts.append(pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), key: name,
-                                   "value": np.asarray(value, dtype=float).ravel(), "n_examples": n}))
+        parts.append(
+            pd.DataFrame(
+                {"layer": layer.ravel(), "head": head.ravel(), key: name, "value": np.asarray(value, dtype=float).ravel(), "n_examples": n}
+            )
+        )
     return pd.concat(parts, ignore_index=True)

@@ -47,8 +47,17 @@ def _int(value) -> int | None:
 
 def annotation_sets(rows: pd.DataFrame):
     """(example, LU word span or None, [(FE start, end, core_type, in_core_set)] of overt FEs) per frame row."""
-    records = zip(rows["example"], rows["frame_row_id"], rows["target_start"], rows["target_end"], rows["fe_id"],
-                  rows["core_type"], rows["in_core_set"], rows["word_start"], rows["word_end"])
+    records = zip(
+        rows["example"],
+        rows["frame_row_id"],
+        rows["target_start"],
+        rows["target_end"],
+        rows["fe_id"],
+        rows["core_type"],
+        rows["in_core_set"],
+        rows["word_start"],
+        rows["word_end"],
+    )
     current = None
     out: tuple[int, tuple[int | None, int | None] | None, list[tuple[int, int, str, bool]]] | None = None
     fes: list[tuple[int, int, str, bool]] = []
@@ -67,15 +76,18 @@ def annotation_sets(rows: pd.DataFrame):
         yield out
 
 
-def select_sentences(store: Store, info, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2,
-                     core: str = "type") -> tuple[dict[int, list[tuple[tuple[int, int], list[tuple[int, int]]]]], dict]:
+def select_sentences(
+    store: Store, info, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2, core: str = "type"
+) -> tuple[dict[int, list[tuple[tuple[int, int], list[tuple[int, int]]]]], dict]:
     """Annotation sets that pass the filters, per example: [(LU span, [core FE spans])], and the count after each filter."""
     if core not in CORE:
         raise InvalidArgumentError(f"core must be 'type' (FrameNet coreType Core) or 'set' (in a frame's FEcoreSets), not {core!r}")
     rows = store.sql(FRAMES_SQL, {"dataset": info.dataset_id})
     if rows.empty:
-        raise InvalidArgumentError(f"run {info.name!r} (dataset {info.dataset}:{info.split}) has no FrameNet frames; "
-                                   "frame_heads needs a run over framenet/1.5:exemplars")
+        raise InvalidArgumentError(
+            f"run {info.name!r} (dataset {info.dataset}:{info.split}) has no FrameNet frames; "
+            "frame_heads needs a run over framenet/1.5:exemplars"
+        )
     stored = store.examples(info.id)
     stored = set(stored.loc[~stored["skipped"], "example"].astype(int))
     if examples is not None:
@@ -95,8 +107,7 @@ def select_sentences(store: Store, info, examples=None, max_words: int = 12, max
         if any(end - start > max_fe_words for start, end, _, _ in elements):
             continue
         counts["max_fe_words"] += 1
-        core_spans = [(start, end) for start, end, core_type, in_set in elements
-                      if (core_type == "Core" if core == "type" else in_set)]
+        core_spans = [(start, end) for start, end, core_type, in_set in elements if (core_type == "Core" if core == "type" else in_set)]
         if not core_spans:
             continue
         counts["has_core"] += 1
@@ -107,8 +118,9 @@ def select_sentences(store: Store, info, examples=None, max_words: int = 12, max
     return kept, counts
 
 
-def frame_head_scores(store: Store, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2,
-                      core: str = "type"):
+def frame_head_scores(
+    store: Store, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2, core: str = "type"
+):
     info = store.run_info(run)
     kept, counts = select_sentences(store, info, examples, max_words, max_fe_words, min_distance, core)
     tokens = {int(k): g["word_position"].to_numpy(dtype=float) for k, g in store.token_table(info.id).groupby("example")}
@@ -128,15 +140,26 @@ def frame_head_scores(store: Store, run, examples=None, max_words: int = 12, max
     counts["with_tokens"] = n
     if n == 0:
         steps = ", ".join(f"{k}: {v}" for k, v in counts.items())
-        raise InvalidArgumentError(f"no FrameNet sentence of run {info.name!r} passes the filters (max_words={max_words}, "
-                                   f"max_fe_words={max_fe_words}, min_distance={min_distance}, core={core!r}); "
-                                   f"annotation sets left after each step: {steps}")
+        raise InvalidArgumentError(
+            f"no FrameNet sentence of run {info.name!r} passes the filters (max_words={max_words}, "
+            f"max_fe_words={max_fe_words}, min_distance={min_distance}, core={core!r}); "
+            f"annotation sets left after each step: {steps}"
+        )
     return info, total / n, n, counts
 
 
 @register("frame_heads")
-def frame_heads(store: Store, *, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2,
-                core: str = "type", percentile: float = 99.0) -> pd.DataFrame:
+def frame_heads(
+    store: Store,
+    *,
+    run,
+    examples=None,
+    max_words: int = 12,
+    max_fe_words: int = 3,
+    min_distance: int = 2,
+    core: str = "type",
+    percentile: float = 99.0,
+) -> pd.DataFrame:
     """Kovaleva K2: per head, mean over FrameNet sentences of the max attention between the LU and its core frame elements.
 
     Columns: layer, head, value (mean over kept sentences of the largest weight a[i, j]
@@ -158,14 +181,31 @@ def frame_heads(store: Store, *, run, examples=None, max_words: int = 12, max_fe
 
 
 @register("frame_heads_top", per_head=False)
-def frame_heads_top(store: Store, *, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2,
-                    core: str = "type", percentile: float = 99.0) -> pd.DataFrame:
+def frame_heads_top(
+    store: Store,
+    *,
+    run,
+    examples=None,
+    max_words: int = 12,
+    max_fe_words: int = 3,
+    min_distance: int = 2,
+    core: str = "type",
+    percentile: float = 99.0,
+) -> pd.DataFrame:
     """Kovaleva K2: the heads of `frame_heads` above the given percentile of all heads (paper: 99th), best first.
 
     Columns: layer, head, value, n_sentences, threshold (the percentile's value).
     """
-    frame = frame_heads(store, run=run, examples=examples, max_words=max_words, max_fe_words=max_fe_words,
-                        min_distance=min_distance, core=core, percentile=percentile)
+    frame = frame_heads(
+        store,
+        run=run,
+        examples=examples,
+        max_words=max_words,
+        max_fe_words=max_fe_words,
+        min_distance=min_distance,
+        core=core,
+        percentile=percentile,
+    )
     threshold = float(np.nanpercentile(frame["value"], percentile))
     top = frame[frame["top"]].drop(columns="top").sort_values("value", ascending=False).reset_index(drop=True)
     top["threshold"] = threshold

@@ -35,8 +35,10 @@ def load_mlm(source: str):
         raise NotFoundError(f"cannot load a masked-LM model from {source}: {str(exc).splitlines()[0][:200]}") from None
     missing = [k for k in info.get("missing_keys", []) if any(h in k for h in HEAD_KEYS)]
     if missing:
-        raise InvalidArgumentError(f"the model at {source} has no masked-LM head (missing {missing[0]}, ...); gradient importance "
-                          "(Clark et al. Fig. 3) needs one, e.g. a run of bert-base-uncased")
+        raise InvalidArgumentError(
+            f"the model at {source} has no masked-LM head (missing {missing[0]}, ...); gradient importance "
+            "(Clark et al. Fig. 3) needs one, e.g. a run of bert-base-uncased"
+        )
     return model.eval()
 
 
@@ -48,13 +50,16 @@ def takes_token_types(model, info) -> bool:
 
     recorded = (info.manifest or {}).get("model", {}).get("inputs")
     type_vocab = getattr(model.config, "type_vocab_size", None)
-    return ("token_type_ids" in inspect.signature(model.forward).parameters
-            and (recorded is None or "token_type_ids" in recorded)
-            and not (isinstance(type_vocab, int) and type_vocab < 2))
+    return (
+        "token_type_ids" in inspect.signature(model.forward).parameters
+        and (recorded is None or "token_type_ids" in recorded)
+        and not (isinstance(type_vocab, int) and type_vocab < 2)
+    )
 
 
-def gradient_importance(store: Store, run, *, max_examples: int = 200, mask_rate: float = 0.15, seed: int = 0,
-                        punct: str = ".,") -> pd.DataFrame:
+def gradient_importance(
+    store: Store, run, *, max_examples: int = 200, mask_rate: float = 0.15, seed: int = 0, punct: str = ".,"
+) -> pd.DataFrame:
     """Per head: mean |∂MLM loss/∂α| of attention to [CLS]-like, [SEP]-like, punctuation and other tokens."""
     import torch
 

@@ -75,9 +75,16 @@ def head_distances(store: Store, *, run, examples=None) -> pd.DataFrame:
     info, total, n_tokens = head_distance_sum(store, run, examples)
     n = info.n_layers * info.n_heads
     a, b = (grid.ravel() for grid in np.meshgrid(np.arange(n), np.arange(n), indexing="ij"))
-    return pd.DataFrame({"layer_a": a // info.n_heads, "head_a": a % info.n_heads, "layer_b": b // info.n_heads,
-                         "head_b": b % info.n_heads, "distance": total.ravel(),
-                         "mean_distance": total.ravel() / max(n_tokens, 1)})
+    return pd.DataFrame(
+        {
+            "layer_a": a // info.n_heads,
+            "head_a": a % info.n_heads,
+            "layer_b": b // info.n_heads,
+            "head_b": b % info.n_heads,
+            "distance": total.ravel(),
+            "mean_distance": total.ravel() / max(n_tokens, 1),
+        }
+    )
 
 
 @register("head_clusters")
@@ -89,5 +96,4 @@ def head_clusters(store: Store, *, run, examples=None) -> pd.DataFrame:
     info, total, _ = head_distance_sum(store, run, examples)
     xy = classical_mds(total)
     n = info.n_layers * info.n_heads
-    return pd.DataFrame({"layer": np.arange(n) // info.n_heads, "head": np.arange(n) % info.n_heads,
-                         "x": xy[:, 0], "y": xy[:, 1]})
+    return pd.DataFrame({"layer": np.arange(n) // info.n_heads, "head": np.arange(n) % info.n_heads, "x": xy[:, 0], "y": xy[:, 1]})

@@ -95,16 +95,25 @@ def build_model(n_classes: int = len(CLASSES), size: int = SIZE, width: int = WI
     layers: list = []
     c_in = channels
     for c_out in (width, 2 * width, 4 * width):
-        layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(), nn.Conv2d(c_out, c_out, 3, padding=1), nn.ReLU(),
-                   nn.MaxPool2d(2)]
+        layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(), nn.Conv2d(c_out, c_out, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
         c_in = c_out
     cells = (size // 8) ** 2
     layers += [nn.Flatten(), nn.Linear(4 * width * cells, 64), nn.ReLU(), nn.Linear(64, n_classes)]
     return nn.Sequential(*layers)
 
 
-def train_model(features: np.ndarray, labels: np.ndarray, *, seed: int = 0, epochs: int = EPOCHS, lr: float = 1e-3,
-                batch_size: int = 32, weight_decay: float = 1e-4, size: int = SIZE, width: int = WIDTH):
+def train_model(
+    features: np.ndarray,
+    labels: np.ndarray,
+    *,
+    seed: int = 0,
+    epochs: int = EPOCHS,
+    lr: float = 1e-3,
+    batch_size: int = 32,
+    weight_decay: float = 1e-4,
+    size: int = SIZE,
+    width: int = WIDTH,
+):
     """Train a fresh network on features (N, C, size, size) and integer labels (N,) (indices into CLASSES)."""
     import torch
     import torch.nn.functional as F
@@ -124,7 +133,7 @@ def train_model(features: np.ndarray, labels: np.ndarray, *, seed: int = 0, epoc
         for _ in range(epochs):
             order = torch.randperm(len(x), generator=generator)
             for start in range(0, len(x), batch_size):
-                batch = order[start:start + batch_size]
+                batch = order[start : start + batch_size]
                 optimiser.zero_grad()
                 loss = F.cross_entropy(model(x[batch]), y[batch], weight=weights)
                 loss.backward()
@@ -140,7 +149,7 @@ def predict(model, features: np.ndarray, batch_size: int = 4096) -> tuple[np.nda
     out_idx, out_p = [], []
     with torch.no_grad(), one_thread():
         for start in range(0, len(features), batch_size):
-            logits = model(torch.from_numpy(np.ascontiguousarray(features[start:start + batch_size], dtype=np.float32)))
+            logits = model(torch.from_numpy(np.ascontiguousarray(features[start : start + batch_size], dtype=np.float32)))
             p = torch.softmax(logits, dim=1)
             best = p.argmax(1)
             out_idx.append(best.numpy())
@@ -153,8 +162,12 @@ def predict(model, features: np.ndarray, batch_size: int = 4096) -> tuple[np.nda
 def save_model(model, path: str | Path, *, size: int, width: int, masks: bool, extra: dict) -> None:
     import torch
 
-    torch.save(dict(state_dict=model.state_dict(), size=size, width=width, masks=masks, channels=3 if masks else 1,
-                    classes=list(CLASSES), **extra), str(path))
+    torch.save(
+        dict(
+            state_dict=model.state_dict(), size=size, width=width, masks=masks, channels=3 if masks else 1, classes=list(CLASSES), **extra
+        ),
+        str(path),
+    )
 
 
 def load_model(path: str | Path):
@@ -176,16 +189,31 @@ def load_model(path: str | Path):
 
 
 def _summary(result: dict) -> dict:
-    return dict(macro_f1=result["macro_f1"], weighted_f1=result["weighted_f1"], accuracy=result["accuracy"], n=result["n"],
-                f1={c: float(f) for c, f in zip(CLASSES, result["f1"])},
-                precision={c: float(f) for c, f in zip(CLASSES, result["precision"])},
-                recall={c: float(f) for c, f in zip(CLASSES, result["recall"])},
-                support={c: int(s) for c, s in zip(CLASSES, result["support"])},
-                confusion=result["confusion"].tolist())
+    return dict(
+        macro_f1=result["macro_f1"],
+        weighted_f1=result["weighted_f1"],
+        accuracy=result["accuracy"],
+        n=result["n"],
+        f1={c: float(f) for c, f in zip(CLASSES, result["f1"])},
+        precision={c: float(f) for c, f in zip(CLASSES, result["precision"])},
+        recall={c: float(f) for c, f in zip(CLASSES, result["recall"])},
+        support={c: int(s) for c, s in zip(CLASSES, result["support"])},
+        confusion=result["confusion"].tolist(),
+    )
 
 
-def train_from_store(store: Store, out: str | Path, *, source: str = "human", test_fraction: float = 0.25, seed: int = 0,
-                     epochs: int = EPOCHS, size: int = SIZE, width: int = WIDTH, masks: bool = False) -> dict:
+def train_from_store(
+    store: Store,
+    out: str | Path,
+    *,
+    source: str = "human",
+    test_fraction: float = 0.25,
+    seed: int = 0,
+    epochs: int = EPOCHS,
+    size: int = SIZE,
+    width: int = WIDTH,
+    masks: bool = False,
+) -> dict:
     """Train on the stored labels of `source` with a seeded stratified held-out part; evaluate the CNN and the
     rules (module thresholds) on the same held-out maps. Writes the weights + split to `out` and the report
     to `out` with suffix .json; returns the report."""
@@ -202,41 +230,66 @@ def train_from_store(store: Store, out: str | Path, *, source: str = "human", te
     true = frame["label"].to_numpy(object)
     names = np.array(CLASSES, dtype=object)
     report = dict(
-        source=source, seed=seed, test_fraction=test_fraction, epochs=epochs, size=size, width=width, masks=masks,
-        n_labels=len(frame), n_train=int((~held_out).sum()), n_test=int(held_out.sum()), train_seconds=round(seconds, 1),
-        label_counts={c: int((true == c).sum()) for c in CLASSES}, classes=list(CLASSES), thresholds=dict(THRESHOLDS),
+        source=source,
+        seed=seed,
+        test_fraction=test_fraction,
+        epochs=epochs,
+        size=size,
+        width=width,
+        masks=masks,
+        n_labels=len(frame),
+        n_train=int((~held_out).sum()),
+        n_test=int(held_out.sum()),
+        train_seconds=round(seconds, 1),
+        label_counts={c: int((true == c).sum()) for c in CLASSES},
+        classes=list(CLASSES),
+        thresholds=dict(THRESHOLDS),
         cnn=_summary(evaluate(true[held_out], names[cnn_test])),
         cnn_train=_summary(evaluate(true[~held_out], names[cnn_train])),
         rules=_summary(evaluate(true[held_out], rules[held_out])),
         rules_train=_summary(evaluate(true[~held_out], rules[~held_out])),
     )
     split = frame[["run", "model", "dataset", "split", "example", "source_row", "layer", "head", "label"]].assign(
-        part=np.where(held_out, "test", "train"))
+        part=np.where(held_out, "test", "train")
+    )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_model(model, out, size=size, width=width, masks=masks,
-               extra=dict(split=split.astype({"example": int, "source_row": int, "layer": int, "head": int}).to_dict("list"),
-                          report=json.loads(json.dumps(report))))
+    save_model(
+        model,
+        out,
+        size=size,
+        width=width,
+        masks=masks,
+        extra=dict(
+            split=split.astype({"example": int, "source_row": int, "layer": int, "head": int}).to_dict("list"),
+            report=json.loads(json.dumps(report)),
+        ),
+    )
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
 
 
 def format_report(report: dict) -> str:
     """The held-out comparison as plain text: macro-F1, per-class F1 and confusion matrices."""
-    lines = [f"{report['n_labels']} labelled maps ({report['source']}): {report['n_train']} train, {report['n_test']} held out "
-             f"(seed {report['seed']}); CNN trained {report['epochs']} epochs in {report['train_seconds']}s"]
+    lines = [
+        f"{report['n_labels']} labelled maps ({report['source']}): {report['n_train']} train, {report['n_test']} held out "
+        f"(seed {report['seed']}); CNN trained {report['epochs']} epochs in {report['train_seconds']}s"
+    ]
     for name in ("cnn", "rules"):
         r = report[name]
-        lines.append(f"{name}: held-out macro-F1 {r['macro_f1']:.3f}, weighted F1 {r['weighted_f1']:.3f}, "
-                     f"accuracy {r['accuracy']:.3f} (train macro-F1 {report[name + '_train']['macro_f1']:.3f})")
+        lines.append(
+            f"{name}: held-out macro-F1 {r['macro_f1']:.3f}, weighted F1 {r['weighted_f1']:.3f}, "
+            f"accuracy {r['accuracy']:.3f} (train macro-F1 {report[name + '_train']['macro_f1']:.3f})"
+        )
         lines.append("  per-class F1: " + ", ".join(f"{c} {r['f1'][c]:.2f} (n={r['support'][c]})" for c in CLASSES))
         lines.append("  confusion (rows true, columns predicted: " + ", ".join(CLASSES) + "):")
         lines += ["    " + " ".join(f"{v:4d}" for v in row) + f"   {c}" for c, row in zip(CLASSES, r["confusion"])]
     return "\n".join(lines)
 
 
-def classify_run(store: Store, run, model_file: str | Path, *, examples=None, max_examples: int = 1000, seed: int = 0,
-                 save: bool = False) -> pd.DataFrame:
+def classify_run(
+    store: Store, run, model_file: str | Path, *, examples=None, max_examples: int = 1000, seed: int = 0, save: bool = False
+) -> pd.DataFrame:
     """CNN class of every (example, layer, head) map of up to max_examples examples (default_rng(seed) sample).
 
     Columns: example, layer, head, label, confidence (the softmax probability of the label).
@@ -252,8 +305,17 @@ def classify_run(store: Store, run, model_file: str | Path, *, examples=None, ma
         special, segment = layout[example]
         flat = maps.reshape(-1, *maps.shape[-2:])
         idx, p = predict(model, map_features(flat, special, segment, saved["size"], saved["masks"]))
-        parts.append(pd.DataFrame(dict(example=example, layer=layer.ravel(), head=head.ravel(),
-                                       label=np.array(CLASSES, dtype=object)[idx].astype(str), confidence=p)))
+        parts.append(
+            pd.DataFrame(
+                dict(
+                    example=example,
+                    layer=layer.ravel(),
+                    head=head.ravel(),
+                    label=np.array(CLASSES, dtype=object)[idx].astype(str),
+                    confidence=p,
+                )
+            )
+        )
     columns = ["example", "layer", "head", "label", "confidence"]
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
     frame = frame[columns].sort_values(["example", "layer", "head"], ignore_index=True)

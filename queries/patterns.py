@@ -61,8 +61,13 @@ MIX_VERTICAL_MIN = 0.25
 MIX_DIAGONAL_MIN = 0.10
 BLOCK_MIN = 0.90
 
-THRESHOLDS = dict(vertical_min=VERTICAL_MIN, diagonal_min=DIAGONAL_MIN, mix_vertical_min=MIX_VERTICAL_MIN,
-                  mix_diagonal_min=MIX_DIAGONAL_MIN, block_min=BLOCK_MIN)
+THRESHOLDS = dict(
+    vertical_min=VERTICAL_MIN,
+    diagonal_min=DIAGONAL_MIN,
+    mix_vertical_min=MIX_VERTICAL_MIN,
+    mix_diagonal_min=MIX_DIAGONAL_MIN,
+    block_min=BLOCK_MIN,
+)
 SCORES = ("vertical", "diagonal", "self", "block")
 
 
@@ -80,8 +85,7 @@ def pattern_scores(maps: np.ndarray, special: np.ndarray, segment: np.ndarray) -
     if special.shape != (length,) or segment.shape != (length,):
         raise InvalidArgumentError(f"special and segment must have the map's length {length}, not {special.shape}, {segment.shape}")
     vertical = maps[..., special].sum(-1).mean(-1)
-    neighbours = (np.diagonal(maps, offset=-1, axis1=-2, axis2=-1).sum(-1)
-                  + np.diagonal(maps, offset=1, axis1=-2, axis2=-1).sum(-1))
+    neighbours = np.diagonal(maps, offset=-1, axis1=-2, axis2=-1).sum(-1) + np.diagonal(maps, offset=1, axis1=-2, axis2=-1).sum(-1)
     diagonal = neighbours / length
     self_ = np.diagonal(maps, axis1=-2, axis2=-1).mean(-1)
     plain = ~special
@@ -161,10 +165,15 @@ def f1_scores(matrix: np.ndarray) -> dict[str, np.ndarray | float]:
     f1 = np.divide(2 * precision * recall, total, out=np.zeros_like(tp), where=total > 0)
     present = (predicted > 0) | (support > 0)
     n = m.sum()
-    return dict(precision=precision, recall=recall, f1=f1, support=support.astype(np.int64),
-                macro_f1=float(f1[present].mean()) if present.any() else 0.0,
-                weighted_f1=float((f1 * support).sum() / n) if n else 0.0,
-                accuracy=float(tp.sum() / n) if n else 0.0)
+    return dict(
+        precision=precision,
+        recall=recall,
+        f1=f1,
+        support=support.astype(np.int64),
+        macro_f1=float(f1[present].mean()) if present.any() else 0.0,
+        weighted_f1=float((f1 * support).sum() / n) if n else 0.0,
+        accuracy=float(tp.sum() / n) if n else 0.0,
+    )
 
 
 def evaluate(true, predicted, classes=CLASSES) -> dict:
@@ -225,8 +234,13 @@ def calibrate(scores: pd.DataFrame, labels, grid=CALIBRATION_GRID) -> tuple[dict
                 i = int(np.argmax(scores_f1))
                 if scores_f1[i] > best + 1e-12:
                     best = float(scores_f1[i])
-                    best_t = dict(mix_vertical_min=float(mv), mix_diagonal_min=float(md), vertical_min=float(vm),
-                                  diagonal_min=float(dm), block_min=float(grid[i]))
+                    best_t = dict(
+                        mix_vertical_min=float(mv),
+                        mix_diagonal_min=float(md),
+                        vertical_min=float(vm),
+                        diagonal_min=float(dm),
+                        block_min=float(grid[i]),
+                    )
     assert best_t is not None
     return best_t, best
 
@@ -298,8 +312,17 @@ def pattern_classes(store: Store, *, run, examples=None, max_examples: int = 100
         special, segment = layout[example]
         scores = pattern_scores(maps, special, segment)
         labels = labels_from_scores(scores["vertical"], scores["diagonal"], scores["block"])
-        parts.append(pd.DataFrame(dict(example=example, layer=layer.ravel(), head=head.ravel(), label=labels.ravel().astype(str),
-                                       **{k: v.ravel() for k, v in scores.items()})))
+        parts.append(
+            pd.DataFrame(
+                dict(
+                    example=example,
+                    layer=layer.ravel(),
+                    head=head.ravel(),
+                    label=labels.ravel().astype(str),
+                    **{k: v.ravel() for k, v in scores.items()},
+                )
+            )
+        )
     columns = ["example", "layer", "head", "label", *SCORES]
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
     frame = frame[columns].sort_values(["example", "layer", "head"], ignore_index=True)
@@ -316,15 +339,18 @@ def labels_of(store: Store, info, source: str, examples=None, max_examples: int 
         return pattern_classes(store, run=info.id, examples=examples, max_examples=max_examples, seed=seed)
     stored = store.pattern_labels(info.id, source=source)
     if stored.empty:
-        raise InvalidArgumentError(f"run {info.name!r} has no pattern labels from source {source!r}; "
-                                   f"save some with `attnstore patterns classify --run {info.name} --save`")
+        raise InvalidArgumentError(
+            f"run {info.name!r} has no pattern labels from source {source!r}; "
+            f"save some with `attnstore patterns classify --run {info.name} --save`"
+        )
     chosen = sample_examples(store, info, examples if examples is not None else sorted(set(stored["example"])), max_examples, seed)
     return stored[stored["example"].isin(chosen)][["example", "layer", "head", "label"]].reset_index(drop=True)
 
 
 @register("pattern_proportions", per_head=False)
-def pattern_proportions(store: Store, *, run, source: str = "rules", examples=None, max_examples: int = 1000,
-                        seed: int = 0) -> pd.DataFrame:
+def pattern_proportions(
+    store: Store, *, run, source: str = "rules", examples=None, max_examples: int = 1000, seed: int = 0
+) -> pd.DataFrame:
     """Share of maps in each attention-pattern class over a run (Kovaleva et al. Fig 2's bars).
 
     Columns: label (the five classes, in order), n_maps, fraction (of all maps read), n_examples.
@@ -335,9 +361,14 @@ def pattern_proportions(store: Store, *, run, source: str = "rules", examples=No
     labels = labels_of(store, info, source, examples, max_examples, seed)
     counts = labels["label"].value_counts().reindex(list(CLASSES), fill_value=0)
     total = int(counts.sum())
-    return pd.DataFrame(dict(label=list(CLASSES), n_maps=counts.to_numpy(np.int64),
-                             fraction=counts.to_numpy(np.float64) / total if total else np.nan,
-                             n_examples=labels["example"].nunique()))
+    return pd.DataFrame(
+        dict(
+            label=list(CLASSES),
+            n_maps=counts.to_numpy(np.int64),
+            fraction=counts.to_numpy(np.float64) / total if total else np.nan,
+            n_examples=labels["example"].nunique(),
+        )
+    )
 
 
 @register("pattern_heads")
@@ -370,8 +401,9 @@ def labelled_maps(store: Store, source: str = "human", run=None) -> tuple[pd.Dat
     """
     labels = store.pattern_labels(run, source=source)
     if labels.empty:
-        raise InvalidArgumentError(f"no pattern labels from source {source!r} in the store; import some with "
-                                   "`attnstore patterns import LABELS.jsonl`")
+        raise InvalidArgumentError(
+            f"no pattern labels from source {source!r} in the store; import some with `attnstore patterns import LABELS.jsonl`"
+        )
     unknown = sorted(set(labels["label"]) - set(CLASSES))
     if unknown:
         raise InvalidArgumentError(f"labels from source {source!r} include unknown classes {unknown}")

@@ -62,7 +62,8 @@ def collect(store: Store, run, examples=None, max_examples: int | None = None) -
     if len(table) and not table["is_special"].any():
         raise InvalidArgumentError(
             f"run {info.name!r} has no [CLS]-like token: its tokenizer ({info.model}) adds no special token to the "
-            f"inputs, and attention probes use one as the ROOT candidate; probe a run of a model whose tokenizer adds one")
+            f"inputs, and attention probes use one as the ROOT candidate; probe a run of a model whose tokenizer adds one"
+        )
     tokens = {int(k): g for k, g in table.groupby("example")}
     cls_id = int((info.special_tokens.get("cls") or info.special_tokens.get("bos") or {"id": 0})["id"])
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("attn", "cand", "dep", "offset", "gold")}
@@ -101,8 +102,9 @@ def collect(store: Store, run, examples=None, max_examples: int | None = None) -
             parts["attn"].append(np.concatenate([fwd, bwd], axis=1).astype(np.float32))
             parts["cand"].append(np.array([root_id if c == 0 else base + c - 1 for c in cands]))
             parts["dep"].append(np.full(len(cands), base + j))
-            parts["offset"].append(np.array([2 * MAX_OFFSET + 1 if c == 0 else np.clip(c - 1 - j, -MAX_OFFSET, MAX_OFFSET) + MAX_OFFSET
-                                             for c in cands]))
+            parts["offset"].append(
+                np.array([2 * MAX_OFFSET + 1 if c == 0 else np.clip(c - 1 - j, -MAX_OFFSET, MAX_OFFSET) + MAX_OFFSET for c in cands])
+            )
             gold_c = 0 if pd.isna(heads[j]) else int(heads[j]) + 1
             parts["gold"].append(np.array([c == gold_c for c in cands], dtype=np.float32))
             starts.append(n_pairs)
@@ -169,9 +171,11 @@ class Probe:
         if kind == "attn":
             self.params = {"w": np.zeros(n_features, dtype=np.float32)}
         elif kind == "attn+words":
-            self.params = {"top": (rng.standard_normal((dim, n_features)) * 0.01).astype(np.float32),
-                           "bottom": (rng.standard_normal((dim, n_features)) * 0.01).astype(np.float32),
-                           "w": np.zeros(n_features, dtype=np.float32)}
+            self.params = {
+                "top": (rng.standard_normal((dim, n_features)) * 0.01).astype(np.float32),
+                "bottom": (rng.standard_normal((dim, n_features)) * 0.01).astype(np.float32),
+                "w": np.zeros(n_features, dtype=np.float32),
+            }
         else:
             self.params = {"v": np.zeros(2 * dim, dtype=np.float32), "b": np.zeros(2 * MAX_OFFSET + 2, dtype=np.float32)}
 
@@ -191,8 +195,11 @@ class Probe:
 
             def back(g):
                 ga = data.attn * g[:, None]
-                return {"top": vectors.T @ sum_by(ga, data.cand, len(vectors)),
-                        "bottom": vectors.T @ sum_by(ga, data.dep, len(vectors)), "w": ga.sum(0)}
+                return {
+                    "top": vectors.T @ sum_by(ga, data.cand, len(vectors)),
+                    "bottom": vectors.T @ sum_by(ga, data.dep, len(vectors)),
+                    "w": ga.sum(0),
+                }
         else:
             vectors = _needs_vectors(vectors, self.kind)
             dim = vectors.shape[1]
@@ -200,8 +207,11 @@ class Probe:
             s = (vectors @ p["v"][:dim])[data.cand] + (vectors @ p["v"][dim:])[data.dep] + p["b"][data.offset]
 
             def back(g):
-                return {"v": np.r_[vectors.T @ np.bincount(data.cand, g, len(vectors)), vectors.T @ np.bincount(data.dep, g, len(vectors))],
-                        "b": np.bincount(data.offset, g, 2 * MAX_OFFSET + 2)}
+                return {
+                    "v": np.r_[vectors.T @ np.bincount(data.cand, g, len(vectors)), vectors.T @ np.bincount(data.dep, g, len(vectors))],
+                    "b": np.bincount(data.offset, g, 2 * MAX_OFFSET + 2),
+                }
+
         return s, (back if need_grad else None)
 
     def fit(self, data: ProbeData, vectors=None, epochs: int = 100, lr: float = 0.05) -> list[float]:
@@ -235,15 +245,26 @@ def attachment_score(scores: np.ndarray, data: ProbeData) -> float:
     return float(data.gold[first_top].mean())
 
 
-def train_and_evaluate(store: Store, *, run, eval_run, kind: str, max_train: int | None = 2000, max_eval: int | None = None,
-                       epochs: int = 100, lr: float = 0.05, seed: int = 0) -> dict:
+def train_and_evaluate(
+    store: Store,
+    *,
+    run,
+    eval_run,
+    kind: str,
+    max_train: int | None = 2000,
+    max_eval: int | None = None,
+    epochs: int = 100,
+    lr: float = 0.05,
+    seed: int = 0,
+) -> dict:
     """Train a probe on `run`, measure UAS on `eval_run`; returns a result record."""
     if kind not in KINDS:
         raise InvalidArgumentError(f"unknown probe kind {kind!r}; choose one of {', '.join(KINDS)}")
     test = collect(store, eval_run, max_examples=max_eval)
     if kind == "right-branching":
-        return dict(kind=kind, uas=float(test.right_branching.mean()), train_uas=None, n_train=0,
-                    n_eval=len(test.starts), epochs=0, final_loss=None)
+        return dict(
+            kind=kind, uas=float(test.right_branching.mean()), train_uas=None, n_train=0, n_eval=len(test.starts), epochs=0, final_loss=None
+        )
     train = collect(store, run, max_examples=max_train)
     needs_words = kind in ("attn+words", "distance+words")
     train_vec = word_vectors(store, run, train) if needs_words else None
@@ -251,5 +272,12 @@ def train_and_evaluate(store: Store, *, run, eval_run, kind: str, max_train: int
     dim = 0 if train_vec is None else train_vec.shape[1]
     probe = Probe(kind, train.attn.shape[1], dim, seed)
     losses = probe.fit(train, train_vec, epochs=epochs, lr=lr)
-    return dict(kind=kind, uas=probe.uas(test, test_vec), train_uas=probe.uas(train, train_vec), n_train=len(train.starts),
-                n_eval=len(test.starts), epochs=epochs, final_loss=losses[-1])
+    return dict(
+        kind=kind,
+        uas=probe.uas(test, test_vec),
+        train_uas=probe.uas(train, train_vec),
+        n_train=len(train.starts),
+        n_eval=len(test.starts),
+        epochs=epochs,
+        final_loss=losses[-1],
+    )

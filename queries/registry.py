@@ -122,7 +122,7 @@ def _simple_annotation(text):
         return text
     text = text.strip("'\"").replace(" ", "").replace("typing.", "")
     if text.startswith("Optional[") and text.endswith("]"):
-        text = text[len("Optional["):-1] + "|None"
+        text = text[len("Optional[") : -1] + "|None"
     names = text.split("|")
     if all(n in _NAMED for n in names):
         return typing.Union[tuple(_NAMED[n] for n in names)]  # noqa: UP007 (built from a tuple at run time)
@@ -137,8 +137,13 @@ def _coerce(spec: QuerySpec, key: str, value: str):
         sample = str(default).lower() if kind is bool else str(default)
     where = f"parameter {key} of query {spec.name!r}"
     if not value.strip():
-        shown = ("" if default is inspect.Parameter.empty else " or leave it out for every example" if key == "examples"
-                 else f" or leave it out for the default {default!r}")
+        shown = (
+            ""
+            if default is inspect.Parameter.empty
+            else " or leave it out for every example"
+            if key == "examples"
+            else f" or leave it out for the default {default!r}"
+        )
         raise InvalidArgumentError(f"{where} needs a value, not {value!r}: give --param {key}=VALUE{shown}")
     if key == "examples":
         return parse_examples(value)

@@ -47,11 +47,13 @@ def relative_position(store: Store, *, run, examples=None, average: str = "examp
         n_pairs += length - 1
         n_examples += 1
     if average == "example":
-        frame = per_head_frame(info, to_previous=safe_divide(prev, n_examples), to_self=safe_divide(same, n_examples),
-                               to_next=safe_divide(nxt, n_examples))
+        frame = per_head_frame(
+            info, to_previous=safe_divide(prev, n_examples), to_self=safe_divide(same, n_examples), to_next=safe_divide(nxt, n_examples)
+        )
     else:
-        frame = per_head_frame(info, to_previous=safe_divide(prev, n_pairs), to_self=safe_divide(same, n_tokens),
-                               to_next=safe_divide(nxt, n_pairs))
+        frame = per_head_frame(
+            info, to_previous=safe_divide(prev, n_pairs), to_self=safe_divide(same, n_tokens), to_next=safe_divide(nxt, n_pairs)
+        )
     if causal:
         frame["to_next"] = np.nan
         frame.attrs["note"] = f"{CAUSAL_NOTE}: to_next is NaN"

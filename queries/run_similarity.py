@@ -28,10 +28,13 @@ def shared_examples(store: Store, a, b, examples=None, max_examples: int = 1000,
     if a.dataset_id != b.dataset_id:
         raise InvalidArgumentError(
             f"runs {a.name!r} ({a.dataset}:{a.split}) and {b.name!r} ({b.dataset}:{b.split}) share no dataset: "
-            "run_similarity compares the maps of the same examples; ingest both models over the same dataset")
+            "run_similarity compares the maps of the same examples; ingest both models over the same dataset"
+        )
     if (a.n_layers, a.n_heads) != (b.n_layers, b.n_heads):
-        raise InvalidArgumentError(f"runs {a.name!r} ({a.n_layers} layers x {a.n_heads} heads) and {b.name!r} "
-                                   f"({b.n_layers} x {b.n_heads}) have differently shaped models; maps cannot be compared head by head")
+        raise InvalidArgumentError(
+            f"runs {a.name!r} ({a.n_layers} layers x {a.n_heads} heads) and {b.name!r} "
+            f"({b.n_layers} x {b.n_heads}) have differently shaped models; maps cannot be compared head by head"
+        )
     ea, eb = (store.examples(info.id) for info in (a, b))
     ea, eb = ea[~ea["skipped"]], eb[~eb["skipped"]]
     both = ea[["example", "example_id", "length"]].merge(eb[["example_id", "length"]], on="example_id", suffixes=("", "_other"))
@@ -56,8 +59,10 @@ def shared_examples(store: Store, a, b, examples=None, max_examples: int = 1000,
 def check_same_tokens(store: Store, a, b, both: pd.DataFrame) -> None:
     """Refuse, naming the first example, when the two runs tokenised an example differently."""
     chosen = set(both["example"])
-    ta, tb = (t[t["example"].isin(chosen)][["example", "position", "token", "token_id"]]
-              for t in (store.token_table(a.id), store.token_table(b.id)))
+    ta, tb = (
+        t[t["example"].isin(chosen)][["example", "position", "token", "token_id"]]
+        for t in (store.token_table(a.id), store.token_table(b.id))
+    )
     joined = ta.merge(tb, on=["example", "position"], how="outer", suffixes=("", "_other"), indicator=True)
     bad = joined[(joined["_merge"] != "both") | (joined["token_id"] != joined["token_id_other"])]
     if bad.empty:
@@ -69,12 +74,16 @@ def check_same_tokens(store: Store, a, b, both: pd.DataFrame) -> None:
         lb = int(both.loc[both["example"] == example, "length_other"].iloc[0])
         what = f"{la} tokens in {a.name!r}, {lb} in {b.name!r} (truncation or tokenizer differ)"
     else:
-        what = (f"token {position} is {first['token']!r} (id {int(first['token_id'])}) in {a.name!r} but "
-                f"{first['token_other']!r} (id {int(first['token_id_other'])}) in {b.name!r}")
+        what = (
+            f"token {position} is {first['token']!r} (id {int(first['token_id'])}) in {a.name!r} but "
+            f"{first['token_other']!r} (id {int(first['token_id_other'])}) in {b.name!r}"
+        )
     n = bad["example"].nunique()
-    raise InvalidArgumentError(f"runs {a.name!r} and {b.name!r} tokenised example {example} differently: {what}"
-                               f"{f' ({n} examples differ)' if n > 1 else ''}; run_similarity needs the same tokenizer "
-                               "and the same inputs")
+    raise InvalidArgumentError(
+        f"runs {a.name!r} and {b.name!r} tokenised example {example} differently: {what}"
+        f"{f' ({n} examples differ)' if n > 1 else ''}; run_similarity needs the same tokenizer "
+        "and the same inputs"
+    )
 
 
 def batches(shared: pd.DataFrame, cells_per_example) -> list[list[int]]:

@@ -37,8 +37,11 @@ def relation_pairs(words: pd.DataFrame) -> dict[str, pd.DataFrame]:
     head word, when the head's UPOS is VERB. noun/pronoun: every noun (NOUN, PROPN) and every
     pronoun (PRON) of the same example, segment and sentence.
     """
-    words = words.assign(upos=words["upos"].fillna(""), deprel=words["deprel"].fillna("").str.lower(),
-                         sentence=words["sentence"].fillna(0) if "sentence" in words else 0)
+    words = words.assign(
+        upos=words["upos"].fillna(""),
+        deprel=words["deprel"].fillna("").str.lower(),
+        sentence=words["sentence"].fillna(0) if "sentence" in words else 0,
+    )
     subjects = words[words["deprel"].isin(SUBJECT_DEPRELS) & words["head"].notna()]
     subjects = subjects.assign(head=subjects["head"].astype("int64"))[["example", "position", "head"]]
     verbs = words[words["upos"].isin(VERB_UPOS)][["example", "position"]].rename(columns={"position": "head"})
@@ -51,8 +54,12 @@ def relation_pairs(words: pd.DataFrame) -> dict[str, pd.DataFrame]:
     def pairs(frame, a, b):
         return frame[["example", a, b]].set_axis(["example", "a", "b"], axis=1).sort_values(["example", "a", "b"])
 
-    return {"verb_to_subject": pairs(sv, "verb", "subject"), "subject_to_verb": pairs(sv, "subject", "verb"),
-            "noun_to_pronoun": pairs(np_, "noun", "pronoun"), "pronoun_to_noun": pairs(np_, "pronoun", "noun")}
+    return {
+        "verb_to_subject": pairs(sv, "verb", "subject"),
+        "subject_to_verb": pairs(sv, "subject", "verb"),
+        "noun_to_pronoun": pairs(np_, "noun", "pronoun"),
+        "pronoun_to_noun": pairs(np_, "pronoun", "noun"),
+    }
 
 
 def by_example(frame: pd.DataFrame, columns) -> dict[int, np.ndarray]:

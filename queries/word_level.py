@@ -84,8 +84,14 @@ def word_maps(store: Store, *, run, example: int = 0, layer: int = 0, head: int 
     forms = [toks["word"].iloc[t] if w >= 0 else toks["token"].iloc[t] for w, t in zip(units.word, units.token)]
     n = len(units.word)
     i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-    return pd.DataFrame({
-        "from_unit": i.ravel(), "to_unit": j.ravel(), "from_word": units.word[i.ravel()], "to_word": units.word[j.ravel()],
-        "from_form": np.array(forms, dtype=object)[i.ravel()], "to_form": np.array(forms, dtype=object)[j.ravel()],
-        "attention": wmap.ravel().astype(float),
-    })
+    return pd.DataFrame(
+        {
+            "from_unit": i.ravel(),
+            "to_unit": j.ravel(),
+            "from_word": units.word[i.ravel()],
+            "to_word": units.word[j.ravel()],
+            "from_form": np.array(forms, dtype=object)[i.ravel()],
+            "to_form": np.array(forms, dtype=object)[j.ravel()],
+            "attention": wmap.ravel().astype(float),
+        }
+    )

@@ -30,8 +30,7 @@ AXES = ("layer", "head", "query", "key")
 # bit-shuffle or higher zstd levels gain < 1 % for 3-10x the time.
 # "checksum": every chunk ends with a CRC32C of its compressed bytes (Zarr v3's crc32c codec),
 # checked before decompression: flipped or truncated bytes fail loudly, never decode.
-DEFAULT_CODEC = {"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 1 << 18,
-                 "checksum": "crc32c"}
+DEFAULT_CODEC = {"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 1 << 18, "checksum": "crc32c"}
 # Chunks equal to the fill value are written too, so a missing chunk always means damage.
 ARRAY_CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 DEFAULT_CHUNK_CELLS = 1 << 20  # 2 MiB of float16: about 5 MRPC examples, ~3 ms to decode
@@ -45,7 +44,7 @@ def open_root(root: str, read_only: bool):
     """A Zarr store for a local directory or any fsspec URL (s3://, gs://, ...)."""
     if "://" in root and not root.startswith("file://"):
         return FsspecStore.from_url(root, read_only=read_only)
-    path = root[len("file://"):] if root.startswith("file://") else root
+    path = root[len("file://") :] if root.startswith("file://") else root
     return LocalStore(path, read_only=read_only)
 
 
@@ -53,7 +52,7 @@ def root_writable(root: str) -> bool:
     """Whether a local array root can be written (its nearest existing folder); remote roots are assumed writable."""
     if "://" in root and not root.startswith("file://"):
         return True
-    path = os.path.abspath(root[len("file://"):] if root.startswith("file://") else root)
+    path = os.path.abspath(root[len("file://") :] if root.startswith("file://") else root)
     while not os.path.exists(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
     return os.access(path, os.W_OK)
@@ -94,8 +93,7 @@ def create_run_array(root: str, path: str, *, dtype: str, chunk_cells: int, code
 
 def open_run_array(root: str, path: str, *, read_only: bool = True):
     try:
-        return zarr.open_array(store=open_root(root, read_only=read_only), path=path, mode="r" if read_only else "r+",
-                               config=ARRAY_CONFIG)
+        return zarr.open_array(store=open_root(root, read_only=read_only), path=path, mode="r" if read_only else "r+", config=ARRAY_CONFIG)
     except (FileNotFoundError, KeyError) as exc:
         raise NotFoundError(f"attention array {path!r} not found under {root}; is --root the store's array root? ({exc})") from None
 
@@ -173,12 +171,12 @@ def chunk_key(array, index: int) -> str:
 
 def present_chunks(array) -> set[int]:
     """Indices of the chunks that exist in the store (one listing)."""
-    prefix = chunk_key(array, 0)[: -1]
+    prefix = chunk_key(array, 0)[:-1]
 
     async def listing():
         return [key async for key in array.store_path.store.list_prefix(prefix)]
 
-    return {int(k[len(prefix):]) for k in sync(listing()) if k[len(prefix):].isdigit()}
+    return {int(k[len(prefix) :]) for k in sync(listing()) if k[len(prefix) :].isdigit()}
 
 
 def chunk_range(array, start: int, stop: int) -> range:
@@ -214,8 +212,7 @@ Describe = Callable[[int, int], str]  # (start, stop) cells -> "run 'x', example
 def _damaged(array, index: int, what: str, describe: Describe, reason: str) -> DamagedDataError:
     chunk = array.chunks[0]
     where = describe(index * chunk, (index + 1) * chunk)
-    return DamagedDataError(f"{where}: chunk {chunk_key(array, index)} {reason}; "
-                            f"run `attnstore check` to list the damage ({what})")
+    return DamagedDataError(f"{where}: chunk {chunk_key(array, index)} {reason}; run `attnstore check` to list the damage ({what})")
 
 
 def read_cells(array, start: int, stop: int, describe: Describe, present: set[int] | None = None) -> np.ndarray:
@@ -241,7 +238,7 @@ def read_cells(array, start: int, stop: int, describe: Describe, present: set[in
     except Exception as exc:  # checksum mismatch, truncated or undecodable bytes
         for i in wanted:  # name the first chunk that fails on its own
             try:
-                array[i * array.chunks[0]: (i + 1) * array.chunks[0]]
+                array[i * array.chunks[0] : (i + 1) * array.chunks[0]]
             except Exception as inner:
                 raise _damaged(array, i, type(inner).__name__, describe, f"is damaged ({str(inner).splitlines()[0][:120]})") from None
         raise DamagedDataError(f"{describe(start, stop)}: cannot read cells {start}..{stop}: {exc}") from None
@@ -256,8 +253,14 @@ def read_block(array, offset: int, shape: tuple[int, ...], describe: Describe | 
     return read_cells(array, offset, offset + n, describe).reshape(shape)
 
 
-def iter_blocks(array, refs: Iterable[BlockRef], n_layers: int, n_heads: int, slab_cells: int | None = None,
-                describe: Callable[[list], str] | None = None) -> Iterator[tuple[object, np.ndarray]]:
+def iter_blocks(
+    array,
+    refs: Iterable[BlockRef],
+    n_layers: int,
+    n_heads: int,
+    slab_cells: int | None = None,
+    describe: Callable[[list], str] | None = None,
+) -> Iterator[tuple[object, np.ndarray]]:
     """Stream blocks in offset order, reading contiguous slabs of ~16 chunks at a time (bounded memory).
 
     Chunks are checked against one listing of the array; `describe(keys)` names examples in errors.

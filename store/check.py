@@ -68,31 +68,36 @@ def _check_blocks(report: RunReport, array, seqs: pd.DataFrame, n_layers: int, n
         data = None
         if not any(i in bad for i in slab):
             try:
-                data = array[slab.start * chunk: slab.stop * chunk]
+                data = array[slab.start * chunk : slab.stop * chunk]
             except Exception:
                 for i in slab:
                     try:
-                        array[i * chunk: (i + 1) * chunk]
+                        array[i * chunk : (i + 1) * chunk]
                     except Exception as exc:
                         bad[i] = f"is damaged ({str(exc).splitlines()[0][:100]})"
         for m in range(k, j):
             hit = [i for i in range(int(starts[m]) // chunk, (int(ends[m]) - 1) // chunk + 1) if i in bad]
             if hit:
                 reported.add(hit[0])
-                report.add(f"chunk {arrays.chunk_key(array, hit[0])} {bad[hit[0]]}", example=int(examples[m]),
-                           chunk=arrays.chunk_key(array, hit[0]))
+                report.add(
+                    f"chunk {arrays.chunk_key(array, hit[0])} {bad[hit[0]]}",
+                    example=int(examples[m]),
+                    chunk=arrays.chunk_key(array, hit[0]),
+                )
                 continue
             if data is None:
-                block = array[int(starts[m]): int(ends[m])]
+                block = array[int(starts[m]) : int(ends[m])]
             else:
-                block = data[int(starts[m]) - slab.start * chunk: int(ends[m]) - slab.start * chunk]
+                block = data[int(starts[m]) - slab.start * chunk : int(ends[m]) - slab.start * chunk]
             length = int(round(np.sqrt(sizes[m] / (n_layers * n_heads))))
             maps = block.reshape(n_layers, n_heads, length, length).astype(np.float32)
             sums = maps.sum(-1)
             err = float(np.nanmax(np.abs(sums - 1))) if sums.size else 0.0
             if not np.isfinite(maps).all() or (maps < 0).any() or err > ROW_SUM_TOLERANCE:
-                report.add(f"maps are not attention distributions (max row-sum error {err:.3g}): wrong or overwritten data",
-                           example=int(examples[m]))
+                report.add(
+                    f"maps are not attention distributions (max row-sum error {err:.3g}): wrong or overwritten data",
+                    example=int(examples[m]),
+                )
         report.examples += j - k
         k = j
     for i in sorted(set(bad) - reported):
@@ -108,11 +113,14 @@ def check_run(store, run) -> RunReport:
         stored = seqs[~seqs["skipped"]]
         if state == "complete":
             if len(stored) != info.n_stored or int(seqs["skipped"].sum()) != info.n_skipped:
-                report.add(f"runs row says {info.n_stored} stored / {info.n_skipped} skipped, sequences hold "
-                           f"{len(stored)} / {int(seqs['skipped'].sum())}")
+                report.add(
+                    f"runs row says {info.n_stored} stored / {info.n_skipped} skipped, sequences hold "
+                    f"{len(stored)} / {int(seqs['skipped'].sum())}"
+                )
         with store.engine.connect() as conn:
-            counts = dict(conn.execute(sa.select(Token.example_id, sa.func.count()).where(Token.run_id == info.id)
-                                       .group_by(Token.example_id)).all())
+            counts = dict(
+                conn.execute(sa.select(Token.example_id, sa.func.count()).where(Token.run_id == info.id).group_by(Token.example_id)).all()
+            )
         for ex, ex_id, length in zip(stored["example"], stored["example_id"], stored["length"]):
             if counts.get(ex_id, 0) != length:
                 report.add(f"{counts.get(ex_id, 0)} tokens in SQL for a block of length {length}", example=int(ex))
@@ -138,9 +146,19 @@ def check_store(store, runs=None) -> tuple[pd.DataFrame, pd.DataFrame]:
             r = RunReport(run=str(name), state="?")
             r.add(str(exc))
             reports.append(r)
-    summary = pd.DataFrame([dict(run=r.run, state=r.state, examples=r.examples, chunks=r.chunks,
-                                 checksums="crc32c" if r.checksums else "none (ingested before checksums)",
-                                 problems=len(r.problems)) for r in reports],
-                           columns=["run", "state", "examples", "chunks", "checksums", "problems"])
+    summary = pd.DataFrame(
+        [
+            dict(
+                run=r.run,
+                state=r.state,
+                examples=r.examples,
+                chunks=r.chunks,
+                checksums="crc32c" if r.checksums else "none (ingested before checksums)",
+                problems=len(r.problems),
+            )
+            for r in reports
+        ],
+        columns=["run", "state", "examples", "chunks", "checksums", "problems"],
+    )
     problems = pd.DataFrame([p for r in reports for p in r.problems], columns=["run", "example", "chunk", "problem"])
     return summary, problems

@@ -41,7 +41,7 @@ class Locations:
         root = self.array_root.rstrip("/")
         if "://" in root and not root.startswith("file://"):
             return root.rsplit("/", 1)[0] + "/" + MODELS_NAME
-        local = root[len("file://"):] if root.startswith("file://") else root
+        local = root[len("file://") :] if root.startswith("file://") else root
         return str(Path(local).absolute().parent / MODELS_NAME)
 
 

@@ -23,7 +23,7 @@ def sqlite_path(url: str) -> str | None:
     """The file of a sqlite:///PATH URL (None for other URLs and in-memory databases)."""
     if not url.startswith("sqlite:///"):
         return None
-    path = url[len("sqlite:///"):].split("?", 1)[0]
+    path = url[len("sqlite:///") :].split("?", 1)[0]
     return path or None
 
 
@@ -51,7 +51,8 @@ def create_engine(url: str, read_only: bool = False) -> sa.Engine:
     if scheme not in SUPPORTED:
         raise InvalidArgumentError(
             f"cannot use database URL {redact(url)!r}: attnstore keeps metadata in SQLite or PostgreSQL; "
-            "use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB")
+            "use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+        )
     try:
         if scheme == "sqlite":
             path = sqlite_path(url)

@@ -1,9 +1,9 @@
 """A run handle: one run's reads and queries without repeating its name.
 
-    >>> run = store.run("MRPC-dev-all-MiniLM-L6-v2")    # NotFoundError if there is no such run
-    >>> run.info.n_layers, run.examples(), run.tokens(0)
-    >>> run.attention(0, layer=5).shape                 # (1, head, query, key)
-    >>> run.query("entropy")                            # = run_query(store, "entropy", run=...)
+>>> run = store.run("MRPC-dev-all-MiniLM-L6-v2")    # NotFoundError if there is no such run
+>>> run.info.n_layers, run.examples(), run.tokens(0)
+>>> run.attention(0, layer=5).shape                 # (1, head, query, key)
+>>> run.query("entropy")                            # = run_query(store, "entropy", run=...)
 """
 
 from __future__ import annotations
@@ -55,8 +55,7 @@ class RunHandle:
         """Words of one example (see `Store.words`)."""
         return self.store.words(self.info.id, example)
 
-    def attention(self, example: int, layer: int | Iterable[int] | None = None,
-                  head: int | Iterable[int] | None = None) -> np.ndarray:
+    def attention(self, example: int, layer: int | Iterable[int] | None = None, head: int | Iterable[int] | None = None) -> np.ndarray:
         """One example's maps as a (layer, head, query, key) array (see `Store.attention`)."""
         return self.store.attention(self.info.id, example, layer=layer, head=head)
 

@@ -42,18 +42,30 @@ def labelled_attention(store: Store, run, example: int, layer=None, head=None) -
     maps = store.attention(run, example, layer=layer, head=head)
     tokens = store.tokens(run, example)
     positions = tokens["position"].to_numpy()
-    per_token = dict(token=tokens["token"].astype(str).to_numpy(), is_special=tokens["is_special"].astype(bool).to_numpy(),
-                     word_position=tokens["word_position"].astype("float64").to_numpy(),
-                     segment=tokens["segment"].astype(int).to_numpy())
-    coords: dict[str, Any] = dict(layer=_selected(layer, info.n_layers), head=_selected(head, info.n_heads),
-                                  query=positions, key=positions)
+    per_token = dict(
+        token=tokens["token"].astype(str).to_numpy(),
+        is_special=tokens["is_special"].astype(bool).to_numpy(),
+        word_position=tokens["word_position"].astype("float64").to_numpy(),
+        segment=tokens["segment"].astype(int).to_numpy(),
+    )
+    coords: dict[str, Any] = dict(layer=_selected(layer, info.n_layers), head=_selected(head, info.n_heads), query=positions, key=positions)
     for axis in ("query", "key"):
         for name, values in per_token.items():
             coords[f"{axis}_{name}"] = (axis, values)
-    return xr.DataArray(maps, dims=DIMS, coords=coords, name="attention",
-                        attrs=dict(run=info.name, model=info.model, dataset=f"{info.dataset}:{info.split}",
-                                   example=int(example), dtype=info.dtype,
-                                   description="attention of each query token (row) to each key token (column); rows sum to 1"))
+    return xr.DataArray(
+        maps,
+        dims=DIMS,
+        coords=coords,
+        name="attention",
+        attrs=dict(
+            run=info.name,
+            model=info.model,
+            dataset=f"{info.dataset}:{info.split}",
+            example=int(example),
+            dtype=info.dtype,
+            description="attention of each query token (row) to each key token (column); rows sum to 1",
+        ),
+    )
 
 
 def labelled_run(store: Store, run, examples: Iterable[int] | None = None, layer=None, head=None) -> Any:

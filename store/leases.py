@@ -71,8 +71,9 @@ def is_stale(holder: Holder, now: datetime | None = None) -> bool:
 
 def current_holder(engine: sa.Engine, resource: str) -> Holder | None:
     with engine.connect() as conn:
-        row = conn.execute(sa.select(Lease.host, Lease.pid, Lease.acquired_at, Lease.heartbeat_at, Lease.token)
-                           .where(Lease.resource == resource)).first()
+        row = conn.execute(
+            sa.select(Lease.host, Lease.pid, Lease.acquired_at, Lease.heartbeat_at, Lease.token).where(Lease.resource == resource)
+        ).first()
     return None if row is None else Holder(row.host, row.pid, _aware(row.acquired_at), _aware(row.heartbeat_at), row.token)
 
 
@@ -96,8 +97,9 @@ class WriteLease:
         self._thread.start()
 
     def _touch(self, conn) -> bool:
-        n = conn.execute(sa.update(Lease).where(Lease.resource == self.resource, Lease.token == self.token)
-                         .values(heartbeat_at=utcnow())).rowcount
+        n = conn.execute(
+            sa.update(Lease).where(Lease.resource == self.resource, Lease.token == self.token).values(heartbeat_at=utcnow())
+        ).rowcount
         return n == 1
 
     def _beat(self) -> None:
@@ -119,8 +121,10 @@ class WriteLease:
                 with self.engine.begin() as own:
                     self._lost = not self._touch(own)
         if self._lost:
-            raise LeaseLostError(f"{self.what}: another process took over this write (this one stalled longer than "
-                                 f"{STALE_AFTER.total_seconds():.0f} s); stopped without writing more")
+            raise LeaseLostError(
+                f"{self.what}: another process took over this write (this one stalled longer than "
+                f"{STALE_AFTER.total_seconds():.0f} s); stopped without writing more"
+            )
 
     def release(self) -> None:
         self._stop.set()
@@ -138,8 +142,7 @@ class WriteLease:
         self.release()
 
 
-def acquire(engine: sa.Engine, resource: str, what: str, *, wait: bool = False, on_wait=None,
-            poll_seconds: float = 0.5) -> WriteLease:
+def acquire(engine: sa.Engine, resource: str, what: str, *, wait: bool = False, on_wait=None, poll_seconds: float = 0.5) -> WriteLease:
     """Take the lease on `resource` or raise BusyError naming its live holder (with `wait`, poll until free)."""
     token = uuid.uuid4().hex
     told = False
@@ -147,24 +150,30 @@ def acquire(engine: sa.Engine, resource: str, what: str, *, wait: bool = False, 
         now = utcnow()
         try:
             with engine.begin() as conn:
-                conn.execute(sa.insert(Lease).values(resource=resource, token=token, host=HOST, pid=os.getpid(),
-                                                     acquired_at=now, heartbeat_at=now))
+                conn.execute(
+                    sa.insert(Lease).values(resource=resource, token=token, host=HOST, pid=os.getpid(), acquired_at=now, heartbeat_at=now)
+                )
             break
         except IntegrityError:
             pass
         holder = current_holder(engine, resource)
         if holder is not None and is_stale(holder, now):
             with engine.begin() as conn:  # compare-and-swap: only one taker wins
-                n = conn.execute(sa.update(Lease).where(Lease.resource == resource, Lease.token == holder.token)
-                                 .values(token=token, host=HOST, pid=os.getpid(), acquired_at=now, heartbeat_at=now)).rowcount
+                n = conn.execute(
+                    sa.update(Lease)
+                    .where(Lease.resource == resource, Lease.token == holder.token)
+                    .values(token=token, host=HOST, pid=os.getpid(), acquired_at=now, heartbeat_at=now)
+                ).rowcount
             if n == 1:
                 break
             continue
         if holder is None:
             continue  # released between our insert and our read: try again
         if not wait:
-            raise BusyError(f"{what} is being written by {holder.describe()}; wait for it to finish "
-                            f"(or stop it: a killed writer's run resumes with the same command)")
+            raise BusyError(
+                f"{what} is being written by {holder.describe()}; wait for it to finish "
+                f"(or stop it: a killed writer's run resumes with the same command)"
+            )
         if on_wait is not None and not told:
             on_wait(f"waiting: {what} is being written by {holder.describe()}")
             told = True

@@ -48,7 +48,8 @@ def refuse_newer(url: str, current: str | None) -> None:
     if current is not None and current not in known_revisions():
         raise SchemaOutOfDateError(
             f"database {redact(url)} is at revision {current}, newer than this attnstore (head {head_revision()}); "
-            "upgrade attnstore (pip install -U attnstore) to use it")
+            "upgrade attnstore (pip install -U attnstore) to use it"
+        )
 
 
 def upgrade(url: str, revision: str = "head") -> tuple[str | None, str | None]:
@@ -77,10 +78,6 @@ def verify_schema(engine: sa.Engine) -> None:
         return
     url = str(engine.url.render_as_string(hide_password=False))
     if current is None:
-        raise SchemaOutOfDateError(
-            f"database {redact(url)} has no attnstore schema; create it with: {upgrade_command(url)}"
-        )
+        raise SchemaOutOfDateError(f"database {redact(url)} has no attnstore schema; create it with: {upgrade_command(url)}")
     refuse_newer(url, current)
-    raise SchemaOutOfDateError(
-        f"database {redact(url)} is at revision {current}, expected {head}; run: {upgrade_command(url)}"
-    )
+    raise SchemaOutOfDateError(f"database {redact(url)} is at revision {current}, expected {head}; run: {upgrade_command(url)}")

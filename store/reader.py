@@ -89,10 +89,25 @@ class StoreReader:
         """One row per run: run, run_id, model, dataset, split, status, counts, settings, times."""
         q = (
             sa.select(
-                Run.name.label("run"), Run.id.label("run_id"), Model.name.label("model"),
-                Dataset.name.label("dataset"), Dataset.split, Run.status, Run.n_stored, Run.n_truncated,
-                Run.n_skipped, Model.n_layers, Model.n_heads, Run.max_length, Run.truncation, Run.tokenization, Run.dtype,
-                Run.attn_implementation, Run.started_at, Run.finished_at, Run.ingest_seconds,
+                Run.name.label("run"),
+                Run.id.label("run_id"),
+                Model.name.label("model"),
+                Dataset.name.label("dataset"),
+                Dataset.split,
+                Run.status,
+                Run.n_stored,
+                Run.n_truncated,
+                Run.n_skipped,
+                Model.n_layers,
+                Model.n_heads,
+                Run.max_length,
+                Run.truncation,
+                Run.tokenization,
+                Run.dtype,
+                Run.attn_implementation,
+                Run.started_at,
+                Run.finished_at,
+                Run.ingest_seconds,
             )
             .join(Model, Model.id == Run.model_id)
             .join(Dataset, Dataset.id == Run.dataset_id)
@@ -113,12 +128,29 @@ class StoreReader:
                 raise NotFoundError(f"no run {run!r} in {self.locations.describe()}; {hint}")
             r, m, d = row
             return RunInfo(
-                id=r.id, name=r.name, status=r.status, model=m.name, model_id=m.id, dataset=d.name, split=d.split,
-                dataset_id=d.id, n_layers=m.n_layers, n_heads=m.n_heads, max_length=r.max_length,
-                truncation=r.truncation, dtype=r.dtype, codec=r.codec, chunk_cells=r.chunk_cells,
-                array_path=r.array_path, attn_implementation=r.attn_implementation,
-                special_tokens=m.special_tokens, n_stored=r.n_stored, n_truncated=r.n_truncated,
-                n_skipped=r.n_skipped, manifest=r.manifest, tokenization=r.tokenization,
+                id=r.id,
+                name=r.name,
+                status=r.status,
+                model=m.name,
+                model_id=m.id,
+                dataset=d.name,
+                split=d.split,
+                dataset_id=d.id,
+                n_layers=m.n_layers,
+                n_heads=m.n_heads,
+                max_length=r.max_length,
+                truncation=r.truncation,
+                dtype=r.dtype,
+                codec=r.codec,
+                chunk_cells=r.chunk_cells,
+                array_path=r.array_path,
+                attn_implementation=r.attn_implementation,
+                special_tokens=m.special_tokens,
+                n_stored=r.n_stored,
+                n_truncated=r.n_truncated,
+                n_skipped=r.n_skipped,
+                manifest=r.manifest,
+                tokenization=r.tokenization,
             )
 
     def examples(self, run: RunRef) -> pd.DataFrame:
@@ -126,9 +158,17 @@ class StoreReader:
         info = self.run_info(run)
         q = (
             sa.select(
-                Example.position.label("example"), Example.id.label("example_id"), Example.text_a, Example.text_b,
-                Example.label, Example.doc_id, Example.sent_id, Sequence.length, Sequence.offset,
-                Sequence.truncated, Sequence.skipped,
+                Example.position.label("example"),
+                Example.id.label("example_id"),
+                Example.text_a,
+                Example.text_b,
+                Example.label,
+                Example.doc_id,
+                Example.sent_id,
+                Sequence.length,
+                Sequence.offset,
+                Sequence.truncated,
+                Sequence.skipped,
             )
             .join(Sequence, Sequence.example_id == Example.id)
             .where(self._visible(info))
@@ -175,9 +215,7 @@ class StoreReader:
                 .where(self._visible(info), Example.position == int(example))
             ).first()
         if row is None:
-            raise NotFoundError(
-                f"run {info.name!r} has no example {example} (it stores {info.n_stored} examples; see store.examples(run))"
-            )
+            raise NotFoundError(f"run {info.name!r} has no example {example} (it stores {info.n_stored} examples; see store.examples(run))")
         if row.offset is None:
             raise NotFoundError(f"example {example} of run {info.name!r} was skipped (longer than {info.max_length} tokens)")
         return row.id, row.length, row.offset
@@ -193,9 +231,21 @@ class StoreReader:
         example_id, _, _ = self._sequence(info, example)
         q = (
             sa.select(
-                Token.position, Token.token, Token.token_id, Token.is_special, Token.segment, Token.word_position,
-                Word.form.label("word"), Word.lemma, Word.upos, Word.xpos, Word.head, Word.deprel, Word.annotator,
-                Token.char_start, Token.char_end,
+                Token.position,
+                Token.token,
+                Token.token_id,
+                Token.is_special,
+                Token.segment,
+                Token.word_position,
+                Word.form.label("word"),
+                Word.lemma,
+                Word.upos,
+                Word.xpos,
+                Word.head,
+                Word.deprel,
+                Word.annotator,
+                Token.char_start,
+                Token.char_end,
             )
             .outerjoin(Word, sa.and_(Word.example_id == Token.example_id, Word.position == Token.word_position))
             .where(Token.run_id == info.id, Token.example_id == example_id)
@@ -210,10 +260,23 @@ class StoreReader:
         """Words of one example: position, segment, form, lemma, upos, xpos, head, deprel, annotator, chars."""
         info = self.run_info(run)
         example_id, _, _ = self._sequence(info, example)
-        q = sa.select(
-            Word.position, Word.segment, Word.form, Word.lemma, Word.upos, Word.xpos, Word.head, Word.deprel,
-            Word.annotator, Word.char_start, Word.char_end,
-        ).where(Word.example_id == example_id).order_by(Word.position)
+        q = (
+            sa.select(
+                Word.position,
+                Word.segment,
+                Word.form,
+                Word.lemma,
+                Word.upos,
+                Word.xpos,
+                Word.head,
+                Word.deprel,
+                Word.annotator,
+                Word.char_start,
+                Word.char_end,
+            )
+            .where(Word.example_id == example_id)
+            .order_by(Word.position)
+        )
         df = self._frame(q)
         df["head"] = df["head"].astype("Int64")
         return df
@@ -223,8 +286,13 @@ class StoreReader:
         info = self.run_info(run)
         q = (
             sa.select(
-                Example.position.label("example"), Token.position, Token.token, Token.token_id,
-                Token.word_position, Token.segment, Token.is_special,
+                Example.position.label("example"),
+                Token.position,
+                Token.token,
+                Token.token_id,
+                Token.word_position,
+                Token.segment,
+                Token.is_special,
             )
             .join(Example, Example.id == Token.example_id)
             .join(Sequence, sa.and_(Sequence.example_id == Token.example_id, Sequence.run_id == Token.run_id))
@@ -237,8 +305,18 @@ class StoreReader:
         """All words of a run's stored examples: example, position, segment, form, lemma, upos, feats, head, deprel."""
         info = self.run_info(run)
         q = (
-            sa.select(Example.position.label("example"), Word.position, Word.segment, Word.sentence, Word.form, Word.lemma,
-                      Word.upos, Word.feats, Word.head, Word.deprel)
+            sa.select(
+                Example.position.label("example"),
+                Word.position,
+                Word.segment,
+                Word.sentence,
+                Word.form,
+                Word.lemma,
+                Word.upos,
+                Word.feats,
+                Word.head,
+                Word.deprel,
+            )
             .join(Example, Example.id == Word.example_id)
             .join(Sequence, sa.and_(Sequence.example_id == Example.id, self._visible(info)))
             .order_by(Example.position, Word.position)
@@ -251,8 +329,15 @@ class StoreReader:
         """Coreference mentions of a run's stored examples: example, word_start, word_end, head, entity, kind, doc_order."""
         info = self.run_info(run)
         q = (
-            sa.select(Example.position.label("example"), Mention.word_start, Mention.word_end, Mention.head, Mention.entity,
-                      Mention.kind, Mention.doc_order)
+            sa.select(
+                Example.position.label("example"),
+                Mention.word_start,
+                Mention.word_end,
+                Mention.head,
+                Mention.entity,
+                Mention.kind,
+                Mention.doc_order,
+            )
             .join(Example, Example.id == Mention.example_id)
             .join(Sequence, sa.and_(Sequence.example_id == Example.id, self._visible(info)))
             .order_by(Example.position, Mention.doc_order)
@@ -284,8 +369,12 @@ class StoreReader:
         heads = self._select("head", head, info.n_heads)
         _, length, offset = self._sequence(info, example)
         assert offset is not None  # _sequence refuses skipped examples
-        block = arrays.read_block(self._array(info), offset, arrays.block_shape(info.n_layers, info.n_heads, length),
-                                  describe=lambda a, b: f"run {info.name!r}, example {example}")
+        block = arrays.read_block(
+            self._array(info),
+            offset,
+            arrays.block_shape(info.n_layers, info.n_heads, length),
+            describe=lambda a, b: f"run {info.name!r}, example {example}",
+        )
         return block[layers][:, heads]
 
     def labelled_attention(self, run: RunRef, example: int, layer=None, head=None) -> Any:
@@ -326,8 +415,9 @@ class StoreReader:
 
     def head_metrics(self, run: RunRef | None = None, metric: str | None = None) -> pd.DataFrame:
         """Saved per-head values: run, metric, params, layer, head, value (optionally one run / metric)."""
-        q = sa.select(Run.name.label("run"), HeadMetric.metric, HeadMetric.params, HeadMetric.layer, HeadMetric.head,
-                      HeadMetric.value).join(Run, Run.id == HeadMetric.run_id)
+        q = sa.select(
+            Run.name.label("run"), HeadMetric.metric, HeadMetric.params, HeadMetric.layer, HeadMetric.head, HeadMetric.value
+        ).join(Run, Run.id == HeadMetric.run_id)
         if run is not None:
             q = q.where(HeadMetric.run_id == self.run_info(run).id)
         if metric is not None:
@@ -337,11 +427,24 @@ class StoreReader:
     def probe_results(self) -> pd.DataFrame:
         """Saved probe results: run, eval_run, kind, uas, train_uas, n_train, n_eval, epochs, final_loss, params."""
         train, held_out = sa.orm.aliased(Run), sa.orm.aliased(Run)
-        q = (sa.select(train.name.label("run"), held_out.name.label("eval_run"), ProbeResult.kind, ProbeResult.uas,
-                       ProbeResult.train_uas, ProbeResult.n_train, ProbeResult.n_eval, ProbeResult.epochs,
-                       ProbeResult.final_loss, ProbeResult.params, ProbeResult.created_at)
-             .join(train, train.id == ProbeResult.run_id).join(held_out, held_out.id == ProbeResult.eval_run_id)
-             .order_by(ProbeResult.id))
+        q = (
+            sa.select(
+                train.name.label("run"),
+                held_out.name.label("eval_run"),
+                ProbeResult.kind,
+                ProbeResult.uas,
+                ProbeResult.train_uas,
+                ProbeResult.n_train,
+                ProbeResult.n_eval,
+                ProbeResult.epochs,
+                ProbeResult.final_loss,
+                ProbeResult.params,
+                ProbeResult.created_at,
+            )
+            .join(train, train.id == ProbeResult.run_id)
+            .join(held_out, held_out.id == ProbeResult.eval_run_id)
+            .order_by(ProbeResult.id)
+        )
         return self._frame(q)
 
     def model_row(self, name: str) -> dict | None:
@@ -353,25 +456,61 @@ class StoreReader:
     def models(self) -> pd.DataFrame:
         """Registered models: id, name, architecture, n_layers, n_heads, init, task, parent, training, created_at."""
         parent = sa.orm.aliased(Model)
-        q = (sa.select(Model.id, Model.name, Model.architecture, Model.n_layers, Model.n_heads, Model.init, Model.task,
-                       parent.name.label("parent"), Model.training, Model.created_at)
-             .outerjoin(parent, parent.id == Model.parent_id).order_by(Model.id))
+        q = (
+            sa.select(
+                Model.id,
+                Model.name,
+                Model.architecture,
+                Model.n_layers,
+                Model.n_heads,
+                Model.init,
+                Model.task,
+                parent.name.label("parent"),
+                Model.training,
+                Model.created_at,
+            )
+            .outerjoin(parent, parent.id == Model.parent_id)
+            .order_by(Model.id)
+        )
         return self._frame(q)
 
     def ablation_configs(self, model_id: int, task: str, split: str, mode: str) -> set[str]:
         """Configurations already stored for (model, task, split, mode)."""
         with self.engine.connect() as conn:
-            return set(conn.scalars(sa.select(AblationResult.config).where(
-                AblationResult.model_id == model_id, AblationResult.task == task, AblationResult.split == split,
-                AblationResult.mode == mode).distinct()))
+            return set(
+                conn.scalars(
+                    sa.select(AblationResult.config)
+                    .where(
+                        AblationResult.model_id == model_id,
+                        AblationResult.task == task,
+                        AblationResult.split == split,
+                        AblationResult.mode == mode,
+                    )
+                    .distinct()
+                )
+            )
 
     def ablation_results(self, model: str | None = None, task: str | None = None) -> pd.DataFrame:
         """Stored evaluations and ablations: model, init, task, split, mode, config, disabled_heads, metric, score,
         baseline_score, delta (score - baseline), n_examples. Config "none" is the model's plain evaluation."""
-        q = (sa.select(Model.name.label("model"), Model.init, AblationResult.task, AblationResult.split, AblationResult.mode,
-                       AblationResult.config, AblationResult.disabled_heads, AblationResult.metric, AblationResult.score,
-                       AblationResult.baseline_score, AblationResult.n_examples, AblationResult.created_at)
-             .join(Model, Model.id == AblationResult.model_id).order_by(AblationResult.id))
+        q = (
+            sa.select(
+                Model.name.label("model"),
+                Model.init,
+                AblationResult.task,
+                AblationResult.split,
+                AblationResult.mode,
+                AblationResult.config,
+                AblationResult.disabled_heads,
+                AblationResult.metric,
+                AblationResult.score,
+                AblationResult.baseline_score,
+                AblationResult.n_examples,
+                AblationResult.created_at,
+            )
+            .join(Model, Model.id == AblationResult.model_id)
+            .order_by(AblationResult.id)
+        )
         if model is not None:
             q = q.where(Model.name == model)
         if task is not None:
@@ -389,9 +528,14 @@ class StoreReader:
         corpus numbers its rows, e.g. a sampled GLUE set, else the position), length, skipped.
         """
         info = self.run_info(run)
-        q = (sa.select(Example.position.label("example"), Example.id.label("example_id"), Example.source_index,
-                       Sequence.length, Sequence.skipped)
-             .join(Sequence, Sequence.example_id == Example.id).where(self._visible(info)).order_by(Example.position))
+        q = (
+            sa.select(
+                Example.position.label("example"), Example.id.label("example_id"), Example.source_index, Sequence.length, Sequence.skipped
+            )
+            .join(Sequence, Sequence.example_id == Example.id)
+            .where(self._visible(info))
+            .order_by(Example.position)
+        )
         frame = self._frame(q)
         index = pd.to_numeric(frame["source_index"], errors="coerce")
         frame["source_row"] = index.where(index.notna(), frame["example"]).astype("int64")
@@ -405,13 +549,28 @@ class StoreReader:
         """
         from .schema import PatternLabel  # imported here so this block stays self-contained
 
-        q = (sa.select(Run.name.label("run"), Model.name.label("model"), Dataset.name.label("dataset"), Dataset.split,
-                       Example.position.label("example"), PatternLabel.example_id, Example.source_index, PatternLabel.layer,
-                       PatternLabel.head, PatternLabel.label, PatternLabel.source, PatternLabel.confidence,
-                       PatternLabel.created_at)
-             .join(Run, Run.id == PatternLabel.run_id).join(Model, Model.id == Run.model_id)
-             .join(Dataset, Dataset.id == Run.dataset_id).join(Example, Example.id == PatternLabel.example_id)
-             .order_by(Run.id, Example.position, PatternLabel.layer, PatternLabel.head, PatternLabel.source))
+        q = (
+            sa.select(
+                Run.name.label("run"),
+                Model.name.label("model"),
+                Dataset.name.label("dataset"),
+                Dataset.split,
+                Example.position.label("example"),
+                PatternLabel.example_id,
+                Example.source_index,
+                PatternLabel.layer,
+                PatternLabel.head,
+                PatternLabel.label,
+                PatternLabel.source,
+                PatternLabel.confidence,
+                PatternLabel.created_at,
+            )
+            .join(Run, Run.id == PatternLabel.run_id)
+            .join(Model, Model.id == Run.model_id)
+            .join(Dataset, Dataset.id == Run.dataset_id)
+            .join(Example, Example.id == PatternLabel.example_id)
+            .order_by(Run.id, Example.position, PatternLabel.layer, PatternLabel.head, PatternLabel.source)
+        )
         if run is not None:
             q = q.where(PatternLabel.run_id == self.run_info(run).id)
         if source is not None:
@@ -425,8 +584,11 @@ class StoreReader:
 
     def find_dataset(self, *, name: str, split: str, checksum: str) -> dict | None:
         with self.engine.connect() as conn:
-            row = conn.execute(sa.select(Dataset.id, Dataset.status, Dataset.annotator).where(
-                Dataset.name == name, Dataset.split == split, Dataset.checksum == checksum)).first()
+            row = conn.execute(
+                sa.select(Dataset.id, Dataset.status, Dataset.annotator).where(
+                    Dataset.name == name, Dataset.split == split, Dataset.checksum == checksum
+                )
+            ).first()
         return None if row is None else dict(row._mapping)
 
     def stored_positions(self, dataset_id: int) -> set[int]:
@@ -441,7 +603,8 @@ class StoreReader:
                 rows = conn.execute(
                     sa.select(Example.id, Example.position, Example.text_a, Example.text_b)
                     .where(Example.dataset_id == dataset_id, Example.position > last)
-                    .order_by(Example.position).limit(batch_size)
+                    .order_by(Example.position)
+                    .limit(batch_size)
                 ).all()
                 if not rows:
                     return
@@ -451,10 +614,12 @@ class StoreReader:
                 if ids:
                     for w in conn.execute(
                         sa.select(Word.example_id, Word.position, Word.segment, Word.form, Word.char_start, Word.char_end)
-                        .where(Word.example_id.in_(ids)).order_by(Word.example_id, Word.position)
+                        .where(Word.example_id.in_(ids))
+                        .order_by(Word.example_id, Word.position)
                     ):
-                        words[w.example_id].append(dict(position=w.position, segment=w.segment, form=w.form,
-                                                        char_start=w.char_start, char_end=w.char_end))
+                        words[w.example_id].append(
+                            dict(position=w.position, segment=w.segment, form=w.form, char_start=w.char_start, char_end=w.char_end)
+                        )
             for r in rows:
                 if r.id in words:
                     yield StoredExample(r.id, r.position, r.text_a, r.text_b, tuple(words[r.id]))

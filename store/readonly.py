@@ -65,8 +65,9 @@ def default_timeout() -> float:
     return seconds
 
 
-def run_readonly_sql(target: sa.Engine | str, query: str, params: dict | None = None, max_rows: int | None = None,
-                     timeout_s: float | None = None) -> Result:
+def run_readonly_sql(
+    target: sa.Engine | str, query: str, params: dict | None = None, max_rows: int | None = None, timeout_s: float | None = None
+) -> Result:
     """Run one read-only statement on the database of `target` (an engine or a database URL).
 
     Returns (column names, rows) -- (None, []) for a statement that returns no rows -- with at
@@ -93,8 +94,9 @@ def not_allowed(what: str) -> InvalidArgumentError:
 
 
 def timed_out(timeout_s: float) -> InvalidArgumentError:
-    return InvalidArgumentError(f"SQL error: statement stopped after {timeout_s:g} s (attnstore sql time limit; "
-                                f"set {ENV_TIMEOUT} to change it)")
+    return InvalidArgumentError(
+        f"SQL error: statement stopped after {timeout_s:g} s (attnstore sql time limit; set {ENV_TIMEOUT} to change it)"
+    )
 
 
 def first_line(exc: BaseException) -> str:
@@ -105,34 +107,73 @@ def first_line(exc: BaseException) -> str:
 # ------------------------------------------------------------------ SQLite
 
 # Authorizer action codes (sqlite3.h); the sqlite3 module's names for 0-2 clash with result codes.
-_ACTIONS = dict(enumerate(
-    "CREATE_INDEX CREATE_TABLE CREATE_TEMP_INDEX CREATE_TEMP_TABLE CREATE_TEMP_TRIGGER CREATE_TEMP_VIEW CREATE_TRIGGER "
-    "CREATE_VIEW DELETE DROP_INDEX DROP_TABLE DROP_TEMP_INDEX DROP_TEMP_TABLE DROP_TEMP_TRIGGER DROP_TEMP_VIEW "
-    "DROP_TRIGGER DROP_VIEW INSERT PRAGMA READ SELECT TRANSACTION UPDATE ATTACH DETACH ALTER_TABLE REINDEX ANALYZE "
-    "CREATE_VTABLE DROP_VTABLE FUNCTION SAVEPOINT COPY RECURSIVE".split(), start=1))
+_ACTIONS = dict(
+    enumerate(
+        "CREATE_INDEX CREATE_TABLE CREATE_TEMP_INDEX CREATE_TEMP_TABLE CREATE_TEMP_TRIGGER CREATE_TEMP_VIEW CREATE_TRIGGER "
+        "CREATE_VIEW DELETE DROP_INDEX DROP_TABLE DROP_TEMP_INDEX DROP_TEMP_TABLE DROP_TEMP_TRIGGER DROP_TEMP_VIEW "
+        "DROP_TRIGGER DROP_VIEW INSERT PRAGMA READ SELECT TRANSACTION UPDATE ATTACH DETACH ALTER_TABLE REINDEX ANALYZE "
+        "CREATE_VTABLE DROP_VTABLE FUNCTION SAVEPOINT COPY RECURSIVE".split(),
+        start=1,
+    )
+)
 _SQLITE_PRAGMA, _SQLITE_READ, _SQLITE_SELECT, _SQLITE_UPDATE = 19, 20, 21, 23
 _SQLITE_FUNCTION, _SQLITE_RECURSIVE = 31, 33
 
 # PRAGMAs that only describe the schema or the file, with or without an argument.
-SQLITE_INTROSPECTION_PRAGMAS = frozenset({
-    "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo", "foreign_key_list",
-    "foreign_key_check", "collation_list", "database_list", "function_list", "module_list", "pragma_list",
-    "compile_options", "integrity_check", "quick_check"})
+SQLITE_INTROSPECTION_PRAGMAS = frozenset(
+    {
+        "table_info",
+        "table_xinfo",
+        "table_list",
+        "index_list",
+        "index_info",
+        "index_xinfo",
+        "foreign_key_list",
+        "foreign_key_check",
+        "collation_list",
+        "database_list",
+        "function_list",
+        "module_list",
+        "pragma_list",
+        "compile_options",
+        "integrity_check",
+        "quick_check",
+    }
+)
 # PRAGMAs allowed only in their reading form (no value: `PRAGMA user_version`).
-SQLITE_READ_PRAGMAS = frozenset({
-    "user_version", "schema_version", "application_id", "data_version", "journal_mode", "foreign_keys", "page_size",
-    "page_count", "freelist_count", "encoding", "auto_vacuum", "max_page_count", "cache_size", "busy_timeout",
-    "query_only", "recursive_triggers", "synchronous", "temp_store", "locking_mode", "secure_delete"})
+SQLITE_READ_PRAGMAS = frozenset(
+    {
+        "user_version",
+        "schema_version",
+        "application_id",
+        "data_version",
+        "journal_mode",
+        "foreign_keys",
+        "page_size",
+        "page_count",
+        "freelist_count",
+        "encoding",
+        "auto_vacuum",
+        "max_page_count",
+        "cache_size",
+        "busy_timeout",
+        "query_only",
+        "recursive_triggers",
+        "synchronous",
+        "temp_store",
+        "locking_mode",
+        "secure_delete",
+    }
+)
 SQLITE_DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "writefile", "edit"})
 
 
 def sqlite_file(url: sa.URL) -> str:
     database = url.database
     if database and url.query.get("uri") in ("true", "1", "True") and database.startswith("file:"):
-        database = database[len("file:"):].split("?", 1)[0]
+        database = database[len("file:") :].split("?", 1)[0]
     if not database or database == ":memory:":
-        raise InvalidArgumentError("SQL error: attnstore sql reads a SQLite store from its file; "
-                                   "this store has none (in-memory database)")
+        raise InvalidArgumentError("SQL error: attnstore sql reads a SQLite store from its file; this store has none (in-memory database)")
     return os.path.abspath(database)
 
 
@@ -196,8 +237,7 @@ class _Authorizer:
         return sqlite3.SQLITE_DENY
 
 
-def run_sqlite(path: str, query: str, params: dict | Sequence | None, max_rows: int | None,
-               timeout_s: float) -> Result:
+def run_sqlite(path: str, query: str, params: dict | Sequence | None, max_rows: int | None, timeout_s: float) -> Result:
     try:
         conn = open_sqlite_readonly(path, timeout_s)
     except sqlite3.Error as exc:
@@ -228,9 +268,18 @@ def run_sqlite(path: str, query: str, params: dict | Sequence | None, max_rows: 
 PG_STATEMENTS = frozenset({"select", "with", "values", "table", "explain", "show"})
 # Functions that change the session (set_config can switch back to a superuser role) or run
 # SQL given as text (and could call set_config there); extensions' dblink* too.
-PG_DENIED_FUNCTIONS = frozenset({
-    "set_config", "query_to_xml", "query_to_xmlschema", "query_to_xml_and_xmlschema", "cursor_to_xml",
-    "cursor_to_xmlschema", "ts_stat", "ts_rewrite"})
+PG_DENIED_FUNCTIONS = frozenset(
+    {
+        "set_config",
+        "query_to_xml",
+        "query_to_xmlschema",
+        "query_to_xml_and_xmlschema",
+        "cursor_to_xml",
+        "cursor_to_xmlschema",
+        "ts_stat",
+        "ts_rewrite",
+    }
+)
 PG_DENIED_PREFIXES = ("dblink",)
 
 _PG_SPACE = " \t\n\r\f\v"
@@ -304,7 +353,7 @@ def pg_tokens(text: str) -> list[tuple[str, str]]:
             i = j
         elif c == '"':
             j = quoted(i, '"', False)
-            out.append(("ident", text[i + 1:j - 1].replace('""', '"').lower()))
+            out.append(("ident", text[i + 1 : j - 1].replace('""', '"').lower()))
             i = j
         elif c == "$":
             m = _DOLLAR_TAG.match(text, i)
@@ -313,7 +362,7 @@ def pg_tokens(text: str) -> list[tuple[str, str]]:
                 end = text.find(m.group(0), m.end())
                 if end < 0:
                     raise refuse("unterminated $-quoted string")
-                out.append(("string", text[i:end + len(m.group(0))]))
+                out.append(("string", text[i : end + len(m.group(0))]))
                 i = end + len(m.group(0))
             elif p:
                 out.append(("param", p.group(0)))
@@ -328,7 +377,7 @@ def pg_tokens(text: str) -> list[tuple[str, str]]:
             word = text[i:j].lower()
             nxt = text[j] if j < n else ""
             if word == "u" and nxt == "&":
-                raise refuse('U&"..." / U&\'...\' escapes are not supported')
+                raise refuse("U&\"...\" / U&'...' escapes are not supported")
             if word in ("e", "b", "x", "n") and nxt == "'":
                 k = quoted(j, "'", word == "e")
                 out.append(("string", text[i:k]))
@@ -365,8 +414,7 @@ def check_pg_statement(text: str) -> None:
     if not statements:
         raise InvalidArgumentError("SQL error: empty statement")
     if len(statements) > 1:
-        raise InvalidArgumentError("SQL error: attnstore sql runs one statement at a time (found "
-                                   f"{len(statements)}): {one_line(text)}")
+        raise InvalidArgumentError(f"SQL error: attnstore sql runs one statement at a time (found {len(statements)}): {one_line(text)}")
     words = [value for kind, value in statements[0] if kind != "op" or value != "("]
     if not words or words[0] not in PG_STATEMENTS:
         raise not_allowed(one_line(text))
@@ -378,14 +426,17 @@ def check_pg_statement(text: str) -> None:
 _PSYCOPG_PLACEHOLDER = re.compile(r"%(?:\(([^)]+)\))?(.)", re.S)
 
 
-_QUOTED = re.compile(r"""
+_QUOTED = re.compile(
+    r"""
       (?P<estr>[eE]'(?:[^'\\]|\\.|'')*')      # E'...' : backslash escapes
     | (?P<str>'(?:[^']|'')*')                    # '...'  : standard-conforming string
     | (?P<ident>"(?:[^"]|"")*")                  # "..."  : quoted identifier
     | (?P<dollar>\$(?P<tag>[A-Za-z_]\w*|)\$.*?\$(?P=tag)\$)   # $tag$...$tag$
     | (?P<line>--[^\n]*)                          # -- comment
     | (?P<block>/\*.*?\*/)                        # /* comment */
-""", re.VERBOSE | re.DOTALL)
+""",
+    re.VERBOSE | re.DOTALL,
+)
 
 
 def escape_quoted_colons(query: str) -> str:
@@ -416,8 +467,9 @@ def _pg_engine(target: sa.Engine | str) -> tuple[sa.Engine, bool]:
     return sa.create_engine(url.set(drivername="postgresql+psycopg"), poolclass=NullPool), True
 
 
-def run_postgresql(target: sa.Engine | str, query: str, params: dict | None, max_rows: int | None,
-                   timeout_s: float, check: bool = True) -> Result:
+def run_postgresql(
+    target: sa.Engine | str, query: str, params: dict | None, max_rows: int | None, timeout_s: float, check: bool = True
+) -> Result:
     """Run `query` as described in the module docstring. `check=False` skips the statement check
     (tests use it to see that the server-side guards hold on their own)."""
     import psycopg
@@ -445,14 +497,18 @@ def run_postgresql(target: sa.Engine | str, query: str, params: dict | None, max
                 cur.execute("SET TRANSACTION READ ONLY")
                 cur.execute("SET LOCAL standard_conforming_strings = on")
                 cur.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout_s * 1000))}")
-                cur.execute("SELECT current_setting('is_superuser') = 'on', "
-                            "EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s)", (READ_ROLE,))
+                cur.execute(
+                    "SELECT current_setting('is_superuser') = 'on', EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s)",
+                    (READ_ROLE,),
+                )
                 superuser, has_read_role = cur.fetchone()
                 if superuser and has_read_role:
                     # Keep the schemas the login user resolves ("$user" would name the new role).
-                    cur.execute("SELECT pg_catalog.set_config('search_path', coalesce(pg_catalog.string_agg("
-                                "pg_catalog.quote_ident(s), ', ' ORDER BY o), ''), true) "
-                                "FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) WITH ORDINALITY AS t(s, o)")
+                    cur.execute(
+                        "SELECT pg_catalog.set_config('search_path', coalesce(pg_catalog.string_agg("
+                        "pg_catalog.quote_ident(s), ', ' ORDER BY o), ''), true) "
+                        "FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) WITH ORDINALITY AS t(s, o)"
+                    )
                     cur.execute(f"SET LOCAL ROLE {READ_ROLE}")
                 try:
                     cur.execute(sql_text, args, prepare=True)

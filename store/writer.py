@@ -34,8 +34,7 @@ from .schema import (
     utcnow,
 )
 
-WORD_FIELDS = ("position", "segment", "sentence", "form", "lemma", "upos", "xpos", "feats", "head", "deprel",
-               "char_start", "char_end")
+WORD_FIELDS = ("position", "segment", "sentence", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "char_start", "char_end")
 
 
 class StoreWriter(StoreReader):
@@ -43,8 +42,10 @@ class StoreWriter(StoreReader):
 
     def require_writable(self) -> None:
         if self.read_only:
-            raise ReadOnlyStoreError(f"store {self.locations.describe()} is read-only for this user (no write permission "
-                                     "on its database or array root); it can be queried but not written")
+            raise ReadOnlyStoreError(
+                f"store {self.locations.describe()} is read-only for this user (no write permission "
+                "on its database or array root); it can be queried but not written"
+            )
 
     # ------------------------------------------------------------------ results
 
@@ -54,17 +55,34 @@ class StoreWriter(StoreReader):
         if not {"layer", "head"} <= set(frame.columns):
             raise InvalidArgumentError("only per-head results (with layer and head columns) can be saved to head_metrics")
         params_json = json.dumps(params or {}, sort_keys=True, default=str)
-        value_cols = [c for c in frame.columns if c not in ("layer", "head")
-                      and pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])]
+        value_cols = [
+            c
+            for c in frame.columns
+            if c not in ("layer", "head") and pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
+        ]
         rows = []
         for col in value_cols:
             for layer, head, value in zip(frame["layer"], frame["head"], frame[col]):
                 v = None if pd.isna(value) else float(value)
-                rows.append(dict(run_id=info.id, metric=f"{prefix}.{col}", params=params_json, layer=int(layer),
-                                 head=int(head), value=v, created_at=utcnow()))
+                rows.append(
+                    dict(
+                        run_id=info.id,
+                        metric=f"{prefix}.{col}",
+                        params=params_json,
+                        layer=int(layer),
+                        head=int(head),
+                        value=v,
+                        created_at=utcnow(),
+                    )
+                )
         with self.session() as s:
-            s.execute(sa.delete(HeadMetric).where(HeadMetric.run_id == info.id, HeadMetric.params == params_json,
-                                                  HeadMetric.metric.in_([f"{prefix}.{c}" for c in value_cols])))
+            s.execute(
+                sa.delete(HeadMetric).where(
+                    HeadMetric.run_id == info.id,
+                    HeadMetric.params == params_json,
+                    HeadMetric.metric.in_([f"{prefix}.{c}" for c in value_cols]),
+                )
+            )
             if rows:
                 s.execute(sa.insert(HeadMetric), rows)
         return len(rows)
@@ -81,8 +99,9 @@ class StoreWriter(StoreReader):
         """Register a fine-tuned model (fields of `models`, with parent_id, init, task, training); idempotent."""
         self.require_writable()
         with self.session() as s:
-            existing = s.scalars(sa.select(Model).where(Model.name == fields["name"],
-                                                        Model.weights_sha256 == fields["weights_sha256"])).first()
+            existing = s.scalars(
+                sa.select(Model).where(Model.name == fields["name"], Model.weights_sha256 == fields["weights_sha256"])
+            ).first()
             if existing is not None:
                 existing.training = fields.get("training")
                 return existing.id
@@ -133,20 +152,33 @@ class StoreWriter(StoreReader):
                 if int(example) not in stored.index:
                     raise NotFoundError(f"run {info.name!r} has no stored example {int(example)} (label row {i})")
                 if not (0 <= int(layer) < info.n_layers and 0 <= int(head) < info.n_heads):
-                    raise InvalidArgumentError(f"layer {int(layer)}, head {int(head)} is out of range for run {info.name!r} "
-                                               f"({info.n_layers} layers x {info.n_heads} heads; label row {i})")
+                    raise InvalidArgumentError(
+                        f"layer {int(layer)}, head {int(head)} is out of range for run {info.name!r} "
+                        f"({info.n_layers} layers x {info.n_heads} heads; label row {i})"
+                    )
                 if not isinstance(label, str) or not label or len(label) > 32:
                     raise InvalidArgumentError(f"label {label!r} is not 1 to 32 characters (label row {i})")
                 c = confidence.loc[i]
-                records.append(dict(run_id=info.id, example_id=int(stored.loc[int(example)]), layer=int(layer), head=int(head),
-                                    label=label, source=source, confidence=None if pd.isna(c) else float(c), created_at=now))
+                records.append(
+                    dict(
+                        run_id=info.id,
+                        example_id=int(stored.loc[int(example)]),
+                        layer=int(layer),
+                        head=int(head),
+                        label=label,
+                        source=source,
+                        confidence=None if pd.isna(c) else float(c),
+                        created_at=now,
+                    )
+                )
         dialect = {"sqlite": sqlite, "postgresql": postgresql}.get(self.engine.dialect.name)
         if dialect is None:
             raise InvalidArgumentError(f"saving pattern labels needs SQLite or PostgreSQL, not {self.engine.dialect.name}")
         stmt = dialect.insert(PatternLabel)
         stmt = stmt.on_conflict_do_update(
             index_elements=["run_id", "example_id", "layer", "head", "source"],
-            set_=dict(label=stmt.excluded.label, confidence=stmt.excluded.confidence, created_at=stmt.excluded.created_at))
+            set_=dict(label=stmt.excluded.label, confidence=stmt.excluded.confidence, created_at=stmt.excluded.created_at),
+        )
         if records:
             with self.session() as s:
                 s.execute(stmt, records)
@@ -157,8 +189,9 @@ class StoreWriter(StoreReader):
     def find_or_create_model(self, **fields) -> int:
         self.require_writable()
         with self.session() as s:
-            existing = s.scalars(sa.select(Model).where(Model.name == fields["name"],
-                                                        Model.weights_sha256 == fields["weights_sha256"])).first()
+            existing = s.scalars(
+                sa.select(Model).where(Model.name == fields["name"], Model.weights_sha256 == fields["weights_sha256"])
+            ).first()
             if existing:
                 if existing.causal is None and fields.get("causal") is not None:
                     existing.causal = fields["causal"]  # registered before migration 0008 probed it
@@ -183,14 +216,31 @@ class StoreWriter(StoreReader):
         with self.session() as s:
             ids = s.execute(
                 sa.insert(Example).returning(Example.id, Example.position),
-                [dict(dataset_id=dataset_id, position=e.position, text_a=e.text_a, text_b=e.text_b, label=e.label,
-                      doc_id=e.doc_id, sent_id=e.sent_id, source_line=e.source_line, source_index=e.source_index)
-                 for e in batch],
+                [
+                    dict(
+                        dataset_id=dataset_id,
+                        position=e.position,
+                        text_a=e.text_a,
+                        text_b=e.text_b,
+                        label=e.label,
+                        doc_id=e.doc_id,
+                        sent_id=e.sent_id,
+                        source_line=e.source_line,
+                        source_index=e.source_index,
+                    )
+                    for e in batch
+                ],
             ).all()
             by_pos = {pos: eid for eid, pos in ids}
-            words = [dict(example_id=by_pos[e.position], annotator=w.get("annotator", annotator),
-                          **{k: w.get(k, 0 if k == "sentence" else None) for k in WORD_FIELDS})
-                     for e in batch for w in e.words]
+            words = [
+                dict(
+                    example_id=by_pos[e.position],
+                    annotator=w.get("annotator", annotator),
+                    **{k: w.get(k, 0 if k == "sentence" else None) for k in WORD_FIELDS},
+                )
+                for e in batch
+                for w in e.words
+            ]
             if words:
                 s.execute(sa.insert(Word), words)
             mentions = [dict(example_id=by_pos[e.position], **m) for e in batch for m in e.mentions]
@@ -199,8 +249,9 @@ class StoreWriter(StoreReader):
             for e in batch:
                 for f in e.frames:
                     fields = {k: v for k, v in f.items() if k != "elements"}
-                    frame_row_id = s.execute(sa.insert(Frame).returning(Frame.id),
-                                             dict(example_id=by_pos[e.position], **fields)).scalar_one()
+                    frame_row_id = s.execute(
+                        sa.insert(Frame).returning(Frame.id), dict(example_id=by_pos[e.position], **fields)
+                    ).scalar_one()
                     if f["elements"]:
                         s.execute(sa.insert(FrameElement), [dict(frame_row_id=frame_row_id, **fe) for fe in f["elements"]])
 
@@ -210,8 +261,19 @@ class StoreWriter(StoreReader):
             s.execute(sa.update(Dataset).where(Dataset.id == dataset_id).values(status="complete", n_examples=n))
             return n
 
-    def start_run(self, *, name: str, model_id: int, dataset_id: int, dtype: str, codec: dict, chunk_cells: int,
-                  max_length: int, truncation: str, **fields) -> RunInfo:
+    def start_run(
+        self,
+        *,
+        name: str,
+        model_id: int,
+        dataset_id: int,
+        dtype: str,
+        codec: dict,
+        chunk_cells: int,
+        max_length: int,
+        truncation: str,
+        **fields,
+    ) -> RunInfo:
         """Create a run (and its array), or return the existing one if its settings match.
 
         The row is inserted before the array is created, in one transaction: if the array
@@ -233,17 +295,31 @@ class StoreWriter(StoreReader):
                     raise ConflictError(f"run {name!r} already exists with other settings ({what}); pick another --name")
                 return self.run_info(run.id)
             array_path = f"runs/{uuid.uuid4().hex}"
-            run = Run(name=name, model_id=model_id, dataset_id=dataset_id, dtype=dtype, codec=codec, chunk_cells=chunk_cells,
-                      max_length=max_length, truncation=truncation, array_path=array_path, status="running", **fields)
+            run = Run(
+                name=name,
+                model_id=model_id,
+                dataset_id=dataset_id,
+                dtype=dtype,
+                codec=codec,
+                chunk_cells=chunk_cells,
+                max_length=max_length,
+                truncation=truncation,
+                array_path=array_path,
+                status="running",
+                **fields,
+            )
             s.add(run)
             s.flush()
             run_id = run.id
             try:
-                arrays.create_run_array(self.locations.array_root, array_path, dtype=dtype, chunk_cells=chunk_cells,
-                                        codec=codec, attributes={"run": name})
+                arrays.create_run_array(
+                    self.locations.array_root, array_path, dtype=dtype, chunk_cells=chunk_cells, codec=codec, attributes={"run": name}
+                )
             except OSError as exc:
-                raise StorageIOError(f"cannot create the attention array of run {name!r} under {self.locations.array_root}: "
-                                     f"{exc.strerror or exc}; give a writable --root") from None
+                raise StorageIOError(
+                    f"cannot create the attention array of run {name!r} under {self.locations.array_root}: "
+                    f"{exc.strerror or exc}; give a writable --root"
+                ) from None
         return self.run_info(run_id)
 
     # ------------------------------------------------------------------ run writers and write leases
@@ -310,8 +386,9 @@ class RunWriter:
             array = store._array(info, read_only=False)
             with store.engine.connect() as conn:
                 end = conn.scalar(
-                    sa.select(sa.func.max(Sequence.offset + info.n_layers * info.n_heads * Sequence.length * Sequence.length))
-                    .where(Sequence.run_id == info.id)
+                    sa.select(sa.func.max(Sequence.offset + info.n_layers * info.n_heads * Sequence.length * Sequence.length)).where(
+                        Sequence.run_id == info.id
+                    )
                 )
             self.blocks = arrays.BlockWriter(array, arrays.resume_offset(int(end or 0), info.chunk_cells))
         except BaseException:
@@ -338,9 +415,11 @@ class RunWriter:
         try:
             return self.blocks.flush(final=final)
         except OSError as exc:
-            raise StorageIOError(f"cannot write the maps of run {self.info.name!r} under {self.store.locations.array_root}: "
-                                 f"{exc.strerror or exc}; the run is kept as interrupted: free space or fix permissions, "
-                                 f"then run the same ingest command to resume") from None
+            raise StorageIOError(
+                f"cannot write the maps of run {self.info.name!r} under {self.store.locations.array_root}: "
+                f"{exc.strerror or exc}; the run is kept as interrupted: free space or fix permissions, "
+                f"then run the same ingest command to resume"
+            ) from None
 
     def commit(self, final: bool = False) -> int:
         """Write whole chunks, then commit rows of the examples now fully on disk; returns rows committed."""
@@ -357,11 +436,15 @@ class RunWriter:
             s.execute(sa.insert(Sequence), seqs)
             if toks:
                 bulk_insert(s.connection(), "tokens", ("run_id", "example_id", "position", *TOKEN_FIELDS), toks)
-            s.execute(sa.update(Run).where(Run.id == self.info.id).values(
-                n_stored=Run.n_stored + n_stored,
-                n_skipped=Run.n_skipped + (len(seqs) - n_stored),
-                n_truncated=Run.n_truncated + sum(1 for q in seqs if q["truncated"]),
-            ))
+            s.execute(
+                sa.update(Run)
+                .where(Run.id == self.info.id)
+                .values(
+                    n_stored=Run.n_stored + n_stored,
+                    n_skipped=Run.n_skipped + (len(seqs) - n_stored),
+                    n_truncated=Run.n_truncated + sum(1 for q in seqs if q["truncated"]),
+                )
+            )
         return len(ready)
 
     def finish(self, seconds: float, manifest_update: dict | None = None) -> RunInfo:

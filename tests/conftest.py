@@ -96,38 +96,95 @@ def make_run():
     Tokens whose string is a key's token of `specials` are special (ids from `specials`).
     """
 
-    def build(store, maps_list, token_lists, *, name="hand", specials=BERT_SPECIALS, chunk_cells=64, dtype="float32",
-              words_list=None, token_words=None, mentions_list=None, checksum="crc32c", finish=True):
+    def build(
+        store,
+        maps_list,
+        token_lists,
+        *,
+        name="hand",
+        specials=BERT_SPECIALS,
+        chunk_cells=64,
+        dtype="float32",
+        words_list=None,
+        token_words=None,
+        mentions_list=None,
+        checksum="crc32c",
+        finish=True,
+    ):
         """words_list: per example, word dicts (form, head, deprel, upos, ...) replacing one word per
         non-special token; token_words: per example, each token's word position (None for specials);
         mentions_list: per example, mention dicts (word_start, word_end, head, entity, kind, doc_order)."""
         n_layers, n_heads = maps_list[0].shape[:2]
         special_ids = {v["token"]: v["id"] for v in specials.values()}
         model_id = store.find_or_create_model(
-            name=f"hand-{name}", source="tests", weights_sha256=uuid.uuid4().hex, architecture="Hand", n_layers=n_layers,
-            n_heads=n_heads, max_length=512, tokenizer="none", special_tokens=specials)
+            name=f"hand-{name}",
+            source="tests",
+            weights_sha256=uuid.uuid4().hex,
+            architecture="Hand",
+            n_layers=n_layers,
+            n_heads=n_heads,
+            max_length=512,
+            tokenizer="none",
+            special_tokens=specials,
+        )
         from attnstore.store.records import ExampleInput
 
-        dataset_id, _ = store.find_or_create_dataset(name=f"hand-{name}", split="test", checksum=uuid.uuid4().hex,
-                                                     format="text", source="tests", annotator="whitespace")
+        dataset_id, _ = store.find_or_create_dataset(
+            name=f"hand-{name}", split="test", checksum=uuid.uuid4().hex, format="text", source="tests", annotator="whitespace"
+        )
         inputs = []
         for position, toks in enumerate(token_lists):
             if words_list is not None:
-                words = [dict(dict(segment=0, lemma=None, upos=None, xpos=None, head=None, deprel=None, char_start=None,
-                                   char_end=None), position=i, **w) for i, w in enumerate(words_list[position])]
+                words = [
+                    dict(
+                        dict(segment=0, lemma=None, upos=None, xpos=None, head=None, deprel=None, char_start=None, char_end=None),
+                        position=i,
+                        **w,
+                    )
+                    for i, w in enumerate(words_list[position])
+                ]
             else:
-                words = [dict(position=i, segment=0, form=w, lemma=None, upos=None, xpos=None, head=None, deprel=None,
-                              char_start=None, char_end=None) for i, w in enumerate(t for t in toks if t not in special_ids)]
+                words = [
+                    dict(
+                        position=i,
+                        segment=0,
+                        form=w,
+                        lemma=None,
+                        upos=None,
+                        xpos=None,
+                        head=None,
+                        deprel=None,
+                        char_start=None,
+                        char_end=None,
+                    )
+                    for i, w in enumerate(t for t in toks if t not in special_ids)
+                ]
             mentions = tuple(mentions_list[position]) if mentions_list else ()
-            inputs.append(ExampleInput(position=position, text_a=" ".join(w["form"] for w in words), words=tuple(words),
-                                       mentions=mentions))
+            inputs.append(ExampleInput(position=position, text_a=" ".join(w["form"] for w in words), words=tuple(words), mentions=mentions))
         store.add_examples(dataset_id, inputs, "whitespace")
         store.complete_dataset(dataset_id)
-        info = store.start_run(name=name, model_id=model_id, dataset_id=dataset_id, dtype=dtype,
-                               codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0,
-                                      **({"checksum": checksum} if checksum else {})},
-                               chunk_cells=chunk_cells, max_length=512, truncation="truncate", attn_implementation="eager",
-                               batch_size=1, code_version="test", corpus_checksum="x", manifest={})
+        info = store.start_run(
+            name=name,
+            model_id=model_id,
+            dataset_id=dataset_id,
+            dtype=dtype,
+            codec={
+                "name": "blosc",
+                "cname": "zstd",
+                "clevel": 1,
+                "shuffle": "shuffle",
+                "blocksize": 0,
+                **({"checksum": checksum} if checksum else {}),
+            },
+            chunk_cells=chunk_cells,
+            max_length=512,
+            truncation="truncate",
+            attn_implementation="eager",
+            batch_size=1,
+            code_version="test",
+            corpus_checksum="x",
+            manifest={},
+        )
         ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
         writer = store.run_writer(info.id)
         for position, (maps, toks) in enumerate(zip(maps_list, token_lists)):
@@ -139,8 +196,17 @@ def make_run():
                     position_of_word = token_words[position][t]
                 else:
                     position_of_word = None if special else word
-                rows.append(dict(token=tok, token_id=special_ids.get(tok, 1000 + len(tok)), word_position=position_of_word,
-                                 segment=0, is_special=special, char_start=None, char_end=None))
+                rows.append(
+                    dict(
+                        token=tok,
+                        token_id=special_ids.get(tok, 1000 + len(tok)),
+                        word_position=position_of_word,
+                        segment=0,
+                        is_special=special,
+                        char_start=None,
+                        char_end=None,
+                    )
+                )
                 word += 0 if special else 1
             writer.add(ids[position], np.asarray(maps), rows)
             writer.commit()
@@ -179,8 +245,9 @@ def tiny_bert(tmp_path_factory) -> str:
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=32, max_position_embeddings=512)
+    config = transformers.BertConfig(
+        vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32, max_position_embeddings=512
+    )
     transformers.BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)

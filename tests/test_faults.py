@@ -45,8 +45,9 @@ def tiny_model(tmp_path_factory) -> str:
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=32, max_position_embeddings=64)
+    config = transformers.BertConfig(
+        vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, max_position_embeddings=64
+    )
     transformers.BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
@@ -71,8 +72,17 @@ def clean(tmp_path_factory, tiny_model, corpus):
     url = f"sqlite:///{folder / 'meta.sqlite'}"
     migrate.upgrade(url)
     store = open_store(db=url, root=str(folder / "attention.zarr"))
-    ingest(store, corpus=str(corpus), fmt="text", annotator="whitespace", batch_size=2, chunk_cells=1024, name="k",
-           progress=False, loaded=load_model(tiny_model))
+    ingest(
+        store,
+        corpus=str(corpus),
+        fmt="text",
+        annotator="whitespace",
+        batch_size=2,
+        chunk_cells=1024,
+        name="k",
+        progress=False,
+        loaded=load_model(tiny_model),
+    )
     return store
 
 
@@ -172,18 +182,25 @@ def test_kill_9_at_random_moments_loses_and_duplicates_nothing(fresh, corpus, ti
 # The second writer is started (interpreter up, attnstore imported) before the first, then released
 # through a gate file once the first holds the run's lease: on a loaded machine a cold start could
 # otherwise take longer than the whole first ingest.
-GATED = ("import os, sys, time\n"
-         "from attnstore.api.cli import main\n"
-         "while not os.path.exists(sys.argv[1]):\n    time.sleep(0.01)\n"
-         "sys.argv = ['attnstore', *sys.argv[2:]]\n"
-         "main()\n")
+GATED = (
+    "import os, sys, time\n"
+    "from attnstore.api.cli import main\n"
+    "while not os.path.exists(sys.argv[1]):\n    time.sleep(0.01)\n"
+    "sys.argv = ['attnstore', *sys.argv[2:]]\n"
+    "main()\n"
+)
 
 
 def test_second_writer_of_a_run_fails_at_once_and_the_first_is_intact(fresh, corpus, tiny_model, clean, tmp_path):
     url, root = fresh
     gate = tmp_path / "go"
-    second = subprocess.Popen([sys.executable, "-c", GATED, str(gate), *ingest_cmd(url, root, corpus, tiny_model)[3:]],
-                              env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    second = subprocess.Popen(
+        [sys.executable, "-c", GATED, str(gate), *ingest_cmd(url, root, corpus, tiny_model)[3:]],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first = spawn(ingest_cmd(url, root, corpus, tiny_model))
     assert wait_for(lambda: lease_held(url, "run:k"), first)
     started = time.time()
@@ -312,12 +329,29 @@ def test_read_only_store_can_be_read_but_not_written(tmp_path, corpus, tiny_mode
     assert store.read_only
     assert run_query(store, "entropy", run="k").equals(run_query(clean, "entropy", run="k"))
     runner = CliRunner()
-    for args in (["runs"], ["sql", "SELECT count(*) AS n FROM tokens"], ["check"],
-                 ["query", "relative_position", "--run", "k"]):
+    for args in (["runs"], ["sql", "SELECT count(*) AS n FROM tokens"], ["check"], ["query", "relative_position", "--run", "k"]):
         result = runner.invoke(main, [*args, "--db", url, "--root", str(root)])
         assert result.exit_code == 0, (args, result.output)
-    result = runner.invoke(main, ["ingest", "--corpus", str(corpus), "--format", "text", "--annotate", "whitespace",
-                                  "--model", tiny_model, "--name", "new", "--db", url, "--root", str(root)])
+    result = runner.invoke(
+        main,
+        [
+            "ingest",
+            "--corpus",
+            str(corpus),
+            "--format",
+            "text",
+            "--annotate",
+            "whitespace",
+            "--model",
+            tiny_model,
+            "--name",
+            "new",
+            "--db",
+            url,
+            "--root",
+            str(root),
+        ],
+    )
     assert result.exit_code == 1 and "read-only" in result.output and len(result.output.strip().splitlines()) == 1
 
 
@@ -325,8 +359,9 @@ def test_writer_given_a_read_only_array_root_fails_cleanly(fresh, corpus, tiny_m
     url, _ = fresh
     share = tmpfs("ro", "1m")
     subprocess.run(["mount", "-o", "remount,ro", str(share)], check=True)
-    done = subprocess.run(ingest_cmd(url, share / "attention.zarr", corpus, tiny_model), env=ENV, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        ingest_cmd(url, share / "attention.zarr", corpus, tiny_model), env=ENV, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 1 and "read-only" in done.stderr and "Traceback" not in done.stderr, done.stderr
     store = open_store(db=url, root=str(share / "attention.zarr"))
     assert store.runs().empty and store.sql("SELECT count(*) AS n FROM datasets")["n"][0] == 0

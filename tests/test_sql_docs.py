@@ -37,8 +37,10 @@ def test_sql_examples_run_and_answer(store, loaded_model):
     assert (by_kind["with_antecedent"] <= by_kind["mentions"]).all()
 
     spans = store.sql("SELECT * FROM frame_element_spans").dropna(subset=["word_start"])
-    far = spans[(spans["core_type"] == "Core") & ((spans["word_start"] >= spans["target_end"] + 1)
-                                                  | (spans["word_end"] <= spans["target_start"] - 1))]
+    far = spans[
+        (spans["core_type"] == "Core")
+        & ((spans["word_start"] >= spans["target_end"] + 1) | (spans["word_end"] <= spans["target_start"] - 1))
+    ]
     assert len(framenet) == len(far) > 0
     assert sorted(zip(framenet["example_id"], framenet["element"])) == sorted(zip(far["example_id"], far["element"]))
     assert "damage" in set(pieces["token"]) and set(pieces["run"]) == {run.name}

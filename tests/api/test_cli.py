@@ -50,8 +50,25 @@ def test_ingest_creates_the_embedded_store_on_a_fresh_machine(tmp_path, tiny_ber
     corpus.write_text("a b\n", encoding="utf-8")
     home = tmp_path / "fresh"
     runner = CliRunner()
-    result = runner.invoke(main, ["ingest", "--home", str(home), "--corpus", str(corpus), "--format", "text",
-                                  "--annotate", "whitespace", "--model", tiny_bert, "--name", "r", "--no-progress"])
+    result = runner.invoke(
+        main,
+        [
+            "ingest",
+            "--home",
+            str(home),
+            "--corpus",
+            str(corpus),
+            "--format",
+            "text",
+            "--annotate",
+            "whitespace",
+            "--model",
+            tiny_bert,
+            "--name",
+            "r",
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "creating a new store" in result.output and (home / "meta.sqlite").is_file()
     assert "r" in runner.invoke(main, ["runs", "--home", str(home)]).output
@@ -79,8 +96,23 @@ def populated(tmp_path_factory):
     corpus.write_text("The cat sat.\nDogs bark loudly, don't they?\nCafé au lait.\n", encoding="utf-8")
     runner = CliRunner()
     assert runner.invoke(main, ["db", "upgrade", "--home", str(home)]).exit_code == 0
-    result = runner.invoke(main, ["ingest", "--home", str(home), "--corpus", str(corpus), "--format", "text",
-                                  "--annotate", "whitespace", "--name", "three", "--no-progress"])
+    result = runner.invoke(
+        main,
+        [
+            "ingest",
+            "--home",
+            str(home),
+            "--corpus",
+            str(corpus),
+            "--format",
+            "text",
+            "--annotate",
+            "whitespace",
+            "--name",
+            "three",
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     return home
 
@@ -89,9 +121,12 @@ def snapshot(home):
     from attnstore import open_store
 
     store = open_store(home=str(home))
-    state = (store.runs().drop(columns=["started_at", "finished_at"]).to_json(),
-             store.sql("SELECT count(*) AS n FROM datasets").n[0], store.sql("SELECT count(*) AS n FROM examples").n[0],
-             store.attention("three", 1).tobytes())
+    state = (
+        store.runs().drop(columns=["started_at", "finished_at"]).to_json(),
+        store.sql("SELECT count(*) AS n FROM datasets").n[0],
+        store.sql("SELECT count(*) AS n FROM examples").n[0],
+        store.attention("three", 1).tobytes(),
+    )
     store.close()
     return state
 
@@ -108,13 +143,16 @@ def test_bad_input_is_one_line_nonzero_and_harmless(populated):
     before = snapshot(home)
     cases = [
         (["--corpus", bad_file(home, "empty.txt", b"\n\n"), "--format", "text"], "empty.txt: the corpus has no examples"),
-        (["--corpus", bad_file(home, "bad.tsv", b"sentence1\tsentence2\nA\tB\nC\n"), "--format", "pairs-tsv"],
-         "bad.tsv:3: expected 2 tab-separated fields, found 1"),
+        (
+            ["--corpus", bad_file(home, "bad.tsv", b"sentence1\tsentence2\nA\tB\nC\n"), "--format", "pairs-tsv"],
+            "bad.tsv:3: expected 2 tab-separated fields, found 1",
+        ),
         (["--corpus", bad_file(home, "latin.txt", b"ok\nna\xefve\n"), "--format", "text"], "latin.txt:2: not valid UTF-8"),
-        (["--corpus", bad_file(home, "bad.conllu", b"1\tA\ta\tX\tX\t_\t0\troot\t_\n"), "--format", "conllu"],
-         "bad.conllu:1: expected 10 tab-separated CoNLL-U columns, found 9"),
-        (["--corpus", str(home / "three.txt"), "--format", "text", "--model", str(home / "no-such-model")],
-         "model directory"),
+        (
+            ["--corpus", bad_file(home, "bad.conllu", b"1\tA\ta\tX\tX\t_\t0\troot\t_\n"), "--format", "conllu"],
+            "bad.conllu:1: expected 10 tab-separated CoNLL-U columns, found 9",
+        ),
+        (["--corpus", str(home / "three.txt"), "--format", "text", "--model", str(home / "no-such-model")], "model directory"),
         (["--corpus", str(home / "three.txt"), "--format", "text", "--model", "not-a/real-model"], "cannot load model 'not-a/real-model'"),
     ]
     runner = CliRunner()

@@ -22,12 +22,29 @@ def test_kovaleva_report_writes_every_figure(tmp_path, loaded_model):
     for key, name in (("glue/MRPC:dev", "mrpc"), ("glue/RTE:dev", "rte"), ("framenet/1.5:exemplars", "frames")):
         ingest(store, dataset=key, data_dir=DATA, loaded=loaded_model, name=name, progress=False)
     # a second run over the same MRPC examples stands in for a fine-tuned model's run
-    ingest(store, dataset="glue/MRPC:dev", data_dir=DATA, loaded=loaded_model, name="mrpc-again", dtype="float32",
-           progress=False)
+    ingest(store, dataset="glue/MRPC:dev", data_dir=DATA, loaded=loaded_model, name="mrpc-again", dtype="float32", progress=False)
     out = tmp_path / "report"
-    result = CliRunner().invoke(main, ["report", "kovaleva", "--run", "MRPC=mrpc", "--run", "RTE=rte",
-                                       "--finetuned-run", "MRPC=mrpc-again", "--frame-run", "frames", "--out", str(out),
-                                       "--db", url, "--root", str(tmp_path / "attention.zarr")])
+    result = CliRunner().invoke(
+        main,
+        [
+            "report",
+            "kovaleva",
+            "--run",
+            "MRPC=mrpc",
+            "--run",
+            "RTE=rte",
+            "--finetuned-run",
+            "MRPC=mrpc-again",
+            "--frame-run",
+            "frames",
+            "--out",
+            str(out),
+            "--db",
+            url,
+            "--root",
+            str(tmp_path / "attention.zarr"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     index = (out / "README.md").read_text()
     assert "Not produced" not in index, index

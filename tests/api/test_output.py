@@ -31,8 +31,9 @@ def test_long_text_is_cut_in_tables_only(capsys):
 
 
 def test_json_has_numbers_nulls_and_unescaped_text(capsys):
-    frame = pd.DataFrame({"dataset": ["glue/MRPC"], "layer": [np.int64(3)], "value": [np.nan], "ok": [True],
-                          "when": [pd.Timestamp("2026-01-02T03:04:05")]})
+    frame = pd.DataFrame(
+        {"dataset": ["glue/MRPC"], "layer": [np.int64(3)], "value": [np.nan], "ok": [True], "when": [pd.Timestamp("2026-01-02T03:04:05")]}
+    )
     emit(frame, "json")
     out = capsys.readouterr().out
     assert "glue/MRPC" in out and "\\/" not in out

@@ -52,8 +52,20 @@ def test_render_import_export_round_trip(labelled_store, tmp_path):
     # label every map by its head, as a person would from the pictures
     by_head = {0: "vertical", 1: "diagonal", 2: "heterogeneous"}
     labels = tmp_path / "labels.jsonl"
-    lines = [dict(model=s["model"], dataset=s["dataset"], split=s["split"], source_row=s["source_row"], layer=s["layer"],
-                  head=s["head"], label=by_head[s["head"]], labeller="test", id=s["id"]) for s in sample]
+    lines = [
+        dict(
+            model=s["model"],
+            dataset=s["dataset"],
+            split=s["split"],
+            source_row=s["source_row"],
+            layer=s["layer"],
+            head=s["head"],
+            label=by_head[s["head"]],
+            labeller="test",
+            id=s["id"],
+        )
+        for s in sample
+    ]
     labels.write_text("".join(json.dumps(line) + "\n" for line in lines))
     result = invoke("patterns", "import", labels, *store_args(store))
     assert result.exit_code == 0, result.output
@@ -80,17 +92,20 @@ def line(**changes) -> str:
     return json.dumps({k: v for k, v in dict(GOOD, **changes).items() if v != "DROP"})
 
 
-@pytest.mark.parametrize("second, message", [
-    (line(label="stripes"), "labels.jsonl:2: unknown label 'stripes'; expected one of vertical, diagonal"),
-    (line(source_row=9), "labels.jsonl:2: source row 9 is not a stored example of run(s) tiny"),
-    (line(model="bert"), "labels.jsonl:2: no run of model 'bert' over hand-tiny:test in this store"),
-    (line(head=3), "labels.jsonl:2: layer 0, head 3 is out of range for run 'tiny'"),
-    (line(layer=-1), "labels.jsonl:2: layer must be a non-negative integer"),
-    (line(labeller=None), "labels.jsonl:2: labeller must be a non-empty string"),
-    ("{not json", "labels.jsonl:2: not a JSON object"),
-    (line(head=1), "labels.jsonl:2: the same map as line 1"),
-    (line(split="DROP"), "labels.jsonl:2: missing split"),
-])
+@pytest.mark.parametrize(
+    "second, message",
+    [
+        (line(label="stripes"), "labels.jsonl:2: unknown label 'stripes'; expected one of vertical, diagonal"),
+        (line(source_row=9), "labels.jsonl:2: source row 9 is not a stored example of run(s) tiny"),
+        (line(model="bert"), "labels.jsonl:2: no run of model 'bert' over hand-tiny:test in this store"),
+        (line(head=3), "labels.jsonl:2: layer 0, head 3 is out of range for run 'tiny'"),
+        (line(layer=-1), "labels.jsonl:2: layer must be a non-negative integer"),
+        (line(labeller=None), "labels.jsonl:2: labeller must be a non-empty string"),
+        ("{not json", "labels.jsonl:2: not a JSON object"),
+        (line(head=1), "labels.jsonl:2: the same map as line 1"),
+        (line(split="DROP"), "labels.jsonl:2: missing split"),
+    ],
+)
 def test_bad_label_lines_are_refused_in_one_line_and_nothing_is_written(labelled_store, tmp_path, second, message):
     store, _ = labelled_store
     path = tmp_path / "labels.jsonl"
@@ -117,7 +132,7 @@ def test_classify_with_rules_saves_labels_and_figure(labelled_store, tmp_path):
     store, run = labelled_store
     result = invoke("patterns", "classify", "--run", run, "--save", "--format", "json", *store_args(store))
     assert result.exit_code == 0, result.output
-    shares = json.loads(result.output[result.output.index("["):])[0]
+    shares = json.loads(result.output[result.output.index("[") :])[0]
     assert shares["n_maps"] == 12 and shares["n_examples"] == 2
     expected = run_query(store, "pattern_proportions", run=run).set_index("label")["fraction"]
     assert [shares[c] for c in expected.index] == pytest.approx(expected.tolist())

@@ -19,8 +19,23 @@ def test_clark_report_writes_tables_and_figures(tmp_path):
     for dataset in ("ud/en_ewt:dev", "gum/ontogum:dev"):
         result = runner.invoke(main, ["ingest", "--dataset", dataset, "--data-dir", DATA, "--home", home, "--no-progress"])
         assert result.exit_code == 0, result.output
-    result = runner.invoke(main, ["report", "clark", "--run", "ud/en_ewt-dev-all-MiniLM-L6-v2", "--coref-run",
-                                  "gum/ontogum-dev-all-MiniLM-L6-v2", "--out", str(out), "--min-count", "1", "--home", home])
+    result = runner.invoke(
+        main,
+        [
+            "report",
+            "clark",
+            "--run",
+            "ud/en_ewt-dev-all-MiniLM-L6-v2",
+            "--coref-run",
+            "gum/ontogum-dev-all-MiniLM-L6-v2",
+            "--out",
+            str(out),
+            "--min-count",
+            "1",
+            "--home",
+            home,
+        ],
+    )
     assert result.exit_code == 0, result.output
     readme = (out / "README.md").read_text(encoding="utf-8")
     assert "all-MiniLM-L6-v2 on ud/en_ewt:dev (6 examples" in readme and "gum/ontogum:dev" in readme

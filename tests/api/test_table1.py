@@ -8,14 +8,35 @@ import uuid
 def _model(store, name, init, task, lr, seed):
     hparams = dict(lr=lr, batch_size=32, epochs=3, seed=seed, train_limit=None, max_length=128, warmup=0.1, weight_decay=0.01)
     return store.register_finetuned_model(
-        name=name, source=f"models/{name}", weights_sha256=uuid.uuid4().hex, architecture="X", n_layers=1, n_heads=1,
-        max_length=128, tokenizer="t", special_tokens={}, parent_id=None, init=init, task=task,
-        training=dict(hparams=hparams, complete=True, checkpoint=name))
+        name=name,
+        source=f"models/{name}",
+        weights_sha256=uuid.uuid4().hex,
+        architecture="X",
+        n_layers=1,
+        n_heads=1,
+        max_length=128,
+        tokenizer="t",
+        special_tokens={},
+        parent_id=None,
+        init=init,
+        task=task,
+        training=dict(hparams=hparams, complete=True, checkpoint=name),
+    )
 
 
 def _score(store, model_id, task, value):
-    row = dict(model_id=model_id, task=task, split="dev", mode="none", config="none", disabled_heads=[], metric="accuracy",
-               score=value, baseline_score=None, n_examples=10)
+    row = dict(
+        model_id=model_id,
+        task=task,
+        split="dev",
+        mode="none",
+        config="none",
+        disabled_heads=[],
+        metric="accuracy",
+        score=value,
+        baseline_score=None,
+        n_examples=10,
+    )
     assert store.add_ablation_results([row])
 
 

@@ -61,10 +61,12 @@ def test_view_command_and_its_errors(hand_store, tmp_path):
     assert ok.exit_code == 0, ok.output and (tmp_path / "v.png").exists()
     ok = runner.invoke(main, ["view", "--run", "view", "--example", "0", "--bertviz", "--out", str(tmp_path / "b.json"), *where])
     assert ok.exit_code == 0 and json.loads((tmp_path / "b.json").read_text())["tokens"][0] == "[CLS]"
-    for args, message in ((["--out", str(tmp_path / "v.txt")], "give a file ending in .png or .svg"),
-                          (["--head", "1", "--out", str(tmp_path / "h.png")], "--head needs --layer"),
-                          (["--layer", "7", "--out", str(tmp_path / "l.png")], "layer"),
-                          (["--example", "5", "--out", str(tmp_path / "e.png")], "example")):
+    for args, message in (
+        (["--out", str(tmp_path / "v.txt")], "give a file ending in .png or .svg"),
+        (["--head", "1", "--out", str(tmp_path / "h.png")], "--head needs --layer"),
+        (["--layer", "7", "--out", str(tmp_path / "l.png")], "layer"),
+        (["--example", "5", "--out", str(tmp_path / "e.png")], "example"),
+    ):
         base = ["view", "--run", "view"] + ([] if "--example" in args else ["--example", "0"])
         bad = runner.invoke(main, [*base, *args, *where])
         assert bad.exit_code == 1 and message in bad.output and "Traceback" not in bad.output, bad.output

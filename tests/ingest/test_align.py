@@ -40,15 +40,29 @@ def test_contraction_pieces_map_to_their_syntactic_words(tokenizer):
 
 def test_hyphenated_words_and_numbers_keep_all_pieces(tokenizer):
     _, pairs = aligned(tokenizer, ["long-term", "303-832-8160", "3.5%"])
-    assert pairs[1:-1] == [("long", 0), ("-", 0), ("term", 0), ("303", 1), ("-", 1), ("83", 1), ("##2", 1), ("-", 1),
-                           ("81", 1), ("##60", 1), ("3", 2), (".", 2), ("5", 2), ("%", 2)]
+    assert pairs[1:-1] == [
+        ("long", 0),
+        ("-", 0),
+        ("term", 0),
+        ("303", 1),
+        ("-", 1),
+        ("83", 1),
+        ("##2", 1),
+        ("-", 1),
+        ("81", 1),
+        ("##60", 1),
+        ("3", 2),
+        (".", 2),
+        ("5", 2),
+        ("%", 2),
+    ]
 
 
 def test_non_ascii_words_and_char_spans(tokenizer):
     enc, pairs = aligned(tokenizer, ["café", "Iran’s", "東京"])
     assert pairs[1:-1] == [("cafe", 0), ("iran", 1), ("’", 1), ("s", 1), ("東", 2), ("京", 2)]
     text = "café Iran’s 東京"
-    spans = [text[t["char_start"]:t["char_end"]] for t in enc.tokens[1:-1]]
+    spans = [text[t["char_start"] : t["char_end"]] for t in enc.tokens[1:-1]]
     assert spans == ["café", "Iran", "’", "s", "東", "京"]
 
 

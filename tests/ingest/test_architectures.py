@@ -26,22 +26,34 @@ pytestmark = pytest.mark.model
 torch = pytest.importorskip("torch")
 T = pytest.importorskip("transformers")
 
-SENTENCES = ["The cat sat on the mat.", "A dog barked at the cat, and it ran away.", "Don't stop me now!",
-             "Colorless green ideas sleep furiously.", "the quick brown fox jumps over the lazy dog 123"]
+SENTENCES = [
+    "The cat sat on the mat.",
+    "A dog barked at the cat, and it ran away.",
+    "Don't stop me now!",
+    "Colorless green ideas sleep furiously.",
+    "the quick brown fox jumps over the lazy dog 123",
+]
 WORDPIECE_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
 POSITIONS = 40  # max_position_embeddings of the RoBERTa-style models: 38 usable positions after padding_idx 1
 
-PAIRS = ("sentence1\tsentence2\n"
-         "The cat sat.\tA dog ran away, fast.\n"
-         "Don't stop me now!\tIt sat.\n"
-         "the quick brown fox\tjumps over the lazy dog.\n")
+PAIRS = (
+    "sentence1\tsentence2\n"
+    "The cat sat.\tA dog ran away, fast.\n"
+    "Don't stop me now!\tIt sat.\n"
+    "the quick brown fox\tjumps over the lazy dog.\n"
+)
 CONLLU = "".join(
-    f"# text = {' '.join(forms)}\n" + "".join(f"{i + 1}\t{f}\t{f}\tX\tX\t_\t{h}\tdep\t_\t_\n" for i, (f, h) in
-                                              enumerate(zip(forms, heads))) + "\n"
-    for forms, heads in [(["The", "cat", "sat", "."], [2, 3, 0, 3]), (["Dogs", "bark", "loudly"], [2, 0, 2]),
-                         (["A", "dog", "ran", "away", "fast", "."], [2, 3, 0, 3, 3, 3])])
+    f"# text = {' '.join(forms)}\n"
+    + "".join(f"{i + 1}\t{f}\t{f}\tX\tX\t_\t{h}\tdep\t_\t_\n" for i, (f, h) in enumerate(zip(forms, heads)))
+    + "\n"
+    for forms, heads in [
+        (["The", "cat", "sat", "."], [2, 3, 0, 3]),
+        (["Dogs", "bark", "loudly"], [2, 0, 2]),
+        (["A", "dog", "ran", "away", "fast", "."], [2, 3, 0, 3, 3, 3]),
+    ]
+)
 
 
 # ---------------------------------------------------------------- tokenizers and models, built offline
@@ -74,11 +86,11 @@ def sentencepiece_like(cls, specials: list[str], single: str, pair: str):
     bpe.pre_tokenizer = pre_tokenizers.Metaspace()
     bpe.decoder = decoders.Metaspace()
     alphabet = list(string.ascii_letters + string.digits + string.punctuation)
-    bpe.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=200, special_tokens=specials, initial_alphabet=alphabet,
-                                                           show_progress=False))
+    bpe.train_from_iterator(
+        SENTENCES, trainers.BpeTrainer(vocab_size=200, special_tokens=specials, initial_alphabet=alphabet, show_progress=False)
+    )
     used = sorted({t.split(":")[0] for t in f"{single} {pair}".split() if not t.startswith("$")})
-    bpe.post_processor = processors.TemplateProcessing(single=single, pair=pair,
-                                                       special_tokens=[(t, bpe.token_to_id(t)) for t in used])
+    bpe.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=[(t, bpe.token_to_id(t)) for t in used])
     return cls(tokenizer_object=bpe)
 
 
@@ -101,8 +113,7 @@ def build(arch: str, folder: Path, head: str = "") -> str:
         model = T.ConvBertModel(T.ConvBertConfig(vocab_size=len(tok), embedding_size=32, head_ratio=2, **SMALL))
     elif arch == "funnel":
         tok = wordpiece(folder, T.FunnelTokenizerFast, ["<pad>", "<unk>", "<cls>", "<sep>", "<mask>", "<s>", "</s>"])
-        model = T.FunnelModel(T.FunnelConfig(vocab_size=len(tok), block_sizes=[1, 1], d_model=32, n_head=2, d_head=16,
-                                             d_inner=37))
+        model = T.FunnelModel(T.FunnelConfig(vocab_size=len(tok), block_sizes=[1, 1], d_model=32, n_head=2, d_head=16, d_inner=37))
     elif arch == "mpnet":
         tok = wordpiece(folder, T.MPNetTokenizerFast, ROBERTA_SPECIALS)
         model = (T.MPNetForMaskedLM if head == "mlm" else T.MPNetModel)(T.MPNetConfig(vocab_size=len(tok), **roberta_like))
@@ -114,29 +125,58 @@ def build(arch: str, folder: Path, head: str = "") -> str:
         tok = sentencepiece_like(T.XLMRobertaTokenizerFast, ROBERTA_SPECIALS, "<s> $A </s>", "<s> $A </s> </s> $B </s>")
         model = T.XLMRobertaModel(T.XLMRobertaConfig(vocab_size=len(tok), **roberta_like))
     elif arch == "albert":
-        tok = sentencepiece_like(T.AlbertTokenizerFast, ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
-                                 "[CLS] $A [SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1")
+        tok = sentencepiece_like(
+            T.AlbertTokenizerFast, ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"], "[CLS] $A [SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1"
+        )
         model = T.AlbertModel(T.AlbertConfig(vocab_size=len(tok), embedding_size=16, **SMALL))
     elif arch == "deberta-v2":
-        tok = sentencepiece_like(T.DebertaV2TokenizerFast, ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"],
-                                 "[CLS] $A [SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1")
-        model = T.DebertaV2Model(T.DebertaV2Config(vocab_size=len(tok), relative_attention=True, position_biased_input=False,
-                                                   pos_att_type=["p2c", "c2p"], position_buckets=16, **SMALL))
+        tok = sentencepiece_like(
+            T.DebertaV2TokenizerFast, ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"], "[CLS] $A [SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1"
+        )
+        model = T.DebertaV2Model(
+            T.DebertaV2Config(
+                vocab_size=len(tok),
+                relative_attention=True,
+                position_biased_input=False,
+                pos_att_type=["p2c", "c2p"],
+                position_buckets=16,
+                **SMALL,
+            )
+        )
     elif arch == "gpt2":  # no pad token, no special tokens added
         tok = byte_level(folder, T.GPT2TokenizerFast, ["<|endoftext|>"])
         model = T.GPT2Model(T.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=64))
     elif arch == "llama":  # no pad token; <s> first
         tok = sentencepiece_like(T.LlamaTokenizerFast, ["<unk>", "<s>", "</s>"], "<s> $A", "<s> $A <s> $B")
-        model = T.LlamaModel(T.LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                           num_key_value_heads=2, intermediate_size=37, max_position_embeddings=64))
+        model = T.LlamaModel(
+            T.LlamaConfig(
+                vocab_size=len(tok),
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=37,
+                max_position_embeddings=64,
+            )
+        )
     elif arch == "t5":
         tok = sentencepiece_like(T.T5TokenizerFast, ["<pad>", "</s>", "<unk>"], "$A </s>", "$A </s> $B </s>")
         model = T.T5Model(T.T5Config(vocab_size=len(tok), d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4))
     elif arch == "bart":
         tok = byte_level(folder, T.BartTokenizerFast)
-        model = T.BartModel(T.BartConfig(vocab_size=len(tok), d_model=32, encoder_layers=2, decoder_layers=2,
-                                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=37,
-                                         decoder_ffn_dim=37, max_position_embeddings=64))
+        model = T.BartModel(
+            T.BartConfig(
+                vocab_size=len(tok),
+                d_model=32,
+                encoder_layers=2,
+                decoder_layers=2,
+                encoder_attention_heads=2,
+                decoder_attention_heads=2,
+                encoder_ffn_dim=37,
+                decoder_ffn_dim=37,
+                max_position_embeddings=64,
+            )
+        )
     else:
         raise ValueError(arch)
     model.save_pretrained(folder)
@@ -223,8 +263,9 @@ def test_accepted_architecture_stores_exact_maps(arch, tiny, sqlite_store, tmp_p
 
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text(PAIRS, encoding="utf-8")
-    text_run = ingest(sqlite_store, corpus=str(pairs), fmt="pairs-tsv", annotator="whitespace", loaded=loaded, batch_size=2,
-                      name="text", progress=False).run
+    text_run = ingest(
+        sqlite_store, corpus=str(pairs), fmt="pairs-tsv", annotator="whitespace", loaded=loaded, batch_size=2, name="text", progress=False
+    ).run
     assert (text_run.status, text_run.n_stored, text_run.tokenization) == ("complete", 3, "text")
     assert text_run.manifest["model"]["causal"] is causal
     assert text_run.manifest["model"]["architecture"] == loaded.architecture
@@ -233,8 +274,7 @@ def test_accepted_architecture_stores_exact_maps(arch, tiny, sqlite_store, tmp_p
 
     conllu = tmp_path / "gold.conllu"
     conllu.write_text(CONLLU, encoding="utf-8")
-    word_run = ingest(sqlite_store, corpus=str(conllu), fmt="conllu", loaded=loaded, batch_size=2, name="words",
-                      progress=False).run
+    word_run = ingest(sqlite_store, corpus=str(conllu), fmt="conllu", loaded=loaded, batch_size=2, name="words", progress=False).run
     assert (word_run.n_stored, word_run.tokenization) == (3, "words")
     assert word_run.manifest["tokenizer"].get("add_prefix_space") == (True if arch in BYTE_LEVEL else None)
     words_tok = T.AutoTokenizer.from_pretrained(path, add_prefix_space=True) if arch in BYTE_LEVEL else loaded.tokenizer
@@ -260,8 +300,9 @@ def test_positions_after_the_padding_index_limit_the_length(arch, tiny, sqlite_s
     assert (run.n_stored, run.n_truncated, run.max_length) == (1, 1, POSITIONS - 2)
     toks = sqlite_store.tokens(run.name, 0)
     assert len(toks) == POSITIONS - 2  # exactly the limit
-    np.testing.assert_allclose(sqlite_store.attention(run.name, 0).astype(np.float32),
-                               reference_maps(loaded, {"input_ids": toks["token_id"].tolist()}), atol=1e-3)
+    np.testing.assert_allclose(
+        sqlite_store.attention(run.name, 0).astype(np.float32), reference_maps(loaded, {"input_ids": toks["token_id"].tolist()}), atol=1e-3
+    )
     with pytest.raises(IndexError):  # one token more does not fit the position table
         loaded.model(input_ids=torch.tensor([toks["token_id"].tolist() + [5]]))
 
@@ -272,8 +313,7 @@ REFUSED = {
     "t5": "(T5Model) is an encoder-decoder model; attnstore stores self-attention of encoder-only or decoder-only models",
     "bart": "(BartModel) is an encoder-decoder model; attnstore stores self-attention of encoder-only or decoder-only models",
     "funnel": "(FunnelModel) returns attention of shape (2, 2, ",
-    "convbert": "(ConvBertModel) returns 2 attention heads per layer where its config declares num_attention_heads=4 "
-                "(head_ratio=2",
+    "convbert": "(ConvBertModel) returns 2 attention heads per layer where its config declares num_attention_heads=4 (head_ratio=2",
 }
 
 
@@ -284,8 +324,9 @@ def store_args(tmp_path: Path) -> list[str]:
 def row_counts(tmp_path: Path) -> dict[str, int]:
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'meta.sqlite'}")
     with engine.connect() as conn:
-        counts = {t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one()
-                  for t in ("datasets", "examples", "models", "runs", "tokens")}
+        counts = {
+            t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one() for t in ("datasets", "examples", "models", "runs", "tokens")
+        }
     engine.dispose()
     return counts
 
@@ -299,8 +340,22 @@ def test_unsupported_architecture_is_refused_in_one_line(arch, tiny, sqlite_stor
     corpus = tmp_path / "c.txt"
     corpus.write_text("The cat sat on the mat.\n", encoding="utf-8")
     before = row_counts(tmp_path)
-    result = CliRunner().invoke(main, ["ingest", "--corpus", str(corpus), "--format", "text", "--annotate", "whitespace",
-                                       "--no-progress", "--model", tiny(arch), *store_args(tmp_path)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "ingest",
+            "--corpus",
+            str(corpus),
+            "--format",
+            "text",
+            "--annotate",
+            "whitespace",
+            "--no-progress",
+            "--model",
+            tiny(arch),
+            *store_args(tmp_path),
+        ],
+    )
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert len(lines) == 1 and lines[0].startswith("Error: model "), result.output
@@ -322,8 +377,15 @@ def test_gradients_pass_only_the_inputs_the_model_takes(tiny, sqlite_store, tmp_
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text(PAIRS, encoding="utf-8")
     for arch in ("distilbert", "mpnet", "roberta"):
-        run = ingest(sqlite_store, corpus=str(pairs), fmt="pairs-tsv", annotator="whitespace", model=tiny(arch, "mlm"),
-                     name=f"mlm-{arch}", progress=False).run
+        run = ingest(
+            sqlite_store,
+            corpus=str(pairs),
+            fmt="pairs-tsv",
+            annotator="whitespace",
+            model=tiny(arch, "mlm"),
+            name=f"mlm-{arch}",
+            progress=False,
+        ).run
         assert "token_type_ids" not in run.manifest["model"]["inputs"]
         frame = gradient_importance(sqlite_store, run.name, seed=0)
         values = frame[["to_cls", "to_sep", "to_other"]].to_numpy()
@@ -352,8 +414,7 @@ def test_causal_baselines_and_probe_refusal(tiny, sqlite_store, tmp_path):
     position = run_query(sqlite_store, "relative_position", run="gpt2")
     assert position["to_next"].isna().all() and position["to_previous"].notna().all()
 
-    result = CliRunner().invoke(main, ["probe", "train", "--run", "gpt2", "--eval-run", "gpt2", "--kind", "attn",
-                                       *store_args(tmp_path)])
+    result = CliRunner().invoke(main, ["probe", "train", "--run", "gpt2", "--eval-run", "gpt2", "--kind", "attn", *store_args(tmp_path)])
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 1 and len(lines) == 1, result.output
     assert lines[0].startswith("Error: run 'gpt2' has no [CLS]-like token"), lines[0]

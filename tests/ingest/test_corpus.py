@@ -44,7 +44,7 @@ def test_conllu_gold_words_multiword_tokens_and_empty_nodes():
     i = forms.index("did")
     assert forms[i + 1] == "n't"  # the syntactic words of the multiword token "didn't"
     text = contraction.text_a
-    assert text[contraction.words[i]["char_start"]:contraction.words[i + 1]["char_end"]] == "didn't"
+    assert text[contraction.words[i]["char_start"] : contraction.words[i + 1]["char_end"]] == "didn't"
     with_empty = sents[3]
     assert all("." not in str(w["position"]) for w in with_empty.words)
     assert len(with_empty.words) == max(w["position"] for w in with_empty.words) + 1
@@ -53,14 +53,17 @@ def test_conllu_gold_words_multiword_tokens_and_empty_nodes():
 def test_conllu_char_spans_match_the_text():
     for sent in read_conllu(FIXTURES / "ewt_dev_excerpt.conllu"):
         for w in sent.words:
-            assert sent.text_a[w["char_start"]:w["char_end"]] == w["form"], (sent.sent_id, w)
+            assert sent.text_a[w["char_start"] : w["char_end"]] == w["form"], (sent.sent_id, w)
 
 
-@pytest.mark.parametrize("content, line, problem", [
-    ("sentence1\tsentence2\tlabel\nA\tB\t1\nonly one field\n", 3, "expected 3 tab-separated fields, found 1"),
-    ("sentence1\tsentence2\tlabel\nA\t\t1\n", 2, "empty text in column 'sentence2'"),
-    ("foo\tbar\nA\tB\n", 1, "cannot tell the two text columns"),
-])
+@pytest.mark.parametrize(
+    "content, line, problem",
+    [
+        ("sentence1\tsentence2\tlabel\nA\tB\t1\nonly one field\n", 3, "expected 3 tab-separated fields, found 1"),
+        ("sentence1\tsentence2\tlabel\nA\t\t1\n", 2, "empty text in column 'sentence2'"),
+        ("foo\tbar\nA\tB\n", 1, "cannot tell the two text columns"),
+    ],
+)
 def test_malformed_tsv_names_file_and_line(tmp_path, content, line, problem):
     path = tmp_path / "bad.tsv"
     path.write_text(content, encoding="utf-8")
@@ -70,12 +73,15 @@ def test_malformed_tsv_names_file_and_line(tmp_path, content, line, problem):
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("content, line, problem", [
-    ("1\tA\ta\tX\tX\t_\t0\troot\t_\t_\n2\tB\tb\tX\tX\t_\t1\n", 2, "expected 10 tab-separated CoNLL-U columns, found 7"),
-    ("1\tA\ta\tX\tX\t_\t0\troot\t_\t_\n3\tB\tb\tX\tX\t_\t1\tdep\t_\t_\n", 2, "word ID 3 out of sequence"),
-    ("1\tA\ta\tX\tX\t_\tzero\troot\t_\t_\n", 1, "HEAD 'zero' is not a number"),
-    ("1\tA\ta\tX\tX\t_\t0\troot\t_\t_\n2\tB\tb\tX\tX\t_\t7\tdep\t_\t_\n", 2, "HEAD 7 points past"),
-])
+@pytest.mark.parametrize(
+    "content, line, problem",
+    [
+        ("1\tA\ta\tX\tX\t_\t0\troot\t_\t_\n2\tB\tb\tX\tX\t_\t1\n", 2, "expected 10 tab-separated CoNLL-U columns, found 7"),
+        ("1\tA\ta\tX\tX\t_\t0\troot\t_\t_\n3\tB\tb\tX\tX\t_\t1\tdep\t_\t_\n", 2, "word ID 3 out of sequence"),
+        ("1\tA\ta\tX\tX\t_\tzero\troot\t_\t_\n", 1, "HEAD 'zero' is not a number"),
+        ("1\tA\ta\tX\tX\t_\t0\troot\t_\t_\n2\tB\tb\tX\tX\t_\t7\tdep\t_\t_\n", 2, "HEAD 7 points past"),
+    ],
+)
 def test_malformed_conllu_names_file_and_line(tmp_path, content, line, problem):
     path = tmp_path / "bad.conllu"
     path.write_text(content, encoding="utf-8")

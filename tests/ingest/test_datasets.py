@@ -22,8 +22,17 @@ def examples(key, **overrides):
 
 def test_registry_and_unknown_names():
     keys = {s.key for s in BUILTIN}
-    assert {"glue/MRPC:dev", "glue/RTE:dev", "glue/STS-B:dev", "glue/SST-2:train", "glue/QNLI:dev",
-            "glue/MNLI:dev-matched-sample", "ud/en_ewt:train", "gum/ontogum:test", "framenet/1.5:exemplars"} <= keys
+    assert {
+        "glue/MRPC:dev",
+        "glue/RTE:dev",
+        "glue/STS-B:dev",
+        "glue/SST-2:train",
+        "glue/QNLI:dev",
+        "glue/MNLI:dev-matched-sample",
+        "ud/en_ewt:train",
+        "gum/ontogum:test",
+        "framenet/1.5:exemplars",
+    } <= keys
     with pytest.raises(InvalidArgumentError, match="no built-in dataset 'glue/MRPC:test'; choose one of: glue/MRPC:dev"):
         find_dataset("glue/MRPC:test")
 
@@ -93,7 +102,7 @@ def test_gum_windows_mentions_and_heads():
             assert head["head"] is None or not m["word_start"] <= head["head"] < m["word_end"]
             assert m["kind"] == {"PRON": "pronoun", "PROPN": "proper"}.get(head["upos"], "nominal")
         text = w.text_a
-        assert all(text[x["char_start"]:x["char_end"]] == x["form"] for x in w.words)
+        assert all(text[x["char_start"] : x["char_end"]] == x["form"] for x in w.words)
     byron = [w for w in windows if w.doc_id == "GUM_bio_byron"]
     orders = [m["doc_order"] for w in byron for m in w.mentions]
     assert orders == sorted(orders) and len(set(orders)) == len(orders)
@@ -101,8 +110,9 @@ def test_gum_windows_mentions_and_heads():
 
 def test_gum_unbalanced_brackets_name_the_line(tmp_path):
     doc = tmp_path / "doc.conllu"
-    doc.write_text("# sent_id = s1\n# text = A b\n1\tA\ta\tX\tX\t_\t0\troot\t_\tEntity=(1\n2\tb\tb\tX\tX\t_\t1\tdep\t_\t_\n\n",
-                   encoding="utf-8")
+    doc.write_text(
+        "# sent_id = s1\n# text = A b\n1\tA\ta\tX\tX\t_\t0\troot\t_\tEntity=(1\n2\tb\tb\tX\tX\t_\t1\tdep\t_\t_\n\n", encoding="utf-8"
+    )
     with pytest.raises(CorpusError, match=r"doc\.conllu:3: entity '1' is opened but never closed"):
         list(read_gum_documents(tmp_path))
 
@@ -112,7 +122,7 @@ def test_framenet_spans_map_to_words_on_hard_cases():
     first = sets[0]
     frame = first.frames[0]
     assert (frame["frame"], frame["lu"]) == ("Causation", "cause.v")
-    assert [w["form"] for w in first.words][frame["target_start"]:frame["target_end"]] == ["caused"]
+    assert [w["form"] for w in first.words][frame["target_start"] : frame["target_end"]] == ["caused"]
     cause = next(fe for fe in frame["elements"] if fe["name"] == "Cause")
     assert (cause["word_start"], cause["word_end"], cause["in_core_set"], cause["core_type"]) == (0, 1, True, "Core")
     partial = next(s for s in sets if s.text_a.startswith("She peered"))
@@ -120,7 +130,7 @@ def test_framenet_spans_map_to_words_on_hard_cases():
     assert (wearer["char_start"], wearer["char_end"], wearer["word_start"], wearer["word_end"]) == (0, 1, 0, 1)  # "S" of "She"
     pound = next(s for s in sets if "£200" in s.text_a)
     effect = pound.frames[0]["elements"][0]
-    assert [w["form"] for w in pound.words][effect["word_start"]:effect["word_end"]] == ["damage"]
+    assert [w["form"] for w in pound.words][effect["word_start"] : effect["word_end"]] == ["damage"]
     assert all(s.pretokenized for s in sets)
 
 
@@ -146,13 +156,15 @@ def test_framenet_release_xml(tmp_path):
     (tmp_path / "lu").mkdir()
     (tmp_path / "frame" / "Causation.xml").write_text(
         f'<frame {ns} ID="5" name="Causation"><FE ID="1" name="Cause" coreType="Core"/>'
-        f'<FE ID="2" name="Effect" coreType="Core"/><FEcoreSet><memberFE ID="1" name="Cause"/></FEcoreSet></frame>')
+        f'<FE ID="2" name="Effect" coreType="Core"/><FEcoreSet><memberFE ID="1" name="Cause"/></FEcoreSet></frame>'
+    )
     (tmp_path / "lu" / "lu2.xml").write_text(
         f'<lexUnit {ns} ID="2" name="cause.v" frame="Causation" frameID="5"><subCorpus name="s">'
         f'<sentence ID="7"><text>Rain caused floods .</text><annotationSet ID="9">'
         f'<layer rank="1" name="Target"><label start="5" end="10" name="Target"/></layer>'
         f'<layer rank="1" name="FE"><label start="0" end="3" name="Cause"/><label start="12" end="17" name="Effect"/></layer>'
-        f'</annotationSet></sentence></subCorpus></lexUnit>')
+        f"</annotationSet></sentence></subCorpus></lexUnit>"
+    )
     (ex,) = list(read_release_xml(tmp_path))
     frame = ex.frames[0]
     assert (frame["annoset_id"], frame["target_start"], frame["target_end"]) == (9, 1, 2)
@@ -170,8 +182,7 @@ def test_sample_is_reproducible():
 def test_register_builtin_with_sample_and_mentions(store):
     source = builtin_source("gum/ontogum:dev", str(DATA), window_words=30)
     dataset_id, annotator = register_dataset(store, source, sample=3, seed=1, progress=False)
-    again, _ = register_dataset(store, builtin_source("gum/ontogum:dev", str(DATA), window_words=30), sample=3, seed=1,
-                                progress=False)
+    again, _ = register_dataset(store, builtin_source("gum/ontogum:dev", str(DATA), window_words=30), sample=3, seed=1, progress=False)
     assert again == dataset_id and annotator == "gold"
     ds = store.sql("SELECT split, n_examples FROM datasets").iloc[0]
     assert (ds["split"], ds["n_examples"]) == ("dev[sample=3,seed=1]", 3)
@@ -195,11 +206,20 @@ def test_framenet_element_without_core_type_reads_as_unknown(tmp_path):
 
     from attnstore.ingest.framenet import read_exemplars_jsonl
 
-    (tmp_path / "frames.jsonl").write_text(json.dumps({"frame_id": 965, "name": "Measurable_attributes", "FEs": [],
-                                                       "FEcoreSets": []}) + "\n", encoding="utf-8")
-    record = {"sent_id": 1, "annoset_id": 2, "lu_id": 3, "lu_name": "long.a", "frame_id": 965,
-              "frame_name": "Measurable_attributes", "text": "Why this long discourse ?", "target": [[9, 13]],
-              "fe": [[9, 13, "Dimension", None], [14, 23, "Entity", "Core"]]}
+    (tmp_path / "frames.jsonl").write_text(
+        json.dumps({"frame_id": 965, "name": "Measurable_attributes", "FEs": [], "FEcoreSets": []}) + "\n", encoding="utf-8"
+    )
+    record = {
+        "sent_id": 1,
+        "annoset_id": 2,
+        "lu_id": 3,
+        "lu_name": "long.a",
+        "frame_id": 965,
+        "frame_name": "Measurable_attributes",
+        "text": "Why this long discourse ?",
+        "target": [[9, 13]],
+        "fe": [[9, 13, "Dimension", None], [14, 23, "Entity", "Core"]],
+    }
     (tmp_path / "ex.jsonl").write_text(json.dumps(record) + "\n", encoding="utf-8")
     (example,) = list(read_exemplars_jsonl(tmp_path / "ex.jsonl"))
     assert [(fe["name"], fe["core_type"]) for fe in example.frames[0]["elements"]] == [("Dimension", ""), ("Entity", "Core")]

@@ -17,13 +17,16 @@ def test_example_counts(spec):
     assert sum(1 for _ in read_dataset(spec, DATA)) == spec.n_examples
 
 
-@pytest.mark.parametrize("key, labels", [
-    ("glue/MRPC:dev", {"1": 279, "0": 129}),
-    ("glue/RTE:dev", {"entailment": 146, "not_entailment": 131}),
-    ("glue/SST-2:dev", {"1": 444, "0": 428}),
-    ("glue/QNLI:dev", {"entailment": 2702, "not_entailment": 2761}),
-    ("glue/MNLI:dev-matched-sample", {"entailment": 360, "neutral": 328, "contradiction": 336}),
-])
+@pytest.mark.parametrize(
+    "key, labels",
+    [
+        ("glue/MRPC:dev", {"1": 279, "0": 129}),
+        ("glue/RTE:dev", {"entailment": 146, "not_entailment": 131}),
+        ("glue/SST-2:dev", {"1": 444, "0": 428}),
+        ("glue/QNLI:dev", {"entailment": 2702, "not_entailment": 2761}),
+        ("glue/MNLI:dev-matched-sample", {"entailment": 360, "neutral": 328, "contradiction": 336}),
+    ],
+)
 def test_label_counts(key, labels):
     assert Counter(e.label for e in read_dataset(find_dataset(key), DATA)) == labels
 
@@ -33,8 +36,7 @@ def test_ud_word_counts(split, words):
     assert sum(len(s.words) for s in read_dataset(find_dataset(f"ud/en_ewt:{split}"), DATA)) == words
 
 
-@pytest.mark.parametrize("split, sentences, words, mentions, entities", [
-    ("dev", 1575, 28119, 3818, 857), ("test", 1464, 28397, 3581, 858)])
+@pytest.mark.parametrize("split, sentences, words, mentions, entities", [("dev", 1575, 28119, 3818, 857), ("test", 1464, 28397, 3581, 858)])
 def test_gum_counts(split, sentences, words, mentions, entities):
     spec = find_dataset(f"gum/ontogum:{split}")
     windows = list(read_dataset(spec, DATA))

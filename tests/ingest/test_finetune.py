@@ -96,6 +96,7 @@ def test_mean_ablation_replaces_a_heads_output_by_its_mean_over_real_tokens(tiny
     def keep(layer):
         def hook(_module, _inputs, output):
             captured[layer] = output[0].detach().clone()
+
         return hook
 
     disabler = HeadDisabler(tiny_classifier, n_layers=2, n_heads=4)
@@ -202,8 +203,16 @@ def test_evaluate_and_sweep_store_each_configuration_once(store, tiny_bert):
 
     now = utcnow() - timedelta(seconds=1)
     with store.engine.begin() as conn:
-        conn.execute(sa.insert(Lease).values(resource=f"ablation:{ev.model_id}:SST-2:dev:uniform:heads:0:0", token="z" * 32,
-                                             host="elsewhere", pid=1, acquired_at=now, heartbeat_at=now))
+        conn.execute(
+            sa.insert(Lease).values(
+                resource=f"ablation:{ev.model_id}:SST-2:dev:uniform:heads:0:0",
+                token="z" * 32,
+                host="elsewhere",
+                pid=1,
+                acquired_at=now,
+                heartbeat_at=now,
+            )
+        )
     each = ablate(store, ev, heads="each", mode="uniform", progress=False)
     assert len(each) == 7 and "heads:0:0" not in set(each["config"])
     again = ablate(store, ev, heads="each", mode="uniform", progress=False)
@@ -211,8 +220,18 @@ def test_evaluate_and_sweep_store_each_configuration_once(store, tiny_bert):
     all_rows = store.ablation_results(model=tuned.name)
     assert not all_rows.duplicated(["task", "split", "mode", "config", "metric"]).any()
     # the unique key refuses a duplicate whoever writes it
-    row = dict(model_id=ev.model_id, task="SST-2", split="dev", mode="uniform", config="layer:0", disabled_heads=[],
-               metric="accuracy", score=0.0, baseline_score=None, n_examples=5)
+    row = dict(
+        model_id=ev.model_id,
+        task="SST-2",
+        split="dev",
+        mode="uniform",
+        config="layer:0",
+        disabled_heads=[],
+        metric="accuracy",
+        score=0.0,
+        baseline_score=None,
+        n_examples=5,
+    )
     assert store.add_ablation_results([row]) is False
 
 
@@ -243,16 +262,16 @@ def test_command_line_finetune_evaluate_ablate_report_and_ingest(tmp_path, tiny_
         return result.output
 
     ok("db", "upgrade")
-    out = ok("finetune", "--task", "sst-2", "--model", tiny_bert, "--epochs", "1", "--batch-size", "2", "--name", "tiny-sst2",
-             "--no-progress")
+    out = ok(
+        "finetune", "--task", "sst-2", "--model", tiny_bert, "--epochs", "1", "--batch-size", "2", "--name", "tiny-sst2", "--no-progress"
+    )
     assert "fine-tuned 'tiny-sst2': 1 epoch(s)" in out
     assert (tmp_path / "store" / "models" / "tiny-sst2" / "config.json").exists()
     assert "accuracy" in ok("evaluate", "--model", "tiny-sst2", "--task", "SST-2", "--no-progress")
     ok("evaluate", "--model", tiny_bert, "--task", "SST-2", "--no-progress")  # no fine-tuning
     assert "heads:0:1,1:2" in ok("ablate", "--model", "tiny-sst2", "--task", "SST-2", "--heads", "1:2,0:1", "--no-progress")
     ok("ablate", "--model", "tiny-sst2", "--task", "SST-2", "--heads", "layers", "--no-progress")
-    assert "layer:1" in ok("ablate", "--model", "tiny-sst2", "--task", "SST-2", "--heads", "layers", "--mode", "mean",
-                           "--no-progress")
+    assert "layer:1" in ok("ablate", "--model", "tiny-sst2", "--task", "SST-2", "--heads", "layers", "--mode", "mean", "--no-progress")
     ok("report", "table1", "--out", str(tmp_path / "t1"))
     table = (tmp_path / "t1" / "table1.md").read_text()
     assert "SST-2" in table and "no fine-tuning" in table and "fine-tuned from pre-trained" in table
@@ -264,8 +283,20 @@ def test_command_line_finetune_evaluate_ablate_report_and_ingest(tmp_path, tiny_
     assert "tiny-sst2" in ok("models")
     corpus = tmp_path / "c.txt"
     corpus.write_text("a good film\nnot a good film\n", encoding="utf-8")
-    ok("ingest", "--corpus", str(corpus), "--format", "text", "--annotate", "whitespace", "--model", "tiny-sst2",
-       "--name", "tuned-run", "--no-progress")
+    ok(
+        "ingest",
+        "--corpus",
+        str(corpus),
+        "--format",
+        "text",
+        "--annotate",
+        "whitespace",
+        "--model",
+        "tiny-sst2",
+        "--name",
+        "tuned-run",
+        "--no-progress",
+    )
     store = open_store(home=str(tmp_path / "store"))
     assert store.run_info("tuned-run").model_id == store.model_row("tiny-sst2")["id"]
     refused = runner.invoke(main, ["evaluate", "--model", "tiny-sst2", "--task", "RTE", *home])

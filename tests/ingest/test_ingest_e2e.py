@@ -23,8 +23,7 @@ def fresh_forward(loaded, token_ids, segments):
     import torch
 
     with torch.inference_mode():
-        out = loaded.model(input_ids=torch.tensor([list(token_ids)]), token_type_ids=torch.tensor([list(segments)]),
-                           output_attentions=True)
+        out = loaded.model(input_ids=torch.tensor([list(token_ids)]), token_type_ids=torch.tensor([list(segments)]), output_attentions=True)
     return torch.stack(out.attentions, 1)[0].numpy()
 
 
@@ -68,12 +67,22 @@ def test_gold_conllu_annotation_is_used(store, loaded_model):
 def test_truncation_and_skip_are_recorded(store, loaded_model, tmp_path):
     corpus = tmp_path / "long.txt"
     corpus.write_text("short one\n" + " ".join(["word"] * 40) + "\n", encoding="utf-8")
-    cut = ingest(store, corpus=str(corpus), fmt="text", annotator="whitespace", loaded=loaded_model, max_length=16,
-                 name="cut", progress=False).run
+    cut = ingest(
+        store, corpus=str(corpus), fmt="text", annotator="whitespace", loaded=loaded_model, max_length=16, name="cut", progress=False
+    ).run
     assert (cut.n_stored, cut.n_truncated, cut.truncation) == (2, 1, "truncate")
     assert store.attention("cut", 1).shape[-1] == 16
-    skip = ingest(store, corpus=str(corpus), fmt="text", annotator="whitespace", loaded=loaded_model, max_length=16,
-                  truncation="skip", name="skip", progress=False).run
+    skip = ingest(
+        store,
+        corpus=str(corpus),
+        fmt="text",
+        annotator="whitespace",
+        loaded=loaded_model,
+        max_length=16,
+        truncation="skip",
+        name="skip",
+        progress=False,
+    ).run
     assert (skip.n_stored, skip.n_skipped) == (1, 1)
     with pytest.raises(FileNotFoundError, match="was skipped"):
         store.attention("skip", 1)
@@ -91,13 +100,31 @@ def test_interrupted_run_resumes_without_duplicates_or_loss(store, loaded_model,
 
     monkeypatch.setattr(runner, "forward_attention", flaky_forward)
     with pytest.raises(KeyboardInterrupt):
-        ingest(store, corpus=str(MRPC), fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=2,
-               chunk_cells=4096, name="resumed", progress=False)
+        ingest(
+            store,
+            corpus=str(MRPC),
+            fmt="pairs-tsv",
+            annotator="whitespace",
+            loaded=loaded_model,
+            batch_size=2,
+            chunk_cells=4096,
+            name="resumed",
+            progress=False,
+        )
     partial = store.run_info("resumed")
     assert partial.status == "interrupted" and 0 < partial.n_stored < 12
     monkeypatch.setattr(runner, "forward_attention", real_forward)
-    done = ingest(store, corpus=str(MRPC), fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=2,
-                  chunk_cells=4096, name="resumed", progress=False)
+    done = ingest(
+        store,
+        corpus=str(MRPC),
+        fmt="pairs-tsv",
+        annotator="whitespace",
+        loaded=loaded_model,
+        batch_size=2,
+        chunk_cells=4096,
+        name="resumed",
+        progress=False,
+    )
     assert done.n_new == 12 - partial.n_stored
     examples = store.examples("resumed")
     assert sorted(examples["example"]) == list(range(12))
@@ -113,8 +140,22 @@ def test_kill_9_mid_run_then_resume(tmp_path, loaded_model):
     cli = [sys.executable, "-m", "attnstore.api.cli"]
     env = {**os.environ, "ATTNSTORE_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     subprocess.run(cli + ["db", "upgrade"], check=True, env=env, capture_output=True)
-    args = cli + ["ingest", "--corpus", str(corpus), "--format", "text", "--annotate", "whitespace", "--batch-size", "4",
-                  "--chunk-cells", "16384", "--name", "k", "--no-progress"]
+    args = cli + [
+        "ingest",
+        "--corpus",
+        str(corpus),
+        "--format",
+        "text",
+        "--annotate",
+        "whitespace",
+        "--batch-size",
+        "4",
+        "--chunk-cells",
+        "16384",
+        "--name",
+        "k",
+        "--no-progress",
+    ]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     db = home / "meta.sqlite"
     deadline = time.time() + 120

@@ -42,8 +42,12 @@ def test_token_ids_equal_the_tokenizers_own_on_every_glue_dev_row(spec, tokenize
     examples = stored(annotate(list(spec.reader(path, **spec.options)), make_annotator("whitespace")))
     assert len(examples) == spec.n_examples
     encoded = encode_batch(tokenizer, examples, 512, "truncate", tokenization="text")
-    own = tokenizer([e.text_a for e in examples], [e.text_b for e in examples] if examples[0].text_b is not None else None,
-                    truncation=True, max_length=512)["input_ids"]
+    own = tokenizer(
+        [e.text_a for e in examples],
+        [e.text_b for e in examples] if examples[0].text_b is not None else None,
+        truncation=True,
+        max_length=512,
+    )["input_ids"]
     mismatched = [e.position for e, enc, ids in zip(examples, encoded, own) if enc.input_ids != ids]
     assert not mismatched, f"{len(mismatched)} rows differ, first {mismatched[:5]}"
     for e, enc in zip(examples, encoded):  # every real token lies in (starts in) the word it is aligned to
@@ -55,15 +59,24 @@ def test_token_ids_equal_the_tokenizers_own_on_every_glue_dev_row(spec, tokenize
 
 
 def test_contractions_align_to_the_word_each_piece_starts_in(tokenizer):
-    words = [dict(position=0, segment=0, form="It", char_start=0, char_end=2),
-             dict(position=1, segment=0, form="does", char_start=3, char_end=7),
-             dict(position=2, segment=0, form="n't", char_start=7, char_end=10),
-             dict(position=3, segment=0, form=".", char_start=10, char_end=11)]
+    words = [
+        dict(position=0, segment=0, form="It", char_start=0, char_end=2),
+        dict(position=1, segment=0, form="does", char_start=3, char_end=7),
+        dict(position=2, segment=0, form="n't", char_start=7, char_end=10),
+        dict(position=3, segment=0, form=".", char_start=10, char_end=11),
+    ]
     example = StoredExample(id=1, position=0, text_a="It doesn't.", text_b=None, words=tuple(words))
     enc = encode_batch(tokenizer, [example], 512, "truncate", tokenization="text")[0]
     got = [(t["token"], t["word_position"], t["is_special"]) for t in enc.tokens]
-    assert got == [("[CLS]", None, True), ("it", 0, False), ("doesn", 1, False), ("'", 2, False), ("t", 2, False),
-                   (".", 3, False), ("[SEP]", None, True)]
+    assert got == [
+        ("[CLS]", None, True),
+        ("it", 0, False),
+        ("doesn", 1, False),
+        ("'", 2, False),
+        ("t", 2, False),
+        (".", 3, False),
+        ("[SEP]", None, True),
+    ]
     assert enc.input_ids == tokenizer("It doesn't.")["input_ids"]
     by_words = encode_batch(tokenizer, [example], 512, "truncate", tokenization="words")[0]
     assert [t["token"] for t in by_words.tokens] == ["[CLS]", "it", "does", "n", "'", "t", ".", "[SEP]"]

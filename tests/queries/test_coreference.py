@@ -1,4 +1,3 @@
-
 import numpy as np
 import pytest
 
@@ -6,12 +5,18 @@ from attnstore.queries import run_query
 from attnstore.queries.coreference import choose_antecedent
 
 TOKENS = ["[CLS]", "anna", "met", "bob", "she", "smiled", "[SEP]"]
-WORDS = [dict(form="Anna", upos="PROPN", feats="Number=Sing"), dict(form="met", upos="VERB"),
-         dict(form="Bob", upos="PROPN", feats="Gender=Masc|Number=Sing"),
-         dict(form="she", upos="PRON", feats="Gender=Fem|Number=Sing|Person=3"), dict(form="smiled", upos="VERB")]
-MENTIONS = [dict(word_start=0, word_end=1, head=0, entity="A", kind="proper", doc_order=0),
-            dict(word_start=2, word_end=3, head=2, entity="B", kind="proper", doc_order=1),
-            dict(word_start=3, word_end=4, head=3, entity="A", kind="pronoun", doc_order=2)]
+WORDS = [
+    dict(form="Anna", upos="PROPN", feats="Number=Sing"),
+    dict(form="met", upos="VERB"),
+    dict(form="Bob", upos="PROPN", feats="Gender=Masc|Number=Sing"),
+    dict(form="she", upos="PRON", feats="Gender=Fem|Number=Sing|Person=3"),
+    dict(form="smiled", upos="VERB"),
+]
+MENTIONS = [
+    dict(word_start=0, word_end=1, head=0, entity="A", kind="proper", doc_order=0),
+    dict(word_start=2, word_end=3, head=2, entity="B", kind="proper", doc_order=1),
+    dict(word_start=3, word_end=4, head=3, entity="A", kind="pronoun", doc_order=2),
+]
 
 
 def hand_maps():
@@ -27,8 +32,15 @@ def hand_maps():
 
 @pytest.fixture
 def coref_run(store, make_run):
-    return make_run(store, [hand_maps()], [TOKENS], name="coref", token_words=[[None, 0, 1, 2, 3, 4, None]],
-                    words_list=[WORDS], mentions_list=[MENTIONS])
+    return make_run(
+        store,
+        [hand_maps()],
+        [TOKENS],
+        name="coref",
+        token_words=[[None, 0, 1, 2, 3, 4, None]],
+        words_list=[WORDS],
+        mentions_list=[MENTIONS],
+    )
 
 
 def test_coreference_per_head_exact(store, coref_run):

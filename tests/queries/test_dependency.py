@@ -8,8 +8,11 @@ from attnstore.queries.errors import InvalidArgumentError
 
 TOKENS = ["[CLS]", "the", "dog", "bar", "##ks", "[SEP]"]
 TOKEN_WORDS = [None, 0, 1, 2, 2, None]
-WORDS = [dict(form="the", head=1, deprel="det", upos="DET"), dict(form="dog", head=2, deprel="nsubj", upos="NOUN"),
-         dict(form="barks", head=None, deprel="root", upos="VERB")]
+WORDS = [
+    dict(form="the", head=1, deprel="det", upos="DET"),
+    dict(form="dog", head=2, deprel="nsubj", upos="NOUN"),
+    dict(form="barks", head=None, deprel="root", upos="VERB"),
+]
 
 
 def hand_maps() -> np.ndarray:
@@ -39,8 +42,18 @@ def dep_run(store, make_run):
 
 def summary(store, run, **params):
     df = run_query(store, "dependency_summary", run=run, min_count=1, **params)
-    return {(r.relation, r.direction): (r.paper_relation, r.n, r.layer, r.head, pytest.approx(r.accuracy), r.baseline_offset,
-                                         pytest.approx(r.baseline_accuracy)) for r in df.itertuples()}
+    return {
+        (r.relation, r.direction): (
+            r.paper_relation,
+            r.n,
+            r.layer,
+            r.head,
+            pytest.approx(r.accuracy),
+            r.baseline_offset,
+            pytest.approx(r.baseline_accuracy),
+        )
+        for r in df.itertuples()
+    }
 
 
 def test_dependency_accuracy_per_head_exact(store, dep_run):
@@ -73,8 +86,7 @@ def test_dependency_summary_best_direction_with_root_in_all(store, dep_run):
         ("nsubj", "dep2head"): ("nsubj", 1, 0, 0, 1.0, 1, 1.0),
         ("nsubj", "head2dep"): ("nsubj", 1, 0, 1, 1.0, 1, 1.0),
     }
-    assert summary(store, dep_run, direction="head2dep", root_in_all=False)[("all", "head2dep")] == (
-        "All", 2, 0, 1, 1.0, 1, 1.0)
+    assert summary(store, dep_run, direction="head2dep", root_in_all=False)[("all", "head2dep")] == ("All", 2, 0, 1, 1.0, 1, 1.0)
 
 
 # --- transposed vs direct head->dependent prediction -------------------------------------------------
@@ -156,8 +168,7 @@ def tie_maps() -> np.ndarray:
 
 @pytest.fixture
 def tie_run(store, make_run):
-    return make_run(store, [tie_maps()], [ABC], name="tie", token_words=[ABC_TOKEN_WORDS], words_list=[TIE_WORDS],
-                    dtype="float16")
+    return make_run(store, [tie_maps()], [ABC], name="tie", token_words=[ABC_TOKEN_WORDS], words_list=[TIE_WORDS], dtype="float16")
 
 
 def test_unique_argmax():
@@ -184,8 +195,11 @@ def test_zero_rows_and_ties_never_score(store, tie_run):
 # --- the paper's poss rule: a possessor followed by 's is judged by the 's ------------------------------
 
 POSS = ["[CLS]", "john", "'s", "book", "[SEP]"]
-POSS_WORDS = [dict(form="John", head=2, deprel="nmod:poss"), dict(form="'s", head=0, deprel="case"),
-              dict(form="book", head=None, deprel="root")]
+POSS_WORDS = [
+    dict(form="John", head=2, deprel="nmod:poss"),
+    dict(form="'s", head=0, deprel="case"),
+    dict(form="book", head=None, deprel="root"),
+]
 
 
 @pytest.fixture

@@ -23,8 +23,14 @@ def test_gradients_of_a_small_mlm(store, loaded_model, tmp_path):
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=loaded_model.tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=loaded_model.tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     path = tmp_path / "tiny-mlm"
     BertForMaskedLM(config).save_pretrained(path)
     loaded_model.tokenizer.save_pretrained(path)

@@ -10,15 +10,22 @@ from attnstore.store.errors import InvalidArgumentError
 
 # Example 0: "She do n't like cats" -- a pronoun subject, a split contraction (do + n't, pieces n ' t), verb, noun object.
 TOKENS_0 = ["[CLS]", "she", "do", "n", "'", "t", "like", "cats", "[SEP]"]
-WORDS_0 = [dict(form="She", upos="PRON", deprel="nsubj", head=3), dict(form="do", upos="AUX", deprel="aux", head=3),
-           dict(form="n't", upos="PART", deprel="advmod", head=3), dict(form="like", upos="VERB", deprel="root"),
-           dict(form="cats", upos="NOUN", deprel="obj", head=3)]
+WORDS_0 = [
+    dict(form="She", upos="PRON", deprel="nsubj", head=3),
+    dict(form="do", upos="AUX", deprel="aux", head=3),
+    dict(form="n't", upos="PART", deprel="advmod", head=3),
+    dict(form="like", upos="VERB", deprel="root"),
+    dict(form="cats", upos="NOUN", deprel="obj", head=3),
+]
 TW_0 = [None, 0, 1, 2, 2, 2, 3, 4, None]
 # Example 1, two segments: "dogs bark" / "birds sing"; "bark" is split (bar ##k); no pronoun, object or negation.
 TOKENS_1 = ["[CLS]", "dogs", "bar", "##k", "[SEP]", "birds", "sing", "[SEP]"]
-WORDS_1 = [dict(form="dogs", upos="NOUN", deprel="nsubj", head=1), dict(form="bark", upos="VERB", deprel="root"),
-           dict(form="birds", upos="NOUN", deprel="nsubj", head=3, segment=1),
-           dict(form="sing", upos="VERB", deprel="root", segment=1)]
+WORDS_1 = [
+    dict(form="dogs", upos="NOUN", deprel="nsubj", head=1),
+    dict(form="bark", upos="VERB", deprel="root"),
+    dict(form="birds", upos="NOUN", deprel="nsubj", head=3, segment=1),
+    dict(form="sing", upos="VERB", deprel="root", segment=1),
+]
 TW_1 = [None, 0, 1, 1, None, 2, 3, None]
 # Example 2: "Never, does n't": "Never," matches after stripping the comma (both pieces count);
 # "does" + "n't" = "doesn't" is not on the paper's list, so neither word is a negation.
@@ -41,27 +48,38 @@ def maps_for(targets):
 
 @pytest.fixture
 def feature_run(store, make_run):
-    return make_run(store, [maps_for(t) for t in TARGETS], [TOKENS_0, TOKENS_1, TOKENS_2], name="features",
-                    words_list=[WORDS_0, WORDS_1, WORDS_2], token_words=[TW_0, TW_1, TW_2])
+    return make_run(
+        store,
+        [maps_for(t) for t in TARGETS],
+        [TOKENS_0, TOKENS_1, TOKENS_2],
+        name="features",
+        words_list=[WORDS_0, WORDS_1, WORDS_2],
+        token_words=[TW_0, TW_1, TW_2],
+    )
 
 
 # A token's score is (number of rows pointing at it) / L; per example the max over the feature's tokens.
 # Column counts: ex0 (L=9): [CLS] 2, n 3, like 1, cats 1, [SEP] 2; ex1 (L=8): [CLS] 1, bar 1, ##k 2, [SEP]1 1, [SEP]2 3;
 # ex2 (L=8): [CLS] 1, "," 2, n 4, [SEP] 1.
 ONE_HOT = {  # feature: (value, n_examples)
-    "noun": ((1 / 9 + 0) / 2, 2),            # ex0 cats 1/9; ex1 dogs, birds 0
-    "verb": ((1 / 9 + 2 / 8) / 2, 2),        # ex0 like 1/9; ex1 max(bar 1/8, ##k 2/8)
-    "pronoun": (0.0, 1),                     # ex0 she 0
-    "subject": (0.0, 2),                     # ex0 she 0; ex1 dogs, birds 0
-    "object": (1 / 9, 1),                    # ex0 cats
-    "negation": ((3 / 9 + 2 / 8) / 2, 2),    # ex0 max over do, n, ', t = 3/9; ex2 max(never 0, "," 2/8); not n 4/8
+    "noun": ((1 / 9 + 0) / 2, 2),  # ex0 cats 1/9; ex1 dogs, birds 0
+    "verb": ((1 / 9 + 2 / 8) / 2, 2),  # ex0 like 1/9; ex1 max(bar 1/8, ##k 2/8)
+    "pronoun": (0.0, 1),  # ex0 she 0
+    "subject": (0.0, 2),  # ex0 she 0; ex1 dogs, birds 0
+    "object": (1 / 9, 1),  # ex0 cats
+    "negation": ((3 / 9 + 2 / 8) / 2, 2),  # ex0 max over do, n, ', t = 3/9; ex2 max(never 0, "," 2/8); not n 4/8
     "cls": ((2 / 9 + 1 / 8 + 1 / 8) / 3, 3),
     "sep": ((2 / 9 + 3 / 8 + 1 / 8) / 3, 3),  # ex1: max over its two [SEP]s
 }
 UNIFORM = {  # every token scores 1/L
-    "noun": ((1 / 9 + 1 / 8) / 2, 2), "verb": ((1 / 9 + 1 / 8) / 2, 2), "pronoun": (1 / 9, 1),
-    "subject": ((1 / 9 + 1 / 8) / 2, 2), "object": (1 / 9, 1), "negation": ((1 / 9 + 1 / 8) / 2, 2),
-    "cls": ((1 / 9 + 1 / 8 + 1 / 8) / 3, 3), "sep": ((1 / 9 + 1 / 8 + 1 / 8) / 3, 3),
+    "noun": ((1 / 9 + 1 / 8) / 2, 2),
+    "verb": ((1 / 9 + 1 / 8) / 2, 2),
+    "pronoun": (1 / 9, 1),
+    "subject": ((1 / 9 + 1 / 8) / 2, 2),
+    "object": (1 / 9, 1),
+    "negation": ((1 / 9 + 1 / 8) / 2, 2),
+    "cls": ((1 / 9 + 1 / 8 + 1 / 8) / 3, 3),
+    "sep": ((1 / 9 + 1 / 8 + 1 / 8) / 3, 3),
 }
 
 
@@ -105,6 +123,5 @@ def test_negation_matching_rules():
     words = pd.DataFrame({"example": 0, "position": range(len(forms)), "segment": 0, "form": forms})
     assert negation_flags(words).tolist() == [True, True, True, False, False, True, True, True, False, False, True, True]
     # a clitic never joins a host across examples or segments
-    words = pd.DataFrame({"example": [0, 1, 1, 1], "position": [0, 0, 1, 2], "segment": [0, 0, 0, 1],
-                          "form": ["do", "n't", "is", "n't"]})
+    words = pd.DataFrame({"example": [0, 1, 1, 1], "position": [0, 0, 1, 2], "segment": [0, 0, 0, 1], "form": ["do", "n't", "is", "n't"]})
     assert negation_flags(words).tolist() == [False, False, False, False]

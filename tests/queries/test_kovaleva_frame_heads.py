@@ -21,23 +21,47 @@ def fe(name, start, end, core_type="Core", in_core_set=True):
 SENTENCES = [
     # S0 passes: LU "agitated" (split agit ##ated) <-> core FE "He" 3 words away; the peripheral
     # FE "was becoming" is next to the LU but, not being core, neither filters nor scores.
-    ("He was becoming agitated".split(), (3, 4), [fe("Experiencer", 0, 1), fe("Time", 1, 3, "Peripheral", False)],
-     ["[CLS]", "he", "was", "becoming", "agit", "##ated", "[SEP]"], [None, 0, 1, 2, 3, 3, None]),
+    (
+        "He was becoming agitated".split(),
+        (3, 4),
+        [fe("Experiencer", 0, 1), fe("Time", 1, 3, "Peripheral", False)],
+        ["[CLS]", "he", "was", "becoming", "agit", "##ated", "[SEP]"],
+        [None, 0, 1, 2, 3, 3, None],
+    ),
     # S1: core FE "cars" is next to the LU "sold": out (min_distance 2); "Kim" alone is 2 away.
-    ("Yesterday Kim quickly sold cars".split(), (3, 4), [fe("Seller", 1, 2), fe("Goods", 4, 5, in_core_set=False)],
-     ["[CLS]", "yesterday", "kim", "quickly", "sold", "cars", "[SEP]"], [None, 0, 1, 2, 3, 4, None]),
+    (
+        "Yesterday Kim quickly sold cars".split(),
+        (3, 4),
+        [fe("Seller", 1, 2), fe("Goods", 4, 5, in_core_set=False)],
+        ["[CLS]", "yesterday", "kim", "quickly", "sold", "cars", "[SEP]"],
+        [None, 0, 1, 2, 3, 4, None],
+    ),
     # S2 passes: core FE "The old man" (3 words) ends 2 words before the LU "ate".
-    ("The old man slowly ate".split(), (4, 5), [fe("Ingestor", 0, 3, in_core_set=False)],
-     ["[CLS]", "the", "old", "man", "slowly", "ate", "[SEP]"], [None, 0, 1, 2, 3, 4, None]),
+    (
+        "The old man slowly ate".split(),
+        (4, 5),
+        [fe("Ingestor", 0, 3, in_core_set=False)],
+        ["[CLS]", "the", "old", "man", "slowly", "ate", "[SEP]"],
+        [None, 0, 1, 2, 3, 4, None],
+    ),
     # S3: a frame element of 5 words: out (max_fe_words 3).
-    ("The very old grey man ate".split(), (5, 6), [fe("Ingestor", 0, 5)],
-     ["[CLS]", "the", "very", "old", "grey", "man", "ate", "[SEP]"], [None, 0, 1, 2, 3, 4, 5, None]),
+    (
+        "The very old grey man ate".split(),
+        (5, 6),
+        [fe("Ingestor", 0, 5)],
+        ["[CLS]", "the", "very", "old", "grey", "man", "ate", "[SEP]"],
+        [None, 0, 1, 2, 3, 4, 5, None],
+    ),
     # S4: 13 words: out (max_words 12).
-    ("a b c d e f g h i j k l m".split(), (12, 13), [fe("X", 0, 1)],
-     ["[CLS]", *"abcdefghijklm", "[SEP]"], [None, *range(13), None]),
+    ("a b c d e f g h i j k l m".split(), (12, 13), [fe("X", 0, 1)], ["[CLS]", *"abcdefghijklm", "[SEP]"], [None, *range(13), None]),
     # S5: no core frame element: out.
-    ("Then she left".split(), (2, 3), [fe("Time", 0, 1, "Peripheral", False)],
-     ["[CLS]", "then", "she", "left", "[SEP]"], [None, 0, 1, 2, None]),
+    (
+        "Then she left".split(),
+        (2, 3),
+        [fe("Time", 0, 1, "Peripheral", False)],
+        ["[CLS]", "then", "she", "left", "[SEP]"],
+        [None, 0, 1, 2, None],
+    ),
 ]
 
 
@@ -64,30 +88,75 @@ def head0_map(index: int, n: int) -> np.ndarray:
 
 def build_frame_run(store, name="frames"):
     model_id = store.find_or_create_model(
-        name=f"hand-{name}", source="tests", weights_sha256=uuid.uuid4().hex, architecture="Hand", n_layers=1, n_heads=2,
-        max_length=512, tokenizer="none", special_tokens=SPECIALS)
-    dataset_id, _ = store.find_or_create_dataset(name=f"hand-{name}", split="exemplars", checksum=uuid.uuid4().hex,
-                                                 format="framenet", source="tests", annotator="whitespace")
+        name=f"hand-{name}",
+        source="tests",
+        weights_sha256=uuid.uuid4().hex,
+        architecture="Hand",
+        n_layers=1,
+        n_heads=2,
+        max_length=512,
+        tokenizer="none",
+        special_tokens=SPECIALS,
+    )
+    dataset_id, _ = store.find_or_create_dataset(
+        name=f"hand-{name}", split="exemplars", checksum=uuid.uuid4().hex, format="framenet", source="tests", annotator="whitespace"
+    )
     inputs = []
     for position, (words, lu, elements, _, _) in enumerate(SENTENCES):
-        frame = dict(annoset_id=position, frame_id=1, frame="F", lu_id=1, lu="x.v", target_start=lu[0], target_end=lu[1],
-                     char_start=0, char_end=1, elements=elements)
-        inputs.append(ExampleInput(position=position, text_a=" ".join(words), words=tuple(
-            dict(position=i, segment=0, form=w) for i, w in enumerate(words)), frames=(frame,)))
+        frame = dict(
+            annoset_id=position,
+            frame_id=1,
+            frame="F",
+            lu_id=1,
+            lu="x.v",
+            target_start=lu[0],
+            target_end=lu[1],
+            char_start=0,
+            char_end=1,
+            elements=elements,
+        )
+        inputs.append(
+            ExampleInput(
+                position=position,
+                text_a=" ".join(words),
+                words=tuple(dict(position=i, segment=0, form=w) for i, w in enumerate(words)),
+                frames=(frame,),
+            )
+        )
     store.add_examples(dataset_id, inputs, "whitespace")
     store.complete_dataset(dataset_id)
-    run = store.start_run(name=name, model_id=model_id, dataset_id=dataset_id, dtype="float32",
-                          codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
-                          chunk_cells=64, max_length=512, truncation="truncate", attn_implementation="eager", batch_size=1,
-                          code_version="test", corpus_checksum="x", manifest={})
+    run = store.start_run(
+        name=name,
+        model_id=model_id,
+        dataset_id=dataset_id,
+        dtype="float32",
+        codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
+        chunk_cells=64,
+        max_length=512,
+        truncation="truncate",
+        attn_implementation="eager",
+        batch_size=1,
+        code_version="test",
+        corpus_checksum="x",
+        manifest={},
+    )
     ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
     writer = store.run_writer(run.id)
     for position, (_, _, _, tokens, token_words) in enumerate(SENTENCES):
         n = len(tokens)
         maps = np.stack([head0_map(position, n), np.full((n, n), 1 / n, dtype=np.float32)])[None]
-        rows = [dict(token=t, token_id=SPECIALS["cls"]["id"] if t == "[CLS]" else SPECIALS["sep"]["id"] if t == "[SEP]" else 1000 + k,
-                     word_position=w, segment=0, is_special=w is None, char_start=None, char_end=None)
-                for k, (t, w) in enumerate(zip(tokens, token_words))]
+        rows = [
+            dict(
+                token=t,
+                token_id=SPECIALS["cls"]["id"] if t == "[CLS]" else SPECIALS["sep"]["id"] if t == "[SEP]" else 1000 + k,
+                word_position=w,
+                segment=0,
+                is_special=w is None,
+                char_start=None,
+                char_end=None,
+            )
+            for k, (t, w) in enumerate(zip(tokens, token_words))
+        ]
         writer.add(int(ids[position]), maps, rows)
         writer.commit()
     writer.finish(0.0)
@@ -106,8 +175,7 @@ def test_frame_heads_exact_values(store, frame_run):
     np.testing.assert_allclose(df.sort_values("head")["value"], [(0.7 + 0.4) / 2, 1 / 7], atol=1e-6)
     assert (df["n_sentences"] == 2).all()
     assert df.sort_values("head")["top"].tolist() == [True, False]
-    assert df.attrs["filter_counts"] == dict(annotation_sets=6, max_words=5, max_fe_words=4, has_core=3, min_distance=2,
-                                             with_tokens=2)
+    assert df.attrs["filter_counts"] == dict(annotation_sets=6, max_words=5, max_fe_words=4, has_core=3, min_distance=2, with_tokens=2)
 
 
 def test_frame_heads_top(store, frame_run):

@@ -27,8 +27,9 @@ def test_feature_and_token_queries_on_mrpc(store, loaded_model):
     assert (cls["layer"] == n_layers - 1).all() and len(cls) == n_heads * 8
     assert cls["value"].dropna().between(0, 1).all()
     # the same examples stored again at another precision: the maps barely differ
-    again = ingest(store, dataset="glue/MRPC:dev", data_dir=DATA, loaded=loaded_model, name="mrpc-float32", dtype="float32",
-                   progress=False).run
+    again = ingest(
+        store, dataset="glue/MRPC:dev", data_dir=DATA, loaded=loaded_model, name="mrpc-float32", dtype="float32", progress=False
+    ).run
     sim = run_query(store, "run_similarity", run=run.name, other=again.name)
     assert (sim["n_examples"] == run.n_stored).all()
     assert sim["similarity"].min() > 0.999

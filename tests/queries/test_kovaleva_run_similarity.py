@@ -32,20 +32,49 @@ def add_run(store, base_run, name, maps_list, *, order=(1, 0), token_ids=None):
     info = store.run_info(base_run)
     n_layers, n_heads = maps_list[0].shape[:2]
     model_id = store.find_or_create_model(
-        name=f"hand-{name}", source="tests", weights_sha256=uuid.uuid4().hex, architecture="Hand", n_layers=n_layers,
-        n_heads=n_heads, max_length=512, tokenizer="none", special_tokens=SPECIALS)
-    run = store.start_run(name=name, model_id=model_id, dataset_id=info.dataset_id, dtype="float32",
-                          codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
-                          chunk_cells=64, max_length=512, truncation="truncate", attn_implementation="eager", batch_size=1,
-                          code_version="test", corpus_checksum="x", manifest={})
+        name=f"hand-{name}",
+        source="tests",
+        weights_sha256=uuid.uuid4().hex,
+        architecture="Hand",
+        n_layers=n_layers,
+        n_heads=n_heads,
+        max_length=512,
+        tokenizer="none",
+        special_tokens=SPECIALS,
+    )
+    run = store.start_run(
+        name=name,
+        model_id=model_id,
+        dataset_id=info.dataset_id,
+        dtype="float32",
+        codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
+        chunk_cells=64,
+        max_length=512,
+        truncation="truncate",
+        attn_implementation="eager",
+        batch_size=1,
+        code_version="test",
+        corpus_checksum="x",
+        manifest={},
+    )
     ids = store.examples(base_run).set_index("example")["example_id"]
     writer = store.run_writer(run.id)
     for position in order:
         toks = TOKENS[position]
-        rows = [dict(token=t, token_id=(token_ids or {}).get((position, k), SPECIALS["cls"]["id"] if t == "[CLS]"
-                                                               else SPECIALS["sep"]["id"] if t == "[SEP]" else 1000 + len(t)),
-                     word_position=None if t.startswith("[") else 0, segment=0, is_special=t.startswith("["),
-                     char_start=None, char_end=None) for k, t in enumerate(toks)]
+        rows = [
+            dict(
+                token=t,
+                token_id=(token_ids or {}).get(
+                    (position, k), SPECIALS["cls"]["id"] if t == "[CLS]" else SPECIALS["sep"]["id"] if t == "[SEP]" else 1000 + len(t)
+                ),
+                word_position=None if t.startswith("[") else 0,
+                segment=0,
+                is_special=t.startswith("["),
+                char_start=None,
+                char_end=None,
+            )
+            for k, t in enumerate(toks)
+        ]
         writer.add(int(ids[position]), maps_list[position], rows)
         writer.commit()
     writer.finish(0.0)

@@ -8,23 +8,28 @@ from attnstore.store.errors import InvalidArgumentError
 
 # A: "she likes cats" with split "likes" (like ##s) and "cats" (ca ##ts).
 TOKENS_A = ["[CLS]", "she", "like", "##s", "ca", "##ts", "[SEP]"]
-WORDS_A = [dict(form="she", upos="PRON", deprel="nsubj", head=1), dict(form="likes", upos="VERB", deprel="root"),
-           dict(form="cats", upos="NOUN", deprel="obj", head=1)]
+WORDS_A = [
+    dict(form="she", upos="PRON", deprel="nsubj", head=1),
+    dict(form="likes", upos="VERB", deprel="root"),
+    dict(form="cats", upos="NOUN", deprel="obj", head=1),
+]
 TW_A = [None, 0, 1, 1, 2, 2, None]
 # B, two segments: "dogs bark" / "they chase cats"; the pronoun pairs only with the noun of its own segment.
 TOKENS_B = ["[CLS]", "dogs", "bark", "[SEP]", "they", "chase", "cats", "[SEP]"]
-WORDS_B = [dict(form="dogs", upos="NOUN", deprel="nsubj", head=1), dict(form="bark", upos="VERB", deprel="root"),
-           dict(form="they", upos="PRON", deprel="nsubj", head=3, segment=1),
-           dict(form="chase", upos="VERB", deprel="root", segment=1),
-           dict(form="cats", upos="NOUN", deprel="obj", head=3, segment=1)]
+WORDS_B = [
+    dict(form="dogs", upos="NOUN", deprel="nsubj", head=1),
+    dict(form="bark", upos="VERB", deprel="root"),
+    dict(form="they", upos="PRON", deprel="nsubj", head=3, segment=1),
+    dict(form="chase", upos="VERB", deprel="root", segment=1),
+    dict(form="cats", upos="NOUN", deprel="obj", head=3, segment=1),
+]
 TW_B = [None, 0, 1, None, 2, 3, 4, None]
 # C: no verb-subject and no noun-pronoun pair: skipped by token_to_token.
 TOKENS_C = ["[CLS]", "hello", "[SEP]"]
 WORDS_C = [dict(form="hello", upos="INTJ", deprel="root")]
 TW_C = [None, 0, None]
 
-ROWS_A = {0: {0: 1}, 1: {2: 0.5, 3: 0.1, 4: 0.4}, 2: {1: 1}, 3: {1: 0.5, 6: 0.5}, 4: {1: 0.2, 5: 0.8},
-          5: {1: 0.8, 0: 0.2}, 6: {6: 1}}
+ROWS_A = {0: {0: 1}, 1: {2: 0.5, 3: 0.1, 4: 0.4}, 2: {1: 1}, 3: {1: 0.5, 6: 0.5}, 4: {1: 0.2, 5: 0.8}, 5: {1: 0.8, 0: 0.2}, 6: {6: 1}}
 ROWS_B = {0: {0: 1}, 1: {2: 1}, 2: {1: 1}, 3: {3: 1}, 4: {0: 1}, 5: {4: 0.3, 7: 0.7}, 6: {4: 1}, 7: {7: 1}}
 ROWS_C = {0: {0: 1}, 1: {0: 1}, 2: {2: 1}}
 CLS_ROWS = {"A": [0.1, 0.3, 0.2, 0.1, 0.05, 0.05, 0.2], "B": [0.5, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05], "C": [0.6, 0, 0.4]}
@@ -46,18 +51,27 @@ def build(rows, cls_row):
 @pytest.fixture
 def t2t_run(store, make_run):
     maps = [build(ROWS_A, CLS_ROWS["A"]), build(ROWS_B, CLS_ROWS["B"]), build(ROWS_C, CLS_ROWS["C"])]
-    return make_run(store, maps, [TOKENS_A, TOKENS_B, TOKENS_C], name="t2t", words_list=[WORDS_A, WORDS_B, WORDS_C],
-                    token_words=[TW_A, TW_B, TW_C])
+    return make_run(
+        store, maps, [TOKENS_A, TOKENS_B, TOKENS_C], name="t2t", words_list=[WORDS_A, WORDS_B, WORDS_C], token_words=[TW_A, TW_B, TW_C]
+    )
 
 
 # L0H0, word level (from a word: mean of its pieces' rows; to a word: sum of its pieces' columns):
 # A: likes->she (1 + 0.5)/2 = 0.75; she->likes 0.5 + 0.1 = 0.6; cats->she (0.2 + 0.8)/2 = 0.5; she->cats 0.4.
 # B: bark->dogs 1, chase->they 0.3 (mean 0.65); dogs->bark 1, they->chase 0 (mean 0.5); cats->they 1; they->cats 0.
-DESIGNED = {"verb_to_subject": (0.75 + 0.65) / 2, "subject_to_verb": (0.6 + 0.5) / 2,
-            "noun_to_pronoun": (0.5 + 1) / 2, "pronoun_to_noun": (0.4 + 0) / 2}
+DESIGNED = {
+    "verb_to_subject": (0.75 + 0.65) / 2,
+    "subject_to_verb": (0.6 + 0.5) / 2,
+    "noun_to_pronoun": (0.5 + 1) / 2,
+    "pronoun_to_noun": (0.4 + 0) / 2,
+}
 # Uniform maps: attention to a word = its number of pieces / L.
-UNIFORM = {"verb_to_subject": (1 / 7 + 1 / 8) / 2, "subject_to_verb": (2 / 7 + 1 / 8) / 2,
-           "noun_to_pronoun": (1 / 7 + 1 / 8) / 2, "pronoun_to_noun": (2 / 7 + 1 / 8) / 2}
+UNIFORM = {
+    "verb_to_subject": (1 / 7 + 1 / 8) / 2,
+    "subject_to_verb": (2 / 7 + 1 / 8) / 2,
+    "noun_to_pronoun": (1 / 7 + 1 / 8) / 2,
+    "pronoun_to_noun": (2 / 7 + 1 / 8) / 2,
+}
 N_PAIRS = {"verb_to_subject": 3, "subject_to_verb": 3, "noun_to_pronoun": 2, "pronoun_to_noun": 2}
 
 
@@ -82,11 +96,24 @@ def test_token_to_token_relations_parameter(store, t2t_run):
 
 
 # cls_feature_attention, last layer (1): head 1 reads CLS_ROWS, head 0 is uniform (feature's piece count / L).
-CLS_HEAD1 = {"noun": (0.1 + 0.15) / 2, "verb": (0.3 + 0.15) / 2, "pronoun": (0.3 + 0.05) / 2, "subject": (0.3 + 0.15) / 2,
-             "object": (0.1 + 0.05) / 2, "cls": (0.1 + 0.5 + 0.6) / 3, "sep": (0.2 + 0.15 + 0.4) / 3}
-CLS_HEAD0 = {"noun": (2 / 7 + 2 / 8) / 2, "verb": (2 / 7 + 2 / 8) / 2, "pronoun": (1 / 7 + 1 / 8) / 2,
-             "subject": (1 / 7 + 2 / 8) / 2, "object": (2 / 7 + 1 / 8) / 2, "cls": (1 / 7 + 1 / 8 + 1 / 3) / 3,
-             "sep": (1 / 7 + 2 / 8 + 1 / 3) / 3}
+CLS_HEAD1 = {
+    "noun": (0.1 + 0.15) / 2,
+    "verb": (0.3 + 0.15) / 2,
+    "pronoun": (0.3 + 0.05) / 2,
+    "subject": (0.3 + 0.15) / 2,
+    "object": (0.1 + 0.05) / 2,
+    "cls": (0.1 + 0.5 + 0.6) / 3,
+    "sep": (0.2 + 0.15 + 0.4) / 3,
+}
+CLS_HEAD0 = {
+    "noun": (2 / 7 + 2 / 8) / 2,
+    "verb": (2 / 7 + 2 / 8) / 2,
+    "pronoun": (1 / 7 + 1 / 8) / 2,
+    "subject": (1 / 7 + 2 / 8) / 2,
+    "object": (2 / 7 + 1 / 8) / 2,
+    "cls": (1 / 7 + 1 / 8 + 1 / 3) / 3,
+    "sep": (1 / 7 + 2 / 8 + 1 / 3) / 3,
+}
 CLS_N = {"noun": 2, "verb": 2, "pronoun": 2, "subject": 2, "object": 2, "cls": 3, "sep": 3, "negation": 0}
 
 

@@ -51,8 +51,7 @@ def test_features_shape_and_channels():
     assert x[:, 0].max() == pytest.approx(1.0)  # the map scaled to its maximum
     np.testing.assert_allclose(x[0, 1, :, 0], x[0, 1, 0, 0])  # special columns: the same in every row
     assert x[0, 1, 0, 0] > 0 and x[0, 1, 0, 8] == 0
-    short = C.map_features(attn[None, :5, :5] / attn[:5, :5].sum(1, keepdims=True), special[:5], np.zeros(5, int), size=16,
-                           masks=True)
+    short = C.map_features(attn[None, :5, :5] / attn[:5, :5].sum(1, keepdims=True), special[:5], np.zeros(5, int), size=16, masks=True)
     assert short.shape == (1, 3, 16, 16) and short[0, 2].max() == 0  # one segment: no own-segment channel
     np.testing.assert_array_equal(C.map_features(attn[None], special, segment, size=16), x[:1, :1])  # default: the picture
 

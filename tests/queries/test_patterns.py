@@ -92,14 +92,16 @@ def test_scores_exact_on_a_tiny_map():
     # [CLS] x y [SEP] z [SEP]: segments 0 0 0 0 1 1
     special = np.array([1, 0, 0, 1, 0, 1], bool)
     segment = np.array([0, 0, 0, 0, 1, 1])
-    m = np.array([
-        [0.5, 0.5, 0, 0, 0, 0],
-        [0.2, 0.2, 0.6, 0, 0, 0],
-        [0, 0.5, 0, 0.25, 0.25, 0],
-        [1, 0, 0, 0, 0, 0],
-        [0, 0.4, 0, 0.2, 0, 0.4],
-        [0, 0, 0, 0, 1, 0],
-    ])
+    m = np.array(
+        [
+            [0.5, 0.5, 0, 0, 0, 0],
+            [0.2, 0.2, 0.6, 0, 0, 0],
+            [0, 0.5, 0, 0.25, 0.25, 0],
+            [1, 0, 0, 0, 0, 0],
+            [0, 0.4, 0, 0.2, 0, 0.4],
+            [0, 0, 0, 0, 1, 0],
+        ]
+    )
     s = P.pattern_scores(m, special, segment)
     assert s["vertical"] == pytest.approx((0.5 + 0.2 + 0.25 + 1 + 0.6 + 0) / 6)
     # neighbours: a[0,1] .5, a[1,0] .2, a[1,2] .6, a[2,1] .5, a[2,3] .25, a[3,2] 0, a[3,4] 0, a[4,3] .2, a[4,5] .4, a[5,4] 1
@@ -110,15 +112,18 @@ def test_scores_exact_on_a_tiny_map():
     assert np.isnan(P.pattern_scores(m, special, np.zeros(6, int))["block"])  # one segment: no block score
 
 
-@pytest.mark.parametrize("build, expected", [
-    (lambda: (vertical_map(), *one_segment()), "vertical"),
-    (lambda: (previous_map(), *one_segment()), "diagonal"),
-    (lambda: (0.5 * vertical_map() + 0.5 * previous_map(), *one_segment()), "vertical+diagonal"),
-    (block_map, "block"),
-    (lambda: (far_map(), *one_segment()), "heterogeneous"),
-    (cross_map, "heterogeneous"),
-    (lambda: (block_map()[0], *one_segment(2 * SEGMENT + 3)), "heterogeneous"),  # the same map read as one segment: no block
-])
+@pytest.mark.parametrize(
+    "build, expected",
+    [
+        (lambda: (vertical_map(), *one_segment()), "vertical"),
+        (lambda: (previous_map(), *one_segment()), "diagonal"),
+        (lambda: (0.5 * vertical_map() + 0.5 * previous_map(), *one_segment()), "vertical+diagonal"),
+        (block_map, "block"),
+        (lambda: (far_map(), *one_segment()), "heterogeneous"),
+        (cross_map, "heterogeneous"),
+        (lambda: (block_map()[0], *one_segment(2 * SEGMENT + 3)), "heterogeneous"),  # the same map read as one segment: no block
+    ],
+)
 def test_each_class_on_a_hand_built_map(build, expected):
     attn, special, segment = build()
     np.testing.assert_allclose(attn.sum(1), 1)
@@ -172,8 +177,7 @@ def test_threshold_edges():
 
 def test_thresholds_can_be_overridden_and_are_checked():
     special, segment = one_segment()
-    assert P.classify_map(vertical_map(), special, segment, thresholds=dict(vertical_min=1.01, mix_vertical_min=1.01)) \
-        == "heterogeneous"
+    assert P.classify_map(vertical_map(), special, segment, thresholds=dict(vertical_min=1.01, mix_vertical_min=1.01)) == "heterogeneous"
     with pytest.raises(InvalidArgumentError, match="unknown thresholds"):
         P.labels_from_scores([0.1], [0.1], [np.nan], dict(vertical=0.5))
 
@@ -275,8 +279,10 @@ def pattern_run(store, make_run):
     m1 = np.stack([block_map()[0], vd, vert])[None]
     run = make_run(store, [m0.astype(np.float32), m1.astype(np.float32)], [TOKENS_ONE, TOKENS_TWO], name="patterns")
     with store.engine.begin() as conn:  # make_run writes one segment: the second example's tail is segment 1
-        conn.execute(sa.text("UPDATE tokens SET segment = 1 WHERE position >= :first AND example_id = "
-                             "(SELECT max(example_id) FROM tokens)"), {"first": SEGMENT + 2})
+        conn.execute(
+            sa.text("UPDATE tokens SET segment = 1 WHERE position >= :first AND example_id = (SELECT max(example_id) FROM tokens)"),
+            {"first": SEGMENT + 2},
+        )
     return run
 
 
@@ -314,8 +320,7 @@ def test_pattern_proportions_and_heads(store, pattern_run):
 
 def test_save_pattern_labels_checks_every_row_first(store, pattern_run):
     good = dict(run=pattern_run, example=0, layer=0, head=0, label="vertical")
-    for bad, message in [(dict(example=7), "no stored example 7"), (dict(head=3), "out of range"),
-                         (dict(run="nope"), "no run 'nope'")]:
+    for bad, message in [(dict(example=7), "no stored example 7"), (dict(head=3), "out of range"), (dict(run="nope"), "no run 'nope'")]:
         with pytest.raises(Exception, match=message):
             store.save_pattern_labels(pd.DataFrame([good, dict(good, **bad)]), source="human")
         assert store.pattern_labels().empty

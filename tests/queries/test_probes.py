@@ -5,11 +5,18 @@ from attnstore.queries.errors import NotFoundError
 from attnstore.queries.probes import _group_softmax, attachment_score, collect, sum_by, train_and_evaluate
 
 SENTENCES = [
-    (["[CLS]", "the", "dog", "barks", "[SEP]"],
-     [dict(form="the", head=1, deprel="det"), dict(form="dog", head=2, deprel="nsubj"), dict(form="barks", head=None, deprel="root")]),
-    (["[CLS]", "dog", "barks", "loudly", "[SEP]"],
-     [dict(form="dog", head=1, deprel="nsubj"), dict(form="barks", head=None, deprel="root"),
-      dict(form="loudly", head=1, deprel="advmod")]),
+    (
+        ["[CLS]", "the", "dog", "barks", "[SEP]"],
+        [dict(form="the", head=1, deprel="det"), dict(form="dog", head=2, deprel="nsubj"), dict(form="barks", head=None, deprel="root")],
+    ),
+    (
+        ["[CLS]", "dog", "barks", "loudly", "[SEP]"],
+        [
+            dict(form="dog", head=1, deprel="nsubj"),
+            dict(form="barks", head=None, deprel="root"),
+            dict(form="loudly", head=1, deprel="advmod"),
+        ],
+    ),
 ]
 
 
@@ -28,8 +35,9 @@ def maps_for(words) -> np.ndarray:
 def probe_runs(store, make_run):
     names = []
     for name in ("probe-train", "probe-eval"):
-        names.append(make_run(store, [maps_for(w) for _, w in SENTENCES], [t for t, _ in SENTENCES], name=name,
-                              words_list=[w for _, w in SENTENCES]))
+        names.append(
+            make_run(store, [maps_for(w) for _, w in SENTENCES], [t for t, _ in SENTENCES], name=name, words_list=[w for _, w in SENTENCES])
+        )
     return names
 
 
@@ -73,6 +81,14 @@ def test_helpers():
     # ties go to the first candidate of a group
     from attnstore.queries.probes import ProbeData
 
-    data = ProbeData(np.zeros((6, 1)), np.zeros(6, int), np.zeros(6, int), np.zeros(6, int),
-                     np.array([1, 0, 0, 0, 1, 0], dtype=np.float32), starts, np.zeros(2), [])
+    data = ProbeData(
+        np.zeros((6, 1)),
+        np.zeros(6, int),
+        np.zeros(6, int),
+        np.zeros(6, int),
+        np.array([1, 0, 0, 0, 1, 0], dtype=np.float32),
+        starts,
+        np.zeros(2),
+        [],
+    )
     assert attachment_score(np.array([1.0, 1.0, 0.0, 3.0, 3.0, 0.0]), data) == 0.5

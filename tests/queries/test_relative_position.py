@@ -36,8 +36,6 @@ def test_saved_metrics_are_queryable_with_sql(store, hand_run):
     assert n == 3 * 4
     # saving again replaces rather than duplicates
     assert store.save_head_metrics(hand_run, df, prefix="relative_position") == 12
-    hits = store.sql(
-        "SELECT layer, head, value FROM head_metrics WHERE metric = 'relative_position.to_previous' AND value > 0.5"
-    )
+    hits = store.sql("SELECT layer, head, value FROM head_metrics WHERE metric = 'relative_position.to_previous' AND value > 0.5")
     assert hits[["layer", "head"]].values.tolist() == [[0, 1]]
     assert len(store.head_metrics(hand_run)) == 12

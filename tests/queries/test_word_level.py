@@ -22,8 +22,7 @@ def test_to_is_summed_and_from_is_averaged_exactly():
     # to the split word: sum of its pieces' columns; from it: mean of its pieces' rows
     np.testing.assert_allclose(w[..., 0, 1], maps[..., 0, 1] + maps[..., 0, 2], rtol=1e-6)
     np.testing.assert_allclose(w[..., 1, 0], (maps[..., 1, 0] + maps[..., 2, 0]) / 2, rtol=1e-6)
-    np.testing.assert_allclose(w[..., 1, 1], (maps[..., 1, 1] + maps[..., 1, 2] + maps[..., 2, 1] + maps[..., 2, 2]) / 2,
-                               rtol=1e-6)
+    np.testing.assert_allclose(w[..., 1, 1], (maps[..., 1, 1] + maps[..., 1, 2] + maps[..., 2, 1] + maps[..., 2, 2]) / 2, rtol=1e-6)
     np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-6)  # rows still sum to 1
 
 
@@ -34,8 +33,9 @@ def test_words_without_pieces_have_no_unit():
 
 def test_word_maps_query_rows_sum_to_one(store, make_run):
     maps = np.full((1, 1, 4, 4), 0.25, dtype=np.float32)
-    run = make_run(store, [maps], [["[CLS]", "ab", "##c", "[SEP]"]], name="wm", token_words=[[None, 0, 0, None]],
-                   words_list=[[dict(form="abc")]])
+    run = make_run(
+        store, [maps], [["[CLS]", "ab", "##c", "[SEP]"]], name="wm", token_words=[[None, 0, 0, None]], words_list=[[dict(form="abc")]]
+    )
     df = run_query(store, "word_maps", run=run, example=0)
     assert len(df) == 9
     assert df.groupby("from_unit")["attention"].sum().tolist() == pytest.approx([1.0, 1.0, 1.0])

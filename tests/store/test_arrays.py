@@ -6,8 +6,9 @@ from attnstore.store.errors import InvalidArgumentError, NotFoundError
 
 
 def new_array(tmp_path, chunk=16, dtype="float16"):
-    return arrays.create_run_array(str(tmp_path), "runs/a", dtype=dtype, chunk_cells=chunk,
-                                   codec=arrays.DEFAULT_CODEC, attributes={"run": "t"})
+    return arrays.create_run_array(
+        str(tmp_path), "runs/a", dtype=dtype, chunk_cells=chunk, codec=arrays.DEFAULT_CODEC, attributes={"run": "t"}
+    )
 
 
 def test_array_is_zarr_v3_with_named_dimension(tmp_path):

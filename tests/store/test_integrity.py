@@ -37,6 +37,7 @@ def maps_for(tokens, seed):
 def three(store, make_run):
     def build(checksum="crc32c"):
         return make_run(store, [maps_for(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="three", checksum=checksum)
+
     return build
 
 
@@ -84,8 +85,10 @@ def test_truncated_chunk_without_checksum_never_crashes_the_process(store, three
     """Decoding a truncated blosc chunk can segfault: run the read in a child and require a clean error."""
     run = three(None)
     damage(chunk_file(store, run, 1), "truncated")
-    code = ("import sys; from attnstore.store import open_store; s = open_store(db=sys.argv[1], root=sys.argv[2])\n"
-            "try:\n    s.attention('three', 1)\nexcept Exception as e:\n    print(type(e).__name__); sys.exit(3)\n")
+    code = (
+        "import sys; from attnstore.store import open_store; s = open_store(db=sys.argv[1], root=sys.argv[2])\n"
+        "try:\n    s.attention('three', 1)\nexcept Exception as e:\n    print(type(e).__name__); sys.exit(3)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code, _url(store), store.locations.array_root], capture_output=True, text=True)
     assert done.returncode == 3 and done.stdout.strip() == "DamagedDataError", (done.returncode, done.stderr[-500:])
 
@@ -96,7 +99,7 @@ def test_wrong_values_with_a_valid_checksum_are_found_by_check(store, three):
     info = store.run_info(run)
     array = store._array(info, read_only=False)
     offset = int(store.examples(run).set_index("example").loc[2, "offset"])
-    array[offset: offset + 4] = np.float32(0.9)
+    array[offset : offset + 4] = np.float32(0.9)
     summary, problems = check_store(store)
     assert list(problems["example"]) == [2] and "row-sum" in problems["problem"].iloc[0]
     result = CliRunner().invoke(main, ["check", "--db", _url(store), "--root", store.locations.array_root])
@@ -107,8 +110,9 @@ def test_check_on_a_healthy_store(store, three):
     three()
     summary, problems = check_store(store)
     assert problems.empty
-    assert summary.to_dict("records") == [dict(run="three", state="complete", examples=3, chunks=summary["chunks"][0],
-                                               checksums="crc32c", problems=0)]
+    assert summary.to_dict("records") == [
+        dict(run="three", state="complete", examples=3, chunks=summary["chunks"][0], checksums="crc32c", problems=0)
+    ]
     assert summary["chunks"][0] == -(-(2 * 2 * (16 + 25 + 9)) // 64)  # every chunk the blocks cover
 
 
@@ -129,8 +133,7 @@ def test_one_writer_per_run(store, make_run):
 def _put_lease(store, resource, *, host, pid, age_seconds):
     when = utcnow() - timedelta(seconds=age_seconds)
     with store.engine.begin() as conn:
-        conn.execute(sa.insert(Lease).values(resource=resource, token="x" * 32, host=host, pid=pid, acquired_at=when,
-                                             heartbeat_at=when))
+        conn.execute(sa.insert(Lease).values(resource=resource, token="x" * 32, host=host, pid=pid, acquired_at=when, heartbeat_at=when))
 
 
 def test_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(store):
@@ -162,8 +165,7 @@ def test_a_writer_whose_lease_was_taken_over_writes_nothing_more(store, make_run
 
 
 def test_query_on_a_run_being_written_warns_and_reads_a_snapshot(store, make_run):
-    name, writer = make_run(store, [maps_for(t, i) for i, t in enumerate(TOKENS[:2])], TOKENS[:2], name="partial",
-                            finish=False)
+    name, writer = make_run(store, [maps_for(t, i) for i, t in enumerate(TOKENS[:2])], TOKENS[:2], name="partial", finish=False)
     with pytest.warns(IncompleteRunWarning, match="run 'partial' is still being written: results cover the 2 examples"):
         frame = run_query(store, "entropy", run=name)
     assert frame.attrs == {"run_state": "writing", "n_examples": 2}
@@ -192,8 +194,7 @@ def test_query_on_a_run_with_no_stored_example_is_a_clear_error(store):
     _open_run(store, "empty", 1)
     with pytest.raises(NotFoundError, match="run 'empty' has no stored examples to query: its ingest was interrupted"):
         run_query(store, "relative_position", run="empty")
-    result = CliRunner().invoke(main, ["query", "entropy", "--run", "empty", "--db", _url(store), "--root",
-                                       store.locations.array_root])
+    result = CliRunner().invoke(main, ["query", "entropy", "--run", "empty", "--db", _url(store), "--root", store.locations.array_root])
     assert result.exit_code == 1 and "has no stored examples" in result.output
     assert len(result.output.strip().splitlines()) == 1
 
@@ -205,23 +206,43 @@ def _url(store) -> str:
 
 
 def _token_rows(tokens):
-    return [dict(token=t, token_id=1, word_position=None, segment=0, is_special=False, char_start=None, char_end=None)
-            for t in tokens]
+    return [dict(token=t, token_id=1, word_position=None, segment=0, is_special=False, char_start=None, char_end=None) for t in tokens]
 
 
 def _open_run(store, name: str, n_examples: int):
     """A run (2 layers x 2 heads) over a dataset of n examples with nothing stored yet: (info, example ids)."""
     from attnstore.store.records import ExampleInput
 
-    model_id = store.find_or_create_model(name="m", source="t", weights_sha256="0" * 64, architecture="A", n_layers=2,
-                                          n_heads=2, max_length=8, tokenizer="t", special_tokens={})
-    dataset_id, _ = store.find_or_create_dataset(name=f"d-{name}", split="s", checksum="c", format="text", source="t",
-                                                 annotator="whitespace")
+    model_id = store.find_or_create_model(
+        name="m",
+        source="t",
+        weights_sha256="0" * 64,
+        architecture="A",
+        n_layers=2,
+        n_heads=2,
+        max_length=8,
+        tokenizer="t",
+        special_tokens={},
+    )
+    dataset_id, _ = store.find_or_create_dataset(
+        name=f"d-{name}", split="s", checksum="c", format="text", source="t", annotator="whitespace"
+    )
     store.add_examples(dataset_id, [ExampleInput(position=i, text_a="a") for i in range(n_examples)], "whitespace")
     store.complete_dataset(dataset_id)
-    info = store.start_run(name=name, model_id=model_id, dataset_id=dataset_id, dtype="float32",
-                           codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "checksum": "crc32c"},
-                           chunk_cells=64, max_length=8, truncation="truncate", attn_implementation="eager", batch_size=1,
-                           code_version="t", corpus_checksum="c", manifest={})
+    info = store.start_run(
+        name=name,
+        model_id=model_id,
+        dataset_id=dataset_id,
+        dtype="float32",
+        codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "checksum": "crc32c"},
+        chunk_cells=64,
+        max_length=8,
+        truncation="truncate",
+        attn_implementation="eager",
+        batch_size=1,
+        code_version="t",
+        corpus_checksum="c",
+        manifest={},
+    )
     ids = store.sql("SELECT id FROM examples WHERE dataset_id = :d ORDER BY position", {"d": dataset_id})["id"].tolist()
     return info, ids

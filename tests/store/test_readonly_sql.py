@@ -57,8 +57,11 @@ def snapshot(store) -> dict:
     with store.engine.connect() as conn:
         inspector = sa.inspect(conn)
         tables = sorted(inspector.get_table_names())
-        state = {"tables": tables, "views": sorted(inspector.get_view_names()),
-                 "counts": {t: conn.execute(sa.text(f'SELECT count(*) FROM "{t}"')).scalar() for t in tables}}
+        state = {
+            "tables": tables,
+            "views": sorted(inspector.get_view_names()),
+            "counts": {t: conn.execute(sa.text(f'SELECT count(*) FROM "{t}"')).scalar() for t in tables},
+        }
         if backend(store) == "sqlite":
             state["user_version"] = conn.exec_driver_sql("PRAGMA user_version").scalar()
             state["databases"] = [r[1] for r in conn.exec_driver_sql("PRAGMA database_list")]
@@ -114,13 +117,12 @@ PG_WRITES = [
     "SELECT set_config('role', current_setting('is_superuser'), true)",
     "SELECT set_config('default_transaction_read_only', 'off', false)",
     "SELECT query_to_xml('SELECT pg_catalog.set_config(''role'', session_user, true)', true, false, '')",
-    "DO $$BEGIN EXECUTE 'SET LOCAL ROLE ' || session_user; "
-    "EXECUTE 'COPY tokens TO ''{dir}/do.csv'''; END$$",
+    "DO $$BEGIN EXECUTE 'SET LOCAL ROLE ' || session_user; EXECUTE 'COPY tokens TO ''{dir}/do.csv'''; END$$",
     "DO $$BEGIN DELETE FROM tokens; END$$",
     "CALL nothing()",
     "PREPARE p AS DELETE FROM tokens",
     "LOCK TABLE tokens",
-    'SELECT U&"set\\005fconfig"(\'role\', session_user, true)',
+    "SELECT U&\"set\\005fconfig\"('role', session_user, true)",
     "SELECT 1 /* unterminated",
 ]
 
@@ -148,8 +150,10 @@ def test_every_write_attempt_is_refused_and_changes_nothing(filled, target_dir):
 
 def test_messages_say_what_is_refused(filled, target_dir):
     store = filled
-    expected = (r"^SQL error: not allowed in attnstore sql \(read-only\): DROP TABLE tokens; "
-                r"use a SQLite/PostgreSQL client with write access")
+    expected = (
+        r"^SQL error: not allowed in attnstore sql \(read-only\): DROP TABLE tokens; "
+        r"use a SQLite/PostgreSQL client with write access"
+    )
     with pytest.raises(InvalidArgumentError, match=expected):
         store.sql("DROP TABLE tokens")
     if backend(store) == "sqlite":
@@ -235,33 +239,29 @@ def test_reads_still_work(filled):
     assert store.sql("SELECT count(*) AS n FROM tokens").n[0] == 8
     assert store.sql("SELECT count(*) AS n FROM tokens;").n[0] == 8
     run_id = store.sql("SELECT id FROM runs WHERE name = :n", {"n": "ro"}).id[0]
-    tokens = store.sql("SELECT position, token FROM tokens WHERE run_id = :r AND example_id = "
-                       "(SELECT min(example_id) FROM tokens) ORDER BY position", {"r": int(run_id)})
+    tokens = store.sql(
+        "SELECT position, token FROM tokens WHERE run_id = :r AND example_id = (SELECT min(example_id) FROM tokens) ORDER BY position",
+        {"r": int(run_id)},
+    )
     assert tokens.token.tolist() == ["[CLS]", "a", "b", "[SEP]"]
-    with_query = store.sql("WITH t AS (SELECT token FROM tokens WHERE is_special = :s) "
-                           "SELECT count(*) AS n FROM t", {"s": False})
+    with_query = store.sql("WITH t AS (SELECT token FROM tokens WHERE is_special = :s) SELECT count(*) AS n FROM t", {"s": False})
     assert with_query.n[0] == 4
-    assert store.sql("WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 5) "
-                     "SELECT sum(n) AS s FROM c").s[0] == 15
+    assert store.sql("WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 5) SELECT sum(n) AS s FROM c").s[0] == 15
     assert store.sql("VALUES (1, 'a')").shape == (1, 2)
     assert len(store.sql("EXPLAIN SELECT * FROM tokens")) > 0
     assert store.sql("SELECT 'a:b' AS colon, 'ab' LIKE 'a%' AS percent").values.tolist() == [["a:b", True]]
     # colons inside literals, quoted names and comments are text, not bind parameters
-    literals = store.sql("""SELECT ':x' AS "a:b", 'dev[:20]' AS s -- :c\n FROM tokens /* :d */ WHERE token = :t""",
-                         {"t": "a"})
+    literals = store.sql("""SELECT ':x' AS "a:b", 'dev[:20]' AS s -- :c\n FROM tokens /* :d */ WHERE token = :t""", {"t": "a"})
     assert literals.values.tolist() == [[":x", "dev[:20]"]] and list(literals.columns) == ["a:b", "s"]
     # views (migration 0003), listed from the catalogue through `sql` itself
     if backend(store) == "sqlite":
         views = set(store.sql("SELECT name FROM sqlite_master WHERE type = 'view'").name)
     else:
-        views = set(store.sql("SELECT table_name AS name FROM information_schema.views "
-                              "WHERE table_schema = 'public'").name)
+        views = set(store.sql("SELECT table_name AS name FROM information_schema.views WHERE table_schema = 'public'").name)
     assert VIEWS <= views
     for view in sorted(VIEWS):
         store.sql(f"SELECT * FROM {view}")
-    words = store.sql("SELECT form FROM token_annotations WHERE run = :r AND form IS NOT NULL "
-                      "ORDER BY example, position",
-                      {"r": "ro"})
+    words = store.sql("SELECT form FROM token_annotations WHERE run = :r AND form IS NOT NULL ORDER BY example, position", {"r": "ro"})
     assert words.form.tolist() == ["a", "b", "c", "d"]
     # empty results keep their columns; max_rows
     empty = store.sql("SELECT token, position FROM tokens WHERE position < 0")
@@ -303,8 +303,7 @@ def test_other_backends_are_refused():
 
 def test_sqlite_readonly_uri():
     assert readonly.sqlite_readonly_uri("/data/store/meta.sqlite") == "file:/data/store/meta.sqlite?mode=ro"
-    assert (readonly.sqlite_readonly_uri("/data/a b/m#1?.sqlite", immutable=True)
-            == "file:/data/a%20b/m%231%3F.sqlite?mode=ro&immutable=1")
+    assert readonly.sqlite_readonly_uri("/data/a b/m#1?.sqlite", immutable=True) == "file:/data/a%20b/m%231%3F.sqlite?mode=ro&immutable=1"
 
 
 def _wal_database(folder: Path) -> Path:
@@ -384,39 +383,48 @@ def test_sqlite_store_in_a_folder_nobody_can_write(tmp_path):
 # ---------------------------------------------------------------- the PostgreSQL statement check
 
 
-@pytest.mark.parametrize("text", [
-    "SELECT 1",
-    "  -- a comment\n(SELECT 1) UNION (SELECT 2);",
-    "WITH x AS (SELECT 1) SELECT * FROM x",
-    "VALUES (1)", "TABLE tokens", "EXPLAIN SELECT 1", "SHOW search_path",
-    "SELECT 1 /* nested /* comment */ ; DROP TABLE t */",
-    "SELECT E'a\\'; DROP TABLE t; --'",
-    "SELECT $$; set_config('role', 'x', true)$$, $q$ $$ ; $q$",
-    "SELECT 'set_config' AS name, x$y FROM t WHERE a = $1",
-    "SELECT 1 -- ; DROP TABLE t",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SELECT 1",
+        "  -- a comment\n(SELECT 1) UNION (SELECT 2);",
+        "WITH x AS (SELECT 1) SELECT * FROM x",
+        "VALUES (1)",
+        "TABLE tokens",
+        "EXPLAIN SELECT 1",
+        "SHOW search_path",
+        "SELECT 1 /* nested /* comment */ ; DROP TABLE t */",
+        "SELECT E'a\\'; DROP TABLE t; --'",
+        "SELECT $$; set_config('role', 'x', true)$$, $q$ $$ ; $q$",
+        "SELECT 'set_config' AS name, x$y FROM t WHERE a = $1",
+        "SELECT 1 -- ; DROP TABLE t",
+    ],
+)
 def test_pg_statement_check_allows(text):
     readonly.check_pg_statement(text)
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("SELECT 'a\\'; DROP TABLE t; --'", "one statement"),  # standard_conforming_strings: the string ends at \'
-    ("SELECT 1; SELECT 2", "one statement"),
-    ("COPY t TO '/tmp/x'", "not allowed"),
-    ("/* SELECT */ DO $$BEGIN END$$", "not allowed"),
-    ("SELECT pg_catalog.SET_CONFIG('role', 'postgres', true)", "set_config"),
-    ('SELECT "set_config"(\'role\', \'postgres\', true)', "set_config"),
-    ("SELECT set_config /* */ ('role', 'postgres', true)", "set_config"),
-    ("SELECT query_to_xml('SELECT 1', true, false, '')", "query_to_xml"),
-    ("SELECT * FROM dblink('dbname=x', 'SELECT 1') AS t(x int)", "dblink"),
-    ('SELECT U&"\\0073et_config"(1)', "U&"),
-    ("SELECT u&'x'", "U&"),
-    ("SELECT 'unterminated", "unterminated"),
-    ("SELECT $a$ unterminated", "unterminated"),
-    ("SELECT 1 /* /* */", "unterminated"),
-    ("", "empty"),
-    (" ; ", "empty"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("SELECT 'a\\'; DROP TABLE t; --'", "one statement"),  # standard_conforming_strings: the string ends at \'
+        ("SELECT 1; SELECT 2", "one statement"),
+        ("COPY t TO '/tmp/x'", "not allowed"),
+        ("/* SELECT */ DO $$BEGIN END$$", "not allowed"),
+        ("SELECT pg_catalog.SET_CONFIG('role', 'postgres', true)", "set_config"),
+        ("SELECT \"set_config\"('role', 'postgres', true)", "set_config"),
+        ("SELECT set_config /* */ ('role', 'postgres', true)", "set_config"),
+        ("SELECT query_to_xml('SELECT 1', true, false, '')", "query_to_xml"),
+        ("SELECT * FROM dblink('dbname=x', 'SELECT 1') AS t(x int)", "dblink"),
+        ('SELECT U&"\\0073et_config"(1)', "U&"),
+        ("SELECT u&'x'", "U&"),
+        ("SELECT 'unterminated", "unterminated"),
+        ("SELECT $a$ unterminated", "unterminated"),
+        ("SELECT 1 /* /* */", "unterminated"),
+        ("", "empty"),
+        (" ; ", "empty"),
+    ],
+)
 def test_pg_statement_check_refuses(text, reason):
     with pytest.raises(InvalidArgumentError, match=re.escape(reason)):
         readonly.check_pg_statement(text)

@@ -50,14 +50,14 @@ def test_handle_runs_queries_and_reads_saved_metrics(store, run):
     frame = handle.query("relative_position")
     pd.testing.assert_frame_equal(frame, run_query(store, "relative_position", run=run))
     assert frame.attrs["run_state"] == "complete" and frame.attrs["n_examples"] == 3
-    pd.testing.assert_frame_equal(handle.query("relative_position", average="token"),
-                                  run_query(store, "relative_position", run=run, average="token"))
+    pd.testing.assert_frame_equal(
+        handle.query("relative_position", average="token"), run_query(store, "relative_position", run=run, average="token")
+    )
     assert handle.head_metrics().empty
     store.save_head_metrics(run, frame, prefix="relative_position")
     saved = handle.head_metrics()
     assert len(saved) == 3 * 2 * 3 and set(saved["run"]) == {"ragged"}
-    pd.testing.assert_frame_equal(handle.head_metrics("relative_position.to_self"),
-                                  store.head_metrics(run, "relative_position.to_self"))
+    pd.testing.assert_frame_equal(handle.head_metrics("relative_position.to_self"), store.head_metrics(run, "relative_position.to_self"))
 
 
 def test_missing_run_raises_as_run_info_does(store, run):
@@ -72,12 +72,47 @@ def test_missing_run_raises_as_run_info_does(store, run):
 
 # Every public method `Store` had before it was split into store/reader.py and store/writer.py.
 STORE_METHODS = {
-    "ablation_configs", "ablation_results", "add_ablation_results", "add_examples", "attention", "close", "complete_dataset",
-    "dataset_examples", "done_example_ids", "example_rows", "examples", "fail_run", "find_dataset", "find_or_create_dataset",
-    "find_or_create_model", "head_metrics", "iter_attention", "lease", "mention_table", "model_row", "models",
-    "pattern_labels", "pinned", "probe_results", "register_finetuned_model", "require_writable", "run_info", "run_state",
-    "run_writer", "runs", "save_head_metrics", "save_pattern_labels", "save_probe_result", "session", "sql", "start_run",
-    "stored_positions", "token_table", "tokens", "word_table", "words",
+    "ablation_configs",
+    "ablation_results",
+    "add_ablation_results",
+    "add_examples",
+    "attention",
+    "close",
+    "complete_dataset",
+    "dataset_examples",
+    "done_example_ids",
+    "example_rows",
+    "examples",
+    "fail_run",
+    "find_dataset",
+    "find_or_create_dataset",
+    "find_or_create_model",
+    "head_metrics",
+    "iter_attention",
+    "lease",
+    "mention_table",
+    "model_row",
+    "models",
+    "pattern_labels",
+    "pinned",
+    "probe_results",
+    "register_finetuned_model",
+    "require_writable",
+    "run_info",
+    "run_state",
+    "run_writer",
+    "runs",
+    "save_head_metrics",
+    "save_pattern_labels",
+    "save_probe_result",
+    "session",
+    "sql",
+    "start_run",
+    "stored_positions",
+    "token_table",
+    "tokens",
+    "word_table",
+    "words",
 }
 
 
