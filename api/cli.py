@@ -457,15 +457,21 @@ def query(locations, name, run, params, fmt, output, save):
 @click.option("--max-examples", default=200, show_default=True, type=int)
 @click.option("--mask-rate", default=0.15, show_default=True, type=float)
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option(
+    "--model-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Folder holding the run's model as MODEL_NAME/ (env ATTNSTORE_MODEL_DIR), for a store copied here.",
+)
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @store_options
 @friendly_errors
-def gradients(locations, run, max_examples, mask_rate, seed, fmt):
+def gradients(locations, run, max_examples, mask_rate, seed, model_dir, fmt):
     """Gradient importance of attention to special tokens (Clark et al. Fig. 3); saved to head_metrics."""
     from ..queries.gradients import gradient_importance
 
     store = open_store(locations)
-    frame = gradient_importance(store, run, max_examples=max_examples, mask_rate=mask_rate, seed=seed)
+    frame = gradient_importance(store, run, max_examples=max_examples, mask_rate=mask_rate, seed=seed, model_dir=model_dir)
     emit(frame, fmt)
     n = store.save_head_metrics(run, frame, prefix="gradient", params=dict(max_examples=max_examples, mask_rate=mask_rate, seed=seed))
     click.echo(f"saved {n} values to head_metrics (metric 'gradient.*')", err=True)
@@ -484,15 +490,23 @@ def probe():
 @click.option("--epochs", default=100, show_default=True, type=int, help="Full-batch Adam steps.")
 @click.option("--lr", default=0.05, show_default=True, type=float, help="Adam learning rate.")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option(
+    "--model-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="attn+words / distance+words: folder holding the run's model as MODEL_NAME/ (env ATTNSTORE_MODEL_DIR).",
+)
 @store_options
 @friendly_errors
-def probe_train(locations, run, eval_run, kind, max_train, epochs, lr, seed):
+def probe_train(locations, run, eval_run, kind, max_train, epochs, lr, seed, model_dir):
     """Train a probe on stored word-level maps of RUN and store its UAS on EVAL-RUN."""
     from ..queries.probes import train_and_evaluate
 
     store = open_store(locations)
     with reading_progress(f"probe {kind}: reading word-level maps"):
-        result = train_and_evaluate(store, run=run, eval_run=eval_run, kind=kind, max_train=max_train, epochs=epochs, lr=lr, seed=seed)
+        result = train_and_evaluate(
+            store, run=run, eval_run=eval_run, kind=kind, max_train=max_train, epochs=epochs, lr=lr, seed=seed, model_dir=model_dir
+        )
     store.save_probe_result(run, eval_run, result, params=dict(max_train=max_train, lr=lr, seed=seed))
     train = "" if result["train_uas"] is None else f", train UAS {result['train_uas']:.3f} on {result['n_train']} words"
     click.echo(f"{kind}: UAS {result['uas']:.3f} on {result['n_eval']} words of {eval_run}{train} (saved to probe_results)")

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from ..store.records import RunInfo
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, NotFoundError
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -121,3 +123,37 @@ def parse_choices(text: str | None, choices: tuple[str, ...], what: str) -> tupl
     if unknown:
         raise InvalidArgumentError(f"unknown {what}(s) {', '.join(map(repr, unknown))}; choose from {', '.join(choices)} (comma-separated)")
     return names
+
+
+ENV_MODEL_DIR = "ATTNSTORE_MODEL_DIR"
+
+
+def model_source(store: Store, info: RunInfo, model_dir: str | None = None) -> str:
+    """Where the run's model can be loaded from on this machine, for analyses that need the model itself.
+
+    Tried in order: `model_dir` (or ATTNSTORE_MODEL_DIR) / the model's name (or the recorded folder's name);
+    a fine-tuned model's checkpoint in the store's models folder; the folder recorded at ingest. A hub id
+    recorded at ingest is returned as it is. A store copied to another machine thus finds its fine-tuned
+    models, and others are pointed at with one option; anything else is a one-line error saying how.
+    """
+    recorded = str(info.manifest.get("model", {}).get("source") or "")
+    candidates = []
+    folder = model_dir or os.environ.get(ENV_MODEL_DIR)
+    if folder:
+        candidates += [Path(folder) / info.model] + ([Path(folder) / Path(recorded).name] if recorded else [])
+    row = store.model_row(info.model)
+    checkpoint = ((row or {}).get("training") or {}).get("checkpoint")
+    if checkpoint and "://" not in store.locations.models_root:
+        candidates.append(Path(store.locations.models_root) / checkpoint)
+    if recorded:
+        candidates.append(Path(recorded))
+    for candidate in candidates:
+        if (candidate / "config.json").is_file():
+            return str(candidate)
+    if recorded and not Path(recorded).is_absolute() and not recorded.startswith((".", "~")) and "/" in recorded.strip("/"):
+        return recorded  # a hub id such as org/name: transformers finds it in its cache
+    raise NotFoundError(
+        f"run {info.name!r} needs model {info.model!r}, recorded at {recorded or '(nowhere)'}, which is not on this "
+        f"machine; pass --model-dir DIR (a folder holding {info.model}/) or set {ENV_MODEL_DIR}, or copy the store's "
+        f"models folder with it"
+    )

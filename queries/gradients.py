@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .common import per_head_frame, safe_divide, token_flags
+from .common import model_source, per_head_frame, safe_divide, token_flags
 from .errors import InvalidArgumentError, NotFoundError
 
 if TYPE_CHECKING:
@@ -58,16 +58,20 @@ def takes_token_types(model, info) -> bool:
 
 
 def gradient_importance(
-    store: Store, run, *, max_examples: int = 200, mask_rate: float = 0.15, seed: int = 0, punct: str = ".,"
+    store: Store,
+    run,
+    *,
+    max_examples: int = 200,
+    mask_rate: float = 0.15,
+    seed: int = 0,
+    punct: str = ".,",
+    model_dir: str | None = None,
 ) -> pd.DataFrame:
     """Per head: mean |∂MLM loss/∂α| of attention to [CLS]-like, [SEP]-like, punctuation and other tokens."""
     import torch
 
     info = store.run_info(run)
-    source = info.manifest.get("model", {}).get("source")
-    if not source:
-        raise InvalidArgumentError(f"run {info.name!r} has no model source in its manifest")
-    model = load_mlm(source)
+    model = load_mlm(model_source(store, info, model_dir))
     mask_id = (info.special_tokens.get("mask") or {}).get("id")
     if mask_id is None:
         raise InvalidArgumentError(f"the tokenizer of run {info.name!r} has no mask token")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .common import iter_maps
+from .common import iter_maps, model_source
 from .errors import InvalidArgumentError, NotFoundError
 from .word_level import units_of, word_level
 
@@ -116,10 +116,10 @@ def collect(store: Store, run, examples=None, max_examples: int | None = None) -
     return ProbeData(attn, cand, dep, offset, gold, np.array(starts), np.array(right), token_ids)
 
 
-def word_vectors(store: Store, run, data: ProbeData) -> np.ndarray:
+def word_vectors(store: Store, run, data: ProbeData, model_dir: str | None = None) -> np.ndarray:
     """Each probe word's vector: the mean of the model's input embeddings of its pieces."""
     info = store.run_info(run)
-    source = Path(info.manifest.get("model", {}).get("source", ""))
+    source = Path(model_source(store, info, model_dir))
     files = sorted(source.glob("*.safetensors")) if source.is_dir() else []
     if not files:
         raise NotFoundError(f"word vectors need the model's safetensors weights; none found at {source or '(no source)'}")
@@ -256,6 +256,7 @@ def train_and_evaluate(
     epochs: int = 100,
     lr: float = 0.05,
     seed: int = 0,
+    model_dir: str | None = None,
 ) -> dict:
     """Train a probe on `run`, measure UAS on `eval_run`; returns a result record."""
     if kind not in KINDS:
@@ -267,8 +268,8 @@ def train_and_evaluate(
         )
     train = collect(store, run, max_examples=max_train)
     needs_words = kind in ("attn+words", "distance+words")
-    train_vec = word_vectors(store, run, train) if needs_words else None
-    test_vec = word_vectors(store, eval_run, test) if needs_words else None
+    train_vec = word_vectors(store, run, train, model_dir) if needs_words else None
+    test_vec = word_vectors(store, eval_run, test, model_dir) if needs_words else None
     dim = 0 if train_vec is None else train_vec.shape[1]
     probe = Probe(kind, train.attn.shape[1], dim, seed)
     losses = probe.fit(train, train_vec, epochs=epochs, lr=lr)
