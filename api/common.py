@@ -59,7 +59,6 @@ EXTRAS = {
     "matplotlib": "report",
     "fsspec": "s3",
     "s3fs": "s3",
-    "aiobotocore": "s3",
 }
 EXTRA_HINTS = {
     "ingest": "pip install torch==2.13.0 'attnstore[ingest]'",
@@ -73,7 +72,7 @@ def require_extra(extra: str) -> None:
     import importlib.util
 
     for module, needed_by in EXTRAS.items():
-        if needed_by == extra and module != "aiobotocore" and importlib.util.find_spec(module) is None:
+        if needed_by == extra and importlib.util.find_spec(module) is None:
             raise click.ClickException(missing_extra_message(ModuleNotFoundError(f"No module named {module!r}", name=module)))
 
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..store import Store
 
 FIGURE_SUFFIXES = (".png", ".svg")
+MAX_FIGURE_INCHES = 16.0
 MAX_GRID_HEADS = 400  # a grid of more heads than this would be unreadable (and slow); pick a layer instead
 
 
@@ -60,7 +61,8 @@ def plot_attention(store: Store, run: str, example: int, layer: int | None = Non
     heads = list(range(info.n_heads)) if head is None else [head]
     title = f"{info.model} on {info.dataset}:{info.split}, run {info.name!r}, example {example}"
     if len(layers) == 1 and len(heads) == 1:
-        fig, ax = plt.subplots(figsize=(max(4.0, 0.22 * len(tokens) + 2), max(3.5, 0.22 * len(tokens) + 1.5)))
+        side = min(MAX_FIGURE_INCHES, max(3.5, 0.22 * len(tokens) + 1.5))  # long examples: small labels, bounded picture
+        fig, ax = plt.subplots(figsize=(side + 0.5, side))
         image = ax.imshow(maps[0, 0], cmap="viridis", vmin=0.0, vmax=1.0)
         _label_axes(ax, tokens, special, True)
         ax.set_xlabel("key (attended to)")

@@ -150,8 +150,8 @@ def model_source(store: Store, info: RunInfo, model_dir: str | None = None) -> s
     for candidate in candidates:
         if (candidate / "config.json").is_file():
             return str(candidate)
-    if recorded and not Path(recorded).is_absolute() and not recorded.startswith((".", "~")) and "/" in recorded.strip("/"):
-        return recorded  # a hub id such as org/name: transformers finds it in its cache
+    if recorded and not checkpoint and not Path(recorded).is_absolute() and not recorded.startswith((".", "~")):
+        return recorded  # a hub id (bert-base-uncased, org/name): transformers finds it in its cache
     raise NotFoundError(
         f"run {info.name!r} needs model {info.model!r}, recorded at {recorded or '(nowhere)'}, which is not on this "
         f"machine; pass --model-dir DIR (a folder holding {info.model}/) or set {ENV_MODEL_DIR}, or copy the store's "

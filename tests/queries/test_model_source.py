@@ -34,8 +34,5 @@ def test_model_found_in_the_model_dir_the_recorded_folder_or_not_at_all(store, m
     recorded.mkdir(parents=True)
     (recorded / "config.json").write_text("{}", encoding="utf-8")
     assert model_source(store, info) == str(recorded)
-    assert model_source(store, _info_hub(info)) == "org/some-model"  # a hub id is left to transformers' cache
-
-
-def _info_hub(info):
-    return dataclasses.replace(info, manifest={"model": {"source": "org/some-model"}})
+    for hub_id in ("org/some-model", "bert-base-uncased"):  # a hub id is left to transformers' cache
+        assert model_source(store, dataclasses.replace(info, manifest={"model": {"source": hub_id}})) == hub_id
