@@ -251,3 +251,49 @@ def tiny_bert(tmp_path_factory) -> str:
     transformers.BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A real S3-compatible server (moto's server mode) on 127.0.0.1, for the session.
+
+    Sets the environment every process started by a test inherits: credentials and
+    FSSPEC_S3_ENDPOINT_URL, which s3fs reads, so `--root s3://bucket/prefix` reaches it.
+    """
+    pytest.importorskip("s3fs", reason="the s3 extra (fsspec, s3fs) is not installed")
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    import logging
+    import socket
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "FSSPEC_S3_ENDPOINT_URL": url,
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield url
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    server.stop()
+
+
+@pytest.fixture
+def s3_root(s3_endpoint):
+    """A fresh bucket on the test S3 server; returns the array root URL s3://<bucket>/attention.zarr."""
+    import boto3
+
+    bucket = f"attnstore-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/attention.zarr"
