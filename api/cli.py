@@ -12,7 +12,7 @@ from ..ingest.annotate import ANNOTATORS
 from ..ingest.corpus import FORMATS as CORPUS_FORMATS
 from ..ingest.model import DEFAULT_MODEL
 from ..queries.probes import KINDS as PROBE_KINDS
-from ..store.arrays import DEFAULT_CHUNK_CELLS, DTYPES
+from ..store.arrays import CODECS, DEFAULT_CHUNK_CELLS, DTYPES
 from ..store.config import redact
 from .common import FORMATS, create_store, emit, friendly_errors, open_store, reading_progress, require_extra, store_options
 
@@ -54,6 +54,23 @@ def db():
 def db_upgrade(locations):
     """Create the schema, or upgrade it to this version's head."""
     click.echo(create_store(locations))
+
+
+@db.command("upgrade-arrays")
+@store_options
+@click.option("--run", "runs", multiple=True, help="Only these runs (name or id; repeatable). Default: every run.")
+@click.option("--rebuild-index", is_flag=True, help="Also rewrite layout-2 runs' index arrays from SQL (when `check` says they differ).")
+@friendly_errors
+def db_upgrade_arrays(locations, runs, rebuild_index):
+    """Convert runs stored in Zarr layout 1 (runs/<uuid>, no index) to the self-describing layout 2.
+
+    Chunks are copied byte for byte; SQL switches to the new arrays only once they are complete.
+    Safe to run again after an interruption. Layout-1 runs are still read without it.
+    """
+    from ..store.layout import upgrade_arrays
+
+    with open_store(locations) as store:
+        emit(upgrade_arrays(store, list(runs) or None, rebuild_index=rebuild_index), "table")
 
 
 @db.command("current")
@@ -113,6 +130,15 @@ def db_current(locations):
     help="What to do with inputs over the limit: truncate them (longest segment first) or skip them. Counted per run.",
 )
 @click.option("--dtype", default="float16", show_default=True, type=click.Choice(DTYPES))
+@click.option(
+    "--codec",
+    "codec_name",
+    default="lossless",
+    show_default=True,
+    type=click.Choice(sorted(CODECS)),
+    help="lossless: blosc zstd (~1.66 bytes/cell); u8: each value stored as one byte round(255 v) "
+    "(~0.40 bytes/cell, at most 0.0025 off per value; its effect on every query is in docs/PERFORMANCE.md).",
+)
 @click.option("--limit", default=None, type=int, help="Only the first N examples.")
 @click.option("--sample", default=None, type=int, help="A random sample of N examples (reproducible with --seed).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for --sample.")
@@ -159,6 +185,7 @@ def ingest(
     max_length,
     truncation,
     dtype,
+    codec_name,
     limit,
     sample,
     seed,
@@ -201,6 +228,7 @@ def ingest(
             max_length=max_length,
             truncation=truncation,
             dtype=dtype,
+            codec=dict(CODECS[codec_name]),
             limit=limit,
             sample=sample,
             seed=seed,
@@ -436,7 +464,8 @@ def query(locations, name, run, params, fmt, output, save):
             f"query {name!r} is not per head (one row per layer and head), so it cannot be saved "
             "to head_metrics; write it to a file with --output instead"
         )
-    store = open_store(locations)
+    # --save (or a query's own save=true) on a read-only store fails before the query runs
+    store = open_store(locations, write=save or bool(kwargs.get("save")))
     with warnings.catch_warnings(record=True) as caught, reading_progress(f"{name} over {run}"):
         warnings.simplefilter("always", IncompleteRunWarning)
         frame = run_query(store, name, run=run, **kwargs)
@@ -470,7 +499,7 @@ def gradients(locations, run, max_examples, mask_rate, seed, model_dir, fmt):
     """Gradient importance of attention to special tokens (Clark et al. Fig. 3); saved to head_metrics."""
     from ..queries.gradients import gradient_importance
 
-    store = open_store(locations)
+    store = open_store(locations, write=True)  # saves to head_metrics: a read-only store fails before the model loads
     frame = gradient_importance(store, run, max_examples=max_examples, mask_rate=mask_rate, seed=seed, model_dir=model_dir)
     emit(frame, fmt)
     n = store.save_head_metrics(run, frame, prefix="gradient", params=dict(max_examples=max_examples, mask_rate=mask_rate, seed=seed))
@@ -502,7 +531,7 @@ def probe_train(locations, run, eval_run, kind, max_train, epochs, lr, seed, mod
     """Train a probe on stored word-level maps of RUN and store its UAS on EVAL-RUN."""
     from ..queries.probes import train_and_evaluate
 
-    store = open_store(locations)
+    store = open_store(locations, write=True)  # saves to probe_results: a read-only store fails before training
     with reading_progress(f"probe {kind}: reading word-level maps"):
         result = train_and_evaluate(
             store, run=run, eval_run=eval_run, kind=kind, max_train=max_train, epochs=epochs, lr=lr, seed=seed, model_dir=model_dir
@@ -594,14 +623,17 @@ def report_kovaleva(locations, runs_, finetuned, frame_run, max_examples, out):
     click.echo(f"wrote {path} and its tables and figures")
 
 
+from .bundle_cli import export_cmd, import_cmd  # noqa: E402
 from .models_cli import ablate, evaluate, finetune, list_models, report_ablation, report_table1  # noqa: E402
 from .patterns_cli import patterns  # noqa: E402
+from .serve import serve  # noqa: E402
 
-for command in (finetune, evaluate, ablate, list_models):
+for command in (finetune, evaluate, ablate, list_models, export_cmd, import_cmd):
     main.add_command(command)
 report.add_command(report_table1)
 report.add_command(report_ablation)
 main.add_command(patterns)
+main.add_command(serve)
 
 if __name__ == "__main__":
     main()

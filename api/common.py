@@ -15,8 +15,17 @@ FORMATS = ("table", "csv", "json")
 
 
 def store_options(func):
-    """--db / --root / --home, resolved as option > environment variable > default."""
+    """--db / --root / --home / --read-only, resolved as option > environment variable > default."""
 
+    @click.option(
+        "--read-only",
+        "read_only",
+        is_flag=True,
+        default=False,
+        help="Open the store for reading only: commands that write fail before doing anything (env ATTNSTORE_READ_ONLY=1). "
+        "Needed for object storage with read-only credentials; read-only SQLite files, local folders and "
+        "SELECT-only PostgreSQL roles are detected without it.",
+    )
     @click.option("--home", default=None, help="Store directory for the embedded default (env ATTNSTORE_HOME; default ./attnstore-data).")
     @click.option(
         "--root",
@@ -29,8 +38,12 @@ def store_options(func):
         help="Metadata database URL, e.g. postgresql+psycopg://user@host/db (env ATTNSTORE_DB; default sqlite HOME/meta.sqlite).",
     )
     @functools.wraps(func)
-    def wrapper(*args, db=None, root=None, home=None, **kwargs):
-        return func(*args, locations=resolve_locations(db=db, root=root, home=home), **kwargs)
+    def wrapper(*args, db=None, root=None, home=None, read_only=False, **kwargs):
+        try:
+            locations = resolve_locations(db=db, root=root, home=home, read_only=True if read_only else None)
+        except AttnStoreError as exc:  # a bad ATTNSTORE_READ_ONLY value
+            raise click.ClickException(str(exc)) from None
+        return func(*args, locations=locations, **kwargs)
 
     return wrapper
 
@@ -59,11 +72,14 @@ EXTRAS = {
     "matplotlib": "report",
     "fsspec": "s3",
     "s3fs": "s3",
+    "fastapi": "serve",
+    "uvicorn": "serve",
 }
 EXTRA_HINTS = {
     "ingest": "pip install torch==2.13.0 'attnstore[ingest]'",
     "report": "pip install 'attnstore[report]'",
     "s3": "pip install fsspec s3fs",
+    "serve": "pip install 'attnstore[serve]'",
 }
 
 
@@ -94,10 +110,19 @@ def _local_path(url_or_path: str) -> str | None:
 
 
 def create_store(locations) -> str:
-    """Create or upgrade the schema, and create a local array root; returns what `db upgrade` prints."""
-    from ..store import migrate
+    """Create or upgrade the schema, and create a local array root (check a remote one); returns what
+    `db upgrade` prints. A store this user may not write is refused before anything is written."""
+    from ..store import migrate, remote
     from ..store.config import redact
+    from ..store.db import write_denied_at
+    from ..store.errors import ReadOnlyStoreError
 
+    refused = "opened with --read-only / ATTNSTORE_READ_ONLY" if locations.read_only else write_denied_at(locations.db_url)
+    if refused:
+        raise ReadOnlyStoreError(
+            f"store {locations.describe()} is read-only for this user ({refused}); `db upgrade` writes: run it as the store's owner"
+        )
+    remote.check_writable(locations.array_root)  # object storage: the bucket exists and these credentials may write
     db_file = _local_path(locations.db_url)
     if db_file and locations.db_url.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(db_file) or ".", exist_ok=True)
@@ -106,7 +131,7 @@ def create_store(locations) -> str:
     if root:
         os.makedirs(root, exist_ok=True)
     state = "already at" if before == after else f"upgraded from {before or 'empty'} to"
-    return f"{redact(locations.db_url)}: {state} revision {after}" + (f"; arrays in {root}" if root else "")
+    return f"{redact(locations.db_url)}: {state} revision {after}; arrays in {root or locations.array_root}"
 
 
 @contextlib.contextmanager
@@ -121,16 +146,24 @@ def reading_progress(desc: str, total: int | None = None):
         yield bar
 
 
-def open_store(locations, create: bool = False):
+def open_store(locations, create: bool = False, write: bool | None = None):
     """The store at `locations`. With `create` (commands that write, like ingest), a SQLite store whose file
     does not exist yet is created first, so the embedded default just works; PostgreSQL keeps an explicit
-    `attnstore db upgrade`."""
+    `attnstore db upgrade`.
+
+    With `write` (default: `create`), a store this user may not write (read-only SQLite file or folder,
+    SELECT-only PostgreSQL role, read-only object-store credentials, --read-only) fails here, in one
+    line saying it is read-only, before the command loads a model or computes anything."""
     from ..store import Store
 
+    write = create if write is None else write
     db_file = _local_path(locations.db_url) if locations.db_url.startswith("sqlite:///") else None
     if create and db_file and not os.path.exists(db_file):
         click.echo(f"creating a new store: {create_store(locations)}", err=True)
-    return Store(locations)
+    store = Store(locations)
+    if write:
+        store.require_writable()
+    return store
 
 
 TABLE_CELL_WIDTH = 60  # longer text cells are cut in table output (csv and json keep them whole)

@@ -82,7 +82,7 @@ def evaluate(locations, model, task, data_dir, fmt, progress):
     from ..ingest.evaluate import evaluate as run_evaluate
     from ..ingest.evaluate import open_evaluator
 
-    store = open_store(locations)
+    store = open_store(locations, write=True)  # stores its scores: a read-only store fails before the model loads
     ev = open_evaluator(store, model=model, task=task, data_dir=data_dir)
     scores = run_evaluate(store, ev, progress=progress)
     emit(pd.DataFrame([dict(model=model, task=ev.task.name, metric=m, score=v, n_examples=len(ev.items)) for m, v in scores.items()]), fmt)
@@ -120,7 +120,7 @@ def ablate(locations, model, task, heads, mode, data_dir, fmt, progress):
     from ..ingest.evaluate import ablate as run_ablate
     from ..ingest.evaluate import open_evaluator
 
-    store = open_store(locations)
+    store = open_store(locations, write=True)  # a read-only store fails before the model loads
     frame = run_ablate(store, open_evaluator(store, model=model, task=task, data_dir=data_dir), heads=heads, mode=mode, progress=progress)
     emit(frame[["config", "metric", "score", "baseline_score", "delta", "n_examples"]] if fmt == "table" else frame, fmt)
 

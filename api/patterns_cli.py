@@ -55,7 +55,7 @@ def import_(locations, labels, source):
     """Load a JSON Lines label file into pattern_labels (all lines or none; a bad line is named)."""
     from .pattern_labels import import_labels
 
-    rows = import_labels(open_store(locations), labels, source=source)
+    rows = import_labels(open_store(locations, write=True), labels, source=source)
     click.echo(
         f"imported {rows['line'].nunique()} label(s) as {len(rows)} pattern_labels row(s) over "
         f"{rows['run'].nunique()} run(s) (source {source!r})"
@@ -145,7 +145,7 @@ def classify(locations, runs, classifier, model_file, max_examples, seed, save, 
     from ..queries.patterns import CLASSES, pattern_classes
     from ..store.errors import InvalidArgumentError
 
-    store = open_store(locations)
+    store = open_store(locations, write=save)  # --save on a read-only store fails before classifying
     if classifier == "cnn" and not model_file:
         raise InvalidArgumentError("--classifier cnn needs --model-file (from `attnstore patterns train-cnn`)")
     rows = []

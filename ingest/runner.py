@@ -7,7 +7,7 @@ are committed only after its maps are on disk (see store.arrays.BlockWriter).
 
 from __future__ import annotations
 
-import hashlib
+import inspect
 import random
 import sys
 import time
@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 
 from ..store import arrays
 from ..store.errors import BusyError
+from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
 from ..store.leases import live_holder
 from ..store.records import RunInfo
 from ..store.writer import run_lease_name, validate_run_name
 from .align import TOKENIZATIONS, TRUNCATION_POLICIES, Encoded, can_use_text, encode_batch, pad_inputs
 from .annotate import annotate, make_annotator
-from .corpus import file_checksum, read_corpus
+from .corpus import file_checksum, read_conllu, read_corpus, read_pairs_tsv, read_text, read_tsv
 from .datasets import dataset_path, find_dataset, path_checksum, resolve_data_dir
 from .errors import CorpusError, EmptyCorpusError, IngestError, InvalidArgumentError
 from .manifest import build_manifest
@@ -68,6 +69,30 @@ class CorpusSource:
     options: dict = field(default_factory=dict)
 
 
+# The reader of each --format (read_corpus's dispatch), whose parameters say which options change the examples.
+FORMAT_READERS: dict[str, Callable[..., Iterator]] = {
+    "text": read_text,
+    "tsv": read_tsv,
+    "pairs-tsv": read_pairs_tsv,
+    "conllu": read_conllu,
+}
+
+
+def reading_options(reader: Callable[..., Iterator] | None, options: dict) -> dict:
+    """The reading options that decide a reader's examples, canonical: those given (None = not given), with
+    the reader's other defaults filled in, and without options the reader does not take (read_corpus
+    ignores them). Stored as the dataset's options and part of its identity (store/identity.py)."""
+    given = {k: v for k, v in options.items() if v is not None}
+    if reader is None:
+        return given
+    params = list(inspect.signature(reader).parameters.values())[1:]  # after the path
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        names = {p.name for p in params}
+        given = {k: v for k, v in given.items() if k in names}
+    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty and p.default is not None}
+    return {**defaults, **given}
+
+
 def file_source(corpus: str, fmt: str, name: str | None = None, split: str | None = None, **read_options) -> CorpusSource:
     path = Path(corpus)
     if not path.is_file():
@@ -80,7 +105,7 @@ def file_source(corpus: str, fmt: str, name: str | None = None, split: str | Non
         checksum=file_checksum(path),
         gold=fmt == "conllu",
         read=lambda: read_corpus(path, fmt, **read_options),
-        options=dict(read_options),
+        options=reading_options(FORMAT_READERS.get(fmt), read_options),
     )
 
 
@@ -98,7 +123,7 @@ def builtin_source(key: str, data_dir: str | None = None, **overrides) -> Corpus
         gold=spec.annotation == "gold",
         read=lambda: spec.reader(path, **options),
         license=spec.license,
-        options={k: v for k, v in options.items() if k != "label_map"},
+        options=reading_options(spec.reader, options),  # the label map too: it changes the labels
     )
 
 
@@ -121,10 +146,18 @@ class DatasetPlan:
     split: str
     options: dict
 
-    @property
-    def lease_name(self) -> str:
-        key = hashlib.sha256(f"{self.source.name}\0{self.split}\0{self.source.checksum}".encode()).hexdigest()[:32]
-        return f"dataset:{key}"
+    def annotator_kind(self, annotator: str) -> str:
+        """`gold` for gold-annotated corpora (whatever --annotate says), else the annotator asked for."""
+        return "gold" if self.source.gold else annotator
+
+    def identity(self, annotator: str) -> str:
+        """The dataset's identity (store/identity.py): file checksum, format, reading options, selection, annotator kind."""
+        return dataset_identity(
+            checksum=self.source.checksum, format=self.source.fmt, options=self.options, annotator=self.annotator_kind(annotator)
+        )
+
+    def lease_name(self, annotator: str) -> str:
+        return dataset_lease_name(self.identity(annotator))
 
 
 def plan_dataset(source: CorpusSource, *, limit: int | None = None, sample: int | None = None, seed: int = 0) -> DatasetPlan:
@@ -146,25 +179,35 @@ def register_dataset(
     sample: int | None = None,
     seed: int = 0,
     progress: bool = True,
+    notify: Callable[[str], None] | None = None,
 ) -> tuple[int, str]:
     """Validate the whole corpus, then store the selected examples with words (resuming a partial load).
 
-    Returns (dataset id, annotator name). Nothing is written if any record is bad. One
-    process loads a dataset at a time (a lease); another one asking for it waits, then
-    uses what the first stored.
+    Returns (dataset id, annotator name). Nothing is written if any record is bad. A dataset is
+    found by its identity (store/identity.py), not its name: a file already registered with the
+    same reading options and annotator is reused (and not annotated again) whatever the name,
+    split or path given now; `notify` is told in one line when it is stored under another name.
+    One process loads a dataset at a time (a lease on the identity); another one asking for it,
+    under any name, waits, then uses what the first stored.
     """
     plan = source if isinstance(source, DatasetPlan) else plan_dataset(source, limit=limit, sample=sample, seed=seed)
     source = plan.source
-    existing = store.find_dataset(name=source.name, split=plan.split, checksum=source.checksum)
+    identity = plan.identity(annotator)
+    existing = store.find_dataset(identity)
     if existing is not None and existing["status"] == "complete":
+        _tell_reused(notify, plan, existing)
         return existing["id"], existing["annotator"]  # annotated once: no spaCy needed
     on_wait = (lambda msg: print(msg, file=sys.stderr)) if progress else None
-    with store.lease(plan.lease_name, f"dataset {source.name}:{plan.split}", wait=True, on_wait=on_wait):
-        existing = store.find_dataset(name=source.name, split=plan.split, checksum=source.checksum)
-        if existing is not None and existing["status"] == "complete":
-            return existing["id"], existing["annotator"]  # loaded by the process we waited for
+    with store.lease(dataset_lease_name(identity), f"dataset {source.name}:{plan.split}", wait=True, on_wait=on_wait):
+        existing = store.find_dataset(identity)
+        if existing is not None:
+            _tell_reused(notify, plan, existing)
+            if existing["status"] == "complete":
+                return existing["id"], existing["annotator"]  # loaded by the process we waited for
         tool = None if source.gold else make_annotator(annotator)
         annotator_name = "gold" if tool is None else tool.name
+        if annotator_kind(annotator_name) != plan.annotator_kind(annotator):  # the identity looked up is the one stored
+            raise IngestError(f"annotator {annotator!r} names itself {annotator_name!r}: its name must start with {annotator!r}")
         dataset_id, _ = store.find_or_create_dataset(
             name=source.name,
             split=plan.split,
@@ -184,6 +227,14 @@ def register_dataset(
                 bar.update(len(batch))
         store.complete_dataset(dataset_id)
     return dataset_id, annotator_name
+
+
+def _tell_reused(notify: Callable[[str], None] | None, plan: DatasetPlan, existing: dict) -> None:
+    if notify is not None and (existing["name"], existing["split"]) != (plan.source.name, plan.split):
+        notify(
+            f"dataset {plan.source.name}:{plan.split} has the content of stored dataset {existing['name']}:{existing['split']} "
+            f"(id {existing['id']}: same file, reading options and annotator); reusing it and its annotation"
+        )
 
 
 # A batch's attention is batch x layers x heads x T x T floats: cap batch x T^2 so long
@@ -329,9 +380,11 @@ def ingest(
     run_name = name or f"{source.name}-{plan.split}-{loaded.name}"
     validate_run_name(run_name)
     with store.lease(run_lease_name(run_name), f"run {run_name!r}") as lease:
-        dataset_id, annotator_name = register_dataset(store, plan, annotator=annotator, progress=progress)
+        dataset_id, annotator_name = register_dataset(
+            store, plan, annotator=annotator, progress=progress, notify=lambda msg: print(msg, file=sys.stderr)
+        )
         model_id = finetuned["id"] if finetuned is not None else store.find_or_create_model(**loaded.record())
-        dataset_row = store.sql("SELECT n_examples FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
+        dataset_row = store.sql("SELECT name, split, identity, n_examples FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
         manifest = build_manifest(
             loaded=loaded,
             corpus=source.source,
@@ -347,6 +400,8 @@ def ingest(
             tokenization=tokenization,
         )
         manifest["model"].update(causal=loaded.causal, inputs=list(loaded.inputs))
+        # The dataset the run used (runs.dataset_id), which may be stored under another name than asked for.
+        manifest["corpus"]["dataset"] = {k: str(dataset_row[k]) for k in ("name", "split", "identity")}
         if tokenization == "words":
             manifest["tokenizer"].update(loaded.word_tokenizer_options)  # e.g. add_prefix_space for byte-level BPE
         from .. import __version__

@@ -1,27 +1,49 @@
-"""Attention maps in Zarr v3: one flat array per run, each example's block at an offset.
+"""Attention maps in Zarr v3: one group per run, each example's block at an offset in its `cells` array.
 
-Each example's maps are a dense (layer, head, query, key) block of
-n_layers * n_heads * L * L cells, written back to back into a 1-D array, so
-ragged lengths cost no padding. SQL (`sequences`) records each block's offset
-and L. Blocks are appended through `BlockWriter`, which only ever writes whole
-chunks (plus the last partial chunk when a run finishes), so a chunk that holds
-committed data is never rewritten: a crash cannot damage stored examples.
+Layout 2 (self-describing; docs/SHARING.md shows how to read it with plain zarr or xarray):
+
+    attention.zarr/                 root group, attributes {"attnstore": {"layout": 2}}
+      runs/<slug>/                  one group per run (slug: the run name, see `run_slug`), attributes
+                                    describing it (model, tokenizer, dataset, dtype, codec, axes, ...)
+        cells        [cell]         every example's dense (layer, head, query, key) block, back to back
+        example      [example]      each stored example's position in its dataset (0-based)
+        offset       [example]      first cell of its block
+        length       [example]      its number of tokens L (the block holds layers*heads*L*L cells)
+        token_start  [example]      first entry of its tokens in token_id
+        token_id     [token]        the tokenizer's ids of every stored example's tokens, back to back
+
+All arrays have their real length, grown as ingestion goes. SQL (`sequences`) is the index
+attnstore reads; the index arrays mirror it for readers without SQL and `attnstore check`
+verifies that they agree. Layout 1 (before this module wrote groups) kept one 1-D array per
+run at runs/<uuid> with a nominal length of 2**46 cells and no index; it is still read, and
+`attnstore db upgrade-arrays` converts it.
+
+Blocks are appended through `BlockWriter`, which only ever writes whole chunks (plus the last
+partial chunk when a run finishes), so a chunk that holds committed data is never rewritten:
+a crash cannot damage stored examples. Index arrays are small and derived from SQL; they are
+rewritten at each commit (writes are atomic per chunk on local folders and object stores).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import warnings
 from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.codecs import BloscCodec, Crc32cCodec, FixedScaleOffset
 from zarr.core.array_spec import ArrayConfigParams
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
-from zarr.storage import FsspecStore, LocalStore
+from zarr.storage import LocalStore
 
+from . import remote
 from .errors import DamagedDataError, InvalidArgumentError, NotFoundError
 
 AXES = ("layer", "head", "query", "key")
@@ -31,19 +53,39 @@ AXES = ("layer", "head", "query", "key")
 # "checksum": every chunk ends with a CRC32C of its compressed bytes (Zarr v3's crc32c codec),
 # checked before decompression: flipped or truncated bytes fail loudly, never decode.
 DEFAULT_CODEC = {"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 1 << 18, "checksum": "crc32c"}
+# Opt-in lossy encoding (`attnstore ingest --codec u8`): each value v in [0, 1] is stored as the byte
+# round(255 v) (numcodecs' FixedScaleOffset, readable by any zarr-python), then zstd without shuffle:
+# 0.40 bytes/cell on MRPC dev against 1.66, at most 0.0025 absolute error per value: half a step of 1/255
+# plus float16 rounding of 255 v on the way in and of q/255 on the way out (docs/PERFORMANCE.md).
+LOSSY_U8_CODEC = {
+    "name": "blosc",
+    "cname": "zstd",
+    "clevel": 1,
+    "shuffle": "noshuffle",
+    "blocksize": 1 << 18,
+    "checksum": "crc32c",
+    "quantize": {"kind": "fixed-u8", "scale": 255},
+}
+CODECS = {"lossless": DEFAULT_CODEC, "u8": LOSSY_U8_CODEC}
 # Chunks equal to the fill value are written too, so a missing chunk always means damage.
 ARRAY_CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 DEFAULT_CHUNK_CELLS = 1 << 20  # 2 MiB of float16: about 5 MRPC examples, ~3 ms to decode
-# The array is created with a large nominal length: chunks never written take no space,
-# and not resizing while ingesting means the array metadata is written once.
-CAPACITY_CELLS = 1 << 46
+# Layout 1 created each run's array with this nominal length (unwritten chunks take no space).
+LEGACY_CAPACITY_CELLS = 1 << 46
 DTYPES = ("float16", "float32")
+LAYOUT = 2
+CELLS = "cells"
+INDEX_DTYPES = {"example": "int64", "offset": "int64", "length": "int32", "token_start": "int64"}
+TOKEN_IDS = "token_id"
+INDEX_CHUNK = 1 << 16  # entries per chunk of the index arrays
+TOKEN_CHUNK = 1 << 18
+INDEX_CODEC = {"name": "blosc", "cname": "zstd", "clevel": 3, "shuffle": "shuffle", "checksum": "crc32c"}
 
 
 def open_root(root: str, read_only: bool):
     """A Zarr store for a local directory or any fsspec URL (s3://, gs://, ...)."""
-    if "://" in root and not root.startswith("file://"):
-        return FsspecStore.from_url(root, read_only=read_only)
+    if remote.is_remote(root):
+        return remote.fsspec_store(root, read_only)  # s3://: bounded timeouts, no listing cache (store/remote.py)
     path = root[len("file://") :] if root.startswith("file://") else root
     return LocalStore(path, read_only=read_only)
 
@@ -58,14 +100,21 @@ def root_writable(root: str) -> bool:
     return os.access(path, os.W_OK)
 
 
+def quantize_step(spec: dict | None) -> float:
+    """The largest absolute change a codec makes to a value (0 for lossless codecs); see LOSSY_U8_CODEC."""
+    quantize = (spec or {}).get("quantize")
+    return 0.5625 / quantize["scale"] + 2**-12 if quantize else 0.0
+
+
 def make_codec(spec: dict, dtype: str) -> list:
     """The bytes-to-bytes codecs of a codec spec: blosc, then an optional CRC32C checksum."""
     if spec.get("name") != "blosc":
         raise InvalidArgumentError(f"unsupported codec {spec!r}; only blosc codecs are supported")
     if spec.get("checksum") not in (None, "crc32c"):
         raise InvalidArgumentError(f"unsupported checksum {spec['checksum']!r}; use 'crc32c' or none")
+    make_filters(spec, dtype)  # validates the quantize part
     blosc = BloscCodec(
-        typesize=np.dtype(dtype).itemsize,
+        typesize=1 if spec.get("quantize") else np.dtype(dtype).itemsize,
         cname=spec["cname"],
         clevel=spec["clevel"],
         shuffle=spec["shuffle"],
@@ -74,28 +123,148 @@ def make_codec(spec: dict, dtype: str) -> list:
     return [blosc, Crc32cCodec()] if spec.get("checksum") == "crc32c" else [blosc]
 
 
-def create_run_array(root: str, path: str, *, dtype: str, chunk_cells: int, codec: dict, attributes: dict):
+def make_filters(spec: dict, dtype: str) -> list:
+    """The array-to-array codecs of a codec spec: none, or the 8-bit quantisation of `LOSSY_U8_CODEC`."""
+    quantize = spec.get("quantize")
+    if not quantize:
+        return []
+    if quantize.get("kind") != "fixed-u8" or not 1 <= int(quantize.get("scale", 0)) <= 255:
+        raise InvalidArgumentError(f"unsupported quantisation {quantize!r}; use {LOSSY_U8_CODEC['quantize']}")
+    with warnings.catch_warnings():  # numcodecs codecs are outside the Zarr v3 spec; zarr-python reads them
+        warnings.simplefilter("ignore")
+        return [FixedScaleOffset(offset=0, scale=int(quantize["scale"]), dtype=np.dtype(dtype).str, astype="u1")]
+
+
+def root_layout(attributes: dict) -> int | None:
+    """The layout version a root group's attributes declare (None: layout 1, which declared none)."""
+    meta = attributes.get("attnstore")
+    return meta.get("layout") if isinstance(meta, dict) else None
+
+
+def run_slug(run_name: str) -> str:
+    """The run's group name under runs/: the name itself when it is a safe path component, else a
+    sanitised name plus 8 hex digits of its SHA-1 (so distinct names never share a group)."""
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", run_name):
+        return run_name
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "_", run_name).strip("._-")[:80] or "run"
+    return f"{clean}-{hashlib.sha1(run_name.encode()).hexdigest()[:8]}"
+
+
+def run_group_path(run_name: str) -> str:
+    return f"runs/{run_slug(run_name)}"
+
+
+def group_path_of(array_path: str) -> str | None:
+    """The run group holding a cells array (layout 2), or None for a layout-1 array."""
+    return array_path[: -len(CELLS) - 1] if array_path.endswith(f"/{CELLS}") else None
+
+
+def run_node_path(array_path: str) -> str:
+    """Everything of a run lives under this key prefix: its group (layout 2) or its array (layout 1)."""
+    return group_path_of(array_path) or array_path
+
+
+def create_run_array(root: str, path: str, *, dtype: str, chunk_cells: int, codec: dict, attributes: dict, shape: int = 0):
+    """A growable 1-D cells array (length `shape`, grown by `BlockWriter`)."""
     if dtype not in DTYPES:
         raise InvalidArgumentError(f"dtype must be one of {DTYPES}, not {dtype!r}")
     return zarr.create_array(
         store=open_root(root, read_only=False),
         name=path,
-        shape=(CAPACITY_CELLS,),
+        shape=(shape,),
         chunks=(chunk_cells,),
         dtype=dtype,
         compressors=make_codec(codec, dtype),
+        filters=make_filters(codec, dtype),
         config=ARRAY_CONFIG,
         fill_value=0,
         dimension_names=("cell",),
         attributes={"block_axes": list(AXES), **attributes},
+        overwrite=True,
+    )
+
+
+def create_run_group(root: str, run_name: str, *, dtype: str, chunk_cells: int, codec: dict, attributes: dict) -> str:
+    """Create (or replace an orphan of) a run's group with empty cells and index arrays; returns the cells path.
+
+    Called only while holding the run's name in SQL, so any group already at this path is
+    left over from an attempt whose row was never committed.
+    """
+    store = open_root(root, read_only=False)
+    top = zarr.open_group(store=store, path="", mode="a")
+    if root_layout(top.attrs.asdict()) != LAYOUT:
+        top.attrs.update({"attnstore": {"layout": LAYOUT, "doc": "one group per run under runs/; see attnstore's docs/SHARING.md"}})
+    path = run_group_path(run_name)
+    zarr.create_group(store=store, path=path, overwrite=True, attributes={"attnstore": {"layout": LAYOUT}, **attributes})
+    cells = create_run_array(root, f"{path}/{CELLS}", dtype=dtype, chunk_cells=chunk_cells, codec=codec, attributes={})
+    for name, index_dtype in INDEX_DTYPES.items():
+        _create_index(store, f"{path}/{name}", index_dtype, INDEX_CHUNK, "example")
+    _create_index(store, f"{path}/{TOKEN_IDS}", "int32", TOKEN_CHUNK, "token")
+    return cells.path
+
+
+def _create_index(store, path: str, dtype: str, chunk: int, dim: str):
+    return zarr.create_array(
+        store=store,
+        name=path,
+        shape=(0,),
+        chunks=(chunk,),
+        dtype=dtype,
+        compressors=make_codec(INDEX_CODEC, dtype),
+        fill_value=0,
+        dimension_names=(dim,),
+        overwrite=True,
     )
 
 
 def open_run_array(root: str, path: str, *, read_only: bool = True):
     try:
-        return zarr.open_array(store=open_root(root, read_only=read_only), path=path, mode="r" if read_only else "r+", config=ARRAY_CONFIG)
+        with warnings.catch_warnings():  # a lossy run's numcodecs filter warns on every open
+            warnings.simplefilter("ignore")
+            return zarr.open_array(
+                store=open_root(root, read_only=read_only), path=path, mode="r" if read_only else "r+", config=ARRAY_CONFIG
+            )
     except (FileNotFoundError, KeyError) as exc:
         raise NotFoundError(f"attention array {path!r} not found under {root}; is --root the store's array root? ({exc})") from None
+
+
+class RunIndex:
+    """The index arrays of a layout-2 run: one entry per stored example, in storage (offset) order.
+
+    `start` entries and `token_count` tokens are already committed (from SQL); `write` replaces
+    everything after them, so entries written before a crash and never committed are overwritten.
+    """
+
+    def __init__(self, root: str, array_path: str, start: int, token_count: int, read_only: bool = False):
+        group = group_path_of(array_path)
+        if group is None:
+            raise InvalidArgumentError(f"{array_path} is a layout-1 array: it has no index arrays")
+        store = open_root(root, read_only=read_only)
+        mode: Literal["r", "r+"] = "r" if read_only else "r+"
+        self.group = zarr.open_group(store=store, path=group, mode=mode)
+        self.arrays = {name: zarr.open_array(store=store, path=f"{group}/{name}", mode=mode) for name in (*INDEX_DTYPES, TOKEN_IDS)}
+        self.n = start
+        self.n_tokens = token_count
+
+    def write(self, examples: Seq[int], offsets: Seq[int], lengths: Seq[int], token_ids: Seq[np.ndarray]) -> None:
+        if not len(examples):
+            return
+        n, t = self.n + len(examples), self.n_tokens + int(sum(len(ids) for ids in token_ids))
+        starts = self.n_tokens + np.concatenate([[0], np.cumsum([len(ids) for ids in token_ids])[:-1]])
+        values = {"example": examples, "offset": offsets, "length": lengths, "token_start": starts}
+        for name, dtype in INDEX_DTYPES.items():
+            self._put(self.arrays[name], self.n, n, np.asarray(values[name], dtype=dtype))
+        self._put(self.arrays[TOKEN_IDS], self.n_tokens, t, np.concatenate(token_ids).astype("int32"))
+        self.n, self.n_tokens = n, t
+
+    @staticmethod
+    def _put(array, start: int, stop: int, values: np.ndarray) -> None:
+        if array.shape[0] != stop:
+            array.resize((stop,))
+        array[start:stop] = values
+
+    def read(self) -> dict[str, np.ndarray]:
+        return {name: np.asarray(array[:]) for name, array in self.arrays.items()}
 
 
 def resume_offset(stored_end: int, chunk_cells: int) -> int:
@@ -143,7 +312,10 @@ class BlockWriter:
         n_write = self._buffered if final else (self._buffered // self.chunk) * self.chunk
         if n_write == 0:
             return self._base
-        self.array[self._base : self._base + n_write] = self._buf[:n_write]
+        end = self._base + n_write
+        if self.array.shape[0] < end:  # layout 2 arrays have their real length
+            self.array.resize((end,))
+        self.array[self._base : end] = self._buf[:n_write]
         rest = self._buffered - n_write
         self._buf[:rest] = self._buf[n_write : self._buffered].copy()
         self._buffered = rest
@@ -236,6 +408,8 @@ def read_cells(array, start: int, stop: int, describe: Describe, present: set[in
     try:
         data = array[start:stop]
     except Exception as exc:  # checksum mismatch, truncated or undecodable bytes
+        if remote.failed(array, exc):
+            raise  # the object store failed (network, credentials), the data is not damaged
         for i in wanted:  # name the first chunk that fails on its own
             try:
                 array[i * array.chunks[0] : (i + 1) * array.chunks[0]]

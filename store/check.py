@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from . import arrays
+from . import arrays, remote
 from .errors import DamagedDataError, NotFoundError
 from .schema import Token
 
@@ -34,7 +34,8 @@ class RunReport:
         self.problems.append(dict(run=self.run, example=example, chunk=chunk, problem=problem))
 
 
-def _check_blocks(report: RunReport, array, seqs: pd.DataFrame, n_layers: int, n_heads: int) -> None:
+def _check_blocks(report: RunReport, array, seqs: pd.DataFrame, n_layers: int, n_heads: int, step: float = 0.0) -> None:
+    """`step`: the codec's largest change per value (lossy runs), which a row of L values may add up L times."""
     chunk = array.chunks[0]
     present = arrays.present_chunks(array)
     sizes = n_layers * n_heads * seqs["length"].to_numpy(np.int64) ** 2
@@ -74,6 +75,8 @@ def _check_blocks(report: RunReport, array, seqs: pd.DataFrame, n_layers: int, n
                     try:
                         array[i * chunk : (i + 1) * chunk]
                     except Exception as exc:
+                        if remote.failed(array, exc):
+                            raise  # the object store failed (network, credentials): not damage
                         bad[i] = f"is damaged ({str(exc).splitlines()[0][:100]})"
         for m in range(k, j):
             hit = [i for i in range(int(starts[m]) // chunk, (int(ends[m]) - 1) // chunk + 1) if i in bad]
@@ -93,7 +96,7 @@ def _check_blocks(report: RunReport, array, seqs: pd.DataFrame, n_layers: int, n
             maps = block.reshape(n_layers, n_heads, length, length).astype(np.float32)
             sums = maps.sum(-1)
             err = float(np.nanmax(np.abs(sums - 1))) if sums.size else 0.0
-            if not np.isfinite(maps).all() or (maps < 0).any() or err > ROW_SUM_TOLERANCE:
+            if not np.isfinite(maps).all() or (maps < 0).any() or err > ROW_SUM_TOLERANCE + length * step:
                 report.add(
                     f"maps are not attention distributions (max row-sum error {err:.3g}): wrong or overwritten data",
                     example=int(examples[m]),
@@ -131,8 +134,46 @@ def check_run(store, run) -> RunReport:
         except NotFoundError:
             report.add(f"attention array {info.array_path} is missing under {store.locations.array_root}")
             return report
-        _check_blocks(report, array, stored, info.n_layers, info.n_heads)
+        _check_blocks(report, array, stored, info.n_layers, info.n_heads, arrays.quantize_step(info.codec))
+        if arrays.group_path_of(info.array_path):
+            _check_index(report, store, info, stored, complete=state == "complete")
     return report
+
+
+def _check_index(report: RunReport, store, info, stored: pd.DataFrame, complete: bool) -> None:
+    """Layout 2: the Zarr index arrays say what SQL says (a running run's index may run ahead of SQL)."""
+    try:
+        index = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0, read_only=True).read()
+    except Exception as exc:  # missing or undecodable index arrays
+        report.add(f"index arrays of {arrays.run_node_path(info.array_path)} cannot be read ({str(exc).splitlines()[0][:120]})")
+        return
+    seqs = stored.sort_values("offset")
+    n = len(seqs)
+    if len(index["example"]) < n or (complete and len(index["example"]) != n):
+        report.add(f"the Zarr index lists {len(index['example'])} examples, SQL {n}; run `attnstore db upgrade-arrays --rebuild-index`")
+        return
+    for name, column in (("example", "example"), ("offset", "offset"), ("length", "length")):
+        differ = np.flatnonzero(index[name][:n] != seqs[column].to_numpy())
+        if differ.size:
+            i = int(differ[0])
+            report.add(
+                f"the Zarr index's {name} of entry {i} is {index[name][i]}, SQL says {seqs[column].iloc[i]}; "
+                "run `attnstore db upgrade-arrays --rebuild-index`",
+                example=int(seqs["example"].iloc[i]),
+            )
+            return
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(Token.example_id, Token.token_id).where(Token.run_id == info.id).order_by(Token.example_id, Token.position)
+        ).all()
+    by_example: dict[int, list[int]] = {}
+    for example_id, token_id in rows:
+        by_example.setdefault(example_id, []).append(token_id)
+    token_ids = [t for example_id in seqs["example_id"] for t in by_example.get(int(example_id), [])]
+    starts, lengths = index["token_start"][:n], index["length"][:n]
+    stored_ids = np.concatenate([index["token_id"][a : a + b] for a, b in zip(starts, lengths)]) if n else np.empty(0)
+    if len(token_ids) != len(stored_ids) or (np.asarray(token_ids) != stored_ids).any():
+        report.add("the Zarr index's token ids differ from SQL's tokens; run `attnstore db upgrade-arrays --rebuild-index`")
 
 
 def check_store(store, runs=None) -> tuple[pd.DataFrame, pd.DataFrame]:

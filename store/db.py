@@ -45,7 +45,7 @@ def create_engine(url: str, read_only: bool = False) -> sa.Engine:
     """Create an engine; SQLite gets foreign keys on and a busy timeout for concurrent readers.
 
     `read_only` opens a SQLite file without ever writing to it (for stores on read-only
-    shares and mounts).
+    shares and mounts), and makes every PostgreSQL transaction READ ONLY.
     """
     scheme = url.split(":", 1)[0].split("+", 1)[0]
     if scheme not in SUPPORTED:
@@ -57,7 +57,9 @@ def create_engine(url: str, read_only: bool = False) -> sa.Engine:
         if scheme == "sqlite":
             path = sqlite_path(url)
             if read_only and path:
-                engine = sa.create_engine("sqlite://", creator=_readonly_sqlite_creator(path))
+                # A pool of file connections: "sqlite://" alone would pick SingletonThreadPool (meant for :memory:),
+                # which closes other threads' connections under concurrent readers (attnstore serve) and crashes.
+                engine = sa.create_engine("sqlite://", creator=_readonly_sqlite_creator(path), poolclass=sa.pool.QueuePool)
             else:
                 engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
@@ -70,6 +72,8 @@ def create_engine(url: str, read_only: bool = False) -> sa.Engine:
                 cur.close()
 
             return engine
+        if read_only:  # the server refuses every write of this engine's sessions, whatever the role may do
+            return sa.create_engine(url, pool_pre_ping=True, connect_args={"options": "-c default_transaction_read_only=on"})
         return sa.create_engine(url, pool_pre_ping=True)
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise InvalidArgumentError(
@@ -86,6 +90,49 @@ def check_connection(engine: sa.Engine) -> None:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         hint = "; is it an attnstore SQLite store (meta.sqlite)?" if engine.dialect.name == "sqlite" else ""
         raise AttnStoreError(f"cannot open database {redact(str(engine.url))}: {reason}{hint}") from None
+
+
+# Tables every writer inserts into, updates and deletes from: without these privileges the store is read-only.
+WRITE_TABLES = ("runs", "leases")
+
+
+def sql_write_denied(engine: sa.Engine) -> str | None:
+    """Why this PostgreSQL user cannot write the store (None: it can; SQLite: see `sqlite_writable`).
+
+    A role granted SELECT only, or a server in read-only mode (a standby, or
+    default_transaction_read_only for this role), cannot write: the store opens read-only.
+    """
+    if engine.dialect.name != "postgresql":
+        return None
+    with engine.connect() as conn:
+        user, transaction_read_only, schema, has_tables = conn.exec_driver_sql(
+            "SELECT current_user, current_setting('transaction_read_only'), current_schema(), to_regclass('runs') IS NOT NULL"
+        ).one()
+        if transaction_read_only == "on":
+            return f"PostgreSQL user {user}'s transactions are read-only (a standby server, or default_transaction_read_only)"
+        if not has_tables:  # a database `db upgrade` has not created yet: it needs to create tables
+            if not conn.exec_driver_sql("SELECT has_schema_privilege(current_schema(), 'CREATE')").scalar():
+                return f"PostgreSQL user {user} may not create tables in schema {schema}"
+            return None
+        checks = ", ".join(f"has_table_privilege('{t}', '{p}')" for t in WRITE_TABLES for p in ("INSERT", "UPDATE", "DELETE"))
+        allowed = conn.exec_driver_sql(f"SELECT {checks}").one()
+    if not all(allowed):
+        return f"PostgreSQL user {user} may not write its tables (no INSERT, UPDATE or DELETE on {', '.join(WRITE_TABLES)})"
+    return None
+
+
+def write_denied_at(url: str) -> str | None:
+    """Why this user cannot write the database at `url` (before `db upgrade`): a SQLite file or folder it
+    cannot write, a SELECT-only PostgreSQL role, a read-only server. None: it can (or it does not exist yet)."""
+    path = sqlite_path(url)
+    if path:
+        return None if sqlite_writable(path) or not os.path.exists(path) else f"no write permission on its SQLite file {path}"
+    engine = create_engine(url)
+    try:
+        check_connection(engine)
+        return sql_write_denied(engine)
+    finally:
+        engine.dispose()
 
 
 @contextmanager

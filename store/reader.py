@@ -17,9 +17,9 @@ import sqlalchemy as sa
 import sqlalchemy.orm
 from sqlalchemy.orm import sessionmaker
 
-from . import arrays, progress
+from . import arrays, progress, remote
 from .config import Locations
-from .db import check_connection, create_engine, session_scope, sqlite_path, sqlite_writable
+from .db import check_connection, create_engine, session_scope, sql_write_denied, sqlite_path, sqlite_writable
 from .errors import InvalidArgumentError, NotFoundError
 from .migrate import upgrade_command, verify_schema
 from .records import RunInfo, StoredExample
@@ -31,8 +31,10 @@ RunRef = str | int
 class StoreReader:
     """Read access to a store: SQL metadata at `locations.db_url` plus Zarr arrays under `locations.array_root`.
 
-    A store whose SQLite file or local array root this process cannot write is opened
-    read-only (`read_only`): every read works, every write raises ReadOnlyStoreError.
+    A store opened with `locations.read_only` (--read-only, ATTNSTORE_READ_ONLY=1), or whose
+    SQLite file, PostgreSQL tables (a SELECT-only role, a standby server) or local array root
+    this user cannot write, is read-only (`read_only`, with `read_only_reason`): every read
+    works, every write raises ReadOnlyStoreError before it starts.
     """
 
     def __init__(self, locations: Locations):
@@ -41,12 +43,25 @@ class StoreReader:
         path = sqlite_path(url)
         if path and not os.path.exists(path):
             raise NotFoundError(f"no store database at {path}; create it with: {upgrade_command(url)}")
-        self.read_only = bool(path and not sqlite_writable(path)) or not arrays.root_writable(locations.array_root)
-        self.engine = create_engine(locations.db_url, read_only=bool(path and not sqlite_writable(path)))
+        sqlite_read_only = bool(path and not sqlite_writable(path))
+        reasons = []
+        if locations.read_only:
+            reasons.append("opened with --read-only / ATTNSTORE_READ_ONLY")
+        if sqlite_read_only:
+            reasons.append(f"no write permission on its SQLite file {path}")
+        if not arrays.root_writable(locations.array_root):
+            reasons.append(f"no write permission on its array root {locations.array_root}")
+        self.engine = create_engine(locations.db_url, read_only=sqlite_read_only or locations.read_only)
         check_connection(self.engine)
         verify_schema(self.engine)
+        if not locations.read_only and (denied := sql_write_denied(self.engine)):
+            reasons.append(denied)
+        self.read_only_reason = "; ".join(reasons) or None
+        self.read_only = bool(reasons)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._pins: dict[int, int] = {}  # run id -> largest block offset visible (see `pinned`)
+        self._root_checked = False  # a remote array root is checked once, on first use (`_array`)
+        self._root_write_checked = False  # ... and for writing once, by `require_writable`
 
     def __repr__(self) -> str:
         return f"Store({self.locations.describe()})"
@@ -345,7 +360,11 @@ class StoreReader:
         return self._frame(q)
 
     def _array(self, info: RunInfo, read_only: bool = True):
-        return arrays.open_run_array(self.locations.array_root, info.array_path, read_only=read_only)
+        root = self.locations.array_root
+        if not self._root_checked and remote.is_remote(root):
+            remote.check_root(root)  # a missing bucket, bad credentials or no answer: one line naming the fix
+            self._root_checked = True
+        return arrays.open_run_array(root, info.array_path, read_only=read_only)
 
     @staticmethod
     def _select(name: str, value, size: int):
@@ -582,12 +601,15 @@ class StoreReader:
 
     # ------------------------------------------------------------------ datasets and runs as ingest reads them
 
-    def find_dataset(self, *, name: str, split: str, checksum: str) -> dict | None:
+    def find_dataset(self, identity: str) -> dict | None:
+        """The dataset of this identity (store/identity.py), whatever its name: a complete one first, then
+        the oldest (stores made before revision 0009 may hold the same content twice). None if there is none."""
         with self.engine.connect() as conn:
             row = conn.execute(
-                sa.select(Dataset.id, Dataset.status, Dataset.annotator).where(
-                    Dataset.name == name, Dataset.split == split, Dataset.checksum == checksum
-                )
+                sa.select(Dataset.id, Dataset.name, Dataset.split, Dataset.checksum, Dataset.status, Dataset.annotator)
+                .where(Dataset.identity == identity)
+                .order_by(sa.case((Dataset.status == "complete", 0), else_=1), Dataset.id)
+                .limit(1)
             ).first()
         return None if row is None else dict(row._mapping)
 

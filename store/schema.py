@@ -57,10 +57,13 @@ class Model(Base):
 
 
 class Dataset(Base):
-    """A corpus file (or a split of a built-in corpus) registered once, shared by runs."""
+    """A corpus file (or a split of a built-in corpus) registered once, shared by runs.
+
+    Found by `identity` (store/identity.py: file checksum, format, reading options, selection,
+    annotator kind), not by name: the same content ingested under another name reuses the row.
+    """
 
     __tablename__ = "datasets"
-    __table_args__ = (sa.UniqueConstraint("name", "split", "checksum"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(sa.String(255))
@@ -72,7 +75,8 @@ class Dataset(Base):
     annotator: Mapped[str] = mapped_column(sa.String(255))
     status: Mapped[str] = mapped_column(sa.String(16), default="loading")
     n_examples: Mapped[int | None]
-    options: Mapped[dict | None] = mapped_column(sa.JSON)  # how the examples were made (sample, seed, window)
+    options: Mapped[dict | None] = mapped_column(sa.JSON)  # how the examples were made (reading options, limit, sample, seed)
+    identity: Mapped[str] = mapped_column(sa.String(64), index=True)  # sha256 of what decides the examples (revision 0009)
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
 
 

@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from . import arrays, leases
+from . import arrays, leases, remote
 from .errors import ConflictError, InvalidArgumentError, NotFoundError, ReadOnlyStoreError, StorageIOError
+from .identity import dataset_identity
 from .reader import RunRef, StoreReader
 from .records import ExampleInput, RunInfo
 from .schema import (
@@ -41,16 +42,27 @@ class StoreWriter(StoreReader):
     """The write API (used by ingest, fine-tuning, `--save` and labelling) on top of the reads of `StoreReader`."""
 
     def require_writable(self) -> None:
+        """ReadOnlyStoreError unless this process may write the store; every write (and every writing
+        command, before it starts any work) calls it. A remote array root is tested once, by writing
+        and deleting a test object (read-only credentials cannot be told apart otherwise)."""
+        root = self.locations.array_root
+        if not self.read_only and not self._root_write_checked and remote.is_remote(root):
+            try:
+                remote.check_writable(root)
+            except remote.WriteRefused as exc:
+                self.read_only = True
+                self.read_only_reason = f"the object store refused a test write to its array root with these credentials: {exc.reason}"
+            self._root_write_checked = True
         if self.read_only:
             raise ReadOnlyStoreError(
-                f"store {self.locations.describe()} is read-only for this user (no write permission "
-                "on its database or array root); it can be queried but not written"
+                f"store {self.locations.describe()} is read-only for this user ({self.read_only_reason}); it can be queried but not written"
             )
 
     # ------------------------------------------------------------------ results
 
     def save_head_metrics(self, run: RunRef, frame: pd.DataFrame, prefix: str, params: dict | None = None) -> int:
         """Save every numeric column of a per-head frame as metric `prefix.column`; replaces earlier values."""
+        self.require_writable()
         info = self.run_info(run)
         if not {"layer", "head"} <= set(frame.columns):
             raise InvalidArgumentError("only per-head results (with layer and head columns) can be saved to head_metrics")
@@ -88,6 +100,7 @@ class StoreWriter(StoreReader):
         return len(rows)
 
     def save_probe_result(self, run: RunRef, eval_run: RunRef, result: dict, params: dict) -> int:
+        self.require_writable()
         train, held_out = self.run_info(run), self.run_info(eval_run)
         with self.session() as s:
             row = ProbeResult(run_id=train.id, eval_run_id=held_out.id, params=params, **result)
@@ -201,14 +214,29 @@ class StoreWriter(StoreReader):
             s.flush()
             return model.id
 
-    def find_or_create_dataset(self, *, name: str, split: str, checksum: str, **fields) -> tuple[int, str]:
-        """Return (dataset id, status); a dataset is identified by name, split and file checksum."""
+    def find_or_create_dataset(
+        self, *, name: str, split: str, checksum: str, format: str, annotator: str, options: dict | None = None, **fields
+    ) -> tuple[int, str]:
+        """Return (dataset id, status). A dataset is identified by content (store/identity.py: checksum, format,
+        options, annotator kind): a dataset of the same identity is returned whatever its name and split."""
+        identity = dataset_identity(checksum=checksum, format=format, options=options, annotator=annotator)
+        found = self.find_dataset(identity)
+        if found is not None:
+            return found["id"], found["status"]
         with self.session() as s:
-            ds = s.scalars(sa.select(Dataset).where(Dataset.name == name, Dataset.split == split, Dataset.checksum == checksum)).first()
-            if ds is None:
-                ds = Dataset(name=name, split=split, checksum=checksum, status="loading", **fields)
-                s.add(ds)
-                s.flush()
+            ds = Dataset(
+                name=name,
+                split=split,
+                checksum=checksum,
+                format=format,
+                annotator=annotator,
+                options=options,
+                identity=identity,
+                status="loading",
+                **fields,
+            )
+            s.add(ds)
+            s.flush()
             return ds.id, ds.status
 
     def add_examples(self, dataset_id: int, batch: Seq[ExampleInput], annotator: str) -> None:
@@ -290,11 +318,18 @@ class StoreWriter(StoreReader):
                 if "tokenization" in fields:
                     wanted["tokenization"] = fields["tokenization"]
                 differs = {k: (getattr(run, k), v) for k, v in wanted.items() if getattr(run, k) != v}
+                if (run.codec or {}).get("quantize") != (codec or {}).get("quantize"):  # lossless vs --codec u8
+                    differs["codec"] = (
+                        "u8" if (run.codec or {}).get("quantize") else "lossless",
+                        "u8" if codec.get("quantize") else "lossless",
+                    )
                 if differs:
                     what = ", ".join(f"{k} stored={a!r} asked={b!r}" for k, (a, b) in differs.items())
                     raise ConflictError(f"run {name!r} already exists with other settings ({what}); pick another --name")
                 return self.run_info(run.id)
-            array_path = f"runs/{uuid.uuid4().hex}"
+            uid = uuid.uuid4().hex  # the run's identity across stores (bundles, imports)
+            fields["manifest"] = {**(fields.get("manifest") or {}), "uid": uid}
+            array_path = f"{arrays.run_group_path(name)}/{arrays.CELLS}"
             run = Run(
                 name=name,
                 model_id=model_id,
@@ -309,11 +344,12 @@ class StoreWriter(StoreReader):
                 **fields,
             )
             s.add(run)
-            s.flush()
+            s.flush()  # holds the name: a concurrent start of the same run fails here, before any array is made
             run_id = run.id
+            attributes = run_attributes(s, run)
             try:
-                arrays.create_run_array(
-                    self.locations.array_root, array_path, dtype=dtype, chunk_cells=chunk_cells, codec=codec, attributes={"run": name}
+                arrays.create_run_group(
+                    self.locations.array_root, name, dtype=dtype, chunk_cells=chunk_cells, codec=codec, attributes=attributes
                 )
             except OSError as exc:
                 raise StorageIOError(
@@ -356,6 +392,30 @@ def validate_run_name(name: str) -> None:
         raise InvalidArgumentError(f"run name {shown!r} is not usable: give --name with 1 to {MAX_RUN_NAME} printable characters")
 
 
+def run_attributes(session, run: Run) -> dict:
+    """What a run's Zarr group says about itself (layout 2), so the arrays can be read without SQL."""
+    model, dataset = session.get(Model, run.model_id), session.get(Dataset, run.dataset_id)
+    return {
+        "run": run.name,
+        "run_uid": (run.manifest or {}).get("uid"),
+        "model": model.name,
+        "model_weights_sha256": model.weights_sha256,
+        "tokenizer": model.tokenizer,
+        "n_layers": model.n_layers,
+        "n_heads": model.n_heads,
+        "causal": model.causal,
+        "dataset": {"name": dataset.name, "split": dataset.split, "checksum": dataset.checksum},
+        "dtype": run.dtype,
+        "codec": run.codec,
+        "chunk_cells": run.chunk_cells,
+        "max_length": run.max_length,
+        "axes": list(arrays.AXES),
+        "block": "cells[offset[i] : offset[i] + n_layers * n_heads * length[i]**2] reshaped to (layer, head, query, key)",
+        "tokens": "token_id[token_start[i] : token_start[i] + length[i]]",
+        "status": "running",
+    }
+
+
 def run_lease_name(run_name: str) -> str:
     return f"run:{run_name}"
 
@@ -385,16 +445,24 @@ class RunWriter:
         try:
             array = store._array(info, read_only=False)
             with store.engine.connect() as conn:
-                end = conn.scalar(
-                    sa.select(sa.func.max(Sequence.offset + info.n_layers * info.n_heads * Sequence.length * Sequence.length)).where(
-                        Sequence.run_id == info.id
-                    )
-                )
+                end, n_blocks, n_tokens = conn.execute(
+                    sa.select(
+                        sa.func.max(Sequence.offset + info.n_layers * info.n_heads * Sequence.length * Sequence.length),
+                        sa.func.count(Sequence.offset),
+                        sa.func.sum(sa.case((Sequence.offset.is_not(None), Sequence.length), else_=0)),
+                    ).where(Sequence.run_id == info.id)
+                ).one()
             self.blocks = arrays.BlockWriter(array, arrays.resume_offset(int(end or 0), info.chunk_cells))
+            # Layout 2 mirrors the committed index in Zarr; layout-1 runs (resumed after an upgrade of attnstore) have none.
+            self.index = (
+                arrays.RunIndex(store.locations.array_root, info.array_path, int(n_blocks or 0), int(n_tokens or 0))
+                if arrays.group_path_of(info.array_path)
+                else None
+            )
         except BaseException:
             self.close()
             raise
-        self._pending: list[tuple[int, dict, list[tuple]]] = []  # (end offset, sequence row, token rows)
+        self._pending: list[tuple[int, dict, list[tuple], np.ndarray]] = []  # (end offset, sequence row, token rows, token ids)
 
     def add(self, example_id: int, maps: np.ndarray, tokens: list[dict], truncated: bool = False) -> None:
         expected = (self.info.n_layers, self.info.n_heads)
@@ -404,11 +472,11 @@ class RunWriter:
         length = maps.shape[-1]
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=offset, truncated=truncated, skipped=False)
         toks = [(self.info.id, example_id, i, *(t[c] for c in TOKEN_FIELDS)) for i, t in enumerate(tokens)]
-        self._pending.append((offset + maps.size, seq, toks))
+        self._pending.append((offset + maps.size, seq, toks, np.fromiter((t["token_id"] for t in tokens), np.int64, len(tokens))))
 
     def add_skipped(self, example_id: int, length: int) -> None:
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=None, truncated=False, skipped=True)
-        self._pending.append((0, seq, []))
+        self._pending.append((0, seq, [], np.empty(0, np.int64)))
 
     def _flush_blocks(self, final: bool) -> int:
         self.lease.check()
@@ -433,6 +501,13 @@ class RunWriter:
         n_stored = sum(1 for q in seqs if not q["skipped"])
         with self.store.session() as s:
             self.lease.check(s.connection())
+            if self.index is not None:  # before the rows commit: an index entry never lacks its cells
+                blocks = [p for p in ready if not p[1]["skipped"]]
+                ids = [p[1]["example_id"] for p in blocks]
+                position = dict(s.execute(sa.select(Example.id, Example.position).where(Example.id.in_(ids))).all()) if ids else {}
+                self._write_index(
+                    [position[i] for i in ids], [p[1]["offset"] for p in blocks], [p[1]["length"] for p in blocks], [p[3] for p in blocks]
+                )
             s.execute(sa.insert(Sequence), seqs)
             if toks:
                 bulk_insert(s.connection(), "tokens", ("run_id", "example_id", "position", *TOKEN_FIELDS), toks)
@@ -447,6 +522,17 @@ class RunWriter:
             )
         return len(ready)
 
+    def _write_index(self, examples, offsets, lengths, token_ids) -> None:
+        assert self.index is not None
+        try:
+            self.index.write(examples, offsets, lengths, token_ids)
+        except OSError as exc:
+            raise StorageIOError(
+                f"cannot write the index arrays of run {self.info.name!r} under {self.store.locations.array_root}: "
+                f"{exc.strerror or exc}; the run is kept as interrupted: free space or fix permissions, "
+                f"then run the same ingest command to resume"
+            ) from None
+
     def finish(self, seconds: float, manifest_update: dict | None = None) -> RunInfo:
         try:
             self.commit(final=True)
@@ -458,6 +544,8 @@ class RunWriter:
                 run.ingest_seconds = (run.ingest_seconds or 0.0) + seconds
                 if manifest_update:
                     run.manifest = {**(run.manifest or {}), **manifest_update}
+            if self.index is not None:
+                self.index.group.attrs.update({"status": "complete", "n_examples": self.index.n})
         finally:
             self.close()
         return self.store.run_info(self.info.id)

@@ -110,6 +110,7 @@ def make_run():
         mentions_list=None,
         checksum="crc32c",
         finish=True,
+        codec=None,
     ):
         """words_list: per example, word dicts (form, head, deprel, upos, ...) replacing one word per
         non-special token; token_words: per example, each token's word position (None for specials);
@@ -168,7 +169,8 @@ def make_run():
             model_id=model_id,
             dataset_id=dataset_id,
             dtype=dtype,
-            codec={
+            codec=codec
+            or {
                 "name": "blosc",
                 "cname": "zstd",
                 "clevel": 1,

@@ -1,0 +1,138 @@
+"""Upgrade runs from Zarr layout 1 (one bare array at runs/<uuid>) to layout 2 (a self-describing group).
+
+`upgrade_arrays(store)` converts every layout-1 run: it creates the run's group with its real
+length, copies the compressed chunks byte for byte (same codecs, no decode), writes the index
+arrays from SQL, then points `runs.array_path` at the new cells and deletes the old array. The
+SQL update is the switch: a crash before it leaves the old array in use (and an orphan group the
+next attempt replaces); a crash after it leaves only old chunks to delete, which the next call
+does. `rebuild_index=True` rewrites the index arrays of layout-2 runs from SQL. Each run is
+converted under its write lease, so no ingest writes it meanwhile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import sqlalchemy as sa
+import zarr
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+
+from . import arrays
+from .errors import DamagedDataError
+from .records import RunInfo
+from .schema import Run, Sequence, Token
+from .writer import run_attributes, run_lease_name
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+def upgrade_arrays(store: Store, runs: list[str] | None = None, rebuild_index: bool = False) -> pd.DataFrame:
+    """One row per run: run, layout before, action, chunks copied, seconds."""
+    store.require_writable()
+    names = list(runs) if runs else list(store.runs()["run"])
+    rows = []
+    for name in names:
+        started = time.perf_counter()
+        info = store.run_info(name)
+        before = 2 if arrays.group_path_of(info.array_path) else 1
+        with store.lease(run_lease_name(info.name), f"upgrading the arrays of run {info.name!r}"):
+            if before == 1:
+                copied = _convert(store, info)
+                action = "converted to layout 2"
+            elif rebuild_index:
+                _write_index(store, info)
+                copied, action = 0, "index rebuilt from SQL"
+            else:
+                copied, action = 0, "already layout 2"
+        rows.append(dict(run=info.name, layout=before, action=action, chunks=copied, seconds=round(time.perf_counter() - started, 3)))
+    return pd.DataFrame(rows, columns=["run", "layout", "action", "chunks", "seconds"])
+
+
+def _committed(store: Store, info: RunInfo) -> pd.DataFrame:
+    with store.engine.connect() as conn:
+        frame = pd.DataFrame(
+            conn.execute(
+                sa.select(Sequence.example_id, Sequence.offset, Sequence.length)
+                .where(Sequence.run_id == info.id, Sequence.offset.is_not(None))
+                .order_by(Sequence.offset)
+            ).all(),
+            columns=["example_id", "offset", "length"],
+        )
+    return frame
+
+
+def _write_index(store: Store, info: RunInfo) -> None:
+    """Rewrite a layout-2 run's index arrays from SQL (entries in offset order)."""
+    seqs = _committed(store, info)
+    positions = store.example_rows(info.id).set_index("example_id")["example"]
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(Token.example_id, Token.token_id).where(Token.run_id == info.id).order_by(Token.example_id, Token.position)
+        ).all()
+    tokens: dict[int, list[int]] = {}
+    for example_id, token_id in rows:
+        tokens.setdefault(example_id, []).append(token_id)
+    index = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0)
+    index.write(
+        [int(positions.loc[e]) for e in seqs["example_id"]],
+        seqs["offset"].tolist(),
+        seqs["length"].tolist(),
+        [np.asarray(tokens.get(int(e), []), dtype=np.int64) for e in seqs["example_id"]],
+    )
+    for name in (*arrays.INDEX_DTYPES, arrays.TOKEN_IDS):  # an index that ran ahead of SQL is cut back
+        wanted = index.n if name != arrays.TOKEN_IDS else index.n_tokens
+        if index.arrays[name].shape[0] != wanted:
+            index.arrays[name].resize((wanted,))
+    index.group.attrs.update({"status": info.status, "n_examples": index.n})
+
+
+def _convert(store: Store, info: RunInfo) -> int:
+    root = store.locations.array_root
+    old = arrays.open_run_array(root, info.array_path, read_only=True)
+    seqs = _committed(store, info)
+    size = info.n_layers * info.n_heads * seqs["length"].to_numpy(np.int64) ** 2
+    end = int((seqs["offset"].to_numpy(np.int64) + size).max()) if len(seqs) else 0
+    with store.session() as s:
+        attributes = run_attributes(s, s.get(Run, info.id))
+    cells_path = arrays.create_run_group(
+        root, info.name, dtype=str(old.dtype), chunk_cells=old.chunks[0], codec=info.codec, attributes=attributes
+    )
+    kv = arrays.open_root(root, read_only=False)
+    # The old array's exact codecs (a run ingested before checksums has none): chunks are copied, not re-encoded.
+    cells = zarr.create_array(
+        store=kv,
+        name=cells_path,
+        shape=(end,),
+        chunks=old.chunks,
+        dtype=old.dtype,
+        serializer=old.serializer,
+        filters=old.filters,
+        compressors=old.compressors,
+        fill_value=old.fill_value,
+        config=arrays.ARRAY_CONFIG,
+        dimension_names=("cell",),
+        attributes={"block_axes": list(arrays.AXES)},
+        overwrite=True,
+    )
+    prototype = default_buffer_prototype()
+    n_chunks = -(-end // old.chunks[0])
+    for i in range(n_chunks):
+        data = sync(kv.get(arrays.chunk_key(old, i), prototype=prototype))
+        if data is None:
+            raise DamagedDataError(
+                f"run {info.name!r}: chunk {arrays.chunk_key(old, i)} is missing, so the run cannot be converted; "
+                "run `attnstore check` to list the damage"
+            )
+        sync(kv.set(arrays.chunk_key(cells, i), data))
+    new_info = dataclasses.replace(info, array_path=cells_path)
+    _write_index(store, new_info)
+    with store.session() as s:
+        s.execute(sa.update(Run).where(Run.id == info.id, Run.array_path == info.array_path).values(array_path=cells_path))
+    sync(kv.delete_dir(info.array_path))
+    return n_chunks
