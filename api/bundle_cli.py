@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from .common import friendly_errors, open_store, require_extra, store_options
+from .common import friendly_errors, open_store, require_extra, store_exists, store_options
 
 
 def _size(n: int) -> str:
@@ -101,9 +101,12 @@ def import_cmd(locations, bundle, rename):
     _needs_s3(bundle)
     if "://" in locations.array_root and locations.array_root.startswith(("s3://", "s3a://")):
         require_extra("s3")
-    opened = open_bundle(bundle)  # read and verified before the store is opened (or created): a bad bundle writes nothing
+    # An existing store that this user cannot write fails first, in one line, before the bundle is read;
+    # a new (embedded) store is created only once the bundle is verified: a bad bundle writes nothing.
+    store = open_store(locations, write=True) if store_exists(locations) else None
+    opened = open_bundle(bundle)
     try:
-        report = import_bundle(open_store(locations, create=True), opened, rename=rename)
+        report = import_bundle(store or open_store(locations, create=True), opened, rename=rename)
     finally:
         opened.close()
     already = f"already imported: {', '.join(report.already)}" if report.already else ""

@@ -166,6 +166,12 @@ def open_store(locations, create: bool = False, write: bool | None = None):
     return store
 
 
+def store_exists(locations) -> bool:
+    """Whether the store's database is there to open (a server database is assumed to be)."""
+    db_file = _local_path(locations.db_url) if locations.db_url.startswith("sqlite:///") else None
+    return db_file is None or os.path.exists(db_file)
+
+
 TABLE_CELL_WIDTH = 60  # longer text cells are cut in table output (csv and json keep them whole)
 
 

@@ -1,0 +1,654 @@
+/* attnstore viewer and API reference: plain JavaScript, no build step, nothing loaded from outside.
+ *
+ * The viewer (index.html) reads the JSON API of `attnstore serve` (api/serve.py):
+ *   Example tab: the head view (token-to-token lines, SVG) and the matrix view (canvas) of one layer/head;
+ *   Heads tab:   a layers x heads heatmap of a per-head metric (saved, or computed on request);
+ *   Search tab:  tokens by word / token / POS / relation, with where they attend in a chosen head.
+ * The state (run, example, layer, head, tab) lives in the URL's hash, so a view can be linked.
+ * docs.html renders /openapi.json as a reference with a form to try each GET endpoint.
+ */
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const SVG = "http://www.w3.org/2000/svg";
+const HEAD_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+  "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"];
+// viridis at 9 evenly spaced stops (matplotlib's colour map, as `attnstore view` draws).
+const VIRIDIS = [[68, 1, 84], [71, 45, 123], [59, 82, 139], [44, 114, 142], [33, 145, 140],
+  [40, 174, 128], [94, 201, 98], [173, 220, 48], [253, 231, 37]];
+
+function viridis(t) {
+  if (!Number.isFinite(t)) return [200, 200, 200];
+  const x = Math.min(1, Math.max(0, t)) * (VIRIDIS.length - 1);
+  const i = Math.min(VIRIDIS.length - 2, Math.floor(x));
+  const f = x - i;
+  return VIRIDIS[i].map((c, k) => Math.round(c + f * (VIRIDIS[i + 1][k] - c)));
+}
+const rgb = (c) => `rgb(${c[0]},${c[1]},${c[2]})`;
+
+function el(tag, attrs = {}, ...children) {
+  const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === null || v === undefined) continue;
+    if (k === "text") node.textContent = v;
+    else if (k === "class") node.setAttribute("class", v);
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c);
+  return node;
+}
+
+function status(message, isError = false) {
+  const s = $("status");
+  s.textContent = message || "";
+  s.classList.toggle("error", Boolean(isError));
+}
+
+async function api(path, params = {}, options = {}) {
+  const url = new URL("api/" + path, document.baseURI);
+  for (const [k, v] of Object.entries(params)) {
+    if (v !== null && v !== undefined && v !== "") url.searchParams.set(k, v);
+  }
+  const response = await fetch(url, options);
+  let body;
+  try {
+    body = await response.json();
+  } catch (e) {
+    body = { error: `${response.status} ${response.statusText}` };
+  }
+  if (!response.ok) {
+    const error = new Error(body.error || `${response.status} ${response.statusText}`);
+    error.status = response.status;
+    throw error;
+  }
+  return body;
+}
+
+/* ------------------------------------------------------------------ state in the URL hash */
+
+const state = { run: null, example: null, layer: 0, head: 0, tab: "example", metric: null };
+let runInfo = null; // {name, n_layers, n_heads, ...}
+
+function readHash() {
+  const h = new URLSearchParams(location.hash.slice(1));
+  if (h.has("run")) state.run = h.get("run");
+  if (h.has("example")) state.example = parseInt(h.get("example"), 10);
+  if (h.has("layer")) state.layer = parseInt(h.get("layer"), 10);
+  if (h.has("head")) state.head = h.get("head") === "all" ? "all" : parseInt(h.get("head"), 10);
+  if (h.has("tab")) state.tab = h.get("tab");
+  if (h.has("metric")) state.metric = h.get("metric");
+}
+
+function writeHash() {
+  const h = new URLSearchParams();
+  for (const k of ["run", "example", "layer", "head", "tab", "metric"]) {
+    if (state[k] !== null && state[k] !== undefined && !Number.isNaN(state[k])) h.set(k, state[k]);
+  }
+  history.replaceState(null, "", "#" + h.toString());
+}
+
+/* ------------------------------------------------------------------ runs and tabs */
+
+async function loadRuns() {
+  const { runs } = await api("runs");
+  const select = $("run-select");
+  select.replaceChildren(...runs.map((r) => el("option", { value: r.run, text: `${r.run} (${r.model}, ${r.n_stored} ex.)` })));
+  if (!runs.length) {
+    status("this store has no runs yet: create one with `attnstore ingest`", true);
+    return;
+  }
+  if (!runs.some((r) => r.run === state.run)) state.run = runs[0].run;
+  select.value = state.run;
+  await selectRun(state.run, true);
+}
+
+async function selectRun(name, keepPosition = false) {
+  state.run = name;
+  const { run } = await api(`runs/${encodeURIComponent(name)}`);
+  runInfo = run;
+  $("run-about").textContent = `${run.model} on ${run.dataset}:${run.split}, ${run.n_layers} layers x ${run.n_heads} heads, ${run.n_stored} examples (${run.status})`;
+  if (!keepPosition) Object.assign(state, { example: null, layer: 0, head: 0, metric: null });
+  if (!(state.layer >= 0 && state.layer < run.n_layers)) state.layer = 0;
+  if (state.head !== "all" && !(state.head >= 0 && state.head < run.n_heads)) state.head = 0;
+  fillIndexSelect($("layer-select"), run.n_layers, "L");
+  fillIndexSelect($("head-select"), run.n_heads, "H", true);
+  fillIndexSelect($("search-layer"), run.n_layers, "L");
+  fillIndexSelect($("search-head"), run.n_heads, "H");
+  $("layer-select").value = String(state.layer);
+  $("head-select").value = String(state.head);
+  $("search-layer").value = String(state.layer);
+  $("search-head").value = String(state.head === "all" ? 0 : state.head);
+  mapsCache.clear();
+  exampleCache.clear();
+  examplesPage.offset = 0;
+  metricsLoaded = false;
+  facetsLoaded = false;
+  await loadExamples();
+  showTab(state.tab);
+}
+
+function fillIndexSelect(select, n, prefix, withAll = false) {
+  const options = [];
+  for (let i = 0; i < n; i++) options.push(el("option", { value: String(i), text: `${prefix}${i}` }));
+  if (withAll) options.push(el("option", { value: "all", text: "all" }));
+  select.replaceChildren(...options);
+}
+
+function showTab(tab) {
+  if (!["example", "heads", "search"].includes(tab)) tab = "example";
+  state.tab = tab;
+  for (const name of ["example", "heads", "search"]) {
+    $(`view-${name}`).hidden = name !== tab;
+    $(`tab-${name}`).classList.toggle("active", name === tab);
+  }
+  writeHash();
+  if (tab === "heads") loadMetrics().catch(showError);
+  if (tab === "search") loadFacets().catch(showError);
+}
+
+function showError(error) {
+  status(error.message || String(error), true);
+}
+
+/* ------------------------------------------------------------------ Example tab: the list */
+
+const examplesPage = { offset: 0, limit: 25, total: 0, q: "" };
+
+async function loadExamples() {
+  const page = await api(`runs/${encodeURIComponent(state.run)}/examples`, {
+    offset: examplesPage.offset, limit: examplesPage.limit, q: examplesPage.q, skipped: false,
+  });
+  examplesPage.total = page.total;
+  const list = $("examples");
+  list.replaceChildren(...page.items.map((item) => {
+    const text = item.text_a + (item.text_b ? " ‖ " + item.text_b : "");
+    const li = el("li", { "data-example": item.example, title: text, onclick: () => selectExample(item.example) },
+      el("span", { class: "pos", text: `#${item.example}` }), text.length > 110 ? text.slice(0, 110) + "…" : text);
+    if (item.example === state.example) li.classList.add("selected");
+    return li;
+  }));
+  const last = Math.min(page.total, examplesPage.offset + page.items.length);
+  $("examples-page").textContent = page.total ? `${examplesPage.offset + 1}–${last} of ${page.total}` : "no examples";
+  $("examples-prev").disabled = examplesPage.offset === 0;
+  $("examples-next").disabled = last >= page.total;
+  if (state.example === null && page.items.length) state.example = page.items[0].example;
+  if (state.example !== null) await selectExample(state.example);
+}
+
+/* ------------------------------------------------------------------ Example tab: tokens and maps */
+
+const exampleCache = new Map(); // example -> {example, tokens}
+const mapsCache = new Map(); // "example|layer[|head]" -> {heads: [..], attention: heads x L x L}
+let drawToken = 0;
+
+async function getExample(example) {
+  if (!exampleCache.has(example)) {
+    exampleCache.set(example, await api(`runs/${encodeURIComponent(state.run)}/examples/${example}`));
+  }
+  return exampleCache.get(example);
+}
+
+async function getMaps(example, layer, head) {
+  const key = `${example}|${layer}`;
+  if (mapsCache.has(key)) return mapsCache.get(key);
+  if (mapsCache.has(`${key}|${head}`)) return mapsCache.get(`${key}|${head}`);
+  const path = `runs/${encodeURIComponent(state.run)}/examples/${example}/attention`;
+  let maps;
+  try {
+    const body = await api(path, { layer, digits: 4 });
+    maps = { heads: body.heads, attention: body.attention[0] };
+    mapsCache.set(key, maps);
+  } catch (error) {
+    if (error.status !== 413 || head === "all") throw error; // a long example: one head at a time
+    const body = await api(path, { layer, head, digits: 4 });
+    maps = { heads: body.heads, attention: body.attention[0] };
+    mapsCache.set(`${key}|${head}`, maps);
+  }
+  if (mapsCache.size > 24) mapsCache.delete(mapsCache.keys().next().value);
+  return maps;
+}
+
+async function selectExample(example) {
+  state.example = example;
+  for (const li of $("examples").children) li.classList.toggle("selected", Number(li.dataset.example) === example);
+  writeHash();
+  await drawExample();
+}
+
+async function drawExample() {
+  if (state.example === null || !state.run) return;
+  const token = ++drawToken;
+  $("headview").dataset.state = "loading";
+  $("matrix").dataset.state = "loading";
+  try {
+    const detail = await getExample(state.example);
+    const maps = await getMaps(state.example, state.layer, state.head);
+    if (token !== drawToken) return; // a newer choice was made meanwhile
+    const row = detail.example;
+    $("example-text").replaceChildren(
+      el("p", {}, el("span", { class: "seg", text: `#${row.example} A` }), row.text_a || ""),
+      ...(row.text_b ? [el("p", {}, el("span", { class: "seg", text: "B" }), row.text_b)] : []),
+      el("p", { class: "muted", text: `${detail.tokens.length} tokens` + (row.label !== null ? `, label ${row.label}` : "") + (row.truncated ? ", truncated" : "") }),
+    );
+    const tokens = detail.tokens.map((t) => t.token);
+    const special = detail.tokens.map((t) => Boolean(t.is_special));
+    const heads = state.head === "all" ? maps.heads : [state.head];
+    const missing = heads.filter((h) => !maps.heads.includes(h));
+    if (missing.length) throw new Error("this example is too long to show every head at once: pick one head");
+    const key = `${state.run}|${state.example}|${state.layer}|${state.head}`;
+    drawHeadView(tokens, special, maps, heads, key);
+    drawMatrix(tokens, special, maps, heads, key);
+    status(`example ${state.example}, layer ${state.layer}, ${state.head === "all" ? "every head" : "head " + state.head}`);
+  } catch (error) {
+    if (token === drawToken) {
+      $("headview").dataset.state = "error";
+      $("matrix").dataset.state = "error";
+      showError(error);
+    }
+  }
+}
+
+function headMatrix(maps, head) {
+  return maps.attention[maps.heads.indexOf(head)];
+}
+
+function drawHeadView(tokens, special, maps, heads, key) {
+  const svg = $("headview-svg");
+  const n = tokens.length;
+  const rowH = Math.max(11, Math.min(18, Math.floor(640 / Math.max(n, 1))));
+  const textW = Math.min(170, 12 + 7.5 * Math.max(...tokens.map((t) => t.length), 3));
+  const gap = 150;
+  const width = 2 * textW + gap;
+  const height = n * rowH + 10;
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height);
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.classList.remove("focused");
+  const minWeight = Math.max(0, parseFloat($("min-weight").value) || 0);
+  const y = (i) => 5 + i * rowH + rowH / 2;
+  const lines = el("svg:g", { class: "lines" });
+  for (const h of heads) {
+    const a = headMatrix(maps, h);
+    const color = heads.length === 1 ? HEAD_COLORS[0] : HEAD_COLORS[h % HEAD_COLORS.length];
+    for (let i = 0; i < n; i++) {
+      for (let j = 0; j < n; j++) {
+        const w = a[i][j];
+        if (w < minWeight || w <= 0) continue;
+        lines.append(el("svg:line", {
+          class: "attn", x1: textW + 4, y1: y(i), x2: textW + gap - 4, y2: y(j), stroke: color,
+          "stroke-width": 2, "stroke-opacity": Math.min(1, w).toFixed(3), "data-i": i, "data-j": j, "data-head": h,
+        }));
+      }
+    }
+  }
+  const left = el("svg:g", { class: "left" });
+  const right = el("svg:g", { class: "right" });
+  tokens.forEach((t, i) => {
+    const cls = special[i] ? "special" : "";
+    const l = el("svg:text", { class: `tok-left ${cls}`, x: textW, y: y(i), "text-anchor": "end", "dominant-baseline": "middle", "data-i": i, text: t });
+    l.addEventListener("mouseenter", () => focusToken(svg, i));
+    l.addEventListener("mouseleave", () => focusToken(svg, null));
+    left.append(l);
+    right.append(el("svg:text", { class: `tok-right ${cls}`, x: textW + gap, y: y(i), "dominant-baseline": "middle", "data-j": i, text: t }));
+  });
+  svg.replaceChildren(lines, left, right);
+  const fig = $("headview");
+  fig.dataset.key = key;
+  fig.dataset.lines = String(lines.childElementCount);
+  fig.dataset.state = "ready";
+}
+
+function focusToken(svg, i) {
+  svg.classList.toggle("focused", i !== null);
+  for (const line of svg.querySelectorAll("line.attn")) line.classList.toggle("on", i !== null && Number(line.dataset.i) === i);
+  for (const text of svg.querySelectorAll("text.tok-left")) text.classList.toggle("dim", i !== null && Number(text.dataset.i) !== i);
+}
+
+function drawMatrix(tokens, special, maps, heads, key) {
+  const canvas = $("matrix-canvas");
+  const n = tokens.length;
+  let a;
+  if (heads.length === 1) {
+    a = headMatrix(maps, heads[0]);
+    $("matrix-caption").textContent = `(layer ${state.layer}, head ${heads[0]})`;
+  } else {
+    a = tokens.map((_, i) => tokens.map((_, j) => heads.reduce((s, h) => s + headMatrix(maps, h)[i][j], 0) / heads.length));
+    $("matrix-caption").textContent = `(layer ${state.layer}, mean of its ${heads.length} heads)`;
+  }
+  const cell = Math.max(2, Math.min(22, Math.floor(560 / Math.max(n, 1))));
+  const margin = cell >= 8 ? Math.min(120, 10 + 6.5 * Math.max(...tokens.map((t) => t.length), 3)) : 0;
+  const ratio = window.devicePixelRatio || 1;
+  const size = margin + n * cell;
+  canvas.width = Math.ceil(size * ratio);
+  canvas.height = Math.ceil(size * ratio);
+  canvas.style.width = `${size}px`;
+  canvas.style.height = `${size}px`;
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, size, size);
+  for (let i = 0; i < n; i++) {
+    for (let j = 0; j < n; j++) {
+      ctx.fillStyle = rgb(viridis(a[i][j]));
+      ctx.fillRect(margin + j * cell, margin + i * cell, cell, cell);
+    }
+  }
+  if (margin) {
+    ctx.font = `${Math.min(12, cell)}px DejaVu Sans Mono, monospace`;
+    ctx.textBaseline = "middle";
+    tokens.forEach((t, i) => {
+      ctx.fillStyle = special[i] ? "#c62828" : "#1d2430";
+      ctx.textAlign = "right";
+      ctx.fillText(t, margin - 4, margin + i * cell + cell / 2); // query rows
+      ctx.save();
+      ctx.translate(margin + i * cell + cell / 2, margin - 4);
+      ctx.rotate(-Math.PI / 2);
+      ctx.textAlign = "left";
+      ctx.fillText(t, 0, 0); // key columns
+      ctx.restore();
+    });
+  }
+  canvas.onmousemove = (event) => {
+    const box = canvas.getBoundingClientRect();
+    const j = Math.floor((event.clientX - box.left - margin) / cell);
+    const i = Math.floor((event.clientY - box.top - margin) / cell);
+    $("matrix-hover").textContent = i >= 0 && j >= 0 && i < n && j < n
+      ? `query ${i} "${tokens[i]}" → key ${j} "${tokens[j]}": ${a[i][j].toFixed(4)}` : " ";
+  };
+  const fig = $("matrix");
+  Object.assign(fig.dataset, { key, cells: String(n * n), cell: String(cell), margin: String(margin), state: "ready" });
+}
+
+/* ------------------------------------------------------------------ Heads tab: per-head summary heatmaps */
+
+let metricsLoaded = false;
+
+async function loadMetrics() {
+  if (!metricsLoaded) {
+    const { metrics } = await api(`runs/${encodeURIComponent(state.run)}/head_metrics`);
+    const select = $("metric-select");
+    const groups = [["saved", "saved results"], ["on request", "computed on request"]].map(([source, label]) => {
+      const options = metrics.filter((m) => m.source === source).map((m) => el("option", {
+        value: JSON.stringify([m.metric, m.params]),
+        text: m.params && m.params !== "{}" ? `${m.metric} ${m.params}` : m.metric,
+      }));
+      return options.length ? el("optgroup", { label }, ...options) : null;
+    }).filter(Boolean);
+    select.replaceChildren(...groups);
+    const values = [...select.options].map((o) => o.value);
+    const wanted = values.find((v) => JSON.parse(v)[0] === state.metric) || values.find((v) => JSON.parse(v)[0] === "entropy.entropy") || values[0];
+    if (wanted) select.value = wanted;
+    metricsLoaded = true;
+  }
+  await drawSummary();
+}
+
+async function drawSummary() {
+  const value = $("metric-select").value;
+  if (!value) return;
+  const [metric, params] = JSON.parse(value);
+  state.metric = metric;
+  writeHash();
+  const fig = $("summary");
+  fig.dataset.state = "loading";
+  status(`loading ${metric}…`);
+  try {
+    const m = await api(`runs/${encodeURIComponent(state.run)}/head_metrics/${encodeURIComponent(metric)}`, { params });
+    const cw = 40, ch = 26, left = 36, top = 24, legendH = 40;
+    const width = left + m.n_heads * cw + 10;
+    const height = top + m.n_layers * ch + legendH;
+    const svg = $("summary-svg");
+    svg.setAttribute("width", width);
+    svg.setAttribute("height", height);
+    svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    const lo = m.min ?? 0, hi = m.max ?? 1;
+    const scale = (v) => (hi > lo ? (v - lo) / (hi - lo) : 0.5);
+    const parts = [];
+    for (let h = 0; h < m.n_heads; h++) parts.push(el("svg:text", { x: left + h * cw + cw / 2, y: top - 8, "text-anchor": "middle", text: `H${h}` }));
+    for (let l = 0; l < m.n_layers; l++) {
+      parts.push(el("svg:text", { x: left - 6, y: top + l * ch + ch / 2, "text-anchor": "end", "dominant-baseline": "middle", text: `L${l}` }));
+      for (let h = 0; h < m.n_heads; h++) {
+        const v = m.values[l][h];
+        const color = v === null ? [220, 220, 220] : viridis(scale(v));
+        const rect = el("svg:rect", {
+          class: "hcell", x: left + h * cw, y: top + l * ch, width: cw, height: ch, fill: rgb(color),
+          "data-layer": l, "data-head": h, "data-value": v === null ? "" : v,
+          onclick: () => openHead(l, h),
+        }, el("svg:title", { text: `layer ${l}, head ${h}: ${v === null ? "no value" : v.toFixed(4)}` }));
+        parts.push(rect);
+        if (v !== null) {
+          const dark = scale(v) < 0.6;
+          parts.push(el("svg:text", {
+            x: left + h * cw + cw / 2, y: top + l * ch + ch / 2, "text-anchor": "middle", "dominant-baseline": "middle",
+            fill: dark ? "#fff" : "#000", "pointer-events": "none", text: Math.abs(v) >= 100 ? v.toFixed(0) : v.toFixed(2),
+          }));
+        }
+      }
+    }
+    const gradient = el("svg:linearGradient", { id: "legend-gradient" },
+      ...VIRIDIS.map((c, i) => el("svg:stop", { offset: `${(100 * i) / (VIRIDIS.length - 1)}%`, "stop-color": rgb(c) })));
+    const ly = top + m.n_layers * ch + 14;
+    parts.push(el("svg:defs", {}, gradient),
+      el("svg:rect", { x: left, y: ly, width: Math.min(240, m.n_heads * cw), height: 10, fill: "url(#legend-gradient)" }),
+      el("svg:text", { x: left, y: ly + 24, text: lo.toFixed(3), class: "legend-min" }),
+      el("svg:text", { x: left + Math.min(240, m.n_heads * cw), y: ly + 24, "text-anchor": "end", text: hi.toFixed(3), class: "legend-max" }));
+    svg.replaceChildren(...parts);
+    $("metric-about").textContent = `${m.source === "saved" ? "saved" : m.note}${m.params && m.params !== "{}" ? ", params " + m.params : ""}; ` +
+      `min ${lo.toFixed(4)}, max ${hi.toFixed(4)}`;
+    fig.dataset.metric = metric;
+    fig.dataset.source = m.source;
+    fig.dataset.state = "ready";
+    status(`${metric} of ${state.run}`);
+  } catch (error) {
+    fig.dataset.state = "error";
+    showError(error);
+  }
+}
+
+function openHead(layer, head) {
+  state.layer = layer;
+  state.head = head;
+  $("layer-select").value = String(layer);
+  $("head-select").value = String(head);
+  showTab("example");
+  drawExample();
+}
+
+/* ------------------------------------------------------------------ Search tab */
+
+let facetsLoaded = false;
+const searchPage = { offset: 0, limit: 20, total: 0 };
+
+async function loadFacets() {
+  if (facetsLoaded) return;
+  const facets = await api(`runs/${encodeURIComponent(state.run)}/annotations`);
+  for (const [id, key] of [["search-upos", "upos"], ["search-deprel", "deprel"]]) {
+    $(id).replaceChildren(el("option", { value: "", text: "any" }),
+      ...facets[key].map((f) => el("option", { value: f.value, text: `${f.value} (${f.n})` })));
+  }
+  facetsLoaded = true;
+}
+
+async function runSearch() {
+  const form = $("search-form");
+  const params = Object.fromEntries(new FormData(form).entries());
+  const results = $("search-results");
+  results.dataset.state = "loading";
+  status("searching…");
+  try {
+    const found = await api(`runs/${encodeURIComponent(state.run)}/search`, { ...params, offset: searchPage.offset, limit: searchPage.limit });
+    searchPage.total = found.total;
+    const last = found.offset + found.hits.length;
+    $("search-about").textContent = found.total
+      ? `${found.total} hits; ${found.offset + 1}–${last} shown; shading: attention from the hit in layer ${found.layer}, head ${found.head}; outlined: the hit; underlined: its dependency head`
+      : "no hits";
+    $("search-prev").disabled = found.offset === 0;
+    $("search-next").disabled = last >= found.total;
+    const byExample = new Map();
+    for (const hit of found.hits) {
+      if (!byExample.has(hit.example)) byExample.set(hit.example, []);
+      byExample.get(hit.example).push(hit);
+    }
+    const blocks = [];
+    for (const [example, hits] of byExample) {
+      const context = found.examples[String(example)];
+      blocks.push(el("div", { class: "hit-example", "data-example": example },
+        el("h3", { text: `example ${example} (${hits.length} hit${hits.length > 1 ? "s" : ""})` }),
+        ...hits.map((hit) => renderHit(hit, context, found))));
+    }
+    results.replaceChildren(...blocks);
+    results.dataset.total = String(found.total);
+    results.dataset.state = "ready";
+    status(`search: ${found.total} hits`);
+  } catch (error) {
+    results.dataset.state = "error";
+    showError(error);
+  }
+}
+
+function renderHit(hit, context, found) {
+  const peak = hit.attention ? Math.max(...hit.attention, 1e-9) : 1;
+  const spans = context.tokens.map((t, j) => {
+    const classes = ["tok"];
+    if (context.is_special[j]) classes.push("special");
+    if (j === hit.position) classes.push("hit-token");
+    if (hit.head_positions.includes(j)) classes.push("gold-head");
+    const attrs = { class: classes.join(" "), "data-j": j, text: t };
+    if (hit.attention) {
+      const w = hit.attention[j];
+      attrs.style = `background: rgba(31, 111, 235, ${(0.85 * w / peak).toFixed(3)})`;
+      attrs.title = `attention from "${hit.token}": ${w.toFixed(4)}`;
+    }
+    return el("span", attrs);
+  });
+  const about = `${hit.word ?? hit.token}` + (hit.upos ? ` ${hit.upos}` : "") + (hit.deprel ? ` ${hit.deprel}` : "");
+  const top = hit.top ? el("div", { class: "top", text: "attends most to: " + hit.top.map((t) => `${t.token} (${t.weight.toFixed(2)})`).join(" · ") }) : "";
+  const open = el("button", {
+    type: "button", class: "open", text: "open",
+    onclick: () => {
+      if (found.layer !== null) { state.layer = found.layer; state.head = found.head; }
+      $("layer-select").value = String(state.layer);
+      $("head-select").value = String(state.head);
+      showTab("example");
+      selectExample(hit.example);
+    },
+  });
+  return el("div", { class: "hit", "data-example": hit.example, "data-position": hit.position },
+    el("div", { class: "muted" }, `token ${hit.position} “${hit.token}” — ${about}`, open),
+    el("div", { class: "context" }, ...spans.flatMap((s) => [s, " "])), top);
+}
+
+/* ------------------------------------------------------------------ wiring */
+
+function initViewer() {
+  readHash();
+  for (const name of ["example", "heads", "search"]) $(`tab-${name}`).addEventListener("click", () => showTab(name));
+  $("run-select").addEventListener("change", (e) => selectRun(e.target.value).catch(showError));
+  $("layer-select").addEventListener("change", (e) => {
+    state.layer = parseInt(e.target.value, 10);
+    $("search-layer").value = e.target.value;
+    writeHash();
+    drawExample();
+  });
+  $("head-select").addEventListener("change", (e) => {
+    state.head = e.target.value === "all" ? "all" : parseInt(e.target.value, 10);
+    if (state.head !== "all") $("search-head").value = e.target.value;
+    writeHash();
+    drawExample();
+  });
+  $("min-weight").addEventListener("change", () => drawExample());
+  let filterTimer = null;
+  $("example-filter").addEventListener("input", (e) => {
+    clearTimeout(filterTimer);
+    filterTimer = setTimeout(() => {
+      examplesPage.q = e.target.value;
+      examplesPage.offset = 0;
+      state.example = null;
+      loadExamples().catch(showError);
+    }, 250);
+  });
+  $("examples-prev").addEventListener("click", () => {
+    examplesPage.offset = Math.max(0, examplesPage.offset - examplesPage.limit);
+    loadExamples().catch(showError);
+  });
+  $("examples-next").addEventListener("click", () => {
+    examplesPage.offset += examplesPage.limit;
+    loadExamples().catch(showError);
+  });
+  $("metric-select").addEventListener("change", () => drawSummary());
+  $("search-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    searchPage.offset = 0;
+    runSearch();
+  });
+  $("search-prev").addEventListener("click", () => {
+    searchPage.offset = Math.max(0, searchPage.offset - searchPage.limit);
+    runSearch();
+  });
+  $("search-next").addEventListener("click", () => {
+    searchPage.offset += searchPage.limit;
+    runSearch();
+  });
+  loadRuns().catch(showError);
+}
+
+/* ------------------------------------------------------------------ API reference (docs.html) */
+
+async function initDocs() {
+  const response = await fetch(new URL("openapi.json", document.baseURI));
+  const spec = await response.json();
+  $("api-about").textContent = `${spec.info.title} ${spec.info.version}: ${spec.info.summary || ""}`;
+  const main = $("docs");
+  const refs = (schema) => {
+    if (!schema) return "";
+    if (schema.anyOf) return schema.anyOf.map(refs).filter((t) => t !== "null").join(" | ");
+    return schema.type || (schema.$ref ? schema.$ref.split("/").pop() : "");
+  };
+  for (const [path, methods] of Object.entries(spec.paths)) {
+    for (const [method, op] of Object.entries(methods)) {
+      const params = op.parameters || [];
+      const rows = params.map((p) => el("tr", {},
+        el("td", { text: p.name }), el("td", { text: p.in }), el("td", { text: p.required ? "yes" : "" }),
+        el("td", { text: refs(p.schema) }), el("td", { text: p.schema && p.schema.default !== undefined ? JSON.stringify(p.schema.default) : "" }),
+        el("td", { text: p.description || "" })));
+      const section = el("section", { class: "endpoint", id: op.operationId || "" },
+        el("h2", {}, el("span", { class: `method ${method}`, text: method.toUpperCase() }), path),
+        el("p", { text: op.description || op.summary || "" }));
+      if (rows.length) {
+        section.append(el("table", {}, el("tr", {}, ...["parameter", "in", "required", "type", "default", ""].map((t) => el("th", { text: t }))), ...rows));
+      }
+      if (op.requestBody) {
+        section.append(el("p", { class: "muted", text: "JSON body: " + JSON.stringify(Object.keys(
+          ((op.requestBody.content["application/json"] || {}).schema || {}).properties || {})) }));
+      }
+      if (method === "get") section.append(tryForm(path, params));
+      main.append(section);
+    }
+  }
+}
+
+function tryForm(path, params) {
+  const inputs = params.map((p) => el("label", {}, `${p.name} `, el("input", { name: p.name, "data-in": p.in, size: 10 })));
+  const out = el("pre", { hidden: "" });
+  const form = el("form", { class: "controls" }, ...inputs, el("button", { type: "submit", text: "Try" }));
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    let url = path;
+    const query = new URLSearchParams();
+    for (const input of form.querySelectorAll("input")) {
+      if (input.dataset.in === "path") url = url.replace(`{${input.name}}`, encodeURIComponent(input.value));
+      else if (input.value !== "") query.set(input.name, input.value);
+    }
+    const full = new URL(url.replace(/^\//, "") + (query.toString() ? "?" + query : ""), document.baseURI);
+    out.hidden = false;
+    const r = await fetch(full);
+    const type = r.headers.get("content-type") || "";
+    const body = type.includes("json") ? JSON.stringify(await r.json(), null, 1) : `(${type}, ${(await r.arrayBuffer()).byteLength} bytes)`;
+    out.textContent = `GET ${full.pathname}${full.search}\n${r.status}\n` + (body.length > 20000 ? body.slice(0, 20000) + "\n…" : body);
+  });
+  return el("div", {}, form, out);
+}
+
+if (document.body.dataset.page === "docs") initDocs().catch(showError);
+else initViewer();
