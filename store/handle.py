@@ -59,6 +59,14 @@ class RunHandle:
         """One example's maps as a (layer, head, query, key) array (see `Store.attention`)."""
         return self.store.attention(self.info.id, example, layer=layer, head=head)
 
+    def labelled_attention(self, example: int, layer=None, head=None) -> Any:
+        """One example's maps as an xarray.DataArray with token coordinates (see `Store.labelled_attention`)."""
+        return self.store.labelled_attention(self.info.id, example, layer=layer, head=head)
+
+    def plot(self, example: int, layer: int | None = None, head: int | None = None) -> Any:
+        """A matplotlib Figure of one example's maps (see `Store.plot`)."""
+        return self.store.plot(self.info.id, example, layer=layer, head=head)
+
     def iter_attention(self, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """Stream (example, maps) over the run with bounded memory (see `Store.iter_attention`)."""
         return self.store.iter_attention(self.info.id, examples)

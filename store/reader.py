@@ -388,13 +388,23 @@ class StoreReader:
         heads = self._select("head", head, info.n_heads)
         _, length, offset = self._sequence(info, example)
         assert offset is not None  # _sequence refuses skipped examples
+        # Read only the layers asked for (they are contiguous in the block), and only the heads for one layer.
+        wanted = range(info.n_layers) if isinstance(layers, slice) else [v % info.n_layers for v in layers]
+        first, last = min(wanted), max(wanted)
+        head_span = range(info.n_heads) if isinstance(heads, slice) or first != last else [v % info.n_heads for v in heads]
+        h0, h1 = min(head_span), max(head_span)
+        per_head = length * length
+        start = offset + (first * info.n_heads + h0) * per_head
+        n_layers, n_heads = last - first + 1, (h1 - h0 + 1 if first == last else info.n_heads)
         block = arrays.read_block(
             self._array(info),
-            offset,
-            arrays.block_shape(info.n_layers, info.n_heads, length),
+            start,
+            arrays.block_shape(n_layers, n_heads, length),
             describe=lambda a, b: f"run {info.name!r}, example {example}",
         )
-        return block[layers][:, heads]
+        rows = [v - first for v in wanted] if not isinstance(layers, slice) else slice(None)
+        cols = slice(None) if isinstance(heads, slice) else [v % info.n_heads - (h0 if first == last else 0) for v in heads]
+        return block[rows][:, cols]
 
     def labelled_attention(self, run: RunRef, example: int, layer=None, head=None) -> Any:
         """`attention` as an xarray.DataArray with dims (layer, head, query, key) and the tokens as coordinates
@@ -408,6 +418,13 @@ class StoreReader:
         from .labelled import labelled_run
 
         return labelled_run(self, run, examples, layer=layer, head=head)  # type: ignore[arg-type]
+
+    def plot(self, run: RunRef, example: int, layer: int | None = None, head: int | None = None) -> Any:
+        """A matplotlib Figure of one example's maps with token labels: one head (layer and head), one layer's
+        heads (layer), or every head as a grid (neither); needs the `report` extra (see store/plot.py)."""
+        from .plot import plot_attention
+
+        return plot_attention(self, run, example, layer=layer, head=head)  # type: ignore[arg-type]
 
     def iter_attention(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """Stream (example, maps) over a run in storage order with bounded memory."""

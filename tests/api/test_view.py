@@ -41,6 +41,17 @@ def test_pictures_of_one_head_a_layer_and_every_head(hand_store, tmp_path):
     assert sum(ax.get_visible() for ax in grid.axes) == 6  # 2 layers x 3 heads
 
 
+def test_store_plot_in_a_notebook(hand_store):
+    store, maps = hand_store
+    fig = store.plot("view", 0, layer=0)  # one layer's heads
+    assert sum(ax.get_visible() for ax in fig.axes) == 3
+    np.testing.assert_array_equal(fig.axes[1].images[0].get_array(), maps[0, 1])
+    handle_fig = store.run("view").plot(0, layer=1, head=2)
+    np.testing.assert_array_equal(handle_fig.axes[0].images[0].get_array(), np.eye(4))
+    with pytest.raises(Exception, match="--head needs --layer"):
+        store.plot("view", 0, head=1)
+
+
 def test_bertviz_input(hand_store, tmp_path):
     from attnstore.api.view import bertviz_input
 

@@ -176,3 +176,14 @@ def test_cli_upgrade_arrays(store, run):
     assert "converted to layout 2" in result.output
     result = CliRunner().invoke(main, ["db", "upgrade-arrays", "--run", "nope", *args])
     assert result.exit_code == 1 and "nope" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "layer, head",
+    [(None, None), (1, None), (0, 2), (-1, -2), ([1, 0], None), ([0], [2, 0]), ([1, 1], [1]), (None, [2, 1]), (0, [0, 2]), (1, 1)],
+)
+def test_reading_a_slice_reads_only_its_cells_and_equals_slicing_the_block(store, run, layer, head):
+    full = MAPS[1]
+    rows = slice(None) if layer is None else ([layer] if isinstance(layer, int) else layer)
+    cols = slice(None) if head is None else ([head] if isinstance(head, int) else head)
+    np.testing.assert_array_equal(store.attention(run, 1, layer=layer, head=head), full[rows][:, cols])

@@ -120,6 +120,6 @@ def test_store_keeps_its_public_api(store):
     assert attnstore.Store is Store and attnstore.open_store is attnstore.store.open_store
     assert isinstance(store, Store) and repr(store).startswith("Store(")
     public = {n for n in dir(Store) if not n.startswith("_") and callable(getattr(Store, n))}
-    assert public == STORE_METHODS | {"run", "labelled_attention", "labelled_run"}
+    assert public == STORE_METHODS | {"run", "labelled_attention", "labelled_run", "plot"}
     with store as same:
         assert same is store
