@@ -10,6 +10,7 @@ import pandas as pd
 
 from .common import CAUSAL_NOTE, check_average, is_causal, iter_maps, per_head_frame, safe_divide, token_flags
 from .registry import register
+from .summary import summaries
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -42,28 +43,34 @@ def entropy(store: Store, *, run, examples=None, average: str = "example") -> pd
     per_example = average == "example"
     info = store.run_info(run)
     causal = is_causal(store, info)
-    flags = token_flags(store, info)
     shape = (info.n_layers, info.n_heads)
     total, from_cls = np.zeros(shape), np.zeros(shape)
     n_queries = n_cls = 0
     uniform = uniform_cls = 0.0
-    for example, maps in iter_maps(store, info, examples):
-        f = flags[example]
-        h = row_entropy(maps.astype(np.float32, copy=False))  # (layer, head, query)
-        length, cls = maps.shape[-1], int(f.cls.sum())
+    kept = summaries(store, info, examples)  # per-example sums kept with the run: no map is decoded
+    flags = token_flags(store, info) if kept is None else {}
+    for i, (example, maps) in enumerate(iter_maps(store, info, examples) if kept is None else _kept_rows(kept)):
+        if kept is None:
+            f = flags[example]
+            h = row_entropy(maps.astype(np.float32, copy=False))  # (layer, head, query)
+            length, cls = maps.shape[-1], int(f.cls.sum())
+            h_sum, h_cls_sum = h.sum(-1, dtype=np.float64), h[..., f.cls].sum(-1, dtype=np.float64)
+        else:
+            length, cls = int(kept["length"][i]), int(kept["n_cls"][i])
+            h_sum, h_cls_sum = kept["entropy"][i], kept["entropy_from_cls"][i]
         # Uniform attention over the keys a query sees: all L, or (causal) the i + 1 up to itself.
         uniform_sum = lgamma(length + 1) if causal else length * np.log(length)  # sum over the L queries
         if per_example:  # this example's means, counted once
-            total += h.mean(-1, dtype=np.float64)
+            total += h_sum / length
             uniform += uniform_sum / length
             n_queries += 1
             if cls:
-                from_cls += h[..., f.cls].mean(-1, dtype=np.float64)
+                from_cls += h_cls_sum / cls
                 uniform_cls += np.log(length)
                 n_cls += 1
         else:
-            total += h.sum(-1, dtype=np.float64)
-            from_cls += h[..., f.cls].sum(-1, dtype=np.float64)
+            total += h_sum
+            from_cls += h_cls_sum
             uniform += uniform_sum
             uniform_cls += cls * np.log(length)
             n_queries += length
@@ -75,3 +82,8 @@ def entropy(store: Store, *, run, examples=None, average: str = "example") -> pd
         frame[["entropy_from_cls", "uniform_entropy_from_cls"]] = np.nan
         frame.attrs["note"] = f"{CAUSAL_NOTE}: uniform_entropy is over each query's visible prefix; *_from_cls are NaN"
     return frame
+
+
+def _kept_rows(kept: dict[str, np.ndarray]):
+    """(example, None) per summarised example, standing in for (example, maps) in the loop above."""
+    return ((int(example), None) for example in kept["example"])

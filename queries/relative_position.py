@@ -9,6 +9,7 @@ import pandas as pd
 
 from .common import CAUSAL_NOTE, check_average, is_causal, iter_maps, per_head_frame, safe_divide
 from .registry import register
+from .summary import summaries
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -35,7 +36,14 @@ def relative_position(store: Store, *, run, examples=None, average: str = "examp
     shape = (info.n_layers, info.n_heads)
     prev, same, nxt = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     n_tokens = n_pairs = n_examples = 0
-    for _, maps in iter_maps(store, info, examples):
+    kept = summaries(store, info, examples)  # per-example sums kept with the run: no map is decoded
+    if kept is not None:
+        length = kept["length"][:, None, None].astype(np.float64)
+        scale = length if average == "example" else 1.0
+        prev, same, nxt = ((kept[k] / scale).sum(0) if len(length) else np.zeros(shape) for k in ("to_previous", "to_self", "to_next"))
+        n_examples, n_tokens = len(length), int(kept["length"].sum())
+        n_pairs = n_tokens - n_examples
+    for _, maps in iter_maps(store, info, examples) if kept is None else ():
         length = maps.shape[-1]
         sums = [np.diagonal(maps, offset=k, axis1=2, axis2=3).sum(-1, dtype=np.float64) for k in (-1, 0, 1)]
         if average == "example":

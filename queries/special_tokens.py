@@ -9,6 +9,7 @@ import pandas as pd
 
 from .common import check_average, iter_maps, per_head_frame, safe_divide, token_flags
 from .registry import register
+from .summary import summaries
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -34,6 +35,9 @@ def special_tokens(store: Store, *, run, punct: str = ".,", examples=None, avera
     check_average(average)
     per_example = average == "example"
     info = store.run_info(run)
+    kept = summaries(store, info, examples, punct)  # per-example sums kept with the run: no map is decoded
+    if kept is not None:
+        return _from_summaries(info, kept, per_example)
     flags = token_flags(store, info, punct)
     shape = (info.n_layers, info.n_heads)
     to = {k: np.zeros(shape) for k in ("cls", "sep", "punct", "other")}
@@ -60,4 +64,27 @@ def special_tokens(store: Store, *, run, punct: str = ".,", examples=None, avera
         **{f"to_{k}": safe_divide(v, n_queries) for k, v in to.items()},
         sep_from_sep=safe_divide(sep_from_sep, n_sep),
         sep_from_other=safe_divide(sep_from_other, n_non_sep),
+    )
+
+
+def _from_summaries(info, kept: dict[str, np.ndarray], per_example: bool) -> pd.DataFrame:
+    """The same means from each example's sums (queries/summary.py) as the loop above takes from its maps."""
+    length = kept["length"].astype(np.float64)
+    seps = kept["n_sep"].astype(np.float64)
+    others = length - seps
+
+    def total(name: str, counts: np.ndarray) -> np.ndarray:
+        values, used = kept[name], counts > 0
+        if per_example:  # each example's mean, over the examples that have such query tokens
+            return (values[used] / counts[used][:, None, None]).sum(0)
+        return values.sum(0)
+
+    def count(counts: np.ndarray) -> float:
+        return float((counts > 0).sum()) if per_example else float(counts.sum())
+
+    return per_head_frame(
+        info,
+        **{f"to_{k}": safe_divide(total(f"received_{k}", length), count(length)) for k in ("cls", "sep", "punct", "other")},
+        sep_from_sep=safe_divide(total("sep_from_sep", seps), count(seps)),
+        sep_from_other=safe_divide(total("sep_from_other", others), count(others)),
     )

@@ -217,6 +217,40 @@ def _create_index(store, path: str, dtype: str, chunk: int, dim: str):
     )
 
 
+def read_summary(root: str, array_path: str, name: str, stamp: dict) -> dict[str, np.ndarray] | None:
+    """A run's saved per-example summary `name` (layout 2: <run group>/summary/<name>/), if its stamp matches."""
+    group = group_path_of(array_path)
+    if group is None:
+        return None
+    store = open_root(root, read_only=True)
+    try:
+        node = zarr.open_group(store=store, path=f"{group}/summary/{name}", mode="r")
+    except (FileNotFoundError, KeyError, ValueError, zarr.errors.NodeNotFoundError):
+        return None
+    if node.attrs.get("stamp") != stamp:
+        return None
+    return {key: np.asarray(array[...]) for key, array in node.arrays()}
+
+
+def write_summary(root: str, array_path: str, name: str, values: dict[str, np.ndarray], stamp: dict) -> None:
+    """Save a per-example summary beside the run's maps; the stamp is written last, so a half-written one is never read."""
+    group = group_path_of(array_path)
+    if group is None:
+        raise InvalidArgumentError(f"{array_path} is a layout-1 array: run `attnstore db upgrade-arrays` to keep summaries")
+    store = open_root(root, read_only=False)
+    node = zarr.create_group(store=store, path=f"{group}/summary/{name}", overwrite=True, attributes={"stamp": None})
+    for key, array in values.items():
+        target = node.create_array(
+            key,
+            shape=array.shape,
+            dtype=array.dtype,
+            chunks=tuple(max(1, n) for n in array.shape) or (1,),
+            compressors=make_codec(INDEX_CODEC, str(array.dtype)),
+        )
+        target[...] = array
+    node.attrs["stamp"] = stamp
+
+
 def open_run_array(root: str, path: str, *, read_only: bool = True):
     try:
         with warnings.catch_warnings():  # a lossy run's numcodecs filter warns on every open

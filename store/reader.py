@@ -419,6 +419,15 @@ class StoreReader:
 
         return labelled_run(self, run, examples, layer=layer, head=head)  # type: ignore[arg-type]
 
+    def run_summary(self, run: RunRef, name: str, stamp: dict) -> dict[str, np.ndarray] | None:
+        """A per-example summary saved beside the run's maps (queries/summary.py), if its stamp matches."""
+        info = self.run_info(run)
+        return arrays.read_summary(self.locations.array_root, info.array_path, name, stamp)
+
+    def can_keep_summaries(self, run: RunRef) -> bool:
+        """Whether summaries can be saved with this run's maps (its arrays are in layout 2)."""
+        return arrays.group_path_of(self.run_info(run).array_path) is not None
+
     def plot(self, run: RunRef, example: int, layer: int | None = None, head: int | None = None) -> Any:
         """A matplotlib Figure of one example's maps with token labels: one head (layer and head), one layer's
         heads (layer), or every head as a grid (neither); needs the `report` extra (see store/plot.py)."""

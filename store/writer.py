@@ -99,6 +99,15 @@ class StoreWriter(StoreReader):
                 s.execute(sa.insert(HeadMetric), rows)
         return len(rows)
 
+    def save_run_summary(self, run: RunRef, name: str, values: dict[str, np.ndarray], stamp: dict) -> None:
+        """Keep a per-example summary beside the run's maps (read back by `run_summary` with the same stamp)."""
+        self.require_writable()
+        info = self.run_info(run)
+        try:
+            arrays.write_summary(self.locations.array_root, info.array_path, name, values, stamp)
+        except OSError as exc:
+            raise StorageIOError(f"cannot save the summary of run {info.name!r}: {exc.strerror or exc}") from None
+
     def save_probe_result(self, run: RunRef, eval_run: RunRef, result: dict, params: dict) -> int:
         self.require_writable()
         train, held_out = self.run_info(run), self.run_info(eval_run)

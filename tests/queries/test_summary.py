@@ -1,0 +1,97 @@
+"""Per-example sums kept with a run (queries/summary.py): relative_position, special_tokens and entropy read them
+instead of the maps, with the results of the streaming path, for any subset and either averaging.
+
+Random ragged maps with [CLS], [SEP] and punctuation, on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+from attnstore.queries import run_query
+from attnstore.queries import summary as summary_module
+from attnstore.store import open_store
+
+TOKENS = [
+    ["[CLS]", "a", ",", "b", "[SEP]"],
+    ["[CLS]", "c", "[SEP]", "d", ".", "[SEP]"],
+    ["[CLS]", "e", "f", "g", "h", "[SEP]"],
+    ["[CLS]", "i", "[SEP]"],
+]
+QUERIES = ("relative_position", "special_tokens", "entropy")
+
+
+def random_maps(tokens, seed):
+    rng = np.random.default_rng(seed)
+    raw = rng.random((3, 2, len(tokens), len(tokens)), dtype=np.float32) ** 3 + 1e-3
+    return (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+
+
+MAPS = [random_maps(t, i) for i, t in enumerate(TOKENS)]
+
+
+def streamed(store, name, monkeypatch, **params):
+    with monkeypatch.context() as m:
+        m.setattr(summary_module, "summaries", lambda *a, **k: None)
+        for module in ("relative_position", "special_tokens", "entropy"):
+            m.setattr(f"attnstore.queries.{module}.summaries", lambda *a, **k: None)
+        return run_query(store, name, **params)
+
+
+def same(a, b):
+    assert list(a.columns) == list(b.columns)
+    for column in a.columns:
+        np.testing.assert_allclose(a[column].to_numpy(float), b[column].to_numpy(float), rtol=1e-12, atol=1e-15, equal_nan=True)
+
+
+@pytest.fixture
+def run(store, make_run):
+    return make_run(store, MAPS, TOKENS, name="sums", dtype="float16")
+
+
+@pytest.mark.parametrize("name", QUERIES)
+@pytest.mark.parametrize("average", ["example", "token"])
+@pytest.mark.parametrize("examples", [None, [2, 0], [3]])
+def test_kept_sums_give_the_streaming_results(store, run, monkeypatch, name, average, examples):
+    kept = run_query(store, name, run=run, average=average, examples=examples)
+    same(kept, streamed(store, name, monkeypatch, run=run, average=average, examples=examples))
+
+
+def test_sums_are_kept_with_the_run_and_read_without_decoding_maps(store, run, monkeypatch):
+    first = run_query(store, "entropy", run=run)
+    group = zarr.open_group(store.locations.array_root, path="runs/sums/summary/clark", mode="r")
+    assert group.attrs["stamp"] == {"version": 1, "n_examples": 4, "punct": ".,"}
+    assert group["example"][:].tolist() == [0, 1, 2, 3] and group["length"][:].tolist() == [5, 6, 6, 3]
+    assert group["entropy"].shape == (4, 3, 2)
+
+    def no_maps(*args, **kwargs):
+        raise AssertionError("the maps were read")
+
+    monkeypatch.setattr(type(store), "iter_attention", no_maps)
+    same(run_query(store, "entropy", run=run), first)
+    run_query(store, "special_tokens", run=run, average="token")
+    run_query(store, "relative_position", run=run, examples=[1])
+
+
+def test_sums_of_a_run_that_has_grown_since_are_built_again(store, run, monkeypatch):
+    run_query(store, "relative_position", run=run)
+    group = zarr.open_group(store.locations.array_root, path="runs/sums/summary/clark", mode="r+")
+    group.attrs["stamp"] = {"version": 1, "n_examples": 3, "punct": ".,"}  # as if built before the 4th example
+    same(run_query(store, "relative_position", run=run), streamed(store, "relative_position", monkeypatch, run=run))
+    assert zarr.open_group(store.locations.array_root, path="runs/sums/summary/clark", mode="r").attrs["stamp"]["n_examples"] == 4
+
+
+def test_other_punctuation_and_read_only_stores_stream(store, run, monkeypatch):
+    same(
+        run_query(store, "special_tokens", run=run, punct=",;"),
+        streamed(store, "special_tokens", monkeypatch, run=run, punct=",;"),
+    )
+    reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
+    try:
+        result = run_query(reader, "entropy", run=run)
+    finally:
+        reader.close()
+    assert not (zarr.open_group(store.locations.array_root, path="runs/sums", mode="r").get("summary"))
+    same(result, streamed(store, "entropy", monkeypatch, run=run))
