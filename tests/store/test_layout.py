@@ -187,3 +187,19 @@ def test_reading_a_slice_reads_only_its_cells_and_equals_slicing_the_block(store
     rows = slice(None) if layer is None else ([layer] if isinstance(layer, int) else layer)
     cols = slice(None) if head is None else ([head] if isinstance(head, int) else head)
     np.testing.assert_array_equal(store.attention(run, 1, layer=layer, head=head), full[rows][:, cols])
+
+
+def test_plain_zarr_reads_a_zipped_root(store, run, tmp_path):
+    """The recipe works on a zip of the array root too (zarr's ZipStore), e.g. a root mailed to a colleague."""
+    import shutil
+
+    archive = shutil.make_archive(str(tmp_path / "attention"), "zip", root_dir=store.locations.array_root)
+    zipped = zarr.storage.ZipStore(archive, mode="r")
+    try:
+        group = zarr.open_group(zipped, path="runs/four", mode="r")
+        assert group.attrs["run"] == "four"
+        i = int(np.flatnonzero(group["example"][:] == 2)[0])
+        offset, length = int(group["offset"][i]), int(group["length"][i])
+        np.testing.assert_array_equal(group["cells"][offset : offset + 2 * 3 * length * length].reshape(2, 3, length, length), MAPS[2])
+    finally:
+        zipped.close()
