@@ -255,9 +255,10 @@ def open_run_array(root: str, path: str, *, read_only: bool = True):
     try:
         with warnings.catch_warnings():  # a lossy run's numcodecs filter warns on every open
             warnings.simplefilter("ignore")
-            return zarr.open_array(
-                store=open_root(root, read_only=read_only), path=path, mode="r" if read_only else "r+", config=ARRAY_CONFIG
-            )
+            array = zarr.open_array(store=open_root(root, read_only=read_only), path=path, mode="r" if read_only else "r+")
+            # open_array applies `config` only when it creates an array: set it here, so an opened run also writes
+            # chunks equal to the fill value (a missing chunk then always means damage) and skips that comparison.
+            return array if read_only else array.with_config(ARRAY_CONFIG)
     except (FileNotFoundError, KeyError) as exc:
         raise NotFoundError(f"attention array {path!r} not found under {root}; is --root the store's array root? ({exc})") from None
 

@@ -56,3 +56,14 @@ def test_unaligned_start_and_missing_array_are_errors(tmp_path):
         arrays.BlockWriter(arr, 3)
     with pytest.raises(NotFoundError, match="not found under"):
         arrays.open_run_array(str(tmp_path), "runs/missing")
+
+
+def test_an_opened_run_array_still_writes_chunks_equal_to_the_fill_value(tmp_path):
+    """zarr applies `config` only when it creates an array: open_run_array must set it again, or a chunk of
+    zeros written by a resumed run would be skipped and later look like damage."""
+    arrays.create_run_array(str(tmp_path), "runs/z/cells", dtype="float16", chunk_cells=4, codec=arrays.DEFAULT_CODEC, attributes={})
+    opened = arrays.open_run_array(str(tmp_path), "runs/z/cells", read_only=False)
+    writer = arrays.BlockWriter(opened, 0)
+    writer.append(np.zeros((1, 1, 2, 4), dtype=np.float16))
+    writer.flush(final=True)
+    assert sorted(arrays.present_chunks(opened)) == [0, 1]
