@@ -162,13 +162,7 @@ def _check_index(report: RunReport, store, info, stored: pd.DataFrame, complete:
                 example=int(seqs["example"].iloc[i]),
             )
             return
-    with store.engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(Token.example_id, Token.token_id).where(Token.run_id == info.id).order_by(Token.example_id, Token.position)
-        ).all()
-    by_example: dict[int, list[int]] = {}
-    for example_id, token_id in rows:
-        by_example.setdefault(example_id, []).append(token_id)
+    by_example = store.token_ids_by_example(info.id)
     token_ids = [t for example_id in seqs["example_id"] for t in by_example.get(int(example_id), [])]
     starts, lengths = index["token_start"][:n], index["length"][:n]
     stored_ids = np.concatenate([index["token_id"][a : a + b] for a, b in zip(starts, lengths)]) if n else np.empty(0)

@@ -25,7 +25,7 @@ from zarr.core.sync import sync
 from . import arrays
 from .errors import DamagedDataError
 from .records import RunInfo
-from .schema import Run, Sequence, Token
+from .schema import Run, Sequence
 from .writer import run_attributes, run_lease_name
 
 if TYPE_CHECKING:
@@ -71,13 +71,7 @@ def _write_index(store: Store, info: RunInfo) -> None:
     """Rewrite a layout-2 run's index arrays from SQL (entries in offset order)."""
     seqs = _committed(store, info)
     positions = store.example_rows(info.id).set_index("example_id")["example"]
-    with store.engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(Token.example_id, Token.token_id).where(Token.run_id == info.id).order_by(Token.example_id, Token.position)
-        ).all()
-    tokens: dict[int, list[int]] = {}
-    for example_id, token_id in rows:
-        tokens.setdefault(example_id, []).append(token_id)
+    tokens = store.token_ids_by_example(info.id)
     index = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0)
     index.write(
         [int(positions.loc[e]) for e in seqs["example_id"]],

@@ -296,6 +296,18 @@ class StoreReader:
         df["head"] = df["head"].astype("Int64")
         return df
 
+    def token_ids_by_example(self, run: RunRef) -> dict[int, list[int]]:
+        """Each stored example's token ids in order, keyed by example id (what a run's Zarr index mirrors)."""
+        info = self.run_info(run)
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(Token.example_id, Token.token_id).where(Token.run_id == info.id).order_by(Token.example_id, Token.position)
+            ).all()
+        out: dict[int, list[int]] = {}
+        for example_id, token_id in rows:
+            out.setdefault(example_id, []).append(token_id)
+        return out
+
     def token_table(self, run: RunRef) -> pd.DataFrame:
         """All tokens of a run (example, position, token, token_id, word_position, segment, is_special)."""
         info = self.run_info(run)

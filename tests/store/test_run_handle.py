@@ -117,7 +117,16 @@ STORE_METHODS = {
 
 
 # Added after the split: run handles, labelled arrays and pictures (issue 10), per-example sums (issue 11).
-ADDED_SINCE = {"run", "labelled_attention", "labelled_run", "plot", "run_summary", "can_keep_summaries", "save_run_summary"}
+ADDED_SINCE = {
+    "run",
+    "labelled_attention",
+    "labelled_run",
+    "plot",
+    "run_summary",
+    "can_keep_summaries",
+    "save_run_summary",
+    "token_ids_by_example",
+}
 
 
 def test_store_keeps_its_public_api(store):
