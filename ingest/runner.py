@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from ..store import arrays
 from ..store.errors import BusyError
 from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
-from ..store.leases import live_holder
+from ..store.leases import clear_stale, live_holder
 from ..store.records import RunInfo
 from ..store.writer import run_lease_name, validate_run_name
 from .align import TOKENIZATIONS, TRUNCATION_POLICIES, Encoded, can_use_text, encode_batch, pad_inputs
@@ -196,6 +196,8 @@ def register_dataset(
     existing = store.find_dataset(identity)
     if existing is not None and existing["status"] == "complete":
         _tell_reused(notify, plan, existing)
+        if not store.read_only:
+            clear_stale(store.engine, dataset_lease_name(identity))  # left by a loader killed before releasing
         return existing["id"], existing["annotator"]  # annotated once: no spaCy needed
     on_wait = (lambda msg: print(msg, file=sys.stderr)) if progress else None
     with store.lease(dataset_lease_name(identity), f"dataset {source.name}:{plan.split}", wait=True, on_wait=on_wait):

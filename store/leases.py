@@ -83,6 +83,20 @@ def live_holder(engine: sa.Engine, resource: str) -> Holder | None:
     return None if holder is None or is_stale(holder) else holder
 
 
+def clear_stale(engine: sa.Engine, resource: str) -> bool:
+    """Delete `resource`'s row if its holder is gone (compare-and-swap on its token); True if one was deleted.
+
+    For a path that finds the work already done and so never takes the lease: a holder killed
+    after committing but before releasing would otherwise leave its row behind for good.
+    """
+    holder = current_holder(engine, resource)
+    if holder is None or not is_stale(holder):
+        return False
+    with engine.begin() as conn:
+        n = conn.execute(sa.delete(Lease).where(Lease.resource == resource, Lease.token == holder.token)).rowcount
+    return n == 1
+
+
 class WriteLease:
     """A held lease; use as a context manager. `check()` raises LeaseLostError once it was taken over."""
 

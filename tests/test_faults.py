@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import warnings
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,10 @@ import pytest
 import sqlalchemy as sa
 
 from attnstore.queries import run_query
-from attnstore.store import migrate, open_store
+from attnstore.store import leases, migrate, open_store
 from attnstore.store.check import check_store
 from attnstore.store.errors import IncompleteRunWarning, NotFoundError
+from attnstore.store.identity import dataset_lease_name
 
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -226,6 +228,28 @@ def test_two_writers_started_together_one_wins(fresh, corpus, tiny_model, clean)
     assert codes == [0, 1], errors
     assert "is being written by" in errors[0] and "Traceback" not in errors[0]
     assert_same_as_clean(open_store(db=url, root=str(root)), clean)
+
+
+def test_a_loader_killed_between_commit_and_release_leaves_no_lease(fresh, corpus, tiny_model, clean):
+    """The dataset's loader was killed after storing it but before releasing its lease (found by
+    the kill -9 test in CI): the next ingest finds the dataset complete, never takes that lease,
+    and must still clear the dead holder's row."""
+    url, root = fresh
+    done = subprocess.run(ingest_cmd(url, root, corpus, tiny_model), env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store = open_store(db=url, root=str(root))
+    identity = store.sql("SELECT identity FROM datasets")["identity"][0]
+    when = datetime.now(UTC).replace(tzinfo=None)
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text("INSERT INTO leases (resource, token, host, pid, acquired_at, heartbeat_at) VALUES (:r, :t, :h, :p, :w, :w)"),
+            {"r": dataset_lease_name(identity), "t": "d" * 32, "h": leases.HOST, "p": dead.pid, "w": when},
+        )
+    again = subprocess.run(ingest_cmd(url, root, corpus, tiny_model, name="k2"), env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert_same_as_clean(open_store(db=url, root=str(root)), clean, "k2")  # asserts no lease row is left
 
 
 def test_two_runs_of_one_new_dataset_at_once_register_it_once(fresh, corpus, tiny_model, clean):
