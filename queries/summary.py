@@ -1,23 +1,34 @@
-"""Per-example sums behind Clark et al.'s standard per-head statistics, computed once per run and reused.
+"""Per-example summaries: what one streaming pass keeps of each example's maps, computed once per run and reused.
 
-`relative_position`, `special_tokens` (with the default punctuation) and `entropy` all reduce
-each example's maps to a few (layer, head) sums: attention on the three diagonals, attention
-received by [CLS]-like / separator / punctuation / other keys, separator-to-separator mass,
-row entropies. Those sums, with each example's counts (L, separators, [CLS]-like tokens), are
-all the three queries need, for any subset of examples and either averaging. Reading them
-costs a few kilobytes per example instead of decoding every cell.
+A query that reduces every example's maps to a few numbers per (layer, head) need not decode
+every cell each time it runs: a `SummaryKind` names those numbers (`reduce`, given the run-level
+inputs `prepare` builds once), one pass over the run computes them, and they are kept beside the
+run's maps in its Zarr group (layout 2) under `summary/<kind>/`, stamped with the kind's version
+and the number of examples they cover. A run that has grown since (a resumed ingest) is
+summarised again. Reading them costs kilobytes per example instead of every cell.
 
-They are built by one streaming pass over the run the first time one of the three queries runs
-on a writable store (or by `attnstore summarize`), and kept beside the run's maps in its Zarr
-group (layout 2) under `summary/clark/`, stamped with the number of examples they cover: a run
-that has grown since (a resumed ingest) is summarised again. A read-only store, a layout-1 run
-or other parameters (another `punct`) take the streaming path, with the same results (tests
-compare both to 1e-12).
+The pass is built the first time a query needs it on a writable store (or by `attnstore
+summarize`). With a Dask scheduler (`--scheduler`, ATTNSTORE_SCHEDULER; queries/scheduler.py)
+the run's examples are split into contiguous ranges and summarised on the workers; the parts
+are concatenated in storage order, so the values equal the one-process pass exactly. On a
+read-only store or a layout-1 run nothing can be kept: with a scheduler the values are still
+computed on the workers for this query; without one the query takes its streaming path, with
+the same results (tests compare both).
+
+Fields whose first axis is a per-example unit (words of a sentence) are `ragged`: concatenated
+over the examples, with `<field>_start` (n + 1 offsets) to find each example's rows.
+
+The Clark kind (`CLARK`) backs `relative_position`, `special_tokens` (default punctuation) and
+`entropy`: attention on the three diagonals, attention received by [CLS]-like / separator /
+punctuation / other keys, separator-to-separator mass and row entropies, with each example's
+counts (L, separators, [CLS]-like tokens).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,8 +38,140 @@ if TYPE_CHECKING:
     from ..store import Store
     from ..store.records import RunInfo
 
-NAME = "clark"
-VERSION = 1
+
+@dataclass(frozen=True)
+class SummaryKind:
+    """A per-example summary: `reduce(context, example, maps)` -> {field: array}, with `context = prepare(store, info)`."""
+
+    name: str
+    version: int
+    prepare: Callable[[Store, RunInfo], Any]
+    reduce: Callable[[Any, int, np.ndarray], dict[str, np.ndarray]]
+    ragged: tuple[str, ...] = ()  # fields whose first axis varies by example: concatenated, with <field>_start
+
+    def stamp(self, n_examples: int) -> dict:
+        return {"version": self.version, "n_examples": int(n_examples)}
+
+
+KINDS: dict[str, SummaryKind] = {}
+
+
+def register_kind(kind: SummaryKind) -> SummaryKind:
+    KINDS[kind.name] = kind
+    return kind
+
+
+def kind_named(name: str) -> SummaryKind:
+    from . import load_all
+
+    load_all()  # kinds are registered by the query modules that use them
+    return KINDS[name]
+
+
+# ---------------------------------------------------------------- building and keeping
+
+
+def _assemble(kind: SummaryKind, examples: list[int], rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-example field dicts -> stacked (fixed) and concatenated (ragged) arrays, in the given order."""
+    out: dict[str, np.ndarray] = {"example": np.asarray(examples, dtype=np.int64)}
+    if not rows:
+        return out
+    for field in rows[0]:
+        values = [row[field] for row in rows]
+        if field in kind.ragged:
+            sizes = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+            out[field] = np.concatenate(values)
+            out[f"{field}_start"] = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+        else:
+            out[field] = np.stack([np.asarray(v) for v in values])
+    return out
+
+
+def summarise_examples(store: Store, info: RunInfo, kind: SummaryKind, examples=None) -> dict[str, np.ndarray]:
+    """One streaming pass over `examples` (default: every committed example), in storage order."""
+    context = kind.prepare(store, info)
+    order: list[int] = []
+    rows: list[dict[str, np.ndarray]] = []
+    for example, maps in iter_maps(store, info, examples):
+        order.append(example)
+        rows.append(kind.reduce(context, example, maps))
+    return _assemble(kind, order, rows)
+
+
+def concatenate(kind: SummaryKind, parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Parts of one run's summary (consecutive example ranges) -> one, as if built in one pass."""
+    parts = [p for p in parts if len(p["example"])]
+    if not parts:
+        return {"example": np.zeros(0, dtype=np.int64)}
+    out: dict[str, np.ndarray] = {}
+    for field in parts[0]:
+        if field.endswith("_start") and field[: -len("_start")] in kind.ragged:
+            shifts = np.cumsum([0] + [int(p[field][-1]) for p in parts[:-1]])
+            out[field] = np.concatenate([parts[0][field][:1]] + [p[field][1:] + s for p, s in zip(parts, shifts)])
+        else:
+            out[field] = np.concatenate([p[field] for p in parts])
+    return out
+
+
+def select(kind: SummaryKind, arrays: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
+    """The summary of the examples where `keep` (a boolean mask over arrays["example"]) is true."""
+    out = {}
+    for field, values in arrays.items():
+        if field in kind.ragged:
+            start = arrays[f"{field}_start"]
+            rows = np.concatenate([np.arange(start[i], start[i + 1]) for i in np.flatnonzero(keep)] or [np.zeros(0, np.int64)])
+            out[field] = values[rows]
+        elif field.endswith("_start") and field[: -len("_start")] in kind.ragged:
+            sizes = np.diff(values)[keep]
+            out[field] = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+        else:
+            out[field] = values[keep]
+    return out
+
+
+def ragged_rows(arrays: dict[str, np.ndarray], field: str, index: int) -> np.ndarray:
+    """Example number `index` (0-based, in the summary's order)'s rows of ragged `field`."""
+    start = arrays[f"{field}_start"]
+    return arrays[field][start[index] : start[index + 1]]
+
+
+def kept(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None) -> dict[str, np.ndarray] | None:
+    """The kind's summary of the run's committed examples (or of `examples`), in storage order.
+
+    Read from the run's group when kept there with a matching stamp; else built (on the Dask
+    scheduler in effect, if any) and kept when the store and run allow. None where the caller
+    must take its streaming path: nothing kept, nothing can be kept and no scheduler is set.
+    """
+    from .scheduler import current_scheduler, summarise_on
+
+    committed = store.examples(info.id)
+    committed = committed[~committed["skipped"]]
+    stamp = kind.stamp(len(committed))
+    arrays = store.run_summary(info.id, kind.name, stamp)
+    if arrays is None:
+        keepable = not store.read_only and store.can_keep_summaries(info.id)
+        scheduler = current_scheduler()
+        if not keepable and scheduler is None:
+            return None
+        if scheduler is not None:
+            arrays = summarise_on(scheduler, store, info, kind, [int(e) for e in committed["example"]])
+        else:
+            arrays = summarise_examples(store, info, kind)
+        if len(arrays["example"]) != stamp["n_examples"]:
+            return None  # the run grew while it was read: stream this time
+        if keepable:
+            store.save_run_summary(info.id, kind.name, arrays, stamp)
+    if examples is not None:
+        wanted = np.fromiter((int(e) for e in examples), dtype=np.int64)
+        missing = np.setdiff1d(wanted, arrays["example"])
+        if missing.size:
+            return None  # let the streaming path raise its NotFoundError naming them
+        arrays = select(kind, arrays, np.isin(arrays["example"], wanted))
+    return arrays
+
+
+# ---------------------------------------------------------------- Clark et al.'s standard statistics
+
 DEFAULT_PUNCT = ".,"
 COUNTS = ("length", "n_cls", "n_sep")
 SUMS = (
@@ -66,47 +209,27 @@ def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.n
     return out
 
 
-def _build(store: Store, info: RunInfo) -> dict[str, np.ndarray]:
-    flags = token_flags(store, info, DEFAULT_PUNCT)
-    rows: dict[str, list] = {name: [] for name in ("example", *COUNTS, *SUMS)}
-    for example, maps in iter_maps(store, info):
-        f = flags[example]
-        rows["example"].append(example)
-        rows["length"].append(maps.shape[-1])
-        rows["n_cls"].append(int(f.cls.sum()))
-        rows["n_sep"].append(int(f.sep.sum()))
-        for name, value in example_sums(maps, f.cls, f.sep, f.punct).items():
-            rows[name].append(value)
-    shape = (0, info.n_layers, info.n_heads)
-    return {
-        name: np.asarray(values, dtype=np.int64 if name in ("example", *COUNTS) else np.float64)
-        if values
-        else np.zeros((0,) if name in ("example", *COUNTS) else shape)
-        for name, values in rows.items()
-    }
+def _clark_prepare(store: Store, info: RunInfo):
+    return token_flags(store, info, DEFAULT_PUNCT)
+
+
+def _clark_reduce(flags, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
+    f = flags[example]
+    counts = {"length": np.int64(maps.shape[-1]), "n_cls": np.int64(f.cls.sum()), "n_sep": np.int64(f.sep.sum())}
+    return {**counts, **example_sums(maps, f.cls, f.sep, f.punct)}
+
+
+CLARK = register_kind(SummaryKind("clark", 2, _clark_prepare, _clark_reduce))
 
 
 def summaries(store: Store, info: RunInfo, examples=None, punct: str = DEFAULT_PUNCT) -> dict[str, np.ndarray] | None:
-    """The per-example sums of the run's committed examples (or of `examples`), in storage order; None where
-    the streaming path must be taken (other punctuation, a layout-1 run, nothing stored and a read-only store)."""
+    """The Clark per-example sums of the run's committed examples (or of `examples`), in storage order; None where
+    the streaming path must be taken (other punctuation, or nothing kept, nothing keepable and no scheduler)."""
     if punct != DEFAULT_PUNCT:
         return None
-    committed = store.examples(info.id)
-    committed = committed[~committed["skipped"]]
-    stamp = {"version": VERSION, "n_examples": int(len(committed)), "punct": DEFAULT_PUNCT}
-    arrays = store.run_summary(info.id, NAME, stamp)
-    if arrays is None:
-        if store.read_only or not store.can_keep_summaries(info.id):
-            return None
-        arrays = _build(store, info)  # one streaming pass (a caller's progress bar counts it)
-        if len(arrays["example"]) != stamp["n_examples"]:
-            return None  # the run grew while it was read: stream this time
-        store.save_run_summary(info.id, NAME, arrays, stamp)
-    if examples is not None:
-        wanted = np.fromiter((int(e) for e in examples), dtype=np.int64)
-        missing = np.setdiff1d(wanted, arrays["example"])
-        if missing.size:
-            return None  # let the streaming path raise its NotFoundError naming them
-        keep = np.isin(arrays["example"], wanted)
-        arrays = {name: values[keep] for name, values in arrays.items()}
+    arrays = kept(store, info, CLARK, examples)
+    if arrays is not None and not len(arrays["example"]):
+        shape = (0, info.n_layers, info.n_heads)
+        arrays.update({name: np.zeros(0, np.int64) for name in COUNTS})
+        arrays.update({name: np.zeros(shape) for name in SUMS})
     return arrays
