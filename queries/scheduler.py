@@ -114,6 +114,7 @@ def summarise_on(spec: str, store: Store, info: RunInfo, kind: SummaryKind, exam
     with client_for(spec) as client:
         workers = max(1, len(client.scheduler_info().get("workers", {})))
         ranges = split(examples, workers * PARTS_PER_WORKER)
-        futures = client.map(_summarise_part, [locations] * len(ranges), [info.id] * len(ranges), [kind.name] * len(ranges), ranges, pure=False)
+        n = len(ranges)
+        futures = client.map(_summarise_part, [locations] * n, [info.id] * n, [kind.name] * n, ranges, pure=False)
         parts = client.gather(futures)
     return concatenate(kind, parts)

@@ -215,7 +215,11 @@ def _clark_prepare(store: Store, info: RunInfo):
 
 def _clark_reduce(flags, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     f = flags[example]
-    counts = {"length": np.int64(maps.shape[-1]), "n_cls": np.int64(f.cls.sum()), "n_sep": np.int64(f.sep.sum())}
+    counts = {
+        "length": np.asarray(maps.shape[-1], np.int64),
+        "n_cls": np.asarray(f.cls.sum(), np.int64),
+        "n_sep": np.asarray(f.sep.sum(), np.int64),
+    }
     return {**counts, **example_sums(maps, f.cls, f.sep, f.punct)}
 
 
