@@ -412,6 +412,16 @@ def check(locations, runs_, fmt):
 # ---------------------------------------------------------------- queries
 
 
+def scheduler_option(func):
+    return click.option(
+        "--scheduler",
+        default=None,
+        metavar="local[:N]|tcp://HOST:PORT",
+        help="Run the per-example pass over the maps on Dask distributed: `local` (a worker process per core), "
+        "`local:N`, or a running scheduler's address (env ATTNSTORE_SCHEDULER). Needs the `dask` extra.",
+    )(func)
+
+
 @main.command("queries")
 def list_queries():
     """List the stored queries and their parameters."""
@@ -447,14 +457,16 @@ def parse_params(ctx, _param, values):
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--output", default=None, type=click.Path(dir_okay=False), help="Write to a file instead of stdout.")
 @click.option("--save", is_flag=True, help="Also save the per-head values to the head_metrics table.")
+@scheduler_option
 @store_options
 @friendly_errors
-def query(locations, name, run, params, fmt, output, save):
+def query(locations, name, run, params, fmt, output, save, scheduler):
     """Run stored query NAME over a run's maps (no model needed)."""
     import warnings
 
     from ..queries import run_query
     from ..queries.registry import coerce_params, get_query
+    from ..queries.scheduler import use_scheduler
     from ..store.errors import IncompleteRunWarning
 
     spec = get_query(name)
@@ -466,7 +478,7 @@ def query(locations, name, run, params, fmt, output, save):
         )
     # --save (or a query's own save=true) on a read-only store fails before the query runs
     store = open_store(locations, write=save or bool(kwargs.get("save")))
-    with warnings.catch_warnings(record=True) as caught, reading_progress(f"{name} over {run}"):
+    with warnings.catch_warnings(record=True) as caught, reading_progress(f"{name} over {run}"), use_scheduler(scheduler):
         warnings.simplefilter("always", IncompleteRunWarning)
         frame = run_query(store, name, run=run, **kwargs)
     for w in caught:
@@ -479,6 +491,48 @@ def query(locations, name, run, params, fmt, output, save):
     if save:
         n = store.save_head_metrics(run, frame, prefix=name, params=kwargs)
         click.echo(f"saved {n} values to head_metrics (metric '{name}.*')", err=True)
+
+
+@main.command()
+@click.option("--run", "runs_", multiple=True, required=True, help="Run name or id (repeatable).")
+@click.option(
+    "--kind",
+    "kinds",
+    multiple=True,
+    help="Summary to build (repeatable; default: every kind; an unknown name is answered with the list).",
+)
+@scheduler_option
+@store_options
+@friendly_errors
+def summarize(locations, runs_, kinds, scheduler):
+    """Build the per-example summaries that queries read instead of decoding every map, and keep them with the run.
+
+    Queries build a summary themselves the first time they need it; this does it ahead of
+    time (after an ingest, or on a Dask cluster with --scheduler). Kinds: clark (relative_position,
+    special_tokens, entropy) and the others registered by query modules (docs/QUERIES.md).
+    Already-current summaries are left as they are.
+    """
+    import time
+
+    from ..queries import load_all
+    from ..queries.scheduler import use_scheduler
+    from ..queries.summary import KINDS, kept
+
+    load_all()
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise click.ClickException(f"no summary kind {', '.join(map(repr, unknown))}; kinds: {', '.join(sorted(KINDS))}")
+    store = open_store(locations, write=True)
+    for run in runs_:
+        info = store.run_info(run)
+        if not store.can_keep_summaries(info.id):
+            raise click.ClickException(f"run {info.name!r} is in layout 1: run `attnstore db upgrade-arrays` to keep summaries")
+        for name in kinds or sorted(KINDS):
+            t = time.perf_counter()
+            with use_scheduler(scheduler), reading_progress(f"summary {name} of {info.name}"):
+                arrays = kept(store, info, KINDS[name])
+            n = 0 if arrays is None else len(arrays["example"])
+            click.echo(f"{info.name}: summary {name} covers {n} examples ({time.perf_counter() - t:.2f} s)", err=True)
 
 
 @main.command()

@@ -83,7 +83,7 @@ def client_for(spec: str) -> Iterator:
             yield client
         return
     n = int(spec.split(":", 1)[1]) if ":" in spec else os.cpu_count() or 1
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, Client(cluster) as client:
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, Client(cluster) as client:
         yield client
 
 
