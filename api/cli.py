@@ -14,7 +14,17 @@ from ..ingest.model import DEFAULT_MODEL
 from ..queries.probes import KINDS as PROBE_KINDS
 from ..store.arrays import CODECS, DEFAULT_CHUNK_CELLS, DTYPES
 from ..store.config import redact
-from .common import FORMATS, create_store, emit, friendly_errors, open_store, reading_progress, require_extra, store_options
+from .common import (
+    FORMATS,
+    create_store,
+    emit,
+    friendly_errors,
+    open_store,
+    reading_progress,
+    require_extra,
+    scheduler_option,
+    store_options,
+)
 
 
 def bound_heap_growth() -> None:
@@ -168,6 +178,7 @@ def db_current(locations):
     help="Zarr chunk length in cells (advanced; the default was chosen by benchmarks/choose_codec.py).",
 )
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
+@scheduler_option("the forward passes (this process tokenizes and writes)")
 @store_options
 @friendly_errors
 def ingest(
@@ -197,6 +208,7 @@ def ingest(
     chunk_cells,
     tokenization,
     progress,
+    scheduler,
 ):
     """Run a model once over a corpus and store every attention map.
 
@@ -236,6 +248,7 @@ def ingest(
             chunk_cells=chunk_cells,
             tokenization=tokenization,
             progress=progress,
+            scheduler=scheduler,
             **read_options,
         )
     except KeyboardInterrupt:
@@ -412,16 +425,6 @@ def check(locations, runs_, fmt):
 # ---------------------------------------------------------------- queries
 
 
-def scheduler_option(func):
-    return click.option(
-        "--scheduler",
-        default=None,
-        metavar="local[:N]|tcp://HOST:PORT",
-        help="Run the per-example pass over the maps on Dask distributed: `local` (a worker process per core), "
-        "`local:N`, or a running scheduler's address (env ATTNSTORE_SCHEDULER). Needs the `dask` extra.",
-    )(func)
-
-
 @main.command("queries")
 def list_queries():
     """List the stored queries and their parameters."""
@@ -457,7 +460,7 @@ def parse_params(ctx, _param, values):
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--output", default=None, type=click.Path(dir_okay=False), help="Write to a file instead of stdout.")
 @click.option("--save", is_flag=True, help="Also save the per-head values to the head_metrics table.")
-@scheduler_option
+@scheduler_option("the pass over the maps, when the query needs one")
 @store_options
 @friendly_errors
 def query(locations, name, run, params, fmt, output, save, scheduler):
@@ -501,7 +504,7 @@ def query(locations, name, run, params, fmt, output, save, scheduler):
     multiple=True,
     help="Summary to build (repeatable; default: every kind; an unknown name is answered with the list).",
 )
-@scheduler_option
+@scheduler_option("the pass over the maps")
 @store_options
 @friendly_errors
 def summarize(locations, runs_, kinds, scheduler):

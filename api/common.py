@@ -248,3 +248,14 @@ def emit(frame, fmt: str, output: str | None = None) -> None:
         click.echo(f"wrote {len(frame)} rows to {output}", err=True)
     else:
         click.echo(text)
+
+
+def scheduler_option(what: str):
+    """--scheduler: run `what` on Dask distributed (store/cluster.py)."""
+    return click.option(
+        "--scheduler",
+        default=None,
+        metavar="local[:N]|tcp://HOST:PORT",
+        help=f"Run {what} on Dask distributed: `local` (a worker process per core), `local:N`, or a running "
+        "scheduler's address (env ATTNSTORE_SCHEDULER). Needs the `dask` extra.",
+    )

@@ -7,6 +7,7 @@ are committed only after its maps are on disk (see store.arrays.BlockWriter).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import random
 import sys
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ..store import arrays
 from ..store.errors import BusyError
@@ -326,6 +329,7 @@ def ingest(
     tokenization: str | None = None,
     progress: bool = True,
     loaded: LoadedModel | None = None,
+    scheduler: str | None = None,
     **read_options,
 ) -> IngestResult:
     """Ingest a corpus file (`corpus` + `fmt`) or a built-in `dataset` with `model` into run `name`
@@ -334,6 +338,11 @@ def ingest(
     `tokenization`: "text" feeds the model the raw text (the default for corpora without gold
     tokenization), "words" the corpus's words (the default for gold-tokenized corpora such as
     CoNLL-U); see ingest/align.py. Recorded in `runs.tokenization`.
+
+    `scheduler` (local, local:N, tcp://HOST:PORT; default ATTNSTORE_SCHEDULER, else none) runs the
+    forward passes on Dask workers, a few batches ahead per worker, while this process plans the
+    batches, tokenizes, and is the run's one writer: results arrive and are stored in plan order,
+    so the run is the one a single process would write, and it resumes the same way.
     """
     if tokenization is not None and tokenization not in TOKENIZATIONS:
         raise InvalidArgumentError(f"--tokenize must be one of {TOKENIZATIONS}, not {tokenization!r}")
@@ -353,6 +362,9 @@ def ingest(
         raise InvalidArgumentError(f"--chunk-cells must be a positive number of cells, not {chunk_cells!r}")
     if name is not None:
         validate_run_name(name)
+    from ..store.cluster import check_scheduler, current_scheduler
+
+    scheduler = check_scheduler(scheduler) if scheduler is not None else current_scheduler()
     store.require_writable()
     codec = codec or dict(arrays.DEFAULT_CODEC)
     arrays.make_codec(codec, dtype)  # a bad codec fails here, before anything is stored
@@ -431,15 +443,41 @@ def ingest(
         run_started = time.perf_counter()
         writer = store.run_writer(info.id, lease)
         try:
-            n_new = _run_batches(
-                store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress, tokenization
-            )
+            with _forward_for(scheduler, loaded, dtype) as forward:
+                n_new = _run_batches(
+                    store,
+                    writer,
+                    forward,
+                    info,
+                    done,
+                    dataset_id,
+                    batch_size,
+                    max_length,
+                    truncation,
+                    dtype,
+                    total,
+                    progress,
+                    tokenization,
+                    loaded,
+                )
             seconds = time.perf_counter() - run_started
             info = writer.finish(seconds, {"timings": {"total_seconds": time.perf_counter() - started}})
         except BaseException:
             _mark_interrupted(store, info.id)
             raise
     return IngestResult(info, n_new, seconds, False)
+
+
+@contextlib.contextmanager
+def _forward_for(scheduler: str | None, loaded: LoadedModel, dtype: str):
+    """Where the forward passes run: this process, or the workers of a Dask scheduler (queries/scheduler.py forms)."""
+    if scheduler is None:
+        yield LocalForward(loaded, dtype)
+        return
+    from ..store.cluster import client_for
+
+    with client_for(scheduler) as client:
+        yield DaskForward(client, loaded.source, dtype)  # each worker loads the model once, from where this one did
 
 
 def _checked(group, tokenization: str):
@@ -467,8 +505,57 @@ def _mark_interrupted(store: Store, run_id: int) -> None:
         pass  # e.g. the database is on the full disk too: a run whose writer is gone reads as interrupted anyway
 
 
+class LocalForward:
+    """Forward passes in this process, one batch at a time."""
+
+    ahead = 0
+
+    def __init__(self, loaded: LoadedModel, dtype: str):
+        self.loaded, self.dtype = loaded, dtype
+
+    def submit(self, batch: list[Encoded]):
+        attentions, lengths = forward_attention(self.loaded, batch)
+        return to_blocks(attentions, lengths, self.dtype, batch)
+
+    def result(self, handle):
+        return handle
+
+    def cancel(self, handles) -> None:
+        pass
+
+
+# Models loaded by this process when it is a Dask worker, by source: loaded once, used for every batch.
+_WORKER_MODELS: dict[str, LoadedModel] = {}
+
+
+def forward_on_worker(source: str, batch: list[Encoded], dtype: str) -> list[np.ndarray]:
+    """On a Dask worker: one batch's maps (the same function as in one process), with the model cached."""
+    loaded = _WORKER_MODELS.get(source)
+    if loaded is None:
+        loaded = _WORKER_MODELS[source] = load_model(source)
+    attentions, lengths = forward_attention(loaded, batch)
+    return [np.ascontiguousarray(b) for b in to_blocks(attentions, lengths, dtype, batch)]
+
+
+class DaskForward:
+    """Forward passes on Dask workers, a few batches per worker ahead of the writer; results come back in order."""
+
+    def __init__(self, client, source: str, dtype: str):
+        self.client, self.source, self.dtype = client, source, dtype
+        self.ahead = 2 * max(1, len(client.scheduler_info().get("workers", {})))
+
+    def submit(self, batch: list[Encoded]):
+        return self.client.submit(forward_on_worker, self.source, batch, self.dtype, pure=False)
+
+    def result(self, future):
+        return future.result()
+
+    def cancel(self, futures) -> None:
+        self.client.cancel([f for f in futures if f is not None])
+
+
 def _run_batches(
-    store: Store, writer, loaded, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress, tokenization
+    store: Store, writer, forward, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress, tokenization, loaded
 ) -> int:
     # Batches are planned over the whole dataset, already-stored examples included, so a resumed
     # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):
@@ -480,6 +567,7 @@ def _run_batches(
         for enc in encode_batch(loaded.tokenizer_for(tokenization), _checked(group, tokenization), max_length, truncation, tokenization)
     )
     inflight: deque = deque()
+    computing: deque = deque()  # (batch, items so far, forward handle): batches whose maps are being computed
     n_new = 0
 
     def store_batch(items):
@@ -491,7 +579,18 @@ def _run_batches(
         writer.commit()
         bar.update(len(items))
 
-    # One writer thread: compression, Zarr writes and SQL inserts overlap the next forward pass.
+    def write_next() -> int:
+        """Wait for the oldest batch's maps and hand them to the writer thread (batches are stored in plan order)."""
+        batch, items, handle = computing.popleft()
+        if handle is not None:
+            items += [(e, maps) for e, maps in zip(batch, forward.result(handle)) if e.example_id not in done]
+        while len(inflight) >= 2:
+            inflight.popleft().result()
+        inflight.append(pool.submit(store_batch, items))
+        return len(items)
+
+    # One writer thread: compression, Zarr writes and SQL inserts overlap the next forward pass
+    # (or, on Dask, the next batches' forward passes on the workers).
     with ThreadPoolExecutor(max_workers=1) as pool, _progress(total, f"ingesting {info.name}", progress) as bar:
         try:
             for batch in plan_batches(encoded, batch_size):
@@ -500,16 +599,16 @@ def _run_batches(
                 skipped = [e for e in batch if not e.input_ids]
                 batch = [e for e in batch if e.input_ids]
                 items = [(e, None) for e in skipped if e.example_id not in done]
-                if any(e.example_id not in done for e in batch):
-                    attentions, lengths = forward_attention(loaded, batch)
-                    items += [(e, maps) for e, maps in zip(batch, to_blocks(attentions, lengths, dtype, batch)) if e.example_id not in done]
-                while len(inflight) >= 2:
-                    inflight.popleft().result()
-                inflight.append(pool.submit(store_batch, items))
-                n_new += len(items)
+                handle = forward.submit(batch) if any(e.example_id not in done for e in batch) else None
+                computing.append((batch, items, handle))
+                while len(computing) > forward.ahead:
+                    n_new += write_next()
+            while computing:
+                n_new += write_next()
             while inflight:
                 inflight.popleft().result()
         except BaseException:
+            forward.cancel(h for _, _, h in computing)
             # Keep what is safely on disk (the caller marks the run interrupted, so `ingest` resumes it).
             for f in inflight:
                 f.cancel()

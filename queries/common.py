@@ -47,12 +47,13 @@ def is_causal(store: Store, info: RunInfo) -> bool:
 CAUSAL_NOTE = "causal model: the first token attends only to itself, and no token attends to a later one"
 
 
-def token_flags(store: Store, info: RunInfo, punct: str = ".,") -> dict[int, TokenFlags]:
-    """Per example, which tokens are the first special token ([CLS]-like), separators, other specials, punctuation.
+def token_flags(store: Store, info: RunInfo, punct: str = ".,", examples=None) -> dict[int, TokenFlags]:
+    """Per example (of `examples`, default all), which tokens are the first special token ([CLS]-like),
+    separators, other specials, punctuation.
 
     Roles come from the tokenizer recorded with the model (cls/sep, else bos/eos), never from strings.
     """
-    table = store.token_table(info.id)
+    table = store.token_table(info.id, examples)
     cls_id = special_id(info, "cls") if "cls" in info.special_tokens else special_id(info, "bos")
     sep_id = special_id(info, "sep") if "sep" in info.special_tokens else special_id(info, "eos")
     special = table["is_special"].to_numpy(bool)

@@ -26,6 +26,7 @@ counts (L, separators, [CLS]-like tokens).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,7 @@ class SummaryKind:
 
     name: str
     version: int
-    prepare: Callable[[Store, RunInfo], Any]
+    prepare: Callable[..., Any]  # (store, info[, examples]): examples None = the whole run
     reduce: Callable[[Any, int, np.ndarray], dict[str, np.ndarray]]
     ragged: tuple[str, ...] = ()  # fields whose first axis varies by example: concatenated, with <field>_start
 
@@ -87,9 +88,16 @@ def _assemble(kind: SummaryKind, examples: list[int], rows: list[dict[str, np.nd
     return out
 
 
+def _prepare(kind: SummaryKind, store: Store, info: RunInfo, examples):
+    """The kind's run-level inputs, restricted to `examples` when its `prepare` takes them (a worker's range)."""
+    if len(inspect.signature(kind.prepare).parameters) >= 3:
+        return kind.prepare(store, info, examples)
+    return kind.prepare(store, info)
+
+
 def summarise_examples(store: Store, info: RunInfo, kind: SummaryKind, examples=None) -> dict[str, np.ndarray]:
     """One streaming pass over `examples` (default: every committed example), in storage order."""
-    context = kind.prepare(store, info)
+    context = _prepare(kind, store, info, examples)
     order: list[int] = []
     rows: list[dict[str, np.ndarray]] = []
     for example, maps in iter_maps(store, info, examples):
@@ -154,7 +162,8 @@ def kept(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | No
         if not keepable and scheduler is None:
             return None
         if scheduler is not None:
-            arrays = summarise_on(scheduler, store, info, kind, [int(e) for e in committed["example"]])
+            in_storage_order = committed.sort_values("offset", kind="stable")["example"]
+            arrays = summarise_on(scheduler, store, info, kind, [int(e) for e in in_storage_order])
         else:
             arrays = summarise_examples(store, info, kind)
         if len(arrays["example"]) != stamp["n_examples"]:
@@ -209,8 +218,8 @@ def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.n
     return out
 
 
-def _clark_prepare(store: Store, info: RunInfo):
-    return token_flags(store, info, DEFAULT_PUNCT)
+def _clark_prepare(store: Store, info: RunInfo, examples=None):
+    return token_flags(store, info, DEFAULT_PUNCT, examples)
 
 
 def _clark_reduce(flags, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:

@@ -308,10 +308,21 @@ class StoreReader:
             out.setdefault(example_id, []).append(token_id)
         return out
 
-    def token_table(self, run: RunRef) -> pd.DataFrame:
-        """All tokens of a run (example, position, token, token_id, word_position, segment, is_special)."""
+    def token_table(self, run: RunRef, examples: Iterable[int] | None = None) -> pd.DataFrame:
+        """All tokens of a run (example, position, token, token_id, word_position, segment, is_special), or of `examples`."""
         info = self.run_info(run)
-        q = (
+        if examples is not None:
+            wanted = sorted({int(e) for e in examples})
+            if not wanted:
+                return self._frame(self._token_query(info).where(sa.false()))
+            # a range in SQL (a bound parameter per example would not scale), then the exact set here
+            between = Example.position.between(wanted[0], wanted[-1])
+            frame = self._frame(self._token_query(info).where(between))
+            return frame[frame["example"].isin(wanted)].reset_index(drop=True)
+        return self._frame(self._token_query(info))
+
+    def _token_query(self, info: RunInfo):
+        return (
             sa.select(
                 Example.position.label("example"),
                 Token.position,
@@ -326,7 +337,6 @@ class StoreReader:
             .where(Token.run_id == info.id, self._visible(info))
             .order_by(Example.position, Token.position)
         )
-        return self._frame(q)
 
     def word_table(self, run: RunRef) -> pd.DataFrame:
         """All words of a run's stored examples: example, position, segment, form, lemma, upos, feats, head, deprel."""

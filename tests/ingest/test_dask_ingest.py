@@ -1,0 +1,130 @@
+"""Ingest with the forward passes on Dask distributed (`--scheduler`): a LocalCluster of 2 worker processes
+computes the maps, this process plans, tokenizes and writes; the run equals a one-process ingest exactly, on
+SQLite and PostgreSQL, and a distributed ingest killed with SIGKILL resumes to the same run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnstore.store import migrate, open_store
+from attnstore.store.check import check_store
+
+distributed = pytest.importorskip("distributed")
+pytest.importorskip("torch")
+
+MRPC = Path(__file__).parents[1] / "fixtures" / "mrpc_dev_head.tsv"
+N_EXAMPLES = 12
+OPTIONS = dict(fmt="pairs-tsv", annotator="whitespace", batch_size=2, chunk_cells=4096, progress=False)
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as local:
+        yield local.scheduler_address
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, tiny_bert):
+    """The reference: the same ingest without a scheduler."""
+    from attnstore.ingest import ingest
+
+    folder = tmp_path_factory.mktemp("one-process")
+    url = f"sqlite:///{folder / 'meta.sqlite'}"
+    migrate.upgrade(url)
+    store = open_store(db=url, root=str(folder / "attention.zarr"))
+    ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", **OPTIONS)
+    return store
+
+
+def assert_same_run(store, reference) -> None:
+    info = store.run_info("k")
+    assert info.status == "complete" and info.n_stored == N_EXAMPLES
+    got = dict(store.iter_attention("k"))
+    want = dict(reference.iter_attention("k"))
+    assert got.keys() == want.keys() == set(range(N_EXAMPLES))
+    for example in want:
+        np.testing.assert_array_equal(got[example], want[example], err_msg=f"example {example}")
+    columns = ["example", "position", "token_id"]
+    assert store.token_table("k")[columns].equals(reference.token_table("k")[columns])
+    # stored in the same order as one process stores them
+    assert list(store.examples("k").sort_values("offset")["example"]) == list(reference.examples("k").sort_values("offset")["example"])
+    _, problems = check_store(store, ["k"])
+    assert problems.empty, problems.to_string()
+    assert store.sql("SELECT count(*) AS n FROM leases")["n"][0] == 0
+
+
+def test_forward_passes_on_two_workers_store_the_one_process_run(store, tiny_bert, cluster, one_process):
+    from attnstore.ingest import ingest
+
+    result = ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", scheduler=cluster, **OPTIONS)
+    assert result.n_new == N_EXAMPLES
+    assert_same_run(store, one_process)
+
+
+def test_a_killed_distributed_ingest_resumes_to_the_same_run(tmp_path, tiny_bert, cluster, one_process):
+    url = f"sqlite:///{tmp_path / 'meta.sqlite'}"
+    root = tmp_path / "attention.zarr"
+    migrate.upgrade(url)
+    cmd = [
+        sys.executable,
+        "-m",
+        "attnstore.api.cli",
+        "ingest",
+        "--corpus",
+        str(MRPC),
+        "--format",
+        "pairs-tsv",
+        "--annotate",
+        "whitespace",
+        "--batch-size",
+        "2",
+        "--chunk-cells",
+        "4096",
+        "--model",
+        tiny_bert,
+        "--name",
+        "k",
+        "--no-progress",
+        "--scheduler",
+        cluster,
+        "--db",
+        url,
+        "--root",
+        str(root),
+    ]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    store = open_store(db=url, root=str(root))
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if store.sql("SELECT count(*) AS n FROM sequences")["n"][0] > 0:
+                break
+        except Exception:
+            pass
+        time.sleep(0.02)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    before = store.sql("SELECT count(*) AS n FROM sequences")["n"][0]
+    assert proc.returncode == -signal.SIGKILL and 0 < before < N_EXAMPLES, (proc.returncode, before)
+    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_same_run(store, one_process)
+
+
+def test_an_unknown_scheduler_is_refused_before_anything_is_stored(store, tiny_bert):
+    from attnstore.ingest import ingest
+    from attnstore.store.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="scheduler 'lokal' is not understood"):
+        ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", scheduler="lokal", **OPTIONS)
+    assert store.runs().empty and store.sql("SELECT count(*) AS n FROM datasets")["n"][0] == 0
