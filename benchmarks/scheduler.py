@@ -1,6 +1,6 @@
 """Benchmark: the per-example pass of the queries on Dask distributed vs one process.
 
-    python benchmarks/scheduler.py [--corpus ../shared/data/glue/MRPC/dev.tsv] [--workers 1,2] [--repeats 3]
+    python benchmarks/scheduler.py [--corpus ../shared/data/glue/MRPC/dev.tsv] [--workers 1,2] [--repeats 3] [--ingest]
     python benchmarks/scheduler.py --db URL --root PATH --run NAME      # a run of an existing store
 
 Without --db the corpus is ingested first with the default model (all-MiniLM-L6-v2) into a
@@ -10,6 +10,10 @@ threaded worker processes (`summarise_on`), the cluster started once per N befor
 (start-up printed apart) -- so the figure is the scale-out of the pass itself; a `--scheduler
 local` command pays the start-up too. The best of --repeats. Every distributed result is checked
 equal to the one-process result, array by array (exactly).
+
+With --ingest (and no --db), the corpus is then ingested again under new run names (its dataset
+already annotated): in one process, and with the forward passes on each cluster (this process
+tokenizes and writes); each distributed run's maps are checked equal to the one-process run's.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="Worker counts to try (comma-separated).")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kinds", default=None, help="Summary kinds to time (default: all).")
+    parser.add_argument(
+        "--ingest", action="store_true", help="Also time a second ingest of the corpus (dataset annotated) in one process and on N workers."
+    )
     args = parser.parse_args()
 
     load_all()
@@ -73,7 +80,7 @@ def main() -> None:
             run = ingest(store, corpus=args.corpus, fmt=args.format, progress=False).run.name
         info = store.run_info(run)
         examples = store.examples(run)
-        examples = [int(e) for e in examples[~examples["skipped"]]["example"]]
+        examples = [int(e) for e in examples[~examples["skipped"]].sort_values("offset")["example"]]
         print(f"run {run!r}: {len(examples)} examples, {info.n_layers}x{info.n_heads} heads; {os.cpu_count()} CPUs here")
         kinds = [KINDS[k] for k in (args.kinds.split(",") if args.kinds else sorted(KINDS))]
         alone = {kind.name: best(lambda kind=kind: summarise_examples(store, info, kind), args.repeats) for kind in kinds}
@@ -94,9 +101,23 @@ def main() -> None:
         print("-" * len(header))
         for kind in kinds:
             print(f"{kind.name:12s} {'(none)':>7s} {alone[kind.name][0]:8.2f} {1.0:11.2f}x")
+        if args.ingest and not args.db:
+            from attnstore.ingest import ingest
+
+            t = time.perf_counter()
+            ingest(store, corpus=args.corpus, fmt=args.format, progress=False, name="one-process")
+            alone["(ingest)"] = (time.perf_counter() - t, None)
+            print(f"{'ingest':12s} {'(none)':>7s} {alone['(ingest)'][0]:8.2f} {1.0:11.2f}x")
         for n in (int(w) for w in args.workers.split(",")):
             with cluster(n) as (client, startup):
                 print(f"{'(start-up)':12s} {n:7d} {startup:8.2f}")
+                if "(ingest)" in alone:
+                    t = time.perf_counter()
+                    ingest(store, corpus=args.corpus, fmt=args.format, progress=False, name=f"dask-{n}", scheduler=client.scheduler.address)
+                    seconds = time.perf_counter() - t
+                    pairs = zip(store.iter_attention("one-process"), store.iter_attention(f"dask-{n}"))
+                    equal = all(a[0] == b[0] and np.array_equal(a[1], b[1]) for a, b in pairs)
+                    print(f"{'ingest':12s} {n:7d} {seconds:8.2f} {alone['(ingest)'][0] / seconds:11.2f}x  {'yes' if equal else 'NO'}")
                 original = sched.client_for
                 sched.client_for = lambda spec, client=client: reuse(client)  # the cluster started above, not a new one
                 try:
