@@ -4,6 +4,10 @@ Features are decided at word level from the stored annotation (UPOS, dependency 
 form) and then cover *every* wordpiece of a matching word; the first special token
 ([CLS]-like) and the separators ([SEP]-like) come from the tokenizer's recorded ids.
 The feature definitions here are shared with `token_to_token` (K6).
+
+Each example's numbers for K5 and `cls_feature_attention` (every feature, layer and head) are
+kept with the run as the summary kind `kovaleva_features` (queries/summary.py); the queries
+read them instead of decoding the maps, and stream only where nothing can be kept.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ import pandas as pd
 
 from .common import TokenFlags, iter_maps, parse_choices, token_flags
 from .registry import register
+from .summary import SummaryKind, kept, register_kind
 
 if TYPE_CHECKING:
     from ..store import Store
+    from ..store.records import RunInfo
 
 # Paper, footnote 6: the authors' list of negation words.
 NEGATION_WORDS = frozenset(
@@ -156,6 +162,61 @@ def feature_masks(store: Store, info, features=FEATURES) -> FeatureMasks:
     return FeatureMasks(masks, flags)
 
 
+# ---------------------------------------------------------------- kept per-example sums (queries/summary.py)
+
+
+def _features_prepare(store: Store, info: RunInfo) -> FeatureMasks:
+    return feature_masks(store, info, FEATURES)
+
+
+def _features_reduce(fm: FeatureMasks, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
+    """One example's numbers for K5 and `cls_feature_attention`, for every feature and every layer and head,
+    computed as the streaming loops below compute them."""
+    masks = fm.masks[example]
+    shape = (len(FEATURES), *maps.shape[:2])
+    n_tokens = np.array([int(masks[f].sum()) for f in FEATURES], dtype=np.int64)
+    received = maps.sum(axis=2, dtype=np.float64) / maps.shape[-1]  # (layer, head, key): column means
+    feature_max = np.zeros(shape)
+    cls_to_feature = np.zeros(shape)
+    cls = np.flatnonzero(fm.flags[example].cls)
+    rows = maps[:, :, cls[0], :].astype(np.float64) if len(cls) else None  # (layer, head, key)
+    for i, f in enumerate(FEATURES):
+        if n_tokens[i]:
+            feature_max[i] = received[..., masks[f]].max(-1)
+            if rows is not None:
+                cls_to_feature[i] = rows[..., masks[f]].sum(-1)
+    return {
+        "feature_tokens": n_tokens,
+        "cls_position": np.asarray(cls[0] if len(cls) else -1, dtype=np.int64),
+        "feature_max": feature_max,
+        "cls_to_feature": cls_to_feature,
+    }
+
+
+# feature_max / cls_to_feature: (feature in FEATURES order, layer, head), 0 where the example lacks the feature
+# (feature_tokens 0) or, for cls_to_feature, a [CLS]-like token (cls_position -1).
+KOVALEVA_FEATURES = register_kind(SummaryKind("kovaleva_features", 1, _features_prepare, _features_reduce))
+
+
+def feature_summaries(store: Store, info: RunInfo, examples=None) -> dict[str, np.ndarray] | None:
+    """The kept K5 per-example numbers of the run's committed examples (or of `examples`), in storage order;
+    None where the streaming path must be taken (nothing kept, nothing keepable and no scheduler)."""
+    arrays = kept(store, info, KOVALEVA_FEATURES, examples)
+    if arrays is not None and not len(arrays["example"]):
+        shape = (0, len(FEATURES), info.n_layers, info.n_heads)
+        arrays.update(feature_tokens=np.zeros((0, len(FEATURES)), np.int64), cls_position=np.zeros(0, np.int64))
+        arrays.update(feature_max=np.zeros(shape), cls_to_feature=np.zeros(shape))
+    return arrays
+
+
+def sum_over_examples(values: np.ndarray, used: np.ndarray, shape) -> np.ndarray:
+    """values[used] summed over the examples one after another, in storage order (as the streaming loops add)."""
+    total = np.zeros(shape)
+    for value in values[used]:
+        total += value
+    return total
+
+
 @register("feature_attention", per_head=False)
 def feature_attention(store: Store, *, run, features: str | None = None, examples=None) -> pd.DataFrame:
     """Kovaleva K5: per head, normalised attention received by nouns, verbs, ... negation, [CLS], [SEP] (long format).
@@ -169,8 +230,17 @@ def feature_attention(store: Store, *, run, features: str | None = None, example
     """
     names = parse_features(features)
     info = store.run_info(run)
-    fm = feature_masks(store, info, names)
     shape = (info.n_layers, info.n_heads)
+    summary = feature_summaries(store, info, examples)  # per-example numbers kept with the run: no map is decoded
+    if summary is not None:
+        total, count = {}, {}
+        for f in names:
+            i = FEATURES.index(f)
+            used = summary["feature_tokens"][:, i] > 0
+            total[f] = sum_over_examples(summary["feature_max"][:, i], used, shape)
+            count[f] = int(used.sum())
+        return long_frame(range(info.n_layers), info.n_heads, names, total, count, "feature")
+    fm = feature_masks(store, info, names)
     total = {f: np.zeros(shape) for f in names}
     count = dict.fromkeys(names, 0)
     for example, maps in iter_maps(store, info, examples):

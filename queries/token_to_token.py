@@ -5,6 +5,10 @@ directions) and nouns and pronouns of the same sentence (both directions) -- on 
 maps (C5 convention: attention *to* a word sums its pieces, *from* a word averages them).
 `cls_feature_attention`: in one layer (the last by default), the attention *from* the first
 special token to each feature type of K5, summed over the type's tokens.
+
+`token_to_token` reads each example's per-relation means kept with the run (summary kind
+`kovaleva_relations`, queries/summary.py), `cls_feature_attention` those of K5
+(`kovaleva_features`, every layer); both stream the maps only where nothing can be kept.
 """
 
 from __future__ import annotations
@@ -16,12 +20,26 @@ import pandas as pd
 
 from .common import iter_maps, parse_choices
 from .errors import InvalidArgumentError
-from .feature_attention import NOUN_UPOS, PRONOUN_UPOS, SUBJECT_DEPRELS, VERB_UPOS, feature_masks, long_frame, parse_features
+from .feature_attention import (
+    FEATURES,
+    NOUN_UPOS,
+    PRONOUN_UPOS,
+    SUBJECT_DEPRELS,
+    VERB_UPOS,
+    FeatureMasks,
+    feature_masks,
+    feature_summaries,
+    long_frame,
+    parse_features,
+    sum_over_examples,
+)
 from .registry import register
+from .summary import SummaryKind, kept, register_kind
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:
     from ..store import Store
+    from ..store.records import RunInfo
 
 RELATIONS = ("verb_to_subject", "subject_to_verb", "noun_to_pronoun", "pronoun_to_noun")
 
@@ -73,6 +91,51 @@ def by_example(frame: pd.DataFrame, columns) -> dict[int, np.ndarray]:
     return {int(examples[s]): values[s:e] for s, e in zip(starts, ends)}
 
 
+def relation_units(store: Store, info: RunInfo, names=RELATIONS) -> dict[int, tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """Per example that has a linked pair of one of `names`: its word positions (per token) and, per relation, the
+    (from unit, to unit) pairs of the word-level map; pairs whose words have no unit (cut by truncation) dropped."""
+    found = relation_pairs(store.word_table(info.id))
+    pairs = {r: by_example(found[r], ["a", "b"]) for r in names}
+    table = store.token_table(info.id)
+    tokens = by_example(table.assign(word_position=table["word_position"].astype(float)), ["word_position"])
+    out = {}
+    for example in sorted(set().union(*(pairs[r] for r in names)) & tokens.keys()):
+        word_positions = tokens[example][:, 0]
+        units = units_of(word_positions)
+        index = {int(w): u for u, w in enumerate(units.word) if w >= 0}
+        wanted = {}
+        for r in names:
+            linked = [(index[a], index[b]) for a, b in pairs[r].get(example, ()) if a in index and b in index]
+            if linked:
+                wanted[r] = np.array(linked)
+        if wanted:
+            out[example] = (word_positions, wanted)
+    return out
+
+
+def _relations_prepare(store: Store, info: RunInfo):
+    return relation_units(store, info)
+
+
+def _relations_reduce(linked, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
+    """One example's mean word-level attention over its pairs of each relation (every layer and head) and the
+    number of pairs, computed as the streaming loop below computes them."""
+    means = np.zeros((len(RELATIONS), *maps.shape[:2]))
+    n_pairs = np.zeros(len(RELATIONS), dtype=np.int64)
+    if example in linked:
+        word_positions, wanted = linked[example]
+        wmap = word_level(maps, units_of(word_positions)).astype(np.float64)  # (layer, head, from unit, to unit)
+        for r, uv in wanted.items():
+            i = RELATIONS.index(r)
+            means[i] = wmap[:, :, uv[:, 0], uv[:, 1]].mean(-1)
+            n_pairs[i] = len(uv)
+    return {"relation_pairs": n_pairs, "relation_mean": means}
+
+
+# relation_mean: (relation in RELATIONS order, layer, head), 0 where the example has no pair (relation_pairs 0).
+KOVALEVA_RELATIONS = register_kind(SummaryKind("kovaleva_relations", 1, _relations_prepare, _relations_reduce))
+
+
 @register("token_to_token", per_head=False)
 def token_to_token(store: Store, *, run, relations: str | None = None, examples=None) -> pd.DataFrame:
     """Kovaleva K6: per head, mean word-to-word attention verb->subject, subject->verb, noun->pronoun, pronoun->noun.
@@ -85,27 +148,24 @@ def token_to_token(store: Store, *, run, relations: str | None = None, examples=
     """
     names = parse_relations(relations)
     info = store.run_info(run)
-    found = relation_pairs(store.word_table(info.id))
-    pairs = {r: by_example(found[r], ["a", "b"]) for r in names}
-    table = store.token_table(info.id)
-    tokens = by_example(table.assign(word_position=table["word_position"].astype(float)), ["word_position"])
     shape = (info.n_layers, info.n_heads)
     total = {r: np.zeros(shape) for r in names}
     count = dict.fromkeys(names, 0)
     n_pairs = dict.fromkeys(names, 0)
-    for example, maps in iter_maps(store, info, examples):
-        if not any(example in pairs[r] for r in names):
-            continue
-        units = units_of(tokens[example][:, 0])
-        index = {int(w): u for u, w in enumerate(units.word) if w >= 0}
-        wanted = {}
+    summary = kept(store, info, KOVALEVA_RELATIONS, examples)  # per-example means kept with the run: no map is decoded
+    if summary is not None:
         for r in names:
-            kept = [(index[a], index[b]) for a, b in pairs[r].get(example, ()) if a in index and b in index]
-            if kept:
-                wanted[r] = np.array(kept)
-        if not wanted:
+            if not len(summary["example"]):
+                break
+            pairs = summary["relation_pairs"][:, RELATIONS.index(r)]
+            total[r] = sum_over_examples(summary["relation_mean"][:, RELATIONS.index(r)], pairs > 0, shape)
+            count[r], n_pairs[r] = int((pairs > 0).sum()), int(pairs.sum())
+    linked = relation_units(store, info, names) if summary is None else {}
+    for example, maps in iter_maps(store, info, examples) if summary is None else ():
+        if example not in linked:
             continue
-        wmap = word_level(maps, units).astype(np.float64)  # (layer, head, from unit, to unit)
+        word_positions, wanted = linked[example]
+        wmap = word_level(maps, units_of(word_positions)).astype(np.float64)  # (layer, head, from unit, to unit)
         for r, uv in wanted.items():
             total[r] += wmap[:, :, uv[:, 0], uv[:, 1]].mean(-1)
             count[r] += 1
@@ -131,10 +191,18 @@ def cls_feature_attention(store: Store, *, run, layer: int | None = None, featur
         layer = info.n_layers - 1
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < info.n_layers:
         raise InvalidArgumentError(f"layer {layer!r} is out of range: the model has {info.n_layers} layers (0..{info.n_layers - 1})")
-    fm = feature_masks(store, info, names)
     total = {f: np.zeros((1, info.n_heads)) for f in names}
     count = dict.fromkeys(names, 0)
-    for example, maps in iter_maps(store, info, examples):
+    summary = feature_summaries(store, info, examples)  # per-example sums kept with the run (every layer): no map is decoded
+    if summary is not None:
+        has_cls = summary["cls_position"] >= 0
+        for f in names:
+            i = FEATURES.index(f)
+            used = has_cls & (summary["feature_tokens"][:, i] > 0)
+            total[f] = sum_over_examples(summary["cls_to_feature"][:, i, layer][:, None], used, (1, info.n_heads))
+            count[f] = int(used.sum())
+    fm = feature_masks(store, info, names) if summary is None else FeatureMasks({}, {})
+    for example, maps in iter_maps(store, info, examples) if summary is None else ():
         cls = np.flatnonzero(fm.flags[example].cls)
         if not len(cls):
             continue
