@@ -152,11 +152,11 @@ def kept(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | No
     """
     from .scheduler import current_scheduler, summarise_on
 
-    committed = store.examples(info.id)
-    committed = committed[~committed["skipped"]]
-    stamp = kind.stamp(len(committed))
+    stamp = kind.stamp(store.n_committed(info.id))
     arrays = store.run_summary(info.id, kind.name, stamp)
     if arrays is None:
+        committed = store.examples(info.id)
+        committed = committed[~committed["skipped"]]
         keepable = not store.read_only and store.can_keep_summaries(info.id)
         scheduler = current_scheduler()
         if not keepable and scheduler is None:

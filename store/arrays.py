@@ -26,6 +26,7 @@ rewritten at each commit (writes are atomic per chunk on local folders and objec
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
@@ -223,13 +224,19 @@ def read_summary(root: str, array_path: str, name: str, stamp: dict) -> dict[str
     if group is None:
         return None
     store = open_root(root, read_only=True)
+
+    async def read_all():  # every array at once: a summary has a dozen small ones, each a few reads
+        node = await zarr.api.asynchronous.open_group(store=store, path=f"{group}/summary/{name}", mode="r")
+        if node.attrs.get("stamp") != stamp:
+            return None
+        members = [(key, array) async for key, array in node.arrays()]
+        values = await asyncio.gather(*(array.getitem(...) for _, array in members))
+        return {key: np.asarray(value) for (key, _), value in zip(members, values)}
+
     try:
-        node = zarr.open_group(store=store, path=f"{group}/summary/{name}", mode="r")
+        return sync(read_all())
     except (FileNotFoundError, KeyError, ValueError, zarr.errors.NodeNotFoundError):
         return None
-    if node.attrs.get("stamp") != stamp:
-        return None
-    return {key: np.asarray(array[...]) for key, array in node.arrays()}
 
 
 def write_summary(root: str, array_path: str, name: str, values: dict[str, np.ndarray], stamp: dict) -> None:

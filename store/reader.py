@@ -191,6 +191,13 @@ class StoreReader:
         )
         return self._frame(q)
 
+    def n_committed(self, run: RunRef) -> int:
+        """How many of the run's examples have maps stored (skipped ones not counted), as `examples` sees them."""
+        info = self.run_info(run)
+        with self.engine.connect() as conn:
+            q = sa.select(sa.func.count()).select_from(Sequence).where(self._visible(info), sa.not_(Sequence.skipped))
+            return int(conn.execute(q).scalar() or 0)
+
     def _visible(self, info: RunInfo):
         """SQL condition: sequences of the run, up to its pinned snapshot if one is pinned.
 

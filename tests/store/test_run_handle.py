@@ -126,6 +126,7 @@ ADDED_SINCE = {
     "can_keep_summaries",
     "save_run_summary",
     "token_ids_by_example",
+    "n_committed",
 }
 
 
