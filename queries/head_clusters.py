@@ -5,10 +5,18 @@ Jensen-Shannon divergence (nats) between their attention distributions. The 2-D
 embedding is classical (Torgerson) multidimensional scaling of that distance matrix;
 Clark et al. used scikit-learn's iterative (SMACOF) MDS, which gives a similar layout
 up to rotation and reflection.
+
+Each example's sums for every pair of heads (and its number of query tokens) are kept with
+the run as the `head_js` summary (queries/summary.py), so only the first query on a run
+decodes its maps; a read-only store or a layout-1 run without a scheduler streams them, with
+the same numbers (the per-example sums are added in storage order in float64 either way).
 """
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,32 +25,111 @@ import pandas as pd
 from ..store.records import RunInfo
 from .common import iter_maps
 from .registry import register
+from .summary import SummaryKind, kept, register_kind
 
 if TYPE_CHECKING:
     from ..store import Store
 
+BLOCK_BYTES = 1 << 19  # head pairs handled at once: a few (pairs, L, L) float64 buffers of about this size, in cache
+PARALLEL_CELLS = 1 << 22  # head pairs x L x L from which the pairs are shared among threads
+MAX_THREADS = 8
+TINY = 1e-300  # stands for 0.5 * 0 in m; below half an ulp of any value > 1e-284 (any float16 or float32 one)
 
-def xlogx_ratio(p: np.ndarray, log_p: np.ndarray, log_m: np.ndarray) -> np.ndarray:
-    """p * (log p - log m) with 0 where p == 0."""
-    with np.errstate(invalid="ignore"):
-        return np.where(p > 0, p * (log_p - log_m), 0.0)
+
+def default_threads(work: int) -> int:
+    """Threads for `work` (pairs x L x L) cells: the usable cores (at most MAX_THREADS) in the main thread, else 1.
+
+    A Dask worker (queries/scheduler.py) runs its tasks outside the main thread, one worker per core: it gets 1.
+    """
+    if work < PARALLEL_CELLS or threading.current_thread() is not threading.main_thread():
+        return 1
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    return max(1, min(cores, MAX_THREADS))
 
 
-def js_distance_matrix(maps: np.ndarray) -> np.ndarray:
-    """(heads, L, L) distributions -> (heads, heads) sums over query rows of the JS divergence."""
-    p = maps.astype(np.float64)
-    n = p.shape[0]
+def pair_offset(a: int, b: int, n: int) -> int:
+    """Index of head pair (a, b), a < b, in the upper-triangle order of np.triu_indices(n, 1)."""
+    return a * n - a * (a + 1) // 2 + (b - a - 1)
+
+
+def js_upper(maps: np.ndarray, *, threads: int | None = None, block_bytes: int = BLOCK_BYTES) -> np.ndarray:
+    """(heads, L, L) distributions -> the sums over query rows of the JS divergence of every pair of heads a < b,
+    as a 1-D float64 array in np.triu_indices(heads, 1) order.
+
+    Each cell gives the textbook form's value, 0.5 * [p (log p - log m) + q (log q - log m)] with m = (p + q) / 2
+    and 0 log 0 = 0, rounded as the one-pair-at-a-time loop rounds it, and each pair's cells are summed the same way:
+    the values are the same to the last bit whatever `threads` and `block_bytes` are (tests/queries/
+    test_head_clusters.py). The pairs of one head are done a block at a time in reused buffers (no large temporaries;
+    the log of m is most of the cost) and the blocks are shared among threads.
+    """
+    p = np.ascontiguousarray(maps, dtype=np.float64)
+    n, length = p.shape[0], p.shape[-1]
+    out = np.zeros(n * (n - 1) // 2)
+    if n < 2:
+        return out
+    zero = p == 0
     with np.errstate(divide="ignore"):
         log_p = np.log(p)
-    out = np.zeros((n, n))
-    for a in range(n - 1):
-        q, log_q = p[a + 1 :], log_p[a + 1 :]
-        m = 0.5 * (p[a] + q)
-        with np.errstate(divide="ignore"):
-            log_m = np.log(m)
-        js = 0.5 * (xlogx_ratio(p[a], log_p[a], log_m) + xlogx_ratio(q, log_q, log_m)).sum(axis=(1, 2))
-        out[a, a + 1 :] = out[a + 1 :, a] = js
+    log_p[zero] = 0.0  # so p * (log p - log m) is 0 where p == 0, log m being finite:
+    half = 0.5 * p  # m = 0.5 * p + 0.5 * q, which is 0.5 * (p + q) exactly (a power of 2) ...
+    half[zero] = TINY  # ... where p or q > 0 (adding TINY changes nothing), and 2 * TINY, not 0, where both are 0
+    del zero
+    cells = length * length
+    k = max(1, block_bytes // (8 * max(cells, 1)))
+    blocks = [(a, s, min(n, s + k)) for a in range(n - 1) for s in range(a + 1, n, k)]
+
+    def work(mine: list[tuple[int, int, int]]) -> None:
+        m_buf, x_buf, y_buf = (np.empty((min(k, n - 1), length, length)) for _ in range(3))
+        for a, s, e in mine:
+            r = e - s
+            m, x, y = m_buf[:r], x_buf[:r], y_buf[:r]
+            q, log_q = p[s:e], log_p[s:e]
+            np.add(half[a], half[s:e], out=m)
+            np.log(m, out=m)
+            np.subtract(log_p[a], m, out=x)
+            np.multiply(x, p[a], out=x)
+            np.subtract(log_q, m, out=y)
+            np.multiply(y, q, out=y)
+            np.add(x, y, out=x)
+            start = pair_offset(a, s, n)
+            out[start : start + r] = 0.5 * x.sum(axis=(1, 2))
+
+    threads = default_threads(len(out) * cells) if threads is None else max(1, threads)
+    threads = min(threads, len(blocks))
+    if threads == 1:
+        work(blocks)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(work, [blocks[i::threads] for i in range(threads)]))
     return out
+
+
+def square(upper: np.ndarray, n: int) -> np.ndarray:
+    """The symmetric (n, n) matrix with zero diagonal whose upper triangle is `upper` (np.triu_indices(n, 1) order)."""
+    out = np.zeros((n, n))
+    rows, cols = np.triu_indices(n, 1)
+    out[rows, cols] = upper
+    out[cols, rows] = upper
+    return out
+
+
+def js_distance_matrix(maps: np.ndarray, *, threads: int | None = None) -> np.ndarray:
+    """(heads, L, L) distributions -> (heads, heads) sums over query rows of the JS divergence."""
+    return square(js_upper(maps, threads=threads), maps.shape[0])
+
+
+def _head_js_prepare(store: Store, info: RunInfo) -> None:
+    return None
+
+
+def _head_js_reduce(context: None, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
+    """One example's JS sums of every pair of heads (layer-major, upper triangle) and its number of query tokens."""
+    return {"js": js_upper(maps.reshape(-1, *maps.shape[2:])), "length": np.asarray(maps.shape[-1], np.int64)}
+
+
+# js: (example, n_pairs) float64, pair (a, b) with a < b over layer * n_heads + head in np.triu_indices order.
+HEAD_JS = register_kind(SummaryKind("head_js", 1, _head_js_prepare, _head_js_reduce))
 
 
 def classical_mds(distances: np.ndarray, dims: int = 2) -> np.ndarray:
@@ -56,13 +143,20 @@ def classical_mds(distances: np.ndarray, dims: int = 2) -> np.ndarray:
 
 
 def head_distance_sum(store: Store, run, examples=None) -> tuple[RunInfo, np.ndarray, int]:
+    """(run, summed JS matrix of every pair of heads, number of query tokens) over the run or `examples`."""
     info = store.run_info(run)
-    total = np.zeros((info.n_layers * info.n_heads,) * 2)
+    n = info.n_layers * info.n_heads
+    upper = np.zeros(n * (n - 1) // 2)
     n_tokens = 0
-    for _, maps in iter_maps(store, info, examples):
-        total += js_distance_matrix(maps.reshape(-1, *maps.shape[2:]))
+    arrays = kept(store, info, HEAD_JS, examples)  # per-example sums kept with the run: no map is decoded
+    if arrays is not None:
+        for row in arrays.get("js", ()):  # one example at a time, in storage order, as the loop below adds them
+            upper += row
+        n_tokens = int(arrays["length"].sum()) if "length" in arrays else 0
+    for _, maps in iter_maps(store, info, examples) if arrays is None else ():
+        upper += js_upper(maps.reshape(-1, *maps.shape[2:]))
         n_tokens += maps.shape[-1]
-    return info, total, n_tokens
+    return info, square(upper, n), n_tokens
 
 
 @register("head_distances", per_head=False)
@@ -71,6 +165,7 @@ def head_distances(store: Store, *, run, examples=None) -> pd.DataFrame:
 
     Columns: layer_a, head_a, layer_b, head_b, distance (sum over all query tokens, nats),
     mean_distance (per query token). One row per ordered pair, including a head with itself (0).
+    Each example's sums are kept with the run (summary head_js): only the first call decodes the maps.
     """
     info, total, n_tokens = head_distance_sum(store, run, examples)
     n = info.n_layers * info.n_heads
