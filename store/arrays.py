@@ -239,6 +239,19 @@ def read_summary(root: str, array_path: str, name: str, stamp: dict) -> dict[str
         return None
 
 
+SUMMARY_CHUNK_BYTES = 8 << 20
+
+
+def _summary_chunks(array: np.ndarray) -> tuple[int, ...]:
+    """Whole rows (examples, or words of ragged fields) per chunk, about 8 MiB each: a large run's summary is not
+    one object of gigabytes, and its arrays can be read in parts."""
+    if array.ndim == 0:
+        return (1,)
+    row_bytes = max(1, int(np.prod(array.shape[1:], dtype=np.int64)) * array.dtype.itemsize)
+    rows = max(1, min(array.shape[0], SUMMARY_CHUNK_BYTES // row_bytes))
+    return (rows, *(max(1, n) for n in array.shape[1:]))
+
+
 def write_summary(root: str, array_path: str, name: str, values: dict[str, np.ndarray], stamp: dict) -> None:
     """Save a per-example summary beside the run's maps; the stamp is written last, so a half-written one is never read."""
     group = group_path_of(array_path)
@@ -251,7 +264,7 @@ def write_summary(root: str, array_path: str, name: str, values: dict[str, np.nd
             key,
             shape=array.shape,
             dtype=array.dtype,
-            chunks=tuple(max(1, n) for n in array.shape) or (1,),
+            chunks=_summary_chunks(array),
             compressors=make_codec(INDEX_CODEC, str(array.dtype)),
         )
         target[...] = array

@@ -95,3 +95,14 @@ def test_other_punctuation_and_read_only_stores_stream(store, run, monkeypatch):
         reader.close()
     assert not (zarr.open_group(store.locations.array_root, path="runs/sums", mode="r").get("summary"))
     same(result, streamed(store, "entropy", monkeypatch, run=run))
+
+
+def test_large_summaries_are_chunked_by_example_and_read_back_whole(store, run, monkeypatch):
+    from attnstore.store import arrays
+
+    monkeypatch.setattr(arrays, "SUMMARY_CHUNK_BYTES", 2 * 3 * 2 * 8)  # two examples' (layer, head) float64 sums per chunk
+    first = run_query(store, "entropy", run=run)
+    group = zarr.open_group(store.locations.array_root, path="runs/sums/summary/clark", mode="r")
+    assert group["entropy"].chunks == (2, 3, 2) and group["entropy"].shape == (4, 3, 2)
+    same(run_query(store, "entropy", run=run), first)
+    same(first, streamed(store, "entropy", monkeypatch, run=run))
