@@ -8,10 +8,15 @@ Baselines pick one earlier mention and are right when it is of the same entity:
 word; none, and so wrong, when there is no such mention) and `sieve` (exact string match, then head match, then number /
 gender / person agreement of the head words, then the closest). Results are broken down
 by the kind of the mention: pronoun, proper (name) or nominal.
+
+What each mention head word attends to most, per head, is kept with the run (`MENTION_ARGMAX`,
+queries/summary.py) by one pass the first time; later calls read it instead of the maps.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,6 +24,7 @@ import pandas as pd
 
 from .common import iter_maps, per_head_frame, safe_divide
 from .registry import register
+from .summary import SummaryKind, kept, ragged_rows, register_kind
 from .word_level import most_attended_words, units_of
 
 if TYPE_CHECKING:
@@ -39,57 +45,134 @@ def _agrees(a: dict, b: dict) -> bool:
     return all(a.get(k) == b.get(k) for k in AGREEMENT if k in a and k in b)
 
 
-def choose_antecedent(mention: dict, candidates: list[dict], method: str) -> dict | None:
-    """The earlier mention a baseline picks (candidates in document order), or None."""
+def baseline_picks(mention: dict, candidates: list[dict]) -> tuple[dict | None, ...]:
+    """The earlier mention each of BASELINES picks (candidates in document order), or None; one pass over them."""
     if not candidates:
-        return None
-    nearest = candidates[-1]
-    if method == "nearest":
-        return nearest
-    same_head = [c for c in candidates if c["head_form"] == mention["head_form"]]
-    if method == "head_match":
-        return same_head[-1] if same_head else None
-    for rule in (
-        lambda c: c["text"] == mention["text"],
-        lambda c: c["head_form"] == mention["head_form"],
-        lambda c: _agrees(c["feats"], mention["feats"]),
-    ):
-        hits = [c for c in candidates if rule(c)]
-        if hits:
-            return hits[-1]
-    return nearest
+        return (None,) * len(BASELINES)
+    same_text = same_head = None
+    for c in candidates:  # the last of each kind wins: the nearest
+        if c["text"] == mention["text"]:
+            same_text = c
+        if c["head_form"] == mention["head_form"]:
+            same_head = c
+    sieve = same_text if same_text is not None else same_head
+    if sieve is None:
+        agreeing = [c for c in candidates if _agrees(c["feats"], mention["feats"])]
+        sieve = agreeing[-1] if agreeing else candidates[-1]
+    return candidates[-1], same_head, sieve
 
 
-def coreference_counts(store: Store, run, examples=None):
-    info = store.run_info(run)
-    words = {int(k): g.reset_index(drop=True) for k, g in store.word_table(info.id).groupby("example")}
-    mentions = {int(k): g for k, g in store.mention_table(info.id).groupby("example")}
+def choose_antecedent(mention: dict, candidates: list[dict], method: str) -> dict | None:
+    """The earlier mention a baseline picks (candidates in document order), or None: `nearest` (the closest),
+    `head_match` (the closest with the same head word) or `sieve` (exact string match, then head match, then
+    agreement of the head words' features, then the closest)."""
+    nearest, head_match, sieve = baseline_picks(mention, candidates)
+    return nearest if method == "nearest" else head_match if method == "head_match" else sieve
+
+
+# ---------------------------------------------------------------- predictions kept with the run
+# Per example, for each word that heads a mention and has a unit, in unit (token) order: its position (`word`)
+# and, per (layer, head), the position of the other word it attends to most (`attended`, from
+# `most_attended_words`). One pass over the run computes them (queries/summary.py), skipping examples without
+# mentions as the streaming path does; a query then reads a few kilobytes per example instead of every map.
+
+
+def _mention_argmax_prepare(store: Store, info):
+    table = store.token_table(info.id)[["example", "word_position"]]
+    tokens = {int(k): g["word_position"] for k, g in table.groupby("example")}
+    heads = {int(k): np.unique(g["head"].to_numpy(dtype=np.int64)) for k, g in store.mention_table(info.id).groupby("example")}
+    return tokens, heads, (info.n_layers, info.n_heads)
+
+
+def _mention_argmax_reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
+    tokens, heads, shape = context
+    units = units_of(tokens[example])
+    words = units.word[units.is_word]
+    rows = np.flatnonzero(np.isin(words, heads.get(example, ())))
+    attended = np.zeros((0, *shape), dtype=np.int32)
+    if rows.size:
+        pred, unit_words = most_attended_words(maps, units)
+        attended = np.moveaxis(unit_words[pred[:, :, rows]], -1, 0).astype(np.int32)  # (mention heads, layer, head)
+    return {"word": words[rows].astype(np.int32), "attended": attended}
+
+
+MENTION_ARGMAX = register_kind(
+    SummaryKind("mention_argmax", 1, _mention_argmax_prepare, _mention_argmax_reduce, ragged=("word", "attended"))
+)
+
+# A source of predictions yields, per example with mentions: (example, ids, rows, predictions): `ids` maps the
+# position of each word with a unit (at least every mention head's) to what `predictions[rows[position]]`, a
+# (layer, head) array, names the attended word by (a unit index, or the word's position when kept).
+Predictions = Iterator[tuple[int, dict[int, int], dict[int, int], np.ndarray]]
+
+
+def _streamed_predictions(store: Store, info, examples, wanted) -> Predictions:
     tokens = {int(k): g for k, g in store.token_table(info.id)[["example", "word_position"]].groupby("example")}
+    for example, maps in iter_maps(store, info, examples):
+        if example in wanted:
+            pred, unit_words = most_attended_words(maps, units_of(tokens[example]["word_position"]))
+            unit_of = {int(p): i for i, p in enumerate(unit_words)}
+            yield example, unit_of, unit_of, np.moveaxis(pred, -1, 0)
+
+
+def _kept_predictions(arrays: dict[str, np.ndarray], wanted) -> Predictions:
+    if "word" not in arrays:
+        return
+    for i, example in enumerate(arrays["example"].tolist()):
+        if example in wanted:
+            positions = ragged_rows(arrays, "word", i).tolist()
+            yield example, {p: p for p in positions}, {p: r for r, p in enumerate(positions)}, ragged_rows(arrays, "attended", i)
+
+
+def _by_example(frame: pd.DataFrame) -> dict[int, slice]:
+    """Rows of each example in a frame sorted by example."""
+    example = frame["example"].to_numpy(dtype=np.int64)
+    bounds = np.flatnonzero(np.diff(example)) + 1
+    starts, ends = np.r_[0, bounds], np.r_[bounds, len(example)]
+    return {int(example[a]): slice(int(a), int(b)) for a, b in zip(starts, ends) if b > a}
+
+
+def coreference_counts(store: Store, run, examples=None, baselines: bool = True):
+    """(info, head hits (kinds, layer, head), baseline hits (kinds, baselines; zeros without `baselines`), mentions per kind).
+
+    The heads' predictions are read from those kept with the run (`MENTION_ARGMAX`, built by one pass the
+    first time); where none can be kept (read-only store, layout-1 run, no scheduler), every map is decoded.
+    """
+    info = store.run_info(run)
+    if baselines:  # the baselines compare the mentions' words
+        word_table = store.word_table(info.id)  # sorted by example, position
+        all_forms, all_feats = word_table["form"].str.lower().tolist(), word_table["feats"].tolist()
+        word_rows = _by_example(word_table)
+    table = store.mention_table(info.id).sort_values(["example", "doc_order"], kind="stable")
+    records = [dict(zip(table.columns, row)) for row in zip(*(table[c].tolist() for c in table.columns))]
+    mentions = {example: records[rows] for example, rows in _by_example(table).items()}  # in document order
     heads = np.zeros((len(KINDS), info.n_layers, info.n_heads))
     base = np.zeros((len(KINDS), len(BASELINES)))
     totals = np.zeros(len(KINDS))
-    for example, maps in iter_maps(store, info, examples):
-        if example not in mentions:
-            continue
-        w = words[example]
-        forms = w["form"].str.lower().tolist()
-        pred, unit_words = most_attended_words(maps, units_of(tokens[example]["word_position"]))
-        unit_of = {int(p): i for i, p in enumerate(unit_words)}
-        found: list[dict] = []
-        for m in mentions[example].sort_values("doc_order").to_dict("records"):
-            m["head_form"] = forms[m["head"]]
-            m["text"] = " ".join(forms[m["word_start"] : m["word_end"]])
-            m["feats"] = _feats(w["feats"].iloc[m["head"]])
-            earlier = [c for c in found if c["doc_order"] < m["doc_order"]]
+    arrays = kept(store, info, MENTION_ARGMAX, examples) if mentions else None  # no mention: nothing worth a pass
+    if arrays is not None:
+        predictions = _kept_predictions(arrays, mentions)
+    else:
+        predictions = _streamed_predictions(store, info, examples, mentions)
+    for example, ids, rows, pred in predictions:
+        if baselines:
+            forms, feats = all_forms[word_rows[example]], all_feats[word_rows[example]]
+        found: list[dict] = []  # the mentions so far, in document order
+        orders: list[int] = []
+        for m in mentions[example]:
+            if baselines:
+                text = " ".join(forms[m["word_start"] : m["word_end"]])
+                m = dict(m, head_form=forms[m["head"]], text=text, feats=_feats(feats[m["head"]]))
+            earlier = found[: bisect_left(orders, m["doc_order"])]
             antecedents = [c for c in earlier if c["entity"] == m["entity"]]
             found.append(m)
-            if not antecedents or m["head"] not in unit_of:
+            orders.append(m["doc_order"])
+            if not antecedents or m["head"] not in ids:
                 continue
             k = KINDS.index(m["kind"])
-            targets = [unit_of[a["head"]] for a in antecedents if a["head"] in unit_of]
-            heads[k] += np.isin(pred[:, :, unit_of[m["head"]]], targets)
-            for b, method in enumerate(BASELINES):
-                pick = choose_antecedent(m, earlier, method)
+            targets = np.array([ids[a["head"]] for a in antecedents if a["head"] in ids])
+            heads[k] += (pred[rows[m["head"]]][..., None] == targets).any(-1)  # the head attends most to an antecedent's
+            for b, pick in enumerate(baseline_picks(m, earlier) if baselines else ()):
                 base[k, b] += pick is not None and pick["entity"] == m["entity"]
             totals[k] += 1
     return info, heads, base, totals
@@ -102,7 +185,7 @@ def coreference(store: Store, *, run, examples=None) -> pd.DataFrame:
     Columns: layer, head, all, pronoun, proper, nominal. Needs a run over a corpus with
     coreference mentions (gum/ontogum).
     """
-    info, heads, _, totals = coreference_counts(store, run, examples)
+    info, heads, _, totals = coreference_counts(store, run, examples, baselines=False)
     columns = {"all": safe_divide(heads.sum(0), totals.sum())}
     columns.update({kind: safe_divide(heads[k], totals[k]) for k, kind in enumerate(KINDS)})
     return per_head_frame(info, **columns)

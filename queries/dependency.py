@@ -14,6 +14,10 @@ prediction** and counts as wrong. Root words (no head) are in the `all` row: no 
 prediction can name ROOT, so they always count as wrong there. The baseline predicts the
 word at a fixed offset (-3..3, not 0) from the dependent, clamped to the sentence as in the
 authors' code: before the first word is ROOT, past the last word is the last word.
+
+The predictions (each word's most-attended word and the word attending to it most, per head)
+are kept with the run (`WORD_ARGMAX`, queries/summary.py) by one pass the first time; later
+calls count hits from them and the gold trees without decoding a map, with the same counts.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ..store.records import RunInfo
 from .common import iter_maps, per_head_frame, unique_argmax
 from .errors import InvalidArgumentError
 from .registry import register
+from .summary import SummaryKind, kept, register_kind
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:
@@ -87,37 +92,168 @@ def _check(name: str, value: str, allowed) -> None:
         raise InvalidArgumentError(f"{name}={value!r}: use one of {', '.join(repr(a) for a in allowed)}")
 
 
+def _word_map(maps: np.ndarray, units) -> tuple[np.ndarray, np.ndarray]:
+    """(layer, head, words, words) word-level maps restricted to words (special tokens left out), and their positions."""
+    keep = np.flatnonzero(units.is_word)
+    return word_level(maps, units)[:, :, keep][:, :, :, keep], units.word[keep]
+
+
 def word_predictions(maps: np.ndarray, units) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(by_row, by_col, words): for every head and word, the other word it attends to most (by_row) and
     the other word attending to it most (by_col), as indices into `words` (word positions), -1 for no
     prediction (largest entry 0, or reached by two words); special tokens ignored, diagonal set to 0."""
-    keep = np.flatnonzero(units.is_word)
-    wmap = word_level(maps, units)[:, :, keep][:, :, :, keep]
-    diag = np.arange(len(keep))
+    wmap, words = _word_map(maps, units)
+    diag = np.arange(len(words))
     wmap[:, :, diag, diag] = 0
-    return unique_argmax(wmap), unique_argmax(np.swapaxes(wmap, -1, -2)), units.word[keep]
+    return unique_argmax(wmap), unique_argmax(np.swapaxes(wmap, -1, -2)), words
 
 
-def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True) -> DependencyCounts:
-    """Correct predictions per (direction, layer, head, relation), edge counts, baseline hits, root words."""
-    _check("head2dep", head2dep, HEAD2DEP)
-    info = store.run_info(run)
-    all_words = store.word_table(info.id)
+# ---------------------------------------------------------------- word-level predictions kept with the run
+# Per example, per word unit (in token order) and (layer, head): the other word it attends to most and the other
+# word attending to it most (`word_predictions`' by_row and by_col), as indices into the example's words, -1 for
+# no prediction: `argmax` (words, 2, layer, head), with the words' positions in `word` (none for an example without
+# a dependency tree). One pass over the run computes them (queries/summary.py); a query then reads a few kilobytes
+# per example instead of every map.
+
+
+def _word_argmax_prepare(store: Store, info: RunInfo):
+    table = store.token_table(info.id)[["example", "word_position"]]
+    tokens = {int(k): g["word_position"] for k, g in table.groupby("example")}
+    words = store.word_table(info.id)
+    with_trees = set(words["example"][words["deprel"].notna()].tolist())
+    return tokens, with_trees, (np.int16 if info.max_length < 2**15 else np.int32)  # word indices < tokens <= max_length
+
+
+def _word_argmax_reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
+    tokens, with_trees, dtype = context
+    if example not in with_trees:  # nothing to judge (as the streaming path, which skips it): no row
+        return {"word": np.zeros(0, dtype=np.int32), "argmax": np.zeros((0, 2, *maps.shape[:2]), dtype=dtype)}
+    by_row, by_col, words = word_predictions(maps, units_of(tokens[example]))
+    argmax = np.moveaxis(np.stack([by_row, by_col]), -1, 0)  # (words, 2, layer, head)
+    return {"word": np.asarray(words, dtype=np.int32), "argmax": argmax.astype(dtype)}
+
+
+WORD_ARGMAX = register_kind(SummaryKind("word_argmax", 1, _word_argmax_prepare, _word_argmax_reduce, ragged=("word", "argmax")))
+
+
+def _keys(example: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """One int64 per (example, word position >= 0)."""
+    return (np.asarray(example, dtype=np.int64) << 32) | np.asarray(position, dtype=np.int64)
+
+
+def _following_forms(all_words: pd.DataFrame, example: np.ndarray, position: np.ndarray) -> pd.Series:
+    """The form of the word at position + 1 of each (example, position) (None where there is none); of a position
+    stored twice, the last, as the streaming path's dict keeps."""
+    keys = _keys(all_words["example"].to_numpy(), all_words["position"].to_numpy())
+    last = ~pd.Index(keys).duplicated(keep="last")
+    at = pd.Index(keys[last]).get_indexer(_keys(example, position + 1))
+    forms = all_words["form"].to_numpy(dtype=object)[last]
+    return pd.Series(np.where(at >= 0, forms[np.maximum(at, 0)], None), dtype=object)
+
+
+def _per_bucket(hit: np.ndarray, first: np.ndarray, present: np.ndarray, n_buckets: int) -> np.ndarray:
+    """Sums of `hit` (edges sorted by bucket, ...) per bucket, starting at rows `first`, as (..., n_buckets) floats."""
+    out = np.zeros((n_buckets, *hit.shape[1:]))
+    if len(hit):
+        out[present] = np.add.reduceat(hit.view(np.uint8), first, axis=0, dtype=np.int32)
+    return np.moveaxis(out, 0, -1)
+
+
+def _count_kept(
+    counts: DependencyCounts,
+    arrays: dict[str, np.ndarray],
+    all_words: pd.DataFrame,
+    words: pd.DataFrame,
+    head2dep: str,
+    poss_apostrophe: bool,
+) -> None:
+    """`counts` from the kept predictions: the edges, judged words and hits of the streaming path, all examples at once."""
+    if "word" not in arrays or not len(arrays["example"]):
+        return
+    start = arrays["word_start"]
+    sizes = np.diff(start)
+    unit_first = np.repeat(start[:-1], sizes)  # per unit: the row of its example's first unit
+    unit_keys = _keys(np.repeat(arrays["example"], sizes), arrays["word"])
+    unit_order = np.argsort(unit_keys, kind="stable")
+    sorted_keys = unit_keys[unit_order]
+
+    def unit_of(keys: np.ndarray) -> np.ndarray:  # the row of each (example, position)'s unit, -1 where it has none
+        if not len(sorted_keys):
+            return np.full(len(keys), -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+        return np.where(sorted_keys[at] == keys, unit_order[at], -1)
+
+    chosen = words["example"].isin(arrays["example"]).to_numpy()
+    e = words[chosen]
+    example = e["example"].to_numpy(dtype=np.int64)
+    root = e["head"].isna().to_numpy()
+    d_pos = e["position"].to_numpy(dtype=np.int64)
+    h_pos = e["head"].fillna(-1).to_numpy(dtype=np.int64)  # -1: ROOT
+    n_rel = len(counts.relations)
+    deprel = e["deprel"].to_numpy(dtype=object)
+    judged_pos = d_pos.copy()  # the word whose prediction is judged: the dependent, or the 's after a possessor
+    possessor = np.isin(deprel, POSS_RELATIONS)
+    if poss_apostrophe and possessor.any():
+        marker = _following_forms(all_words, example, d_pos).str.lower().isin(POSSESSIVE_MARKERS).to_numpy(dtype=bool)
+        judged_pos[possessor & marker] += 1
+    dep = unit_of(_keys(example, d_pos))
+    judged = unit_of(_keys(example, judged_pos))
+    judged = np.where(judged >= 0, judged, dep)  # an 's cut by truncation: judge the dependent itself
+    head = np.where(h_pos >= 0, unit_of(_keys(example, np.maximum(h_pos, 0))), -1)
+    ok = (dep >= 0) & (root | (head >= 0))
+    # the fixed-offset baseline is clamped to the judged word's sentence
+    grouped = all_words.groupby(["example", "segment", "sentence"])["position"]
+    in_words = all_words["deprel"].notna().to_numpy()
+    first = grouped.transform("min").to_numpy(dtype=np.float64)[in_words][chosen]
+    last = grouped.transform("max").to_numpy(dtype=np.float64)[in_words][chosen]
+    # edges sorted by relation, root words last (bucket n_rel)
+    bucket = np.where(root, n_rel, pd.Index(counts.relations, dtype=object).get_indexer(deprel))  # every other relation is listed
+    order = np.flatnonzero(ok)
+    order = order[np.argsort(bucket[order], kind="stable")]
+    bucket, judged, head, h_pos, judged_pos = bucket[order], judged[order], head[order], h_pos[order], judged_pos[order]
+    first, last = first[order].astype(np.int64), last[order].astype(np.int64)
+    present, starts = np.unique(bucket, return_index=True)
+    has_head = (head >= 0)[:, None, None]
+    head_local = np.where(head >= 0, head - unit_first[np.maximum(head, 0)], -1)[:, None, None]
+    argmax = arrays["argmax"]
+    of_judged = argmax[judged]  # (edges, direction, layer, head); -1 never matches: `head` is checked >= 0
+    hits = (of_judged == head_local[:, None]) & has_head[:, None]  # dep2head, and head2dep transposed
+    none = of_judged < 0
+    if head2dep == "direct":  # the head word's most-attended word is the (judged) dependent
+        of_head = argmax[np.where(head >= 0, head, judged), 0]
+        hits[:, 1] = (of_head == (judged - unit_first[judged])[:, None, None]) & has_head
+        none[:, 1] = (of_head < 0) | ~has_head
+    correct = _per_bucket(hits, starts, present, n_rel + 1)  # (direction, layer, head, bucket)
+    counts.correct += correct[..., :n_rel]
+    counts.no_prediction += none.sum(0)
+    totals = np.bincount(bucket, minlength=n_rel + 1).astype(np.float64)
+    counts.totals += totals[:n_rel]
+    counts.n_root += int(totals[n_rel])
+    for k, off in enumerate(OFFSETS):
+        target = judged_pos + off
+        pred = np.where(target < first, -1, np.minimum(target, last))
+        hit = np.bincount(bucket, weights=pred == h_pos, minlength=n_rel + 1)
+        counts.baseline[k] += hit[:n_rel]
+        counts.baseline_root[k] += hit[n_rel]
+
+
+def _count_streamed(
+    counts: DependencyCounts,
+    store: Store,
+    info: RunInfo,
+    examples,
+    all_words: pd.DataFrame,
+    words: pd.DataFrame,
+    head2dep: str,
+    poss_apostrophe: bool,
+) -> None:
+    """`counts` from every example's maps, decoded and made word-level one example at a time."""
     spans = all_words.groupby(["example", "segment", "sentence"])["position"].agg(["min", "max"])
     bounds = {tuple(int(x) for x in key): (int(lo), int(hi)) for key, lo, hi in zip(spans.index, spans["min"], spans["max"])}
-    words = all_words[all_words["deprel"].notna()]
-    is_root_word = words["head"].isna()
-    relations = sorted(set(words["deprel"][~is_root_word]))
-    rel_index = {r: i for i, r in enumerate(relations)}
+    rel_index = {r: i for i, r in enumerate(counts.relations)}
     forms = {int(k): dict(zip(g["position"], g["form"])) for k, g in all_words.groupby("example", sort=False)}
     tokens = _groups(store.token_table(info.id)[["example", "word_position"]])
     edges = _groups(words)
-    correct = np.zeros((2, info.n_layers, info.n_heads, len(relations)))
-    no_prediction = np.zeros((2, info.n_layers, info.n_heads))
-    baseline = np.zeros((len(OFFSETS), len(relations)))
-    baseline_root = np.zeros(len(OFFSETS))
-    totals = np.zeros(len(relations))
-    n_root = 0
     for example, maps in iter_maps(store, info, examples):
         if example not in edges:
             continue
@@ -152,15 +288,15 @@ def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpo
             safe_head = np.where(head >= 0, head, 0)
             hit_head2dep = (by_row[:, :, safe_head] == judged) & (head >= 0)
             none_head2dep = (by_row[:, :, safe_head] < 0) | (head < 0)
-        no_prediction[0] += (by_row[:, :, judged] < 0).sum(-1)
-        no_prediction[1] += none_head2dep.sum(-1)
+        counts.no_prediction[0] += (by_row[:, :, judged] < 0).sum(-1)
+        counts.no_prediction[1] += none_head2dep.sum(-1)
         nonroot = ~root
-        onehot = np.zeros((int(nonroot.sum()), len(relations)))
+        onehot = np.zeros((int(nonroot.sum()), len(counts.relations)))
         onehot[np.arange(len(onehot)), [rel_index[r] for r in rels[nonroot]]] = 1
-        correct[0] += hit_dep2head[:, :, nonroot] @ onehot
-        correct[1] += hit_head2dep[:, :, nonroot] @ onehot
-        totals += onehot.sum(0)
-        n_root += int(root.sum())
+        counts.correct[0] += hit_dep2head[:, :, nonroot] @ onehot
+        counts.correct[1] += hit_head2dep[:, :, nonroot] @ onehot
+        counts.totals += onehot.sum(0)
+        counts.n_root += int(root.sum())
         # the fixed-offset baseline, clamped to the judged word's sentence
         span = np.array([bounds[(example, int(s), int(t))] for s, t in e[["segment", "sentence"]].to_numpy()[ok]], dtype=np.int64).reshape(
             -1, 2
@@ -170,9 +306,39 @@ def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpo
             target = judged_pos + off
             pred = np.where(target < first, -1, np.minimum(target, last))
             hit = pred == h_pos
-            baseline[k] += hit[nonroot] @ onehot
-            baseline_root[k] += hit[root].sum()
-    return DependencyCounts(info, relations, correct, totals, baseline, n_root, baseline_root, no_prediction)
+            counts.baseline[k] += hit[nonroot] @ onehot
+            counts.baseline_root[k] += hit[root].sum()
+
+
+def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True) -> DependencyCounts:
+    """Correct predictions per (direction, layer, head, relation), edge counts, baseline hits, root words.
+
+    Read from the word-level predictions kept with the run (`WORD_ARGMAX`, built by one pass the first
+    time); where none can be kept (read-only store, layout-1 run, no scheduler), every map is decoded.
+    """
+    _check("head2dep", head2dep, HEAD2DEP)
+    info = store.run_info(run)
+    all_words = store.word_table(info.id)
+    words = all_words[all_words["deprel"].notna()]
+    is_root_word = words["head"].isna()
+    relations = sorted(words["deprel"][~is_root_word].unique())
+    shape = (info.n_layers, info.n_heads)
+    counts = DependencyCounts(
+        info,
+        relations,
+        correct=np.zeros((2, *shape, len(relations))),
+        totals=np.zeros(len(relations)),
+        baseline=np.zeros((len(OFFSETS), len(relations))),
+        n_root=0,
+        baseline_root=np.zeros(len(OFFSETS)),
+        no_prediction=np.zeros((2, *shape)),
+    )
+    arrays = kept(store, info, WORD_ARGMAX, examples) if len(words) else None  # no tree: nothing worth a pass
+    if arrays is not None:
+        _count_kept(counts, arrays, all_words, words, head2dep, poss_apostrophe)
+    else:
+        _count_streamed(counts, store, info, examples, all_words, words, head2dep, poss_apostrophe)
+    return counts
 
 
 @register("dependency")

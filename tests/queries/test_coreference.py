@@ -1,8 +1,11 @@
 import numpy as np
+import pandas as pd
 import pytest
+import zarr
 
 from attnstore.queries import run_query
-from attnstore.queries.coreference import choose_antecedent
+from attnstore.queries.coreference import choose_antecedent, coreference_counts
+from attnstore.store import open_store
 
 TOKENS = ["[CLS]", "anna", "met", "bob", "she", "smiled", "[SEP]"]
 WORDS = [
@@ -69,3 +72,107 @@ def test_sieve_order():
     assert choose_antecedent(m, [agree, plural], "sieve") is agree
     assert choose_antecedent(m, [plural], "sieve") is plural
     assert choose_antecedent(m, [], "nearest") is None
+
+
+# --- predictions kept with the run (queries/summary.py): the streaming path's counts, exactly ---------------------
+
+FORMS = ("anna", "bob", "she", "he", "it", "the", "cat", "saw")
+FEATS = ("Number=Sing", "Gender=Fem|Number=Sing", "Gender=Masc|Number=Sing|Person=3", "Number=Plur", None)
+
+
+def kept_example(seed: int):
+    """Random words (1-2 pieces each; the last one cut, without a piece, in every third example) and mentions of
+    three entities (none in every fourth example); float16 maps with rows of exact zeros among the words and
+    ties. Returns (maps (2, 3, L, L), tokens, token_words, words, mentions)."""
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(6, 12))
+    words = [dict(form=str(rng.choice(FORMS)), upos="X", feats=FEATS[int(rng.integers(len(FEATS)))]) for _ in range(n)]
+    mentions = []
+    for i in range(0 if seed % 4 == 3 else int(rng.integers(3, 7))):
+        start = int(rng.integers(n))
+        end = min(n, start + int(rng.integers(1, 3)))
+        mentions.append(
+            dict(
+                word_start=start,
+                word_end=end,
+                head=int(rng.integers(start, end)),
+                entity=str(rng.choice(["A", "B", "C"])),
+                kind=str(rng.choice(["pronoun", "proper", "nominal"])),
+                doc_order=i,
+            )
+        )
+    covered = n - 1 if seed % 3 == 2 else n
+    tokens, token_words = ["[CLS]"], [None]
+    for i in range(covered):
+        pieces = int(rng.integers(1, 3))
+        tokens += [words[i]["form"], *["##x"] * (pieces - 1)]
+        token_words += [i] * pieces
+    tokens.append("[SEP]")
+    token_words.append(None)
+    size = len(tokens)
+    raw = rng.random((2, 3, size, size), dtype=np.float32) ** 3
+    raw[..., 0] += 1e-3
+    for layer, head, row in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
+        raw[layer, head, row, 1:] = 0  # everything on [CLS]: argmax picks the first other word
+    for layer, head, row in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
+        raw[layer, head, row, 2:] = raw[layer, head, row, 1]  # ties
+    maps = (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+    return maps, tokens, token_words, words, mentions
+
+
+@pytest.fixture
+def kept_run(store, make_run):
+    maps, tokens, token_words, words, mentions = (list(x) for x in zip(*(kept_example(seed) for seed in range(8))))
+    return make_run(
+        store, maps, tokens, name="keptcoref", token_words=token_words, words_list=words, mentions_list=mentions, dtype="float16"
+    )
+
+
+def streamed(monkeypatch, function, *args, **kwargs):
+    with monkeypatch.context() as m:
+        m.setattr("attnstore.queries.coreference.kept", lambda *a, **k: None)
+        return function(*args, **kwargs)
+
+
+def assert_same(a, b):
+    assert a[0].id == b[0].id
+    for x, y in zip(a[1:], b[1:]):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_kept_predictions_give_the_streaming_counts_exactly(store, kept_run, monkeypatch):
+    reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
+    try:  # a read-only store streams and keeps nothing
+        read_only = coreference_counts(reader, kept_run, [1, 2, 6])
+    finally:
+        reader.close()
+    assert "summary" not in zarr.open_group(store.locations.array_root, path="runs/keptcoref", mode="r")
+    assert_same(read_only, coreference_counts(store, kept_run, [1, 2, 6]))
+    for examples in (None, [6, 0, 3, 5]):
+        counts = coreference_counts(store, kept_run, examples)
+        assert_same(counts, streamed(monkeypatch, coreference_counts, store, kept_run, examples))
+        heads_only = coreference_counts(store, kept_run, examples, baselines=False)
+        np.testing.assert_array_equal(heads_only[1], counts[1])
+        np.testing.assert_array_equal(heads_only[3], counts[3])
+    assert counts[3].sum() > 0 and 0 < counts[1].sum() < counts[3].sum() * 6
+    for name in ("coreference", "coreference_summary"):
+        pd.testing.assert_frame_equal(
+            run_query(store, name, run=kept_run), streamed(monkeypatch, run_query, store, name, run=kept_run), check_exact=True
+        )
+
+
+def test_predictions_are_kept_with_the_run_read_without_decoding_maps_and_rebuilt_once_it_grew(store, kept_run, monkeypatch):
+    path = "runs/keptcoref/summary/mention_argmax"
+    first = run_query(store, "coreference_summary", run=kept_run)
+    group = zarr.open_group(store.locations.array_root, path=path, mode="r")
+    assert group.attrs["stamp"] == {"version": 1, "n_examples": 8}
+    heads = [{m["head"] for m in e[4]} & set(e[2]) for e in map(kept_example, range(8))]  # mention heads with a piece
+    assert group["word"][:].tolist() == [h for e in heads for h in sorted(e)]
+    assert group["attended"].shape == (sum(map(len, heads)), 2, 3)
+    with monkeypatch.context() as m:
+        m.setattr(type(store), "iter_attention", lambda *a, **k: pytest.fail("the maps were read"))
+        pd.testing.assert_frame_equal(run_query(store, "coreference_summary", run=kept_run), first, check_exact=True)
+        run_query(store, "coreference", run=kept_run, examples=[4, 1])
+    zarr.open_group(store.locations.array_root, path=path, mode="r+").attrs["stamp"] = {"version": 1, "n_examples": 7}  # as if built
+    assert_same(coreference_counts(store, kept_run), streamed(monkeypatch, coreference_counts, store, kept_run))  # before the 8th
+    assert zarr.open_group(store.locations.array_root, path=path, mode="r").attrs["stamp"]["n_examples"] == 8

@@ -1,10 +1,13 @@
 import numpy as np
+import pandas as pd
 import pytest
+import zarr
 
 from attnstore.queries import run_query
 from attnstore.queries.common import unique_argmax
-from attnstore.queries.dependency import dependency_counts
+from attnstore.queries.dependency import HEAD2DEP, dependency_counts
 from attnstore.queries.errors import InvalidArgumentError
+from attnstore.store import open_store
 
 TOKENS = ["[CLS]", "the", "dog", "bar", "##ks", "[SEP]"]
 TOKEN_WORDS = [None, 0, 1, 2, 2, None]
@@ -232,3 +235,109 @@ def test_dependency_results_can_be_saved(store, dep_run):
     assert store.save_head_metrics(dep_run, df, prefix="dependency", params={"min_count": 1}) == 8
     best = store.sql("SELECT head FROM head_metrics WHERE metric = 'dependency.det:dep2head' AND value > 0.8")
     assert best["head"].tolist() == [0]
+
+
+# --- word-level predictions kept with the run (queries/summary.py): the streaming path's counts, exactly --------
+
+KEPT_RELATIONS = ("det", "nsubj", "obj", "amod", "nmod:poss", "case")
+
+
+def kept_example(seed: int):
+    """Random words (1-2 pieces each, two sentences from seed 2 on) with random heads and relations, possessors
+    followed by 's, the last word cut (no piece) in every third example and no tree in example 6; float16 maps
+    with rows and columns of exact zeros among the words and ties. Returns (maps (2, 3, L, L), tokens,
+    token_words, words)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 9))
+    words = []
+    for i in range(n):
+        rel = str(rng.choice(KEPT_RELATIONS))
+        head = int(rng.choice([j for j in range(n) if j != i]))
+        words.append(dict(form=f"w{i}", head=head, deprel=rel, sentence=int(seed >= 2 and i >= n // 2)))
+    words[int(rng.integers(n))].update(head=None, deprel="root")
+    for i in range(n - 1):
+        if words[i]["deprel"] == "nmod:poss" and rng.random() < 0.7:
+            words[i + 1]["form"] = "'s"
+    if seed == 6:  # no tree: nothing judged, nothing kept
+        for word in words:
+            word.update(head=None, deprel=None)
+    covered = n - 1 if seed % 3 == 2 else n
+    if covered < n and words[-2]["deprel"] not in ("root", None):  # a possessor whose 's was cut: judged by itself
+        words[-2]["deprel"], words[-1]["form"] = "nmod:poss", "'s"
+    tokens, token_words = ["[CLS]"], [None]
+    for i in range(covered):
+        pieces = int(rng.integers(1, 3))
+        tokens += [words[i]["form"].lower(), *["##x"] * (pieces - 1)]
+        token_words += [i] * pieces
+        if seed % 2 and i == covered // 2:  # a separator between the words
+            tokens.append("[SEP]")
+            token_words.append(None)
+    tokens.append("[SEP]")
+    token_words.append(None)
+    size = len(tokens)
+    raw = rng.random((2, 3, size, size), dtype=np.float32) ** 3
+    raw[..., 0] += 1e-3
+    for layer, head, row in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
+        raw[layer, head, row, 1:] = 0  # everything on [CLS]: no word gets attention
+    for layer, head, row in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
+        raw[layer, head, row, 2:] = raw[layer, head, row, 1]  # ties
+    for layer, head, column in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
+        raw[layer, head, :, max(column, 1)] = 0  # a key nobody attends to
+    maps = (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+    return maps, tokens, token_words, words
+
+
+@pytest.fixture
+def kept_run(store, make_run):
+    examples = [kept_example(seed) for seed in range(7)]
+    maps, tokens, token_words, words = (list(x) for x in zip(*examples))
+    return make_run(store, maps, tokens, name="keptdep", token_words=token_words, words_list=words, dtype="float16")
+
+
+def streamed_counts(monkeypatch, store, run, *args):
+    with monkeypatch.context() as m:
+        m.setattr("attnstore.queries.dependency.kept", lambda *a, **k: None)
+        return dependency_counts(store, run, *args)
+
+
+def assert_same_counts(a, b):
+    assert a.relations == b.relations and a.n_root == b.n_root
+    for field in ("correct", "totals", "baseline", "baseline_root", "no_prediction"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+
+
+def test_kept_predictions_give_the_streaming_counts_exactly(store, kept_run, monkeypatch):
+    reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
+    try:  # a read-only store streams and keeps nothing
+        read_only = dependency_counts(reader, kept_run, [0, 2], "direct")
+    finally:
+        reader.close()
+    assert "summary" not in zarr.open_group(store.locations.array_root, path="runs/keptdep", mode="r")
+    assert_same_counts(read_only, dependency_counts(store, kept_run, [0, 2], "direct"))
+    for examples in (None, [4, 2, 6]):
+        for head2dep in HEAD2DEP:
+            for poss in (True, False):
+                kept_counts = dependency_counts(store, kept_run, examples, head2dep, poss)
+                assert_same_counts(kept_counts, streamed_counts(monkeypatch, store, kept_run, examples, head2dep, poss))
+    assert kept_counts.totals.sum() > 0 and kept_counts.no_prediction.sum() > 0
+    params = dict(min_count=1, direction="each", root_in_all=False)
+    summary = run_query(store, "dependency_summary", run=kept_run, **params)
+    with monkeypatch.context() as m:
+        m.setattr("attnstore.queries.dependency.kept", lambda *a, **k: None)
+        pd.testing.assert_frame_equal(summary, run_query(store, "dependency_summary", run=kept_run, **params), check_exact=True)
+
+
+def test_predictions_are_kept_with_the_run_read_without_decoding_maps_and_rebuilt_once_it_grew(store, kept_run, monkeypatch):
+    path = "runs/keptdep/summary/word_argmax"
+    first = run_query(store, "dependency", run=kept_run, min_count=1)
+    group = zarr.open_group(store.locations.array_root, path=path, mode="r")
+    assert group.attrs["stamp"] == {"version": 1, "n_examples": 7}
+    assert group["argmax"].dtype == np.int16 and group["argmax"].shape[1:] == (2, 2, 3)  # (words, direction, layer, head)
+    assert group["word_start"][-1] == group["argmax"].shape[0] == sum(len(set(kept_example(s)[2]) - {None}) for s in range(6))  # 6: no tree
+    with monkeypatch.context() as m:
+        m.setattr(type(store), "iter_attention", lambda *a, **k: pytest.fail("the maps were read"))
+        pd.testing.assert_frame_equal(run_query(store, "dependency", run=kept_run, min_count=1), first, check_exact=True)
+        run_query(store, "dependency_summary", run=kept_run, min_count=1, head2dep="direct", examples=[3])
+    zarr.open_group(store.locations.array_root, path=path, mode="r+").attrs["stamp"] = {"version": 1, "n_examples": 6}  # as if built
+    assert_same_counts(dependency_counts(store, kept_run), streamed_counts(monkeypatch, store, kept_run))  # before the 7th example
+    assert zarr.open_group(store.locations.array_root, path=path, mode="r").attrs["stamp"]["n_examples"] == 7
