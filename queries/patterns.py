@@ -48,6 +48,7 @@ import pandas as pd
 
 from .errors import InvalidArgumentError
 from .registry import register
+from .summary import SummaryKind, kept, register_kind
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -261,13 +262,27 @@ def _macro_f1_rows(true: np.ndarray, preds: np.ndarray, k: int) -> np.ndarray:
 # ---------------------------------------------------------------- reading a run
 
 
-def token_layout(store: Store, info) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Per example position: (special mask, segment ids) of its tokens, from the tokenizer's roles."""
-    table = store.token_table(info.id)
+def token_layout(store: Store, info, examples=None) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per example position (of `examples`, default all): (special mask, segment ids) of its tokens, from the tokenizer's roles."""
+    table = store.token_table(info.id, examples)
     out = {}
     for example, part in table.groupby("example", sort=False):
         out[int(example)] = (part["is_special"].to_numpy(bool), part["segment"].to_numpy(np.int64))
     return out
+
+
+def _scores_prepare(store: Store, info, examples=None):
+    return token_layout(store, info, examples)
+
+
+def _scores_reduce(layout, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
+    special, segment = layout[example]
+    return pattern_scores(maps, special, segment)
+
+
+# Each example's rule scores per (layer, head), kept with the run (queries/summary.py): pattern_classes,
+# pattern_proportions and pattern_heads (source "rules") then classify without decoding a map.
+PATTERN_SCORES = register_kind(SummaryKind("pattern_scores", 1, _scores_prepare, _scores_reduce))
 
 
 def sample_examples(store: Store, info, examples=None, max_examples: int = 1000, seed: int = 0) -> list[int]:
@@ -305,10 +320,25 @@ def pattern_classes(store: Store, *, run, examples=None, max_examples: int = 100
     """
     info = store.run_info(run)
     chosen = sample_examples(store, info, examples, max_examples, seed)
-    layout = token_layout(store, info)
     layer, head = np.meshgrid(np.arange(info.n_layers), np.arange(info.n_heads), indexing="ij")
     parts = []
-    for example, maps in store.iter_attention(info.id, chosen):
+    scored = kept(store, info, PATTERN_SCORES, chosen)  # kept with the run: no map is decoded
+    if scored is not None:
+        n = len(scored["example"])
+        labels = labels_from_scores(scored["vertical"], scored["diagonal"], scored["block"])
+        parts.append(
+            pd.DataFrame(
+                dict(
+                    example=np.repeat(scored["example"], layer.size),
+                    layer=np.tile(layer.ravel(), n),
+                    head=np.tile(head.ravel(), n),
+                    label=labels.ravel().astype(str),
+                    **{k: scored[k].ravel() for k in SCORES},
+                )
+            )
+        )
+    layout = token_layout(store, info) if scored is None else {}
+    for example, maps in store.iter_attention(info.id, chosen) if scored is None else ():
         special, segment = layout[example]
         scores = pattern_scores(maps, special, segment)
         labels = labels_from_scores(scores["vertical"], scores["diagonal"], scores["block"])
