@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from .common import iter_maps, per_head_frame, safe_divide
+from .errors import NotFoundError
 from .registry import register
 from .summary import SummaryKind, kept, ragged_rows, register_kind
 from .word_level import most_attended_words, units_of
@@ -124,6 +125,16 @@ def _kept_predictions(arrays: dict[str, np.ndarray], wanted) -> Predictions:
             yield example, {p: p for p in positions}, {p: r for r, p in enumerate(positions)}, ragged_rows(arrays, "attended", i)
 
 
+def _check_stored(store: Store, info, examples) -> None:
+    """NotFoundError naming asked-for examples the run lacks, as reading their maps would raise."""
+    if examples is None:
+        return
+    stored = store.examples(info.id)
+    missing = {int(e) for e in examples} - set(stored.loc[~stored["skipped"], "example"].astype(int))
+    if missing:
+        raise NotFoundError(f"run {info.name!r} has no stored example(s) {sorted(missing)[:10]}")
+
+
 def _by_example(frame: pd.DataFrame) -> dict[int, slice]:
     """Rows of each example in a frame sorted by example."""
     example = frame["example"].to_numpy(dtype=np.int64)
@@ -150,7 +161,11 @@ def coreference_counts(store: Store, run, examples=None, baselines: bool = True)
     base = np.zeros((len(KINDS), len(BASELINES)))
     totals = np.zeros(len(KINDS))
     arrays = kept(store, info, MENTION_ARGMAX, examples) if mentions else None  # no mention: nothing worth a pass
-    if arrays is not None:
+    predictions: Predictions
+    if not mentions:
+        _check_stored(store, info, examples)
+        predictions = iter(())  # and no map to read
+    elif arrays is not None:
         predictions = _kept_predictions(arrays, mentions)
     else:
         predictions = _streamed_predictions(store, info, examples, mentions)

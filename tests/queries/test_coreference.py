@@ -176,3 +176,17 @@ def test_predictions_are_kept_with_the_run_read_without_decoding_maps_and_rebuil
     zarr.open_group(store.locations.array_root, path=path, mode="r+").attrs["stamp"] = {"version": 1, "n_examples": 7}  # as if built
     assert_same(coreference_counts(store, kept_run), streamed(monkeypatch, coreference_counts, store, kept_run))  # before the 8th
     assert zarr.open_group(store.locations.array_root, path=path, mode="r").attrs["stamp"]["n_examples"] == 8
+
+
+def test_a_run_without_mentions_reads_no_map(store, make_run, monkeypatch):
+    tokens = [["[CLS]", "a", "b", "[SEP]"], ["[CLS]", "c", "[SEP]"]]
+    maps = [np.full((1, 2, len(t), len(t)), 1 / len(t), dtype=np.float32) for t in tokens]
+    run = make_run(store, maps, tokens, name="no-mentions")
+    monkeypatch.setattr(type(store), "iter_attention", lambda *a, **k: (_ for _ in ()).throw(AssertionError("read maps")))
+    frame = run_query(store, "coreference", run=run)
+    assert len(frame) == 2 and frame["all"].isna().all()  # no mention: nothing to score, and no pass built
+    assert "summary" not in zarr.open_group(store.locations.array_root, path="runs/no-mentions", mode="r")
+    from attnstore.store.errors import NotFoundError
+
+    with pytest.raises(NotFoundError, match=r"has no stored example\(s\) \[7\]"):
+        run_query(store, "coreference", run=run, examples=[0, 7])
