@@ -78,8 +78,8 @@ def choose_antecedent(mention: dict, candidates: list[dict], method: str) -> dic
 # mentions as the streaming path does; a query then reads a few kilobytes per example instead of every map.
 
 
-def _mention_argmax_prepare(store: Store, info):
-    table = store.token_table(info.id)[["example", "word_position"]]
+def _mention_argmax_prepare(store: Store, info, examples=None):
+    table = store.token_table(info.id, examples)[["example", "word_position"]]
     tokens = {int(k): g["word_position"] for k, g in table.groupby("example")}
     heads = {int(k): np.unique(g["head"].to_numpy(dtype=np.int64)) for k, g in store.mention_table(info.id).groupby("example")}
     return tokens, heads, (info.n_layers, info.n_heads)

@@ -116,8 +116,8 @@ def word_predictions(maps: np.ndarray, units) -> tuple[np.ndarray, np.ndarray, n
 # per example instead of every map.
 
 
-def _word_argmax_prepare(store: Store, info: RunInfo):
-    table = store.token_table(info.id)[["example", "word_position"]]
+def _word_argmax_prepare(store: Store, info: RunInfo, examples=None):
+    table = store.token_table(info.id, examples)[["example", "word_position"]]
     tokens = {int(k): g["word_position"] for k, g in table.groupby("example")}
     words = store.word_table(info.id)
     with_trees = set(words["example"][words["deprel"].notna()].tolist())

@@ -165,7 +165,7 @@ def feature_masks(store: Store, info, features=FEATURES) -> FeatureMasks:
 # ---------------------------------------------------------------- kept per-example sums (queries/summary.py)
 
 
-def _features_prepare(store: Store, info: RunInfo) -> FeatureMasks:
+def _features_prepare(store: Store, info: RunInfo, examples=None) -> FeatureMasks:
     return feature_masks(store, info, FEATURES)
 
 

@@ -119,7 +119,7 @@ def js_distance_matrix(maps: np.ndarray, *, threads: int | None = None) -> np.nd
     return square(js_upper(maps, threads=threads), maps.shape[0])
 
 
-def _head_js_prepare(store: Store, info: RunInfo) -> None:
+def _head_js_prepare(store: Store, info: RunInfo, examples=None) -> None:
     return None
 
 

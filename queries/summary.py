@@ -26,7 +26,6 @@ counts (L, separators, [CLS]-like tokens).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -42,11 +41,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SummaryKind:
-    """A per-example summary: `reduce(context, example, maps)` -> {field: array}, with `context = prepare(store, info)`."""
+    """A per-example summary: `reduce(context, example, maps)` -> {field: array}, with `context = prepare(store, info, examples)`."""
 
     name: str
     version: int
-    prepare: Callable[..., Any]  # (store, info[, examples]): examples None = the whole run
+    # (store, info, examples) -> the run-level inputs of `reduce`; `examples` (None: the whole run) is a worker's
+    # range, which a kind may use to read only those examples' rows
+    prepare: Callable[[Store, RunInfo, Any], Any]
     reduce: Callable[[Any, int, np.ndarray], dict[str, np.ndarray]]
     ragged: tuple[str, ...] = ()  # fields whose first axis varies by example: concatenated, with <field>_start
 
@@ -88,16 +89,9 @@ def _assemble(kind: SummaryKind, examples: list[int], rows: list[dict[str, np.nd
     return out
 
 
-def _prepare(kind: SummaryKind, store: Store, info: RunInfo, examples):
-    """The kind's run-level inputs, restricted to `examples` when its `prepare` takes them (a worker's range)."""
-    if len(inspect.signature(kind.prepare).parameters) >= 3:
-        return kind.prepare(store, info, examples)
-    return kind.prepare(store, info)
-
-
 def summarise_examples(store: Store, info: RunInfo, kind: SummaryKind, examples=None) -> dict[str, np.ndarray]:
     """One streaming pass over `examples` (default: every committed example), in storage order."""
-    context = _prepare(kind, store, info, examples)
+    context = kind.prepare(store, info, examples)
     order: list[int] = []
     rows: list[dict[str, np.ndarray]] = []
     for example, maps in iter_maps(store, info, examples):
@@ -127,8 +121,7 @@ def select(kind: SummaryKind, arrays: dict[str, np.ndarray], keep: np.ndarray) -
     for field, values in arrays.items():
         if field in kind.ragged:
             start = arrays[f"{field}_start"]
-            rows = np.concatenate([np.arange(start[i], start[i + 1]) for i in np.flatnonzero(keep)] or [np.zeros(0, np.int64)])
-            out[field] = values[rows]
+            out[field] = values[np.repeat(keep, np.diff(start))]  # each kept example's rows, in order
         elif field.endswith("_start") and field[: -len("_start")] in kind.ragged:
             sizes = np.diff(values)[keep]
             out[field] = np.r_[0, np.cumsum(sizes)].astype(np.int64)

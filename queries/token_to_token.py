@@ -113,7 +113,7 @@ def relation_units(store: Store, info: RunInfo, names=RELATIONS) -> dict[int, tu
     return out
 
 
-def _relations_prepare(store: Store, info: RunInfo):
+def _relations_prepare(store: Store, info: RunInfo, examples=None):
     return relation_units(store, info)
 
 
