@@ -454,7 +454,6 @@ def ingest(
                     batch_size,
                     max_length,
                     truncation,
-                    dtype,
                     total,
                     progress,
                     tokenization,
@@ -470,7 +469,7 @@ def ingest(
 
 @contextlib.contextmanager
 def _forward_for(scheduler: str | None, loaded: LoadedModel, dtype: str):
-    """Where the forward passes run: this process, or the workers of a Dask scheduler (queries/scheduler.py forms)."""
+    """Where the forward passes run: this process, or the workers of a Dask scheduler (forms in store/cluster.py)."""
     if scheduler is None:
         yield LocalForward(loaded, dtype)
         return
@@ -555,7 +554,7 @@ class DaskForward:
 
 
 def _run_batches(
-    store: Store, writer, forward, info, done, dataset_id, batch_size, max_length, truncation, dtype, total, progress, tokenization, loaded
+    store: Store, writer, forward, info, done, dataset_id, batch_size, max_length, truncation, total, progress, tokenization, loaded
 ) -> int:
     # Batches are planned over the whole dataset, already-stored examples included, so a resumed
     # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):
