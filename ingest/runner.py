@@ -7,13 +7,12 @@ are committed only after its maps are on disk (see store.arrays.BlockWriter).
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import random
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import islice
@@ -340,9 +339,10 @@ def ingest(
     CoNLL-U); see ingest/align.py. Recorded in `runs.tokenization`.
 
     `scheduler` (local, local:N, tcp://HOST:PORT; default ATTNSTORE_SCHEDULER, else none) runs the
-    forward passes on Dask workers, a few batches ahead per worker, while this process plans the
-    batches, tokenizes, and is the run's one writer: results arrive and are stored in plan order,
-    so the run is the one a single process would write, and it resumes the same way.
+    forward passes and the writes on Dask workers, each into its own range of the run's cells, while
+    this process plans and tokenizes the batches and holds the run's lease (ingest/distributed.py):
+    the maps, and their order in storage, are those a single process would write, and it resumes
+    the same way.
     """
     if tokenization is not None and tokenization not in TOKENIZATIONS:
         raise InvalidArgumentError(f"--tokenize must be one of {TOKENIZATIONS}, not {tokenization!r}")
@@ -442,41 +442,21 @@ def ingest(
         total = int(dataset_row["n_examples"]) - len(done)
         run_started = time.perf_counter()
         writer = store.run_writer(info.id, lease)
+        batches = planned_batches(store, dataset_id, loaded, tokenization, max_length, truncation, batch_size)
         try:
-            with _forward_for(scheduler, loaded, dtype) as forward:
-                n_new = _run_batches(
-                    store,
-                    writer,
-                    forward,
-                    info,
-                    done,
-                    dataset_id,
-                    batch_size,
-                    max_length,
-                    truncation,
-                    total,
-                    progress,
-                    tokenization,
-                    loaded,
-                )
+            if scheduler is None:
+                n_new = _run_batches(writer, loaded, dtype, info, done, batches, total, progress)
+            else:
+                from .distributed import ingest_on_cluster
+
+                n_new = ingest_on_cluster(scheduler, writer, loaded.source, dtype, done, batches, total, progress)
             seconds = time.perf_counter() - run_started
-            info = writer.finish(seconds, {"timings": {"total_seconds": time.perf_counter() - started}})
+            timings = {"timings": {"total_seconds": time.perf_counter() - started}}
+            info = writer.finish(seconds, timings, rebuild_index=scheduler is not None)
         except BaseException:
             _mark_interrupted(store, info.id)
             raise
     return IngestResult(info, n_new, seconds, False)
-
-
-@contextlib.contextmanager
-def _forward_for(scheduler: str | None, loaded: LoadedModel, dtype: str):
-    """Where the forward passes run: this process, or the workers of a Dask scheduler (forms in store/cluster.py)."""
-    if scheduler is None:
-        yield LocalForward(loaded, dtype)
-        return
-    from ..store.cluster import client_for
-
-    with client_for(scheduler) as client:
-        yield DaskForward(client, loaded.source, dtype)  # each worker loads the model once, from where this one did
 
 
 def _checked(group, tokenization: str):
@@ -504,110 +484,64 @@ def _mark_interrupted(store: Store, run_id: int) -> None:
         pass  # e.g. the database is on the full disk too: a run whose writer is gone reads as interrupted anyway
 
 
-class LocalForward:
-    """Forward passes in this process, one batch at a time."""
-
-    ahead = 0
-
-    def __init__(self, loaded: LoadedModel, dtype: str):
-        self.loaded, self.dtype = loaded, dtype
-
-    def submit(self, batch: list[Encoded]):
-        attentions, lengths = forward_attention(self.loaded, batch)
-        return to_blocks(attentions, lengths, self.dtype, batch)
-
-    def result(self, handle):
-        return handle
-
-    def cancel(self, handles) -> None:
-        pass
-
-
-# Models loaded by this process when it is a Dask worker, by source: loaded once, used for every batch.
-_WORKER_MODELS: dict[str, LoadedModel] = {}
-
-
-def forward_on_worker(source: str, batch: list[Encoded], dtype: str) -> list[np.ndarray]:
-    """On a Dask worker: one batch's maps (the same function as in one process), with the model cached."""
-    loaded = _WORKER_MODELS.get(source)
-    if loaded is None:
-        loaded = _WORKER_MODELS[source] = load_model(source)
-    attentions, lengths = forward_attention(loaded, batch)
-    return [np.ascontiguousarray(b) for b in to_blocks(attentions, lengths, dtype, batch)]
-
-
-class DaskForward:
-    """Forward passes on Dask workers, a few batches per worker ahead of the writer; results come back in order."""
-
-    def __init__(self, client, source: str, dtype: str):
-        self.client, self.source, self.dtype = client, source, dtype
-        self.ahead = 2 * max(1, len(client.scheduler_info().get("workers", {})))
-
-    def submit(self, batch: list[Encoded]):
-        return self.client.submit(forward_on_worker, self.source, batch, self.dtype, pure=False)
-
-    def result(self, future):
-        return future.result()
-
-    def cancel(self, futures) -> None:
-        self.client.cancel([f for f in futures if f is not None])
-
-
-def _run_batches(
-    store: Store, writer, forward, info, done, dataset_id, batch_size, max_length, truncation, total, progress, tokenization, loaded
-) -> int:
-    # Batches are planned over the whole dataset, already-stored examples included, so a resumed
-    # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):
-    # its maps are bit-identical. Batches with nothing new are not run.
+def planned_batches(
+    store: Store, dataset_id: int, loaded: LoadedModel, tokenization, max_length, truncation, batch_size
+) -> Iterator[list[Encoded]]:
+    """The dataset's batches, tokenized as they are planned (already-stored examples included, see `_run_batches`)."""
     pending = store.dataset_examples(dataset_id)
     encoded = (
         enc
         for group in iter(lambda: list(islice(pending, 256)), [])
         for enc in encode_batch(loaded.tokenizer_for(tokenization), _checked(group, tokenization), max_length, truncation, tokenization)
     )
+    return plan_batches(encoded, batch_size)
+
+
+def batch_items(loaded: LoadedModel, dtype: str, batch: list[Encoded], done: Set[int]) -> list[tuple[Encoded, np.ndarray | None]]:
+    """One planned batch's examples to store, in storage order, with their maps (None: skipped, no tokens)."""
+    runnable = [e for e in batch if e.input_ids]
+    items: list[tuple[Encoded, np.ndarray | None]] = [(e, None) for e in batch if not e.input_ids and e.example_id not in done]
+    if any(e.example_id not in done for e in runnable):
+        attentions, lengths = forward_attention(loaded, runnable)
+        items += [(e, maps) for e, maps in zip(runnable, to_blocks(attentions, lengths, dtype, runnable)) if e.example_id not in done]
+    return items
+
+
+def store_items(writer, items: list[tuple[Encoded, np.ndarray | None]]) -> None:
+    """Hand a batch's examples to a run writer and commit what is on disk."""
+    for enc, maps in items:
+        if maps is None:
+            writer.add_skipped(enc.example_id, enc.full_length)
+        else:
+            writer.add(enc.example_id, maps, enc.tokens, truncated=enc.truncated)
+    writer.commit()
+
+
+def _run_batches(writer, loaded: LoadedModel, dtype: str, info, done: Set[int], batches: Iterable[list[Encoded]], total, progress) -> int:
+    # Batches are planned over the whole dataset, already-stored examples included, so a resumed
+    # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):
+    # its maps are bit-identical. Batches with nothing new are not run.
     inflight: deque = deque()
-    computing: deque = deque()  # (batch, items so far, forward handle): batches whose maps are being computed
     n_new = 0
 
     def store_batch(items):
-        for enc, maps in items:
-            if maps is None:
-                writer.add_skipped(enc.example_id, enc.full_length)
-            else:
-                writer.add(enc.example_id, maps, enc.tokens, truncated=enc.truncated)
-        writer.commit()
+        store_items(writer, items)
         bar.update(len(items))
 
-    def write_next() -> int:
-        """Wait for the oldest batch's maps and hand them to the writer thread (batches are stored in plan order)."""
-        batch, items, handle = computing.popleft()
-        if handle is not None:
-            items += [(e, maps) for e, maps in zip(batch, forward.result(handle)) if e.example_id not in done]
-        while len(inflight) >= 2:
-            inflight.popleft().result()
-        inflight.append(pool.submit(store_batch, items))
-        return len(items)
-
-    # One writer thread: compression, Zarr writes and SQL inserts overlap the next forward pass
-    # (or, on Dask, the next batches' forward passes on the workers).
+    # One writer thread: compression, Zarr writes and SQL inserts overlap the next forward pass.
     with ThreadPoolExecutor(max_workers=1) as pool, _progress(total, f"ingesting {info.name}", progress) as bar:
         try:
-            for batch in plan_batches(encoded, batch_size):
+            for batch in batches:
                 if all(e.example_id in done for e in batch):
                     continue
-                skipped = [e for e in batch if not e.input_ids]
-                batch = [e for e in batch if e.input_ids]
-                items = [(e, None) for e in skipped if e.example_id not in done]
-                handle = forward.submit(batch) if any(e.example_id not in done for e in batch) else None
-                computing.append((batch, items, handle))
-                while len(computing) > forward.ahead:
-                    n_new += write_next()
-            while computing:
-                n_new += write_next()
+                items = batch_items(loaded, dtype, batch, done)
+                while len(inflight) >= 2:
+                    inflight.popleft().result()
+                inflight.append(pool.submit(store_batch, items))
+                n_new += len(items)
             while inflight:
                 inflight.popleft().result()
         except BaseException:
-            forward.cancel(h for _, _, h in computing)
             # Keep what is safely on disk (the caller marks the run interrupted, so `ingest` resumes it).
             for f in inflight:
                 f.cancel()

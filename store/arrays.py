@@ -321,10 +321,38 @@ class RunIndex:
     def read(self) -> dict[str, np.ndarray]:
         return {name: np.asarray(array[:]) for name, array in self.arrays.items()}
 
+    def length(self) -> int:
+        """Entries the arrays hold now (more than `n` after a crash between writing and committing)."""
+        return int(self.arrays["example"].shape[0])
+
+    def truncate(self) -> None:
+        """Cut every array back to the entries written through this object (`n`, `n_tokens`): the index mirrors SQL."""
+        for name, array in self.arrays.items():
+            wanted = self.n_tokens if name == TOKEN_IDS else self.n
+            if array.shape[0] != wanted:
+                array.resize((wanted,))
+        if self.group.attrs.get(INDEX_PENDING):
+            self.group.attrs.update({INDEX_PENDING: False})
+
+
+INDEX_PENDING = "index_pending"  # group attribute: a distributed ingest writes the index arrays when the run completes
+
+
+def index_pending(root: str, array_path: str) -> bool:
+    """Whether a layout-2 run's index arrays are left to be written when it completes (a distributed ingest)."""
+    group = group_path_of(array_path)
+    return bool(group and zarr.open_group(store=open_root(root, read_only=True), path=group, mode="r").attrs.get(INDEX_PENDING))
+
 
 def resume_offset(stored_end: int, chunk_cells: int) -> int:
     """First offset a resumed run may write at: the next chunk boundary, never inside a written chunk."""
     return -(-stored_end // chunk_cells) * chunk_cells
+
+
+def trim(array, end: int) -> None:
+    """Cut a layout-2 cells array to its committed end; chunks wholly past it (cells written, never committed) go."""
+    if array.shape[0] > end:
+        array.resize((end,))
 
 
 class BlockWriter:
@@ -513,10 +541,15 @@ def iter_blocks(
         for r in group:
             yield r.key, data[r.offset - start : r.offset - start + size(r)].reshape(block_shape(n_layers, n_heads, r.length))
 
+    chunk = array.chunks[0]
+    last_chunk = -1  # the last chunk the group needs
     for ref in sorted(refs, key=lambda r: r.offset):
-        if group and ref.offset + size(ref) - group[0].offset > slab_cells:
+        # A slab never spans a whole chunk no block needs: cells allotted to a writer that was cut off
+        # (ingest/distributed.py) may have no chunks.
+        if group and (ref.offset + size(ref) - group[0].offset > slab_cells or ref.offset // chunk > last_chunk + 1):
             yield from emit(group)
             group = []
         group.append(ref)
+        last_chunk = max(last_chunk, (ref.offset + size(ref) - 1) // chunk)
     if group:
         yield from emit(group)

@@ -26,7 +26,7 @@ from . import arrays
 from .errors import DamagedDataError
 from .records import RunInfo
 from .schema import Run, Sequence
-from .writer import run_attributes, run_lease_name
+from .writer import run_attributes, run_lease_name, write_index_from_sql
 
 if TYPE_CHECKING:
     from .store import Store
@@ -68,21 +68,8 @@ def _committed(store: Store, info: RunInfo) -> pd.DataFrame:
 
 
 def _write_index(store: Store, info: RunInfo) -> None:
-    """Rewrite a layout-2 run's index arrays from SQL (entries in offset order)."""
-    seqs = _committed(store, info)
-    positions = store.example_rows(info.id).set_index("example_id")["example"]
-    tokens = store.token_ids_by_example(info.id)
-    index = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0)
-    index.write(
-        [int(positions.loc[e]) for e in seqs["example_id"]],
-        seqs["offset"].tolist(),
-        seqs["length"].tolist(),
-        [np.asarray(tokens.get(int(e), []), dtype=np.int64) for e in seqs["example_id"]],
-    )
-    for name in (*arrays.INDEX_DTYPES, arrays.TOKEN_IDS):  # an index that ran ahead of SQL is cut back
-        wanted = index.n if name != arrays.TOKEN_IDS else index.n_tokens
-        if index.arrays[name].shape[0] != wanted:
-            index.arrays[name].resize((wanted,))
+    """Rewrite a layout-2 run's index arrays from SQL (entries in offset order); an index ahead of SQL is cut back."""
+    index = write_index_from_sql(store, info)
     index.group.attrs.update({"status": info.status, "n_examples": index.n})
 
 

@@ -97,34 +97,23 @@ def clear_stale(engine: sa.Engine, resource: str) -> bool:
     return n == 1
 
 
-class WriteLease:
-    """A held lease; use as a context manager. `check()` raises LeaseLostError once it was taken over."""
+class LeaseCheck:
+    """A held lease as a writer checks it: `check()` refreshes its heartbeat and raises LeaseLostError once
+    it was taken over. On its own it is how a distributed ingest's workers hold their coordinator's lease
+    (`token` passed to them): they check it before every write and never take or release it."""
 
     def __init__(self, engine: sa.Engine, resource: str, what: str, token: str):
         self.engine = engine
         self.resource = resource
         self.what = what
         self.token = token
-        self._stop = threading.Event()
         self._lost = False
-        self._thread = threading.Thread(target=self._beat, name=f"lease {resource}", daemon=True)
-        self._thread.start()
 
     def _touch(self, conn) -> bool:
         n = conn.execute(
             sa.update(Lease).where(Lease.resource == self.resource, Lease.token == self.token).values(heartbeat_at=utcnow())
         ).rowcount
         return n == 1
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_EVERY):
-            try:
-                with self.engine.begin() as conn:
-                    if not self._touch(conn):
-                        self._lost = True
-                        return
-            except Exception:
-                pass  # a missed beat is retried; the stale period allows several
 
     def check(self, conn=None) -> None:
         """Refresh the heartbeat and make sure the lease is still ours (inside `conn`'s transaction if given)."""
@@ -139,6 +128,29 @@ class WriteLease:
                 f"{self.what}: another process took over this write (this one stalled longer than "
                 f"{STALE_AFTER.total_seconds():.0f} s); stopped without writing more"
             )
+
+    def release(self) -> None:
+        """Nothing to give back: the lease belongs to whoever took it."""
+
+
+class WriteLease(LeaseCheck):
+    """A lease this process took; use as a context manager. A background thread keeps its heartbeat."""
+
+    def __init__(self, engine: sa.Engine, resource: str, what: str, token: str):
+        super().__init__(engine, resource, what, token)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"lease {resource}", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_EVERY):
+            try:
+                with self.engine.begin() as conn:
+                    if not self._touch(conn):
+                        self._lost = True
+                        return
+            except Exception:
+                pass  # a missed beat is retried; the stale period allows several
 
     def release(self) -> None:
         self._stop.set()

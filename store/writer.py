@@ -369,9 +369,9 @@ class StoreWriter(StoreReader):
 
     # ------------------------------------------------------------------ run writers and write leases
 
-    def run_writer(self, run: RunRef, lease: leases.WriteLease | None = None) -> RunWriter:
-        """A writer for a run; takes the run's write lease unless the caller holds it (`lease`)."""
-        return RunWriter(self, self.run_info(run), lease)
+    def run_writer(self, run: RunRef, lease: leases.LeaseCheck | None = None, part: tuple[int, int] | None = None) -> RunWriter:
+        """A writer for a run; takes the run's write lease unless the caller holds it (`lease`). `part`: see RunWriter."""
+        return RunWriter(self, self.run_info(run), lease, part)
 
     def lease(self, resource: str, what: str, *, wait: bool = False, on_wait=None) -> leases.WriteLease:
         """Take the write lease on `resource` ("run:NAME", "dataset:KEY"); BusyError if a live process holds it."""
@@ -425,6 +425,41 @@ def run_attributes(session, run: Run) -> dict:
     }
 
 
+def committed_end(store: StoreReader, info: RunInfo) -> int:
+    """The end of the run's last committed block (0 for a run without one)."""
+    with store.engine.connect() as conn:
+        end = conn.execute(
+            sa.select(sa.func.max(Sequence.offset + info.n_layers * info.n_heads * Sequence.length * Sequence.length)).where(
+                Sequence.run_id == info.id
+            )
+        ).scalar()
+    return int(end or 0)
+
+
+def write_index_from_sql(store: StoreReader, info: RunInfo) -> arrays.RunIndex:
+    """Rewrite a layout-2 run's index arrays from SQL (its committed blocks, in offset order)."""
+    with store.engine.connect() as conn:
+        seqs = pd.DataFrame(
+            conn.execute(
+                sa.select(Sequence.example_id, Sequence.offset, Sequence.length)
+                .where(Sequence.run_id == info.id, Sequence.offset.is_not(None))
+                .order_by(Sequence.offset)
+            ).all(),
+            columns=["example_id", "offset", "length"],
+        )
+    positions = store.example_rows(info.id).set_index("example_id")["example"]
+    tokens = store.token_ids_by_example(info.id)
+    index = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0)
+    index.write(
+        [int(positions.loc[e]) for e in seqs["example_id"]],
+        seqs["offset"].tolist(),
+        seqs["length"].tolist(),
+        [np.asarray(tokens.get(int(e), []), dtype=np.int64) for e in seqs["example_id"]],
+    )
+    index.truncate()
+    return index
+
+
 def run_lease_name(run_name: str) -> str:
     return f"run:{run_name}"
 
@@ -446,11 +481,14 @@ class RunWriter:
     the transaction that commits the rows, so a writer that lost it writes nothing more.
     """
 
-    def __init__(self, store: StoreWriter, info: RunInfo, lease: leases.WriteLease | None = None):
+    def __init__(self, store: StoreWriter, info: RunInfo, lease: leases.LeaseCheck | None = None, part: tuple[int, int] | None = None):
+        """`part`: the (start, stop) cells a distributed ingest's coordinator allotted this writer (ingest/distributed.py);
+        its blocks go there and nowhere else, and the index arrays are left to the coordinator."""
         self.store = store
         self.info = info
         self._own_lease = lease is None
         self.lease = lease or store.lease(run_lease_name(info.name), f"run {info.name!r}")
+        self.part = part
         try:
             array = store._array(info, read_only=False)
             with store.engine.connect() as conn:
@@ -461,13 +499,19 @@ class RunWriter:
                         sa.func.sum(sa.case((Sequence.offset.is_not(None), Sequence.length), else_=0)),
                     ).where(Sequence.run_id == info.id)
                 ).one()
-            self.blocks = arrays.BlockWriter(array, arrays.resume_offset(int(end or 0), info.chunk_cells))
+            if part is not None:
+                start = part[0]
+            else:
+                # Past everything ever allotted too (the array's length): cells written but never committed are left
+                # alone, so a writer that was cut off (a killed process, a distributed part) cannot overwrite new data.
+                start = arrays.resume_offset(max(int(end or 0), array.shape[0]), info.chunk_cells)
+            self.blocks = arrays.BlockWriter(array, start)
             # Layout 2 mirrors the committed index in Zarr; layout-1 runs (resumed after an upgrade of attnstore) have none.
-            self.index = (
-                arrays.RunIndex(store.locations.array_root, info.array_path, int(n_blocks or 0), int(n_tokens or 0))
-                if arrays.group_path_of(info.array_path)
-                else None
-            )
+            self.index = None
+            if part is None and arrays.group_path_of(info.array_path):
+                self.index = arrays.RunIndex(store.locations.array_root, info.array_path, int(n_blocks or 0), int(n_tokens or 0))
+                if self.index.length() < self.index.n or self.index.group.attrs.get(arrays.INDEX_PENDING):
+                    self.index = write_index_from_sql(store, info)  # after a distributed ingest cut off before it wrote it
         except BaseException:
             self.close()
             raise
@@ -477,6 +521,11 @@ class RunWriter:
         expected = (self.info.n_layers, self.info.n_heads)
         if maps.ndim != 4 or maps.shape[:2] != expected or maps.shape[2] != maps.shape[3] or maps.shape[2] != len(tokens):
             raise InvalidArgumentError(f"maps of shape {maps.shape} do not fit {len(tokens)} tokens and {expected} (layer, head)")
+        if self.part is not None and self.blocks.next_offset + maps.size > self.part[1]:
+            raise InvalidArgumentError(
+                f"example {example_id}'s maps do not fit the cells {self.part[0]}..{self.part[1]} "
+                f"allotted to this writer of run {self.info.name!r}"
+            )
         offset = self.blocks.append(maps)
         length = maps.shape[-1]
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=offset, truncated=truncated, skipped=False)
@@ -542,9 +591,15 @@ class RunWriter:
                 f"then run the same ingest command to resume"
             ) from None
 
-    def finish(self, seconds: float, manifest_update: dict | None = None) -> RunInfo:
+    def finish(self, seconds: float, manifest_update: dict | None = None, rebuild_index: bool = False) -> RunInfo:
+        """Commit the rest and mark the run complete. `rebuild_index`: write the index arrays anew from SQL and cut the
+        cells array to the committed end (after a distributed ingest, whose workers write neither)."""
         try:
             self.commit(final=True)
+            if rebuild_index and arrays.group_path_of(self.info.array_path):
+                self.lease.check()
+                self.index = write_index_from_sql(self.store, self.info)
+                arrays.trim(self.blocks.array, committed_end(self.store, self.info))
             with self.store.session() as s:
                 self.lease.check(s.connection())
                 run = s.get(Run, self.info.id)

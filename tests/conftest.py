@@ -111,8 +111,10 @@ def make_run():
         checksum="crc32c",
         finish=True,
         codec=None,
+        write=None,
     ):
-        """words_list: per example, word dicts (form, head, deprel, upos, ...) replacing one word per
+        """write: how many of the examples to store (default all; the rest are only in the dataset).
+        words_list: per example, word dicts (form, head, deprel, upos, ...) replacing one word per
         non-special token; token_words: per example, each token's word position (None for specials);
         mentions_list: per example, mention dicts (word_start, word_end, head, entity, kind, doc_order)."""
         n_layers, n_heads = maps_list[0].shape[:2]
@@ -189,7 +191,7 @@ def make_run():
         )
         ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
         writer = store.run_writer(info.id)
-        for position, (maps, toks) in enumerate(zip(maps_list, token_lists)):
+        for position, (maps, toks) in enumerate(zip(maps_list[:write], token_lists[:write])):
             word = 0
             rows = []
             for t, tok in enumerate(toks):

@@ -1,6 +1,7 @@
-"""Ingest with the forward passes on Dask distributed (`--scheduler`): a LocalCluster of 2 worker processes
-computes the maps, this process plans, tokenizes and writes; the run equals a one-process ingest exactly, on
-SQLite and PostgreSQL, and a distributed ingest killed with SIGKILL resumes to the same run."""
+"""Distributed ingest on Dask (`--scheduler`): a LocalCluster of 2 worker processes computes the maps and writes
+them, each part of the run into its own chunk-aligned cells, while this process plans and tokenizes; the run
+equals a one-process ingest exactly, on SQLite and PostgreSQL, and a distributed ingest killed with SIGKILL
+resumes to the same run."""
 
 from __future__ import annotations
 
@@ -62,12 +63,17 @@ def assert_same_run(store, reference) -> None:
     assert store.sql("SELECT count(*) AS n FROM leases")["n"][0] == 0
 
 
-def test_forward_passes_on_two_workers_store_the_one_process_run(store, tiny_bert, cluster, one_process):
-    from attnstore.ingest import ingest
+def test_two_workers_write_disjoint_parts_of_the_one_process_run(store, tiny_bert, cluster, one_process, monkeypatch):
+    from attnstore.ingest import distributed, ingest
 
+    monkeypatch.setattr(distributed, "PART_BATCHES", 1)  # 6 parts of one batch (2 examples) for 2 workers
     result = ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", scheduler=cluster, **OPTIONS)
     assert result.n_new == N_EXAMPLES
     assert_same_run(store, one_process)
+    # each part starts on a chunk of its own: the first block of every pair of examples
+    offsets = list(store.examples("k").sort_values("offset")["offset"])
+    assert all(o % OPTIONS["chunk_cells"] == 0 for o in offsets[::2]), offsets
+    assert len({o // OPTIONS["chunk_cells"] for o in offsets[::2]}) == N_EXAMPLES // 2
 
 
 def test_a_killed_distributed_ingest_resumes_to_the_same_run(tmp_path, tiny_bert, cluster, one_process):
