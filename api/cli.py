@@ -28,19 +28,10 @@ from .common import (
 
 
 def bound_heap_growth() -> None:
-    """Fix glibc's mmap threshold at 1 MiB so freed slabs of maps go back to the OS.
+    """Freed slabs of maps go back to the OS (store/heap.py); commands that run a model change this when they load it."""
+    from ..store import heap
 
-    Left dynamic, the threshold rises after the first large free and later slabs land on
-    the heap, where fragmentation makes peak memory creep up with corpus size.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
+    heap.for_reading()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -220,8 +220,13 @@ def _hub_error(name_or_path: str, exc: BaseException) -> ModelNotFoundError:
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "eager") -> LoadedModel:
+    """Load a model to run (this process's heap is set for forward passes: store/heap.py)."""
     import torch
     from transformers import AutoModel, AutoTokenizer
+
+    from ..store import heap
+
+    heap.for_forward()
 
     name, source = resolve_source(name_or_path)
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")

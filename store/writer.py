@@ -474,6 +474,12 @@ def bulk_insert(conn, table: str, columns: tuple[str, ...], rows: list[tuple]) -
     conn.exec_driver_sql(sql, rows)
 
 
+# Writing the five index arrays costs ~20 ms whatever the number of entries (benchmarks/storage_pipeline.py):
+# once per batch that was ~5 % of an MRPC ingest. Entries are written every this many tokens and when the run
+# completes; meanwhile the group says `index_pending`, and a resumed writer rebuilds the index from SQL.
+INDEX_FLUSH_TOKENS = 1 << 16
+
+
 class RunWriter:
     """Append examples' maps and tokens to a run; SQL rows are committed only once their maps are on disk.
 
@@ -516,6 +522,10 @@ class RunWriter:
             self.close()
             raise
         self._pending: list[tuple[int, dict, list[tuple], np.ndarray]] = []  # (end offset, sequence row, token rows, token ids)
+        # Index entries committed in SQL, not yet in the Zarr index: written every INDEX_FLUSH_TOKENS tokens and at the end.
+        self._index_queue: list[tuple[int, int, int, np.ndarray]] = []  # (example position, offset, length, token ids)
+        self._index_tokens = 0
+        self._lag_marked = False
 
     def add(self, example_id: int, maps: np.ndarray, tokens: list[dict], truncated: bool = False) -> None:
         expected = (self.info.n_layers, self.info.n_heads)
@@ -559,13 +569,17 @@ class RunWriter:
         n_stored = sum(1 for q in seqs if not q["skipped"])
         with self.store.session() as s:
             self.lease.check(s.connection())
-            if self.index is not None:  # before the rows commit: an index entry never lacks its cells
+            if self.index is not None:
                 blocks = [p for p in ready if not p[1]["skipped"]]
                 ids = [p[1]["example_id"] for p in blocks]
                 position = dict(s.execute(sa.select(Example.id, Example.position).where(Example.id.in_(ids))).all()) if ids else {}
-                self._write_index(
-                    [position[i] for i in ids], [p[1]["offset"] for p in blocks], [p[1]["length"] for p in blocks], [p[3] for p in blocks]
-                )
+                self._index_queue += [(position[p[1]["example_id"]], p[1]["offset"], p[1]["length"], p[3]) for p in blocks]
+                self._index_tokens += sum(len(p[3]) for p in blocks)
+                if final or self._index_tokens >= INDEX_FLUSH_TOKENS:
+                    self._flush_index()  # before the rows commit: an index entry never lacks its cells
+                elif self._index_queue and not self._lag_marked:  # SQL is about to run ahead of the index
+                    self.index.group.attrs.update({arrays.INDEX_PENDING: True})
+                    self._lag_marked = True
             s.execute(sa.insert(Sequence), seqs)
             if toks:
                 bulk_insert(s.connection(), "tokens", ("run_id", "example_id", "position", *TOKEN_FIELDS), toks)
@@ -580,10 +594,13 @@ class RunWriter:
             )
         return len(ready)
 
-    def _write_index(self, examples, offsets, lengths, token_ids) -> None:
+    def _flush_index(self) -> None:
         assert self.index is not None
+        queue, self._index_queue, self._index_tokens = self._index_queue, [], 0
+        if not queue:
+            return
         try:
-            self.index.write(examples, offsets, lengths, token_ids)
+            self.index.write(*(list(column) for column in zip(*queue)))
         except OSError as exc:
             raise StorageIOError(
                 f"cannot write the index arrays of run {self.info.name!r} under {self.store.locations.array_root}: "
@@ -609,7 +626,7 @@ class RunWriter:
                 if manifest_update:
                     run.manifest = {**(run.manifest or {}), **manifest_update}
             if self.index is not None:
-                self.index.group.attrs.update({"status": "complete", "n_examples": self.index.n})
+                self.index.group.attrs.update({"status": "complete", "n_examples": self.index.n, arrays.INDEX_PENDING: False})
         finally:
             self.close()
         return self.store.run_info(self.info.id)

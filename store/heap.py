@@ -1,0 +1,36 @@
+"""glibc heap settings for the two kinds of work a process does here (Linux; elsewhere nothing is changed).
+
+- Reading maps (queries, the server): `for_reading()` pins the mmap threshold at 1 MiB, so freed
+  slabs of maps go back to the OS. Left dynamic, the threshold rises after the first large free
+  and later slabs land on the heap, where fragmentation makes peak memory creep up with corpus size.
+- Running a model (ingest, fine-tuning, a Dask worker's forward passes): `for_forward()` pins it at
+  32 MiB and the trim threshold at 128 MiB, so each batch's attention tensors reuse heap memory.
+  With the threshold pinned low (1 MiB above, or 128 KiB wherever MALLOC_TRIM_THRESHOLD_ is set,
+  as Dask's nanny does for its workers) every batch's tensors were fresh mmaps: 10x the page faults
+  and +45 % CPU time in MRPC forward passes (docs/PERFORMANCE.md, "The heap and the forward pass").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+def _mallopt(param: int, value: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(param, value)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def for_reading() -> None:
+    _mallopt(M_MMAP_THRESHOLD, 1 << 20)
+
+
+def for_forward() -> None:
+    _mallopt(M_MMAP_THRESHOLD, 32 << 20)
+    _mallopt(M_TRIM_THRESHOLD, 128 << 20)
