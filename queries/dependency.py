@@ -16,8 +16,9 @@ word at a fixed offset (-3..3, not 0) from the dependent, clamped to the sentenc
 authors' code: before the first word is ROOT, past the last word is the last word.
 
 The predictions (each word's most-attended word and the word attending to it most, per head)
-are kept with the run (`WORD_ARGMAX`, queries/summary.py) by one pass the first time; later
-calls count hits from them and the gold trees without decoding a map, with the same counts.
+and the gold trees are kept with the run (`WORD_ARGMAX`, queries/summary.py) by one pass the
+first time; later calls count hits from them without decoding a map or reading the words from
+SQL, with the same counts.
 """
 
 from __future__ import annotations
@@ -111,29 +112,77 @@ def word_predictions(maps: np.ndarray, units) -> tuple[np.ndarray, np.ndarray, n
 # ---------------------------------------------------------------- word-level predictions kept with the run
 # Per example, per word unit (in token order) and (layer, head): the other word it attends to most and the other
 # word attending to it most (`word_predictions`' by_row and by_col), as indices into the example's words, -1 for
-# no prediction: `argmax` (words, 2, layer, head), with the words' positions in `word` (none for an example without
-# a dependency tree). One pass over the run computes them (queries/summary.py); a query then reads a few kilobytes
-# per example instead of every map.
+# no prediction: `argmax` (words, 2, layer, head), with the words' positions in `word`. Beside them, the example's
+# gold tree, so that counting needs no word table from SQL: one `edge` row per word with a relation (in word
+# order; the EDGE_* columns below) and the relations' UTF-8 bytes, concatenated in the same order, in `edge_label`.
+# None of these for an example without a dependency tree. One pass over the run computes them (queries/summary.py);
+# a query then reads a few kilobytes per example instead of every map.
+
+EDGE_POSITION, EDGE_HEAD, EDGE_FIRST, EDGE_LAST, EDGE_LABEL_BYTES, EDGE_FLAGS = range(6)  # EDGE_HEAD -1: none
+EDGE_COLUMNS = 6
+ROOT_FLAG = 1  # the word has no head (a root)
+POSSESSIVE_NEXT_FLAG = 2  # the next word's form is a possessive marker (the paper's poss rule)
+
+
+def _gold_edges(all_words: pd.DataFrame) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per example with a tree, its words with a relation as (edge (words, EDGE_COLUMNS) int32, edge_label uint8):
+    position, head position (-1 for none), first and last word position of its sentence, its relation's length in
+    UTF-8 bytes, flags; and the relations' bytes, concatenated."""
+    tree = all_words["deprel"].notna().to_numpy()
+    words = all_words[tree]
+    example = words["example"].to_numpy(dtype=np.int64)
+    position = words["position"].to_numpy(dtype=np.int64)
+    grouped = all_words.groupby(["example", "segment", "sentence"])["position"]
+    first = grouped.transform("min").to_numpy(dtype=np.int64)[tree]
+    last = grouped.transform("max").to_numpy(dtype=np.int64)[tree]
+    marker = _following_forms(all_words, example, position).str.lower().isin(POSSESSIVE_MARKERS).to_numpy(dtype=bool)
+    root = words["head"].isna().to_numpy()
+    labels = [str(rel).encode("utf-8") for rel in words["deprel"]]
+    edge = np.empty((len(words), EDGE_COLUMNS), dtype=np.int64)
+    edge[:, EDGE_POSITION] = position
+    edge[:, EDGE_HEAD] = words["head"].fillna(-1).to_numpy(dtype=np.int64)
+    edge[:, EDGE_FIRST], edge[:, EDGE_LAST] = first, last
+    edge[:, EDGE_LABEL_BYTES] = [len(b) for b in labels]
+    edge[:, EDGE_FLAGS] = root * ROOT_FLAG + marker * POSSESSIVE_NEXT_FLAG
+    chars = np.frombuffer(b"".join(labels), dtype=np.uint8)
+    char_end = np.cumsum(edge[:, EDGE_LABEL_BYTES])
+    out = {}
+    keys, starts = np.unique(example, return_index=True)  # words come ordered by example, then position
+    ends = np.r_[starts[1:], len(example)]
+    for key, lo, hi in zip(keys.tolist(), starts.tolist(), ends.tolist()):
+        c_lo, c_hi = (int(char_end[lo - 1]) if lo else 0), int(char_end[hi - 1])
+        out[key] = (edge[lo:hi].astype(np.int32), chars[c_lo:c_hi].copy())
+    return out
 
 
 def _word_argmax_prepare(store: Store, info: RunInfo, examples=None):
     table = store.token_table(info.id, examples)[["example", "word_position"]]
     tokens = {int(k): g["word_position"] for k, g in table.groupby("example")}
     words = store.word_table(info.id)
-    with_trees = set(words["example"][words["deprel"].notna()].tolist())
-    return tokens, with_trees, (np.int16 if info.max_length < 2**15 else np.int32)  # word indices < tokens <= max_length
+    if examples is not None:
+        words = words[words["example"].isin([int(e) for e in examples])]
+    return tokens, _gold_edges(words), (np.int16 if info.max_length < 2**15 else np.int32)  # word indices < tokens <= max_length
 
 
 def _word_argmax_reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
-    tokens, with_trees, dtype = context
-    if example not in with_trees:  # nothing to judge (as the streaming path, which skips it): no row
-        return {"word": np.zeros(0, dtype=np.int32), "argmax": np.zeros((0, 2, *maps.shape[:2]), dtype=dtype)}
+    tokens, edges, dtype = context
+    if example not in edges:  # nothing to judge (as the streaming path, which skips it): no row
+        return {
+            "word": np.zeros(0, dtype=np.int32),
+            "argmax": np.zeros((0, 2, *maps.shape[:2]), dtype=dtype),
+            "edge": np.zeros((0, EDGE_COLUMNS), dtype=np.int32),
+            "edge_label": np.zeros(0, dtype=np.uint8),
+        }
     by_row, by_col, words = word_predictions(maps, units_of(tokens[example]))
     argmax = np.moveaxis(np.stack([by_row, by_col]), -1, 0)  # (words, 2, layer, head)
-    return {"word": np.asarray(words, dtype=np.int32), "argmax": argmax.astype(dtype)}
+    edge, edge_label = edges[example]
+    return {"word": np.asarray(words, dtype=np.int32), "argmax": argmax.astype(dtype), "edge": edge, "edge_label": edge_label}
 
 
-WORD_ARGMAX = register_kind(SummaryKind("word_argmax", 1, _word_argmax_prepare, _word_argmax_reduce, ragged=("word", "argmax")))
+# version 2: the gold tree (`edge`, `edge_label`) kept beside the predictions
+WORD_ARGMAX = register_kind(
+    SummaryKind("word_argmax", 2, _word_argmax_prepare, _word_argmax_reduce, ragged=("word", "argmax", "edge", "edge_label"))
+)
 
 
 def _keys(example: np.ndarray, position: np.ndarray) -> np.ndarray:
@@ -151,6 +200,22 @@ def _following_forms(all_words: pd.DataFrame, example: np.ndarray, position: np.
     return pd.Series(np.where(at >= 0, forms[np.maximum(at, 0)], None), dtype=object)
 
 
+def _decode_labels(chars: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Relations stored as concatenated UTF-8 bytes with their lengths -> (code per edge, the distinct relations,
+    sorted as Python sorts str: UTF-8 bytes sort as code points)."""
+    n = len(lengths)
+    if not n:
+        return np.zeros(0, dtype=np.int64), []
+    lengths = lengths.astype(np.int64)
+    width = max(int(lengths.max()), 1)
+    grid = np.zeros((n, width), dtype=np.uint8)  # each relation's bytes, padded with NULs (the view drops them)
+    rows = np.repeat(np.arange(n), lengths)
+    columns = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    grid[rows, columns] = chars
+    distinct, codes = np.unique(grid.view(f"S{width}").ravel(), return_inverse=True)
+    return codes.ravel(), [bytes(b).decode("utf-8") for b in distinct]
+
+
 def _per_bucket(hit: np.ndarray, first: np.ndarray, present: np.ndarray, n_buckets: int) -> np.ndarray:
     """Sums of `hit` (edges sorted by bucket, ...) per bucket, starting at rows `first`, as (..., n_buckets) floats."""
     out = np.zeros((n_buckets, *hit.shape[1:]))
@@ -159,17 +224,39 @@ def _per_bucket(hit: np.ndarray, first: np.ndarray, present: np.ndarray, n_bucke
     return np.moveaxis(out, 0, -1)
 
 
+def _empty_counts(info: RunInfo, relations: list[str]) -> DependencyCounts:
+    shape = (info.n_layers, info.n_heads)
+    return DependencyCounts(
+        info,
+        relations,
+        correct=np.zeros((2, *shape, len(relations))),
+        totals=np.zeros(len(relations)),
+        baseline=np.zeros((len(OFFSETS), len(relations))),
+        n_root=0,
+        baseline_root=np.zeros(len(OFFSETS)),
+        no_prediction=np.zeros((2, *shape)),
+    )
+
+
 def _count_kept(
-    counts: DependencyCounts,
-    arrays: dict[str, np.ndarray],
-    all_words: pd.DataFrame,
-    words: pd.DataFrame,
-    head2dep: str,
-    poss_apostrophe: bool,
-) -> None:
-    """`counts` from the kept predictions: the edges, judged words and hits of the streaming path, all examples at once."""
-    if "word" not in arrays or not len(arrays["example"]):
-        return
+    info: RunInfo, arrays: dict[str, np.ndarray], chosen: np.ndarray | None, head2dep: str, poss_apostrophe: bool
+) -> DependencyCounts:
+    """The counts from the kept predictions and gold trees of the whole run's summary (`chosen`: a mask over its
+    examples, None for all): the relations, edges, judged words and hits of the streaming path, all examples at once."""
+    if "edge" not in arrays:  # no example committed
+        return _empty_counts(info, [])
+    n_edges = np.diff(arrays["edge_start"])
+    edge = arrays["edge"]
+    codes, names = _decode_labels(arrays["edge_label"], edge[:, EDGE_LABEL_BYTES])
+    root = (edge[:, EDGE_FLAGS] & ROOT_FLAG) != 0
+    relation_codes = np.unique(codes[~root])  # the run's relations (of non-root words), sorted
+    counts = _empty_counts(info, [names[c] for c in relation_codes])
+    n_rel = len(counts.relations)
+    # the chosen examples' edges
+    example = np.repeat(arrays["example"], n_edges)
+    if chosen is not None:
+        keep = np.repeat(chosen, n_edges)
+        edge, codes, root, example = edge[keep], codes[keep], root[keep], example[keep]
     start = arrays["word_start"]
     sizes = np.diff(start)
     unit_first = np.repeat(start[:-1], sizes)  # per unit: the row of its example's first unit
@@ -183,35 +270,25 @@ def _count_kept(
         at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
         return np.where(sorted_keys[at] == keys, unit_order[at], -1)
 
-    chosen = words["example"].isin(arrays["example"]).to_numpy()
-    e = words[chosen]
-    example = e["example"].to_numpy(dtype=np.int64)
-    root = e["head"].isna().to_numpy()
-    d_pos = e["position"].to_numpy(dtype=np.int64)
-    h_pos = e["head"].fillna(-1).to_numpy(dtype=np.int64)  # -1: ROOT
-    n_rel = len(counts.relations)
-    deprel = e["deprel"].to_numpy(dtype=object)
+    d_pos = edge[:, EDGE_POSITION].astype(np.int64)
+    h_pos = np.where(root, -1, edge[:, EDGE_HEAD]).astype(np.int64)  # -1: ROOT
     judged_pos = d_pos.copy()  # the word whose prediction is judged: the dependent, or the 's after a possessor
-    possessor = np.isin(deprel, POSS_RELATIONS)
-    if poss_apostrophe and possessor.any():
-        marker = _following_forms(all_words, example, d_pos).str.lower().isin(POSSESSIVE_MARKERS).to_numpy(dtype=bool)
-        judged_pos[possessor & marker] += 1
+    if poss_apostrophe:
+        possessor = np.isin(codes, [c for c, name in enumerate(names) if name in POSS_RELATIONS])
+        judged_pos[possessor & ((edge[:, EDGE_FLAGS] & POSSESSIVE_NEXT_FLAG) != 0)] += 1
     dep = unit_of(_keys(example, d_pos))
     judged = unit_of(_keys(example, judged_pos))
     judged = np.where(judged >= 0, judged, dep)  # an 's cut by truncation: judge the dependent itself
     head = np.where(h_pos >= 0, unit_of(_keys(example, np.maximum(h_pos, 0))), -1)
     ok = (dep >= 0) & (root | (head >= 0))
-    # the fixed-offset baseline is clamped to the judged word's sentence
-    grouped = all_words.groupby(["example", "segment", "sentence"])["position"]
-    in_words = all_words["deprel"].notna().to_numpy()
-    first = grouped.transform("min").to_numpy(dtype=np.float64)[in_words][chosen]
-    last = grouped.transform("max").to_numpy(dtype=np.float64)[in_words][chosen]
     # edges sorted by relation, root words last (bucket n_rel)
-    bucket = np.where(root, n_rel, pd.Index(counts.relations, dtype=object).get_indexer(deprel))  # every other relation is listed
+    bucket_of_code = np.full(len(names), n_rel, dtype=np.int64)
+    bucket_of_code[relation_codes] = np.arange(n_rel)
+    bucket = np.where(root, n_rel, bucket_of_code[codes])
     order = np.flatnonzero(ok)
     order = order[np.argsort(bucket[order], kind="stable")]
     bucket, judged, head, h_pos, judged_pos = bucket[order], judged[order], head[order], h_pos[order], judged_pos[order]
-    first, last = first[order].astype(np.int64), last[order].astype(np.int64)
+    first, last = edge[order, EDGE_FIRST].astype(np.int64), edge[order, EDGE_LAST].astype(np.int64)  # the judged word's sentence
     present, starts = np.unique(bucket, return_index=True)
     has_head = (head >= 0)[:, None, None]
     head_local = np.where(head >= 0, head - unit_first[np.maximum(head, 0)], -1)[:, None, None]
@@ -229,25 +306,23 @@ def _count_kept(
     totals = np.bincount(bucket, minlength=n_rel + 1).astype(np.float64)
     counts.totals += totals[:n_rel]
     counts.n_root += int(totals[n_rel])
+    # the fixed-offset baseline, clamped to the sentence
     for k, off in enumerate(OFFSETS):
         target = judged_pos + off
         pred = np.where(target < first, -1, np.minimum(target, last))
         hit = np.bincount(bucket, weights=pred == h_pos, minlength=n_rel + 1)
         counts.baseline[k] += hit[:n_rel]
         counts.baseline_root[k] += hit[n_rel]
+    return counts
 
 
-def _count_streamed(
-    counts: DependencyCounts,
-    store: Store,
-    info: RunInfo,
-    examples,
-    all_words: pd.DataFrame,
-    words: pd.DataFrame,
-    head2dep: str,
-    poss_apostrophe: bool,
-) -> None:
-    """`counts` from every example's maps, decoded and made word-level one example at a time."""
+def _count_streamed(store: Store, info: RunInfo, examples, head2dep: str, poss_apostrophe: bool) -> DependencyCounts:
+    """The counts from every example's maps, decoded and made word-level one example at a time, and the word table."""
+    all_words = store.word_table(info.id)
+    words = all_words[all_words["deprel"].notna()]
+    stored = store.examples(info.id)
+    committed = words["example"].isin(stored["example"][~stored["skipped"]]).to_numpy()  # a skipped example is not evaluated
+    counts = _empty_counts(info, sorted(words["deprel"][committed & words["head"].notna().to_numpy()].unique()))
     spans = all_words.groupby(["example", "segment", "sentence"])["position"].agg(["min", "max"])
     bounds = {tuple(int(x) for x in key): (int(lo), int(hi)) for key, lo, hi in zip(spans.index, spans["min"], spans["max"])}
     rel_index = {r: i for i, r in enumerate(counts.relations)}
@@ -308,37 +383,32 @@ def _count_streamed(
             hit = pred == h_pos
             counts.baseline[k] += hit[nonroot] @ onehot
             counts.baseline_root[k] += hit[root].sum()
+    return counts
 
 
 def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True) -> DependencyCounts:
     """Correct predictions per (direction, layer, head, relation), edge counts, baseline hits, root words.
 
-    Read from the word-level predictions kept with the run (`WORD_ARGMAX`, built by one pass the first
-    time); where none can be kept (read-only store, layout-1 run, no scheduler), every map is decoded.
+    `relations` are those of the non-root words of the run's stored examples (skipped ones not evaluated), whatever
+    `examples`. Read from the word-level predictions and gold trees kept with the run (`WORD_ARGMAX`, built by one
+    pass the first time); where none can be kept (read-only store, layout-1 run, no scheduler), every map is decoded
+    and the words are read from SQL.
     """
     _check("head2dep", head2dep, HEAD2DEP)
     info = store.run_info(run)
-    all_words = store.word_table(info.id)
-    words = all_words[all_words["deprel"].notna()]
-    is_root_word = words["head"].isna()
-    relations = sorted(words["deprel"][~is_root_word].unique())
-    shape = (info.n_layers, info.n_heads)
-    counts = DependencyCounts(
-        info,
-        relations,
-        correct=np.zeros((2, *shape, len(relations))),
-        totals=np.zeros(len(relations)),
-        baseline=np.zeros((len(OFFSETS), len(relations))),
-        n_root=0,
-        baseline_root=np.zeros(len(OFFSETS)),
-        no_prediction=np.zeros((2, *shape)),
-    )
-    arrays = kept(store, info, WORD_ARGMAX, examples) if len(words) else None  # no tree: nothing worth a pass
+    if examples is not None:
+        examples = [int(e) for e in examples]
+    arrays = kept(store, info, WORD_ARGMAX)
+    chosen = None
+    if arrays is not None and examples is not None:
+        wanted = np.asarray(examples, dtype=np.int64)
+        if np.setdiff1d(wanted, arrays["example"]).size:
+            arrays = None  # let the streaming path raise its NotFoundError naming them
+        else:
+            chosen = np.isin(arrays["example"], wanted)
     if arrays is not None:
-        _count_kept(counts, arrays, all_words, words, head2dep, poss_apostrophe)
-    else:
-        _count_streamed(counts, store, info, examples, all_words, words, head2dep, poss_apostrophe)
-    return counts
+        return _count_kept(info, arrays, chosen, head2dep, poss_apostrophe)
+    return _count_streamed(store, info, examples, head2dep, poss_apostrophe)
 
 
 @register("dependency")

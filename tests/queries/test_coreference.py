@@ -1,11 +1,10 @@
 import numpy as np
 import pandas as pd
 import pytest
-import zarr
 
 from attnstore.queries import run_query
 from attnstore.queries.coreference import choose_antecedent, coreference_counts
-from attnstore.store import open_store
+from attnstore.tests.queries import helpers
 
 TOKENS = ["[CLS]", "anna", "met", "bob", "she", "smiled", "[SEP]"]
 WORDS = [
@@ -109,14 +108,7 @@ def kept_example(seed: int):
         token_words += [i] * pieces
     tokens.append("[SEP]")
     token_words.append(None)
-    size = len(tokens)
-    raw = rng.random((2, 3, size, size), dtype=np.float32) ** 3
-    raw[..., 0] += 1e-3
-    for layer, head, row in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
-        raw[layer, head, row, 1:] = 0  # everything on [CLS]: argmax picks the first other word
-    for layer, head, row in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
-        raw[layer, head, row, 2:] = raw[layer, head, row, 1]  # ties
-    maps = (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+    maps = helpers.sparse_random_maps(rng, len(tokens))  # a row with everything on [CLS]: argmax picks the first other word
     return maps, tokens, token_words, words, mentions
 
 
@@ -128,10 +120,7 @@ def kept_run(store, make_run):
     )
 
 
-def streamed(monkeypatch, function, *args, **kwargs):
-    with monkeypatch.context() as m:
-        m.setattr("attnstore.queries.coreference.kept", lambda *a, **k: None)
-        return function(*args, **kwargs)
+STREAMING = ("attnstore.queries.coreference.kept",)  # patched to return None: the streaming path
 
 
 def assert_same(a, b):
@@ -141,51 +130,54 @@ def assert_same(a, b):
 
 
 def test_kept_predictions_give_the_streaming_counts_exactly(store, kept_run, monkeypatch):
-    reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
-    try:  # a read-only store streams and keeps nothing
+    with helpers.read_only_store(store) as reader:  # a read-only store streams and keeps nothing
         read_only = coreference_counts(reader, kept_run, [1, 2, 6])
-    finally:
-        reader.close()
-    assert "summary" not in zarr.open_group(store.locations.array_root, path="runs/keptcoref", mode="r")
+    assert not helpers.has_summaries(store, kept_run)
     assert_same(read_only, coreference_counts(store, kept_run, [1, 2, 6]))
     for examples in (None, [6, 0, 3, 5]):
         counts = coreference_counts(store, kept_run, examples)
-        assert_same(counts, streamed(monkeypatch, coreference_counts, store, kept_run, examples))
+        assert_same(counts, helpers.streamed(monkeypatch, STREAMING, coreference_counts, store, kept_run, examples))
         heads_only = coreference_counts(store, kept_run, examples, baselines=False)
         np.testing.assert_array_equal(heads_only[1], counts[1])
         np.testing.assert_array_equal(heads_only[3], counts[3])
     assert counts[3].sum() > 0 and 0 < counts[1].sum() < counts[3].sum() * 6
     for name in ("coreference", "coreference_summary"):
         pd.testing.assert_frame_equal(
-            run_query(store, name, run=kept_run), streamed(monkeypatch, run_query, store, name, run=kept_run), check_exact=True
+            run_query(store, name, run=kept_run),
+            helpers.streamed(monkeypatch, STREAMING, run_query, store, name, run=kept_run),
+            check_exact=True,
         )
 
 
 def test_predictions_are_kept_with_the_run_read_without_decoding_maps_and_rebuilt_once_it_grew(store, kept_run, monkeypatch):
-    path = "runs/keptcoref/summary/mention_argmax"
     first = run_query(store, "coreference_summary", run=kept_run)
-    group = zarr.open_group(store.locations.array_root, path=path, mode="r")
+    group = helpers.summary_group(store, kept_run, "mention_argmax")
     assert group.attrs["stamp"] == {"version": 1, "n_examples": 8}
     heads = [{m["head"] for m in e[4]} & set(e[2]) for e in map(kept_example, range(8))]  # mention heads with a piece
     assert group["word"][:].tolist() == [h for e in heads for h in sorted(e)]
     assert group["attended"].shape == (sum(map(len, heads)), 2, 3)
     with monkeypatch.context() as m:
-        m.setattr(type(store), "iter_attention", lambda *a, **k: pytest.fail("the maps were read"))
+        helpers.forbid_map_reads(m, store)
         pd.testing.assert_frame_equal(run_query(store, "coreference_summary", run=kept_run), first, check_exact=True)
         run_query(store, "coreference", run=kept_run, examples=[4, 1])
-    zarr.open_group(store.locations.array_root, path=path, mode="r+").attrs["stamp"] = {"version": 1, "n_examples": 7}  # as if built
-    assert_same(coreference_counts(store, kept_run), streamed(monkeypatch, coreference_counts, store, kept_run))  # before the 8th
-    assert zarr.open_group(store.locations.array_root, path=path, mode="r").attrs["stamp"]["n_examples"] == 8
+    helpers.check_rebuilt_once_grown(  # as if built before the 8th example
+        store,
+        kept_run,
+        "mention_argmax",
+        lambda: assert_same(
+            coreference_counts(store, kept_run), helpers.streamed(monkeypatch, STREAMING, coreference_counts, store, kept_run)
+        ),
+    )
 
 
 def test_a_run_without_mentions_reads_no_map(store, make_run, monkeypatch):
     tokens = [["[CLS]", "a", "b", "[SEP]"], ["[CLS]", "c", "[SEP]"]]
     maps = [np.full((1, 2, len(t), len(t)), 1 / len(t), dtype=np.float32) for t in tokens]
     run = make_run(store, maps, tokens, name="no-mentions")
-    monkeypatch.setattr(type(store), "iter_attention", lambda *a, **k: (_ for _ in ()).throw(AssertionError("read maps")))
+    helpers.forbid_map_reads(monkeypatch, store)
     frame = run_query(store, "coreference", run=run)
     assert len(frame) == 2 and frame["all"].isna().all()  # no mention: nothing to score, and no pass built
-    assert "summary" not in zarr.open_group(store.locations.array_root, path="runs/no-mentions", mode="r")
+    assert not helpers.has_summaries(store, run)
     from attnstore.store.errors import NotFoundError
 
     with pytest.raises(NotFoundError, match=r"has no stored example\(s\) \[7\]"):

@@ -1,13 +1,21 @@
 import numpy as np
 import pandas as pd
 import pytest
-import zarr
 
 from attnstore.queries import run_query
 from attnstore.queries.common import unique_argmax
-from attnstore.queries.dependency import HEAD2DEP, dependency_counts
+from attnstore.queries.dependency import EDGE_FLAGS, HEAD2DEP, POSSESSIVE_NEXT_FLAG, ROOT_FLAG, _decode_labels, dependency_counts
 from attnstore.queries.errors import InvalidArgumentError
-from attnstore.store import open_store
+from attnstore.store.errors import NotFoundError
+from attnstore.tests.queries.helpers import (
+    check_rebuilt_once_grown,
+    forbid_map_reads,
+    has_summaries,
+    read_only_store,
+    sparse_random_maps,
+    streamed,
+    summary_group,
+)
 
 TOKENS = ["[CLS]", "the", "dog", "bar", "##ks", "[SEP]"]
 TOKEN_WORDS = [None, 0, 1, 2, 2, None]
@@ -237,7 +245,7 @@ def test_dependency_results_can_be_saved(store, dep_run):
     assert best["head"].tolist() == [0]
 
 
-# --- word-level predictions kept with the run (queries/summary.py): the streaming path's counts, exactly --------
+# --- word-level predictions and gold trees kept with the run (queries/summary.py): the streaming path's counts, exactly
 
 KEPT_RELATIONS = ("det", "nsubj", "obj", "amod", "nmod:poss", "case")
 
@@ -274,16 +282,7 @@ def kept_example(seed: int):
             token_words.append(None)
     tokens.append("[SEP]")
     token_words.append(None)
-    size = len(tokens)
-    raw = rng.random((2, 3, size, size), dtype=np.float32) ** 3
-    raw[..., 0] += 1e-3
-    for layer, head, row in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
-        raw[layer, head, row, 1:] = 0  # everything on [CLS]: no word gets attention
-    for layer, head, row in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
-        raw[layer, head, row, 2:] = raw[layer, head, row, 1]  # ties
-    for layer, head, column in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
-        raw[layer, head, :, max(column, 1)] = 0  # a key nobody attends to
-    maps = (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+    maps = sparse_random_maps(rng, len(tokens), unattended_keys=True)
     return maps, tokens, token_words, words
 
 
@@ -294,10 +293,11 @@ def kept_run(store, make_run):
     return make_run(store, maps, tokens, name="keptdep", token_words=token_words, words_list=words, dtype="float16")
 
 
+STREAMING = ("attnstore.queries.dependency.kept",)  # patched to return None: the streaming path
+
+
 def streamed_counts(monkeypatch, store, run, *args):
-    with monkeypatch.context() as m:
-        m.setattr("attnstore.queries.dependency.kept", lambda *a, **k: None)
-        return dependency_counts(store, run, *args)
+    return streamed(monkeypatch, STREAMING, dependency_counts, store, run, *args)
 
 
 def assert_same_counts(a, b):
@@ -307,37 +307,103 @@ def assert_same_counts(a, b):
 
 
 def test_kept_predictions_give_the_streaming_counts_exactly(store, kept_run, monkeypatch):
-    reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
-    try:  # a read-only store streams and keeps nothing
+    with read_only_store(store) as reader:  # a read-only store streams and keeps nothing
         read_only = dependency_counts(reader, kept_run, [0, 2], "direct")
-    finally:
-        reader.close()
-    assert "summary" not in zarr.open_group(store.locations.array_root, path="runs/keptdep", mode="r")
+    assert not has_summaries(store, kept_run)
     assert_same_counts(read_only, dependency_counts(store, kept_run, [0, 2], "direct"))
-    for examples in (None, [4, 2, 6]):
+    for examples in (None, [], [6], [4, 2, 6, 2]):
         for head2dep in HEAD2DEP:
             for poss in (True, False):
                 kept_counts = dependency_counts(store, kept_run, examples, head2dep, poss)
                 assert_same_counts(kept_counts, streamed_counts(monkeypatch, store, kept_run, examples, head2dep, poss))
     assert kept_counts.totals.sum() > 0 and kept_counts.no_prediction.sum() > 0
+    assert kept_counts.relations == sorted(KEPT_RELATIONS)  # the run's relations, whatever the examples
     params = dict(min_count=1, direction="each", root_in_all=False)
     summary = run_query(store, "dependency_summary", run=kept_run, **params)
-    with monkeypatch.context() as m:
-        m.setattr("attnstore.queries.dependency.kept", lambda *a, **k: None)
-        pd.testing.assert_frame_equal(summary, run_query(store, "dependency_summary", run=kept_run, **params), check_exact=True)
+    pd.testing.assert_frame_equal(summary, streamed(monkeypatch, STREAMING, run_query, store, "dependency_summary", run=kept_run, **params))
+    for query in (run_query, lambda *a, **k: streamed(monkeypatch, STREAMING, run_query, *a, **k)):
+        with pytest.raises(NotFoundError, match=r"has no stored example\(s\) \[9\]"):
+            query(store, "dependency", run=kept_run, examples=[0, 9])
 
 
-def test_predictions_are_kept_with_the_run_read_without_decoding_maps_and_rebuilt_once_it_grew(store, kept_run, monkeypatch):
-    path = "runs/keptdep/summary/word_argmax"
+def test_predictions_and_trees_are_kept_with_the_run_read_without_maps_or_words_and_rebuilt_once_it_grew(store, kept_run, monkeypatch):
     first = run_query(store, "dependency", run=kept_run, min_count=1)
-    group = zarr.open_group(store.locations.array_root, path=path, mode="r")
-    assert group.attrs["stamp"] == {"version": 1, "n_examples": 7}
+    group = summary_group(store, kept_run, "word_argmax")
+    assert group.attrs["stamp"] == {"version": 2, "n_examples": 7}
     assert group["argmax"].dtype == np.int16 and group["argmax"].shape[1:] == (2, 2, 3)  # (words, direction, layer, head)
     assert group["word_start"][-1] == group["argmax"].shape[0] == sum(len(set(kept_example(s)[2]) - {None}) for s in range(6))  # 6: no tree
+    # the gold trees: a row per word with a relation (example 6 has none), the relations' bytes beside
+    words = [[(i, w) for i, w in enumerate(kept_example(s)[3])] for s in range(7)]
+    edge = group["edge"][:]
+    assert group["edge_start"][:].tolist() == np.cumsum([0, *map(len, words[:6]), 0]).tolist()
+    bounds = [(0, len(e) - 1) if s < 2 else (0, len(e) // 2 - 1, len(e) // 2, len(e) - 1) for s, e in enumerate(words[:6])]
+    expected = [
+        [i, -1 if w["head"] is None else w["head"], *bounds[s][2 * w["sentence"] : 2 * w["sentence"] + 2], len(w["deprel"])]
+        for s, e in enumerate(words[:6])
+        for i, w in e
+    ]
+    assert edge[:, :EDGE_FLAGS].tolist() == expected
+    assert (edge[:, EDGE_FLAGS] & ROOT_FLAG).sum() == 6 and (edge[:, EDGE_FLAGS] & POSSESSIVE_NEXT_FLAG).any()
+    assert group["edge_label"][:].tobytes() == "".join(w["deprel"] for e in words[:6] for _, w in e).encode()
     with monkeypatch.context() as m:
-        m.setattr(type(store), "iter_attention", lambda *a, **k: pytest.fail("the maps were read"))
+        forbid_map_reads(m, store, "word_table", "token_table")
         pd.testing.assert_frame_equal(run_query(store, "dependency", run=kept_run, min_count=1), first, check_exact=True)
         run_query(store, "dependency_summary", run=kept_run, min_count=1, head2dep="direct", examples=[3])
-    zarr.open_group(store.locations.array_root, path=path, mode="r+").attrs["stamp"] = {"version": 1, "n_examples": 6}  # as if built
-    assert_same_counts(dependency_counts(store, kept_run), streamed_counts(monkeypatch, store, kept_run))  # before the 7th example
-    assert zarr.open_group(store.locations.array_root, path=path, mode="r").attrs["stamp"]["n_examples"] == 7
+    check_rebuilt_once_grown(
+        store,
+        kept_run,
+        "word_argmax",
+        lambda: assert_same_counts(dependency_counts(store, kept_run), streamed_counts(monkeypatch, store, kept_run)),
+        zero=("argmax", "edge"),
+    )
+
+
+def test_predictions_kept_by_an_older_version_are_rebuilt_and_streamed_past_on_a_read_only_store(store, kept_run, monkeypatch):
+    expected = streamed_counts(monkeypatch, store, kept_run, None, "direct")
+    dependency_counts(store, kept_run)
+    group = summary_group(store, kept_run, "word_argmax", "r+")  # as version 1 kept it: no gold trees
+    for field in ("edge", "edge_start", "edge_label", "edge_label_start"):
+        del group[field]
+    group.attrs["stamp"] = {"version": 1, "n_examples": 7}
+    with read_only_store(store) as reader:
+        assert_same_counts(dependency_counts(reader, kept_run, None, "direct"), expected)
+    assert summary_group(store, kept_run, "word_argmax").attrs["stamp"]["version"] == 1  # left as it was
+    assert_same_counts(dependency_counts(store, kept_run, None, "direct"), expected)
+    assert summary_group(store, kept_run, "word_argmax").attrs["stamp"] == {"version": 2, "n_examples": 7}
+
+
+def test_a_skipped_example_is_not_evaluated_and_its_relations_are_not_listed(store, make_run, monkeypatch):
+    """A skipped example's words are stored with the run (the word table lists them), but it has no maps: no edge of
+    its own is counted, and a relation found only there has no column (both paths)."""
+    skipped_words = [dict(form="x", head=1, deprel="only_here"), dict(form="y", head=None, deprel="root")]
+    tokens = [TOKENS, ["[CLS]", "x", "y", "[SEP]"]]
+    name, writer = make_run(
+        store, [hand_maps()], tokens, name="skipping", token_words=[TOKEN_WORDS], words_list=[WORDS, skipped_words], finish=False
+    )
+    try:
+        ids = store.sql(
+            "SELECT e.id FROM examples e JOIN datasets d ON d.id = e.dataset_id WHERE d.name = 'hand-skipping' AND e.position = 1"
+        )
+        writer.add_skipped(int(ids["id"].iloc[0]), 600)
+        writer.finish(0.0)
+    finally:
+        writer.close()
+    assert store.examples(name)["skipped"].tolist() == [False, True] and "only_here" in store.word_table(name)["deprel"].tolist()
+    for counts in (dependency_counts(store, name), streamed_counts(monkeypatch, store, name)):
+        assert counts.relations == ["det", "nsubj"] and counts.totals.tolist() == [1, 1] and counts.n_root == 1
+    assert run_query(store, "dependency", run=name, min_count=0).columns.tolist() == [
+        "layer",
+        "head",
+        "det:dep2head",
+        "det:head2dep",
+        "nsubj:dep2head",
+        "nsubj:head2dep",
+    ]
+
+
+def test_relations_are_kept_as_bytes_and_read_back_in_python_order():
+    labels = ["nsubj", "é", "a", "", "zz:ü", "nmod:poss", "a", "Z", "依存", "é"]
+    encoded = [label.encode() for label in labels]
+    codes, names = _decode_labels(np.frombuffer(b"".join(encoded), np.uint8), np.array([len(b) for b in encoded]))
+    assert names == sorted(set(labels)) and [names[c] for c in codes] == labels
+    assert _decode_labels(np.zeros(0, np.uint8), np.zeros(0, np.int32))[1] == []

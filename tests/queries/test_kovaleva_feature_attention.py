@@ -4,12 +4,11 @@ numbers kept with the run (summary kind `kovaleva_features`) give the streaming 
 import numpy as np
 import pandas as pd
 import pytest
-import zarr
 
 from attnstore.queries import run_query
 from attnstore.queries.feature_attention import negation_flags
-from attnstore.store import open_store
 from attnstore.store.errors import InvalidArgumentError
+from attnstore.tests.queries.helpers import check_kept_frames, check_read_only_streams_and_grown_rebuilt, random_maps, summary_group
 
 # Example 0: "She do n't like cats" -- a pronoun subject, a split contraction (do + n't, pieces n ' t), verb, noun object.
 TOKENS_0 = ["[CLS]", "she", "do", "n", "'", "t", "like", "cats", "[SEP]"]
@@ -133,18 +132,12 @@ def test_negation_matching_rules():
 # ---------------------------------------------------------------- kept per-example numbers (queries/summary.py)
 
 
-def random_maps(n_tokens, seed):
-    rng = np.random.default_rng(seed)
-    raw = rng.random((2, 3, n_tokens, n_tokens), dtype=np.float32) ** 3 + 1e-3
-    return (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
-
-
 @pytest.fixture
 def random_feature_run(store, make_run):
     tokens = [TOKENS_0, TOKENS_1, TOKENS_2]
     return make_run(
         store,
-        [random_maps(len(t), i) for i, t in enumerate(tokens)],
+        [random_maps(len(t), i, 2, 3) for i, t in enumerate(tokens)],
         tokens,
         name="kept-features",
         dtype="float16",
@@ -153,25 +146,10 @@ def random_feature_run(store, make_run):
     )
 
 
-def streamed(store, name, monkeypatch, **params):
-    """The query's streaming path: as if nothing were kept and nothing could be."""
-    with monkeypatch.context() as m:
-        m.setattr("attnstore.queries.feature_attention.feature_summaries", lambda *a, **k: None)
-        m.setattr("attnstore.queries.token_to_token.feature_summaries", lambda *a, **k: None)
-        return run_query(store, name, **params)
-
-
-def same(a, b):
-    assert list(a.columns) == list(b.columns) and len(a) == len(b)
-    for column in a.columns:
-        if not pd.api.types.is_numeric_dtype(a[column]):
-            assert a[column].tolist() == b[column].tolist()
-        else:
-            np.testing.assert_allclose(a[column].to_numpy(float), b[column].to_numpy(float), rtol=1e-12, atol=0, equal_nan=True)
-
-
-def summary_group(store, run, mode="r"):
-    return zarr.open_group(store.locations.array_root, path=f"runs/{run}/summary/kovaleva_features", mode=mode)
+STREAMING = (  # patched to return None: the streaming path
+    "attnstore.queries.feature_attention.feature_summaries",
+    "attnstore.queries.token_to_token.feature_summaries",
+)
 
 
 def test_kept_numbers_give_the_streaming_results_and_maps_are_not_read_again(store, random_feature_run, monkeypatch):
@@ -186,33 +164,14 @@ def test_kept_numbers_give_the_streaming_results_and_maps_are_not_read_again(sto
         for examples in (None, [2, 1])
     ]
     kept = [run_query(store, name, run=run, **params) for name, params in cases]
-    group = summary_group(store, run)
+    group = summary_group(store, run, "kovaleva_features")
     assert group.attrs["stamp"] == {"version": 1, "n_examples": 3}
     assert group["feature_max"].shape == (3, 8, 2, 3) and group["cls_to_feature"].shape == (3, 8, 2, 3)
     assert group["feature_tokens"][:].tolist() == [[1, 1, 1, 1, 1, 4, 1, 1], [2, 3, 0, 2, 0, 0, 1, 2], [0, 0, 0, 0, 0, 2, 1, 1]]
-    for (name, params), frame in zip(cases, kept):
-        same(frame, streamed(store, name, monkeypatch, run=run, **params))
-
-    def no_maps(*args, **kwargs):
-        raise AssertionError("the maps were read")
-
-    monkeypatch.setattr(type(store), "iter_attention", no_maps)
-    for (name, params), frame in zip(cases, kept):
-        same(run_query(store, name, run=run, **params), frame)
+    check_kept_frames(monkeypatch, store, run, STREAMING, cases, kept)
 
 
 def test_kept_numbers_of_a_grown_run_are_rebuilt_and_read_only_stores_stream(store, random_feature_run, monkeypatch):
-    run = random_feature_run
-    expected = streamed(store, "feature_attention", monkeypatch, run=run)
-    reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
-    try:
-        same(run_query(reader, "feature_attention", run=run), expected)
-        assert not zarr.open_group(store.locations.array_root, path=f"runs/{run}", mode="r").get("summary")  # nothing kept
-    finally:
-        reader.close()
-    run_query(store, "feature_attention", run=run)
-    group = summary_group(store, run, "r+")  # as if kept before the 3rd example was stored
-    group["feature_max"][...] = 0
-    group.attrs["stamp"] = {"version": 1, "n_examples": 2}
-    same(run_query(store, "feature_attention", run=run), expected)
-    assert summary_group(store, run).attrs["stamp"]["n_examples"] == 3
+    check_read_only_streams_and_grown_rebuilt(
+        monkeypatch, store, random_feature_run, STREAMING, "feature_attention", "kovaleva_features", zero=("feature_max",)
+    )

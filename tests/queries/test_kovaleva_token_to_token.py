@@ -2,13 +2,11 @@
 per-example numbers kept with the run (summary kind `kovaleva_relations`) give the streaming path's results."""
 
 import numpy as np
-import pandas as pd
 import pytest
-import zarr
 
 from attnstore.queries import run_query
-from attnstore.store import open_store
 from attnstore.store.errors import InvalidArgumentError
+from attnstore.tests.queries.helpers import check_kept_frames, check_read_only_streams_and_grown_rebuilt, random_maps, summary_group
 
 # A: "she likes cats" with split "likes" (like ##s) and "cats" (ca ##ts).
 TOKENS_A = ["[CLS]", "she", "like", "##s", "ca", "##ts", "[SEP]"]
@@ -150,18 +148,12 @@ def test_cls_feature_attention_other_layer_and_bad_layer(store, t2t_run):
 # ---------------------------------------------------------------- kept per-example numbers (queries/summary.py)
 
 
-def random_maps(n_tokens, seed):
-    rng = np.random.default_rng(seed)
-    raw = rng.random((3, 2, n_tokens, n_tokens), dtype=np.float32) ** 3 + 1e-3
-    return (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
-
-
 @pytest.fixture
 def random_t2t_run(store, make_run):
     tokens = [TOKENS_A, TOKENS_B, TOKENS_C]
     return make_run(
         store,
-        [random_maps(len(t), i) for i, t in enumerate(tokens)],
+        [random_maps(len(t), i, 3, 2) for i, t in enumerate(tokens)],
         tokens,
         name="kept-relations",
         dtype="float16",
@@ -170,25 +162,10 @@ def random_t2t_run(store, make_run):
     )
 
 
-def streamed(store, name, monkeypatch, **params):
-    """The query's streaming path: as if nothing were kept and nothing could be."""
-    with monkeypatch.context() as m:
-        m.setattr("attnstore.queries.token_to_token.kept", lambda *a, **k: None)
-        m.setattr("attnstore.queries.token_to_token.feature_summaries", lambda *a, **k: None)
-        return run_query(store, name, **params)
-
-
-def same(a, b):
-    assert list(a.columns) == list(b.columns) and len(a) == len(b)
-    for column in a.columns:
-        if not pd.api.types.is_numeric_dtype(a[column]):
-            assert a[column].tolist() == b[column].tolist()
-        else:
-            np.testing.assert_allclose(a[column].to_numpy(float), b[column].to_numpy(float), rtol=1e-12, atol=0, equal_nan=True)
-
-
-def summary_group(store, run, mode="r"):
-    return zarr.open_group(store.locations.array_root, path=f"runs/{run}/summary/kovaleva_relations", mode=mode)
+STREAMING = (  # patched to return None: the streaming path
+    "attnstore.queries.token_to_token.kept",
+    "attnstore.queries.token_to_token.feature_summaries",
+)
 
 
 def test_kept_numbers_give_the_streaming_results_and_maps_are_not_read_again(store, random_t2t_run, monkeypatch):
@@ -199,33 +176,14 @@ def test_kept_numbers_give_the_streaming_results_and_maps_are_not_read_again(sto
         for examples in (None, [2, 0], [2])
     ] + [("cls_feature_attention", dict(layer=layer, examples=examples)) for layer in (None, 0) for examples in (None, [1])]
     kept = [run_query(store, name, run=run, **params) for name, params in cases]
-    group = summary_group(store, run)
+    group = summary_group(store, run, "kovaleva_relations")
     assert group.attrs["stamp"] == {"version": 1, "n_examples": 3}
     assert group["relation_pairs"][:].tolist() == [[1, 1, 1, 1], [2, 2, 1, 1], [0, 0, 0, 0]]
     assert group["relation_mean"].shape == (3, 4, 3, 2)
-    for (name, params), frame in zip(cases, kept):
-        same(frame, streamed(store, name, monkeypatch, run=run, **params))
-
-    def no_maps(*args, **kwargs):
-        raise AssertionError("the maps were read")
-
-    monkeypatch.setattr(type(store), "iter_attention", no_maps)
-    for (name, params), frame in zip(cases, kept):
-        same(run_query(store, name, run=run, **params), frame)
+    check_kept_frames(monkeypatch, store, run, STREAMING, cases, kept)
 
 
 def test_kept_numbers_of_a_grown_run_are_rebuilt_and_read_only_stores_stream(store, random_t2t_run, monkeypatch):
-    run = random_t2t_run
-    expected = streamed(store, "token_to_token", monkeypatch, run=run)
-    reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
-    try:
-        same(run_query(reader, "token_to_token", run=run), expected)
-        assert not zarr.open_group(store.locations.array_root, path=f"runs/{run}", mode="r").get("summary")  # nothing kept
-    finally:
-        reader.close()
-    run_query(store, "token_to_token", run=run)
-    group = summary_group(store, run, "r+")  # as if kept before the 3rd example was stored
-    group["relation_mean"][...] = 0
-    group.attrs["stamp"] = {"version": 1, "n_examples": 2}
-    same(run_query(store, "token_to_token", run=run), expected)
-    assert summary_group(store, run).attrs["stamp"]["n_examples"] == 3
+    check_read_only_streams_and_grown_rebuilt(
+        monkeypatch, store, random_t2t_run, STREAMING, "token_to_token", "kovaleva_relations", zero=("relation_mean",)
+    )

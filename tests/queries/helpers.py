@@ -1,0 +1,117 @@
+"""Helpers shared by the query tests that compare a summary kept with a run (queries/summary.py) to the query's streaming
+path: random maps, the streaming path itself, frame comparison, a read-only view of a store, stale summaries.
+
+Imported as `attnstore.tests.queries.helpers` (the tests run with --import-mode=importlib)."""
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pandas as pd
+import pytest
+import zarr
+
+from attnstore.queries import run_query
+from attnstore.store import open_store
+
+
+def random_maps(n_tokens: int, seed: int, n_layers: int, n_heads: int) -> np.ndarray:
+    """Random float16 maps (layer, head, L, L), rows summing to 1, no entry 0."""
+    rng = np.random.default_rng(seed)
+    raw = rng.random((n_layers, n_heads, n_tokens, n_tokens), dtype=np.float32) ** 3 + 1e-3
+    return (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+
+
+def sparse_random_maps(rng: np.random.Generator, size: int, *, unattended_keys: bool = False) -> np.ndarray:
+    """Random float16 maps (2 layers, 3 heads, size, size) whose first token is [CLS], with word-level corner cases:
+    4 rows with everything on [CLS] (no other token gets attention), 4 rows of ties, and with `unattended_keys` 4 keys
+    (columns) nobody attends to."""
+    raw = rng.random((2, 3, size, size), dtype=np.float32) ** 3
+    raw[..., 0] += 1e-3
+    for layer, head, row in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
+        raw[layer, head, row, 1:] = 0  # everything on [CLS]
+    for layer, head, row in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
+        raw[layer, head, row, 2:] = raw[layer, head, row, 1]  # ties
+    if unattended_keys:
+        for layer, head, column in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
+            raw[layer, head, :, max(column, 1)] = 0  # a key nobody attends to
+    return (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+
+
+def streamed(monkeypatch, targets: Iterable[str], function: Callable, *args, **kwargs):
+    """`function(*args, **kwargs)` on the streaming path: every function named in `targets` (dotted paths of what a
+    query asks for its kept summary) returns None, as if nothing were kept and nothing could be."""
+    with monkeypatch.context() as m:
+        for target in targets:
+            m.setattr(target, lambda *a, **k: None)
+        return function(*args, **kwargs)
+
+
+def assert_same_frames(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    """Same columns and rows; text columns equal, numeric ones within 1e-12 relative (NaN where NaN)."""
+    assert list(a.columns) == list(b.columns) and len(a) == len(b)
+    for column in a.columns:
+        if not pd.api.types.is_numeric_dtype(a[column]):
+            assert a[column].tolist() == b[column].tolist()
+        else:
+            np.testing.assert_allclose(a[column].to_numpy(float), b[column].to_numpy(float), rtol=1e-12, atol=0, equal_nan=True)
+
+
+def forbid_map_reads(monkeypatch, store, *methods: str) -> None:
+    """Fail the test if `store`'s maps are read (or any of its other `methods` is called)."""
+    for method in ("iter_attention", *methods):
+        monkeypatch.setattr(type(store), method, lambda *a, _name=method, **k: pytest.fail(f"{_name} was called"))
+
+
+@contextmanager
+def read_only_store(store) -> Iterator:
+    """The same store (database and array root) opened read-only."""
+    reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
+    try:
+        yield reader
+    finally:
+        reader.close()
+
+
+def summary_group(store, run: str, kind: str, mode: str = "r") -> zarr.Group:
+    """The Zarr group of the run's kept summary `kind`."""
+    return zarr.open_group(store.locations.array_root, path=f"runs/{run}/summary/{kind}", mode=mode)
+
+
+def has_summaries(store, run: str) -> bool:
+    """Whether any summary is kept with the run."""
+    return bool(zarr.open_group(store.locations.array_root, path=f"runs/{run}", mode="r").get("summary"))
+
+
+def check_rebuilt_once_grown(store, run: str, kind: str, compare: Callable[[], object], zero: Iterable[str] = ()) -> None:
+    """Make the run's kept summary `kind` look built before its last example was stored (its stamp one example short;
+    the fields `zero` zeroed, so that stale values would show), call `compare()` (which queries the run and checks
+    the result), and check that the summary was built again over every example."""
+    group = summary_group(store, run, kind, "r+")
+    stamp = dict(group.attrs["stamp"])
+    for field in zero:
+        group[field][...] = 0
+    group.attrs["stamp"] = {**stamp, "n_examples": stamp["n_examples"] - 1}
+    compare()
+    assert summary_group(store, run, kind).attrs["stamp"] == stamp
+
+
+def check_kept_frames(monkeypatch, store, run: str, targets: Iterable[str], cases: list[tuple[str, dict]], frames: list[pd.DataFrame]):
+    """Each case's (query name, parameters) frame, computed from a kept summary, is its streaming path's; and it is
+    computed again without reading a map (the maps stay forbidden for the rest of the test)."""
+    for (name, params), frame in zip(cases, frames):
+        assert_same_frames(frame, streamed(monkeypatch, targets, run_query, store, name, run=run, **params))
+    forbid_map_reads(monkeypatch, store)
+    for (name, params), frame in zip(cases, frames):
+        assert_same_frames(run_query(store, name, run=run, **params), frame)
+
+
+def check_read_only_streams_and_grown_rebuilt(monkeypatch, store, run: str, targets: Iterable[str], query: str, kind: str, zero=()):
+    """`query` on a read-only view of the store gives its streaming path's frame and keeps nothing; on the store
+    it keeps summary `kind`, which is built again once the run has grown (`check_rebuilt_once_grown`)."""
+    expected = streamed(monkeypatch, targets, run_query, store, query, run=run)
+    with read_only_store(store) as reader:
+        assert_same_frames(run_query(reader, query, run=run), expected)
+    assert not has_summaries(store, run)  # nothing kept
+    run_query(store, query, run=run)
+    check_rebuilt_once_grown(store, run, kind, lambda: assert_same_frames(run_query(store, query, run=run), expected), zero=zero)
