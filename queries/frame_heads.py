@@ -5,6 +5,12 @@ sentence has at most `max_words` words, whose frame elements all span at most
 `max_fe_words` words, and whose every core frame element lies at least `min_distance` words
 from the lexical unit (LU); per head, take the largest attention weight between a token of
 the LU and a token of a core FE, in either direction; average over the kept sentences.
+
+Per overt frame element of every annotation set, that largest weight between the LU's tokens
+and the FE's tokens (per head), with what the filters need (the sentence's word count, LU and
+FE word spans, core type and core-set membership), is kept with the run (`LU_FE_MAX`,
+queries/summary.py) by one pass the first time; later calls apply the filters and take the
+largest over each set's core FEs from it, without decoding a map, with the same values.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import pandas as pd
 from .common import iter_maps, per_head_frame
 from .errors import InvalidArgumentError
 from .registry import register
+from .summary import SummaryKind, kept, register_kind, select
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -32,6 +39,7 @@ LEFT JOIN frame_elements fe ON fe.frame_row_id = f.id
 WHERE e.dataset_id = :dataset
 ORDER BY e.position, f.id, fe.id
 """
+HAS_FRAMES_SQL = "SELECT 1 FROM frames f JOIN examples e ON e.id = f.example_id WHERE e.dataset_id = :dataset LIMIT 1"
 
 
 def span_distance(a: tuple[int, int], b: tuple[int, int]) -> int:
@@ -76,18 +84,23 @@ def annotation_sets(rows: pd.DataFrame):
         yield out
 
 
-def select_sentences(
-    store: Store, info, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2, core: str = "type"
-) -> tuple[dict[int, list[tuple[tuple[int, int], list[tuple[int, int]]]]], dict]:
-    """Annotation sets that pass the filters, per example: [(LU span, [core FE spans])], and the count after each filter."""
+def check_frames(store: Store, info, core: str) -> None:
+    """Refuse an unknown `core`, and a run whose dataset has no FrameNet frames."""
     if core not in CORE:
         raise InvalidArgumentError(f"core must be 'type' (FrameNet coreType Core) or 'set' (in a frame's FEcoreSets), not {core!r}")
-    rows = store.sql(FRAMES_SQL, {"dataset": info.dataset_id})
-    if rows.empty:
+    if store.sql(HAS_FRAMES_SQL, {"dataset": info.dataset_id}).empty:
         raise InvalidArgumentError(
             f"run {info.name!r} (dataset {info.dataset}:{info.split}) has no FrameNet frames; "
             "frame_heads needs a run over framenet/1.5:exemplars"
         )
+
+
+def select_sentences(
+    store: Store, info, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2, core: str = "type"
+) -> tuple[dict[int, list[tuple[tuple[int, int], list[tuple[int, int]]]]], dict]:
+    """Annotation sets that pass the filters, per example: [(LU span, [core FE spans])], and the count after each filter."""
+    check_frames(store, info, core)
+    rows = store.sql(FRAMES_SQL, {"dataset": info.dataset_id})
     stored = store.examples(info.id)
     stored = set(stored.loc[~stored["skipped"], "example"].astype(int))
     if examples is not None:
@@ -118,17 +131,106 @@ def select_sentences(
     return kept, counts
 
 
-def frame_head_scores(
-    store: Store, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2, core: str = "type"
-):
-    info = store.run_info(run)
-    kept, counts = select_sentences(store, info, examples, max_words, max_fe_words, min_distance, core)
+# ---------------------------------------------------------------- LU <-> frame element maxima kept with the run
+# Per example: its number of words (`n_words`). Per annotation set (frame row, in id order): the LU's word span
+# (`lu`, -1 -1 where it has none). Per overt frame element (in id order, grouped by set): its set's index in the
+# example, its word span, whether its coreType is Core and whether it is in the frame's FEcoreSets (`fe`), and per
+# (layer, head) the largest weight between a token of the LU and a token of the FE, either direction (`fe_max`,
+# the stored value itself; -1 where the LU or the FE has no token). The largest weight between the LU and a set
+# of core FEs is the largest of their `fe_max`, so every filter and either `core` is applied at query time.
+
+
+def _lu_fe_max_prepare(store: Store, info, examples=None):
+    rows = store.sql(FRAMES_SQL, {"dataset": info.dataset_id})
+    if examples is not None:
+        rows = rows[rows["example"].isin([int(e) for e in examples])]
+    sets: dict[int, list] = {}
+    for example, lu, elements in annotation_sets(rows):
+        sets.setdefault(example, []).append((lu, elements))
+    table = store.token_table(info.id, examples)[["example", "word_position"]]
+    tokens = {int(k): g["word_position"].to_numpy(dtype=float) for k, g in table.groupby("example")}
+    n_words = store.word_table(info.id).groupby("example").size().to_dict()
+    return sets, tokens, n_words, (info.n_layers, info.n_heads)
+
+
+def _lu_fe_max_reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
+    sets, tokens, n_words, shape = context
+    words = tokens.get(example, np.zeros(0))
+    lus: list[tuple[int, int]] = []
+    fes: list[tuple[int, int, int, bool, bool]] = []
+    maxima: list[np.ndarray] = []
+    for index, (lu, elements) in enumerate(sets.get(example, ())):
+        lus.append(lu if lu is not None else (-1, -1))
+        lu_tok = np.flatnonzero((words >= lu[0]) & (words < lu[1])) if lu is not None else np.zeros(0, dtype=np.intp)
+        for start, end, core_type, in_set in elements:
+            fes.append((index, start, end, core_type == "Core", in_set))
+            fe_tok = np.flatnonzero((words >= start) & (words < end))
+            if len(lu_tok) and len(fe_tok):  # as the streaming path, over this FE's tokens only
+                one_way = maps[:, :, lu_tok][:, :, :, fe_tok].max(axis=(-2, -1))
+                other_way = maps[:, :, fe_tok][:, :, :, lu_tok].max(axis=(-2, -1))
+                maxima.append(np.maximum(one_way, other_way))
+            else:
+                maxima.append(np.full(shape, -1.0))
+    return {
+        "n_words": np.asarray(int(n_words.get(example, 0)), dtype=np.int32),
+        "lu": np.asarray(lus, dtype=np.int32).reshape(-1, 2),
+        "fe": np.asarray(fes, dtype=np.int32).reshape(-1, 5),
+        "fe_max": np.asarray(maxima, dtype=np.float32).reshape(-1, *shape),  # float16 and float32 values exactly
+    }
+
+
+LU_FE_MAX = register_kind(SummaryKind("lu_fe_max", 1, _lu_fe_max_prepare, _lu_fe_max_reduce, ragged=("lu", "fe", "fe_max")))
+
+
+def _any_per_set(fe_set: np.ndarray, mask: np.ndarray, n_sets: int) -> np.ndarray:
+    return np.bincount(fe_set[mask], minlength=n_sets) > 0
+
+
+def _kept_scores(
+    arrays: dict[str, np.ndarray], shape: tuple[int, int], max_words: int, max_fe_words: int, min_distance: int, core: str
+) -> tuple[np.ndarray, int, dict]:
+    """The streaming path's (sum of the kept sets' per-head maxima, sets summed, counts after each filter), from the summary."""
+    if "lu" not in arrays:  # no example summarised
+        return np.zeros(shape), 0, dict.fromkeys(("annotation_sets", "max_words", "max_fe_words", "has_core", "min_distance"), 0)
+    lu, fe = arrays["lu"], arrays["fe"]
+    n_sets = len(lu)
+    set_example = np.repeat(np.arange(len(arrays["example"])), np.diff(arrays["lu_start"]))
+    fe_set = np.repeat(arrays["lu_start"][:-1], np.diff(arrays["fe_start"])) + fe[:, 0]  # each FE's set, numbered in the run
+    start, end = fe[:, 1], fe[:, 2]
+    counts = dict(annotation_sets=n_sets)
+    keep = arrays["n_words"][set_example] <= max_words
+    counts["max_words"] = int(keep.sum())
+    keep &= lu[:, 0] >= 0
+    keep &= ~_any_per_set(fe_set, end - start > max_fe_words, n_sets)
+    counts["max_fe_words"] = int(keep.sum())
+    is_core = fe[:, 3 if core == "type" else 4].astype(bool)
+    keep &= _any_per_set(fe_set, is_core, n_sets)
+    counts["has_core"] = int(keep.sum())
+    lu_start, lu_end = lu[fe_set, 0], lu[fe_set, 1]
+    overlap = (lu_start < end) & (start < lu_end)
+    distance = np.where(overlap, 0, np.where(start >= lu_end, start - (lu_end - 1), lu_start - (end - 1)))  # span_distance
+    keep &= ~_any_per_set(fe_set, is_core & (distance < min_distance), n_sets)
+    counts["min_distance"] = int(keep.sum())
+    rows = np.flatnonzero(is_core & keep[fe_set])  # the core FEs of the kept sets, set by set in storage order
+    if not len(rows):
+        return np.zeros(shape), 0, counts
+    first = np.r_[0, np.flatnonzero(np.diff(fe_set[rows])) + 1]
+    values = np.maximum.reduceat(arrays["fe_max"][rows], first, axis=0)  # per kept set: the largest over its core FEs
+    values = values[values[:, 0, 0] >= 0].astype(np.float64)  # -1: the LU or every core FE has no token
+    total = np.zeros(shape)
+    for value in values:  # one set at a time, in the streaming path's order: the same float64 sums
+        total += value
+    return total, len(values), counts
+
+
+def _streamed_scores(store: Store, info, examples, max_words, max_fe_words, min_distance, core) -> tuple[np.ndarray, int, dict]:
+    kept_sets, counts = select_sentences(store, info, examples, max_words, max_fe_words, min_distance, core)
     tokens = {int(k): g["word_position"].to_numpy(dtype=float) for k, g in store.token_table(info.id).groupby("example")}
     total = np.zeros((info.n_layers, info.n_heads))
     n = 0
-    for example, maps in iter_maps(store, info, sorted(kept) if kept else []):
+    for example, maps in iter_maps(store, info, sorted(kept_sets) if kept_sets else []):
         words = tokens[example]
-        for lu, core_spans in kept[example]:
+        for lu, core_spans in kept_sets[example]:
             lu_tok = np.flatnonzero((words >= lu[0]) & (words < lu[1]))
             fe_tok = np.flatnonzero(np.any([(words >= s) & (words < e) for s, e in core_spans], axis=0))
             if not len(lu_tok) or not len(fe_tok):
@@ -137,6 +239,21 @@ def frame_head_scores(
             other_way = maps[:, :, fe_tok][:, :, :, lu_tok].max(axis=(-2, -1))
             total += np.maximum(one_way, other_way).astype(np.float64)
             n += 1
+    return total, n, counts
+
+
+def frame_head_scores(
+    store: Store, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2, core: str = "type"
+):
+    info = store.run_info(run)
+    check_frames(store, info, core)
+    arrays = kept(store, info, LU_FE_MAX)
+    if arrays is None:  # nothing kept and nothing can be: decode the kept sentences' maps
+        total, n, counts = _streamed_scores(store, info, examples, max_words, max_fe_words, min_distance, core)
+    else:
+        if examples is not None:  # examples not stored are left out, as the streaming path does
+            arrays = select(LU_FE_MAX, arrays, np.isin(arrays["example"], np.fromiter((int(e) for e in examples), dtype=np.int64)))
+        total, n, counts = _kept_scores(arrays, (info.n_layers, info.n_heads), max_words, max_fe_words, min_distance, core)
     counts["with_tokens"] = n
     if n == 0:
         steps = ", ".join(f"{k}: {v}" for k, v in counts.items())

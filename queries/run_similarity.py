@@ -7,6 +7,9 @@ over the examples (at most `max_examples`, a seeded random sample when there are
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,8 +22,9 @@ from .registry import register
 if TYPE_CHECKING:
     from ..store import Store
 
-# Maps of both runs held at once for one batch of examples: at most about this many cells per run.
-BATCH_CELLS = 1 << 24
+# Maps of both runs held for one group of examples: at most about this many cells per run. Two groups are held at
+# once (one compared while the next is read), so about 4 x BATCH_CELLS cells in all.
+BATCH_CELLS = 1 << 23
 
 
 def shared_examples(store: Store, a, b, examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
@@ -37,7 +41,7 @@ def shared_examples(store: Store, a, b, examples=None, max_examples: int = 1000,
         )
     ea, eb = (store.examples(info.id) for info in (a, b))
     ea, eb = ea[~ea["skipped"]], eb[~eb["skipped"]]
-    both = ea[["example", "example_id", "length"]].merge(eb[["example_id", "length"]], on="example_id", suffixes=("", "_other"))
+    both = ea[["example", "example_id", "length", "offset"]].merge(eb[["example_id", "length"]], on="example_id", suffixes=("", "_other"))
     if examples is not None:
         wanted = sorted({int(e) for e in examples})
         missing = sorted(set(wanted) - set(both["example"]))
@@ -59,10 +63,7 @@ def shared_examples(store: Store, a, b, examples=None, max_examples: int = 1000,
 def check_same_tokens(store: Store, a, b, both: pd.DataFrame) -> None:
     """Refuse, naming the first example, when the two runs tokenised an example differently."""
     chosen = set(both["example"])
-    ta, tb = (
-        t[t["example"].isin(chosen)][["example", "position", "token", "token_id"]]
-        for t in (store.token_table(a.id), store.token_table(b.id))
-    )
+    ta, tb = (store.token_table(info.id, chosen)[["example", "position", "token", "token_id"]] for info in (a, b))
     joined = ta.merge(tb, on=["example", "position"], how="outer", suffixes=("", "_other"), indicator=True)
     bad = joined[(joined["_merge"] != "both") | (joined["token_id"] != joined["token_id_other"])]
     if bad.empty:
@@ -86,14 +87,17 @@ def check_same_tokens(store: Store, a, b, both: pd.DataFrame) -> None:
     )
 
 
-def batches(shared: pd.DataFrame, cells_per_example) -> list[list[int]]:
-    """Consecutive groups of examples whose maps hold at most about BATCH_CELLS cells."""
+def batches(shared: pd.DataFrame, cells_per_example, limit: int | None = None) -> list[list[int]]:
+    """Groups of examples, consecutive in the first run's storage order (so each group is read as a few contiguous
+    slabs, not the whole stretch of the array its examples are spread over), whose maps hold at most about `limit` cells."""
+    limit = BATCH_CELLS if limit is None else limit
     out: list[list[int]] = []
     group: list[int] = []
     size = 0
-    for example, length in zip(shared["example"], shared["length"]):
+    in_storage_order = shared.sort_values("offset", kind="stable") if "offset" in shared else shared
+    for example, length in zip(in_storage_order["example"], in_storage_order["length"]):
         cells = cells_per_example * int(length) ** 2
-        if group and size + cells > BATCH_CELLS:
+        if group and size + cells > limit:
             out.append(group)
             group, size = [], 0
         group.append(int(example))
@@ -103,12 +107,37 @@ def batches(shared: pd.DataFrame, cells_per_example) -> list[list[int]]:
     return out
 
 
+def paired_maps(store: Store, a, b, groups: list[list[int]]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(example, its maps in run `a`, in run `b`) group by group, in `a`'s storage order within each; a thread reads
+    the next group (both runs) while the caller works on this one, so decoding and arithmetic overlap."""
+
+    def read(group: list[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        theirs = dict(store.iter_attention(b.id, group))
+        return [(example, maps, theirs.pop(example)) for example, maps in store.iter_attention(a.id, group)]
+
+    def submit(pool: ThreadPoolExecutor, group: list[int]) -> Future:
+        return pool.submit(contextvars.copy_context().run, read, group)  # the caller's progress listener, if any
+
+    with ThreadPoolExecutor(1, thread_name_prefix="attnstore-similarity") as pool:
+        ahead = submit(pool, groups[0]) if groups else None
+        for following in [*groups[1:], None]:
+            assert ahead is not None
+            current = ahead.result()
+            ahead = submit(pool, following) if following is not None else None
+            yield from current
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(layer, head, L, L) x 2 -> (layer, head): cosine similarity of the flattened maps."""
-    a = a.reshape(*a.shape[:2], -1).astype(np.float64)
-    b = b.reshape(*b.shape[:2], -1).astype(np.float64)
-    dot = (a * b).sum(-1)
-    norms = np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
+    """(layer, head, L, L) x 2 -> (layer, head): cosine similarity of the flattened maps, summed in float64.
+
+    The product of two float16 values is exact in float32 (11 + 11 significant bits), so float16 maps (the
+    default) are multiplied in float32, half the memory traffic of float64; other maps in float64.
+    """
+    work = np.float32 if a.dtype == b.dtype == np.float16 else np.float64
+    a = a.reshape(*a.shape[:2], -1).astype(work)
+    b = b.reshape(*b.shape[:2], -1).astype(work)
+    dot = (a * b).sum(-1, dtype=np.float64)
+    norms = np.sqrt((a * a).sum(-1, dtype=np.float64) * (b * b).sum(-1, dtype=np.float64))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(norms > 0, dot / np.where(norms > 0, norms, 1), np.nan)
 
@@ -130,11 +159,9 @@ def run_similarity(store: Store, *, run, other: str | None = None, examples=None
     shared = shared_examples(store, a, b, examples, max_examples, seed)
     total = np.zeros((a.n_layers, a.n_heads))
     n = 0
-    for group in batches(shared, a.n_layers * a.n_heads):
-        theirs = dict(store.iter_attention(b.id, group))
-        for example, maps in store.iter_attention(a.id, group):
-            total += cosine(maps, theirs.pop(example))
-            n += 1
+    for _, maps, theirs in paired_maps(store, a, b, batches(shared, a.n_layers * a.n_heads)):
+        total += cosine(maps, theirs)
+        n += 1
     frame = per_head_frame(a, similarity=total / n)
     frame["n_examples"] = n
     frame.attrs["other"] = b.name

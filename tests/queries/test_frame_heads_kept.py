@@ -1,0 +1,293 @@
+"""K2 `frame_heads` from the LU <-> frame element maxima kept with the run (`lu_fe_max`, queries/summary.py):
+the streaming path's values and filter counts for every filter setting, subset and `core`; no map read once kept;
+rebuilt when stale; read-only stores stream and keep nothing.
+
+Random FrameNet-style runs: several annotation sets per example (some without an LU, some with no overt frame
+element), frame elements of every core type inside and outside the core sets, non-overt ones, words split into
+pieces and words left without a token; float16 maps. On SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+import numpy as np
+import pandas as pd
+import pytest
+import zarr
+
+from attnstore.queries import run_query
+from attnstore.queries.frame_heads import LU_FE_MAX
+from attnstore.queries.summary import concatenate, kept, summarise_examples
+from attnstore.store import open_store
+from attnstore.store.errors import InvalidArgumentError
+from attnstore.store.records import ExampleInput
+
+SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
+CORE_TYPES = ("Core", "Peripheral", "Extra-Thematic", "Core-Unexpressed", "")
+N_EXAMPLES = 12
+PATH = "runs/{}/summary/lu_fe_max"
+
+
+def random_example(seed: int):
+    """(words, frames, tokens, token_words, maps (2, 3, L, L) float16) of one random FrameNet-style example."""
+    rng = np.random.default_rng(seed)
+    n = 14 if seed in (2, 9) else int(rng.integers(3, 11))  # two sentences over max_words=12
+    words = [f"w{i}" for i in range(n)]
+
+    def span(longest: int) -> tuple[int, int]:
+        start = int(rng.integers(0, n))
+        return start, min(n, start + int(rng.integers(1, longest + 1)))
+
+    def fe_span() -> tuple[int | None, int | None]:
+        if rng.random() < 0.1:
+            return None, None  # not overt (null instantiation)
+        return span(4 if rng.random() < 0.2 else 2)
+
+    frames = []
+    for k in range(int(rng.integers(0 if seed == 4 else 1, 5))):  # example 4 may have no frame at all
+        lu = (None, None) if rng.random() < 0.12 else span(2)
+        elements = []
+        for j in range(int(rng.integers(0, 4))):
+            start, end = fe_span()
+            elements.append(
+                dict(
+                    name=f"FE{j}",
+                    core_type=str(rng.choice(CORE_TYPES, p=(0.6, 0.1, 0.1, 0.1, 0.1))),
+                    in_core_set=bool(rng.random() < 0.5),
+                    word_start=start,
+                    word_end=end,
+                    char_start=0,
+                    char_end=1,
+                )
+            )
+        frames.append(
+            dict(
+                annoset_id=seed * 10 + k,
+                frame_id=k,
+                frame=f"F{k}",
+                lu_id=k,
+                lu="x.v",
+                target_start=lu[0],
+                target_end=lu[1],
+                char_start=0,
+                char_end=1,
+                elements=elements,
+            )
+        )
+    covered = n - int(rng.integers(0, 3)) if seed % 3 == 0 else n  # the last words without a token (truncated)
+    tokens, token_words = ["[CLS]"], [None]
+    for i in range(covered):
+        pieces = int(rng.integers(1, 3))
+        tokens += [words[i], *["##p"] * (pieces - 1)]
+        token_words += [i] * pieces
+    tokens.append("[SEP]")
+    token_words.append(None)
+    size = len(tokens)
+    raw = rng.random((2, 3, size, size), dtype=np.float32) ** 3 + 1e-4
+    maps = (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+    if seed % 2:  # L0H0 all on [CLS]: every LU <-> FE weight is 0, a maximum that still counts
+        maps[0, 0] = 0
+        maps[0, 0, :, 0] = 1
+    return words, frames, tokens, token_words, maps
+
+
+def build_run(store, name: str, examples: list) -> str:
+    model_id = store.find_or_create_model(
+        name=f"hand-{name}",
+        source="tests",
+        weights_sha256=uuid.uuid4().hex,
+        architecture="Hand",
+        n_layers=2,
+        n_heads=3,
+        max_length=512,
+        tokenizer="none",
+        special_tokens=SPECIALS,
+    )
+    dataset_id, _ = store.find_or_create_dataset(
+        name=f"hand-{name}", split="exemplars", checksum=uuid.uuid4().hex, format="framenet", source="tests", annotator="whitespace"
+    )
+    store.add_examples(
+        dataset_id,
+        [
+            ExampleInput(
+                position=position,
+                text_a=" ".join(words),
+                words=tuple(dict(position=i, segment=0, form=w) for i, w in enumerate(words)),
+                frames=tuple(frames),
+            )
+            for position, (words, frames, _, _, _) in enumerate(examples)
+        ],
+        "whitespace",
+    )
+    store.complete_dataset(dataset_id)
+    run = store.start_run(
+        name=name,
+        model_id=model_id,
+        dataset_id=dataset_id,
+        dtype="float16",
+        codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
+        chunk_cells=64,
+        max_length=512,
+        truncation="truncate",
+        attn_implementation="eager",
+        batch_size=1,
+        code_version="test",
+        corpus_checksum="x",
+        manifest={},
+    )
+    ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
+    writer = store.run_writer(run.id)
+    for position in (*range(1, len(examples)), 0):  # storage order differs from example order
+        _, _, tokens, token_words, maps = examples[position]
+        rows = [
+            dict(
+                token=t,
+                token_id=SPECIALS["cls"]["id"] if t == "[CLS]" else SPECIALS["sep"]["id"] if t == "[SEP]" else 1000 + k,
+                word_position=w,
+                segment=0,
+                is_special=w is None,
+                char_start=None,
+                char_end=None,
+            )
+            for k, (t, w) in enumerate(zip(tokens, token_words))
+        ]
+        writer.add(int(ids[position]), maps, rows)
+        writer.commit()
+    writer.finish(0.0)
+    return name
+
+
+@pytest.fixture
+def frame_run(store):
+    return build_run(store, "keptframes", [random_example(seed) for seed in range(N_EXAMPLES)])
+
+
+def streamed(monkeypatch, store, name, **params):
+    with monkeypatch.context() as m:
+        m.setattr("attnstore.queries.frame_heads.kept", lambda *a, **k: None)
+        return outcome(store, name, **params)
+
+
+def outcome(store, name, **params):
+    """The frame, or the error's message (both paths must refuse alike)."""
+    try:
+        return run_query(store, name, **params)
+    except InvalidArgumentError as exc:
+        return str(exc)
+
+
+def assert_same(a, b):
+    if isinstance(a, str) or isinstance(b, str):
+        assert a == b
+        return
+    assert a.attrs == b.attrs
+    assert list(a.columns) == list(b.columns) and len(a) == len(b)
+    for column in a.columns:
+        np.testing.assert_allclose(a[column].to_numpy(float), b[column].to_numpy(float), rtol=1e-12, atol=0)
+
+
+FILTERS = [
+    *itertools.product(
+        (None, [0, 3, 5, 6], [8, 7, 99]),  # 99: not stored, left out by both paths
+        (12,),  # max_words
+        (1, 3),  # max_fe_words
+        (0, 2, 4),  # min_distance
+        ("type", "set"),
+    ),
+    *itertools.product((None,), (8, 14), (2, 4), (1,), ("type", "set")),
+]
+
+
+def test_kept_maxima_give_the_streaming_values_and_counts(store, frame_run, monkeypatch):
+    passed = 0
+    for examples, max_words, max_fe_words, min_distance, core in FILTERS:
+        params = dict(
+            run=frame_run, examples=examples, max_words=max_words, max_fe_words=max_fe_words, min_distance=min_distance, core=core
+        )
+        result = outcome(store, "frame_heads", **params)
+        assert_same(result, streamed(monkeypatch, store, "frame_heads", **params))
+        passed += not isinstance(result, str)
+    assert passed > len(FILTERS) / 2  # most settings keep sentences; the rest raise the same error naming the same counts
+    for params in (dict(), dict(min_distance=1, core="set"), dict(max_fe_words=2, examples=[1, 2, 3, 5, 6], percentile=90.0)):
+        assert_same(
+            outcome(store, "frame_heads_top", run=frame_run, **params),
+            streamed(monkeypatch, store, "frame_heads_top", run=frame_run, **params),
+        )
+    group = zarr.open_group(store.locations.array_root, path=PATH.format(frame_run), mode="r")
+    assert group.attrs["stamp"] == {"version": 1, "n_examples": N_EXAMPLES}
+
+
+def test_the_kept_values_are_the_maxima_over_each_frame_elements_tokens(store, frame_run):
+    info = store.run_info(frame_run)
+    arrays = kept(store, info, LU_FE_MAX)
+    assert arrays["example"].tolist() == [*range(1, N_EXAMPLES), 0]  # storage order
+    for index, example in enumerate(arrays["example"]):
+        words, frames, _, token_words, maps = random_example(int(example))
+        assert arrays["n_words"][index] == len(words)
+        lu = arrays["lu"][arrays["lu_start"][index] : arrays["lu_start"][index + 1]]
+        fe = arrays["fe"][arrays["fe_start"][index] : arrays["fe_start"][index + 1]]
+        fe_max = arrays["fe_max"][arrays["fe_start"][index] : arrays["fe_start"][index + 1]]
+        overt = [(k, e) for k, f in enumerate(frames) for e in f["elements"] if e["word_start"] is not None]
+        assert len(lu) == len(frames) and len(fe) == len(overt)
+        tok = np.array([-1 if w is None else w for w in token_words])
+        for (k, element), row, value in zip(overt, fe, fe_max):
+            start, end = frames[k]["target_start"], frames[k]["target_end"]
+            assert row.tolist() == [k, element["word_start"], element["word_end"], element["core_type"] == "Core", element["in_core_set"]]
+            lu_tok = np.flatnonzero((tok >= start) & (tok < end)) if start is not None else []
+            fe_tok = np.flatnonzero((tok >= element["word_start"]) & (tok < element["word_end"]))
+            if not len(lu_tok) or not len(fe_tok):
+                assert (value == -1).all()
+                continue
+            expected = np.full((2, 3), -np.inf)
+            for i in lu_tok:
+                for j in fe_tok:
+                    expected = np.maximum(expected, np.maximum(maps[:, :, i, j], maps[:, :, j, i]))
+            np.testing.assert_array_equal(value, expected.astype(np.float32))
+    assert (arrays["fe_max"] == -1).all(axis=(1, 2)).any() and (arrays["fe_max"] >= 0).all(axis=(1, 2)).any()
+    assert (arrays["lu"][:, 0] == -1).any()  # an annotation set without an LU
+
+
+def test_kept_maxima_are_read_without_decoding_maps_and_rebuilt_when_stale(store, frame_run, monkeypatch):
+    first = run_query(store, "frame_heads", run=frame_run, min_distance=1)
+    with monkeypatch.context() as m:
+        m.setattr(type(store), "iter_attention", lambda *a, **k: pytest.fail("the maps were read"))
+        pd.testing.assert_frame_equal(run_query(store, "frame_heads", run=frame_run, min_distance=1), first, check_exact=True)
+        run_query(store, "frame_heads_top", run=frame_run, min_distance=1, core="set", examples=[1, 2, 3, 5, 6])
+    group = zarr.open_group(store.locations.array_root, path=PATH.format(frame_run), mode="r+")
+    group["fe_max"][...] = 0  # as if kept before the last example was stored: not used, built again
+    group.attrs["stamp"] = {"version": 1, "n_examples": N_EXAMPLES - 1}
+    again = run_query(store, "frame_heads", run=frame_run, min_distance=1)
+    pd.testing.assert_frame_equal(again, first, check_exact=True)
+    assert_same(again, streamed(monkeypatch, store, "frame_heads", run=frame_run, min_distance=1))
+    assert zarr.open_group(store.locations.array_root, path=PATH.format(frame_run), mode="r").attrs["stamp"]["n_examples"] == N_EXAMPLES
+
+
+def test_read_only_stores_stream_and_keep_nothing(store, frame_run, monkeypatch):
+    reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
+    try:
+        result = run_query(reader, "frame_heads", run=frame_run, min_distance=1, core="set")
+    finally:
+        reader.close()
+    assert not zarr.open_group(store.locations.array_root, path=f"runs/{frame_run}", mode="r").get("summary")
+    assert_same(result, run_query(store, "frame_heads", run=frame_run, min_distance=1, core="set"))
+
+
+def test_a_run_without_frames_is_refused_before_any_pass(store, make_run):
+    maps = np.full((1, 2, 3, 3), 1 / 3, dtype=np.float32)
+    run = make_run(store, [maps], [["[CLS]", "x", "[SEP]"]], name="noframes")
+    with pytest.raises(InvalidArgumentError, match="has no FrameNet frames"):
+        run_query(store, "frame_heads", run=run)
+    assert not zarr.open_group(store.locations.array_root, path=f"runs/{run}", mode="r").get("summary")
+
+
+def test_ranges_summarised_apart_concatenate_to_the_one_pass(store, frame_run):
+    """What a Dask scheduler does (queries/scheduler.py): contiguous ranges in storage order, each prepared alone."""
+    info = store.run_info(frame_run)
+    order = store.examples(info.id).sort_values("offset")["example"].tolist()
+    whole = summarise_examples(store, info, LU_FE_MAX)
+    parts = concatenate(LU_FE_MAX, [summarise_examples(store, info, LU_FE_MAX, part) for part in (order[:5], order[5:9], order[9:])])
+    assert sorted(parts) == sorted(whole)
+    for field, values in whole.items():
+        np.testing.assert_array_equal(parts[field], values, err_msg=field)

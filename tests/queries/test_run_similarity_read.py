@@ -1,0 +1,143 @@
+"""K3 `run_similarity`'s read path: groups of examples in the first run's storage order, the next group read by a
+thread while this one is compared. Whatever the grouping, storage orders and dtype, the values are the textbook
+cosines of each example's maps read one by one (to 1e-12), and every example read is reported to a progress listener.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from attnstore.queries import run_query
+from attnstore.queries import run_similarity as module
+from attnstore.store import progress
+
+SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
+LENGTHS = (5, 9, 3, 12, 7, 4, 10, 6)
+
+
+def tokens_of(length: int) -> list[str]:
+    return ["[CLS]", *(f"t{k}" for k in range(length - 2)), "[SEP]"]
+
+
+def random_maps(length: int, seed: int, dtype: str) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    raw = rng.random((2, 3, length, length), dtype=np.float32) ** 4 + 1e-4
+    return (raw / raw.sum(-1, keepdims=True)).astype(dtype)
+
+
+def other_run(store, base: str, name: str, maps: list[np.ndarray], order) -> str:
+    """A run over `base`'s dataset with the same tokens, its examples written in `order`."""
+    info = store.run_info(base)
+    model_id = store.find_or_create_model(
+        name=f"hand-{name}",
+        source="tests",
+        weights_sha256=uuid.uuid4().hex,
+        architecture="Hand",
+        n_layers=2,
+        n_heads=3,
+        max_length=512,
+        tokenizer="none",
+        special_tokens=SPECIALS,
+    )
+    run = store.start_run(
+        name=name,
+        model_id=model_id,
+        dataset_id=info.dataset_id,
+        dtype=str(maps[0].dtype),
+        codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
+        chunk_cells=64,
+        max_length=512,
+        truncation="truncate",
+        attn_implementation="eager",
+        batch_size=1,
+        code_version="test",
+        corpus_checksum="x",
+        manifest={},
+    )
+    ids = store.examples(base).set_index("example")["example_id"]
+    base_tokens = store.token_table(base)
+    writer = store.run_writer(run.id)
+    for position in order:
+        rows = [
+            dict(
+                token=t.token,
+                token_id=int(t.token_id),
+                word_position=None if t.is_special else int(t.word_position),
+                segment=0,
+                is_special=bool(t.is_special),
+                char_start=None,
+                char_end=None,
+            )
+            for t in base_tokens[base_tokens["example"] == position].itertuples()
+        ]
+        writer.add(int(ids[position]), maps[position], rows)
+        writer.commit()
+    writer.finish(0.0)
+    return name
+
+
+def textbook(store, a: str, b: str, examples) -> np.ndarray:
+    """Mean over `examples` of each head's cosine, every map read on its own, in float64."""
+    total = np.zeros((2, 3))
+    for example in examples:
+        x = store.attention(a, example).astype(np.float64).reshape(2, 3, -1)
+        y = store.attention(b, example).astype(np.float64).reshape(2, 3, -1)
+        total += (x * y).sum(-1) / np.sqrt((x * x).sum(-1) * (y * y).sum(-1))
+    return total / len(examples)
+
+
+@pytest.fixture(params=["float16", "float32"])
+def two_runs(request, store, make_run):
+    dtype = request.param
+    first = [random_maps(n, k, dtype) for k, n in enumerate(LENGTHS)]
+    second = [random_maps(n, 100 + k, dtype) for k, n in enumerate(LENGTHS)]
+    base = make_run(store, first, [tokens_of(n) for n in LENGTHS], name="first", specials=SPECIALS, dtype=dtype)
+    return base, other_run(store, base, "second", second, order=(3, 7, 0, 5, 1, 6, 2, 4))  # another storage order
+
+
+@pytest.mark.parametrize("group_cells", [module.BATCH_CELLS, 300, 1])  # one group; a few; one example each
+def test_grouped_overlapped_reads_give_the_textbook_cosines(store, two_runs, monkeypatch, group_cells):
+    base, other = two_runs
+    monkeypatch.setattr(module, "BATCH_CELLS", group_cells)
+    for run, against in ((base, other), (other, base)):
+        frame = run_query(store, "run_similarity", run=run, other=against)
+        expected = textbook(store, run, against, range(len(LENGTHS)))
+        np.testing.assert_allclose(frame["similarity"].to_numpy().reshape(2, 3), expected, rtol=1e-12, atol=0)
+        assert (frame["n_examples"] == len(LENGTHS)).all()
+    sampled = run_query(store, "run_similarity", run=base, other=other, max_examples=3, seed=1)
+    chosen = sorted(np.random.default_rng(1).choice(len(LENGTHS), size=3, replace=False).tolist())
+    np.testing.assert_allclose(sampled["similarity"].to_numpy().reshape(2, 3), textbook(store, base, other, chosen), rtol=1e-12, atol=0)
+    subset = run_query(store, "run_similarity", run=base, other=other, examples=[6, 1])
+    np.testing.assert_allclose(subset["similarity"].to_numpy().reshape(2, 3), textbook(store, base, other, [1, 6]), rtol=1e-12, atol=0)
+
+
+def test_groups_follow_the_first_runs_storage_order_and_every_read_is_reported(store, two_runs, monkeypatch):
+    base, other = two_runs
+    a, b = store.run_info(base), store.run_info(other)
+    shared = module.shared_examples(store, a, b)
+    groups = module.batches(shared, 6, limit=400)
+    in_storage_order = store.examples(a.id).sort_values("offset")["example"].tolist()
+    assert [e for group in groups for e in group] == in_storage_order and len(groups) > 2
+    assert all(6 * sum(LENGTHS[e] ** 2 for e in group) <= 400 or len(group) == 1 for group in groups)
+    seen = []
+    with progress.reporting(seen.append):
+        pairs = list(module.paired_maps(store, a, b, groups))
+    assert [e for e, _, _ in pairs] == in_storage_order and sum(seen) == 2 * len(LENGTHS)  # both runs' examples
+    for example, mine, theirs in pairs:
+        np.testing.assert_array_equal(mine, store.attention(base, example))
+        np.testing.assert_array_equal(theirs, store.attention(other, example))
+
+
+def test_a_failing_read_is_raised_to_the_caller(store, two_runs, monkeypatch):
+    base, other = two_runs
+
+    def broken(self, run, examples=None):
+        raise OSError("disk gone")
+        yield  # a generator, as iter_attention is
+
+    monkeypatch.setattr(type(store), "iter_attention", broken)
+    with pytest.raises(OSError, match="disk gone"):
+        run_query(store, "run_similarity", run=base, other=other)
