@@ -25,6 +25,7 @@ import os
 import random
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -209,6 +210,21 @@ def main() -> None:
     result = ingest(store, corpus=args.corpus, fmt=args.format, loaded=loaded, batch_size=args.batch_size, progress=False)
     ingest_seconds = time.perf_counter() - t
     bare_2 = bare_forward(loaded, batches)
+    # As a user meets it: `attnstore ingest` in its own process, a second run of the (annotated) dataset; its
+    # run time (tokenize, forward, store) is what the command records, start-up and model load left out.
+    t = time.perf_counter()
+    cli = subprocess.run(
+        [sys.executable, "-m", "attnstore.api.cli", "ingest", "--corpus", args.corpus, "--format", args.format, "--name", "cli-ingest"]
+        + ["--batch-size", str(args.batch_size), "--no-progress", "--db", db, "--root", str(home / "attention.zarr")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})},  # torch's threads, as here
+    )
+    cli_wall = time.perf_counter() - t
+    if cli.returncode:
+        sys.exit(f"attnstore ingest failed: {cli.stderr[-2000:]}")
+    cli_run = float(store.sql("SELECT ingest_seconds FROM runs WHERE name = 'cli-ingest'")["ingest_seconds"][0])
+    bare_3 = bare_forward(loaded, batches)
     bare = (bare_1 + bare_2) / 2
     run = result.run
 
@@ -288,6 +304,13 @@ def main() -> None:
             bare / ingest_seconds,
             ">= 0.9",
             f"bare {bare:.2f}s ({bare_1:.2f}/{bare_2:.2f}), ingest {ingest_seconds:.2f}s",
+        ),
+        (
+            "CLI ingest (run time) / bare forward",
+            (bare_2 + bare_3) / 2 / cli_run,
+            ">= 0.9",
+            f"bare {(bare_2 + bare_3) / 2:.2f}s ({bare_2:.2f}/{bare_3:.2f}), `attnstore ingest` run {cli_run:.2f}s "
+            f"(command {cli_wall:.1f}s with start-up and model load)",
         ),
         ("stored bytes per attention cell", stored_bytes / cells, "<= 1.7", f"{stored_bytes:,} bytes; raw float16 = 2.0"),
         (

@@ -36,7 +36,7 @@ from ..store import arrays
 from ..store.cluster import PARTS_PER_WORKER, client_for
 from .align import Encoded
 from .model import LoadedModel, load_model
-from .runner import _progress, batch_items, store_items
+from .runner import _progress, run_batches
 
 if TYPE_CHECKING:
     from ..store.writer import RunWriter
@@ -69,11 +69,9 @@ def write_part(
     try:
         resource, what, token = lease
         writer = store.run_writer(run_id, LeaseCheck(store.engine, resource, what, token), part=cells)
-        n = 0
-        for batch, done in part:
-            items = batch_items(loaded, dtype, batch, done)
-            store_items(writer, items)
-            n += len(items)
+        done = frozenset().union(*(d for _, d in part))
+        # As in one process: the next batch's forward pass overlaps this one's compression, writes and commit.
+        n = run_batches(writer, loaded, dtype, writer.info, done, [batch for batch, _ in part], total=0, progress=False)
         writer.commit(final=True)  # the part's last, partial chunk
         return n
     finally:

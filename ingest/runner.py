@@ -445,7 +445,7 @@ def ingest(
         batches = planned_batches(store, dataset_id, loaded, tokenization, max_length, truncation, batch_size)
         try:
             if scheduler is None:
-                n_new = _run_batches(writer, loaded, dtype, info, done, batches, total, progress)
+                n_new = run_batches(writer, loaded, dtype, info, done, batches, total, progress)
             else:
                 from .distributed import ingest_on_cluster
 
@@ -487,7 +487,7 @@ def _mark_interrupted(store: Store, run_id: int) -> None:
 def planned_batches(
     store: Store, dataset_id: int, loaded: LoadedModel, tokenization, max_length, truncation, batch_size
 ) -> Iterator[list[Encoded]]:
-    """The dataset's batches, tokenized as they are planned (already-stored examples included, see `_run_batches`)."""
+    """The dataset's batches, tokenized as they are planned (already-stored examples included, see `run_batches`)."""
     pending = store.dataset_examples(dataset_id)
     encoded = (
         enc
@@ -517,7 +517,7 @@ def store_items(writer, items: list[tuple[Encoded, np.ndarray | None]]) -> None:
     writer.commit()
 
 
-def _run_batches(writer, loaded: LoadedModel, dtype: str, info, done: Set[int], batches: Iterable[list[Encoded]], total, progress) -> int:
+def run_batches(writer, loaded: LoadedModel, dtype: str, info, done: Set[int], batches: Iterable[list[Encoded]], total, progress) -> int:
     # Batches are planned over the whole dataset, already-stored examples included, so a resumed
     # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):
     # its maps are bit-identical. Batches with nothing new are not run.
