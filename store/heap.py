@@ -7,7 +7,7 @@
   32 MiB and the trim threshold at 128 MiB, so each batch's attention tensors reuse heap memory.
   With the threshold pinned low (1 MiB above, or 128 KiB wherever MALLOC_TRIM_THRESHOLD_ is set,
   as Dask's nanny does for its workers) every batch's tensors were fresh mmaps: 10x the page faults
-  and +45 % CPU time in MRPC forward passes (docs/PERFORMANCE.md, "The heap and the forward pass").
+  and +40-50 % CPU time in MRPC forward passes (benchmarks/heap.py; docs/PERFORMANCE.md, "The heap and the forward pass").
 """
 
 from __future__ import annotations
