@@ -20,8 +20,9 @@ run at runs/<uuid> with a nominal length of 2**46 cells and no index; it is stil
 
 Blocks are appended through `BlockWriter`, which only ever writes whole chunks (plus the last
 partial chunk when a run finishes), so a chunk that holds committed data is never rewritten:
-a crash cannot damage stored examples. Index arrays are small and derived from SQL; they are
-rewritten at each commit (writes are atomic per chunk on local folders and object stores).
+a crash cannot damage stored examples. Index arrays are small and derived from SQL; entries are
+added every few commits and at the end (`INDEX_PENDING` while they lag; writes are atomic per chunk
+on local folders and object stores).
 """
 
 from __future__ import annotations
