@@ -27,8 +27,11 @@ if TYPE_CHECKING:
 BATCH_CELLS = 1 << 23
 
 
-def shared_examples(store: Store, a, b, examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Examples stored (not skipped) in both runs: example, example_id, length; checked to be the same inputs."""
+def shared_examples(
+    store: Store, a, b, examples=None, max_examples: int | None = 1000, seed: int = 0, check_tokens: bool = True
+) -> pd.DataFrame:
+    """Examples stored (not skipped) in both runs: example, example_id, length, offset; checked to be the same inputs
+    (unless `check_tokens` is false: the caller checked every shared example before). `max_examples` None: all."""
     if a.dataset_id != b.dataset_id:
         raise InvalidArgumentError(
             f"runs {a.name!r} ({a.dataset}:{a.split}) and {b.name!r} ({b.dataset}:{b.split}) share no dataset: "
@@ -50,13 +53,14 @@ def shared_examples(store: Store, a, b, examples=None, max_examples: int = 1000,
         both = both[both["example"].isin(wanted)]
     if both.empty:
         raise InvalidArgumentError(f"runs {a.name!r} and {b.name!r} have no stored example in common")
-    if max_examples < 1:
+    if max_examples is not None and max_examples < 1:
         raise InvalidArgumentError(f"max_examples must be at least 1, not {max_examples}")
-    if len(both) > max_examples:
+    if max_examples is not None and len(both) > max_examples:
         keep = np.random.default_rng(seed).choice(len(both), size=max_examples, replace=False)
         both = both.iloc[np.sort(keep)]
     both = both.sort_values("example").reset_index(drop=True)
-    check_same_tokens(store, a, b, both)
+    if check_tokens:
+        check_same_tokens(store, a, b, both)
     return both
 
 
@@ -142,6 +146,45 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.where(norms > 0, dot / np.where(norms > 0, norms, 1), np.nan)
 
 
+PAIR_VERSION = 1  # of the per-pair cache below; bump when `cosine` changes
+
+
+def pair_cosines(store: Store, a, b) -> dict[str, np.ndarray] | None:
+    """Every shared example's per-head cosines between runs `a` and `b`, kept beside run `a`'s maps.
+
+    A one-run summary cannot serve this query (it needs both runs' maps of an example at once), so the
+    pair has its own: `summary/similarity-<b's uid>/` in `a`'s group, {example, cosine (n, layer, head)},
+    stamped with both runs' committed counts (either run growing rebuilds it). Built by one pass over
+    both runs the first time; None where nothing can be kept (a read-only store, a layout-1 run) or
+    some shared example was tokenised differently (the caller's sample may still avoid it): the caller
+    then streams.
+    """
+    name = f"similarity-{a.manifest.get('uid') or a.id}-{b.manifest.get('uid') or b.id}"
+    stamp = {"version": PAIR_VERSION, "n_examples": store.n_committed(a.id), "other_examples": store.n_committed(b.id)}
+    found = store.run_summary(a.id, name, stamp)
+    if found is not None:
+        return found
+    if store.read_only or not store.can_keep_summaries(a.id):
+        return None
+    everything = shared_examples(store, a, b, max_examples=None, check_tokens=False)
+    try:
+        check_same_tokens(store, a, b, everything)
+    except InvalidArgumentError:
+        return None
+    order, rows = [], []
+    for example, maps, theirs in paired_maps(store, a, b, batches(everything, a.n_layers * a.n_heads)):
+        order.append(example)
+        rows.append(cosine(maps, theirs))
+    values = {
+        "example": np.asarray(order, dtype=np.int64),
+        "cosine": np.stack(rows) if rows else np.zeros((0, a.n_layers, a.n_heads)),
+    }
+    if len(order) != len(everything) or store.n_committed(a.id) != stamp["n_examples"]:
+        return None  # a run grew while it was read: stream this time
+    store.save_run_summary(a.id, name, values, stamp)
+    return values
+
+
 @register("run_similarity")
 def run_similarity(store: Store, *, run, other: str | None = None, examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Kovaleva K3: per head, mean cosine similarity between the maps of two runs over the same examples.
@@ -156,12 +199,20 @@ def run_similarity(store: Store, *, run, other: str | None = None, examples=None
     if other is None:
         raise InvalidArgumentError("run_similarity compares two runs: name the other one, e.g. --param other=RUN")
     a, b = store.run_info(run), store.run_info(other)
-    shared = shared_examples(store, a, b, examples, max_examples, seed)
+    kept = pair_cosines(store, a, b)
+    shared = shared_examples(store, a, b, examples, max_examples, seed, check_tokens=kept is None)
     total = np.zeros((a.n_layers, a.n_heads))
     n = 0
-    for _, maps, theirs in paired_maps(store, a, b, batches(shared, a.n_layers * a.n_heads)):
-        total += cosine(maps, theirs)
-        n += 1
+    if kept is not None:  # the same per-example cosines, added in the same order as the streaming path below
+        row = {int(e): i for i, e in enumerate(kept["example"])}
+        for group in batches(shared, a.n_layers * a.n_heads):
+            for example in group:
+                total += kept["cosine"][row[example]]
+                n += 1
+    else:
+        for _, maps, theirs in paired_maps(store, a, b, batches(shared, a.n_layers * a.n_heads)):
+            total += cosine(maps, theirs)
+            n += 1
     frame = per_head_frame(a, similarity=total / n)
     frame["n_examples"] = n
     frame.attrs["other"] = b.name

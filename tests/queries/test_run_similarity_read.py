@@ -13,6 +13,7 @@ import pytest
 from attnstore.queries import run_query
 from attnstore.queries import run_similarity as module
 from attnstore.store import progress
+from attnstore.tests.queries.helpers import forbid_map_reads, has_summaries, read_only_store, streamed
 
 SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
 LENGTHS = (5, 9, 3, 12, 7, 4, 10, 6)
@@ -141,3 +142,49 @@ def test_a_failing_read_is_raised_to_the_caller(store, two_runs, monkeypatch):
     monkeypatch.setattr(type(store), "iter_attention", broken)
     with pytest.raises(OSError, match="disk gone"):
         run_query(store, "run_similarity", run=base, other=other)
+
+
+def test_kept_pair_cosines_equal_streaming_and_a_second_call_reads_no_map(store, two_runs, monkeypatch):
+
+    base, other = two_runs
+    cases = [dict(), dict(max_examples=3, seed=1), dict(examples=[6, 1])]
+    want = [
+        streamed(monkeypatch, [f"{module.__name__}.pair_cosines"], run_query, store, "run_similarity", run=base, other=other, **c)
+        for c in cases
+    ]
+    run_query(store, "run_similarity", run=base, other=other)  # builds the pair's cache
+    with monkeypatch.context() as m:
+        forbid_map_reads(m, store)
+        for case, expected in zip(cases, want):
+            got = run_query(store, "run_similarity", run=base, other=other, **case)
+            assert got.equals(expected), case  # the same cosines, added in the same order: bit-identical
+    with read_only_store(store) as reader:  # reads the kept cache; could not build one
+        assert run_query(reader, "run_similarity", run=base, other=other).equals(want[0])
+
+
+def test_the_pair_cache_is_rebuilt_when_either_run_grows(store, two_runs, monkeypatch):
+    base, other = two_runs
+    a, b = store.run_info(base), store.run_info(other)
+    first = module.pair_cosines(store, a, b)
+    assert first is not None and sorted(first["example"]) == list(range(len(LENGTHS)))
+    counted = type(store).n_committed
+    monkeypatch.setattr(type(store), "n_committed", lambda self, run: counted(self, run) + (run == b.id))
+    read = []
+    original = type(store).iter_attention
+
+    def counting(self, *args, **kwargs):
+        read.append(1)
+        yield from original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(store), "iter_attention", counting)
+    again = module.pair_cosines(store, a, b)
+    assert read and np.array_equal(again["cosine"], first["cosine"])  # read again (the stamp moved), same values
+
+
+def test_a_read_only_store_without_a_cache_streams(store, two_runs):
+
+    base, other = two_runs
+    with read_only_store(store) as reader:
+        frame = run_query(reader, "run_similarity", run=base, other=other)
+    np.testing.assert_allclose(frame["similarity"].to_numpy().reshape(2, 3), textbook(store, base, other, range(len(LENGTHS))), rtol=1e-12)
+    assert not has_summaries(store, base)
