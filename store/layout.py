@@ -25,8 +25,8 @@ from zarr.core.sync import sync
 from . import arrays
 from .errors import DamagedDataError
 from .records import RunInfo
-from .schema import Run, Sequence
-from .writer import run_attributes, run_lease_name, write_index_from_sql
+from .schema import Run
+from .writer import committed_blocks, run_attributes, run_lease_name, write_index_from_sql
 
 if TYPE_CHECKING:
     from .store import Store
@@ -54,19 +54,6 @@ def upgrade_arrays(store: Store, runs: list[str] | None = None, rebuild_index: b
     return pd.DataFrame(rows, columns=["run", "layout", "action", "chunks", "seconds"])
 
 
-def _committed(store: Store, info: RunInfo) -> pd.DataFrame:
-    with store.engine.connect() as conn:
-        frame = pd.DataFrame(
-            conn.execute(
-                sa.select(Sequence.example_id, Sequence.offset, Sequence.length)
-                .where(Sequence.run_id == info.id, Sequence.offset.is_not(None))
-                .order_by(Sequence.offset)
-            ).all(),
-            columns=["example_id", "offset", "length"],
-        )
-    return frame
-
-
 def _write_index(store: Store, info: RunInfo) -> None:
     """Rewrite a layout-2 run's index arrays from SQL (entries in offset order); an index ahead of SQL is cut back."""
     index = write_index_from_sql(store, info)
@@ -76,7 +63,7 @@ def _write_index(store: Store, info: RunInfo) -> None:
 def _convert(store: Store, info: RunInfo) -> int:
     root = store.locations.array_root
     old = arrays.open_run_array(root, info.array_path, read_only=True)
-    seqs = _committed(store, info)
+    seqs = committed_blocks(store, info)
     size = info.n_layers * info.n_heads * seqs["length"].to_numpy(np.int64) ** 2
     end = int((seqs["offset"].to_numpy(np.int64) + size).max()) if len(seqs) else 0
     with store.session() as s:

@@ -436,10 +436,10 @@ def committed_end(store: StoreReader, info: RunInfo) -> int:
     return int(end or 0)
 
 
-def write_index_from_sql(store: StoreReader, info: RunInfo) -> arrays.RunIndex:
-    """Rewrite a layout-2 run's index arrays from SQL (its committed blocks, in offset order)."""
+def committed_blocks(store: StoreReader, info: RunInfo) -> pd.DataFrame:
+    """The run's committed blocks from SQL: example_id, offset, length, in offset order."""
     with store.engine.connect() as conn:
-        seqs = pd.DataFrame(
+        return pd.DataFrame(
             conn.execute(
                 sa.select(Sequence.example_id, Sequence.offset, Sequence.length)
                 .where(Sequence.run_id == info.id, Sequence.offset.is_not(None))
@@ -447,6 +447,11 @@ def write_index_from_sql(store: StoreReader, info: RunInfo) -> arrays.RunIndex:
             ).all(),
             columns=["example_id", "offset", "length"],
         )
+
+
+def write_index_from_sql(store: StoreReader, info: RunInfo) -> arrays.RunIndex:
+    """Rewrite a layout-2 run's index arrays from SQL (its committed blocks, in offset order)."""
+    seqs = committed_blocks(store, info)
     positions = store.example_rows(info.id).set_index("example_id")["example"]
     tokens = store.token_ids_by_example(info.id)
     index = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0)

@@ -3,6 +3,7 @@ path: random maps, the streaming path itself, frame comparison, a read-only view
 
 Imported as `attnstore.tests.queries.helpers` (the tests run with --import-mode=importlib)."""
 
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
@@ -115,3 +116,80 @@ def check_read_only_streams_and_grown_rebuilt(monkeypatch, store, run: str, targ
     assert not has_summaries(store, run)  # nothing kept
     run_query(store, query, run=run)
     check_rebuilt_once_grown(store, run, kind, lambda: assert_same_frames(run_query(store, query, run=run), expected), zero=zero)
+
+
+def hand_run(store, name: str, *, dataset_id: int, n_layers: int, n_heads: int, dtype: str, specials: dict):
+    """A hand-made model's run over `dataset_id`, started as ingest starts one (chunks of 64 cells); returns its RunInfo."""
+    model_id = store.find_or_create_model(
+        name=f"hand-{name}",
+        source="tests",
+        weights_sha256=uuid.uuid4().hex,
+        architecture="Hand",
+        n_layers=n_layers,
+        n_heads=n_heads,
+        max_length=512,
+        tokenizer="none",
+        special_tokens=specials,
+    )
+    return store.start_run(
+        name=name,
+        model_id=model_id,
+        dataset_id=dataset_id,
+        dtype=dtype,
+        codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
+        chunk_cells=64,
+        max_length=512,
+        truncation="truncate",
+        attn_implementation="eager",
+        batch_size=1,
+        code_version="test",
+        corpus_checksum="x",
+        manifest={},
+    )
+
+
+def write_blocks(store, run_id: int, blocks: Iterable[tuple[int, np.ndarray, list[dict]]]) -> None:
+    """Store (example id, maps, token rows) in the given order, one commit each, and complete the run."""
+    writer = store.run_writer(run_id)
+    for example_id, maps, rows in blocks:
+        writer.add(int(example_id), maps, rows)
+        writer.commit()
+    writer.finish(0.0)
+
+
+def frame_dataset(store, name: str, sentences: Iterable[tuple[list[str], list[dict]]]) -> int:
+    """A FrameNet-style dataset of (words, frames) sentences; returns its id."""
+    from attnstore.store.records import ExampleInput
+
+    dataset_id, _ = store.find_or_create_dataset(
+        name=f"hand-{name}", split="exemplars", checksum=uuid.uuid4().hex, format="framenet", source="tests", annotator="whitespace"
+    )
+    store.add_examples(
+        dataset_id,
+        [
+            ExampleInput(
+                position=position,
+                text_a=" ".join(words),
+                words=tuple(dict(position=i, segment=0, form=w) for i, w in enumerate(words)),
+                frames=tuple(frames),
+            )
+            for position, (words, frames) in enumerate(sentences)
+        ],
+        "whitespace",
+    )
+    store.complete_dataset(dataset_id)
+    return dataset_id
+
+
+def positions_to_ids(store, dataset_id: int) -> dict[int, int]:
+    """Example position -> example id in a dataset."""
+    return dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
+
+
+def token_rows(tokens: list[str], token_words: list, specials: dict) -> list[dict]:
+    """Token rows for hand-made maps: special tokens get their ids from `specials`, others 1000 + position."""
+    ids = {v["token"]: v["id"] for v in specials.values()}
+    return [
+        dict(token=t, token_id=ids.get(t, 1000 + k), word_position=w, segment=0, is_special=w is None, char_start=None, char_end=None)
+        for k, (t, w) in enumerate(zip(tokens, token_words))
+    ]

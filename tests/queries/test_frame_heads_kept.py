@@ -10,7 +10,6 @@ pieces and words left without a token; float16 maps. On SQLite and PostgreSQL.
 from __future__ import annotations
 
 import itertools
-import uuid
 
 import numpy as np
 import pandas as pd
@@ -22,7 +21,7 @@ from attnstore.queries.frame_heads import LU_FE_MAX
 from attnstore.queries.summary import concatenate, kept, summarise_examples
 from attnstore.store import open_store
 from attnstore.store.errors import InvalidArgumentError
-from attnstore.store.records import ExampleInput
+from attnstore.tests.queries.helpers import frame_dataset, hand_run, positions_to_ids, token_rows, write_blocks
 
 SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
 CORE_TYPES = ("Core", "Peripheral", "Extra-Thematic", "Core-Unexpressed", "")
@@ -94,68 +93,11 @@ def random_example(seed: int):
 
 
 def build_run(store, name: str, examples: list) -> str:
-    model_id = store.find_or_create_model(
-        name=f"hand-{name}",
-        source="tests",
-        weights_sha256=uuid.uuid4().hex,
-        architecture="Hand",
-        n_layers=2,
-        n_heads=3,
-        max_length=512,
-        tokenizer="none",
-        special_tokens=SPECIALS,
-    )
-    dataset_id, _ = store.find_or_create_dataset(
-        name=f"hand-{name}", split="exemplars", checksum=uuid.uuid4().hex, format="framenet", source="tests", annotator="whitespace"
-    )
-    store.add_examples(
-        dataset_id,
-        [
-            ExampleInput(
-                position=position,
-                text_a=" ".join(words),
-                words=tuple(dict(position=i, segment=0, form=w) for i, w in enumerate(words)),
-                frames=tuple(frames),
-            )
-            for position, (words, frames, _, _, _) in enumerate(examples)
-        ],
-        "whitespace",
-    )
-    store.complete_dataset(dataset_id)
-    run = store.start_run(
-        name=name,
-        model_id=model_id,
-        dataset_id=dataset_id,
-        dtype="float16",
-        codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
-        chunk_cells=64,
-        max_length=512,
-        truncation="truncate",
-        attn_implementation="eager",
-        batch_size=1,
-        code_version="test",
-        corpus_checksum="x",
-        manifest={},
-    )
-    ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
-    writer = store.run_writer(run.id)
-    for position in (*range(1, len(examples)), 0):  # storage order differs from example order
-        _, _, tokens, token_words, maps = examples[position]
-        rows = [
-            dict(
-                token=t,
-                token_id=SPECIALS["cls"]["id"] if t == "[CLS]" else SPECIALS["sep"]["id"] if t == "[SEP]" else 1000 + k,
-                word_position=w,
-                segment=0,
-                is_special=w is None,
-                char_start=None,
-                char_end=None,
-            )
-            for k, (t, w) in enumerate(zip(tokens, token_words))
-        ]
-        writer.add(int(ids[position]), maps, rows)
-        writer.commit()
-    writer.finish(0.0)
+    dataset_id = frame_dataset(store, name, [(words, frames) for words, frames, _, _, _ in examples])
+    run = hand_run(store, name, dataset_id=dataset_id, n_layers=2, n_heads=3, dtype="float16", specials=SPECIALS)
+    ids = positions_to_ids(store, dataset_id)
+    order = (*range(1, len(examples)), 0)  # storage order differs from example order
+    write_blocks(store, run.id, [(ids[p], examples[p][4], token_rows(examples[p][2], examples[p][3], SPECIALS)) for p in order])
     return name
 
 

@@ -1,14 +1,12 @@
 """K2 `frame_heads` on hand-built FrameNet-style annotation sets, expected values worked out by hand."""
 
-import uuid
-
 import numpy as np
 import pytest
 
 from attnstore.queries import run_query
 from attnstore.queries.frame_heads import span_distance
 from attnstore.store.errors import InvalidArgumentError
-from attnstore.store.records import ExampleInput
+from attnstore.tests.queries.helpers import frame_dataset, hand_run, positions_to_ids, token_rows, write_blocks
 
 SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
 
@@ -87,79 +85,35 @@ def head0_map(index: int, n: int) -> np.ndarray:
 
 
 def build_frame_run(store, name="frames"):
-    model_id = store.find_or_create_model(
-        name=f"hand-{name}",
-        source="tests",
-        weights_sha256=uuid.uuid4().hex,
-        architecture="Hand",
-        n_layers=1,
-        n_heads=2,
-        max_length=512,
-        tokenizer="none",
-        special_tokens=SPECIALS,
-    )
-    dataset_id, _ = store.find_or_create_dataset(
-        name=f"hand-{name}", split="exemplars", checksum=uuid.uuid4().hex, format="framenet", source="tests", annotator="whitespace"
-    )
-    inputs = []
-    for position, (words, lu, elements, _, _) in enumerate(SENTENCES):
-        frame = dict(
-            annoset_id=position,
-            frame_id=1,
-            frame="F",
-            lu_id=1,
-            lu="x.v",
-            target_start=lu[0],
-            target_end=lu[1],
-            char_start=0,
-            char_end=1,
-            elements=elements,
+    sentences = [
+        (
+            words,
+            [
+                dict(
+                    annoset_id=position,
+                    frame_id=1,
+                    frame="F",
+                    lu_id=1,
+                    lu="x.v",
+                    target_start=lu[0],
+                    target_end=lu[1],
+                    char_start=0,
+                    char_end=1,
+                    elements=elements,
+                )
+            ],
         )
-        inputs.append(
-            ExampleInput(
-                position=position,
-                text_a=" ".join(words),
-                words=tuple(dict(position=i, segment=0, form=w) for i, w in enumerate(words)),
-                frames=(frame,),
-            )
-        )
-    store.add_examples(dataset_id, inputs, "whitespace")
-    store.complete_dataset(dataset_id)
-    run = store.start_run(
-        name=name,
-        model_id=model_id,
-        dataset_id=dataset_id,
-        dtype="float32",
-        codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
-        chunk_cells=64,
-        max_length=512,
-        truncation="truncate",
-        attn_implementation="eager",
-        batch_size=1,
-        code_version="test",
-        corpus_checksum="x",
-        manifest={},
-    )
-    ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
-    writer = store.run_writer(run.id)
+        for position, (words, lu, elements, _, _) in enumerate(SENTENCES)
+    ]
+    dataset_id = frame_dataset(store, name, sentences)
+    run = hand_run(store, name, dataset_id=dataset_id, n_layers=1, n_heads=2, dtype="float32", specials=SPECIALS)
+    ids = positions_to_ids(store, dataset_id)
+    blocks = []
     for position, (_, _, _, tokens, token_words) in enumerate(SENTENCES):
         n = len(tokens)
         maps = np.stack([head0_map(position, n), np.full((n, n), 1 / n, dtype=np.float32)])[None]
-        rows = [
-            dict(
-                token=t,
-                token_id=SPECIALS["cls"]["id"] if t == "[CLS]" else SPECIALS["sep"]["id"] if t == "[SEP]" else 1000 + k,
-                word_position=w,
-                segment=0,
-                is_special=w is None,
-                char_start=None,
-                char_end=None,
-            )
-            for k, (t, w) in enumerate(zip(tokens, token_words))
-        ]
-        writer.add(int(ids[position]), maps, rows)
-        writer.commit()
-    writer.finish(0.0)
+        blocks.append((ids[position], maps, token_rows(tokens, token_words, SPECIALS)))
+    write_blocks(store, run.id, blocks)
     return name
 
 

@@ -1,12 +1,11 @@
 """K3 `run_similarity`: two runs over the same examples, matched by example id, exact cosines by hand."""
 
-import uuid
-
 import numpy as np
 import pytest
 
 from attnstore.queries import run_query
 from attnstore.store.errors import InvalidArgumentError, NotFoundError
+from attnstore.tests.queries.helpers import hand_run, write_blocks
 
 TOKENS = [["[CLS]", "x", "[SEP]"], ["[CLS]", "[SEP]"]]
 SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
@@ -31,34 +30,9 @@ def add_run(store, base_run, name, maps_list, *, order=(1, 0), token_ids=None):
     """Another run over the dataset of `base_run`, its examples written in `order` (storage order differs from base)."""
     info = store.run_info(base_run)
     n_layers, n_heads = maps_list[0].shape[:2]
-    model_id = store.find_or_create_model(
-        name=f"hand-{name}",
-        source="tests",
-        weights_sha256=uuid.uuid4().hex,
-        architecture="Hand",
-        n_layers=n_layers,
-        n_heads=n_heads,
-        max_length=512,
-        tokenizer="none",
-        special_tokens=SPECIALS,
-    )
-    run = store.start_run(
-        name=name,
-        model_id=model_id,
-        dataset_id=info.dataset_id,
-        dtype="float32",
-        codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
-        chunk_cells=64,
-        max_length=512,
-        truncation="truncate",
-        attn_implementation="eager",
-        batch_size=1,
-        code_version="test",
-        corpus_checksum="x",
-        manifest={},
-    )
+    run = hand_run(store, name, dataset_id=info.dataset_id, n_layers=n_layers, n_heads=n_heads, dtype="float32", specials=SPECIALS)
     ids = store.examples(base_run).set_index("example")["example_id"]
-    writer = store.run_writer(run.id)
+    blocks = []
     for position in order:
         toks = TOKENS[position]
         rows = [
@@ -75,9 +49,8 @@ def add_run(store, base_run, name, maps_list, *, order=(1, 0), token_ids=None):
             )
             for k, t in enumerate(toks)
         ]
-        writer.add(int(ids[position]), maps_list[position], rows)
-        writer.commit()
-    writer.finish(0.0)
+        blocks.append((ids[position], maps_list[position], rows))
+    write_blocks(store, run.id, blocks)
     return name
 
 

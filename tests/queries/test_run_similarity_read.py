@@ -5,15 +5,13 @@ cosines of each example's maps read one by one (to 1e-12), and every example rea
 
 from __future__ import annotations
 
-import uuid
-
 import numpy as np
 import pytest
 
 from attnstore.queries import run_query
 from attnstore.queries import run_similarity as module
 from attnstore.store import progress
-from attnstore.tests.queries.helpers import forbid_map_reads, has_summaries, read_only_store, streamed
+from attnstore.tests.queries.helpers import forbid_map_reads, hand_run, has_summaries, read_only_store, streamed, write_blocks
 
 SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
 LENGTHS = (5, 9, 3, 12, 7, 4, 10, 6)
@@ -32,35 +30,10 @@ def random_maps(length: int, seed: int, dtype: str) -> np.ndarray:
 def other_run(store, base: str, name: str, maps: list[np.ndarray], order) -> str:
     """A run over `base`'s dataset with the same tokens, its examples written in `order`."""
     info = store.run_info(base)
-    model_id = store.find_or_create_model(
-        name=f"hand-{name}",
-        source="tests",
-        weights_sha256=uuid.uuid4().hex,
-        architecture="Hand",
-        n_layers=2,
-        n_heads=3,
-        max_length=512,
-        tokenizer="none",
-        special_tokens=SPECIALS,
-    )
-    run = store.start_run(
-        name=name,
-        model_id=model_id,
-        dataset_id=info.dataset_id,
-        dtype=str(maps[0].dtype),
-        codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
-        chunk_cells=64,
-        max_length=512,
-        truncation="truncate",
-        attn_implementation="eager",
-        batch_size=1,
-        code_version="test",
-        corpus_checksum="x",
-        manifest={},
-    )
+    run = hand_run(store, name, dataset_id=info.dataset_id, n_layers=2, n_heads=3, dtype=str(maps[0].dtype), specials=SPECIALS)
     ids = store.examples(base).set_index("example")["example_id"]
     base_tokens = store.token_table(base)
-    writer = store.run_writer(run.id)
+    blocks = []
     for position in order:
         rows = [
             dict(
@@ -74,9 +47,8 @@ def other_run(store, base: str, name: str, maps: list[np.ndarray], order) -> str
             )
             for t in base_tokens[base_tokens["example"] == position].itertuples()
         ]
-        writer.add(int(ids[position]), maps[position], rows)
-        writer.commit()
-    writer.finish(0.0)
+        blocks.append((ids[position], maps[position], rows))
+    write_blocks(store, run.id, blocks)
     return name
 
 
