@@ -55,9 +55,11 @@ def write_part(
     source: str,
     dtype: str,
     cells: tuple[int, int],
-    part: list[tuple[list[Encoded], Set[int]]],
+    batches: list[list[Encoded]],
+    done: Set[int],
 ) -> int:
-    """On a worker: compute and store one part's batches in the allotted `cells` (start, stop); returns examples stored."""
+    """On a worker: compute and store one part's batches in the allotted `cells` (start, stop), leaving out the
+    examples in `done` (stored before); returns examples stored."""
     from ..store import Store
     from ..store.config import Locations
     from ..store.leases import LeaseCheck
@@ -69,18 +71,12 @@ def write_part(
     try:
         resource, what, token = lease
         writer = store.run_writer(run_id, LeaseCheck(store.engine, resource, what, token), part=cells)
-        done = frozenset().union(*(d for _, d in part))
         # As in one process: the next batch's forward pass overlaps this one's compression, writes and commit.
-        n = run_batches(writer, loaded, dtype, writer.info, done, [batch for batch, _ in part], total=0, progress=False)
+        n = run_batches(writer, loaded, dtype, writer.info, done, batches, total=0, progress=False)
         writer.commit(final=True)  # the part's last, partial chunk
         return n
     finally:
         store.engine.dispose()
-
-
-def _cells(n_cells_per_token_pair: int, part: list[tuple[list[Encoded], Set[int]]]) -> int:
-    """The cells a part's new blocks take, back to back."""
-    return sum(n_cells_per_token_pair * e.length**2 for batch, done in part for e in batch if e.input_ids and e.example_id not in done)
 
 
 def ingest_on_cluster(
@@ -102,15 +98,17 @@ def ingest_on_cluster(
     with client_for(scheduler) as client, _progress(total, f"ingesting {info.name}", progress) as bar:
         ahead = PARTS_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
 
-        def send(part) -> None:
+        def send(part: list[list[Encoded]]) -> None:
             nonlocal next_free
+            examples = [e for batch in part for e in batch]
+            part_done = frozenset(e.example_id for e in examples if e.example_id in done)
             start = next_free
-            stop = start + _cells(per_pair, part)
+            stop = start + sum(per_pair * e.length**2 for e in examples if e.input_ids and e.example_id not in done)  # new blocks
             writer.lease.check()
             if array.shape[0] < stop:
                 array.resize((stop,))  # before the part leaves: workers only write inside the array
             next_free = arrays.resume_offset(stop, info.chunk_cells)
-            future = client.submit(write_part, locations, info.id, lease, source, dtype, (start, stop), part, pure=False)
+            future = client.submit(write_part, locations, info.id, lease, source, dtype, (start, stop), part, part_done, pure=False)
             running.append(future)
 
         def collect() -> int:
@@ -118,12 +116,12 @@ def ingest_on_cluster(
             bar.update(n)
             return n
 
-        part: list[tuple[list[Encoded], Set[int]]] = []
+        part: list[list[Encoded]] = []
         try:
             for batch in batches:
                 if all(e.example_id in done for e in batch):
                     continue
-                part.append((batch, frozenset(e.example_id for e in batch if e.example_id in done)))
+                part.append(batch)
                 if len(part) == PART_BATCHES:
                     send(part)
                     part = []
