@@ -27,7 +27,10 @@ quickstart: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	@# mypy names modules after the folder they are in, and a checkout's folder may have any name (a clone into
+	@# ci-check/ is not a valid module name), so it checks the package through a link named attnstore.
+	mkdir -p .mypy_cache/pkg && ln -sfn "$(CURDIR)" .mypy_cache/pkg/attnstore
+	MYPYPATH=.mypy_cache/pkg $(BIN)/mypy -p attnstore.store -p attnstore.queries -p attnstore.ingest -p attnstore.api
 
 test: install lint
 	$(BIN)/python -m pytest
