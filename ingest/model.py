@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import capture
 from .errors import ModelError, ModelNotFoundError, UnsupportedModelError
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -65,6 +66,9 @@ class LoadedModel:
     # byte-level BPE (RoBERTa, GPT-2) needs add_prefix_space=True there. None: the same tokenizer.
     word_tokenizer: Any = None
     word_tokenizer_options: dict = field(default_factory=dict)
+    # The modules that return the maps (ingest/capture.py), so ingest's forward pass stops at the last one.
+    # None: the model is run whole.
+    attention_sources: Any = None
 
     def record(self) -> dict:
         """Fields of the `models` table."""
@@ -264,6 +268,13 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
     pad_id = pad_token_id(tokenizer)
     probe = probe_model(model, tokenizer, name, pad_id)
     word_tokenizer, word_options = word_tokenizer_for(tokenizer, source, offline)
+    probe_inputs = {k: v for k, v in tokenizer(*PROBE_TEXT, return_tensors="pt").items() if k in probe.inputs}
+
+    def whole_pass():
+        with torch.inference_mode():
+            return model(**probe_inputs, output_attentions=True)
+
+    sources = capture.find_sources(model, whole_pass)
     with torch.no_grad():
         digest = weights_digest(model)
     return LoadedModel(
@@ -283,6 +294,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
         pad_id=pad_id,
         word_tokenizer=word_tokenizer,
         word_tokenizer_options=word_options,
+        attention_sources=sources,
     )
 
 

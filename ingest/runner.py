@@ -8,6 +8,7 @@ are committed only after its maps are on disk (see store.arrays.BlockWriter).
 from __future__ import annotations
 
 import inspect
+import os
 import random
 import sys
 import time
@@ -27,6 +28,7 @@ from ..store.identity import annotator_kind, dataset_identity, dataset_lease_nam
 from ..store.leases import clear_stale, live_holder
 from ..store.records import RunInfo
 from ..store.writer import run_lease_name, validate_run_name
+from . import capture
 from .align import TOKENIZATIONS, TRUNCATION_POLICIES, Encoded, can_use_text, encode_batch, pad_inputs
 from .annotate import annotate, make_annotator
 from .corpus import file_checksum, read_conllu, read_corpus, read_pairs_tsv, read_text, read_tsv
@@ -264,17 +266,24 @@ def plan_batches(
             yield batch
 
 
-def forward_attention(loaded: LoadedModel, batch: list[Encoded]):
-    """One eager forward pass; returns the per-layer attentions (batch, head, query, key) and the lengths."""
+def forward_attention(loaded: LoadedModel, batch: list[Encoded], whole: bool = False):
+    """One eager forward pass; returns the per-layer attentions (batch, head, query, key) and the lengths.
+
+    The pass stops at the last map where the model allows it (ingest/capture.py): the maps are
+    the same. `whole`: run the whole model (what a user recomputing maps runs; benchmarks).
+    """
     import torch
 
     lengths = [e.length for e in batch]
     inputs = loaded.model_inputs(pad_inputs(batch, loaded.pad_id))  # only what the model's forward takes
     with torch.inference_mode():
-        out = loaded.model(**inputs, output_attentions=True)
-    if not out.attentions or out.attentions[0] is None:
+        if loaded.attention_sources is not None and not whole:
+            attentions = capture.attention_maps(loaded.model, inputs, loaded.attention_sources)
+        else:
+            attentions = loaded.model(**inputs, output_attentions=True).attentions
+    if not attentions or attentions[0] is None:
         raise IngestError(f"model {loaded.name!r} returned no attention maps with attn_implementation={loaded.attn_implementation!r}")
-    return out.attentions, lengths
+    return attentions, lengths
 
 
 def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) -> list:
@@ -517,6 +526,25 @@ def store_items(writer, items: list[tuple[Encoded, np.ndarray | None]]) -> None:
     writer.commit()
 
 
+def stores_during_forward(loaded: LoadedModel) -> int:
+    """How many batches may be stored while the next forward pass runs: 1 where the pass leaves
+    cores free (a GPU, fewer torch threads than cores), 0 where it uses every core.
+
+    On 2 cores an overlapping store took its CPU from the pass at a loss: its threads preempted
+    torch's, and ingest's forward passes ran 0.6-1.0 s slower than alone (MRPC dev), more than
+    storing them costs when they run alone (0.55-0.7 s, alongside the next batch's planning).
+    Measured by benchmarks/ingest_parts.py; docs/PERFORMANCE.md, session 19.
+    """
+    import torch
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    on_cpu = all(p.device.type == "cpu" for p in loaded.model.parameters())
+    return 0 if on_cpu and torch.get_num_threads() >= cores else 1
+
+
 def run_batches(writer, loaded: LoadedModel, dtype: str, info, done: Set[int], batches: Iterable[list[Encoded]], total, progress) -> int:
     # Batches are planned over the whole dataset, already-stored examples included, so a resumed
     # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):
@@ -528,15 +556,20 @@ def run_batches(writer, loaded: LoadedModel, dtype: str, info, done: Set[int], b
         store_items(writer, items)
         bar.update(len(items))
 
-    # One writer thread: compression, Zarr writes and SQL inserts overlap the next forward pass.
-    with ThreadPoolExecutor(max_workers=1) as pool, _progress(total, f"ingesting {info.name}", progress) as bar:
+    # One writer thread: compression, Zarr writes and SQL inserts run while this thread plans the
+    # next batch (reads its examples, tokenizes, aligns) and, if cores are left, its forward pass.
+    overlap = stores_during_forward(loaded)
+    with (
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnstore-store") as pool,
+        _progress(total, f"ingesting {info.name}", progress) as bar,
+    ):
         try:
             for batch in batches:
                 if all(e.example_id in done for e in batch):
                     continue
-                items = batch_items(loaded, dtype, batch, done)
-                while len(inflight) >= 2:
+                while len(inflight) > overlap:
                     inflight.popleft().result()
+                items = batch_items(loaded, dtype, batch, done)
                 inflight.append(pool.submit(store_batch, items))
                 n_new += len(items)
             while inflight:

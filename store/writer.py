@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence as Seq
+from operator import itemgetter
 
 import numpy as np
 import pandas as pd
@@ -470,6 +471,7 @@ def run_lease_name(run_name: str) -> str:
 
 
 TOKEN_FIELDS = ("token", "token_id", "word_position", "segment", "is_special", "char_start", "char_end")
+token_values = itemgetter(*TOKEN_FIELDS)  # a token dict's TOKEN_FIELDS, in C: ingest builds ~50 rows per example
 
 
 def bulk_insert(conn, table: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
@@ -544,7 +546,8 @@ class RunWriter:
         offset = self.blocks.append(maps)
         length = maps.shape[-1]
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=offset, truncated=truncated, skipped=False)
-        toks = [(self.info.id, example_id, i, *(t[c] for c in TOKEN_FIELDS)) for i, t in enumerate(tokens)]
+        run_id = self.info.id
+        toks = [(run_id, example_id, i, *token_values(t)) for i, t in enumerate(tokens)]
         self._pending.append((offset + maps.size, seq, toks, np.fromiter((t["token_id"] for t in tokens), np.int64, len(tokens))))
 
     def add_skipped(self, example_id: int, length: int) -> None:

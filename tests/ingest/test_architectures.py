@@ -235,6 +235,25 @@ def reference_maps(loaded, encoding) -> np.ndarray:
     return torch.stack(out.attentions, 1)[0].numpy()
 
 
+def check_stopped_pass(loaded) -> None:
+    """Ingest's pass stops at the last map (ingest/capture.py) and returns exactly the whole pass's maps, padded batch included."""
+    from attnstore.ingest import capture
+
+    assert loaded.attention_sources is not None and loaded.attention_sources.n_maps == loaded.n_layers
+    rows = [loaded.tokenizer("the cat sat on the mat .")["input_ids"], loaded.tokenizer("a dog")["input_ids"]]
+    width = max(map(len, rows))
+    batch = {
+        "input_ids": torch.tensor([r + [loaded.pad_id] * (width - len(r)) for r in rows]),
+        "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+        "token_type_ids": torch.zeros((2, width), dtype=torch.long),
+    }
+    inputs = loaded.model_inputs(batch)
+    with torch.inference_mode():
+        whole = loaded.model(**inputs, output_attentions=True).attentions
+        stopped = capture.attention_maps(loaded.model, inputs, loaded.attention_sources)
+    assert len(stopped) == len(whole) and all(torch.equal(a, b) for a, b in zip(stopped, whole))
+
+
 def check_run(store, loaded, run: str, encodings: list, causal: bool) -> None:
     for example, encoding in enumerate(encodings):
         toks = store.tokens(run, example)
@@ -260,6 +279,7 @@ def test_accepted_architecture_stores_exact_maps(arch, tiny, sqlite_store, tmp_p
     assert loaded.architecture == type(loaded.model).__name__ and not loaded.architecture.endswith(("ForMaskedLM", "LMHeadModel"))
     assert ("token_type_ids" in loaded.inputs) == types
     assert (loaded.word_tokenizer_options == {"add_prefix_space": True}) == (arch in BYTE_LEVEL)
+    check_stopped_pass(loaded)
 
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text(PAIRS, encoding="utf-8")
