@@ -14,11 +14,12 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Set
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from ..store import arrays
 from ..store.errors import BusyError
 from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
 from ..store.leases import clear_stale, live_holder
-from ..store.records import RunInfo
+from ..store.records import ExampleInput, RunInfo, StoredExample
 from ..store.writer import run_lease_name, validate_run_name
 from . import capture
 from .align import TOKENIZATIONS, TRUNCATION_POLICIES, Encoded, can_use_text, encode_batch, pad_inputs
@@ -34,6 +35,7 @@ from .annotate import annotate, make_annotator
 from .corpus import file_checksum, read_conllu, read_corpus, read_pairs_tsv, read_text, read_tsv
 from .datasets import dataset_path, find_dataset, path_checksum, resolve_data_dir
 from .errors import CorpusError, EmptyCorpusError, IngestError, InvalidArgumentError
+from .feed import Feed
 from .manifest import build_manifest
 from .model import DEFAULT_MODEL, LoadedModel, load_model
 
@@ -195,6 +197,85 @@ def register_dataset(
     under any name, waits, then uses what the first stored.
     """
     plan = source if isinstance(source, DatasetPlan) else plan_dataset(source, limit=limit, sample=sample, seed=seed)
+    with opened_dataset(store, plan, annotator=annotator, progress=progress, notify=notify) as load:
+        if not load.complete:
+            load.load_all(progress)
+    return load.dataset_id, load.annotator_name
+
+
+@dataclass
+class DatasetLoad:
+    """A dataset found or created in the store, and what of it is still to annotate and store.
+
+    `complete`: nothing to do. Otherwise this process holds the dataset's lease (`lease`) and
+    stores the rest, all at once (`load_all`) or on a thread during the first run (ingest/feed.py).
+    """
+
+    store: Store
+    plan: DatasetPlan
+    dataset_id: int
+    annotator_name: str
+    complete: bool = True
+    tool: Any = None  # the annotator; None for gold words
+    stored: frozenset[int] = frozenset()  # positions stored by an earlier, cut-off load
+    lease: Any = None
+
+    def chunks(self) -> Iterator[list[ExampleInput]]:
+        """The examples still to store, annotated, INSERT_BATCH at a time in corpus order."""
+        rank = {original: new for new, original in enumerate(self.plan.chosen)}
+        todo = (
+            replace(e, position=rank[e.position])
+            for e in self.plan.source.read()
+            if e.position in rank and rank[e.position] not in self.stored
+        )
+        while batch := list(islice(todo, INSERT_BATCH)):
+            yield list(annotate(batch, self.tool)) if self.tool else batch
+
+    def add(self, chunk: list[ExampleInput]) -> None:
+        self.store.add_examples(self.dataset_id, chunk, self.annotator_name)
+
+    def finish(self) -> None:
+        """Mark the dataset complete and let other processes use it."""
+        self.store.complete_dataset(self.dataset_id)
+        if self.lease is not None:
+            self.lease.release()
+
+    def load_all(self, progress: bool) -> None:
+        with _progress(len(self.plan.chosen) - len(self.stored), f"annotating ({self.annotator_name})", progress) as bar:
+            for chunk in self.chunks():
+                self.add(chunk)
+                bar.update(len(chunk))
+        self.finish()
+
+    def stored_a_prefix(self) -> bool:
+        """Whether the examples stored before are the first ones (a cut-off load stores them in order)."""
+        return self.stored == frozenset(range(len(self.stored)))
+
+
+def _load_annotator_meanwhile(store: Store, plan: DatasetPlan, annotator: str) -> Future | None:
+    """The annotator, loading on a thread, if the dataset is to be annotated now (spaCy takes 2-3 s to load)."""
+    existing = None if plan.source.gold else store.find_dataset(plan.identity(annotator))
+    if plan.source.gold or (existing is not None and existing["status"] == "complete"):
+        return None
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnstore-annotator")
+    try:
+        return pool.submit(make_annotator, annotator)
+    finally:
+        pool.shutdown(wait=False)
+
+
+@contextmanager
+def opened_dataset(
+    store: Store,
+    plan: DatasetPlan,
+    *,
+    annotator: str,
+    progress: bool,
+    notify: Callable[[str], None] | None,
+    tool: Future | None = None,
+) -> Iterator[DatasetLoad]:
+    """The plan's dataset: found complete, or created/resumed with this process holding its lease until
+    the block ends. `tool`: the annotator, already loading (else it is loaded here when needed)."""
     source = plan.source
     identity = plan.identity(annotator)
     existing = store.find_dataset(identity)
@@ -202,16 +283,18 @@ def register_dataset(
         _tell_reused(notify, plan, existing)
         if not store.read_only:
             clear_stale(store.engine, dataset_lease_name(identity))  # left by a loader killed before releasing
-        return existing["id"], existing["annotator"]  # annotated once: no spaCy needed
+        yield DatasetLoad(store, plan, existing["id"], existing["annotator"])  # annotated once: no spaCy needed
+        return
     on_wait = (lambda msg: print(msg, file=sys.stderr)) if progress else None
-    with store.lease(dataset_lease_name(identity), f"dataset {source.name}:{plan.split}", wait=True, on_wait=on_wait):
+    with store.lease(dataset_lease_name(identity), f"dataset {source.name}:{plan.split}", wait=True, on_wait=on_wait) as lease:
         existing = store.find_dataset(identity)
         if existing is not None:
             _tell_reused(notify, plan, existing)
-            if existing["status"] == "complete":
-                return existing["id"], existing["annotator"]  # loaded by the process we waited for
-        tool = None if source.gold else make_annotator(annotator)
-        annotator_name = "gold" if tool is None else tool.name
+            if existing["status"] == "complete":  # loaded by the process we waited for
+                yield DatasetLoad(store, plan, existing["id"], existing["annotator"])
+                return
+        annotator_tool = None if source.gold else tool.result() if tool is not None else make_annotator(annotator)
+        annotator_name = "gold" if annotator_tool is None else annotator_tool.name
         if annotator_kind(annotator_name) != plan.annotator_kind(annotator):  # the identity looked up is the one stored
             raise IngestError(f"annotator {annotator!r} names itself {annotator_name!r}: its name must start with {annotator!r}")
         dataset_id, _ = store.find_or_create_dataset(
@@ -224,15 +307,8 @@ def register_dataset(
             license=source.license,
             options=plan.options,
         )
-        stored = store.stored_positions(dataset_id)
-        rank = {original: new for new, original in enumerate(plan.chosen)}
-        todo = (replace(e, position=rank[e.position]) for e in source.read() if e.position in rank and rank[e.position] not in stored)
-        with _progress(len(plan.chosen) - len(stored), f"annotating ({annotator_name})", progress) as bar:
-            while batch := list(islice(todo, INSERT_BATCH)):
-                store.add_examples(dataset_id, list(annotate(batch, tool)) if tool else batch, annotator_name)
-                bar.update(len(batch))
-        store.complete_dataset(dataset_id)
-    return dataset_id, annotator_name
+        stored = frozenset(store.stored_positions(dataset_id))
+        yield DatasetLoad(store, plan, dataset_id, annotator_name, False, annotator_tool, stored, lease)
 
 
 def _tell_reused(notify: Callable[[str], None] | None, plan: DatasetPlan, existing: dict) -> None:
@@ -394,20 +470,29 @@ def ingest(
         from .finetune import models_folder
 
         loaded = load_model(str(models_folder(store) / finetuned["training"]["checkpoint"]))
+    plan = plan_dataset(source, limit=limit, sample=sample, seed=seed)
+    annotator_loading = _load_annotator_meanwhile(store, plan, annotator)  # spaCy's load beside the model's
     loaded = loaded or load_model(model)
     if max_length is not None and not 2 < max_length <= loaded.max_length:
         raise InvalidArgumentError(f"--max-length must be between 3 and the model's limit {loaded.max_length}")
     max_length = max_length or loaded.max_length
-    plan = plan_dataset(source, limit=limit, sample=sample, seed=seed)
     tokenization = tokenization or ("words" if source.gold else "text")
     run_name = name or f"{source.name}-{plan.split}-{loaded.name}"
     validate_run_name(run_name)
-    with store.lease(run_lease_name(run_name), f"run {run_name!r}") as lease:
-        dataset_id, annotator_name = register_dataset(
-            store, plan, annotator=annotator, progress=progress, notify=lambda msg: print(msg, file=sys.stderr)
-        )
+    with (
+        store.lease(run_lease_name(run_name), f"run {run_name!r}") as lease,
+        opened_dataset(
+            store, plan, annotator=annotator, progress=progress, notify=lambda msg: print(msg, file=sys.stderr), tool=annotator_loading
+        ) as load,
+    ):
+        dataset_id, annotator_name = load.dataset_id, load.annotator_name
+        # A dataset's first load runs on a thread during this run's forward passes (ingest/feed.py),
+        # unless an earlier cut-off load left gaps that corpus order would skip.
+        feed = Feed(load) if not load.complete and load.stored_a_prefix() else None
+        if not load.complete and feed is None:
+            load.load_all(progress)
         model_id = finetuned["id"] if finetuned is not None else store.find_or_create_model(**loaded.record())
-        dataset_row = store.sql("SELECT name, split, identity, n_examples FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
+        dataset_row = store.sql("SELECT name, split, identity FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
         manifest = build_manifest(
             loaded=loaded,
             corpus=source.source,
@@ -448,17 +533,19 @@ def ingest(
         if info.status == "complete":
             return IngestResult(info, 0, 0.0, True)
         done = store.done_example_ids(info.id)
-        total = int(dataset_row["n_examples"]) - len(done)
+        total = len(plan.chosen) - len(done)
         run_started = time.perf_counter()
         writer = store.run_writer(info.id, lease)
-        batches = planned_batches(store, dataset_id, loaded, tokenization, max_length, truncation, batch_size)
         try:
-            if scheduler is None:
-                n_new = run_batches(writer, loaded, dtype, info, done, batches, total, progress)
-            else:
-                from .distributed import ingest_on_cluster
+            with feed or nullcontext():
+                examples = feed.examples() if feed is not None else store.dataset_examples(dataset_id)
+                batches = planned_batches(examples, loaded, tokenization, max_length, truncation, batch_size)
+                if scheduler is None:
+                    n_new = run_batches(writer, loaded, dtype, info, done, batches, total, progress)
+                else:
+                    from .distributed import ingest_on_cluster
 
-                n_new = ingest_on_cluster(scheduler, writer, loaded.source, dtype, done, batches, total, progress)
+                    n_new = ingest_on_cluster(scheduler, writer, loaded.source, dtype, done, batches, total, progress)
             seconds = time.perf_counter() - run_started
             timings = {"timings": {"total_seconds": time.perf_counter() - started}}
             info = writer.finish(seconds, timings, rebuild_index=scheduler is not None)
@@ -494,10 +581,11 @@ def _mark_interrupted(store: Store, run_id: int) -> None:
 
 
 def planned_batches(
-    store: Store, dataset_id: int, loaded: LoadedModel, tokenization, max_length, truncation, batch_size
+    examples: Iterator[StoredExample], loaded: LoadedModel, tokenization, max_length, truncation, batch_size
 ) -> Iterator[list[Encoded]]:
-    """The dataset's batches, tokenized as they are planned (already-stored examples included, see `run_batches`)."""
-    pending = store.dataset_examples(dataset_id)
+    """The batches of a dataset's `examples` (all of them, in corpus order), tokenized as they are
+    planned (already-stored examples included, see `run_batches`)."""
+    pending = examples
     encoded = (
         enc
         for group in iter(lambda: list(islice(pending, 256)), [])

@@ -672,14 +672,17 @@ class StoreReader:
         with self.engine.connect() as conn:
             return set(conn.scalars(sa.select(Example.position).where(Example.dataset_id == dataset_id)))
 
-    def dataset_examples(self, dataset_id: int, exclude_ids: Set[int] = frozenset(), batch_size: int = 512) -> Iterator[StoredExample]:
-        """Stream a dataset's examples (with words) in corpus order, skipping `exclude_ids`."""
-        last = -1
+    def dataset_examples(
+        self, dataset_id: int, exclude_ids: Set[int] = frozenset(), batch_size: int = 512, start: int = 0, stop: int | None = None
+    ) -> Iterator[StoredExample]:
+        """Stream a dataset's examples (with words) in corpus order, skipping `exclude_ids`; those at
+        positions start..stop-1 only, if given."""
+        last = start - 1
         while True:
             with self.engine.connect() as conn:
                 rows = conn.execute(
                     sa.select(Example.id, Example.position, Example.text_a, Example.text_b)
-                    .where(Example.dataset_id == dataset_id, Example.position > last)
+                    .where(Example.dataset_id == dataset_id, Example.position > last, *([] if stop is None else [Example.position < stop]))
                     .order_by(Example.position)
                     .limit(batch_size)
                 ).all()
