@@ -8,13 +8,12 @@ are committed only after its maps are on disk (see store.arrays.BlockWriter).
 from __future__ import annotations
 
 import inspect
-import os
 import random
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Set
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from itertools import islice
@@ -252,18 +251,6 @@ class DatasetLoad:
         return self.stored == frozenset(range(len(self.stored)))
 
 
-def _load_annotator_meanwhile(store: Store, plan: DatasetPlan, annotator: str) -> Future | None:
-    """The annotator, loading on a thread, if the dataset is to be annotated now (spaCy takes 2-3 s to load)."""
-    existing = None if plan.source.gold else store.find_dataset(plan.identity(annotator))
-    if plan.source.gold or (existing is not None and existing["status"] == "complete"):
-        return None
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnstore-annotator")
-    try:
-        return pool.submit(make_annotator, annotator)
-    finally:
-        pool.shutdown(wait=False)
-
-
 @contextmanager
 def opened_dataset(
     store: Store,
@@ -272,10 +259,8 @@ def opened_dataset(
     annotator: str,
     progress: bool,
     notify: Callable[[str], None] | None,
-    tool: Future | None = None,
 ) -> Iterator[DatasetLoad]:
-    """The plan's dataset: found complete, or created/resumed with this process holding its lease until
-    the block ends. `tool`: the annotator, already loading (else it is loaded here when needed)."""
+    """The plan's dataset: found complete, or created/resumed with this process holding its lease until the block ends."""
     source = plan.source
     identity = plan.identity(annotator)
     existing = store.find_dataset(identity)
@@ -293,7 +278,7 @@ def opened_dataset(
             if existing["status"] == "complete":  # loaded by the process we waited for
                 yield DatasetLoad(store, plan, existing["id"], existing["annotator"])
                 return
-        annotator_tool = None if source.gold else tool.result() if tool is not None else make_annotator(annotator)
+        annotator_tool = None if source.gold else make_annotator(annotator)
         annotator_name = "gold" if annotator_tool is None else annotator_tool.name
         if annotator_kind(annotator_name) != plan.annotator_kind(annotator):  # the identity looked up is the one stored
             raise IngestError(f"annotator {annotator!r} names itself {annotator_name!r}: its name must start with {annotator!r}")
@@ -471,7 +456,6 @@ def ingest(
 
         loaded = load_model(str(models_folder(store) / finetuned["training"]["checkpoint"]))
     plan = plan_dataset(source, limit=limit, sample=sample, seed=seed)
-    annotator_loading = _load_annotator_meanwhile(store, plan, annotator)  # spaCy's load beside the model's
     loaded = loaded or load_model(model)
     if max_length is not None and not 2 < max_length <= loaded.max_length:
         raise InvalidArgumentError(f"--max-length must be between 3 and the model's limit {loaded.max_length}")
@@ -481,9 +465,7 @@ def ingest(
     validate_run_name(run_name)
     with (
         store.lease(run_lease_name(run_name), f"run {run_name!r}") as lease,
-        opened_dataset(
-            store, plan, annotator=annotator, progress=progress, notify=lambda msg: print(msg, file=sys.stderr), tool=annotator_loading
-        ) as load,
+        opened_dataset(store, plan, annotator=annotator, progress=progress, notify=lambda msg: print(msg, file=sys.stderr)) as load,
     ):
         dataset_id, annotator_name = load.dataset_id, load.annotator_name
         # A dataset's first load runs on a thread during this run's forward passes (ingest/feed.py),
@@ -614,25 +596,6 @@ def store_items(writer, items: list[tuple[Encoded, np.ndarray | None]]) -> None:
     writer.commit()
 
 
-def stores_during_forward(loaded: LoadedModel) -> int:
-    """How many batches may be stored while the next forward pass runs: 1 where the pass leaves
-    cores free (a GPU, fewer torch threads than cores), 0 where it uses every core.
-
-    On 2 cores an overlapping store took its CPU from the pass at a loss: its threads preempted
-    torch's, and ingest's forward passes ran 0.6-1.0 s slower than alone (MRPC dev), more than
-    storing them costs when they run alone (0.55-0.7 s, alongside the next batch's planning).
-    Measured by benchmarks/ingest_parts.py; docs/PERFORMANCE.md, session 19.
-    """
-    import torch
-
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    on_cpu = all(p.device.type == "cpu" for p in loaded.model.parameters())
-    return 0 if on_cpu and torch.get_num_threads() >= cores else 1
-
-
 def run_batches(writer, loaded: LoadedModel, dtype: str, info, done: Set[int], batches: Iterable[list[Encoded]], total, progress) -> int:
     # Batches are planned over the whole dataset, already-stored examples included, so a resumed
     # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):
@@ -645,8 +608,7 @@ def run_batches(writer, loaded: LoadedModel, dtype: str, info, done: Set[int], b
         bar.update(len(items))
 
     # One writer thread: compression, Zarr writes and SQL inserts run while this thread plans the
-    # next batch (reads its examples, tokenizes, aligns) and, if cores are left, its forward pass.
-    overlap = stores_during_forward(loaded)
+    # next batch (reads its examples, tokenizes, aligns) and runs its forward pass.
     with (
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnstore-store") as pool,
         _progress(total, f"ingesting {info.name}", progress) as bar,
@@ -655,7 +617,7 @@ def run_batches(writer, loaded: LoadedModel, dtype: str, info, done: Set[int], b
             for batch in batches:
                 if all(e.example_id in done for e in batch):
                     continue
-                while len(inflight) > overlap:
+                while len(inflight) > 1:
                     inflight.popleft().result()
                 items = batch_items(loaded, dtype, batch, done)
                 inflight.append(pool.submit(store_batch, items))

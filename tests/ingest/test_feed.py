@@ -28,15 +28,19 @@ def first_pairs(tmp_path, n: int) -> str:
 def layout(store, run: str):
     """Per example: its storage offset, tokens and maps."""
     seqs = store.sql(
-        "SELECT e.position, s.\"offset\" FROM sequences s JOIN examples e ON e.id = s.example_id "
+        'SELECT e.position, s."offset" FROM sequences s JOIN examples e ON e.id = s.example_id '
         "JOIN runs r ON r.id = s.run_id WHERE r.name = :r ORDER BY e.position",
         {"r": run},
     )
-    return [(int(p), int(o), store.tokens(run, int(p))["token"].tolist(), store.attention(run, int(p))) for p, o in seqs.itertuples(index=False)]
+    return [
+        (int(p), int(o), store.tokens(run, int(p))["token"].tolist(), store.attention(run, int(p))) for p, o in seqs.itertuples(index=False)
+    ]
 
 
 def words(store):
-    return store.sql("SELECT e.position, w.position AS word, w.form, w.char_start FROM words w JOIN examples e ON e.id = w.example_id ORDER BY 1, 2")
+    return store.sql(
+        "SELECT e.position, w.position AS word, w.form, w.char_start FROM words w JOIN examples e ON e.id = w.example_id ORDER BY 1, 2"
+    )
 
 
 @pytest.fixture
@@ -49,7 +53,9 @@ def test_first_ingest_equals_ingest_of_a_registered_dataset(store, loaded_model,
     from attnstore.store import migrate, open_store
 
     corpus = first_pairs(tmp_path, 23)
-    fed = ingest(store, corpus=corpus, fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=4, name="fed", progress=False)
+    fed = ingest(
+        store, corpus=corpus, fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=4, name="fed", progress=False
+    )
     assert fed.run.status == "complete" and fed.run.n_stored == 23
     assert store.sql("SELECT status, n_examples FROM datasets").to_dict("records") == [{"status": "complete", "n_examples": 23}]
     assert store.sql("SELECT count(*) AS n FROM leases")["n"][0] == 0
@@ -59,7 +65,9 @@ def test_first_ingest_equals_ingest_of_a_registered_dataset(store, loaded_model,
     other = open_store(db=url, root=str(tmp_path / "other.zarr"))
     try:
         register_dataset(other, runner.file_source(corpus, "pairs-tsv"), annotator="whitespace", progress=False)
-        plain = ingest(other, corpus=corpus, fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=4, name="plain", progress=False)
+        plain = ingest(
+            other, corpus=corpus, fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=4, name="plain", progress=False
+        )
         assert plain.run.n_stored == 23
         assert words(store).equals(words(other))
         for (p, offset, tokens, maps), (q, offset2, tokens2, maps2) in zip(layout(store, "fed"), layout(other, "plain"), strict=True):
@@ -92,7 +100,9 @@ def test_an_annotation_failure_leaves_the_dataset_and_run_resumable(store, loade
     assert store.sql("SELECT count(*) AS n FROM leases")["n"][0] == 0
 
     monkeypatch.setattr(runner, "make_annotator", lambda kind: WhitespaceAnnotator())
-    resumed = ingest(store, corpus=corpus, fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=4, name="r", progress=False)
+    resumed = ingest(
+        store, corpus=corpus, fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=4, name="r", progress=False
+    )
     assert resumed.run.status == "complete" and resumed.run.n_stored == 23
     assert store.sql("SELECT status, n_examples FROM datasets").to_dict("records") == [{"status": "complete", "n_examples": 23}]
     positions = [p for p, *_ in layout(store, "r")]
