@@ -126,23 +126,20 @@ def framenet_figures(store, loaded, args) -> dict:
     )
 
 
+def timed_ingest(store, loaded, args, **options):
+    """`ingest` of the corpus with the benchmark's batch size: (its result, seconds)."""
+    t = time.perf_counter()
+    result = ingest(store, corpus=args.corpus, fmt=args.format, loaded=loaded, batch_size=args.batch_size, progress=False, **options)
+    return result, time.perf_counter() - t
+
+
 def similarity_figures(store, loaded, args, run, bare_passes: tuple[float, float], batches) -> dict:
     """A second run of the corpus with the lossy u8 codec; run_similarity between the two, against two bare forward
     passes of the compared examples (the two measured around the first ingest when every example is compared)."""
     from attnstore.queries.run_similarity import shared_examples
 
-    t = time.perf_counter()
-    other = ingest(
-        store,
-        corpus=args.corpus,
-        fmt=args.format,
-        loaded=loaded,
-        batch_size=args.batch_size,
-        codec=dict(arrays.LOSSY_U8_CODEC),
-        name=f"{run.name}-u8",
-        progress=False,
-    ).run
-    ingest_seconds = time.perf_counter() - t
+    done, ingest_seconds = timed_ingest(store, loaded, args, codec=dict(arrays.LOSSY_U8_CODEC), name=f"{run.name}-u8")
+    other = done.run
     compared = shared_examples(store, store.run_info(run.name), store.run_info(other.name))  # the query's defaults
     if len(compared) == len(store.examples(run.name)):
         recompute = sum(bare_passes)
@@ -222,17 +219,8 @@ def main() -> None:
     cli_runs: list[float] = []
     cli_walls: list[float] = []
     for r in range(args.ingest_rounds):
-        t = time.perf_counter()
-        done = ingest(
-            store,
-            corpus=args.corpus,
-            fmt=args.format,
-            loaded=loaded,
-            batch_size=args.batch_size,
-            progress=False,
-            name=f"in-process-{r}" if r else None,  # the first is the run the queries below read
-        )
-        ingest_times.append(time.perf_counter() - t)
+        done, seconds = timed_ingest(store, loaded, args, name=f"in-process-{r}" if r else None)  # the first: the run queried below
+        ingest_times.append(seconds)
         if r == 0:
             result = done
         bares.append(bare_forward(loaded, batches))
@@ -269,9 +257,7 @@ def main() -> None:
     first_db = f"sqlite:///{home / 'first.sqlite'}"
     migrate.upgrade(first_db)
     first_store = open_store(db=first_db, root=str(home / "first.zarr"))
-    t = time.perf_counter()
-    ingest(first_store, corpus=args.corpus, fmt=args.format, loaded=loaded, batch_size=args.batch_size, progress=False)
-    first_seconds = time.perf_counter() - t
+    _, first_seconds = timed_ingest(first_store, loaded, args)
     first_store.close()
     bare_4 = bare_forward(loaded, batches)
     run = result.run

@@ -189,7 +189,9 @@ class StoreReader:
             .where(self._visible(info))
             .order_by(Example.position)
         )
-        return self._frame(q)
+        frame = self._frame(q)
+        # bool even when empty (an empty column reads as object, and frame[~empty_object] selects no columns)
+        return frame.astype({"truncated": bool, "skipped": bool})
 
     def n_committed(self, run: RunRef) -> int:
         """How many of the run's examples have maps stored (skipped ones not counted), as `examples` sees them."""

@@ -8,6 +8,7 @@ import pytest
 
 from attnstore.ingest import ingest, register_dataset, runner
 from attnstore.ingest.annotate import WhitespaceAnnotator
+from attnstore.store.check import check_store
 
 pytestmark = pytest.mark.model
 MRPC = Path(__file__).parents[1] / "fixtures" / "data" / "glue" / "MRPC" / "dev.tsv"
@@ -98,6 +99,8 @@ def test_an_annotation_failure_leaves_the_dataset_and_run_resumable(store, loade
     assert store.sql("SELECT count(*) AS n FROM examples")["n"][0] == 5  # the first chunk, whole
     assert store.sql("SELECT status FROM runs")["status"].tolist() == ["interrupted"]
     assert store.sql("SELECT count(*) AS n FROM leases")["n"][0] == 0
+    assert check_store(store, ["r"])[1].empty  # what the cut-off run committed is whole (here: nothing)
+    assert list(store.iter_attention("r")) == [] and store.examples("r").empty
 
     monkeypatch.setattr(runner, "make_annotator", lambda kind: WhitespaceAnnotator())
     resumed = ingest(
@@ -107,3 +110,4 @@ def test_an_annotation_failure_leaves_the_dataset_and_run_resumable(store, loade
     assert store.sql("SELECT status, n_examples FROM datasets").to_dict("records") == [{"status": "complete", "n_examples": 23}]
     positions = [p for p, *_ in layout(store, "r")]
     assert positions == list(range(23))
+    assert check_store(store, ["r"])[1].empty
