@@ -105,7 +105,7 @@ def select_sentences(
     stored = set(stored.loc[~stored["skipped"], "example"].astype(int))
     if examples is not None:
         stored &= {int(e) for e in examples}
-    n_words = store.word_table(info.id).groupby("example").size().to_dict()
+    n_words = store.word_counts(info.id)
     counts = dict(annotation_sets=0, max_words=0, max_fe_words=0, has_core=0, min_distance=0)
     kept: dict[int, list] = {}
     for example, lu, elements in annotation_sets(rows):
@@ -149,7 +149,7 @@ def _lu_fe_max_prepare(store: Store, info, examples=None):
         sets.setdefault(example, []).append((lu, elements))
     table = store.token_table(info.id, examples)[["example", "word_position"]]
     tokens = {int(k): g["word_position"].to_numpy(dtype=float) for k, g in table.groupby("example")}
-    n_words = store.word_table(info.id).groupby("example").size().to_dict()
+    n_words = store.word_counts(info.id)
     return sets, tokens, n_words, (info.n_layers, info.n_heads)
 
 

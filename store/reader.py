@@ -371,6 +371,18 @@ class StoreReader:
         frame["head"] = frame["head"].astype("Int64")
         return frame
 
+    def word_counts(self, run: RunRef) -> dict[int, int]:
+        """Number of words of each of a run's stored examples (example position -> count), counted in SQL."""
+        info = self.run_info(run)
+        q = (
+            sa.select(Example.position, sa.func.count())
+            .join(Word, Word.example_id == Example.id)
+            .join(Sequence, sa.and_(Sequence.example_id == Example.id, self._visible(info)))
+            .group_by(Example.position)
+        )
+        with self.engine.connect() as conn:
+            return {int(example): int(n) for example, n in conn.execute(q)}
+
     def mention_table(self, run: RunRef) -> pd.DataFrame:
         """Coreference mentions of a run's stored examples: example, word_start, word_end, head, entity, kind, doc_order."""
         info = self.run_info(run)

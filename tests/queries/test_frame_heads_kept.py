@@ -233,3 +233,9 @@ def test_ranges_summarised_apart_concatenate_to_the_one_pass(store, frame_run):
     assert sorted(parts) == sorted(whole)
     for field, values in whole.items():
         np.testing.assert_array_equal(parts[field], values, err_msg=field)
+
+
+def test_word_counts_are_the_word_tables_counts(store, frame_run):
+    """The filters' word counts come from one SQL count, not the whole word table."""
+    counts = store.word_counts(frame_run)
+    assert counts and counts == {int(k): int(v) for k, v in store.word_table(frame_run).groupby("example").size().items()}

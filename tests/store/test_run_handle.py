@@ -127,6 +127,7 @@ ADDED_SINCE = {
     "save_run_summary",
     "token_ids_by_example",
     "n_committed",
+    "word_counts",
 }
 
 
