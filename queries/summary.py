@@ -89,6 +89,11 @@ def _assemble(kind: SummaryKind, examples: list[int], rows: list[dict[str, np.nd
     return out
 
 
+# Examples per pass when one process builds a summary: `prepare` then reads the token and word rows of
+# one range at a time (as each Dask worker does), so its memory does not grow with the run.
+SUMMARY_RANGE = 4096
+
+
 def summarise_examples(store: Store, info: RunInfo, kind: SummaryKind, examples=None) -> dict[str, np.ndarray]:
     """One streaming pass over `examples` (default: every committed example), in storage order."""
     context = kind.prepare(store, info, examples)
@@ -154,11 +159,12 @@ def kept(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | No
         scheduler = current_scheduler()
         if not keepable and scheduler is None:
             return None
+        in_storage_order = [int(e) for e in committed.sort_values("offset", kind="stable")["example"]]
         if scheduler is not None:
-            in_storage_order = committed.sort_values("offset", kind="stable")["example"]
-            arrays = summarise_on(scheduler, store, info, kind, [int(e) for e in in_storage_order])
-        else:
-            arrays = summarise_examples(store, info, kind)
+            arrays = summarise_on(scheduler, store, info, kind, in_storage_order)
+        else:  # range by range, as the workers do: a kind's per-range tables (tokens, words) stay small at any run size
+            ranges = [in_storage_order[i : i + SUMMARY_RANGE] for i in range(0, len(in_storage_order), SUMMARY_RANGE)]
+            arrays = concatenate(kind, [summarise_examples(store, info, kind, part) for part in ranges])
         if len(arrays["example"]) != stamp["n_examples"]:
             return None  # the run grew while it was read: stream this time
         if keepable:

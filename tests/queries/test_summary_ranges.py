@@ -1,0 +1,37 @@
+"""One process builds a summary range by range (queries/summary.py, SUMMARY_RANGE), so a kind's per-range tables stay small:
+the result equals one pass over the whole run exactly, for every kind this run can have."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnstore.queries import load_all, summary
+from attnstore.queries.summary import KINDS, kept, summarise_examples
+from attnstore.store.errors import AttnStoreError
+
+TOKENS = [["[CLS]", *(["a", ",", "b", "."] * (1 + i % 3))[: 2 + i % 5], "[SEP]"] for i in range(9)]
+
+
+def random_maps(tokens, seed):
+    rng = np.random.default_rng(seed)
+    raw = rng.random((3, 2, len(tokens), len(tokens)), dtype=np.float32) ** 3 + 1e-3
+    return (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+
+
+def test_a_summary_built_in_ranges_equals_one_pass(store, make_run, monkeypatch):
+    load_all()
+    run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="ranged", dtype="float16")
+    info = store.run_info(run)
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 2)  # 9 examples: 5 ranges, the last of one
+    compared = []
+    for name, kind in sorted(KINDS.items()):
+        try:
+            whole = summarise_examples(store, info, kind)
+        except AttnStoreError:
+            continue  # a kind this run cannot have (no words, no frames, no mentions)
+        ranged = kept(store, info, kind)
+        assert ranged is not None and ranged.keys() == whole.keys(), name
+        for field in whole:
+            np.testing.assert_array_equal(ranged[field], whole[field], err_msg=f"{name}.{field}")
+        compared.append(name)
+    assert "clark" in compared and len(compared) >= 4, compared
