@@ -81,7 +81,7 @@ def choose_antecedent(mention: dict, candidates: list[dict], method: str) -> dic
 def _mention_argmax_prepare(store: Store, info, examples=None):
     table = store.token_table(info.id, examples)[["example", "word_position"]]
     tokens = {int(k): g["word_position"] for k, g in table.groupby("example")}
-    heads = {int(k): np.unique(g["head"].to_numpy(dtype=np.int64)) for k, g in store.mention_table(info.id).groupby("example")}
+    heads = {int(k): np.unique(g["head"].to_numpy(dtype=np.int64)) for k, g in store.mention_table(info.id, examples).groupby("example")}
     return tokens, heads, (info.n_layers, info.n_heads)
 
 

@@ -158,9 +158,7 @@ def _gold_edges(all_words: pd.DataFrame) -> dict[int, tuple[np.ndarray, np.ndarr
 def _word_argmax_prepare(store: Store, info: RunInfo, examples=None):
     table = store.token_table(info.id, examples)[["example", "word_position"]]
     tokens = {int(k): g["word_position"] for k, g in table.groupby("example")}
-    words = store.word_table(info.id)
-    if examples is not None:
-        words = words[words["example"].isin([int(e) for e in examples])]
+    words = store.word_table(info.id, examples)
     return tokens, _gold_edges(words), (np.int16 if info.max_length < 2**15 else np.int32)  # word indices < tokens <= max_length
 
 

@@ -123,18 +123,18 @@ class FeatureMasks:
     flags: dict[int, TokenFlags]
 
 
-def feature_masks(store: Store, info, features=FEATURES) -> FeatureMasks:
-    """Token masks of every feature for every stored example of a run.
+def feature_masks(store: Store, info, features=FEATURES, examples=None) -> FeatureMasks:
+    """Token masks of every feature for every stored example of a run (or of `examples`).
 
     Word features cover every wordpiece of a matching word (special tokens never match);
     `cls` / `sep` are the tokens with the tokenizer's recorded cls/bos and sep/eos ids.
     """
-    flags = token_flags(store, info)
-    tokens = store.token_table(info.id)[["example", "position", "word_position"]]
+    flags = token_flags(store, info, examples=examples)
+    tokens = store.token_table(info.id, examples)[["example", "position", "word_position"]]
     tokens = tokens.assign(word_position=pd.array(tokens["word_position"], dtype="Int64"))
     wanted = [f for f in features if f in WORD_FEATURES]
     if wanted:
-        table = word_feature_table(store.word_table(info.id))
+        table = word_feature_table(store.word_table(info.id, examples))
         table = table.assign(position=pd.array(table["position"], dtype="Int64"))
         tokens = tokens.merge(
             table[["example", "position", *wanted]].rename(columns={"position": "word_position"}),
@@ -166,7 +166,7 @@ def feature_masks(store: Store, info, features=FEATURES) -> FeatureMasks:
 
 
 def _features_prepare(store: Store, info: RunInfo, examples=None) -> FeatureMasks:
-    return feature_masks(store, info, FEATURES)
+    return feature_masks(store, info, FEATURES, examples)
 
 
 def _features_reduce(fm: FeatureMasks, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:

@@ -91,12 +91,13 @@ def by_example(frame: pd.DataFrame, columns) -> dict[int, np.ndarray]:
     return {int(examples[s]): values[s:e] for s, e in zip(starts, ends)}
 
 
-def relation_units(store: Store, info: RunInfo, names=RELATIONS) -> dict[int, tuple[np.ndarray, dict[str, np.ndarray]]]:
-    """Per example that has a linked pair of one of `names`: its word positions (per token) and, per relation, the
-    (from unit, to unit) pairs of the word-level map; pairs whose words have no unit (cut by truncation) dropped."""
-    found = relation_pairs(store.word_table(info.id))
+def relation_units(store: Store, info: RunInfo, names=RELATIONS, examples=None) -> dict[int, tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """Per example (of `examples`, default all) that has a linked pair of one of `names`: its word positions (per
+    token) and, per relation, the (from unit, to unit) pairs of the word-level map; pairs whose words have no unit
+    (cut by truncation) dropped."""
+    found = relation_pairs(store.word_table(info.id, examples))
     pairs = {r: by_example(found[r], ["a", "b"]) for r in names}
-    table = store.token_table(info.id)
+    table = store.token_table(info.id, examples)
     tokens = by_example(table.assign(word_position=table["word_position"].astype(float)), ["word_position"])
     out = {}
     for example in sorted(set().union(*(pairs[r] for r in names)) & tokens.keys()):
@@ -114,7 +115,7 @@ def relation_units(store: Store, info: RunInfo, names=RELATIONS) -> dict[int, tu
 
 
 def _relations_prepare(store: Store, info: RunInfo, examples=None):
-    return relation_units(store, info)
+    return relation_units(store, info, examples=examples)
 
 
 def _relations_reduce(linked, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:

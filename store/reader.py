@@ -320,15 +320,18 @@ class StoreReader:
     def token_table(self, run: RunRef, examples: Iterable[int] | None = None) -> pd.DataFrame:
         """All tokens of a run (example, position, token, token_id, word_position, segment, is_special), or of `examples`."""
         info = self.run_info(run)
-        if examples is not None:
-            wanted = sorted({int(e) for e in examples})
-            if not wanted:
-                return self._frame(self._token_query(info).where(sa.false()))
-            # a range in SQL (a bound parameter per example would not scale), then the exact set here
-            between = Example.position.between(wanted[0], wanted[-1])
-            frame = self._frame(self._token_query(info).where(between))
-            return frame[frame["example"].isin(wanted)].reset_index(drop=True)
-        return self._frame(self._token_query(info))
+        return self._frame_of(self._token_query(info), examples)
+
+    def _frame_of(self, query, examples: Iterable[int] | None) -> pd.DataFrame:
+        """`query`'s rows (its `example` column is Example.position), or those of `examples` only."""
+        if examples is None:
+            return self._frame(query)
+        wanted = sorted({int(e) for e in examples})
+        if not wanted:
+            return self._frame(query.where(sa.false()))
+        # a range in SQL (a bound parameter per example would not scale), then the exact set here
+        frame = self._frame(query.where(Example.position.between(wanted[0], wanted[-1])))
+        return frame[frame["example"].isin(wanted)].reset_index(drop=True)
 
     def _token_query(self, info: RunInfo):
         return (
@@ -347,8 +350,9 @@ class StoreReader:
             .order_by(Example.position, Token.position)
         )
 
-    def word_table(self, run: RunRef) -> pd.DataFrame:
-        """All words of a run's stored examples: example, position, segment, form, lemma, upos, feats, head, deprel."""
+    def word_table(self, run: RunRef, examples: Iterable[int] | None = None) -> pd.DataFrame:
+        """All words of a run's stored examples (or of `examples`): example, position, segment, form, lemma, upos, feats,
+        head, deprel."""
         info = self.run_info(run)
         q = (
             sa.select(
@@ -367,7 +371,7 @@ class StoreReader:
             .join(Sequence, sa.and_(Sequence.example_id == Example.id, self._visible(info)))
             .order_by(Example.position, Word.position)
         )
-        frame = self._frame(q)
+        frame = self._frame_of(q, examples)
         frame["head"] = frame["head"].astype("Int64")
         return frame
 
@@ -383,8 +387,9 @@ class StoreReader:
         with self.engine.connect() as conn:
             return {int(example): int(n) for example, n in conn.execute(q)}
 
-    def mention_table(self, run: RunRef) -> pd.DataFrame:
-        """Coreference mentions of a run's stored examples: example, word_start, word_end, head, entity, kind, doc_order."""
+    def mention_table(self, run: RunRef, examples: Iterable[int] | None = None) -> pd.DataFrame:
+        """Coreference mentions of a run's stored examples (or of `examples`): example, word_start, word_end, head, entity,
+        kind, doc_order."""
         info = self.run_info(run)
         q = (
             sa.select(
@@ -400,7 +405,7 @@ class StoreReader:
             .join(Sequence, sa.and_(Sequence.example_id == Example.id, self._visible(info)))
             .order_by(Example.position, Mention.doc_order)
         )
-        return self._frame(q)
+        return self._frame_of(q, examples)
 
     def _array(self, info: RunInfo, read_only: bool = True):
         root = self.locations.array_root
