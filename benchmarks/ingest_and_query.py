@@ -185,6 +185,8 @@ def main() -> None:
         "--no-similarity", action="store_true", help="Skip run_similarity (it ingests the corpus a second time, with the u8 codec)."
     )
     args = parser.parse_args()
+    if args.ingest_rounds < 1:
+        parser.error("--ingest-rounds must be at least 1")
     if args.data_dir is None:  # `make bench DATA=...` passes --corpus DATA/glue/MRPC/dev.tsv
         folders = Path(args.corpus).resolve().parents
         beside = folders[2] if len(folders) > 2 else DEFAULT_DATA

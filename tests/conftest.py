@@ -119,17 +119,6 @@ def make_run():
         mentions_list: per example, mention dicts (word_start, word_end, head, entity, kind, doc_order)."""
         n_layers, n_heads = maps_list[0].shape[:2]
         special_ids = {v["token"]: v["id"] for v in specials.values()}
-        model_id = store.find_or_create_model(
-            name=f"hand-{name}",
-            source="tests",
-            weights_sha256=uuid.uuid4().hex,
-            architecture="Hand",
-            n_layers=n_layers,
-            n_heads=n_heads,
-            max_length=512,
-            tokenizer="none",
-            special_tokens=specials,
-        )
         from attnstore.store.records import ExampleInput
 
         dataset_id, _ = store.find_or_create_dataset(
@@ -166,28 +155,26 @@ def make_run():
             inputs.append(ExampleInput(position=position, text_a=" ".join(w["form"] for w in words), words=tuple(words), mentions=mentions))
         store.add_examples(dataset_id, inputs, "whitespace")
         store.complete_dataset(dataset_id)
-        info = store.start_run(
-            name=name,
-            model_id=model_id,
+        from attnstore.tests.queries.helpers import hand_run
+
+        codec = codec or {
+            "name": "blosc",
+            "cname": "zstd",
+            "clevel": 1,
+            "shuffle": "shuffle",
+            "blocksize": 0,
+            **({"checksum": checksum} if checksum else {}),
+        }
+        info = hand_run(
+            store,
+            name,
             dataset_id=dataset_id,
+            n_layers=n_layers,
+            n_heads=n_heads,
             dtype=dtype,
-            codec=codec
-            or {
-                "name": "blosc",
-                "cname": "zstd",
-                "clevel": 1,
-                "shuffle": "shuffle",
-                "blocksize": 0,
-                **({"checksum": checksum} if checksum else {}),
-            },
+            specials=specials,
             chunk_cells=chunk_cells,
-            max_length=512,
-            truncation="truncate",
-            attn_implementation="eager",
-            batch_size=1,
-            code_version="test",
-            corpus_checksum="x",
-            manifest={},
+            codec=codec,
         )
         ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
         writer = store.run_writer(info.id)

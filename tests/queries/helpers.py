@@ -118,8 +118,11 @@ def check_read_only_streams_and_grown_rebuilt(monkeypatch, store, run: str, targ
     check_rebuilt_once_grown(store, run, kind, lambda: assert_same_frames(run_query(store, query, run=run), expected), zero=zero)
 
 
-def hand_run(store, name: str, *, dataset_id: int, n_layers: int, n_heads: int, dtype: str, specials: dict):
-    """A hand-made model's run over `dataset_id`, started as ingest starts one (chunks of 64 cells); returns its RunInfo."""
+def hand_run(
+    store, name: str, *, dataset_id: int, n_layers: int, n_heads: int, dtype: str, specials: dict, chunk_cells: int = 64, codec=None
+):
+    """A hand-made model's run over `dataset_id`, started as ingest starts one (chunks of 64 cells by default); returns its
+    RunInfo. Also what conftest's `make_run` starts its runs with."""
     model_id = store.find_or_create_model(
         name=f"hand-{name}",
         source="tests",
@@ -136,8 +139,8 @@ def hand_run(store, name: str, *, dataset_id: int, n_layers: int, n_heads: int, 
         model_id=model_id,
         dataset_id=dataset_id,
         dtype=dtype,
-        codec={"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
-        chunk_cells=64,
+        codec=codec or {"name": "blosc", "cname": "zstd", "clevel": 1, "shuffle": "shuffle", "blocksize": 0},
+        chunk_cells=chunk_cells,
         max_length=512,
         truncation="truncate",
         attn_implementation="eager",
