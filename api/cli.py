@@ -510,7 +510,7 @@ def summarize(locations, runs_, kinds, scheduler):
 
     from ..queries import load_all
     from ..queries.scheduler import use_scheduler
-    from ..queries.summary import KINDS, kept
+    from ..queries.summary import KINDS, keep
 
     load_all()
     unknown = [k for k in kinds if k not in KINDS]
@@ -524,8 +524,8 @@ def summarize(locations, runs_, kinds, scheduler):
         for name in kinds or sorted(KINDS):
             t = time.perf_counter()
             with use_scheduler(scheduler), reading_progress(f"summary {name} of {info.name}"):
-                arrays = kept(store, info, KINDS[name])
-            n = 0 if arrays is None else len(arrays["example"])
+                saved = keep(store, info, KINDS[name])
+            n = 0 if saved is None else saved.n
             click.echo(f"{info.name}: summary {name} covers {n} examples ({time.perf_counter() - t:.2f} s)", err=True)
 
 

@@ -41,7 +41,7 @@ from attnstore.ingest.model import load_model
 from attnstore.ingest.runner import forward_attention, plan_batches
 from attnstore.queries import QUERIES, load_all, run_query
 from attnstore.queries.relative_position import relative_position
-from attnstore.queries.summary import KINDS, kept, summaries
+from attnstore.queries.summary import CLARK, KINDS, keep
 from attnstore.store import arrays, migrate, open_store
 from attnstore.store.errors import AttnStoreError
 
@@ -110,7 +110,7 @@ def framenet_figures(store, loaded, args) -> dict:
     built = {}
     for kind_name in FRAMENET_KINDS:
         t = time.perf_counter()
-        kept(store, info, KINDS[kind_name])
+        keep(store, info, KINDS[kind_name])
         built[kind_name] = time.perf_counter() - t
     queries = {name: best_of(args.query_repeats, store, name, run=info.name) for name in FRAMENET_QUERIES}
     sentences = run_query(store, "frame_heads", run=info.name)["n_sentences"].iloc[0]
@@ -272,7 +272,7 @@ def main() -> None:
     # relative_position, special_tokens and entropy read per-example sums kept with the run (queries/summary.py),
     # built by one pass the first time one of them runs: timed here on its own, then the queries after it.
     t = time.perf_counter()
-    summaries(store, store.run_info(run.name))
+    keep(store, store.run_info(run.name), CLARK)
     summary_seconds = time.perf_counter() - t
     query_times = []
     for _ in range(3):
@@ -292,7 +292,7 @@ def main() -> None:
             continue
         t = time.perf_counter()
         try:
-            kept(store, info, kind)
+            keep(store, info, kind)
         except AttnStoreError:
             continue  # e.g. a kind needing annotation this corpus lacks: its query says so below
         built[kind_name] = time.perf_counter() - t

@@ -47,7 +47,7 @@ def main() -> None:
 
     from attnstore.queries import load_all
     from attnstore.queries import scheduler as sched
-    from attnstore.queries.summary import KINDS, summarise_examples
+    from attnstore.queries.summary import KINDS, concatenate, summarise_examples
     from attnstore.store import migrate, open_store
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,7 +122,9 @@ def main() -> None:
                 sched.client_for = lambda spec, client=client: reuse(client)  # the cluster started above, not a new one
                 try:
                     for kind in kinds:
-                        seconds, spread = best(lambda kind=kind: sched.summarise_on("local", store, info, kind, examples), args.repeats)
+                        seconds, spread = best(
+                            lambda kind=kind: concatenate(kind, sched.summarise_on("local", store, info, kind, examples)), args.repeats
+                        )
                         ref = alone[kind.name][1]
                         equal = spread.keys() == ref.keys() and all(np.array_equal(spread[f], ref[f]) for f in ref)
                         print(f"{kind.name:12s} {n:7d} {seconds:8.2f} {alone[kind.name][0] / seconds:11.2f}x  {'yes' if equal else 'NO'}")

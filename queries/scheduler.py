@@ -10,6 +10,7 @@ one-process pass exactly.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -38,15 +39,17 @@ def _summarise_part(locations: dict, run_id: int, kind_name: str, examples: list
         store.engine.dispose()
 
 
-def summarise_on(spec: str, store: Store, info: RunInfo, kind: SummaryKind, examples: list[int]) -> dict[str, np.ndarray]:
-    """The kind's summary of `examples` (storage order), computed on the scheduler's workers."""
-    from .summary import concatenate
+def summarise_on(spec: str, store: Store, info: RunInfo, kind: SummaryKind, examples: list[int]) -> Iterator[dict[str, np.ndarray]]:
+    """The kind's summary of `examples` (storage order), computed on the scheduler's workers, part by part in order
+    (ranges of at most SUMMARY_RANGE examples, so the caller holds one part at a time)."""
+    from .summary import SUMMARY_RANGE
 
     locations = asdict(store.locations)
     with client_for(spec) as client:
         workers = max(1, len(client.scheduler_info().get("workers", {})))
-        ranges = split(examples, workers * PARTS_PER_WORKER)
+        ranges = split(examples, max(workers * PARTS_PER_WORKER, -(-len(examples) // SUMMARY_RANGE)))
         n = len(ranges)
         futures = client.map(_summarise_part, [locations] * n, [info.id] * n, [kind.name] * n, ranges, pure=False)
-        parts = client.gather(futures)
-    return concatenate(kind, parts)
+        for future in futures:
+            yield future.result()
+            future.release()

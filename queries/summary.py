@@ -26,7 +26,7 @@ counts (L, separators, [CLS]-like tokens).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ from .common import iter_maps, token_flags
 
 if TYPE_CHECKING:
     from ..store import Store
+    from ..store.arrays import SummaryParts
     from ..store.records import RunInfo
 
 
@@ -89,8 +90,9 @@ def _assemble(kind: SummaryKind, examples: list[int], rows: list[dict[str, np.nd
     return out
 
 
-# Examples per pass when one process builds a summary: `prepare` then reads the token and word rows of
-# one range at a time (as each Dask worker does), so its memory does not grow with the run.
+# Examples per range: one process builds a summary range by range (as each Dask worker does: `prepare` then reads
+# only that range's token and word rows), keeps each range's part as it is built, and queries read a kept summary
+# back range by range, so neither the build nor a query holds a whole run's summary.
 SUMMARY_RANGE = 4096
 
 
@@ -105,7 +107,7 @@ def summarise_examples(store: Store, info: RunInfo, kind: SummaryKind, examples=
     return _assemble(kind, order, rows)
 
 
-def concatenate(kind: SummaryKind, parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def concatenate(kind: SummaryKind, parts: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Parts of one run's summary (consecutive example ranges) -> one, as if built in one pass."""
     parts = [p for p in parts if len(p["example"])]
     if not parts:
@@ -141,41 +143,113 @@ def ragged_rows(arrays: dict[str, np.ndarray], field: str, index: int) -> np.nda
     return arrays[field][start[index] : start[index + 1]]
 
 
-def kept(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None) -> dict[str, np.ndarray] | None:
-    """The kind's summary of the run's committed examples (or of `examples`), in storage order.
+def in_storage_order(store: Store, info: RunInfo) -> list[int]:
+    """The run's committed (not skipped) examples in storage order."""
+    committed = store.examples(info.id)
+    committed = committed[~committed["skipped"]]
+    return [int(e) for e in committed.sort_values("offset", kind="stable")["example"]]
 
-    Read from the run's group when kept there with a matching stamp; else built (on the Dask
-    scheduler in effect, if any) and kept when the store and run allow. None where the caller
-    must take its streaming path: nothing kept, nothing can be kept and no scheduler is set.
-    """
-    from .scheduler import current_scheduler, summarise_on
+
+def ranges(examples: list[int], size: int | None = None) -> list[list[int]]:
+    """Consecutive ranges of `size` (default SUMMARY_RANGE) examples."""
+    size = size or SUMMARY_RANGE
+    return [examples[i : i + size] for i in range(0, len(examples), size)]
+
+
+def storage_ranges(store: Store, info: RunInfo, examples=None) -> list[list[int]]:
+    """The run's committed examples (or those of `examples`) in storage order, in consecutive ranges of SUMMARY_RANGE;
+    NotFoundError naming any of `examples` that is not stored."""
+    order = in_storage_order(store, info)
+    if examples is not None:
+        wanted = {int(e) for e in examples}
+        missing = wanted.difference(order)
+        if missing:
+            from .errors import NotFoundError
+
+            raise NotFoundError(f"run {info.name!r} has no stored example(s) {sorted(missing)[:10]}")
+        order = [e for e in order if e in wanted]
+    return ranges(order)
+
+
+def ranged_maps(store: Store, info: RunInfo, examples, prepare: Callable[[list[int]], Any]) -> Iterator[tuple[int, np.ndarray, Any]]:
+    """(example, maps, context) over the run's committed examples (or `examples`) in storage order, with
+    `context = prepare(range)` built for each range of SUMMARY_RANGE examples: a streaming query's per-example
+    tables (token flags, words) then stay the size of one range at any run size."""
+    for part in storage_ranges(store, info, examples):
+        context = prepare(part)
+        for example, maps in iter_maps(store, info, part):
+            yield example, maps, context
+
+
+def _built_parts(store: Store, info: RunInfo, kind: SummaryKind, order: list[int], scheduler: str | None) -> Iterator[dict]:
+    """The kind's summary of `order` (storage order), part by part: on the scheduler's workers, or range by range here."""
+    from .scheduler import summarise_on
+
+    if scheduler is not None:
+        yield from summarise_on(scheduler, store, info, kind, order)
+    else:
+        for part in ranges(order):
+            yield summarise_examples(store, info, kind, part)
+
+
+def _saved_parts(kind: SummaryKind, saved: SummaryParts, wanted: np.ndarray | None) -> Iterator[dict[str, np.ndarray]]:
+    """A kept summary read back range by range (of `wanted` examples only, if given); ranges with none are skipped."""
+    for start in range(0, saved.n, SUMMARY_RANGE):
+        part = saved.part(start, min(start + SUMMARY_RANGE, saved.n))
+        if wanted is not None:
+            part = select(kind, part, np.isin(part["example"], wanted))
+        if len(part["example"]):
+            yield part
+
+
+def keep(store: Store, info: RunInfo, kind: SummaryKind) -> SummaryParts | None:
+    """The kind's kept summary of the run's committed examples (`.n`, `.part(start, stop)`), built part by part and
+    kept first if it is not (on the Dask scheduler in effect, if any). None where it cannot be kept (a read-only
+    store, a layout-1 run) or the run grew while it was read."""
+    from .scheduler import current_scheduler
 
     stamp = kind.stamp(store.n_committed(info.id))
-    arrays = store.run_summary(info.id, kind.name, stamp)
-    if arrays is None:
-        committed = store.examples(info.id)
-        committed = committed[~committed["skipped"]]
-        keepable = not store.read_only and store.can_keep_summaries(info.id)
-        scheduler = current_scheduler()
-        if not keepable and scheduler is None:
-            return None
-        in_storage_order = [int(e) for e in committed.sort_values("offset", kind="stable")["example"]]
-        if scheduler is not None:
-            arrays = summarise_on(scheduler, store, info, kind, in_storage_order)
-        else:  # range by range, as the workers do: a kind's per-range tables (tokens, words) stay small at any run size
-            ranges = [in_storage_order[i : i + SUMMARY_RANGE] for i in range(0, len(in_storage_order), SUMMARY_RANGE)]
-            arrays = concatenate(kind, [summarise_examples(store, info, kind, part) for part in ranges])
-        if len(arrays["example"]) != stamp["n_examples"]:
-            return None  # the run grew while it was read: stream this time
-        if keepable:
-            store.save_run_summary(info.id, kind.name, arrays, stamp)
-    if examples is not None:
-        wanted = np.fromiter((int(e) for e in examples), dtype=np.int64)
-        missing = np.setdiff1d(wanted, arrays["example"])
-        if missing.size:
+    saved = store.run_summary_parts(info.id, kind.name, stamp)
+    if saved is not None or store.read_only or not store.can_keep_summaries(info.id):
+        return saved
+    parts = _built_parts(store, info, kind, in_storage_order(store, info), current_scheduler())
+    if not store.save_run_summary_parts(info.id, kind.name, parts, stamp, n_examples=stamp["n_examples"]):
+        return None  # the run grew while it was read: stream this time
+    return store.run_summary_parts(info.id, kind.name, stamp)
+
+
+def kept_parts(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None) -> Iterable[dict[str, np.ndarray]] | None:
+    """The kind's summary of the run's committed examples (or of `examples`), in storage order, as consecutive parts
+    of at most SUMMARY_RANGE examples (fields as `summarise_examples` gives them for those alone).
+
+    Read from the run's group when kept there with a matching stamp; else built part by part (on the Dask
+    scheduler in effect, if any) and kept when the store and run allow, or, on a read-only store with a
+    scheduler, computed on the workers for this query alone. None where the caller must take its streaming
+    path: nothing kept, nothing can be kept and no scheduler is set, or `examples` names one not stored.
+    """
+    from .scheduler import current_scheduler
+
+    wanted = None if examples is None else np.fromiter((int(e) for e in examples), dtype=np.int64)
+    saved = keep(store, info, kind)
+    if saved is not None:
+        if wanted is not None and np.setdiff1d(wanted, saved.arrays["example"][:]).size:
             return None  # let the streaming path raise its NotFoundError naming them
-        arrays = select(kind, arrays, np.isin(arrays["example"], wanted))
-    return arrays
+        return _saved_parts(kind, saved, wanted)
+    scheduler = current_scheduler()
+    if scheduler is None or (not store.read_only and store.can_keep_summaries(info.id)):
+        return None  # nothing can be kept and nothing computes it elsewhere, or the run grew while it was read
+    order = in_storage_order(store, info)
+    if wanted is not None:
+        if np.setdiff1d(wanted, order).size:
+            return None
+        order = [e for e in order if e in set(wanted.tolist())]
+    return (part for part in _built_parts(store, info, kind, order, scheduler) if len(part["example"]))
+
+
+def kept(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None) -> dict[str, np.ndarray] | None:
+    """`kept_parts` as one summary (for queries that need every example's numbers at once)."""
+    parts = kept_parts(store, info, kind, examples)
+    return None if parts is None else concatenate(kind, parts)
 
 
 # ---------------------------------------------------------------- Clark et al.'s standard statistics
@@ -234,14 +308,10 @@ def _clark_reduce(flags, example: int, maps: np.ndarray) -> dict[str, np.ndarray
 CLARK = register_kind(SummaryKind("clark", 2, _clark_prepare, _clark_reduce))
 
 
-def summaries(store: Store, info: RunInfo, examples=None, punct: str = DEFAULT_PUNCT) -> dict[str, np.ndarray] | None:
-    """The Clark per-example sums of the run's committed examples (or of `examples`), in storage order; None where
-    the streaming path must be taken (other punctuation, or nothing kept, nothing keepable and no scheduler)."""
+def summaries(store: Store, info: RunInfo, examples=None, punct: str = DEFAULT_PUNCT) -> Iterable[dict[str, np.ndarray]] | None:
+    """The Clark per-example sums of the run's committed examples (or of `examples`), in storage order, as parts of
+    at most SUMMARY_RANGE examples (`kept_parts`); None where the streaming path must be taken (other punctuation,
+    or nothing kept, nothing keepable and no scheduler)."""
     if punct != DEFAULT_PUNCT:
         return None
-    arrays = kept(store, info, CLARK, examples)
-    if arrays is not None and not len(arrays["example"]):
-        shape = (0, info.n_layers, info.n_heads)
-        arrays.update({name: np.zeros(0, np.int64) for name in COUNTS})
-        arrays.update({name: np.zeros(shape) for name in SUMS})
-    return arrays
+    return kept_parts(store, info, CLARK, examples)

@@ -219,18 +219,28 @@ def _create_index(store, path: str, dtype: str, chunk: int, dim: str):
     )
 
 
-def read_summary(root: str, array_path: str, name: str, stamp: dict) -> dict[str, np.ndarray] | None:
-    """A run's saved per-example summary `name` (layout 2: <run group>/summary/<name>/), if its stamp matches."""
+def _open_summary(root: str, array_path: str, name: str, stamp: dict):
+    """The zarr group of a run's saved summary `name` if its stamp matches, else None."""
     group = group_path_of(array_path)
     if group is None:
         return None
-    store = open_root(root, read_only=True)
+    try:
+        node = zarr.open_group(store=open_root(root, read_only=True), path=f"{group}/summary/{name}", mode="r")
+        return node if node.attrs.get("stamp") == stamp else None
+    except (FileNotFoundError, KeyError, ValueError, zarr.errors.NodeNotFoundError):
+        return None
+
+
+def read_summary(root: str, array_path: str, name: str, stamp: dict) -> dict[str, np.ndarray] | None:
+    """A run's saved per-example summary `name` (layout 2: <run group>/summary/<name>/), whole, if its stamp matches."""
+    node = _open_summary(root, array_path, name, stamp)
+    if node is None:
+        return None
+    store = node.store_path.store
 
     async def read_all():  # every array at once: a summary has a dozen small ones, each a few reads
-        node = await zarr.api.asynchronous.open_group(store=store, path=f"{group}/summary/{name}", mode="r")
-        if node.attrs.get("stamp") != stamp:
-            return None
-        members = [(key, array) async for key, array in node.arrays()]
+        group = await zarr.api.asynchronous.open_group(store=store, path=node.path, mode="r")
+        members = [(key, array) async for key, array in group.arrays()]
         values = await asyncio.gather(*(array.getitem(...) for _, array in members))
         return {key: np.asarray(value) for (key, _), value in zip(members, values)}
 
@@ -240,36 +250,100 @@ def read_summary(root: str, array_path: str, name: str, stamp: dict) -> dict[str
         return None
 
 
+def is_ragged_start(key: str, keys: Iterable[str]) -> bool:
+    """Whether `key` is the offsets of a ragged field (`<field>_start`, n + 1 entries, beside `<field>`)."""
+    return key.endswith("_start") and key[: -len("_start")] in keys
+
+
+class SummaryParts:
+    """A saved summary read back in consecutive ranges of examples, each with its own ragged rows (offsets from 0)."""
+
+    def __init__(self, node) -> None:
+        self.arrays = dict(node.arrays())
+        self.n = int(self.arrays["example"].shape[0])
+
+    def part(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Examples start..stop-1 (in the summary's order), as `write_summary` was given them for those alone."""
+        keys = set(self.arrays)
+        out: dict[str, np.ndarray] = {}
+        for key, array in self.arrays.items():
+            if is_ragged_start(key, keys):
+                offsets = np.asarray(array[start : stop + 1], dtype=np.int64)
+                out[key] = offsets - offsets[0]
+                out[key[: -len("_start")]] = np.asarray(self.arrays[key[: -len("_start")]][int(offsets[0]) : int(offsets[-1])])
+            elif f"{key}_start" not in keys:
+                out[key] = np.asarray(array[start:stop])
+        return out
+
+
+def summary_parts(root: str, array_path: str, name: str, stamp: dict) -> SummaryParts | None:
+    """A run's saved summary `name` for reading in parts, if its stamp matches."""
+    node = _open_summary(root, array_path, name, stamp)
+    return None if node is None else SummaryParts(node)
+
+
 SUMMARY_CHUNK_BYTES = 8 << 20
+SUMMARY_CHUNK_ROWS = 4096  # examples per chunk at most: queries read a summary back 4,096 examples at a time
 
 
-def _summary_chunks(array: np.ndarray) -> tuple[int, ...]:
-    """Whole rows (examples, or words of ragged fields) per chunk, about 8 MiB each: a large run's summary is not
-    one object of gigabytes, and its arrays can be read in parts."""
+def _summary_chunks(array: np.ndarray, ragged: bool) -> tuple[int, ...]:
+    """Whole rows (examples, or units of ragged fields) per chunk, a power of two of at most about 8 MiB: a large
+    run's summary is not one object of gigabytes, and a range of examples read back decodes its own chunks only."""
     if array.ndim == 0:
         return (1,)
     row_bytes = max(1, int(np.prod(array.shape[1:], dtype=np.int64)) * array.dtype.itemsize)
-    rows = max(1, min(array.shape[0], SUMMARY_CHUNK_BYTES // row_bytes))
-    return (rows, *(max(1, n) for n in array.shape[1:]))
+    rows = 1 << max(0, (SUMMARY_CHUNK_BYTES // row_bytes).bit_length() - 1)
+    return (rows if ragged else min(rows, SUMMARY_CHUNK_ROWS), *(max(1, n) for n in array.shape[1:]))
+
+
+class SummaryWriter:
+    """Saves a per-example summary beside a run's maps part by part (consecutive ranges of examples, in order), so
+    the whole summary is never held at once. The stamp is written by `finish`, last: a summary cut off part-way
+    (an error, a killed process) has none and is never read."""
+
+    def __init__(self, root: str, array_path: str, name: str) -> None:
+        group = group_path_of(array_path)
+        if group is None:
+            raise InvalidArgumentError(f"{array_path} is a layout-1 array: run `attnstore db upgrade-arrays` to keep summaries")
+        self.node = zarr.create_group(
+            store=open_root(root, read_only=False), path=f"{group}/summary/{name}", overwrite=True, attributes={"stamp": None}
+        )
+        self.arrays: dict[str, zarr.Array] = {}
+        self.ragged_rows: dict[str, int] = {}  # per `<field>_start`: the ragged field's rows saved so far
+
+    def append(self, values: dict[str, np.ndarray]) -> None:
+        """Add the next examples' fields; a ragged field's `<field>_start` is that part's own (n + 1, from 0)."""
+        if not len(values["example"]) and self.arrays:
+            return
+        for key, array in values.items():
+            array = np.asarray(array)
+            if is_ragged_start(key, values):
+                if key in self.arrays:  # continue the saved offsets: drop the part's leading 0, shift by the rows so far
+                    array = array[1:] + self.ragged_rows[key]
+                self.ragged_rows[key] = int(array[-1])
+            target = self.arrays.get(key)
+            if target is None:
+                target = self.arrays[key] = self.node.create_array(
+                    key,
+                    shape=(0, *array.shape[1:]),
+                    dtype=array.dtype,
+                    chunks=_summary_chunks(array, ragged=f"{key}_start" in values),
+                    compressors=make_codec(INDEX_CODEC, str(array.dtype)),
+                )
+            at = target.shape[0]
+            target.resize((at + array.shape[0], *array.shape[1:]))
+            if array.shape[0]:
+                target[at:] = array
+
+    def finish(self, stamp: dict) -> None:
+        self.node.attrs["stamp"] = stamp
 
 
 def write_summary(root: str, array_path: str, name: str, values: dict[str, np.ndarray], stamp: dict) -> None:
-    """Save a per-example summary beside the run's maps; the stamp is written last, so a half-written one is never read."""
-    group = group_path_of(array_path)
-    if group is None:
-        raise InvalidArgumentError(f"{array_path} is a layout-1 array: run `attnstore db upgrade-arrays` to keep summaries")
-    store = open_root(root, read_only=False)
-    node = zarr.create_group(store=store, path=f"{group}/summary/{name}", overwrite=True, attributes={"stamp": None})
-    for key, array in values.items():
-        target = node.create_array(
-            key,
-            shape=array.shape,
-            dtype=array.dtype,
-            chunks=_summary_chunks(array),
-            compressors=make_codec(INDEX_CODEC, str(array.dtype)),
-        )
-        target[...] = array
-    node.attrs["stamp"] = stamp
+    """Save a whole per-example summary beside the run's maps (one part); the stamp is written last."""
+    writer = SummaryWriter(root, array_path, name)
+    writer.append(values)
+    writer.finish(stamp)
 
 
 def open_run_array(root: str, path: str, *, read_only: bool = True):

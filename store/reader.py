@@ -472,6 +472,11 @@ class StoreReader:
         info = self.run_info(run)
         return arrays.read_summary(self.locations.array_root, info.array_path, name, stamp)
 
+    def run_summary_parts(self, run: RunRef, name: str, stamp: dict) -> arrays.SummaryParts | None:
+        """A saved per-example summary to read range by range (`.n` examples, `.part(start, stop)`), if its stamp matches."""
+        info = self.run_info(run)
+        return arrays.summary_parts(self.locations.array_root, info.array_path, name, stamp)
+
     def can_keep_summaries(self, run: RunRef) -> bool:
         """Whether summaries can be saved with this run's maps (its arrays are in layout 2)."""
         return arrays.group_path_of(self.run_info(run).array_path) is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from operator import itemgetter
 
@@ -102,10 +103,26 @@ class StoreWriter(StoreReader):
 
     def save_run_summary(self, run: RunRef, name: str, values: dict[str, np.ndarray], stamp: dict) -> None:
         """Keep a per-example summary beside the run's maps (read back by `run_summary` with the same stamp)."""
+        self.save_run_summary_parts(run, name, [values], stamp)
+
+    def save_run_summary_parts(
+        self, run: RunRef, name: str, parts: Iterable[dict[str, np.ndarray]], stamp: dict, n_examples: int | None = None
+    ) -> bool:
+        """Keep a summary given as consecutive parts (ranges of examples in order, each as one would be given
+        whole), holding one part at a time. It is stamped, and so read back, unless the parts do not cover
+        `n_examples` examples (a run that grew while it was read); returns whether it was."""
         self.require_writable()
         info = self.run_info(run)
         try:
-            arrays.write_summary(self.locations.array_root, info.array_path, name, values, stamp)
+            writer = arrays.SummaryWriter(self.locations.array_root, info.array_path, name)
+            n = 0
+            for part in parts:
+                writer.append(part)
+                n += len(part["example"])
+            if n_examples is not None and n != n_examples:
+                return False
+            writer.finish(stamp)
+            return True
         except OSError as exc:
             raise StorageIOError(f"cannot save the summary of run {info.name!r}: {exc.strerror or exc}") from None
 

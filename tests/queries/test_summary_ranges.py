@@ -7,10 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 
 from attnstore.queries import load_all, summary
-from attnstore.queries.summary import KINDS, kept, summarise_examples
-from attnstore.store.errors import AttnStoreError
+from attnstore.queries.summary import KINDS, concatenate, keep, kept, kept_parts, summarise_examples
+from attnstore.store import arrays
+from attnstore.store.errors import AttnStoreError, StorageIOError
 
 DATA = str(Path(__file__).parents[1] / "fixtures" / "data")
 TOKENS = [["[CLS]", *(["a", ",", "b", "."] * (1 + i % 3))[: 2 + i % 5], "[SEP]"] for i in range(9)]
@@ -60,3 +62,61 @@ def test_ranges_of_real_runs_with_words_and_mentions_equal_one_pass(store, loade
     assert len(store.examples(ud)) > 3 and len(store.examples(gum)) > 3
     assert {"word_argmax", "kovaleva_features", "kovaleva_relations", "clark"} <= set(compare_kinds(store, ud))
     assert "mention_argmax" in compare_kinds(store, gum)
+
+
+def test_a_summary_is_kept_part_by_part_and_read_back_in_parts(store, make_run, monkeypatch):
+    """The build hands each range's part to the store as soon as it is made (the next range is summarised only after
+    the previous one is written), the arrays are chunked by whole ranges, and a query reads it back range by range."""
+    load_all()
+    run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="parts", dtype="float16")
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 4)  # 9 examples: parts of 4, 4 and 1
+    monkeypatch.setattr(arrays, "SUMMARY_CHUNK_ROWS", 4)
+    info = store.run_info(run)
+    kind = KINDS["word_argmax"]  # ragged fields: their offsets continue across the parts
+    written_before_each_part = []
+    original = summary.summarise_examples
+
+    def summarise_one_range(store_, info_, kind_, examples):
+        group = zarr.open_group(store.locations.array_root, path=f"runs/parts/summary/{kind.name}", mode="r")
+        written_before_each_part.append(group["example"].shape[0] if "example" in group else 0)
+        return original(store_, info_, kind_, examples)
+
+    monkeypatch.setattr(summary, "summarise_examples", summarise_one_range)
+    saved = keep(store, info, kind)
+    assert written_before_each_part == [0, 4, 8] and saved is not None and saved.n == 9
+    group = zarr.open_group(store.locations.array_root, path=f"runs/parts/summary/{kind.name}", mode="r")
+    assert group["argmax"].chunks[0] >= 4 and group["example"].chunks == (4,)
+    whole = original(store, info, kind)
+    for field in whole:
+        np.testing.assert_array_equal(group[field][:], whole[field], err_msg=field)
+    parts = list(kept_parts(store, info, kind))
+    assert [len(p["example"]) for p in parts] == [4, 4, 1] and all(p["word_start"][0] == 0 for p in parts)
+    for field, values in concatenate(kind, parts).items():
+        np.testing.assert_array_equal(values, whole[field], err_msg=field)
+    assert [p["example"].tolist() for p in kept_parts(store, info, kind, [8, 1, 5])] == [[1], [5], [8]]
+
+
+def test_a_build_cut_off_part_way_is_never_read_and_is_built_again(store, make_run, monkeypatch):
+    load_all()
+    run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="cutoff", dtype="float16")
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 4)
+    info = store.run_info(run)
+    original = summary.summarise_examples
+    calls = []
+
+    def fails_on_the_third_range(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(5, "Input/output error")
+        return original(*args)
+
+    monkeypatch.setattr(summary, "summarise_examples", fails_on_the_third_range)
+    with pytest.raises(StorageIOError, match="cannot save the summary of run 'cutoff'"):
+        keep(store, info, summary.CLARK)
+    group = zarr.open_group(store.locations.array_root, path="runs/cutoff/summary/clark", mode="r")
+    assert group.attrs["stamp"] is None and group["example"].shape == (8,)  # two parts written, never stamped
+    assert store.run_summary_parts(info.id, "clark", summary.CLARK.stamp(9)) is None
+    monkeypatch.setattr(summary, "summarise_examples", original)
+    saved = keep(store, info, summary.CLARK)
+    assert saved is not None and saved.n == 9
+    np.testing.assert_array_equal(saved.part(0, 9)["entropy"], original(store, info, summary.CLARK)["entropy"])

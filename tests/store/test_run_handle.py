@@ -125,6 +125,8 @@ ADDED_SINCE = {
     "run_summary",
     "can_keep_summaries",
     "save_run_summary",
+    "save_run_summary_parts",
+    "run_summary_parts",
     "token_ids_by_example",
     "n_committed",
     "word_counts",
