@@ -16,16 +16,16 @@ queries/summary.py) by one pass the first time; later calls read it instead of t
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from .common import iter_maps, per_head_frame, safe_divide
+from .common import per_head_frame, safe_divide
 from .errors import NotFoundError
 from .registry import register
-from .summary import SummaryKind, kept, ragged_rows, register_kind
+from .summary import SummaryKind, kept_parts, ragged_rows, ranged_maps, register_kind
 from .word_level import most_attended_words, units_of
 
 if TYPE_CHECKING:
@@ -107,22 +107,24 @@ MENTION_ARGMAX = register_kind(
 Predictions = Iterator[tuple[int, dict[int, int], dict[int, int], np.ndarray]]
 
 
+def _tokens_by_example(store: Store, info, examples) -> dict[int, pd.DataFrame]:
+    return {int(k): g for k, g in store.token_table(info.id, examples)[["example", "word_position"]].groupby("example")}
+
+
 def _streamed_predictions(store: Store, info, examples, wanted) -> Predictions:
-    tokens = {int(k): g for k, g in store.token_table(info.id)[["example", "word_position"]].groupby("example")}
-    for example, maps in iter_maps(store, info, examples):
+    for example, maps, tokens in ranged_maps(store, info, examples, lambda part: _tokens_by_example(store, info, part)):
         if example in wanted:
             pred, unit_words = most_attended_words(maps, units_of(tokens[example]["word_position"]))
             unit_of = {int(p): i for i, p in enumerate(unit_words)}
             yield example, unit_of, unit_of, np.moveaxis(pred, -1, 0)
 
 
-def _kept_predictions(arrays: dict[str, np.ndarray], wanted) -> Predictions:
-    if "word" not in arrays:
-        return
-    for i, example in enumerate(arrays["example"].tolist()):
-        if example in wanted:
-            positions = ragged_rows(arrays, "word", i).tolist()
-            yield example, {p: p for p in positions}, {p: r for r, p in enumerate(positions)}, ragged_rows(arrays, "attended", i)
+def _kept_predictions(parts: Iterable[dict[str, np.ndarray]], wanted) -> Predictions:
+    for arrays in parts:  # one part of the kept summary at a time
+        for i, example in enumerate(arrays["example"].tolist()):
+            if example in wanted:
+                positions = ragged_rows(arrays, "word", i).tolist()
+                yield example, {p: p for p in positions}, {p: r for r, p in enumerate(positions)}, ragged_rows(arrays, "attended", i)
 
 
 def _check_stored(store: Store, info, examples) -> None:
@@ -160,13 +162,13 @@ def coreference_counts(store: Store, run, examples=None, baselines: bool = True)
     heads = np.zeros((len(KINDS), info.n_layers, info.n_heads))
     base = np.zeros((len(KINDS), len(BASELINES)))
     totals = np.zeros(len(KINDS))
-    arrays = kept(store, info, MENTION_ARGMAX, examples) if mentions else None  # no mention: nothing worth a pass
+    parts = kept_parts(store, info, MENTION_ARGMAX, examples) if mentions else None  # no mention: nothing worth a pass
     predictions: Predictions
     if not mentions:
         _check_stored(store, info, examples)
         predictions = iter(())  # and no map to read
-    elif arrays is not None:
-        predictions = _kept_predictions(arrays, mentions)
+    elif parts is not None:
+        predictions = _kept_predictions(parts, mentions)
     else:
         predictions = _streamed_predictions(store, info, examples, mentions)
     for example, ids, rows, pred in predictions:

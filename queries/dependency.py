@@ -34,7 +34,7 @@ from ..store.records import RunInfo
 from .common import iter_maps, per_head_frame, unique_argmax
 from .errors import InvalidArgumentError
 from .registry import register
-from .summary import SummaryKind, kept, register_kind
+from .summary import SummaryKind, in_storage_order, kept_parts, register_kind, storage_ranges
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:
@@ -236,11 +236,28 @@ def _empty_counts(info: RunInfo, relations: list[str]) -> DependencyCounts:
     )
 
 
+def _add_counts(total: DependencyCounts, part: DependencyCounts) -> DependencyCounts:
+    """Two sets of counts (of different examples) as one, over the union of their relations (sorted)."""
+    relations = sorted(set(total.relations) | set(part.relations))
+    out = _empty_counts(total.info, relations)
+    index = {r: i for i, r in enumerate(relations)}
+    for counts in (total, part):
+        at = [index[r] for r in counts.relations]
+        out.correct[..., at] += counts.correct
+        out.totals[at] += counts.totals
+        out.baseline[:, at] += counts.baseline
+        out.n_root += counts.n_root
+        out.baseline_root += counts.baseline_root
+        out.no_prediction += counts.no_prediction
+    return out
+
+
 def _count_kept(
     info: RunInfo, arrays: dict[str, np.ndarray], chosen: np.ndarray | None, head2dep: str, poss_apostrophe: bool
 ) -> DependencyCounts:
-    """The counts from the kept predictions and gold trees of the whole run's summary (`chosen`: a mask over its
-    examples, None for all): the relations, edges, judged words and hits of the streaming path, all examples at once."""
+    """The counts from the kept predictions and gold trees of one part of the run's summary (`chosen`: a mask over its
+    examples, None for all): the relations, edges, judged words and hits of the streaming path, the part's examples at
+    once."""
     if "edge" not in arrays:  # no example committed
         return _empty_counts(info, [])
     n_edges = np.diff(arrays["edge_start"])
@@ -315,17 +332,29 @@ def _count_kept(
 
 
 def _count_streamed(store: Store, info: RunInfo, examples, head2dep: str, poss_apostrophe: bool) -> DependencyCounts:
-    """The counts from every example's maps, decoded and made word-level one example at a time, and the word table."""
-    all_words = store.word_table(info.id)
+    """The counts from every example's maps, decoded and made word-level one example at a time, and the word table,
+    read range by range (SUMMARY_RANGE examples in storage order)."""
+    counts = _empty_counts(info, [])
+    for part in storage_ranges(store, info, examples):
+        counts = _add_counts(counts, _count_streamed_range(store, info, part, head2dep, poss_apostrophe))
+    if examples is not None:  # the relations of every stored example, as without `examples`
+        for part in storage_ranges(store, info):
+            words = store.word_table(info.id, part)
+            relations = words["deprel"][words["deprel"].notna() & words["head"].notna()].unique()
+            counts = _add_counts(counts, _empty_counts(info, sorted(relations)))
+    return counts
+
+
+def _count_streamed_range(store: Store, info: RunInfo, examples: list[int], head2dep: str, poss_apostrophe: bool) -> DependencyCounts:
+    """`_count_streamed` of one range of committed examples: its relations, hits and baseline."""
+    all_words = store.word_table(info.id, examples)
     words = all_words[all_words["deprel"].notna()]
-    stored = store.examples(info.id)
-    committed = words["example"].isin(stored["example"][~stored["skipped"]]).to_numpy()  # a skipped example is not evaluated
-    counts = _empty_counts(info, sorted(words["deprel"][committed & words["head"].notna().to_numpy()].unique()))
+    counts = _empty_counts(info, sorted(words["deprel"][words["head"].notna()].unique()))
     spans = all_words.groupby(["example", "segment", "sentence"])["position"].agg(["min", "max"])
     bounds = {tuple(int(x) for x in key): (int(lo), int(hi)) for key, lo, hi in zip(spans.index, spans["min"], spans["max"])}
     rel_index = {r: i for i, r in enumerate(counts.relations)}
     forms = {int(k): dict(zip(g["position"], g["form"])) for k, g in all_words.groupby("example", sort=False)}
-    tokens = _groups(store.token_table(info.id)[["example", "word_position"]])
+    tokens = _groups(store.token_table(info.id, examples)[["example", "word_position"]])
     edges = _groups(words)
     for example, maps in iter_maps(store, info, examples):
         if example not in edges:
@@ -396,17 +425,17 @@ def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpo
     info = store.run_info(run)
     if examples is not None:
         examples = [int(e) for e in examples]
-    arrays = kept(store, info, WORD_ARGMAX)
-    chosen = None
-    if arrays is not None and examples is not None:
-        wanted = np.asarray(examples, dtype=np.int64)
-        if np.setdiff1d(wanted, arrays["example"]).size:
-            arrays = None  # let the streaming path raise its NotFoundError naming them
-        else:
-            chosen = np.isin(arrays["example"], wanted)
-    if arrays is not None:
-        return _count_kept(info, arrays, chosen, head2dep, poss_apostrophe)
-    return _count_streamed(store, info, examples, head2dep, poss_apostrophe)
+    parts = kept_parts(store, info, WORD_ARGMAX)  # every example's part: the relations are the whole run's
+    wanted = None if examples is None else np.asarray(examples, dtype=np.int64)
+    if parts is not None and wanted is not None and np.setdiff1d(wanted, in_storage_order(store, info)).size:
+        parts = None  # let the streaming path raise its NotFoundError naming them
+    if parts is None:
+        return _count_streamed(store, info, examples, head2dep, poss_apostrophe)
+    counts = _empty_counts(info, [])
+    for part in parts:  # SUMMARY_RANGE examples at a time: memory stays that of one part at any run size
+        chosen = None if wanted is None else np.isin(part["example"], wanted)
+        counts = _add_counts(counts, _count_kept(info, part, chosen, head2dep, poss_apostrophe))
+    return counts
 
 
 @register("dependency")

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from math import lgamma
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from .common import CAUSAL_NOTE, check_average, is_causal, iter_maps, per_head_frame, safe_divide, token_flags
+from .common import CAUSAL_NOTE, check_average, is_causal, per_head_frame, safe_divide, token_flags
 from .registry import register
-from .summary import summaries
+from .summary import ranged_maps, summaries
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -47,17 +48,20 @@ def entropy(store: Store, *, run, examples=None, average: str = "example") -> pd
     total, from_cls = np.zeros(shape), np.zeros(shape)
     n_queries = n_cls = 0
     uniform = uniform_cls = 0.0
-    kept = summaries(store, info, examples)  # per-example sums kept with the run: no map is decoded
-    flags = token_flags(store, info) if kept is None else {}
-    for i, (example, maps) in enumerate(iter_maps(store, info, examples) if kept is None else _kept_rows(kept)):
-        if kept is None:
-            f = flags[example]
+    kept = summaries(store, info, examples)  # per-example sums kept with the run, read part by part: no map is decoded
+    rows = (
+        _kept_rows(kept) if kept is not None else ranged_maps(store, info, examples, lambda part: token_flags(store, info, examples=part))
+    )
+    for example, maps, context in rows:
+        if maps is not None:
+            f = context[example]  # this range's token flags
             h = row_entropy(maps.astype(np.float32, copy=False))  # (layer, head, query)
             length, cls = maps.shape[-1], int(f.cls.sum())
             h_sum, h_cls_sum = h.sum(-1, dtype=np.float64), h[..., f.cls].sum(-1, dtype=np.float64)
         else:
-            length, cls = int(kept["length"][i]), int(kept["n_cls"][i])
-            h_sum, h_cls_sum = kept["entropy"][i], kept["entropy_from_cls"][i]
+            part, i = context
+            length, cls = int(part["length"][i]), int(part["n_cls"][i])
+            h_sum, h_cls_sum = part["entropy"][i], part["entropy_from_cls"][i]
         # Uniform attention over the keys a query sees: all L, or (causal) the i + 1 up to itself.
         uniform_sum = lgamma(length + 1) if causal else length * np.log(length)  # sum over the L queries
         if per_example:  # this example's means, counted once
@@ -84,6 +88,7 @@ def entropy(store: Store, *, run, examples=None, average: str = "example") -> pd
     return frame
 
 
-def _kept_rows(kept: dict[str, np.ndarray]):
-    """(example, None) per summarised example, standing in for (example, maps) in the loop above."""
-    return ((int(example), None) for example in kept["example"])
+def _kept_rows(parts: Iterable[dict[str, np.ndarray]]):
+    """(example, None, (its part, its row there)) per summarised example, standing in for (example, maps, flags) in the
+    loop above."""
+    return ((int(example), None, (part, i)) for part in parts for i, example in enumerate(part["example"]))

@@ -13,15 +13,16 @@ read them instead of decoding the maps, and stream only where nothing can be kep
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from .common import TokenFlags, iter_maps, parse_choices, token_flags
+from .common import TokenFlags, parse_choices, token_flags
 from .registry import register
-from .summary import SummaryKind, kept, register_kind
+from .summary import SummaryKind, kept_parts, ranged_maps, register_kind
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -198,23 +199,16 @@ def _features_reduce(fm: FeatureMasks, example: int, maps: np.ndarray) -> dict[s
 KOVALEVA_FEATURES = register_kind(SummaryKind("kovaleva_features", 1, _features_prepare, _features_reduce))
 
 
-def feature_summaries(store: Store, info: RunInfo, examples=None) -> dict[str, np.ndarray] | None:
-    """The kept K5 per-example numbers of the run's committed examples (or of `examples`), in storage order;
-    None where the streaming path must be taken (nothing kept, nothing keepable and no scheduler)."""
-    arrays = kept(store, info, KOVALEVA_FEATURES, examples)
-    if arrays is not None and not len(arrays["example"]):
-        shape = (0, len(FEATURES), info.n_layers, info.n_heads)
-        arrays.update(feature_tokens=np.zeros((0, len(FEATURES)), np.int64), cls_position=np.zeros(0, np.int64))
-        arrays.update(feature_max=np.zeros(shape), cls_to_feature=np.zeros(shape))
-    return arrays
+def feature_summaries(store: Store, info: RunInfo, examples=None) -> Iterable[dict[str, np.ndarray]] | None:
+    """The kept K5 per-example numbers of the run's committed examples (or of `examples`), in storage order, part by
+    part; None where the streaming path must be taken (nothing kept, nothing keepable and no scheduler)."""
+    return kept_parts(store, info, KOVALEVA_FEATURES, examples)
 
 
-def sum_over_examples(values: np.ndarray, used: np.ndarray, shape) -> np.ndarray:
-    """values[used] summed over the examples one after another, in storage order (as the streaming loops add)."""
-    total = np.zeros(shape)
+def add_over_examples(total: np.ndarray, values: np.ndarray, used: np.ndarray) -> None:
+    """Add values[used] to `total` one example after another, in storage order (as the streaming loops add)."""
     for value in values[used]:
         total += value
-    return total
 
 
 @register("feature_attention", per_head=False)
@@ -231,19 +225,18 @@ def feature_attention(store: Store, *, run, features: str | None = None, example
     names = parse_features(features)
     info = store.run_info(run)
     shape = (info.n_layers, info.n_heads)
-    summary = feature_summaries(store, info, examples)  # per-example numbers kept with the run: no map is decoded
-    if summary is not None:
-        total, count = {}, {}
-        for f in names:
-            i = FEATURES.index(f)
-            used = summary["feature_tokens"][:, i] > 0
-            total[f] = sum_over_examples(summary["feature_max"][:, i], used, shape)
-            count[f] = int(used.sum())
-        return long_frame(range(info.n_layers), info.n_heads, names, total, count, "feature")
-    fm = feature_masks(store, info, names)
     total = {f: np.zeros(shape) for f in names}
     count = dict.fromkeys(names, 0)
-    for example, maps in iter_maps(store, info, examples):
+    parts = feature_summaries(store, info, examples)  # per-example numbers kept with the run, part by part: no map is decoded
+    if parts is not None:
+        for part in parts:
+            for f in names:
+                i = FEATURES.index(f)
+                used = part["feature_tokens"][:, i] > 0
+                add_over_examples(total[f], part["feature_max"][:, i], used)
+                count[f] += int(used.sum())
+        return long_frame(range(info.n_layers), info.n_heads, names, total, count, "feature")
+    for example, maps, fm in ranged_maps(store, info, examples, lambda part: feature_masks(store, info, names, part)):
         received = maps.sum(axis=2, dtype=np.float64) / maps.shape[-1]  # (layer, head, key): column means
         for f in names:
             mask = fm.masks[example][f]

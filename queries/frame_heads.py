@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .common import iter_maps, per_head_frame
+from .common import per_head_frame
 from .errors import InvalidArgumentError
 from .registry import register
-from .summary import SummaryKind, kept, register_kind, select
+from .summary import SummaryKind, kept_parts, ranged_maps, register_kind, select
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -186,12 +186,16 @@ def _any_per_set(fe_set: np.ndarray, mask: np.ndarray, n_sets: int) -> np.ndarra
     return np.bincount(fe_set[mask], minlength=n_sets) > 0
 
 
+FILTER_STEPS = ("annotation_sets", "max_words", "max_fe_words", "has_core", "min_distance")
+
+
 def _kept_scores(
-    arrays: dict[str, np.ndarray], shape: tuple[int, int], max_words: int, max_fe_words: int, min_distance: int, core: str
-) -> tuple[np.ndarray, int, dict]:
-    """The streaming path's (sum of the kept sets' per-head maxima, sets summed, counts after each filter), from the summary."""
+    arrays: dict[str, np.ndarray], total: np.ndarray, max_words: int, max_fe_words: int, min_distance: int, core: str
+) -> tuple[int, dict]:
+    """The streaming path's sum of the kept sets' per-head maxima, added to `total`, from one part of the summary;
+    returns (sets added, counts after each filter)."""
     if "lu" not in arrays:  # no example summarised
-        return np.zeros(shape), 0, dict.fromkeys(("annotation_sets", "max_words", "max_fe_words", "has_core", "min_distance"), 0)
+        return 0, dict.fromkeys(FILTER_STEPS, 0)
     lu, fe = arrays["lu"], arrays["fe"]
     n_sets = len(lu)
     set_example = np.repeat(np.arange(len(arrays["example"])), np.diff(arrays["lu_start"]))
@@ -213,22 +217,26 @@ def _kept_scores(
     counts["min_distance"] = int(keep.sum())
     rows = np.flatnonzero(is_core & keep[fe_set])  # the core FEs of the kept sets, set by set in storage order
     if not len(rows):
-        return np.zeros(shape), 0, counts
+        return 0, counts
     first = np.r_[0, np.flatnonzero(np.diff(fe_set[rows])) + 1]
     values = np.maximum.reduceat(arrays["fe_max"][rows], first, axis=0)  # per kept set: the largest over its core FEs
     values = values[values[:, 0, 0] >= 0].astype(np.float64)  # -1: the LU or every core FE has no token
-    total = np.zeros(shape)
     for value in values:  # one set at a time, in the streaming path's order: the same float64 sums
         total += value
-    return total, len(values), counts
+    return len(values), counts
+
+
+def _word_positions(store: Store, info, examples: list[int]) -> dict[int, np.ndarray]:
+    """Per example, each token's word position (NaN for special tokens)."""
+    table = store.token_table(info.id, examples)
+    return {int(k): g["word_position"].to_numpy(dtype=float) for k, g in table.groupby("example")}
 
 
 def _streamed_scores(store: Store, info, examples, max_words, max_fe_words, min_distance, core) -> tuple[np.ndarray, int, dict]:
     kept_sets, counts = select_sentences(store, info, examples, max_words, max_fe_words, min_distance, core)
-    tokens = {int(k): g["word_position"].to_numpy(dtype=float) for k, g in store.token_table(info.id).groupby("example")}
     total = np.zeros((info.n_layers, info.n_heads))
     n = 0
-    for example, maps in iter_maps(store, info, sorted(kept_sets) if kept_sets else []):
+    for example, maps, tokens in ranged_maps(store, info, sorted(kept_sets), lambda part: _word_positions(store, info, part)):
         words = tokens[example]
         for lu, core_spans in kept_sets[example]:
             lu_tok = np.flatnonzero((words >= lu[0]) & (words < lu[1]))
@@ -247,13 +255,18 @@ def frame_head_scores(
 ):
     info = store.run_info(run)
     check_frames(store, info, core)
-    arrays = kept(store, info, LU_FE_MAX)
-    if arrays is None:  # nothing kept and nothing can be: decode the kept sentences' maps
+    parts = kept_parts(store, info, LU_FE_MAX)
+    if parts is None:  # nothing kept and nothing can be: decode the kept sentences' maps
         total, n, counts = _streamed_scores(store, info, examples, max_words, max_fe_words, min_distance, core)
     else:
-        if examples is not None:  # examples not stored are left out, as the streaming path does
-            arrays = select(LU_FE_MAX, arrays, np.isin(arrays["example"], np.fromiter((int(e) for e in examples), dtype=np.int64)))
-        total, n, counts = _kept_scores(arrays, (info.n_layers, info.n_heads), max_words, max_fe_words, min_distance, core)
+        wanted = None if examples is None else np.fromiter((int(e) for e in examples), dtype=np.int64)
+        total, n, counts = np.zeros((info.n_layers, info.n_heads)), 0, dict.fromkeys(FILTER_STEPS, 0)
+        for part in parts:  # one part of the summary at a time
+            if wanted is not None:  # examples not stored are left out, as the streaming path does
+                part = select(LU_FE_MAX, part, np.isin(part["example"], wanted))
+            added, part_counts = _kept_scores(part, total, max_words, max_fe_words, min_distance, core)
+            n += added
+            counts = {step: counts[step] + part_counts[step] for step in FILTER_STEPS}
     counts["with_tokens"] = n
     if n == 0:
         steps = ", ".join(f"{k}: {v}" for k, v in counts.items())

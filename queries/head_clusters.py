@@ -25,7 +25,7 @@ import pandas as pd
 from ..store.records import RunInfo
 from .common import iter_maps
 from .registry import register
-from .summary import SummaryKind, kept, register_kind
+from .summary import SummaryKind, kept_parts, register_kind
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -148,12 +148,12 @@ def head_distance_sum(store: Store, run, examples=None) -> tuple[RunInfo, np.nda
     n = info.n_layers * info.n_heads
     upper = np.zeros(n * (n - 1) // 2)
     n_tokens = 0
-    arrays = kept(store, info, HEAD_JS, examples)  # per-example sums kept with the run: no map is decoded
-    if arrays is not None:
-        for row in arrays.get("js", ()):  # one example at a time, in storage order, as the loop below adds them
+    parts = kept_parts(store, info, HEAD_JS, examples)  # per-example sums kept with the run, part by part: no map is decoded
+    for part in parts or ():
+        for row in part["js"]:  # one example at a time, in storage order, as the loop below adds them
             upper += row
-        n_tokens = int(arrays["length"].sum()) if "length" in arrays else 0
-    for _, maps in iter_maps(store, info, examples) if arrays is None else ():
+        n_tokens += int(part["length"].sum())
+    for _, maps in iter_maps(store, info, examples) if parts is None else ():
         upper += js_upper(maps.reshape(-1, *maps.shape[2:]))
         n_tokens += maps.shape[-1]
     return info, square(upper, n), n_tokens

@@ -36,13 +36,16 @@ def relative_position(store: Store, *, run, examples=None, average: str = "examp
     shape = (info.n_layers, info.n_heads)
     prev, same, nxt = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     n_tokens = n_pairs = n_examples = 0
-    kept = summaries(store, info, examples)  # per-example sums kept with the run: no map is decoded
-    if kept is not None:
-        length = kept["length"][:, None, None].astype(np.float64)
+    kept = summaries(store, info, examples)  # per-example sums kept with the run, read part by part: no map is decoded
+    for part in kept or ():
+        length = part["length"][:, None, None].astype(np.float64)
         scale = length if average == "example" else 1.0
-        prev, same, nxt = ((kept[k] / scale).sum(0) if len(length) else np.zeros(shape) for k in ("to_previous", "to_self", "to_next"))
-        n_examples, n_tokens = len(length), int(kept["length"].sum())
-        n_pairs = n_tokens - n_examples
+        prev += (part["to_previous"] / scale).sum(0)
+        same += (part["to_self"] / scale).sum(0)
+        nxt += (part["to_next"] / scale).sum(0)
+        n_examples += len(length)
+        n_tokens += int(part["length"].sum())
+        n_pairs += int(part["length"].sum()) - len(length)
     for _, maps in iter_maps(store, info, examples) if kept is None else ():
         length = maps.shape[-1]
         sums = [np.diagonal(maps, offset=k, axis1=2, axis2=3).sum(-1, dtype=np.float64) for k in (-1, 0, 1)]

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from .common import check_average, iter_maps, per_head_frame, safe_divide, token_flags
+from .common import check_average, per_head_frame, safe_divide, token_flags
 from .registry import register
-from .summary import summaries
+from .summary import ranged_maps, summaries
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -35,15 +36,14 @@ def special_tokens(store: Store, *, run, punct: str = ".,", examples=None, avera
     check_average(average)
     per_example = average == "example"
     info = store.run_info(run)
-    kept = summaries(store, info, examples, punct)  # per-example sums kept with the run: no map is decoded
+    kept = summaries(store, info, examples, punct)  # per-example sums kept with the run, read part by part: no map is decoded
     if kept is not None:
         return _from_summaries(info, kept, per_example)
-    flags = token_flags(store, info, punct)
     shape = (info.n_layers, info.n_heads)
     to = {k: np.zeros(shape) for k in ("cls", "sep", "punct", "other")}
     sep_from_sep, sep_from_other = np.zeros(shape), np.zeros(shape)
     n_queries = n_sep = n_non_sep = 0
-    for example, maps in iter_maps(store, info, examples):
+    for example, maps, flags in ranged_maps(store, info, examples, lambda part: token_flags(store, info, punct, part)):
         f = flags[example]
         received = maps.sum(axis=2, dtype=np.float64)  # (layer, head, key): attention each key gets, summed over queries
         other = ~(f.cls | f.sep | f.punct)
@@ -67,24 +67,26 @@ def special_tokens(store: Store, *, run, punct: str = ".,", examples=None, avera
     )
 
 
-def _from_summaries(info, kept: dict[str, np.ndarray], per_example: bool) -> pd.DataFrame:
-    """The same means from each example's sums (queries/summary.py) as the loop above takes from its maps."""
-    length = kept["length"].astype(np.float64)
-    seps = kept["n_sep"].astype(np.float64)
-    others = length - seps
-
-    def total(name: str, counts: np.ndarray) -> np.ndarray:
-        values, used = kept[name], counts > 0
-        if per_example:  # each example's mean, over the examples that have such query tokens
-            return (values[used] / counts[used][:, None, None]).sum(0)
-        return values.sum(0)
-
-    def count(counts: np.ndarray) -> float:
-        return float((counts > 0).sum()) if per_example else float(counts.sum())
-
+def _from_summaries(info, parts: Iterable[dict[str, np.ndarray]], per_example: bool) -> pd.DataFrame:
+    """The same means from each example's sums (queries/summary.py), part by part, as the loop above takes from its maps."""
+    shape = (info.n_layers, info.n_heads)
+    names = (*(f"received_{k}" for k in ("cls", "sep", "punct", "other")), "sep_from_sep", "sep_from_other")
+    totals = {name: np.zeros(shape) for name in names}
+    counts = {"length": 0.0, "n_sep": 0.0, "others": 0.0}
+    for part in parts:
+        length = part["length"].astype(np.float64)
+        per_query = {"length": length, "n_sep": part["n_sep"].astype(np.float64), "others": length - part["n_sep"]}
+        of_field = {name: "length" for name in totals} | {"sep_from_sep": "n_sep", "sep_from_other": "others"}
+        for name in totals:
+            values, n = part[name], per_query[of_field[name]]
+            used = n > 0
+            # per example: each example's mean, over the examples that have such query tokens
+            totals[name] += (values[used] / n[used][:, None, None]).sum(0) if per_example else values.sum(0)
+        for key, n in per_query.items():
+            counts[key] += float((n > 0).sum()) if per_example else float(n.sum())
     return per_head_frame(
         info,
-        **{f"to_{k}": safe_divide(total(f"received_{k}", length), count(length)) for k in ("cls", "sep", "punct", "other")},
-        sep_from_sep=safe_divide(total("sep_from_sep", seps), count(seps)),
-        sep_from_other=safe_divide(total("sep_from_other", others), count(others)),
+        **{f"to_{k}": safe_divide(totals[f"received_{k}"], counts["length"]) for k in ("cls", "sep", "punct", "other")},
+        sep_from_sep=safe_divide(totals["sep_from_sep"], counts["n_sep"]),
+        sep_from_other=safe_divide(totals["sep_from_other"], counts["others"]),
     )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .common import iter_maps, parse_choices
+from .common import parse_choices
 from .errors import InvalidArgumentError
 from .feature_attention import (
     FEATURES,
@@ -26,15 +26,14 @@ from .feature_attention import (
     PRONOUN_UPOS,
     SUBJECT_DEPRELS,
     VERB_UPOS,
-    FeatureMasks,
+    add_over_examples,
     feature_masks,
     feature_summaries,
     long_frame,
     parse_features,
-    sum_over_examples,
 )
 from .registry import register
-from .summary import SummaryKind, kept, register_kind
+from .summary import SummaryKind, kept_parts, ranged_maps, register_kind
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:
@@ -153,16 +152,15 @@ def token_to_token(store: Store, *, run, relations: str | None = None, examples=
     total = {r: np.zeros(shape) for r in names}
     count = dict.fromkeys(names, 0)
     n_pairs = dict.fromkeys(names, 0)
-    summary = kept(store, info, KOVALEVA_RELATIONS, examples)  # per-example means kept with the run: no map is decoded
-    if summary is not None:
+    parts = kept_parts(store, info, KOVALEVA_RELATIONS, examples)  # per-example means kept with the run: no map is decoded
+    for part in parts or ():
         for r in names:
-            if not len(summary["example"]):
-                break
-            pairs = summary["relation_pairs"][:, RELATIONS.index(r)]
-            total[r] = sum_over_examples(summary["relation_mean"][:, RELATIONS.index(r)], pairs > 0, shape)
-            count[r], n_pairs[r] = int((pairs > 0).sum()), int(pairs.sum())
-    linked = relation_units(store, info, names) if summary is None else {}
-    for example, maps in iter_maps(store, info, examples) if summary is None else ():
+            pairs = part["relation_pairs"][:, RELATIONS.index(r)]
+            add_over_examples(total[r], part["relation_mean"][:, RELATIONS.index(r)], pairs > 0)
+            count[r] += int((pairs > 0).sum())
+            n_pairs[r] += int(pairs.sum())
+    streamed = ranged_maps(store, info, examples, lambda part: relation_units(store, info, names, part)) if parts is None else ()
+    for example, maps, linked in streamed:
         if example not in linked:
             continue
         word_positions, wanted = linked[example]
@@ -194,16 +192,16 @@ def cls_feature_attention(store: Store, *, run, layer: int | None = None, featur
         raise InvalidArgumentError(f"layer {layer!r} is out of range: the model has {info.n_layers} layers (0..{info.n_layers - 1})")
     total = {f: np.zeros((1, info.n_heads)) for f in names}
     count = dict.fromkeys(names, 0)
-    summary = feature_summaries(store, info, examples)  # per-example sums kept with the run (every layer): no map is decoded
-    if summary is not None:
-        has_cls = summary["cls_position"] >= 0
+    parts = feature_summaries(store, info, examples)  # per-example sums kept with the run (every layer): no map is decoded
+    for part in parts or ():
+        has_cls = part["cls_position"] >= 0
         for f in names:
             i = FEATURES.index(f)
-            used = has_cls & (summary["feature_tokens"][:, i] > 0)
-            total[f] = sum_over_examples(summary["cls_to_feature"][:, i, layer][:, None], used, (1, info.n_heads))
-            count[f] = int(used.sum())
-    fm = feature_masks(store, info, names) if summary is None else FeatureMasks({}, {})
-    for example, maps in iter_maps(store, info, examples) if summary is None else ():
+            used = has_cls & (part["feature_tokens"][:, i] > 0)
+            add_over_examples(total[f], part["cls_to_feature"][:, i, layer][:, None], used)
+            count[f] += int(used.sum())
+    streamed = ranged_maps(store, info, examples, lambda part: feature_masks(store, info, names, part)) if parts is None else ()
+    for example, maps, fm in streamed:
         cls = np.flatnonzero(fm.flags[example].cls)
         if not len(cls):
             continue

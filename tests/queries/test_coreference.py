@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnstore.queries import run_query
+from attnstore.queries import run_query, summary
 from attnstore.queries.coreference import choose_antecedent, coreference_counts
 from attnstore.tests.queries import helpers
 
@@ -120,7 +120,7 @@ def kept_run(store, make_run):
     )
 
 
-STREAMING = ("attnstore.queries.coreference.kept",)  # patched to return None: the streaming path
+STREAMING = ("attnstore.queries.coreference.kept_parts",)  # patched to return None: the streaming path
 
 
 def assert_same(a, b):
@@ -129,7 +129,9 @@ def assert_same(a, b):
         np.testing.assert_array_equal(x, y)
 
 
-def test_kept_predictions_give_the_streaming_counts_exactly(store, kept_run, monkeypatch):
+@pytest.mark.parametrize("range_size", [4096, 3])  # 3: kept, read and streamed in ranges of 3 examples
+def test_kept_predictions_give_the_streaming_counts_exactly(store, kept_run, monkeypatch, range_size):
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", range_size)
     with helpers.read_only_store(store) as reader:  # a read-only store streams and keeps nothing
         read_only = coreference_counts(reader, kept_run, [1, 2, 6])
     assert not helpers.has_summaries(store, kept_run)

@@ -3,6 +3,7 @@ import pandas as pd
 import pytest
 
 from attnstore.queries import run_query
+from attnstore.queries import summary as summary_module
 from attnstore.queries.common import unique_argmax
 from attnstore.queries.dependency import EDGE_FLAGS, HEAD2DEP, POSSESSIVE_NEXT_FLAG, ROOT_FLAG, _decode_labels, dependency_counts
 from attnstore.queries.errors import InvalidArgumentError
@@ -293,7 +294,7 @@ def kept_run(store, make_run):
     return make_run(store, maps, tokens, name="keptdep", token_words=token_words, words_list=words, dtype="float16")
 
 
-STREAMING = ("attnstore.queries.dependency.kept",)  # patched to return None: the streaming path
+STREAMING = ("attnstore.queries.dependency.kept_parts",)  # patched to return None: the streaming path
 
 
 def streamed_counts(monkeypatch, store, run, *args):
@@ -306,7 +307,9 @@ def assert_same_counts(a, b):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
 
 
-def test_kept_predictions_give_the_streaming_counts_exactly(store, kept_run, monkeypatch):
+@pytest.mark.parametrize("range_size", [4096, 2])  # 2: both paths read the run in ranges of 2 examples (4 ranges)
+def test_kept_predictions_give_the_streaming_counts_exactly(store, kept_run, monkeypatch, range_size):
+    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
     with read_only_store(store) as reader:  # a read-only store streams and keeps nothing
         read_only = dependency_counts(reader, kept_run, [0, 2], "direct")
     assert not has_summaries(store, kept_run)

@@ -17,6 +17,7 @@ import pytest
 import zarr
 
 from attnstore.queries import run_query
+from attnstore.queries import summary as summary_module
 from attnstore.queries.frame_heads import LU_FE_MAX
 from attnstore.queries.summary import concatenate, kept, summarise_examples
 from attnstore.store import open_store
@@ -108,7 +109,7 @@ def frame_run(store):
 
 def streamed(monkeypatch, store, name, **params):
     with monkeypatch.context() as m:
-        m.setattr("attnstore.queries.frame_heads.kept", lambda *a, **k: None)
+        m.setattr("attnstore.queries.frame_heads.kept_parts", lambda *a, **k: None)
         return outcome(store, name, **params)
 
 
@@ -142,7 +143,9 @@ FILTERS = [
 ]
 
 
-def test_kept_maxima_give_the_streaming_values_and_counts(store, frame_run, monkeypatch):
+@pytest.mark.parametrize("range_size", [4096, 3])  # 3: the summary is kept and read in parts of 3 examples
+def test_kept_maxima_give_the_streaming_values_and_counts(store, frame_run, monkeypatch, range_size):
+    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
     passed = 0
     for examples, max_words, max_fe_words, min_distance, core in FILTERS:
         params = dict(

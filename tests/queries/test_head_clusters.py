@@ -5,6 +5,7 @@ import pytest
 import zarr
 
 from attnstore.queries import run_query
+from attnstore.queries import summary as summary_module
 from attnstore.queries.head_clusters import classical_mds, js_distance_matrix, js_upper
 from attnstore.store import open_store
 
@@ -96,7 +97,7 @@ def test_blocked_threaded_js_equals_the_pair_by_pair_form_to_the_bit(threads, bl
 
 def streamed(store, name, monkeypatch, **params):
     with monkeypatch.context() as m:
-        m.setattr("attnstore.queries.head_clusters.kept", lambda *a, **k: None)
+        m.setattr("attnstore.queries.head_clusters.kept_parts", lambda *a, **k: None)
         return run_query(store, name, **params)
 
 
@@ -115,7 +116,9 @@ def run(store, make_run):
     return make_run(store, [random_maps(len(t), i) for i, t in enumerate(TOKENS)], TOKENS, name="pairs", dtype="float16")
 
 
-def test_kept_sums_give_the_streaming_results_and_no_map_is_read_again(store, run, monkeypatch):
+@pytest.mark.parametrize("range_size", [4096, 3])  # 3: the summary is kept and read in parts of 3 examples
+def test_kept_sums_give_the_streaming_results_and_no_map_is_read_again(store, run, monkeypatch, range_size):
+    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
     cases = [(name, examples) for name in ("head_distances", "head_clusters") for examples in (None, [2, 0], [3])]
     kept = [run_query(store, name, run=run, examples=examples) for name, examples in cases]
     group = js_group(store)

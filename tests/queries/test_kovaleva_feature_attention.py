@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnstore.queries import run_query
+from attnstore.queries import run_query, summary
 from attnstore.queries.feature_attention import negation_flags
 from attnstore.store.errors import InvalidArgumentError
 from attnstore.tests.queries.helpers import check_kept_frames, check_read_only_streams_and_grown_rebuilt, random_maps, summary_group
@@ -152,7 +152,9 @@ STREAMING = (  # patched to return None: the streaming path
 )
 
 
-def test_kept_numbers_give_the_streaming_results_and_maps_are_not_read_again(store, random_feature_run, monkeypatch):
+@pytest.mark.parametrize("range_size", [4096, 2])  # 2: kept and read in parts of 2 and 1 examples, streamed in ranges too
+def test_kept_numbers_give_the_streaming_results_and_maps_are_not_read_again(store, random_feature_run, monkeypatch, range_size):
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", range_size)
     run = random_feature_run
     cases = [
         ("feature_attention", dict(features=features, examples=examples))

@@ -4,7 +4,7 @@ per-example numbers kept with the run (summary kind `kovaleva_relations`) give t
 import numpy as np
 import pytest
 
-from attnstore.queries import run_query
+from attnstore.queries import run_query, summary
 from attnstore.store.errors import InvalidArgumentError
 from attnstore.tests.queries.helpers import check_kept_frames, check_read_only_streams_and_grown_rebuilt, random_maps, summary_group
 
@@ -163,12 +163,14 @@ def random_t2t_run(store, make_run):
 
 
 STREAMING = (  # patched to return None: the streaming path
-    "attnstore.queries.token_to_token.kept",
+    "attnstore.queries.token_to_token.kept_parts",
     "attnstore.queries.token_to_token.feature_summaries",
 )
 
 
-def test_kept_numbers_give_the_streaming_results_and_maps_are_not_read_again(store, random_t2t_run, monkeypatch):
+@pytest.mark.parametrize("range_size", [4096, 2])  # 2: kept and read in parts of 2 and 1 examples, streamed in ranges too
+def test_kept_numbers_give_the_streaming_results_and_maps_are_not_read_again(store, random_t2t_run, monkeypatch, range_size):
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", range_size)
     run = random_t2t_run
     cases = [
         ("token_to_token", dict(relations=relations, examples=examples))

@@ -54,7 +54,9 @@ def run(store, make_run):
 @pytest.mark.parametrize("name", QUERIES)
 @pytest.mark.parametrize("average", ["example", "token"])
 @pytest.mark.parametrize("examples", [None, [2, 0], [3]])
-def test_kept_sums_give_the_streaming_results(store, run, monkeypatch, name, average, examples):
+@pytest.mark.parametrize("range_size", [4096, 3])  # 3: the sums are kept and read in parts of 3 and 1 examples
+def test_kept_sums_give_the_streaming_results(store, run, monkeypatch, name, average, examples, range_size):
+    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
     kept = run_query(store, name, run=run, average=average, examples=examples)
     same(kept, streamed(store, name, monkeypatch, run=run, average=average, examples=examples))
 
