@@ -14,10 +14,11 @@ For each size N (the first N examples of the dataset, `--limit N`), in a fresh s
           a child process of its own (with the CLI's fixed mmap threshold, `bound_heap_growth`), on the
           store opened read-only: every query then streams and decodes every stored map (on a writable
           store, `relative_position`, `special_tokens` and `entropy` read per-example sums that the first
-          of them builds and keeps beside the run, queries/summary.py); the best of `--query-repeats`
-          calls in that process, and the process's peak RSS;
-  sums    on the writable store: one child whose first `relative_position` builds and keeps those sums
-          (one streaming pass), then one child running the queries that use them (best of the repeats).
+          of them builds and keeps beside the run, and `dependency` kept word-level predictions,
+          queries/summary.py); the best of `--query-repeats` calls in that process, and its peak RSS;
+  kept    on the writable store: one child whose first `relative_position` and `dependency` build and
+          keep those summaries (one streaming pass each), then one child running the queries that read
+          them (best of the repeats).
 
 Peak RSS is the child's own ru_maxrss (os.wait4), so each figure belongs to one command at one size.
 Prints a table of times (and per 1,000 examples), a table of peak memory, the growth exponent of each
@@ -42,7 +43,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data"
-SUMMARY_QUERIES = ("relative_position", "special_tokens", "entropy")  # served from kept per-example sums (queries/summary.py)
+# served from per-example summaries kept with the run (queries/summary.py): the first three from `clark`, dependency
+# from `word_argmax`; the build child's first relative_position (and dependency) builds them
+SUMMARY_QUERIES = ("relative_position", "special_tokens", "entropy", "dependency")
 
 QUERY_CHILD = r"""
 import json, sys, time, warnings
@@ -144,19 +147,20 @@ def main() -> None:
         for name in args.queries:
             times, stream_rss[name] = query_child(home, run, "ro", args.query_repeats, [name], env)
             stream[name] = min(times[name])
-        built, build_rss = query_child(home, run, "rw", 1, ["relative_position"], env)
+        builders = ["relative_position", *(["dependency"] if "dependency" in args.queries else [])]
+        built, build_rss = query_child(home, run, "rw", 1, builders, env)
         kept_names = [q for q in args.queries if q in SUMMARY_QUERIES]
         kept, kept_rss = query_child(home, run, "rw", args.query_repeats, kept_names, env) if kept_names else ({}, float("nan"))
         rows.append(
             dict(n=n, stored=int(match.group(1)), cells=cells, disk=disk, mean_len=float(stored["length"].mean()),
                  wall=ingest["wall"], run=run_s, other=ingest["wall"] - run_s, rss=ingest["rss"],
-                 stream=stream, stream_rss=stream_rss, build=built["relative_position"][0], build_rss=build_rss,
+                 stream=stream, stream_rss=stream_rss, build=sum(t[0] for t in built.values()), build_rss=build_rss,
                  kept={k: min(v) for k, v in kept.items()}, kept_rss=kept_rss)
         )  # fmt: skip
         print(
             f"  done {n}: ingest {ingest['wall']:.1f}s (run {run_s:.1f}s), streaming queries "
             + ", ".join(f"{k} {v:.2f}s" for k, v in stream.items())
-            + f", sums built in {rows[-1]['build']:.2f}s",
+            + f", summaries built in {rows[-1]['build']:.2f}s",
             file=sys.stderr,
         )
     elapsed = time.perf_counter() - started
@@ -191,27 +195,27 @@ def main() -> None:
     print(
         f"{'examples':>8s} {'M cells':>8s} "
         + " ".join(f"{q[:17]:>17s}" for q in qnames)
-        + f" {'build sums':>10s} "
-        + " ".join(f"{'sums: ' + q[:11]:>17s}" for q in kept_names)
+        + f" {'build summ.':>11s} "
+        + " ".join(f"{'kept: ' + q[:11]:>17s}" for q in kept_names)
     )
     for r in rows:
         print(
             f"{r['n']:8d} {r['cells'] / 1e6:8.1f} "
             + " ".join(f"{r['stream'][q]:17.2f}" for q in qnames)
-            + f" {r['build']:10.2f} "
+            + f" {r['build']:11.2f} "
             + " ".join(f"{r['kept'][q]:17.3f}" for q in kept_names)
         )
     print(
         f"  seconds; queries: best of {args.query_repeats} calls of run_query over the whole run in one process, store opened "
-        "read-only,\n  so every query streams and decodes every map; build sums: the first relative_position on the writable "
-        "store (one streaming\n  pass that computes and keeps per-example sums); sums: the queries that then read those sums "
-        "instead of the maps"
+        "read-only,\n  so every query streams and decodes every map; build summ.: the first relative_position (and dependency) on the "
+        "writable\n  store (one streaming pass each that computes and keeps a per-example summary, clark and word_argmax); kept: the\n  "
+        "queries that then read those summaries instead of the maps"
     )
     series = {"ingest (wall)": [r["wall"] for r in rows], "ingest run": [r["run"] for r in rows]}
     for q in qnames:
         series[q] = [r["stream"][q] for r in rows]
-    series["build sums"] = [r["build"] for r in rows]
-    kept_series = {f"sums: {q}": [r["kept"][q] for r in rows] for q in kept_names}
+    series["build summaries"] = [r["build"] for r in rows]
+    kept_series = {f"kept: {q}": [r["kept"][q] for r in rows] for q in kept_names}
     if len(rows) > 1:
         cell_ratio = rows[-1]["cells"] / rows[0]["cells"]
         print(
@@ -229,9 +233,9 @@ def main() -> None:
     mem = {"ingest": [r["rss"] for r in rows]}
     for q in qnames:
         mem[f"query {q}"] = [r["stream_rss"][q] for r in rows]
-    mem["build sums"] = [r["build_rss"] for r in rows]
+    mem["build summaries"] = [r["build_rss"] for r in rows]
     if kept_names:
-        mem["queries on kept sums"] = [r["kept_rss"] for r in rows]
+        mem["queries on kept summ."] = [r["kept_rss"] for r in rows]
     for label, values in mem.items():
         print(f"{label:>24s} " + " ".join(f"{v:8.0f}" for v in values) + f" {values[-1] / values[0]:10.2f}")
     if args.home:
