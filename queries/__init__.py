@@ -49,7 +49,7 @@ def run_query(store: Store, name: str, *, run, **params):
     spec = get_query(name)
     with store.pinned(run) as info:
         state, holder = store.run_state(info.id)
-        n_stored = int((~store.examples(info.id)["skipped"]).sum())
+        n_stored = store.n_committed(info.id)
         if n_stored == 0:
             why = {
                 "writing": f"it is being written by {holder.describe()}" if holder else "it is being written",

@@ -131,7 +131,7 @@ def _check_stored(store: Store, info, examples) -> None:
     """NotFoundError naming asked-for examples the run lacks, as reading their maps would raise."""
     if examples is None:
         return
-    stored = store.examples(info.id)
+    stored = store.examples(info.id, texts=False)
     missing = {int(e) for e in examples} - set(stored.loc[~stored["skipped"], "example"].astype(int))
     if missing:
         raise NotFoundError(f"run {info.name!r} has no stored example(s) {sorted(missing)[:10]}")

@@ -101,7 +101,7 @@ def select_sentences(
     """Annotation sets that pass the filters, per example: [(LU span, [core FE spans])], and the count after each filter."""
     check_frames(store, info, core)
     rows = store.sql(FRAMES_SQL, {"dataset": info.dataset_id})
-    stored = store.examples(info.id)
+    stored = store.examples(info.id, texts=False)
     stored = set(stored.loc[~stored["skipped"], "example"].astype(int))
     if examples is not None:
         stored &= {int(e) for e in examples}

@@ -42,7 +42,7 @@ def shared_examples(
             f"runs {a.name!r} ({a.n_layers} layers x {a.n_heads} heads) and {b.name!r} "
             f"({b.n_layers} x {b.n_heads}) have differently shaped models; maps cannot be compared head by head"
         )
-    ea, eb = (store.examples(info.id) for info in (a, b))
+    ea, eb = (store.examples(info.id, texts=False) for info in (a, b))
     ea, eb = ea[~ea["skipped"]], eb[~eb["skipped"]]
     both = ea[["example", "example_id", "length", "offset"]].merge(eb[["example_id", "length"]], on="example_id", suffixes=("", "_other"))
     if examples is not None:

@@ -145,7 +145,7 @@ def ragged_rows(arrays: dict[str, np.ndarray], field: str, index: int) -> np.nda
 
 def in_storage_order(store: Store, info: RunInfo) -> list[int]:
     """The run's committed (not skipped) examples in storage order."""
-    committed = store.examples(info.id)
+    committed = store.examples(info.id, texts=False)
     committed = committed[~committed["skipped"]]
     return [int(e) for e in committed.sort_values("offset", kind="stable")["example"]]
 

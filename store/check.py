@@ -112,7 +112,7 @@ def check_run(store, run) -> RunReport:
     state, _ = store.run_state(info.id)
     with store.pinned(info.id):
         report = RunReport(run=info.name, state=state, checksums=(info.codec or {}).get("checksum") == "crc32c")
-        seqs = store.examples(info.id)
+        seqs = store.examples(info.id, texts=False)
         stored = seqs[~seqs["skipped"]]
         if state == "complete":
             if len(stored) != info.n_stored or int(seqs["skipped"].sum()) != info.n_skipped:

@@ -73,7 +73,7 @@ def labelled_run(store: Store, run, examples: Iterable[int] | None = None, layer
     `example_N`, each with its own query/key lengths."""
     xr = _xarray()
     if examples is None:
-        frame = store.examples(run)
+        frame = store.examples(run, texts=False)
         examples = frame.loc[~frame["skipped"], "example"].tolist()
     arrays = {}
     for e in (int(e) for e in examples):

@@ -168,18 +168,18 @@ class StoreReader:
                 tokenization=r.tokenization,
             )
 
-    def examples(self, run: RunRef) -> pd.DataFrame:
-        """Examples of a run: example (position in the corpus), example_id, texts, label, length, offset, flags."""
+    def examples(self, run: RunRef, texts: bool = True) -> pd.DataFrame:
+        """Examples of a run: example (position in the corpus), example_id, texts, label, length, offset, flags.
+
+        texts=False: without text_a, text_b, label, doc_id and sent_id (what reading the maps needs: a few dozen
+        bytes per example instead of a few hundred)."""
         info = self.run_info(run)
+        described = (Example.text_a, Example.text_b, Example.label, Example.doc_id, Example.sent_id) if texts else ()
         q = (
             sa.select(
                 Example.position.label("example"),
                 Example.id.label("example_id"),
-                Example.text_a,
-                Example.text_b,
-                Example.label,
-                Example.doc_id,
-                Example.sent_id,
+                *described,
                 Sequence.length,
                 Sequence.offset,
                 Sequence.truncated,
@@ -491,7 +491,7 @@ class StoreReader:
     def iter_attention(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """Stream (example, maps) over a run in storage order with bounded memory."""
         info = self.run_info(run)
-        seqs = self.examples(info.id)
+        seqs = self.examples(info.id, texts=False)
         seqs = seqs[~seqs["skipped"]]
         if examples is not None:
             wanted = set(int(e) for e in examples)

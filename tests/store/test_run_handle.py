@@ -39,6 +39,13 @@ def test_handle_reads_what_the_store_reads(store, run):
     assert "ragged" in repr(handle)
 
 
+def test_examples_without_texts_keep_what_reading_maps_needs(store, run):
+    full, bare = store.examples(run), store.examples(run, texts=False)
+    assert list(bare.columns) == ["example", "example_id", "length", "offset", "truncated", "skipped"]
+    pd.testing.assert_frame_equal(bare, full[bare.columns])
+    assert {"text_a", "text_b", "label", "doc_id", "sent_id"} <= set(full.columns)
+
+
 def test_handle_by_id_as_int_or_text(store, run):
     info = store.run_info(run)
     assert store.run(info.id).info == info
