@@ -592,10 +592,13 @@ def iter_blocks(
     n_heads: int,
     slab_cells: int | None = None,
     describe: Callable[[list], str] | None = None,
+    ordered: bool = False,
 ) -> Iterator[tuple[object, np.ndarray]]:
     """Stream blocks in offset order, reading contiguous slabs of ~16 chunks at a time (bounded memory).
 
     Chunks are checked against one listing of the array; `describe(keys)` names examples in errors.
+    `ordered`: `refs` already come in offset order, and are then taken one at a time (a lazy iterable is never
+    held whole).
     """
     slab_cells = slab_cells or 16 * array.chunks[0]
     present = present_chunks(array)
@@ -618,7 +621,7 @@ def iter_blocks(
 
     chunk = array.chunks[0]
     last_chunk = -1  # the last chunk the group needs
-    for ref in sorted(refs, key=lambda r: r.offset):
+    for ref in refs if ordered else sorted(refs, key=lambda r: r.offset):
         # A slab never spans a whole chunk no block needs: cells allotted to a writer that was cut off
         # (ingest/distributed.py) may have no chunks.
         if group and (ref.offset + size(ref) - group[0].offset > slab_cells or ref.offset // chunk > last_chunk + 1):

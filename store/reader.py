@@ -499,13 +499,15 @@ class StoreReader:
             if missing:
                 raise NotFoundError(f"run {info.name!r} has no stored example(s) {sorted(missing)[:10]}")
             seqs = seqs[seqs["example"].isin(wanted)]
-        refs = [arrays.BlockRef(int(e), int(o), int(n)) for e, o, n in zip(seqs["example"], seqs["offset"], seqs["length"])]
+        seqs = seqs.sort_values("offset", kind="stable")
+        # made one at a time as the reads reach them: a run's block references are never all held (~150 bytes each)
+        refs = (arrays.BlockRef(int(e), int(o), int(n)) for e, o, n in zip(seqs["example"], seqs["offset"], seqs["length"]))
 
         def describe(keys: list) -> str:
             shown = ", ".join(str(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
             return f"run {info.name!r}, example{'s' if len(keys) > 1 else ''} {shown}"
 
-        for key, maps in arrays.iter_blocks(self._array(info), refs, info.n_layers, info.n_heads, describe=describe):
+        for key, maps in arrays.iter_blocks(self._array(info), refs, info.n_layers, info.n_heads, describe=describe, ordered=True):
             yield int(key), maps  # type: ignore[call-overload]  # keys are the example positions given above
             progress.advance()  # a progress bar listens only where a command asked for one (store/progress.py)
 

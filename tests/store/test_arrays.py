@@ -41,6 +41,17 @@ def test_iter_blocks_streams_in_offset_order_across_slabs(tmp_path):
     assert [k for k, _ in got] == [0, 1, 2, 3, 4]
     for (_, block), expected in zip(got, blocks):
         np.testing.assert_array_equal(block, expected)
+    taken = []
+
+    def one_at_a_time():  # references already in offset order, made as the reads reach them
+        for ref in refs:
+            taken.append(ref.key)
+            yield ref
+
+    lazily = arrays.iter_blocks(arr, one_at_a_time(), 1, 2, slab_cells=20, ordered=True)
+    first_key, first_block = next(lazily)
+    assert first_key == 0 and len(taken) < len(refs)  # the first slab is read before the last reference is made
+    assert [first_key, *(k for k, _ in lazily)] == [0, 1, 2, 3, 4]
 
 
 def test_resume_offset_never_points_into_a_written_chunk():
