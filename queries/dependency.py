@@ -345,7 +345,7 @@ def _count_streamed(store: Store, info: RunInfo, examples, head2dep: str, poss_a
     return counts
 
 
-def _count_streamed_range(store: Store, info: RunInfo, examples: list[int], head2dep: str, poss_apostrophe: bool) -> DependencyCounts:
+def _count_streamed_range(store: Store, info: RunInfo, examples: np.ndarray, head2dep: str, poss_apostrophe: bool) -> DependencyCounts:
     """`_count_streamed` of one range of committed examples: its relations, hits and baseline."""
     all_words = store.word_table(info.id, examples)
     words = all_words[all_words["deprel"].notna()]

@@ -226,7 +226,7 @@ def _kept_scores(
     return len(values), counts
 
 
-def _word_positions(store: Store, info, examples: list[int]) -> dict[int, np.ndarray]:
+def _word_positions(store: Store, info, examples: np.ndarray) -> dict[int, np.ndarray]:
     """Per example, each token's word position (NaN for special tokens)."""
     table = store.token_table(info.id, examples)
     return {int(k): g["word_position"].to_numpy(dtype=float) for k, g in table.groupby("example")}

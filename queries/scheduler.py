@@ -39,7 +39,9 @@ def _summarise_part(locations: dict, run_id: int, kind_name: str, examples: list
         store.engine.dispose()
 
 
-def summarise_on(spec: str, store: Store, info: RunInfo, kind: SummaryKind, examples: list[int]) -> Iterator[dict[str, np.ndarray]]:
+def summarise_on(
+    spec: str, store: Store, info: RunInfo, kind: SummaryKind, examples: np.ndarray | list[int]
+) -> Iterator[dict[str, np.ndarray]]:
     """The kind's summary of `examples` (storage order), computed on the scheduler's workers, part by part in order
     (ranges of at most SUMMARY_RANGE examples, so the caller holds one part at a time)."""
     from .summary import SUMMARY_RANGE

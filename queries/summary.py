@@ -143,35 +143,35 @@ def ragged_rows(arrays: dict[str, np.ndarray], field: str, index: int) -> np.nda
     return arrays[field][start[index] : start[index + 1]]
 
 
-def in_storage_order(store: Store, info: RunInfo) -> list[int]:
-    """The run's committed (not skipped) examples in storage order."""
+def in_storage_order(store: Store, info: RunInfo) -> np.ndarray:
+    """The run's committed (not skipped) examples in storage order (int64: 8 bytes per example)."""
     committed = store.examples(info.id, texts=False)
     committed = committed[~committed["skipped"]]
-    return [int(e) for e in committed.sort_values("offset", kind="stable")["example"]]
+    return committed.sort_values("offset", kind="stable")["example"].to_numpy(dtype=np.int64)
 
 
-def ranges(examples: list[int], size: int | None = None) -> list[list[int]]:
+def ranges(examples: np.ndarray, size: int | None = None) -> list[np.ndarray]:
     """Consecutive ranges of `size` (default SUMMARY_RANGE) examples."""
     size = size or SUMMARY_RANGE
     return [examples[i : i + size] for i in range(0, len(examples), size)]
 
 
-def storage_ranges(store: Store, info: RunInfo, examples=None) -> list[list[int]]:
+def storage_ranges(store: Store, info: RunInfo, examples=None) -> list[np.ndarray]:
     """The run's committed examples (or those of `examples`) in storage order, in consecutive ranges of SUMMARY_RANGE;
     NotFoundError naming any of `examples` that is not stored."""
     order = in_storage_order(store, info)
     if examples is not None:
-        wanted = {int(e) for e in examples}
-        missing = wanted.difference(order)
-        if missing:
+        wanted = np.unique(np.fromiter((int(e) for e in examples), dtype=np.int64))
+        missing = np.setdiff1d(wanted, order)
+        if missing.size:
             from .errors import NotFoundError
 
-            raise NotFoundError(f"run {info.name!r} has no stored example(s) {sorted(missing)[:10]}")
-        order = [e for e in order if e in wanted]
+            raise NotFoundError(f"run {info.name!r} has no stored example(s) {missing[:10].tolist()}")
+        order = order[np.isin(order, wanted)]
     return ranges(order)
 
 
-def ranged_maps(store: Store, info: RunInfo, examples, prepare: Callable[[list[int]], Any]) -> Iterator[tuple[int, np.ndarray, Any]]:
+def ranged_maps(store: Store, info: RunInfo, examples, prepare: Callable[[np.ndarray], Any]) -> Iterator[tuple[int, np.ndarray, Any]]:
     """(example, maps, context) over the run's committed examples (or `examples`) in storage order, with
     `context = prepare(range)` built for each range of SUMMARY_RANGE examples: a streaming query's per-example
     tables (token flags, words) then stay the size of one range at any run size."""
@@ -181,7 +181,7 @@ def ranged_maps(store: Store, info: RunInfo, examples, prepare: Callable[[list[i
             yield example, maps, context
 
 
-def _built_parts(store: Store, info: RunInfo, kind: SummaryKind, order: list[int], scheduler: str | None) -> Iterator[dict]:
+def _built_parts(store: Store, info: RunInfo, kind: SummaryKind, order: np.ndarray, scheduler: str | None) -> Iterator[dict]:
     """The kind's summary of `order` (storage order), part by part: on the scheduler's workers, or range by range here."""
     from .scheduler import summarise_on
 
@@ -242,7 +242,7 @@ def kept_parts(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterabl
     if wanted is not None:
         if np.setdiff1d(wanted, order).size:
             return None
-        order = [e for e in order if e in set(wanted.tolist())]
+        order = order[np.isin(order, wanted)]
     return (part for part in _built_parts(store, info, kind, order, scheduler) if len(part["example"]))
 
 

@@ -17,7 +17,7 @@ import contextlib
 import contextvars
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -75,7 +75,7 @@ def client_for(spec: str) -> Iterator:
         yield client
 
 
-def split(examples: list[int], parts: int) -> list[list[int]]:
+def split(examples: Sequence[int] | np.ndarray, parts: int) -> list[list[int]]:
     """Contiguous, non-empty, near-equal ranges of `examples` (kept in order)."""
     parts = max(1, min(parts, len(examples)))
     return [list(chunk) for chunk in np.array_split(np.asarray(examples, dtype=np.int64), parts) if len(chunk)]
