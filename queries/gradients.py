@@ -75,14 +75,16 @@ def gradient_importance(
     mask_id = (info.special_tokens.get("mask") or {}).get("id")
     if mask_id is None:
         raise InvalidArgumentError(f"the tokenizer of run {info.name!r} has no mask token")
-    flags = token_flags(store, info, punct)
+    stored = store.examples(info.id, texts=False)
+    chosen = np.sort(stored.loc[~stored["skipped"], "example"].to_numpy(dtype=np.int64))[:max_examples]  # the first ones
+    flags = token_flags(store, info, punct, chosen)  # of those examples only, not of the whole run
     use_types = takes_token_types(model, info)
-    tokens = {int(k): g for k, g in store.token_table(info.id).groupby("example")}
+    tokens = {int(k): g for k, g in store.token_table(info.id, chosen).groupby("example")}
     rng = np.random.default_rng(seed)
     kinds = ("cls", "sep", "punct", "other")
     total = np.zeros((len(kinds), info.n_layers, info.n_heads))
     count = np.zeros(len(kinds))
-    for example in sorted(tokens)[:max_examples]:
+    for example in sorted(tokens):
         t, f = tokens[example], flags[example]
         ids = torch.tensor([t["token_id"].tolist()])
         candidates = np.flatnonzero(~f.special)

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .common import iter_maps, model_source
+from .common import model_source
 from .errors import InvalidArgumentError, NotFoundError
+from .summary import ranged_maps
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:
@@ -54,24 +55,28 @@ class ProbeData:
     token_ids: list  # per word id: its wordpiece ids (ROOT: the [CLS]-like id)
 
 
-def collect(store: Store, run, examples=None, max_examples: int | None = None) -> ProbeData:
-    """Build probe inputs from a run's stored maps and its gold trees (sentences must be whole)."""
-    info = store.run_info(run)
-    words = {int(k): g.reset_index(drop=True) for k, g in store.word_table(info.id).groupby("example")}
-    table = store.token_table(info.id)
+def _probe_tables(store: Store, info, examples: np.ndarray) -> tuple[dict[int, pd.DataFrame], dict[int, pd.DataFrame]]:
+    """The words and tokens of one range of examples, per example."""
+    table = store.token_table(info.id, examples)
     if len(table) and not table["is_special"].any():
         raise InvalidArgumentError(
             f"run {info.name!r} has no [CLS]-like token: its tokenizer ({info.model}) adds no special token to the "
             f"inputs, and attention probes use one as the ROOT candidate; probe a run of a model whose tokenizer adds one"
         )
-    tokens = {int(k): g for k, g in table.groupby("example")}
+    words = {int(k): g.reset_index(drop=True) for k, g in store.word_table(info.id, examples).groupby("example")}
+    return words, {int(k): g for k, g in table.groupby("example")}
+
+
+def collect(store: Store, run, examples=None, max_examples: int | None = None) -> ProbeData:
+    """Build probe inputs from a run's stored maps and its gold trees (sentences must be whole)."""
+    info = store.run_info(run)
     cls_id = int((info.special_tokens.get("cls") or info.special_tokens.get("bos") or {"id": 0})["id"])
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("attn", "cand", "dep", "offset", "gold")}
     starts: list[int] = []
     right: list[float] = []
     token_ids: list[list[int]] = []
     n_pairs = used = 0
-    for example, maps in iter_maps(store, info, examples):
+    for example, maps, (words, tokens) in ranged_maps(store, info, examples, lambda part: _probe_tables(store, info, part)):
         if max_examples is not None and used >= max_examples:
             break
         w, t = words.get(example), tokens[example]

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from attnstore.queries import summary
 from attnstore.queries.errors import NotFoundError
 from attnstore.queries.probes import _group_softmax, attachment_score, collect, sum_by, train_and_evaluate
 
@@ -92,3 +93,12 @@ def test_helpers():
         [],
     )
     assert attachment_score(np.array([1.0, 1.0, 0.0, 3.0, 3.0, 0.0]), data) == 0.5
+
+
+def test_collect_reads_words_and_tokens_range_by_range(store, probe_runs, monkeypatch):
+    whole = collect(store, probe_runs[0])
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 1)  # tables of one example at a time (the run has 2)
+    ranged = collect(store, probe_runs[0])
+    for field in ("attn", "cand", "dep", "offset", "gold", "starts", "right_branching"):
+        np.testing.assert_array_equal(getattr(ranged, field), getattr(whole, field), err_msg=field)
+    assert ranged.token_ids == whole.token_ids and len(whole.starts) > 2
