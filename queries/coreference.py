@@ -16,16 +16,15 @@ queries/summary.py) by one pass the first time; later calls read it instead of t
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from .common import per_head_frame, safe_divide
-from .errors import NotFoundError
 from .registry import register
-from .summary import SummaryKind, kept_parts, ragged_rows, ranged_maps, register_kind
+from .summary import SummaryKind, kept_parts, ragged_rows, ranged_maps, register_kind, storage_ranges
 from .word_level import most_attended_words, units_of
 
 if TYPE_CHECKING:
@@ -111,30 +110,20 @@ def _tokens_by_example(store: Store, info, examples) -> dict[int, pd.DataFrame]:
     return {int(k): g for k, g in store.token_table(info.id, examples)[["example", "word_position"]].groupby("example")}
 
 
-def _streamed_predictions(store: Store, info, examples, wanted) -> Predictions:
+def _streamed_predictions(store: Store, info, examples, wanted: Callable[[int], bool]) -> Predictions:
     for example, maps, tokens in ranged_maps(store, info, examples, lambda part: _tokens_by_example(store, info, part)):
-        if example in wanted:
+        if wanted(example):
             pred, unit_words = most_attended_words(maps, units_of(tokens[example]["word_position"]))
             unit_of = {int(p): i for i, p in enumerate(unit_words)}
             yield example, unit_of, unit_of, np.moveaxis(pred, -1, 0)
 
 
-def _kept_predictions(parts: Iterable[dict[str, np.ndarray]], wanted) -> Predictions:
+def _kept_predictions(parts: Iterable[dict[str, np.ndarray]], wanted: Callable[[int], bool]) -> Predictions:
     for arrays in parts:  # one part of the kept summary at a time
         for i, example in enumerate(arrays["example"].tolist()):
-            if example in wanted:
+            if wanted(example):
                 positions = ragged_rows(arrays, "word", i).tolist()
                 yield example, {p: p for p in positions}, {p: r for r, p in enumerate(positions)}, ragged_rows(arrays, "attended", i)
-
-
-def _check_stored(store: Store, info, examples) -> None:
-    """NotFoundError naming asked-for examples the run lacks, as reading their maps would raise."""
-    if examples is None:
-        return
-    stored = store.examples(info.id, texts=False)
-    missing = {int(e) for e in examples} - set(stored.loc[~stored["skipped"], "example"].astype(int))
-    if missing:
-        raise NotFoundError(f"run {info.name!r} has no stored example(s) {sorted(missing)[:10]}")
 
 
 def _by_example(frame: pd.DataFrame) -> dict[int, slice]:
@@ -145,6 +134,36 @@ def _by_example(frame: pd.DataFrame) -> dict[int, slice]:
     return {int(example[a]): slice(int(a), int(b)) for a, b in zip(starts, ends) if b > a}
 
 
+class _RangeTables:
+    """The mentions (and, for the baselines, the words) of one range of examples at a time, in storage order: loaded
+    when the first example of the next range comes, so a run's tables are never held whole."""
+
+    def __init__(self, store: Store, info, ranges: list[np.ndarray], baselines: bool) -> None:
+        self.store, self.info, self.baselines = store, info, baselines
+        self.pending = iter(ranges)
+        self.members: set[int] = set()
+        self.mentions: dict[int, list[dict]] = {}  # per example, in document order
+        self.forms: list[str] = []
+        self.feats: list = []
+        self.word_rows: dict[int, slice] = {}
+
+    def _reach(self, example: int) -> None:
+        while example not in self.members:
+            part = next(self.pending)  # examples come in storage order, as the ranges do
+            self.members = set(part.tolist())
+            table = self.store.mention_table(self.info.id, part).sort_values(["example", "doc_order"], kind="stable")
+            records = [dict(zip(table.columns, row)) for row in zip(*(table[c].tolist() for c in table.columns))]
+            self.mentions = {e: records[rows] for e, rows in _by_example(table).items()}
+            if self.baselines:  # the baselines compare the mentions' words
+                words = self.store.word_table(self.info.id, part)  # sorted by example, position
+                self.forms, self.feats = words["form"].str.lower().tolist(), words["feats"].tolist()
+                self.word_rows = _by_example(words)
+
+    def has_mentions(self, example: int) -> bool:
+        self._reach(example)
+        return example in self.mentions
+
+
 def coreference_counts(store: Store, run, examples=None, baselines: bool = True):
     """(info, head hits (kinds, layer, head), baseline hits (kinds, baselines; zeros without `baselines`), mentions per kind).
 
@@ -152,31 +171,26 @@ def coreference_counts(store: Store, run, examples=None, baselines: bool = True)
     first time); where none can be kept (read-only store, layout-1 run, no scheduler), every map is decoded.
     """
     info = store.run_info(run)
-    if baselines:  # the baselines compare the mentions' words
-        word_table = store.word_table(info.id)  # sorted by example, position
-        all_forms, all_feats = word_table["form"].str.lower().tolist(), word_table["feats"].tolist()
-        word_rows = _by_example(word_table)
-    table = store.mention_table(info.id).sort_values(["example", "doc_order"], kind="stable")
-    records = [dict(zip(table.columns, row)) for row in zip(*(table[c].tolist() for c in table.columns))]
-    mentions = {example: records[rows] for example, rows in _by_example(table).items()}  # in document order
+    ranges = storage_ranges(store, info, examples)  # NotFoundError naming asked-for examples the run lacks
+    any_mention = any(len(store.mention_table(info.id, part)) for part in ranges)  # stops at the first range with one
+    tables = _RangeTables(store, info, ranges, baselines)
     heads = np.zeros((len(KINDS), info.n_layers, info.n_heads))
     base = np.zeros((len(KINDS), len(BASELINES)))
     totals = np.zeros(len(KINDS))
-    parts = kept_parts(store, info, MENTION_ARGMAX, examples) if mentions else None  # no mention: nothing worth a pass
+    parts = kept_parts(store, info, MENTION_ARGMAX, examples) if any_mention else None  # no mention: nothing worth a pass
     predictions: Predictions
-    if not mentions:
-        _check_stored(store, info, examples)
+    if not any_mention:
         predictions = iter(())  # and no map to read
     elif parts is not None:
-        predictions = _kept_predictions(parts, mentions)
+        predictions = _kept_predictions(parts, tables.has_mentions)
     else:
-        predictions = _streamed_predictions(store, info, examples, mentions)
+        predictions = _streamed_predictions(store, info, examples, tables.has_mentions)
     for example, ids, rows, pred in predictions:
         if baselines:
-            forms, feats = all_forms[word_rows[example]], all_feats[word_rows[example]]
+            forms, feats = tables.forms[tables.word_rows[example]], tables.feats[tables.word_rows[example]]
         found: list[dict] = []  # the mentions so far, in document order
         orders: list[int] = []
-        for m in mentions[example]:
+        for m in tables.mentions[example]:
             if baselines:
                 text = " ".join(forms[m["word_start"] : m["word_end"]])
                 m = dict(m, head_form=forms[m["head"]], text=text, feats=_feats(feats[m["head"]]))

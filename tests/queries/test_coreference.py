@@ -184,3 +184,20 @@ def test_a_run_without_mentions_reads_no_map(store, make_run, monkeypatch):
 
     with pytest.raises(NotFoundError, match=r"has no stored example\(s\) \[7\]"):
         run_query(store, "coreference", run=run, examples=[0, 7])
+
+
+def test_mentions_words_and_tokens_are_read_one_range_at_a_time(store, kept_run, monkeypatch):
+    expected = coreference_counts(store, kept_run)
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 3)  # 8 examples: ranges of 3, 3 and 2
+    asked = []
+    for table in ("word_table", "mention_table", "token_table"):
+        original = getattr(type(store), table)
+
+        def recording(self, run, examples=None, original=original):
+            asked.append(None if examples is None else len(list(examples)))
+            return original(self, run, examples)
+
+        monkeypatch.setattr(type(store), table, recording)
+    for counts in (coreference_counts(store, kept_run), helpers.streamed(monkeypatch, STREAMING, coreference_counts, store, kept_run)):
+        assert_same(counts, expected)
+    assert asked and None not in asked and max(asked) <= 3  # never the whole run's rows
