@@ -255,20 +255,6 @@ def kept(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | No
 # ---------------------------------------------------------------- Clark et al.'s standard statistics
 
 DEFAULT_PUNCT = ".,"
-COUNTS = ("length", "n_cls", "n_sep")
-SUMS = (
-    "to_previous",
-    "to_self",
-    "to_next",
-    "received_cls",
-    "received_sep",
-    "received_punct",
-    "received_other",
-    "sep_from_sep",
-    "sep_from_other",
-    "entropy",
-    "entropy_from_cls",
-)
 
 
 def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.ndarray) -> dict[str, np.ndarray]:

@@ -173,7 +173,10 @@ class StoreReader:
 
         texts=False: without text_a, text_b, label, doc_id and sent_id (what reading the maps needs: a few dozen
         bytes per example instead of a few hundred)."""
-        info = self.run_info(run)
+        return self._example_rows(self.run_info(run), texts)
+
+    def _example_rows(self, info: RunInfo, texts: bool, examples: Iterable[int] | None = None) -> pd.DataFrame:
+        """`examples`' frame, of the given example positions only if `examples` (read by their range in SQL)."""
         described = (Example.text_a, Example.text_b, Example.label, Example.doc_id, Example.sent_id) if texts else ()
         q = (
             sa.select(
@@ -189,7 +192,7 @@ class StoreReader:
             .where(self._visible(info))
             .order_by(Example.position)
         )
-        frame = self._frame(q)
+        frame = self._frame_of(q, examples)
         # bool even when empty (an empty column reads as object, and frame[~empty_object] selects no columns)
         return frame.astype({"truncated": bool, "skipped": bool})
 
@@ -491,14 +494,14 @@ class StoreReader:
     def iter_attention(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """Stream (example, maps) over a run in storage order with bounded memory."""
         info = self.run_info(run)
-        seqs = self.examples(info.id, texts=False)
+        wanted = None if examples is None else {int(e) for e in examples}
+        # a subset's rows only: a long run is read range by range (queries/summary.py), each range's rows once
+        seqs = self._example_rows(info, texts=False, examples=wanted)
         seqs = seqs[~seqs["skipped"]]
-        if examples is not None:
-            wanted = set(int(e) for e in examples)
+        if wanted is not None:
             missing = wanted - set(seqs["example"])
             if missing:
                 raise NotFoundError(f"run {info.name!r} has no stored example(s) {sorted(missing)[:10]}")
-            seqs = seqs[seqs["example"].isin(wanted)]
         seqs = seqs.sort_values("offset", kind="stable")
         # made one at a time as the reads reach them: a run's block references are never all held (~150 bytes each)
         refs = (arrays.BlockRef(int(e), int(o), int(n)) for e, o, n in zip(seqs["example"], seqs["offset"], seqs["length"]))

@@ -46,6 +46,23 @@ def test_examples_without_texts_keep_what_reading_maps_needs(store, run):
     assert {"text_a", "text_b", "label", "doc_id", "sent_id"} <= set(full.columns)
 
 
+def test_streaming_a_subset_reads_only_its_examples_rows(store, run, monkeypatch):
+    read = []
+    original = type(store)._frame
+
+    def recording(self, query):
+        frame = original(self, query)
+        if "offset" in frame.columns:  # the examples' rows
+            read.append(len(frame))
+        return frame
+
+    monkeypatch.setattr(type(store), "_frame", recording)
+    assert [e for e, _ in store.iter_attention(run, [1])] == [1]
+    assert read == [1]  # not the whole run's rows (a long run is streamed range by range, each range reading its own)
+    with pytest.raises(NotFoundError, match=r"has no stored example\(s\) \[9\]"):
+        list(store.iter_attention(run, [1, 9]))
+
+
 def test_handle_by_id_as_int_or_text(store, run):
     info = store.run_info(run)
     assert store.run(info.id).info == info
