@@ -95,6 +95,9 @@ def check_frames(store: Store, info, core: str) -> None:
         )
 
 
+FILTER_STEPS = ("annotation_sets", "max_words", "max_fe_words", "has_core", "min_distance")  # counts after each filter
+
+
 def select_sentences(
     store: Store, info, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2, core: str = "type"
 ) -> tuple[dict[int, list[tuple[tuple[int, int], list[tuple[int, int]]]]], dict]:
@@ -106,7 +109,7 @@ def select_sentences(
     if examples is not None:
         stored &= {int(e) for e in examples}
     n_words = store.word_counts(info.id)
-    counts = dict(annotation_sets=0, max_words=0, max_fe_words=0, has_core=0, min_distance=0)
+    counts = dict.fromkeys(FILTER_STEPS, 0)
     kept: dict[int, list] = {}
     for example, lu, elements in annotation_sets(rows):
         if example not in stored:
@@ -184,9 +187,6 @@ LU_FE_MAX = register_kind(SummaryKind("lu_fe_max", 1, _lu_fe_max_prepare, _lu_fe
 
 def _any_per_set(fe_set: np.ndarray, mask: np.ndarray, n_sets: int) -> np.ndarray:
     return np.bincount(fe_set[mask], minlength=n_sets) > 0
-
-
-FILTER_STEPS = ("annotation_sets", "max_words", "max_fe_words", "has_core", "min_distance")
 
 
 def _kept_scores(

@@ -72,11 +72,11 @@ def _from_summaries(info, parts: Iterable[dict[str, np.ndarray]], per_example: b
     shape = (info.n_layers, info.n_heads)
     names = (*(f"received_{k}" for k in ("cls", "sep", "punct", "other")), "sep_from_sep", "sep_from_other")
     totals = {name: np.zeros(shape) for name in names}
+    of_field = {name: "length" for name in names} | {"sep_from_sep": "n_sep", "sep_from_other": "others"}  # its query tokens
     counts = {"length": 0.0, "n_sep": 0.0, "others": 0.0}
     for part in parts:
         length = part["length"].astype(np.float64)
         per_query = {"length": length, "n_sep": part["n_sep"].astype(np.float64), "others": length - part["n_sep"]}
-        of_field = {name: "length" for name in totals} | {"sep_from_sep": "n_sep", "sep_from_other": "others"}
         for name in totals:
             values, n = part[name], per_query[of_field[name]]
             used = n > 0
