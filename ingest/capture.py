@@ -6,10 +6,14 @@ passes of all-MiniLM-L6-v2 over MRPC dev 1.17-1.30x faster, with maps bit-identi
 pass (docs/PERFORMANCE.md, session 19). Which modules return the maps is found once at load
 (`find_sources`), by the identity of the tensors they return, and the shortened pass is checked
 there to return exactly the maps of the whole one; a model where either fails is run whole.
+
+Ingest runs two passes at once on a CPU (ingest/runner.py), so the hooks that catch the maps are
+installed once per module and each thread collects only its own pass's maps.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,24 +75,54 @@ def find_sources(model, run: Callable[[], Any]) -> AttentionSources | None:
 
     shortened = attention_maps(model, {}, sources, run=run)
     if len(shortened) != len(attentions) or not all(torch.equal(a, b) for a, b in zip(shortened, attentions)):
+        _uninstall(sources)
         return None
     return sources
 
 
+_collecting = threading.local()  # .caught: this thread's maps so far; .n_maps: when to stop
+_install_lock = threading.Lock()
+
+
+def _catch(index: int):
+    def catch(_module, _args, output):
+        caught = getattr(_collecting, "caught", None)
+        if caught is None:  # a pass not run by attention_maps (a whole pass, another thread's model use)
+            return
+        caught.append(output[index])
+        if len(caught) == _collecting.n_maps:
+            raise _Enough
+
+    return catch
+
+
+def _install(sources: AttentionSources) -> None:
+    """The catching hooks, once per module: registering a hook per pass would change a module's
+    hook dict while another thread's pass iterates over it."""
+    with _install_lock:
+        for module, index in zip(sources.modules, sources.index):
+            installed = getattr(module, "_attnstore_catch", None)  # (index, hook handle)
+            if installed is None or installed[0] != index:
+                if installed is not None:
+                    installed[1].remove()
+                module._attnstore_catch = (index, module.register_forward_hook(_catch(index)))
+
+
+def _uninstall(sources: AttentionSources) -> None:
+    with _install_lock:
+        for module in sources.modules:
+            installed = getattr(module, "_attnstore_catch", None)
+            if installed is not None:
+                installed[1].remove()
+                del module._attnstore_catch
+
+
 def attention_maps(model, inputs: dict, sources: AttentionSources, run: Callable[[], Any] | None = None) -> tuple:
     """The maps of one forward pass of `model(**inputs, output_attentions=True)` (or `run()`), stopped
-    as soon as the last one is returned."""
+    as soon as the last one is returned. Safe to call from several threads at once."""
+    _install(sources)
     caught: list = []
-
-    def hook(k: int):
-        def catch(_module, _args, output):
-            caught.append(output[k])
-            if len(caught) == sources.n_maps:
-                raise _Enough
-
-        return catch
-
-    handles = [m.register_forward_hook(hook(k)) for m, k in zip(sources.modules, sources.index)]
+    _collecting.caught, _collecting.n_maps = caught, sources.n_maps
     try:
         if run is not None:
             run()
@@ -97,6 +131,5 @@ def attention_maps(model, inputs: dict, sources: AttentionSources, run: Callable
     except _Enough:
         pass
     finally:
-        for h in handles:
-            h.remove()
+        _collecting.caught = None
     return tuple(caught)

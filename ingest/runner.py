@@ -596,39 +596,79 @@ def store_items(writer, items: list[tuple[Encoded, np.ndarray | None]]) -> None:
     writer.commit()
 
 
+def forward_passes() -> tuple[int, int]:
+    """How many forward passes run at once on the CPU, and torch's threads for each.
+
+    Two passes of one thread each on two cores, rather than one pass on both: the writer thread's
+    compression then delays one pass, where it used to stall both of a pass's OpenMP threads at
+    their next barrier (docs/PERFORMANCE.md, session 21)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    passes = 2 if threads >= 2 else 1
+    return passes, threads // passes
+
+
+@contextmanager
+def _torch_threads(n: int):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_batches(writer, loaded: LoadedModel, dtype: str, info, done: Set[int], batches: Iterable[list[Encoded]], total, progress) -> int:
     # Batches are planned over the whole dataset, already-stored examples included, so a resumed
     # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):
     # its maps are bit-identical. Batches with nothing new are not run.
-    inflight: deque = deque()
+    import torch
+
+    passes, threads = forward_passes()
+    running: deque = deque()  # forward passes, in batch order
+    storing: deque = deque()  # store steps, in batch order
     n_new = 0
 
     def store_batch(items):
         store_items(writer, items)
         bar.update(len(items))
 
-    # One writer thread: compression, Zarr writes and SQL inserts run while this thread plans the
-    # next batch (reads its examples, tokenizes, aligns) and runs its forward pass.
+    def hand_over() -> int:
+        """The oldest forward pass's examples to the writer thread, in batch order (storage order)."""
+        items = running.popleft().result()
+        while len(storing) > 1:
+            storing.popleft().result()
+        storing.append(store.submit(store_batch, items))
+        return len(items)
+
+    # `passes` forward passes run at once, each on `threads` of torch's threads, while this thread
+    # plans the next batch (reads its examples, tokenizes, aligns) and one writer thread compresses,
+    # writes chunks and inserts rows.
     with (
-        ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnstore-store") as pool,
+        _torch_threads(threads),
+        ThreadPoolExecutor(passes, "attnstore-forward", initializer=torch.set_num_threads, initargs=(threads,)) as forward,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnstore-store") as store,
         _progress(total, f"ingesting {info.name}", progress) as bar,
     ):
         try:
             for batch in batches:
                 if all(e.example_id in done for e in batch):
                     continue
-                while len(inflight) > 1:
-                    inflight.popleft().result()
-                items = batch_items(loaded, dtype, batch, done)
-                inflight.append(pool.submit(store_batch, items))
-                n_new += len(items)
-            while inflight:
-                inflight.popleft().result()
+                running.append(forward.submit(batch_items, loaded, dtype, batch, done))
+                while len(running) > passes:
+                    n_new += hand_over()
+            while running:
+                n_new += hand_over()
+            while storing:
+                storing.popleft().result()
         except BaseException:
             # Keep what is safely on disk (the caller marks the run interrupted, so `ingest` resumes it).
-            for f in inflight:
+            for f in (*running, *storing):
                 f.cancel()
-            for f in inflight:
+            for f in (*running, *storing):
                 if not f.cancelled():
                     try:
                         f.result()

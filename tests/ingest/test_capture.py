@@ -68,3 +68,30 @@ def test_a_map_no_module_returns_means_the_model_runs_whole(why):
     model = Toy(**{why: True})
     x = torch.tensor([[[1.0, 0.5], [0.25, -1.0]]])
     assert capture.find_sources(model, lambda: model(x)) is None
+
+
+def test_passes_on_several_threads_each_get_their_own_maps():
+    """Ingest runs two passes at once on a CPU: the hooks must not mix their maps up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = Toy()
+    inputs = [torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(k)) for k in range(40)]
+    sources = capture.find_sources(model, lambda: model(inputs[0]))
+    assert sources is not None
+    with ThreadPoolExecutor(4) as pool:
+        stopped = list(pool.map(lambda x: capture.attention_maps(model, {"x": x}, sources), inputs))
+    for x, maps in zip(inputs, stopped):
+        whole = model(x).attentions
+        assert len(maps) == 2 and all(torch.equal(a, b) for a, b in zip(maps, whole))
+
+
+def test_a_whole_pass_after_a_stopped_one_runs_whole():
+    model = Toy()
+    x = torch.tensor([[[1.0, 0.5], [0.25, -1.0]]])
+    sources = capture.find_sources(model, lambda: model(x))
+    capture.attention_maps(model, {"x": x}, sources)
+    calls = model.tail.calls
+    assert len(model(x).attentions) == 2 and model.tail.calls == calls + 1  # the installed hooks are inert here
+    assert len(model.first._forward_hooks) == 1  # installed once, however many passes
+    capture.attention_maps(model, {"x": x}, sources)
+    assert len(model.first._forward_hooks) == 1

@@ -5,6 +5,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -86,6 +87,37 @@ def test_truncation_and_skip_are_recorded(store, loaded_model, tmp_path):
     assert (skip.n_stored, skip.n_skipped) == (1, 1)
     with pytest.raises(FileNotFoundError, match="was skipped"):
         store.attention("skip", 1)
+
+
+def test_two_forward_passes_at_once_store_what_one_pass_stores(store, loaded_model, monkeypatch):
+    """On a CPU, ingest runs two passes of one torch thread each (runner.forward_passes): same maps,
+    bit for bit, in the same storage order as one pass at a time; torch's own setting is kept."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert runner.forward_passes() == (2, 1)
+        seen = set()
+        real_forward = runner.forward_attention
+
+        def noting_forward(loaded, batch):
+            seen.add((threading.get_ident(), torch.get_num_threads()))
+            return real_forward(loaded, batch)
+
+        monkeypatch.setattr(runner, "forward_attention", noting_forward)
+        options = dict(corpus=str(MRPC), fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=2, progress=False)
+        ingest(store, name="two", **options)
+        assert torch.get_num_threads() == 2
+        assert {threads for _, threads in seen} == {1} and len(seen) == 2  # two threads, one torch thread each
+        monkeypatch.setattr(runner, "forward_passes", lambda: (1, 1))
+        ingest(store, name="one", **options)
+    finally:
+        torch.set_num_threads(before)
+    two, one = store.examples("two"), store.examples("one")
+    assert list(two["example"]) == list(one["example"]) and list(two["offset"]) == list(one["offset"])
+    for example in range(12):
+        np.testing.assert_array_equal(store.attention("two", example), store.attention("one", example))
 
 
 def test_interrupted_run_resumes_without_duplicates_or_loss(store, loaded_model, monkeypatch):
