@@ -702,10 +702,11 @@ class StoreReader:
             return set(conn.scalars(sa.select(Example.position).where(Example.dataset_id == dataset_id)))
 
     def dataset_examples(
-        self, dataset_id: int, exclude_ids: Set[int] = frozenset(), batch_size: int = 512, start: int = 0, stop: int | None = None
+        self, dataset_id: int, exclude_ids: Set[int] = frozenset(), batch_size: int = 256, start: int = 0, stop: int | None = None
     ) -> Iterator[StoredExample]:
         """Stream a dataset's examples (with words) in corpus order, skipping `exclude_ids`; those at
-        positions start..stop-1 only, if given."""
+        positions start..stop-1 only, if given. `batch_size`: examples per SQL read; 256 is one window
+        of ingest's batch planning, so its first forward pass waits for no more than that."""
         last = start - 1
         while True:
             with self.engine.connect() as conn:
@@ -721,13 +722,13 @@ class StoreReader:
                 ids = [r.id for r in rows if r.id not in exclude_ids]
                 words: dict[int, list[dict]] = {i: [] for i in ids}
                 if ids:
-                    for w in conn.execute(
+                    for example_id, position, segment, form, char_start, char_end in conn.execute(
                         sa.select(Word.example_id, Word.position, Word.segment, Word.form, Word.char_start, Word.char_end)
                         .where(Word.example_id.in_(ids))
                         .order_by(Word.example_id, Word.position)
                     ):
-                        words[w.example_id].append(
-                            dict(position=w.position, segment=w.segment, form=w.form, char_start=w.char_start, char_end=w.char_end)
+                        words[example_id].append(
+                            {"position": position, "segment": segment, "form": form, "char_start": char_start, "char_end": char_end}
                         )
             for r in rows:
                 if r.id in words:
