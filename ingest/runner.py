@@ -599,13 +599,14 @@ def store_items(writer, items: list[tuple[Encoded, np.ndarray | None]]) -> None:
 def forward_passes() -> tuple[int, int]:
     """How many forward passes run at once on the CPU, and torch's threads for each.
 
-    Two passes of one thread each on two cores, rather than one pass on both: the writer thread's
-    compression then delays one pass, where it used to stall both of a pass's OpenMP threads at
-    their next barrier (docs/PERFORMANCE.md, session 21)."""
+    Two passes of half the threads each, rather than one pass on all of them: the writer thread's
+    work then delays one pass, where it stalled all of a pass's OpenMP threads at their next
+    barrier (docs/PERFORMANCE.md, session 21). An odd number of threads cannot be halved without
+    leaving a core idle or oversubscribed, so it keeps one pass."""
     import torch
 
     threads = torch.get_num_threads()
-    passes = 2 if threads >= 2 else 1
+    passes = 2 if threads % 2 == 0 else 1
     return passes, threads // passes
 
 

@@ -98,6 +98,9 @@ def test_two_forward_passes_at_once_store_what_one_pass_stores(store, loaded_mod
     torch.set_num_threads(2)
     try:
         assert runner.forward_passes() == (2, 1)
+        torch.set_num_threads(3)
+        assert runner.forward_passes() == (1, 3)  # no half of three threads
+        torch.set_num_threads(2)
         seen = set()
         real_forward = runner.forward_attention
 
