@@ -8,11 +8,16 @@
   With the threshold pinned low (1 MiB above, or 128 KiB wherever MALLOC_TRIM_THRESHOLD_ is set,
   as Dask's nanny does for its workers) every batch's tensors were fresh mmaps: 10x the page faults
   and +40-50 % CPU time in MRPC forward passes (benchmarks/heap.py; docs/PERFORMANCE.md, "The heap and the forward pass").
+  It also asks torch to put its CPU tensors of 2 MiB and more on transparent huge pages
+  (THP_MEM_ALLOC_ENABLE, unless the environment sets it): a fresh process's first batches then take
+  a 512th of the page faults for them (docs/PERFORMANCE.md, "Session 22"). torch reads the setting
+  at its first CPU allocation, so it takes effect only where for_forward() runs before any tensor.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -32,5 +37,6 @@ def for_reading() -> None:
 
 
 def for_forward() -> None:
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     _mallopt(M_MMAP_THRESHOLD, 32 << 20)
     _mallopt(M_TRIM_THRESHOLD, 128 << 20)
