@@ -164,12 +164,15 @@ def _check_index(report: RunReport, store, info, stored: pd.DataFrame, complete:
                 example=int(seqs["example"].iloc[i]),
             )
             return
-    by_example = store.token_ids_by_example(info.id)
-    token_ids = [t for example_id in seqs["example_id"] for t in by_example.get(int(example_id), [])]
-    starts, lengths = index["token_start"][:n], index["length"][:n]
-    stored_ids = np.concatenate([index["token_id"][a : a + b] for a, b in zip(starts, lengths)]) if n else np.empty(0)
-    if len(token_ids) != len(stored_ids) or (np.asarray(token_ids) != stored_ids).any():
-        report.add("the Zarr index's token ids differ from SQL's tokens; run `attnstore db upgrade-arrays --rebuild-index`")
+    entry = 0  # SQL's tokens are read a step of blocks at a time: memory is one step's rows, not the run's
+    for blocks, token_ids in store.block_steps(info.id):
+        starts, lengths = index["token_start"][entry : entry + len(blocks)], index["length"][entry : entry + len(blocks)]
+        stored_ids = np.concatenate([index["token_id"][a : a + b] for a, b in zip(starts, lengths)])
+        from_sql = np.concatenate(token_ids)
+        if len(from_sql) != len(stored_ids) or (from_sql != stored_ids).any():
+            report.add("the Zarr index's token ids differ from SQL's tokens; run `attnstore db upgrade-arrays --rebuild-index`")
+            return
+        entry += len(blocks)
 
 
 def check_store(store, runs=None) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -320,6 +320,39 @@ class StoreReader:
             out.setdefault(example_id, []).append(token_id)
         return out
 
+    def block_steps(self, run: RunRef, step: int = 4096) -> Iterator[tuple[pd.DataFrame, list[np.ndarray]]]:
+        """The run's committed blocks in storage (offset) order, `step` at a time, each with its token ids (what
+        the run's Zarr index mirrors): (frame of example_id, example, offset, length; their token ids, int64).
+        Memory is one step's rows, not the run's."""
+        info = self.run_info(run)
+        after = -1  # offsets are distinct (blocks never overlap): each step reads the blocks past the last one
+        with self.engine.connect() as conn:
+            while True:
+                blocks = pd.DataFrame(
+                    conn.execute(
+                        sa.select(Sequence.example_id, Example.position, Sequence.offset, Sequence.length)
+                        .join(Example, Example.id == Sequence.example_id)
+                        .where(Sequence.run_id == info.id, Sequence.offset.is_not(None), Sequence.offset > after)
+                        .order_by(Sequence.offset)
+                        .limit(step)
+                    ).all(),
+                    columns=["example_id", "example", "offset", "length"],
+                )
+                if blocks.empty:
+                    return
+                ids = blocks["example_id"].tolist()
+                rows = conn.execute(
+                    sa.select(Token.example_id, Token.token_id)
+                    .where(Token.run_id == info.id, Token.example_id.in_(ids))
+                    .order_by(Token.example_id, Token.position)
+                ).all()
+                owner = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+                token_ids = np.fromiter((r[1] for r in rows), np.int64, len(rows))
+                found, first, count = np.unique(owner, return_index=True, return_counts=True)
+                where = {int(e): slice(int(f), int(f + c)) for e, f, c in zip(found, first, count)}
+                yield blocks, [token_ids[where.get(e, slice(0, 0))] for e in ids]
+                after = int(blocks["offset"].iloc[-1])
+
     def token_table(self, run: RunRef, examples: Iterable[int] | None = None) -> pd.DataFrame:
         """All tokens of a run (example, position, token, token_id, word_position, segment, is_special), or of `examples`."""
         info = self.run_info(run)

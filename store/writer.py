@@ -467,18 +467,16 @@ def committed_blocks(store: StoreReader, info: RunInfo) -> pd.DataFrame:
         )
 
 
-def write_index_from_sql(store: StoreReader, info: RunInfo) -> arrays.RunIndex:
-    """Rewrite a layout-2 run's index arrays from SQL (its committed blocks, in offset order)."""
-    seqs = committed_blocks(store, info)
-    positions = store.example_rows(info.id).set_index("example_id")["example"]
-    tokens = store.token_ids_by_example(info.id)
+# Blocks per step when the index arrays are rebuilt from SQL: memory is one step's rows (~50 token rows per
+# example), not the run's (100 M token rows at 1000x today's largest corpus, docs/ARCHITECTURE.md).
+INDEX_REBUILD_BLOCKS = 4096
+
+
+def write_index_from_sql(store: StoreReader, info: RunInfo, step: int = INDEX_REBUILD_BLOCKS) -> arrays.RunIndex:
+    """Rewrite a layout-2 run's index arrays from SQL (its committed blocks, in offset order), `step` blocks at a time."""
     index = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0)
-    index.write(
-        [int(positions.loc[e]) for e in seqs["example_id"]],
-        seqs["offset"].tolist(),
-        seqs["length"].tolist(),
-        [np.asarray(tokens.get(int(e), []), dtype=np.int64) for e in seqs["example_id"]],
-    )
+    for blocks, token_ids in store.block_steps(info.id, step):
+        index.write(blocks["example"].tolist(), blocks["offset"].tolist(), blocks["length"].tolist(), token_ids)
     index.truncate()
     return index
 

@@ -13,6 +13,7 @@ from attnstore.store import arrays
 from attnstore.store.check import check_store
 from attnstore.store.errors import InvalidArgumentError, LeaseLostError
 from attnstore.store.leases import LeaseCheck
+from attnstore.store.writer import write_index_from_sql
 
 LENGTHS = [3, 5, 4, 6, 2, 5]
 N_LAYERS, N_HEADS, CHUNK = 2, 2, 64
@@ -148,3 +149,23 @@ def test_a_cut_off_distributed_run_resumes_past_everything_allotted(store, make_
         np.testing.assert_array_equal(got[p], m)
     _, problems = check_store(store, [name])
     assert problems.empty, problems.to_string()
+
+
+@pytest.mark.parametrize("step", [1, 4, 4096])
+def test_the_index_is_rebuilt_from_sql_a_step_of_blocks_at_a_time(store, make_run, step):
+    maps, tokens = hand_made()
+    name, coordinator = make_run(store, maps, tokens, write=0, finish=False, chunk_cells=CHUNK)
+    ids = example_ids(store, name)
+    parts = [[3, 4, 5], [0, 1, 2]]  # storage order is not example order
+    for cells, positions in zip(allot(coordinator, parts), parts):
+        write_part(store, coordinator, cells, positions, ids, maps, tokens)
+    info = store.run_info(name)
+    index = write_index_from_sql(store, info, step=step)
+
+    got = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0, read_only=True).read()
+    order = [3, 4, 5, 0, 1, 2]
+    assert got["example"].tolist() == order and got["length"].tolist() == [LENGTHS[p] for p in order]
+    assert got["offset"].tolist() == store.examples(name).set_index("example").loc[order, "offset"].tolist()
+    assert got["token_start"].tolist() == np.concatenate([[0], np.cumsum([LENGTHS[p] for p in order])[:-1]]).tolist()
+    assert got["token_id"].tolist() == [1000 + i for p in order for i in range(LENGTHS[p])]
+    assert (index.n, index.n_tokens) == (6, sum(LENGTHS)) and not index.group.attrs.get(arrays.INDEX_PENDING)

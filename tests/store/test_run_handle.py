@@ -140,7 +140,7 @@ STORE_METHODS = {
 }
 
 
-# Added after the split: run handles, labelled arrays and pictures (issue 10), per-example sums (issue 11).
+# Added after the split: run handles, labelled arrays and pictures (issue 10), per-example sums, blocks read a step at a time (issue 11).
 ADDED_SINCE = {
     "run",
     "labelled_attention",
@@ -152,6 +152,7 @@ ADDED_SINCE = {
     "save_run_summary_parts",
     "run_summary_parts",
     "token_ids_by_example",
+    "block_steps",
     "n_committed",
     "word_counts",
 }
