@@ -75,8 +75,7 @@ def gradient_importance(
     mask_id = (info.special_tokens.get("mask") or {}).get("id")
     if mask_id is None:
         raise InvalidArgumentError(f"the tokenizer of run {info.name!r} has no mask token")
-    stored = store.examples(info.id, texts=False)
-    chosen = np.sort(stored.loc[~stored["skipped"], "example"].to_numpy(dtype=np.int64))[:max_examples]  # the first ones
+    chosen = np.sort(store.storage_order(info.id))[:max_examples]  # the first ones
     flags = token_flags(store, info, punct, chosen)  # of those examples only, not of the whole run
     use_types = takes_token_types(model, info)
     tokens = {int(k): g for k, g in store.token_table(info.id, chosen).groupby("example")}

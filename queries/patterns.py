@@ -290,8 +290,7 @@ def sample_examples(store: Store, info, examples=None, max_examples: int = 1000,
     `max_examples` when there are more (sorted)."""
     if max_examples is not None and max_examples < 1:
         raise InvalidArgumentError(f"max_examples must be at least 1, not {max_examples}")
-    stored = store.examples(info.id, texts=False)
-    positions = stored.loc[~stored["skipped"], "example"].astype(int).to_numpy()
+    positions = np.sort(store.storage_order(info.id))
     if examples is not None:
         wanted = set(int(e) for e in examples)
         missing = wanted - set(positions.tolist())

@@ -145,9 +145,7 @@ def ragged_rows(arrays: dict[str, np.ndarray], field: str, index: int) -> np.nda
 
 def in_storage_order(store: Store, info: RunInfo) -> np.ndarray:
     """The run's committed (not skipped) examples in storage order (int64: 8 bytes per example)."""
-    committed = store.examples(info.id, texts=False)
-    committed = committed[~committed["skipped"]]
-    return committed.sort_values("offset", kind="stable")["example"].to_numpy(dtype=np.int64)
+    return store.storage_order(info.id)
 
 
 def ranges(examples: np.ndarray, size: int | None = None) -> list[np.ndarray]:

@@ -196,6 +196,27 @@ class StoreReader:
         # bool even when empty (an empty column reads as object, and frame[~empty_object] selects no columns)
         return frame.astype({"truncated": bool, "skipped": bool})
 
+    def storage_order(self, run: RunRef) -> np.ndarray:
+        """The run's committed (not skipped) example positions in storage (offset) order, as `examples` sees them.
+
+        int64, streamed from SQL into the array: 8 bytes per example held, where a frame of the run's
+        example rows took ~390 at its peak (`tracemalloc`, 16,000 SST-2 sentences)."""
+        return self._in_storage_order(self.run_info(run), Example.position)[0]
+
+    def _in_storage_order(self, info: RunInfo, *columns) -> list[np.ndarray]:
+        """int64 `columns` of the run's committed (not skipped) blocks in offset order, streamed from SQL: no frame
+        of the run's rows is built, so a whole-run read holds 8 bytes per example and column."""
+        q = (
+            sa.select(*columns)
+            .join(Sequence, Sequence.example_id == Example.id)
+            .where(self._visible(info), sa.not_(Sequence.skipped))
+            .order_by(Sequence.offset)
+        )
+        fields = np.dtype([(f"c{k}", np.int64) for k in range(len(columns))])
+        with self.engine.connect().execution_options(stream_results=True, yield_per=4096) as conn:
+            values = np.fromiter((tuple(row) for row in conn.execute(q)), dtype=fields)
+        return [values[f"c{k}"] for k in range(len(columns))]
+
     def n_committed(self, run: RunRef) -> int:
         """How many of the run's examples have maps stored (skipped ones not counted), as `examples` sees them."""
         info = self.run_info(run)
@@ -527,17 +548,20 @@ class StoreReader:
     def iter_attention(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """Stream (example, maps) over a run in storage order with bounded memory."""
         info = self.run_info(run)
-        wanted = None if examples is None else {int(e) for e in examples}
-        # a subset's rows only: a long run is read range by range (queries/summary.py), each range's rows once
-        seqs = self._example_rows(info, texts=False, examples=wanted)
-        seqs = seqs[~seqs["skipped"]]
-        if wanted is not None:
+        if examples is None:  # the whole run: three int64 columns streamed from SQL, 24 bytes per example
+            positions, offsets, lengths = self._in_storage_order(info, Example.position, Sequence.offset, Sequence.length)
+        else:
+            wanted = {int(e) for e in examples}
+            # a subset's rows only: a long run is read range by range (queries/summary.py), each range's rows once
+            seqs = self._example_rows(info, texts=False, examples=wanted)
+            seqs = seqs[~seqs["skipped"]]
             missing = wanted - set(seqs["example"])
             if missing:
                 raise NotFoundError(f"run {info.name!r} has no stored example(s) {sorted(missing)[:10]}")
-        seqs = seqs.sort_values("offset", kind="stable")
+            seqs = seqs.sort_values("offset", kind="stable")
+            positions, offsets, lengths = (seqs[c].to_numpy(np.int64) for c in ("example", "offset", "length"))
         # made one at a time as the reads reach them: a run's block references are never all held (~150 bytes each)
-        refs = (arrays.BlockRef(int(e), int(o), int(n)) for e, o, n in zip(seqs["example"], seqs["offset"], seqs["length"]))
+        refs = (arrays.BlockRef(int(e), int(o), int(n)) for e, o, n in zip(positions, offsets, lengths))
 
         def describe(keys: list) -> str:
             shown = ", ".join(str(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")

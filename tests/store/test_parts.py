@@ -169,3 +169,20 @@ def test_the_index_is_rebuilt_from_sql_a_step_of_blocks_at_a_time(store, make_ru
     assert got["token_start"].tolist() == np.concatenate([[0], np.cumsum([LENGTHS[p] for p in order])[:-1]]).tolist()
     assert got["token_id"].tolist() == [1000 + i for p in order for i in range(LENGTHS[p])]
     assert (index.n, index.n_tokens) == (6, sum(LENGTHS)) and not index.group.attrs.get(arrays.INDEX_PENDING)
+
+
+def test_storage_order_streams_the_committed_examples_in_offset_order(store, make_run):
+    maps, tokens = hand_made()
+    name, coordinator = make_run(store, maps, tokens, write=0, finish=False, chunk_cells=CHUNK)
+    ids = example_ids(store, name)
+    parts = [[3, 5], [0, 1, 2]]
+    for cells, positions in zip(allot(coordinator, parts), parts):
+        write_part(store, coordinator, cells, positions, ids, maps, tokens)
+    coordinator.add_skipped(ids[4], 600)  # no maps: not in the order
+    coordinator.commit()
+
+    order = store.storage_order(name)
+    assert order.dtype == np.int64 and order.tolist() == [3, 5, 0, 1, 2]
+    frame = store.examples(name, texts=False)
+    assert frame.loc[~frame["skipped"]].sort_values("offset")["example"].tolist() == order.tolist()
+    assert frame.loc[frame["skipped"], "example"].tolist() == [4]

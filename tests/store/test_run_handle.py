@@ -153,6 +153,7 @@ ADDED_SINCE = {
     "run_summary_parts",
     "token_ids_by_example",
     "block_steps",
+    "storage_order",
     "n_committed",
     "word_counts",
 }
