@@ -60,6 +60,9 @@ class StoreReader:
         self.read_only = bool(reasons)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._pins: dict[int, int] = {}  # run id -> largest block offset visible (see `pinned`)
+        # while a run is pinned its snapshot does not change: its info (by id and name) and committed count, read once
+        self._pinned_info: dict[RunRef, RunInfo] = {}
+        self._pinned_count: dict[int, int] = {}
         self._root_checked = False  # a remote array root is checked once, on first use (`_array`)
         self._root_write_checked = False  # ... and for writing once, by `require_writable`
 
@@ -131,6 +134,9 @@ class StoreReader:
         return self._frame(q)
 
     def run_info(self, run: RunRef) -> RunInfo:
+        pinned = self._pinned_info.get(run)
+        if pinned is not None:
+            return pinned
         with self.session() as s:
             where = Run.id == run if isinstance(run, int) else Run.name == str(run)
             joined = sa.select(Run, Model, Dataset).join(Model, Model.id == Run.model_id).join(Dataset, Dataset.id == Run.dataset_id)
@@ -220,9 +226,14 @@ class StoreReader:
     def n_committed(self, run: RunRef) -> int:
         """How many of the run's examples have maps stored (skipped ones not counted), as `examples` sees them."""
         info = self.run_info(run)
+        if info.id in self._pinned_count:
+            return self._pinned_count[info.id]
         with self.engine.connect() as conn:
             q = sa.select(sa.func.count()).select_from(Sequence).where(self._visible(info), sa.not_(Sequence.skipped))
-            return int(conn.execute(q).scalar() or 0)
+            n = int(conn.execute(q).scalar() or 0)
+        if info.id in self._pins:
+            self._pinned_count[info.id] = n
+        return n
 
     def _visible(self, info: RunInfo):
         """SQL condition: sequences of the run, up to its pinned snapshot if one is pinned.
@@ -248,10 +259,14 @@ class StoreReader:
         with self.engine.connect() as conn:
             last = conn.scalar(sa.select(sa.func.max(Sequence.offset)).where(Sequence.run_id == info.id))
         self._pins[info.id] = -1 if last is None else int(last)
+        self._pinned_info[info.id] = self._pinned_info[info.name] = info
         try:
             yield info
         finally:
             self._pins.pop(info.id, None)
+            self._pinned_info.pop(info.id, None)
+            self._pinned_info.pop(info.name, None)
+            self._pinned_count.pop(info.id, None)
 
     def _sequence(self, info: RunInfo, example: int) -> tuple[int, int, int | None]:
         if isinstance(example, bool) or not isinstance(example, (int, np.integer)):

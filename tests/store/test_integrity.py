@@ -181,12 +181,18 @@ def test_snapshot_hides_examples_committed_after_it_began(store):
     writer.commit(final=True)
     with store.pinned(info.name):
         before = store.examples(info.name)
+        pinned_info, pinned_count = store.run_info(info.name), store.n_committed(info.id)
         writer.add(ids[1], maps_for(TOKENS[0], 1), _token_rows(TOKENS[0]))
         writer.commit(final=True)
         assert store.examples(info.name).equals(before) and len(before) == 1
         assert len(store.token_table(info.name)) == len(TOKENS[0])
         assert [e for e, _ in store.iter_attention(info.name)] == [0]
-    assert len(store.examples(info.name)) == 2
+        assert store.storage_order(info.name).tolist() == [0]
+        # the run's info and count are read once per snapshot (by name or id), as they were when it began
+        assert store.run_info(info.id) is store.run_info(info.name) is pinned_info and pinned_info.n_stored == 1
+        assert store.n_committed(info.name) == pinned_count == 1
+    assert len(store.examples(info.name)) == 2 and store.storage_order(info.name).tolist() == [0, 1]
+    assert store.run_info(info.name).n_stored == 2 and store.n_committed(info.id) == 2
     writer.close()
 
 
