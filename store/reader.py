@@ -360,6 +360,8 @@ class StoreReader:
         """The run's committed blocks in storage (offset) order, `step` at a time, each with its token ids (what
         the run's Zarr index mirrors): (frame of example_id, example, offset, length; their token ids, int64).
         Memory is one step's rows, not the run's."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise InvalidArgumentError(f"step must be a whole number of blocks, at least 1, not {step!r}")
         info = self.run_info(run)
         after = -1  # offsets are distinct (blocks never overlap): each step reads the blocks past the last one
         with self.engine.connect() as conn:

@@ -186,3 +186,15 @@ def test_storage_order_streams_the_committed_examples_in_offset_order(store, mak
     frame = store.examples(name, texts=False)
     assert frame.loc[~frame["skipped"]].sort_values("offset")["example"].tolist() == order.tolist()
     assert frame.loc[frame["skipped"], "example"].tolist() == [4]
+
+
+@pytest.mark.parametrize("step", [0, -1, 2.5, True])
+def test_a_rebuild_step_that_is_not_a_positive_whole_number_is_refused_and_the_index_is_kept(store, make_run, step):
+    maps, tokens = hand_made()
+    name = make_run(store, maps, tokens, chunk_cells=CHUNK)
+    info = store.run_info(name)
+    before = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0, read_only=True).read()
+    with pytest.raises(InvalidArgumentError, match=f"step must be a whole number of blocks, at least 1, not {step!r}"):
+        write_index_from_sql(store, info, step=step)
+    after = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0, read_only=True).read()
+    assert all(np.array_equal(before[k], after[k]) for k in before) and len(after["example"]) == len(LENGTHS)
