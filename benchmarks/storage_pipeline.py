@@ -1,15 +1,18 @@
 """Benchmark: the storage pipeline alone (forward pass taken away), with 1 and 2 compressing workers.
 
     python benchmarks/storage_pipeline.py [--corpus ../shared/data/glue/MRPC/dev.tsv] [--workers 1 2]
-                                          [--flush-batches 1 4] [--repeats 3]
+                                          [--commit overlap wait] [--flush-batches 1] [--repeats 3]
 
 Does the storage path keep up with the model when the host has cores to spare (a GPU host)?
 The maps of the corpus are made once with the real model (`load_model()`, the batches that `ingest`
 forms, `to_blocks`: float16, one (layer, head, L, L) block per example) and kept in memory. Then the
 storage path is timed as `ingest`'s writer thread runs it: `RunWriter.add` for every example of a
-batch, `RunWriter.commit()` after the batch (`--flush-batches K`: after every K batches, so one flush
-writes K times as many chunks), `RunWriter.finish`, into a fresh run of a temporary SQLite store, with
-Zarr's thread pool bounded to each worker count of `--workers`.
+batch, `RunWriter.commit(wait=False)` after the batch (`--flush-batches K`: after every K batches, so one
+flush writes K times as many chunks), `RunWriter.finish`, into a fresh run of a temporary SQLite store, with
+Zarr's thread pool bounded to each worker count of `--workers`. `--commit wait` times the commit that
+waits for its chunks before it commits their rows (what `ingest` did before session 23, and what a
+commit with `wait=True` does): `overlap` lets the chunk writes of one batch run while the writer commits
+the rows of the one before and takes the next batch's blocks.
 
 How the worker count is applied: zarr-python 3 encodes each chunk in `asyncio.to_thread`, i.e. the
 default executor of its event loop, which is `ThreadPoolExecutor(threading.max_workers)` once
@@ -129,7 +132,7 @@ def make_maps(loaded, batches, dtype: str):
     return kept, convert
 
 
-def store_run(store, info, kept, flush_every: int) -> dict:
+def store_run(store, info, kept, flush_every: int, wait: bool) -> dict:
     """Write every kept batch into run `info` the way ingest's writer thread does; returns timings."""
     writer = store.run_writer(info.id)
     timings: dict = {"append": 0.0, "flush": 0.0, "index": 0.0}
@@ -144,10 +147,10 @@ def store_run(store, info, kept, flush_every: int) -> dict:
         finally:
             timings["append"] += time.perf_counter() - t
 
-    def timed_flush(final=False):
+    def timed_flush(final=False, wait=True):
         t = time.perf_counter()
         try:
-            return flush(final=final)
+            return flush(final=final, wait=wait)
         finally:
             timings["flush"] += time.perf_counter() - t
 
@@ -169,7 +172,7 @@ def store_run(store, info, kept, flush_every: int) -> dict:
             for enc, block in zip(batch, maps):
                 writer.add(enc.example_id, block, enc.tokens, truncated=enc.truncated)
             if i % flush_every == 0:
-                writer.commit()
+                writer.commit(wait=wait)
         writer.finish(time.perf_counter() - t)
         after = thread_cpu()  # while the writer thread and zarr's threads are alive
         for role in ("writer", "loop", "pool"):
@@ -204,7 +207,14 @@ def main() -> None:
     parser.add_argument("--format", default="pairs-tsv")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="zarr thread-pool sizes to compare")
-    parser.add_argument("--flush-batches", type=int, nargs="+", default=[1, 4], help="commit after every K batches (ingest: 1)")
+    parser.add_argument("--flush-batches", type=int, nargs="+", default=[1], help="commit after every K batches (ingest: 1)")
+    parser.add_argument(
+        "--commit",
+        nargs="+",
+        choices=["overlap", "wait"],
+        default=["overlap", "wait"],
+        help="overlap: chunks written in the background while the rows before them commit (ingest); wait: each commit waits",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="keep the temporary store (one run per measurement: ~1.7 GB)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the forward pass (default: torch's choice)")
@@ -247,31 +257,31 @@ def main() -> None:
 
     model_id = store.find_or_create_model(**loaded.record())
     codec = dict(arrays.DEFAULT_CODEC)
-    results: dict[tuple[int, int], list[dict]] = {}
+    results: dict[tuple[int, str, int], list[dict]] = {}
+    settings = [(f, c, w) for f in args.flush_batches for c in args.commit for w in args.workers]
     n_run = 0
     for _ in range(args.repeats):
-        for flush_every in args.flush_batches:
-            for workers in args.workers:  # interleaved, so a change in load hits every setting alike
-                set_zarr_workers(workers)
-                n_run += 1
-                info = store.start_run(
-                    name=f"storage-{n_run}-w{workers}-f{flush_every}",
-                    model_id=model_id,
-                    dataset_id=dataset_id,
-                    dtype=dtype,
-                    codec=codec,
-                    chunk_cells=arrays.DEFAULT_CHUNK_CELLS,
-                    max_length=loaded.max_length,
-                    truncation="truncate",
-                    attn_implementation=loaded.attn_implementation,
-                    batch_size=args.batch_size,
-                    tokenization="text",
-                    code_version=__version__,
-                    corpus_checksum=source.checksum,
-                )
-                t = store_run(store, info, kept, flush_every)
-                t["bytes"] = sum(f.stat().st_size for f in (home / "attention.zarr" / info.array_path).rglob("*") if f.is_file())
-                results.setdefault((flush_every, workers), []).append(t)
+        for flush_every, commit, workers in settings:  # interleaved, so a change in load hits every setting alike
+            set_zarr_workers(workers)
+            n_run += 1
+            info = store.start_run(
+                name=f"storage-{n_run}-w{workers}-f{flush_every}-{commit}",
+                model_id=model_id,
+                dataset_id=dataset_id,
+                dtype=dtype,
+                codec=codec,
+                chunk_cells=arrays.DEFAULT_CHUNK_CELLS,
+                max_length=loaded.max_length,
+                truncation="truncate",
+                attn_implementation=loaded.attn_implementation,
+                batch_size=args.batch_size,
+                tokenization="text",
+                code_version=__version__,
+                corpus_checksum=source.checksum,
+            )
+            t = store_run(store, info, kept, flush_every, wait=commit == "wait")
+            t["bytes"] = sum(f.stat().st_size for f in (home / "attention.zarr" / info.array_path).rglob("*") if f.is_file())
+            results.setdefault((flush_every, commit, workers), []).append(t)
 
     # The codec alone, on the same chunks.
     flat = np.concatenate([b.ravel() for _, blocks in kept for b in blocks])
@@ -309,51 +319,46 @@ def main() -> None:
     print()
     print(f"storage path (RunWriter.add + commit + finish, fresh run each time), {args.repeats} runs per setting")
     print(
-        f"{'flush':>5s} {'workers':>7s} {'pool':>5s} {'best s':>7s} {'median s':>8s} {'Mcells/s':>8s} {'MB/s':>5s} "
+        f"{'flush':>5s} {'commit':>7s} {'workers':>7s} {'pool':>5s} {'best s':>7s} {'median s':>8s} {'Mcells/s':>8s} {'MB/s':>5s} "
         f"{'speed-up':>8s} {'median':>6s} {'vs forward':>10s} {'bytes/cell':>10s}"
     )
     best_runs = {}
-    for flush_every in args.flush_batches:
-        base = None
-        for workers in args.workers:
-            runs = results[(flush_every, workers)]
-            best, median = summary([r["wall"] for r in runs])
-            best_runs[(flush_every, workers)] = b = min(runs, key=lambda r: r["wall"])
-            base = base or (best, median)
-            print(
-                f"{flush_every:5d} {workers:7d} {b['pool'][0]}/{b['pool'][1]:<3d} {best:7.2f} {median:8.2f} {cells / best / 1e6:8.1f} "
-                f"{mb / best:5.0f} {base[0] / best:7.2f}x {base[1] / median:5.2f}x {fb / best:9.2f}x {b['bytes'] / cells:10.3f}"
-            )
+    first = settings[0]
+    for key in settings:
+        runs = results[key]
+        best, median = summary([r["wall"] for r in runs])
+        best_runs[key] = b = min(runs, key=lambda r: r["wall"])
+        base = summary([r["wall"] for r in results[first]])
+        flush_every, commit, workers = key
+        print(
+            f"{flush_every:5d} {commit:>7s} {workers:7d} {b['pool'][0]}/{b['pool'][1]:<3d} {best:7.2f} {median:8.2f} "
+            f"{cells / best / 1e6:8.1f} {mb / best:5.0f} {base[0] / best:7.2f}x {base[1] / median:5.2f}x {fb / best:9.2f}x "
+            f"{b['bytes'] / cells:10.3f}"
+        )
     print(
-        "  flush: commit after every K batches (ingest: 1); pool: zarr pool max_workers/threads it started; MB/s: float16 in;\n"
-        "  speed-up: best (median) time with the first worker count over this one; vs forward: best bare forward / best storage time"
+        f"  flush: commit after every K batches (ingest: 1); commit: overlap (ingest: chunks written while the rows before\n"
+        f"  them commit) or wait; pool: zarr pool max_workers/threads it started; MB/s: float16 in; speed-up: best (median)\n"
+        f"  time of the first setting ({' '.join(map(str, first))}) over this one; vs forward: best bare forward / best storage time"
     )
     print()
     print("where the time goes, best run of each setting (seconds)")
     print(
-        f"{'flush':>5s} {'workers':>7s} {'add':>5s} {'flush':>5s} {'index':>5s} {'SQL+rest':>8s} "
+        f"{'flush':>5s} {'commit':>7s} {'workers':>7s} {'add':>5s} {'flush':>5s} {'index':>5s} {'SQL+rest':>8s} "
         f"{'CPU writer':>10s} {'CPU loop':>8s} {'CPU pool':>8s} {'cpu/wall':>8s}"
     )
-    for (flush_every, workers), b in best_runs.items():
+    for (flush_every, commit, workers), b in best_runs.items():
         print(
-            f"{flush_every:5d} {workers:7d} {b['append']:5.2f} {b['flush']:5.2f} {b['index']:5.2f} "
+            f"{flush_every:5d} {commit:>7s} {workers:7d} {b['append']:5.2f} {b['flush']:5.2f} {b['index']:5.2f} "
             f"{b['wall'] - b['append'] - b['flush'] - b['index']:8.2f} {b['cpu_writer']:10.2f} {b['cpu_loop']:8.2f} "
             f"{b['cpu_pool']:8.2f} {b['cpu'] / b['wall']:8.2f}"
         )
     print(
-        "  add, flush: in BlockWriter.append / .flush (flush = blosc + CRC32C + chunk files + resize, waited for by the writer);\n"
-        "  index: RunIndex.write (5 index arrays, rewritten at each commit); SQL+rest: the remainder (sequence and token rows,\n"
-        "  lease checks, commits, RunWriter.add's own work); CPU writer / loop / pool: CPU time of ingest's writer thread, zarr's\n"
-        "  event-loop thread (CRC32C, copies, bookkeeping) and zarr's pool (blosc, chunk file writes), from /proc (10 ms ticks);\n"
-        "  cpu/wall: the whole process"
+        "  add, flush: in BlockWriter.append / .flush (flush = blosc + CRC32C + chunk files + resize, waited for by the writer:\n"
+        "  with overlap, only the wait for the write before); index: RunIndex.write (5 index arrays, written every 2**16\n"
+        "  tokens); SQL+rest: the remainder (sequence and token rows, lease checks, commits, RunWriter.add's own work);\n"
+        "  CPU writer / loop / pool: CPU time of ingest's writer thread, zarr's event-loop thread (CRC32C, copies,\n"
+        "  bookkeeping) and zarr's pool (blosc, chunk file writes), from /proc (10 ms ticks); cpu/wall: the whole process"
     )
-    for flush_every in args.flush_batches:
-        b = best_runs[(flush_every, args.workers[0])]
-        if args.workers[0] == 1 and b["cpu_pool"] < b["wall"]:
-            print(
-                f"  flush every {flush_every}: with 1 worker {b['cpu_pool']:.2f}s of {b['wall']:.2f}s is work in zarr's pool; "
-                f"spread over any number of workers it could save at most that: {b['wall'] / (b['wall'] - b['cpu_pool']):.2f}x"
-            )
     print()
     print(f"codec alone (blosc zstd-1 + CRC32C, {len(chunks)} chunks of {chunk:,} cells, plain thread pool)")
     base_c = None

@@ -71,10 +71,13 @@ def write_part(
     try:
         resource, what, token = lease
         writer = store.run_writer(run_id, LeaseCheck(store.engine, resource, what, token), part=cells)
-        # As in one process: the next batch's forward pass overlaps this one's compression, writes and commit.
-        n = run_batches(writer, loaded, dtype, writer.info, done, batches, total=0, progress=False)
-        writer.commit(final=True)  # the part's last, partial chunk
-        return n
+        try:
+            # As in one process: the next batch's forward pass overlaps this one's compression, writes and commit.
+            n = run_batches(writer, loaded, dtype, writer.info, done, batches, total=0, progress=False)
+            writer.commit(final=True)  # the part's last, partial chunk
+            return n
+        finally:
+            writer.close()  # ends its background chunk write
     finally:
         store.engine.dispose()
 

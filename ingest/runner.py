@@ -532,6 +532,7 @@ def ingest(
             timings = {"timings": {"total_seconds": time.perf_counter() - started}}
             info = writer.finish(seconds, timings, rebuild_index=scheduler is not None)
         except BaseException:
+            writer.close()  # its background chunk write ends before the run is marked interrupted
             _mark_interrupted(store, info.id)
             raise
     return IngestResult(info, n_new, seconds, False)
@@ -593,7 +594,7 @@ def store_items(writer, items: list[tuple[Encoded, np.ndarray | None]]) -> None:
             writer.add_skipped(enc.example_id, enc.full_length)
         else:
             writer.add(enc.example_id, maps, enc.tokens, truncated=enc.truncated)
-    writer.commit()
+    writer.commit(wait=False)  # this batch's chunks are written while the next batch is handed over
 
 
 def forward_passes() -> tuple[int, int]:

@@ -34,6 +34,7 @@ import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -435,6 +436,10 @@ class BlockWriter:
 
     Blocks are copied once, straight into a growing buffer (a block may be a strided
     view of a padded batch); whole chunks are written from the buffer.
+
+    `flush(wait=False)` writes in a background thread while the caller goes on (commits the rows of
+    earlier chunks, appends the next blocks): one write is in flight at a time, and the array is grown
+    to its end before it starts, so a writer that takes the run over later starts past it.
     """
 
     def __init__(self, array, start_offset: int):
@@ -442,9 +447,15 @@ class BlockWriter:
         self.chunk = array.chunks[0]
         if start_offset % self.chunk:
             raise InvalidArgumentError(f"start offset {start_offset} is not a multiple of the chunk size {self.chunk}")
-        self._base = start_offset  # everything before this offset is on disk
+        self._base = start_offset  # start of the buffer: everything before it is on disk or being written
+        self._durable = start_offset  # everything before this offset is on disk
         self._buf = np.empty(4 * self.chunk, dtype=array.dtype)
         self._buffered = 0
+        self._in_flight: Future[None] | None = None
+        self._in_flight_end = start_offset
+        self._writer: ThreadPoolExecutor | None = None
+        self._failed: BaseException | None = None
+        self._spare: np.ndarray | None = None  # the buffer of the write in flight, or free again once it is done
 
     @property
     def next_offset(self) -> int:
@@ -452,7 +463,7 @@ class BlockWriter:
 
     @property
     def durable_offset(self) -> int:
-        return self._base
+        return self._durable
 
     def append(self, block: np.ndarray) -> int:
         offset = self.next_offset
@@ -465,22 +476,70 @@ class BlockWriter:
         self._buffered += n
         return offset
 
-    def flush(self, final: bool = False) -> int:
-        """Write every whole buffered chunk (and the tail if `final`); return the durable offset."""
+    def flush(self, final: bool = False, wait: bool = True) -> int:
+        """Write every whole buffered chunk (and the tail if `final`); return the durable offset.
+
+        `wait=False` (not with `final`): start the write and return the offset made durable by the writes
+        before it. A failed background write raises here, at the next flush, or in `settle()`."""
+        self.settle()
         n_write = self._buffered if final else (self._buffered // self.chunk) * self.chunk
         if n_write == 0:
-            return self._base
+            return self._durable
         end = self._base + n_write
         if self.array.shape[0] < end:  # layout 2 arrays have their real length
             self.array.resize((end,))
-        self.array[self._base : end] = self._buf[:n_write]
-        rest = self._buffered - n_write
-        self._buf[:rest] = self._buf[n_write : self._buffered].copy()
+        data, rest = self._buf[:n_write], self._buffered - n_write
+        if wait or final:
+            self.array[self._base : end] = data
+            self._buf[:rest] = self._buf[n_write : self._buffered].copy()
+        else:  # the write keeps this buffer; the rest moves to the other one (reused: no fresh pages per batch)
+            old, spare = self._buf, self._spare
+            self._buf = spare if spare is not None and spare.size >= max(old.size, rest) else np.empty(old.size, dtype=old.dtype)
+            self._buf[:rest] = old[n_write : self._buffered]
+            self._spare = old
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="attnstore-chunks")
+            self._in_flight = self._writer.submit(self.array.__setitem__, slice(self._base, end), data)
+            self._in_flight_end = end
         self._buffered = rest
-        self._base += n_write
+        self._base = end
         if final:  # the next write would start inside a chunk now on disk
             self._base = resume_offset(self._base, self.chunk)
-        return self._base
+            self._stop_thread()
+        if self._in_flight is None:
+            self._durable = self._base if final else end
+        return self._durable
+
+    def settle(self) -> int:
+        """Wait for the write in flight, if any (its error is raised here); return the durable offset.
+
+        After a failed background write its cells are no longer buffered, so this writer stays failed:
+        every later flush raises the same error, and no offset past the failure is ever called durable."""
+        if self._failed is not None:
+            raise self._failed
+        if self._in_flight is not None:
+            future, self._in_flight = self._in_flight, None
+            try:
+                future.result()
+            except BaseException as exc:
+                self._failed = exc
+                raise
+            self._durable = self._in_flight_end
+        return self._durable
+
+    def close(self) -> None:
+        """Wait for the write in flight (its error is dropped: its cells are never committed) and stop the thread."""
+        try:
+            self.settle()
+        except Exception:
+            pass
+        finally:
+            self._stop_thread()
+
+    def _stop_thread(self) -> None:
+        if self._writer is not None:
+            self._writer.shutdown()
+            self._writer = None
 
 
 @dataclass(frozen=True)

@@ -569,10 +569,10 @@ class RunWriter:
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=None, truncated=False, skipped=True)
         self._pending.append((0, seq, [], np.empty(0, np.int64)))
 
-    def _flush_blocks(self, final: bool) -> int:
+    def _flush_blocks(self, final: bool, wait: bool) -> int:
         self.lease.check()
         try:
-            return self.blocks.flush(final=final)
+            return self.blocks.flush(final=final, wait=wait)
         except OSError as exc:
             raise StorageIOError(
                 f"cannot write the maps of run {self.info.name!r} under {self.store.locations.array_root}: "
@@ -580,9 +580,13 @@ class RunWriter:
                 f"then run the same ingest command to resume"
             ) from None
 
-    def commit(self, final: bool = False) -> int:
-        """Write whole chunks, then commit rows of the examples now fully on disk; returns rows committed."""
-        durable = self._flush_blocks(final)
+    def commit(self, final: bool = False, wait: bool = True) -> int:
+        """Write whole chunks, then commit rows of the examples now fully on disk; returns rows committed.
+
+        `wait=False` (ingest's writer thread): the chunks are written in the background while this commits
+        the rows of the chunks written before them, so compressing overlaps with SQL and the next batch's
+        blocks. Rows then lag one commit; a commit with `wait` or `final` catches up."""
+        durable = self._flush_blocks(final, wait)
         ready = [p for p in self._pending if p[0] <= durable]
         self._pending = [p for p in self._pending if p[0] > durable]
         if not ready:
@@ -655,6 +659,9 @@ class RunWriter:
         return self.store.run_info(self.info.id)
 
     def close(self) -> None:
-        """Release the lease if this writer took it."""
+        """Let a background chunk write end, then release the lease if this writer took it."""
+        blocks = getattr(self, "blocks", None)
+        if blocks is not None:
+            blocks.close()
         if self._own_lease:
             self.lease.release()

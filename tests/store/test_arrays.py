@@ -78,3 +78,60 @@ def test_an_opened_run_array_still_writes_chunks_equal_to_the_fill_value(tmp_pat
     writer.append(np.zeros((1, 1, 2, 4), dtype=np.float16))
     writer.flush(final=True)
     assert sorted(arrays.present_chunks(opened)) == [0, 1]
+
+
+class _FailingWrites:
+    """A cells array whose writes starting at an offset in `full_at` fail with ENOSPC (everything else passes through)."""
+
+    def __init__(self, array, full_at):
+        self._array = array
+        self.full_at = full_at
+
+    def __getattr__(self, name):
+        return getattr(self._array, name)
+
+    def __setitem__(self, key, value):
+        if key.start in self.full_at:
+            raise OSError(28, "No space left on device")
+        self._array[key] = value
+
+
+def _chunk_threads() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name.startswith("attnstore-chunks")]
+
+
+def test_background_flush_lags_one_write_and_keeps_every_cell(tmp_path):
+    arr = new_array(tmp_path, chunk=16)
+    w = arrays.BlockWriter(arr, 0)
+    blocks = [np.arange(i * 100, i * 100 + n * n, dtype=np.float16).reshape(1, 1, n, n) for i, n in enumerate((3, 4, 5, 2, 4))]
+    assert [w.append(b) for b in blocks[:2]] == [0, 9]
+    assert w.flush(wait=False) == 0  # chunk 0 is being written: nothing durable yet
+    assert arr.shape[0] >= 16  # grown before the write starts, so a writer taking over starts past it
+    assert w.next_offset == 25 and w.append(blocks[2]) == 25  # the 9 buffered cells moved to a new buffer
+    assert w.flush(wait=False) == 16  # chunk 0 done; chunks 1 and 2 in flight
+    assert w.settle() == 48 and w.durable_offset == 48
+    assert w.append(blocks[3]) == 50 and w.append(blocks[4]) == 54
+    assert w.flush(final=True) == 80  # the final flush waits, and the next write starts at a fresh chunk
+    assert not _chunk_threads()
+    for b, offset in zip(blocks, (0, 9, 25, 50, 54)):
+        np.testing.assert_array_equal(arrays.read_block(arr, offset, b.shape), b)
+
+
+def test_a_failed_background_write_is_raised_and_nothing_after_it_is_durable(tmp_path):
+    arr = _FailingWrites(new_array(tmp_path, chunk=16), full_at={16})
+    w = arrays.BlockWriter(arr, 0)
+    w.append(np.ones((1, 1, 4, 4), np.float16))
+    assert w.flush(wait=False) == 0 and w.settle() == 16
+    w.append(np.ones((1, 1, 4, 4), np.float16))
+    assert w.flush(wait=False) == 16  # the write of cells 16..32 fails in the background
+    w.append(np.ones((1, 1, 4, 4), np.float16))
+    # The failure surfaces at the next flush; the failed chunk's cells are gone from the buffer, so every later
+    # flush fails too (a later chunk written past it would make its examples look durable).
+    for flush in (lambda: w.flush(wait=False), w.flush, lambda: w.flush(final=True), w.settle):
+        with pytest.raises(OSError, match="No space left"):
+            flush()
+    assert w.durable_offset == 16
+    w.close()
+    assert not _chunk_threads()

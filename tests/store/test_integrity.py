@@ -252,3 +252,35 @@ def _open_run(store, name: str, n_examples: int):
     )
     ids = store.sql("SELECT id FROM examples WHERE dataset_id = :d ORDER BY position", {"d": dataset_id})["id"].tolist()
     return info, ids
+
+
+def test_overlapped_commits_lag_one_batch_and_never_commit_rows_whose_write_failed(store):
+    """commit(wait=False), as ingest's writer thread calls it: a batch's chunks are written while the rows of the
+    batch before commit. A failed background write is one StorageIOError, and no row of its examples (or of any
+    later one) is ever committed."""
+    from attnstore.store.errors import StorageIOError
+
+    info, ids = _open_run(store, "overlap", 3)
+    writer = store.run_writer(info.name)
+    for i in range(2):  # 2x2x4x4 = 64 cells each: one whole chunk per example
+        writer.add(ids[i], maps_for(TOKENS[0], i), _token_rows(TOKENS[0]))
+        assert writer.commit(wait=False) == i  # the rows of the batch before
+    assert store.n_committed(info.id) == 1 and writer.commit() == 1  # a commit that waits catches up
+    array = writer.blocks.array
+
+    class FullDisk:
+        def __getattr__(self, name):
+            return getattr(array, name)
+
+        def __setitem__(self, key, value):
+            raise OSError(28, "No space left on device")
+
+    writer.blocks.array = FullDisk()
+    writer.add(ids[2], maps_for(TOKENS[0], 2), _token_rows(TOKENS[0]))
+    assert writer.commit(wait=False) == 0  # its write fails in the background
+    writer.blocks.array = array  # space again: too late for the chunk that failed
+    for commit in (lambda: writer.commit(wait=False), writer.commit, lambda: writer.commit(final=True)):
+        with pytest.raises(StorageIOError, match="No space left on device.*resume"):
+            commit()
+    writer.close()
+    assert store.n_committed(info.id) == 2 and sorted(store.examples(info.name)["example"]) == [0, 1]
