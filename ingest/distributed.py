@@ -73,7 +73,8 @@ def write_part(
         writer = store.run_writer(run_id, LeaseCheck(store.engine, resource, what, token), part=cells)
         try:
             # As in one process: the next batch's forward pass overlaps this one's compression, writes and commit.
-            n = run_batches(writer, loaded, dtype, writer.info, done, batches, total=0, progress=False)
+            # The worker's own chunk writes wait for their commit: the other workers' passes use the other cores.
+            n = run_batches(writer, loaded, dtype, writer.info, done, batches, total=0, progress=False, overlap=False)
             writer.commit(final=True)  # the part's last, partial chunk
             return n
         finally:

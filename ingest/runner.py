@@ -8,6 +8,7 @@ are committed only after its maps are on disk (see store.arrays.BlockWriter).
 from __future__ import annotations
 
 import inspect
+import os
 import random
 import sys
 import time
@@ -587,14 +588,27 @@ def batch_items(loaded: LoadedModel, dtype: str, batch: list[Encoded], done: Set
     return items
 
 
-def store_items(writer, items: list[tuple[Encoded, np.ndarray | None]]) -> None:
-    """Hand a batch's examples to a run writer and commit what is on disk."""
+def store_items(writer, items: list[tuple[Encoded, np.ndarray | None]], overlap: bool = False) -> None:
+    """Hand a batch's examples to a run writer and commit what is on disk. `overlap`: the batch's chunks are
+    written in the background while the writer goes on (`storage_overlaps`)."""
     for enc, maps in items:
         if maps is None:
             writer.add_skipped(enc.example_id, enc.full_length)
         else:
             writer.add(enc.example_id, maps, enc.tokens, truncated=enc.truncated)
-    writer.commit(wait=False)  # this batch's chunks are written while the next batch is handed over
+    writer.commit(wait=not overlap)
+
+
+def storage_overlaps() -> bool:
+    """Whether a batch's chunks are written in the background while the writer commits the rows of the batch
+    before (`RunWriter.commit(wait=False)`): only where cores are left beside the forward passes' torch threads.
+    Where the passes use every core, the overlapped storage work takes CPU from them: on MRPC dev (2 cores)
+    ingest / bare was 0.80-0.81 overlapped against 0.85-0.86 waiting with 2 torch threads, and 0.91 against
+    0.87 with 1 (docs/PERFORMANCE.md, session 23)."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores > torch.get_num_threads()
 
 
 def forward_passes() -> tuple[int, int]:
@@ -623,19 +637,32 @@ def _torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def run_batches(writer, loaded: LoadedModel, dtype: str, info, done: Set[int], batches: Iterable[list[Encoded]], total, progress) -> int:
+def run_batches(
+    writer,
+    loaded: LoadedModel,
+    dtype: str,
+    info,
+    done: Set[int],
+    batches: Iterable[list[Encoded]],
+    total,
+    progress,
+    overlap: bool | None = None,
+) -> int:
+    """Run and store `batches`; returns examples stored. `overlap`: chunk writes beside the next commit (default:
+    `storage_overlaps()`)."""
     # Batches are planned over the whole dataset, already-stored examples included, so a resumed
     # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):
     # its maps are bit-identical. Batches with nothing new are not run.
     import torch
 
     passes, threads = forward_passes()
+    overlap = storage_overlaps() if overlap is None else overlap
     running: deque = deque()  # forward passes, in batch order
     storing: deque = deque()  # store steps, in batch order
     n_new = 0
 
     def store_batch(items):
-        store_items(writer, items)
+        store_items(writer, items, overlap)
         bar.update(len(items))
 
     def hand_over() -> int:

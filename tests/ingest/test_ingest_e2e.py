@@ -123,6 +123,45 @@ def test_two_forward_passes_at_once_store_what_one_pass_stores(store, loaded_mod
         np.testing.assert_array_equal(store.attention("two", example), store.attention("one", example))
 
 
+def test_overlapped_chunk_writes_store_what_waiting_stores(store, loaded_model, monkeypatch):
+    """Where cores are left beside the forward passes (runner.storage_overlaps), a batch's chunks are written in
+    the background while the rows of the batch before commit: the same maps, offsets and rows as waiting."""
+    import os
+
+    import torch
+
+    cores = len(os.sched_getaffinity(0))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(cores)
+        assert runner.storage_overlaps() is False  # the passes use every core: storing waits
+        torch.set_num_threads(1)
+        assert runner.storage_overlaps() is (cores > 1)
+    finally:
+        torch.set_num_threads(before)
+    seen = []
+    real_store = runner.store_items
+
+    def noting_store(writer, items, overlap=False):
+        seen.append(overlap)
+        return real_store(writer, items, overlap)
+
+    monkeypatch.setattr(runner, "store_items", noting_store)
+    options = dict(corpus=str(MRPC), fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=2, progress=False)
+    options["chunk_cells"] = 4096  # many chunks, so most writes overlap a commit
+    for name, overlap in (("overlapped", True), ("waiting", False)):
+        monkeypatch.setattr(runner, "storage_overlaps", lambda overlap=overlap: overlap)
+        ingest(store, name=name, **options)
+        assert seen and set(seen) == {overlap}
+        seen.clear()
+    overlapped, waiting = store.examples("overlapped"), store.examples("waiting")
+    assert list(overlapped["example"]) == list(waiting["example"]) and list(overlapped["offset"]) == list(waiting["offset"])
+    assert store.token_table("overlapped").equals(store.token_table("waiting"))
+    for example in range(12):
+        np.testing.assert_array_equal(store.attention("overlapped", example), store.attention("waiting", example))
+    assert not [t for t in threading.enumerate() if t.name.startswith("attnstore-chunks")]
+
+
 def test_interrupted_run_resumes_without_duplicates_or_loss(store, loaded_model, monkeypatch):
     real_forward = runner.forward_attention
     calls = {"n": 0}
