@@ -397,6 +397,19 @@ class RunIndex:
     def read(self) -> dict[str, np.ndarray]:
         return {name: np.asarray(array[:]) for name, array in self.arrays.items()}
 
+    def read_range(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Entries [start, stop) (clipped to what the arrays hold), with their token ids under "token_id":
+        the tokens of each entry, back to back."""
+        entries = {name: np.asarray(self.arrays[name][start:stop]) for name in INDEX_DTYPES}
+        token_ids = self.arrays[TOKEN_IDS]
+        starts, lengths = entries["token_start"], entries["length"]
+        if len(starts) and (np.diff(starts) == lengths[:-1]).all():  # contiguous, as written: one read
+            entries[TOKEN_IDS] = np.asarray(token_ids[int(starts[0]) : int(starts[-1]) + int(lengths[-1])])
+        else:
+            parts = [np.asarray(token_ids[int(a) : int(a) + int(b)]) for a, b in zip(starts, lengths)]
+            entries[TOKEN_IDS] = np.concatenate(parts) if parts else np.empty(0, np.int32)
+        return entries
+
     def length(self) -> int:
         """Entries the arrays hold now (more than `n` after a crash between writing and committing)."""
         return int(self.arrays["example"].shape[0])

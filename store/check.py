@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from . import arrays, remote
 from .errors import DamagedDataError, NotFoundError
-from .schema import Token
+from .schema import Sequence
 
 ROW_SUM_TOLERANCE = 2e-3  # ingest refuses maps off by more than 1e-3; float16 storage adds < 2**-11
 SLAB_CHUNKS = 16
@@ -34,145 +34,188 @@ class RunReport:
         self.problems.append(dict(run=self.run, example=example, chunk=chunk, problem=problem))
 
 
-def _check_blocks(report: RunReport, array, seqs: pd.DataFrame, n_layers: int, n_heads: int, step: float = 0.0) -> None:
-    """`step`: the codec's largest change per value (lossy runs), which a row of L values may add up L times."""
-    chunk = array.chunks[0]
-    present = arrays.present_chunks(array)
-    sizes = n_layers * n_heads * seqs["length"].to_numpy(np.int64) ** 2
-    starts = seqs["offset"].to_numpy(np.int64)
-    ends = starts + sizes
-    examples = seqs["example"].to_numpy()
-    order = np.argsort(starts, kind="stable")
-    starts, ends, examples, sizes = starts[order], ends[order], examples[order], sizes[order]
-    k: int
-    j: int
-    overlap = np.flatnonzero(starts[1:] < ends[:-1])
-    for o in overlap:
-        report.add(f"block overlaps the block of example {examples[o]}", example=int(examples[o + 1]))
-    needed = sorted({i for s, e in zip(starts, ends) for i in range(s // chunk, (e - 1) // chunk + 1)})
-    report.chunks = len(needed)
-    bad: dict[int, str] = {i: "is missing" for i in needed if i not in present}
-    if not report.checksums:
-        for i in needed:
-            if i not in bad:
-                why = arrays.legacy_chunk_problem(array, i)
-                if why:
-                    bad[i] = why
-    # Decode slab by slab; a slab that fails is retried chunk by chunk to name the bad ones.
-    reported: set[int] = set()
-    k = 0
-    while k < len(starts):
-        j = k + 1
-        while j < len(starts) and ends[j] - starts[k] <= SLAB_CHUNKS * chunk:
-            j += 1
-        slab = range(int(starts[k]) // chunk, (int(ends[j - 1]) - 1) // chunk + 1)
-        data = None
-        if not any(i in bad for i in slab):
-            try:
-                data = array[slab.start * chunk : slab.stop * chunk]
-            except Exception:
-                for i in slab:
-                    try:
-                        array[i * chunk : (i + 1) * chunk]
-                    except Exception as exc:
-                        if remote.failed(array, exc):
-                            raise  # the object store failed (network, credentials): not damage
-                        bad[i] = f"is damaged ({str(exc).splitlines()[0][:100]})"
-        for m in range(k, j):
-            hit = [i for i in range(int(starts[m]) // chunk, (int(ends[m]) - 1) // chunk + 1) if i in bad]
-            if hit:
-                reported.add(hit[0])
-                report.add(
-                    f"chunk {arrays.chunk_key(array, hit[0])} {bad[hit[0]]}",
-                    example=int(examples[m]),
-                    chunk=arrays.chunk_key(array, hit[0]),
-                )
-                continue
-            if data is None:
-                block = array[int(starts[m]) : int(ends[m])]
-            else:
-                block = data[int(starts[m]) - slab.start * chunk : int(ends[m]) - slab.start * chunk]
-            length = int(round(np.sqrt(sizes[m] / (n_layers * n_heads))))
-            maps = block.reshape(n_layers, n_heads, length, length).astype(np.float32)
-            sums = maps.sum(-1)
-            err = float(np.nanmax(np.abs(sums - 1))) if sums.size else 0.0
-            if not np.isfinite(maps).all() or (maps < 0).any() or err > ROW_SUM_TOLERANCE + length * step:
-                report.add(
-                    f"maps are not attention distributions (max row-sum error {err:.3g}): wrong or overwritten data",
-                    example=int(examples[m]),
-                )
-        report.examples += j - k
-        k = j
-    for i in sorted(set(bad) - reported):
-        report.add(f"chunk {arrays.chunk_key(array, i)} {bad[i]}", chunk=arrays.chunk_key(array, i))
+class _BlockCheck:
+    """Checks a run's blocks as they come in storage order, one step at a time (memory: one step, the set of
+    chunks present, and the bad ones). `step`: the codec's largest change per value (lossy runs), which a row
+    of L values may add up L times."""
+
+    def __init__(self, report: RunReport, array, n_layers: int, n_heads: int, step: float = 0.0):
+        self.report, self.array, self.n_layers, self.n_heads, self.step = report, array, n_layers, n_heads, step
+        self.chunk = array.chunks[0]
+        self.present = arrays.present_chunks(array)
+        self.bad: dict[int, str] = {}
+        self.reported: set[int] = set()
+        self.last_chunk = -1  # chunks up to this one are counted and looked at
+        self.last_end, self.last_example = -1, None  # the block before this step's first
+
+    def blocks(self, seqs: pd.DataFrame) -> None:
+        """`seqs`: the next blocks in storage order (columns example, offset, length)."""
+        report, array, chunk = self.report, self.array, self.chunk
+        sizes = self.n_layers * self.n_heads * seqs["length"].to_numpy(np.int64) ** 2
+        starts = seqs["offset"].to_numpy(np.int64)
+        ends = starts + sizes
+        examples = seqs["example"].to_numpy()
+        before = np.concatenate([[self.last_end], ends[:-1]])
+        before_example = [self.last_example, *examples[:-1]]
+        for o in np.flatnonzero(starts < before):
+            report.add(f"block overlaps the block of example {before_example[o]}", example=int(examples[o]))
+        self.last_end, self.last_example = max(self.last_end, int(ends.max())), examples[-1]
+        for s, e in zip(starts, ends):  # chunks not yet looked at: counted, and missing or (no checksums) truncated?
+            first, last = max(int(s) // chunk, self.last_chunk + 1), (int(e) - 1) // chunk
+            for i in range(first, last + 1):
+                report.chunks += 1
+                if i not in self.present:
+                    self.bad[i] = "is missing"
+                elif not report.checksums:
+                    why = arrays.legacy_chunk_problem(array, i)
+                    if why:
+                        self.bad[i] = why
+            self.last_chunk = max(self.last_chunk, last)
+        self._decode(starts, ends, examples, sizes)
+
+    def _decode(self, starts, ends, examples, sizes) -> None:
+        """Decode slab by slab; a slab that fails is retried chunk by chunk to name the bad ones."""
+        report, array, chunk, bad = self.report, self.array, self.chunk, self.bad
+        n_layers, n_heads = self.n_layers, self.n_heads
+        k = 0
+        while k < len(starts):
+            j = k + 1
+            while j < len(starts) and ends[j] - starts[k] <= SLAB_CHUNKS * chunk:
+                j += 1
+            slab = range(int(starts[k]) // chunk, (int(ends[j - 1]) - 1) // chunk + 1)
+            data = None
+            if not any(i in bad for i in slab):
+                try:
+                    data = array[slab.start * chunk : slab.stop * chunk]
+                except Exception:
+                    for i in slab:
+                        try:
+                            array[i * chunk : (i + 1) * chunk]
+                        except Exception as exc:
+                            if remote.failed(array, exc):
+                                raise  # the object store failed (network, credentials): not damage
+                            bad[i] = f"is damaged ({str(exc).splitlines()[0][:100]})"
+            for m in range(k, j):
+                hit = [i for i in range(int(starts[m]) // chunk, (int(ends[m]) - 1) // chunk + 1) if i in bad]
+                if hit:
+                    self.reported.add(hit[0])
+                    report.add(
+                        f"chunk {arrays.chunk_key(array, hit[0])} {bad[hit[0]]}",
+                        example=int(examples[m]),
+                        chunk=arrays.chunk_key(array, hit[0]),
+                    )
+                    continue
+                if data is None:
+                    block = array[int(starts[m]) : int(ends[m])]
+                else:
+                    block = data[int(starts[m]) - slab.start * chunk : int(ends[m]) - slab.start * chunk]
+                length = int(round(np.sqrt(sizes[m] / (n_layers * n_heads))))
+                maps = block.reshape(n_layers, n_heads, length, length).astype(np.float32)
+                sums = maps.sum(-1)
+                err = float(np.nanmax(np.abs(sums - 1))) if sums.size else 0.0
+                if not np.isfinite(maps).all() or (maps < 0).any() or err > ROW_SUM_TOLERANCE + length * self.step:
+                    report.add(
+                        f"maps are not attention distributions (max row-sum error {err:.3g}): wrong or overwritten data",
+                        example=int(examples[m]),
+                    )
+            report.examples += j - k
+            k = j
+
+    def finish(self) -> None:
+        """Bad chunks no example's report named."""
+        for i in sorted(set(self.bad) - self.reported):
+            self.report.add(f"chunk {arrays.chunk_key(self.array, i)} {self.bad[i]}", chunk=arrays.chunk_key(self.array, i))
 
 
 def check_run(store, run) -> RunReport:
+    """Checks the run's committed blocks a step at a time, in storage order (memory is one step's rows and
+    arrays, not the run's: `StoreReader.block_steps`)."""
     info = store.run_info(run)
     state, _ = store.run_state(info.id)
     with store.pinned(info.id):
         report = RunReport(run=info.name, state=state, checksums=(info.codec or {}).get("checksum") == "crc32c")
-        seqs = store.examples(info.id, texts=False)
-        stored = seqs[~seqs["skipped"]]
-        if state == "complete":
-            if len(stored) != info.n_stored or int(seqs["skipped"].sum()) != info.n_skipped:
-                report.add(
-                    f"runs row says {info.n_stored} stored / {info.n_skipped} skipped, sequences hold "
-                    f"{len(stored)} / {int(seqs['skipped'].sum())}"
-                )
         with store.engine.connect() as conn:
-            counts = dict(
-                conn.execute(sa.select(Token.example_id, sa.func.count()).where(Token.run_id == info.id).group_by(Token.example_id)).all()
-            )
-        for ex, ex_id, length in zip(stored["example"], stored["example_id"], stored["length"]):
-            if counts.get(ex_id, 0) != length:
-                report.add(f"{counts.get(ex_id, 0)} tokens in SQL for a block of length {length}", example=int(ex))
-        if stored.empty:
+            skipped = sa.select(sa.func.count()).select_from(Sequence).where(store._visible(info), Sequence.skipped)
+            n_skipped = int(conn.scalar(skipped) or 0)
+        n_stored = store.n_committed(info.id)
+        if state == "complete" and (n_stored != info.n_stored or n_skipped != info.n_skipped):
+            report.add(f"runs row says {info.n_stored} stored / {info.n_skipped} skipped, sequences hold {n_stored} / {n_skipped}")
+        if n_stored == 0:
             return report
         try:
             array = store._array(info)
         except NotFoundError:
+            array = None
             report.add(f"attention array {info.array_path} is missing under {store.locations.array_root}")
-            return report
-        _check_blocks(report, array, stored, info.n_layers, info.n_heads, arrays.quantize_step(info.codec))
-        if arrays.group_path_of(info.array_path):
-            _check_index(report, store, info, stored, complete=state == "complete")
+        blocks = None if array is None else _BlockCheck(report, array, info.n_layers, info.n_heads, arrays.quantize_step(info.codec))
+        index = _IndexCheck.open(report, store, info, n_stored, complete=state == "complete") if array is not None else None
+        for seqs, token_ids in store.block_steps(info.id):
+            for ex, length, ids in zip(seqs["example"], seqs["length"], token_ids):
+                if len(ids) != length:
+                    report.add(f"{len(ids)} tokens in SQL for a block of length {length}", example=int(ex))
+            if blocks is not None:
+                blocks.blocks(seqs)
+            if index is not None:
+                index = index.step(seqs, token_ids)
+        if blocks is not None:
+            blocks.finish()
     return report
 
 
-def _check_index(report: RunReport, store, info, stored: pd.DataFrame, complete: bool) -> None:
-    """Layout 2: the Zarr index arrays say what SQL says (a running run's index may run ahead of SQL)."""
-    try:
-        index = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0, read_only=True).read()
-    except Exception as exc:  # missing or undecodable index arrays
-        report.add(f"index arrays of {arrays.run_node_path(info.array_path)} cannot be read ({str(exc).splitlines()[0][:120]})")
-        return
-    seqs = stored.sort_values("offset")
-    n = len(seqs)
-    if not complete and arrays.index_pending(store.locations.array_root, info.array_path):
-        return  # a distributed ingest writes the index when the run completes (ingest/distributed.py)
-    if len(index["example"]) < n or (complete and len(index["example"]) != n):
-        report.add(f"the Zarr index lists {len(index['example'])} examples, SQL {n}; run `attnstore db upgrade-arrays --rebuild-index`")
-        return
-    for name, column in (("example", "example"), ("offset", "offset"), ("length", "length")):
-        differ = np.flatnonzero(index[name][:n] != seqs[column].to_numpy())
-        if differ.size:
-            i = int(differ[0])
-            report.add(
-                f"the Zarr index's {name} of entry {i} is {index[name][i]}, SQL says {seqs[column].iloc[i]}; "
-                "run `attnstore db upgrade-arrays --rebuild-index`",
-                example=int(seqs["example"].iloc[i]),
+class _IndexCheck:
+    """Layout 2: the Zarr index arrays say what SQL says (a running run's index may run ahead of SQL), compared
+    a step of SQL's blocks at a time. The first difference is reported; then the comparison stops."""
+
+    def __init__(self, report: RunReport, index: arrays.RunIndex, where: str):
+        self.report, self.index, self.where, self.entry = report, index, where, 0
+
+    @classmethod
+    def open(cls, report: RunReport, store, info, n: int, complete: bool) -> _IndexCheck | None:
+        if not arrays.group_path_of(info.array_path):
+            return None
+        where = arrays.run_node_path(info.array_path)
+        try:
+            index = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0, read_only=True)
+        except Exception as exc:  # missing index arrays
+            report.add(f"index arrays of {where} cannot be read ({str(exc).splitlines()[0][:120]})")
+            return None
+        if not complete and arrays.index_pending(store.locations.array_root, info.array_path):
+            return None  # a distributed ingest writes the index when the run completes (ingest/distributed.py)
+        if index.length() < n or (complete and index.length() != n):
+            report.add(f"the Zarr index lists {index.length()} examples, SQL {n}; run `attnstore db upgrade-arrays --rebuild-index`")
+            return None
+        return cls(report, index, where)
+
+    def step(self, seqs: pd.DataFrame, token_ids: list[np.ndarray]) -> _IndexCheck | None:
+        """Compares the next blocks; returns None once a difference is reported (or the arrays fail to read)."""
+        first, n = self.entry, len(seqs)
+        try:
+            stored = self.index.read_range(first, first + n)
+        except Exception as exc:  # undecodable index arrays
+            self.report.add(f"index arrays of {self.where} cannot be read ({str(exc).splitlines()[0][:120]})")
+            return None
+        if len(stored["example"]) != n:  # the arrays were cut while this ran
+            self.report.add(
+                f"the Zarr index lists {first + len(stored['example'])} examples, SQL more; "
+                "run `attnstore db upgrade-arrays --rebuild-index`"
             )
-            return
-    entry = 0  # SQL's tokens are read a step of blocks at a time: memory is one step's rows, not the run's
-    for blocks, token_ids in store.block_steps(info.id):
-        starts, lengths = index["token_start"][entry : entry + len(blocks)], index["length"][entry : entry + len(blocks)]
-        stored_ids = np.concatenate([index["token_id"][a : a + b] for a, b in zip(starts, lengths)])
+            return None
+        for name in ("example", "offset", "length"):
+            differ = np.flatnonzero(stored[name] != seqs[name].to_numpy())
+            if differ.size:
+                i = int(differ[0])
+                self.report.add(
+                    f"the Zarr index's {name} of entry {first + i} is {stored[name][i]}, SQL says {seqs[name].iloc[i]}; "
+                    "run `attnstore db upgrade-arrays --rebuild-index`",
+                    example=int(seqs["example"].iloc[i]),
+                )
+                return None
         from_sql = np.concatenate(token_ids)
-        if len(from_sql) != len(stored_ids) or (from_sql != stored_ids).any():
-            report.add("the Zarr index's token ids differ from SQL's tokens; run `attnstore db upgrade-arrays --rebuild-index`")
-            return
-        entry += len(blocks)
+        if len(from_sql) != len(stored["token_id"]) or (from_sql != stored["token_id"]).any():
+            self.report.add("the Zarr index's token ids differ from SQL's tokens; run `attnstore db upgrade-arrays --rebuild-index`")
+            return None
+        self.entry += n
+        return self
 
 
 def check_store(store, runs=None) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -359,19 +359,21 @@ class StoreReader:
     def block_steps(self, run: RunRef, step: int = 4096) -> Iterator[tuple[pd.DataFrame, list[np.ndarray]]]:
         """The run's committed blocks in storage (offset) order, `step` at a time, each with its token ids (what
         the run's Zarr index mirrors): (frame of example_id, example, offset, length; their token ids, int64).
-        Memory is one step's rows, not the run's."""
+        Memory is one step's rows, not the run's. Inside `pinned`, the snapshot's blocks; blocks that share an
+        offset (damage `attnstore check` reports) all come, in example-id order."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:
             raise InvalidArgumentError(f"step must be a whole number of blocks, at least 1, not {step!r}")
         info = self.run_info(run)
-        after = -1  # offsets are distinct (blocks never overlap): each step reads the blocks past the last one
+        after = (-1, -1)  # (offset, example id) of the last block read: each step reads the blocks past it
         with self.engine.connect() as conn:
             while True:
+                past = sa.or_(Sequence.offset > after[0], sa.and_(Sequence.offset == after[0], Sequence.example_id > after[1]))
                 blocks = pd.DataFrame(
                     conn.execute(
                         sa.select(Sequence.example_id, Example.position, Sequence.offset, Sequence.length)
                         .join(Example, Example.id == Sequence.example_id)
-                        .where(Sequence.run_id == info.id, Sequence.offset.is_not(None), Sequence.offset > after)
-                        .order_by(Sequence.offset)
+                        .where(self._visible(info), Sequence.offset.is_not(None), past)
+                        .order_by(Sequence.offset, Sequence.example_id)
                         .limit(step)
                     ).all(),
                     columns=["example_id", "example", "offset", "length"],
@@ -389,7 +391,7 @@ class StoreReader:
                 found, first, count = np.unique(owner, return_index=True, return_counts=True)
                 where = {int(e): slice(int(f), int(f + c)) for e, f, c in zip(found, first, count)}
                 yield blocks, [token_ids[where.get(e, slice(0, 0))] for e in ids]
-                after = int(blocks["offset"].iloc[-1])
+                after = (int(blocks["offset"].iloc[-1]), int(blocks["example_id"].iloc[-1]))
 
     def token_table(self, run: RunRef, examples: Iterable[int] | None = None) -> pd.DataFrame:
         """All tokens of a run (example, position, token, token_id, word_position, segment, is_special), or of `examples`."""

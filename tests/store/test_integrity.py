@@ -116,6 +116,35 @@ def test_check_on_a_healthy_store(store, three):
     assert summary["chunks"][0] == -(-(2 * 2 * (16 + 25 + 9)) // 64)  # every chunk the blocks cover
 
 
+def _steps_of(store, monkeypatch, step):
+    """`check` reads SQL's blocks `step` at a time (what it carries from one step to the next is then tested)."""
+    blocks = store.block_steps
+    monkeypatch.setattr(store, "block_steps", lambda run_id, _default=None: blocks(run_id, step))
+
+
+@pytest.mark.parametrize("step", [1, 2, 4096])
+def test_check_reads_a_step_at_a_time_and_finds_the_same(store, three, monkeypatch, step):
+    """Blocks 16, 25 and 9 cells x 4 in 64-cell chunks: chunks shared across steps are counted once, a missing
+    chunk is named once per example it holds, and two blocks at one offset (the damage of a stray writer of
+    SQL) are found whichever step each comes in."""
+    run = three()
+    _steps_of(store, monkeypatch, step)
+    summary, problems = check_store(store)
+    assert problems.empty and summary["chunks"][0] == 4 and summary["examples"][0] == 3
+    path = chunk_file(store, run, 2)  # the chunk example 2 starts in, which example 1 ends in
+    damage(path, "missing")
+    summary, problems = check_store(store)
+    assert sorted(problems["example"].dropna().astype(int)) == [1, 2] and problems["chunk"].str.endswith(f"/c/{path.name}").all()
+    assert summary["chunks"][0] == 4 and summary["examples"][0] == 3
+    info = store.run_info(run)
+    with store.engine.begin() as conn:  # example 2's row now says it starts where example 1 does
+        offsets = dict(conn.execute(sa.text('SELECT example_id, "offset" FROM sequences WHERE run_id = :r'), {"r": info.id}).all())
+        first, second, third = sorted(offsets, key=offsets.get)
+        conn.execute(sa.text('UPDATE sequences SET "offset" = :o WHERE example_id = :e'), {"o": offsets[second], "e": third})
+    problems = check_store(store)[1]
+    assert problems["problem"].str.contains("block overlaps the block of example").any()
+
+
 # ---------------------------------------------------------------- leases
 
 
