@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 # Maps of both runs held for one group of examples: at most about this many cells per run. Two groups are held at
 # once (one compared while the next is read), so about 4 x BATCH_CELLS cells in all.
 BATCH_CELLS = 1 << 23
+# Examples whose token rows (both runs') are compared at once when the pair's cosines are built.
+TOKEN_CHECK_EXAMPLES = 4096
 
 
 def shared_examples(
@@ -167,8 +169,9 @@ def pair_cosines(store: Store, a, b) -> dict[str, np.ndarray] | None:
     if store.read_only or not store.can_keep_summaries(a.id):
         return None
     everything = shared_examples(store, a, b, max_examples=None, check_tokens=False)
-    try:
-        check_same_tokens(store, a, b, everything)
+    try:  # a range of examples' token rows at a time (`everything` is in example order), not both runs' whole tables
+        for start in range(0, len(everything), TOKEN_CHECK_EXAMPLES):
+            check_same_tokens(store, a, b, everything.iloc[start : start + TOKEN_CHECK_EXAMPLES])
     except InvalidArgumentError:
         return None
     order, rows = [], []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
 from attnstore.queries import run_query
 from attnstore.queries import run_similarity as module
@@ -160,3 +161,35 @@ def test_a_read_only_store_without_a_cache_streams(store, two_runs):
         frame = run_query(reader, "run_similarity", run=base, other=other)
     np.testing.assert_allclose(frame["similarity"].to_numpy().reshape(2, 3), textbook(store, base, other, range(len(LENGTHS))), rtol=1e-12)
     assert not has_summaries(store, base)
+
+
+def test_the_pair_cache_checks_tokens_a_range_at_a_time(store, two_runs, monkeypatch):
+    """Building the pair's cosines reads the token rows of a range of examples at a time (not both runs' whole
+    token tables); an example tokenised differently in the last range still means no cache (the query streams)."""
+    base, other = two_runs
+    a, b = store.run_info(base), store.run_info(other)
+    monkeypatch.setattr(module, "TOKEN_CHECK_EXAMPLES", 3)
+    asked = []
+    original = type(store).token_table
+
+    def noting(self, run, examples=None):
+        asked.append(sorted(examples))
+        return original(self, run, examples)
+
+    monkeypatch.setattr(type(store), "token_table", noting)
+    assert module.pair_cosines(store, a, b) is not None
+    ranges = [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert asked == [r for r in ranges for _ in (a, b)]
+    last = ranges[-1][-1]
+    with store.engine.begin() as conn:  # the other run's first token of `last` gets another id
+        conn.execute(
+            sa.text(
+                "UPDATE tokens SET token_id = 7 WHERE run_id = :r AND position = 1 AND example_id = "
+                "(SELECT id FROM examples WHERE dataset_id = :d AND position = :p)"
+            ),
+            {"r": b.id, "d": b.dataset_id, "p": last},
+        )
+    monkeypatch.setattr(type(store), "n_committed", lambda self, run: 99)  # a new stamp: the cache is built again
+    assert module.pair_cosines(store, a, b) is None
+    with pytest.raises(module.InvalidArgumentError, match=f"tokenised example {last} differently"):
+        run_query(store, "run_similarity", run=base, other=other)
