@@ -59,7 +59,7 @@ class _BlockCheck:
         before_example = [self.last_example, *examples[:-1]]
         for o in np.flatnonzero(starts < before):
             report.add(f"block overlaps the block of example {before_example[o]}", example=int(examples[o]))
-        self.last_end, self.last_example = max(self.last_end, int(ends.max())), examples[-1]
+        self.last_end, self.last_example = int(ends[-1]), examples[-1]
         for s, e in zip(starts, ends):  # chunks not yet looked at: counted, and missing or (no checksums) truncated?
             first, last = max(int(s) // chunk, self.last_chunk + 1), (int(e) - 1) // chunk
             for i in range(first, last + 1):
