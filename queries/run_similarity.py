@@ -8,8 +8,9 @@ over the examples (at most `max_examples`, a seeded random sample when there are
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,12 +22,15 @@ from .registry import register
 
 if TYPE_CHECKING:
     from ..store import Store
+    from ..store.arrays import SummaryParts
 
 # Maps of both runs held for one group of examples: at most about this many cells per run. Two groups are held at
 # once (one compared while the next is read), so about 4 x BATCH_CELLS cells in all.
 BATCH_CELLS = 1 << 23
 # Examples whose token rows (both runs') are compared at once when the pair's cosines are built.
 TOKEN_CHECK_EXAMPLES = 4096
+# Rows of the pair's kept cosines read back at once (its chunks hold 4,096 examples at most).
+SUMMARY_ROWS = 4096
 
 
 def shared_examples(
@@ -113,7 +117,7 @@ def batches(shared: pd.DataFrame, cells_per_example, limit: int | None = None) -
     return out
 
 
-def paired_maps(store: Store, a, b, groups: list[list[int]]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def paired_maps(store: Store, a, b, groups: list[list[int]]) -> Generator[tuple[int, np.ndarray, np.ndarray], None, None]:
     """(example, its maps in run `a`, in run `b`) group by group, in `a`'s storage order within each; a thread reads
     the next group (both runs) while the caller works on this one, so decoding and arithmetic overlap."""
 
@@ -151,19 +155,24 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 PAIR_VERSION = 1  # of the per-pair cache below; bump when `cosine` changes
 
 
-def pair_cosines(store: Store, a, b) -> dict[str, np.ndarray] | None:
-    """Every shared example's per-head cosines between runs `a` and `b`, kept beside run `a`'s maps.
+class _RunGrew(Exception):
+    """A run grew while the pair's cosines were built: they are not kept (the caller streams this time)."""
+
+
+def pair_cosines(store: Store, a, b) -> SummaryParts | None:
+    """Every shared example's per-head cosines between runs `a` and `b`, kept beside run `a`'s maps, to read
+    range by range (`.n` examples; `.arrays["example"]`, `.arrays["cosine"]` (n, layer, head), in `a`'s storage order).
 
     A one-run summary cannot serve this query (it needs both runs' maps of an example at once), so the
-    pair has its own: `summary/similarity-<b's uid>/` in `a`'s group, {example, cosine (n, layer, head)},
-    stamped with both runs' committed counts (either run growing rebuilds it). Built by one pass over
-    both runs the first time; None where nothing can be kept (a read-only store, a layout-1 run) or
-    some shared example was tokenised differently (the caller's sample may still avoid it): the caller
-    then streams.
+    pair has its own: `summary/similarity-<a's uid>-<b's uid>/` in `a`'s group, stamped with both runs'
+    committed counts (either run growing rebuilds it). Built by one pass over both runs the first time and
+    saved a group of examples at a time (never held whole); None where nothing can be kept (a read-only store,
+    a layout-1 run), a run grew meanwhile, or some shared example was tokenised differently (the caller's
+    sample may still avoid it): the caller then streams.
     """
     name = f"similarity-{a.manifest.get('uid') or a.id}-{b.manifest.get('uid') or b.id}"
     stamp = {"version": PAIR_VERSION, "n_examples": store.n_committed(a.id), "other_examples": store.n_committed(b.id)}
-    found = store.run_summary(a.id, name, stamp)
+    found = store.run_summary_parts(a.id, name, stamp)
     if found is not None:
         return found
     if store.read_only or not store.can_keep_summaries(a.id):
@@ -174,18 +183,40 @@ def pair_cosines(store: Store, a, b) -> dict[str, np.ndarray] | None:
             check_same_tokens(store, a, b, everything.iloc[start : start + TOKEN_CHECK_EXAMPLES])
     except InvalidArgumentError:
         return None
-    order, rows = [], []
-    for example, maps, theirs in paired_maps(store, a, b, batches(everything, a.n_layers * a.n_heads)):
-        order.append(example)
-        rows.append(cosine(maps, theirs))
-    values = {
-        "example": np.asarray(order, dtype=np.int64),
-        "cosine": np.stack(rows) if rows else np.zeros((0, a.n_layers, a.n_heads)),
-    }
-    if len(order) != len(everything) or store.n_committed(a.id) != stamp["n_examples"]:
-        return None  # a run grew while it was read: stream this time
-    store.save_run_summary(a.id, name, values, stamp)
-    return values
+    groups = batches(everything, a.n_layers * a.n_heads)
+
+    def parts() -> Iterator[dict[str, np.ndarray]]:
+        with closing(paired_maps(store, a, b, groups)) as pairs:
+            for group in groups:
+                done = [next(pairs) for _ in group]
+                yield {
+                    "example": np.asarray([example for example, _, _ in done], dtype=np.int64),
+                    "cosine": np.stack([cosine(maps, theirs) for _, maps, theirs in done]),
+                }
+        if store.n_committed(a.id) != stamp["n_examples"]:
+            raise _RunGrew
+
+    try:
+        if not store.save_run_summary_parts(a.id, name, parts(), stamp, n_examples=len(everything)):
+            return None
+    except _RunGrew:
+        return None  # saved without a stamp: never read
+    return store.run_summary_parts(a.id, name, stamp)
+
+
+def kept_similarity(kept: SummaryParts, shared: pd.DataFrame) -> tuple[np.ndarray, int]:
+    """(sum of the kept cosines of the `shared` examples, how many): read range by range in the cache's order,
+    `a`'s storage order, which is the order the streaming path adds them in, so the sums are bit-identical."""
+    wanted = np.sort(shared["example"].to_numpy(np.int64))
+    cosines = kept.arrays["cosine"]
+    total, n = np.zeros(cosines.shape[1:]), 0
+    for start in range(0, kept.n, SUMMARY_ROWS):
+        hit = np.isin(np.asarray(kept.arrays["example"][start : start + SUMMARY_ROWS]), wanted)
+        if hit.any():
+            for row in np.asarray(cosines[start : start + SUMMARY_ROWS])[hit]:
+                total += row
+                n += 1
+    return total, n
 
 
 @register("run_similarity")
@@ -207,11 +238,7 @@ def run_similarity(store: Store, *, run, other: str | None = None, examples=None
     total = np.zeros((a.n_layers, a.n_heads))
     n = 0
     if kept is not None:  # the same per-example cosines, added in the same order as the streaming path below
-        row = {int(e): i for i, e in enumerate(kept["example"])}
-        for group in batches(shared, a.n_layers * a.n_heads):
-            for example in group:
-                total += kept["cosine"][row[example]]
-                n += 1
+        total, n = kept_similarity(kept, shared)
     else:
         for _, maps, theirs in paired_maps(store, a, b, batches(shared, a.n_layers * a.n_heads)):
             total += cosine(maps, theirs)

@@ -139,7 +139,7 @@ def test_the_pair_cache_is_rebuilt_when_either_run_grows(store, two_runs, monkey
     base, other = two_runs
     a, b = store.run_info(base), store.run_info(other)
     first = module.pair_cosines(store, a, b)
-    assert first is not None and sorted(first["example"]) == list(range(len(LENGTHS)))
+    assert first is not None and sorted(first.arrays["example"][:]) == list(range(len(LENGTHS)))
     counted = type(store).n_committed
     monkeypatch.setattr(type(store), "n_committed", lambda self, run: counted(self, run) + (run == b.id))
     read = []
@@ -151,7 +151,7 @@ def test_the_pair_cache_is_rebuilt_when_either_run_grows(store, two_runs, monkey
 
     monkeypatch.setattr(type(store), "iter_attention", counting)
     again = module.pair_cosines(store, a, b)
-    assert read and np.array_equal(again["cosine"], first["cosine"])  # read again (the stamp moved), same values
+    assert read and np.array_equal(again.arrays["cosine"][:], first.arrays["cosine"][:])  # read again (the stamp moved), same values
 
 
 def test_a_read_only_store_without_a_cache_streams(store, two_runs):
@@ -193,3 +193,30 @@ def test_the_pair_cache_checks_tokens_a_range_at_a_time(store, two_runs, monkeyp
     assert module.pair_cosines(store, a, b) is None
     with pytest.raises(module.InvalidArgumentError, match=f"tokenised example {last} differently"):
         run_query(store, "run_similarity", run=base, other=other)
+
+
+def test_the_pair_cache_is_saved_and_read_back_a_part_at_a_time(store, two_runs, monkeypatch):
+    """The pair's cosines are saved a group of examples at a time and read back a few rows at a time (neither
+    ever whole); the kept sums still equal the streaming ones bit for bit."""
+    base, other = two_runs
+    monkeypatch.setattr(module, "BATCH_CELLS", 2 * 3 * 12**2)
+    monkeypatch.setattr(module, "SUMMARY_ROWS", 3)
+    case = dict(max_examples=5, seed=2)
+    want = streamed(monkeypatch, [f"{module.__name__}.pair_cosines"], run_query, store, "run_similarity", run=base, other=other, **case)
+    saved = []
+    original = type(store).save_run_summary_parts
+
+    def noting(self, run, name, parts, stamp, n_examples=None):
+        def counted():
+            for part in parts:
+                saved.append(len(part["example"]))
+                yield part
+
+        return original(self, run, name, counted(), stamp, n_examples)
+
+    monkeypatch.setattr(type(store), "save_run_summary_parts", noting)
+    assert run_query(store, "run_similarity", run=base, other=other, **case).equals(want)  # builds the cache, then reads it
+    assert len(saved) > 2 and max(saved) < len(LENGTHS) and sum(saved) == len(LENGTHS)
+    with monkeypatch.context() as m:
+        forbid_map_reads(m, store)
+        assert run_query(store, "run_similarity", run=base, other=other, **case).equals(want)
