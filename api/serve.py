@@ -48,6 +48,7 @@ from ..store.errors import (
     ReadOnlyStoreError,
     SchemaOutOfDateError,
     StorageIOError,
+    TooLargeError,
 )
 from .common import friendly_errors, open_store, require_extra, store_options
 
@@ -92,10 +93,6 @@ class ServeSettings:
 
     def public(self) -> dict:
         return dataclasses.asdict(self)
-
-
-class TooLargeError(InvalidArgumentError):
-    """A request over one of the server's bounds (cells per response, examples per query): HTTP 413."""
 
 
 def status_for(exc: BaseException) -> int:

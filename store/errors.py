@@ -41,6 +41,10 @@ class ReadOnlyStoreError(AttnStoreError, PermissionError):
     """A write was asked of a store opened read-only (no write permission on its database or array root)."""
 
 
+class TooLargeError(InvalidArgumentError):
+    """A request over a bound (cells per response, examples per query, bytes of a SQL result): HTTP 413."""
+
+
 class DamagedDataError(CorruptInputError):
     """Stored attention data fails its checks: a missing, truncated or corrupted chunk, or inconsistent metadata."""
 
