@@ -29,12 +29,15 @@ import logging
 import math
 import re
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
 
 import click
 import numpy as np
@@ -63,6 +66,13 @@ log = logging.getLogger("attnstore.serve")
 
 WEB_DIR = Path(__file__).parent / "web"
 
+# The Host header names of a server bound to a loopback address (IPv6 literals in brackets, as in a URL).
+LOOPBACK_HOSTS: tuple[str, ...] = ("127.0.0.1", "localhost", "[::1]")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+WILDCARD = ("0.0.0.0", "::", "")  # every interface: the names clients use are not known here
+RETRY_AFTER_S = 5  # Retry-After of a 503 "server busy"
+PREPARING = "docs/SERVE.md#preparing-a-store-for-serving"
+
 # Per-head metrics the server computes on request when none are saved (cheap, one pass over the maps).
 COMPUTABLE: dict[str, tuple[str, ...]] = {
     "entropy": ("entropy", "entropy_from_cls", "uniform_entropy", "uniform_entropy_from_cls"),
@@ -90,13 +100,66 @@ class ServeSettings:
     cache_entries: int = 32  # computed query results kept in memory
     threads: int = 4  # requests served at once (the rest wait in line): more only contend for the GIL on 2 cores
     allow_save: bool = False  # POST .../save writes a query's per-head results to head_metrics
+    max_sql_bytes: int = 8_000_000  # bytes of one SQL result (store/readonly.py stops a statement past it: 413)
+    max_sql_value_bytes: int = 1_000_000  # bytes of one value in an SQL result
+    max_heavy_requests: int = 2  # SQL, queries, maps and search served at once; more answer 503 with Retry-After
+    heavy_wait_s: float = 2.0  # how long a heavy request waits for a free slot before that 503
+    # Host headers answered (the rest: 400), against DNS rebinding; "*" answers any. `attnstore serve` sets the
+    # bound host's names (plus --allowed-host); the default is the loopback names, with or without a port.
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
 
     def public(self) -> dict:
         return dataclasses.asdict(self)
 
 
+class ServerBusyError(AttnStoreError):
+    """Every heavy-request slot stayed taken for `heavy_wait_s`: answered 503 with a Retry-After header."""
+
+
+class ScanNeededError(ConflictError):
+    """A query would read the maps of many examples on a store that cannot keep what it reads (409; `scan=1` asks anyway)."""
+
+
+def allowed_hosts_for(host: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The Host header names a server bound to `host` answers: the loopback names for a loopback address, the
+    address itself otherwise (an IPv6 literal in brackets), the loopback names for a wildcard address (0.0.0.0,
+    ::) whose public names only the user knows, plus `extra` (--allowed-host); ("*",) when `extra` has "*"."""
+    if "*" in extra:
+        return ("*",)
+    bound = host.strip().lower()
+    if bound in LOOPBACK or bound in WILDCARD:
+        names: tuple[str, ...] = LOOPBACK_HOSTS
+    else:
+        names = (f"[{bound.strip('[]')}]",) if ":" in bound else (bound,)
+    for name in extra:
+        name = name.strip().lower()
+        if ":" in name and not name.startswith("["):
+            name = f"[{name}]"  # a bare IPv6 address, as a Host header writes it
+        if name and name not in names:
+            names = (*names, name)
+    return names
+
+
+def host_of(header: str | None) -> str | None:
+    """The host of a Host header, without its port, lower case (an IPv6 literal keeps its brackets); None if malformed."""
+    if not header:
+        return None
+    header = header.strip().lower()
+    if header.startswith("["):
+        end = header.find("]")
+        if end < 0 or header[end + 1 :] and not re.fullmatch(r":\d{1,5}", header[end + 1 :]):
+            return None
+        return header[: end + 1]
+    name, colon, port = header.partition(":")
+    if colon and not re.fullmatch(r"\d{1,5}", port):
+        return None
+    return name or None
+
+
 def status_for(exc: BaseException) -> int:
     """The HTTP status of an attnstore error."""
+    if isinstance(exc, ServerBusyError):
+        return 503
     if isinstance(exc, TooLargeError):
         return 413
     if isinstance(exc, NotFoundError):
@@ -189,6 +252,59 @@ def parse_indices(text: str | None, name: str, size: int) -> list[int]:
     return out
 
 
+# ------------------------------------------------------------------ run names in paths
+
+RUNS_PATH = "/api/runs/"
+
+
+def keep_run_segment(scope: dict) -> dict:
+    """The scope with the run's path segment (/api/runs/RUN/...) still percent-encoded, the rest decoded.
+
+    Servers decode %2F in the path before routing, so a run named `glue/MRPC-dev-x`, sent as `glue%2FMRPC-dev-x`,
+    would span two segments and match no route. From the undecoded `raw_path` the run's segment is kept as sent
+    (the endpoints decode it: `run_name`); without a raw path it is re-encoded, so decoding it gives it back.
+    """
+    root = scope.get("root_path", "") or ""
+    path = scope.get("path", "")
+    if not path.startswith(root + RUNS_PATH):
+        return scope
+    raw = scope.get("raw_path")
+    segment = tail = None
+    if raw is not None:
+        try:
+            text = raw.decode("ascii")
+        except UnicodeDecodeError:
+            text = ""
+        at = text.find(RUNS_PATH)
+        if at >= 0 and unquote(text[:at]) == root:
+            segment, slash, rest = text[at + len(RUNS_PATH) :].partition("/")
+            tail = slash + unquote(rest)
+    if segment is None:
+        segment, slash, rest = path[len(root + RUNS_PATH) :].partition("/")
+        segment, tail = quote(segment, safe=""), slash + rest
+    return {**scope, "path": root + RUNS_PATH + segment + tail}
+
+
+class RunSegment:
+    """ASGI middleware: `keep_run_segment` on every HTTP request."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            scope = keep_run_segment(scope)
+        await self.app(scope, receive, send)
+
+
+def run_name(segment: str) -> str:
+    """A run's path segment as `keep_run_segment` leaves it -> the run's name (or id)."""
+    return unquote(segment)
+
+
+# ------------------------------------------------------------------ the server's state
+
+
 class Server:
     """One store with the caches and locks the endpoints share."""
 
@@ -197,6 +313,8 @@ class Server:
         self.settings = settings
         self._lock = threading.Lock()  # guards the caches
         self._compute = threading.Lock()  # one query computed at a time
+        self._heavy = threading.BoundedSemaphore(settings.max_heavy_requests)  # SQL, queries, maps, search
+        self._heavy_running = 0  # under _lock
         self._examples: OrderedDict[tuple, pd.DataFrame] = OrderedDict()
         self._results: OrderedDict[tuple, pd.DataFrame] = OrderedDict()
         self._facets: OrderedDict[tuple, dict] = OrderedDict()
@@ -218,6 +336,27 @@ class Server:
             while len(cache) > size:
                 cache.popitem(last=False)
         return value
+
+    @contextmanager
+    def heavy(self) -> Iterator[None]:
+        """One of `max_heavy_requests` slots for a request that may read much (SQL, a query, maps), waited for at most
+        `heavy_wait_s`; ServerBusyError (503, Retry-After) when none frees up."""
+        if not self._heavy.acquire(timeout=self.settings.heavy_wait_s):
+            with self._lock:
+                running = self._heavy_running
+            raise ServerBusyError(f"server busy: {running} heavy requests running; retry in {RETRY_AFTER_S} s")
+        with self._lock:
+            self._heavy_running += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._heavy_running -= 1
+            self._heavy.release()
+
+    def can_keep(self, info: "RunInfo") -> bool:
+        """Whether what a query reads of this run's maps is kept (summaries beside the run) for the next time."""
+        return not self.store.read_only and self.store.can_keep_summaries(info.id)
 
     def info(self, run: str) -> "RunInfo":
         return self.store.run_info(run)
@@ -241,19 +380,33 @@ class Server:
         return [int(e) for e in frame.loc[~frame["skipped"].astype(bool), "example"]]
 
     def sql(self, query: str, params: dict | None = None, max_rows: int | None = None) -> tuple[list[str], list[tuple]]:
-        """One read-only statement (store/readonly.py, as `Store.sql`) under this server's time limit."""
+        """One read-only statement (store/readonly.py, as `Store.sql`) under this server's time and byte limits
+        (TooLargeError, 413, past `max_sql_bytes` in all or `max_sql_value_bytes` in one value)."""
         from ..store.readonly import run_readonly_sql
 
         store = self.store
         target = store.locations.db_url if store.engine.dialect.name == "sqlite" else store.engine
-        columns, rows = run_readonly_sql(target, query, params, max_rows, timeout_s=self.settings.sql_timeout_s)
+        columns, rows = run_readonly_sql(
+            target,
+            query,
+            params,
+            max_rows,
+            timeout_s=self.settings.sql_timeout_s,
+            max_bytes=self.settings.max_sql_bytes,
+            max_value_bytes=self.settings.max_sql_value_bytes,
+        )
         return columns or [], rows
 
     # ---- queries
 
-    def query_frame(self, info: "RunInfo", name: str, kwargs: dict) -> "pd.DataFrame":
-        """A registered query's result, computed at most once per run state and parameters, one at a time."""
+    def query_frame(self, info: "RunInfo", name: str, kwargs: dict, n_examples: int | None = None, scan: bool = True) -> "pd.DataFrame":
+        """A registered query's result, computed at most once per run state and parameters, one at a time.
+
+        Computing it may read the maps of up to `n_examples` examples (where nothing is summarised for it). Where that
+        read is kept for the next time (summaries on a writable store) it is done; where not (a read-only store, a
+        layout-1 run) only when `scan`, else ScanNeededError (409) at the first example read."""
         from ..queries import run_query
+        from ..store import progress
 
         key = (*self._state(info), name, json.dumps(kwargs, sort_keys=True, default=str))
         with self._lock:
@@ -264,15 +417,18 @@ class Server:
             with self._lock:
                 if key in self._results:
                     return self._results[key]
-            frame = run_query(self.store, name, run=info.id, **kwargs)
+            reading = MapsReading(self, info, name, n_examples, refuse=not scan and not self.can_keep(info))
+            with progress.reporting(reading.advance):
+                frame = run_query(self.store, name, run=info.id, **kwargs)
+            reading.done()
             with self._lock:
                 self._results[key] = frame
                 while len(self._results) > self.settings.cache_entries:
                     self._results.popitem(last=False)
             return frame
 
-    def check_query_size(self, info: "RunInfo", name: str, params: dict, kwargs: dict) -> None:
-        """Refuse (413) a query that would read more than `max_query_examples` examples."""
+    def check_query_size(self, info: "RunInfo", name: str, params: dict, kwargs: dict) -> int:
+        """Refuse (413) a query that would read more than `max_query_examples` examples; else how many it may read."""
         n = info.n_stored
         if "examples" in params and kwargs.get("examples") is not None:
             n = min(n, len(kwargs["examples"]))
@@ -290,6 +446,53 @@ class Server:
                 f"{cap} examples{': ' + hint if hint else ''} (or save its results with `attnstore query {name} --save` "
                 "and read them from head_metrics)"
             )
+        return n
+
+
+class MapsReading:
+    """Listens to a query's map reads (store/progress.py: one call per example read): refuses the read at its first
+    example where it is not kept and was not asked for (`refuse`), else logs how far it got every 10 s."""
+
+    def __init__(self, srv: Server, info: "RunInfo", name: str, n_examples: int | None, refuse: bool):
+        self.srv, self.info, self.name, self.n, self.refuse = srv, info, name, n_examples, refuse
+        self.read = 0
+        self.started = self.logged = 0.0
+
+    def advance(self, n: int = 1) -> None:
+        now = time.monotonic()
+        if not self.read:
+            if self.refuse:
+                raise ScanNeededError(scan_message(self.srv, self.info, self.name, self.n))
+            self.started = self.logged = now
+            log.info("%s over run %r: reading the maps of up to %s examples", self.name, self.info.name, self.n or "all")
+        self.read += n
+        if now - self.logged >= 10:
+            self.logged = now
+            took = now - self.started
+            log.info("%s over run %r: %d of up to %s examples read (%.0f s)", self.name, self.info.name, self.read, self.n or "?", took)
+
+    def done(self) -> None:
+        if self.read:
+            log.info("%s over run %r: %d examples read in %.1f s", self.name, self.info.name, self.read, time.monotonic() - self.started)
+
+
+def scan_message(srv: Server, info: "RunInfo", name: str, n: int | None) -> str:
+    """Why a query's read of the maps was refused, and what prepares the store for it."""
+    why = (
+        "this server's store is read-only"
+        if srv.store.read_only
+        else "this run's arrays are in layout 1 (`attnstore db upgrade-arrays` moves them to layout 2)"
+    )
+    if name == "run_similarity":
+        prepare = f"run it once on a writable store: `attnstore query run_similarity --run {info.name} --param other=OTHER`"
+    else:
+        prepare = f"summarise the run first: `attnstore summarize --run {info.name}`"
+    return (
+        f"{name} over run {info.name!r} must read the maps of {'up to ' + str(n) if n else 'all its'} examples "
+        f"({info.n_layers} layers x {info.n_heads} heads each): nothing it can read instead is kept for this run, and {why}, "
+        f"so nothing read now would be kept and every restart would read them again; {prepare} ({PREPARING}), "
+        "or ask again with scan=1 to read them now"
+    )
 
 
 # ------------------------------------------------------------------ the endpoints' work, one function each
@@ -394,9 +597,9 @@ def head_metric_list(srv: Server, run: str) -> dict:
     return {"run": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads, "metrics": metrics}
 
 
-def head_metric_matrix(srv: Server, run: str, metric: str, params: str | None) -> dict:
+def head_metric_matrix(srv: Server, run: str, metric: str, params: str | None, scan: bool = False) -> dict:
     """A layers x heads matrix of one metric: saved values, else (entropy, special_tokens,
-    relative_position) computed now over at most `max_query_examples` examples."""
+    relative_position) computed now over at most `max_query_examples` examples (`scan`: as `Server.query_frame`)."""
     info = srv.info(run)
     saved = srv.store.head_metrics(info.id, metric=metric)
     values = np.full((info.n_layers, info.n_heads), np.nan)
@@ -424,7 +627,8 @@ def head_metric_matrix(srv: Server, run: str, metric: str, params: str | None) -
             raise NotFoundError(f"run {info.name!r} has no stored examples")
         cap = srv.settings.max_query_examples
         kwargs: dict[str, Any] = {"examples": positions[:cap]} if len(positions) > cap else {}
-        frame = srv.query_frame(info, query, kwargs)
+        with srv.heavy():
+            frame = srv.query_frame(info, query, kwargs, n_examples=min(cap, len(positions)), scan=scan)
         for layer, head_, value in zip(frame["layer"], frame["head"], frame[column]):
             values[int(layer), int(head_)] = value
         note = (
@@ -468,19 +672,20 @@ def list_queries() -> dict:
     return {"queries": out}
 
 
-def prepare_query(srv: Server, run: str, name: str, raw: dict[str, str]) -> tuple["RunInfo", Any, dict]:
+def prepare_query(srv: Server, run: str, name: str, raw: dict[str, str]) -> tuple["RunInfo", Any, dict, int]:
+    """(run, query, its typed parameters, how many examples it may read)."""
     from ..queries.registry import coerce_params, get_query
 
     spec = get_query(name)
     kwargs = coerce_params(spec, raw)
     info = srv.info(run)
-    srv.check_query_size(info, name, spec.parameters(), kwargs)
-    return info, spec, kwargs
+    n = srv.check_query_size(info, name, spec.parameters(), kwargs)
+    return info, spec, kwargs, n
 
 
-def run_query_table(srv: Server, run: str, name: str, raw: dict[str, str], max_rows: int) -> dict:
-    info, spec, kwargs = prepare_query(srv, run, name, raw)
-    frame = srv.query_frame(info, name, kwargs)
+def run_query_table(srv: Server, run: str, name: str, raw: dict[str, str], max_rows: int, scan: bool = False) -> dict:
+    info, spec, kwargs, n = prepare_query(srv, run, name, raw)
+    frame = srv.query_frame(info, name, kwargs, n_examples=n, scan=scan)
     shown = frame.head(max_rows)
     return {
         "query": name,
@@ -496,13 +701,13 @@ def run_query_table(srv: Server, run: str, name: str, raw: dict[str, str], max_r
     }
 
 
-def save_query(srv: Server, run: str, name: str, raw: dict[str, str]) -> dict:
+def save_query(srv: Server, run: str, name: str, raw: dict[str, str], scan: bool = False) -> dict:
     if not srv.settings.allow_save:
         raise ReadOnlyStoreError("this server is read-only; start it with `attnstore serve --allow-save` to save query results")
-    info, spec, kwargs = prepare_query(srv, run, name, raw)
+    info, spec, kwargs, n = prepare_query(srv, run, name, raw)
     if not spec.per_head:
         raise InvalidArgumentError(f"query {name!r} is not per head (one row per layer and head), so it cannot be saved to head_metrics")
-    frame = srv.query_frame(info, name, kwargs)
+    frame = srv.query_frame(info, name, kwargs, n_examples=n, scan=scan)
     if frame.attrs.get("run_state") != "complete":
         raise ConflictError(f"not saved: run {info.name!r} is incomplete; save its results once its ingest completes")
     n = srv.store.save_head_metrics(info.id, frame, prefix=name, params=kwargs)
@@ -665,22 +870,74 @@ def run_sql(srv: Server, query: str, params: dict | None, max_rows: int) -> dict
 # ------------------------------------------------------------------ the app
 
 
-def create_app(store_locations: "Locations | Store", settings: ServeSettings | None = None, log_requests: bool = False):
+# What each error status of the API means (the OpenAPI schema's responses; every one has the body {"error": "..."}).
+ERROR_STATUS = {
+    400: "Bad input (a parameter, layer, head, page size or SQL statement), or a Host header this server does not answer",
+    403: "A write asked of a read-only server (started without --allow-save)",
+    404: "No such run, example, query, metric or endpoint",
+    409: "The query must read the maps of many examples and this server cannot keep what it reads (ask again with "
+    "scan=1, or prepare the store: docs/SERVE.md); or, for a save, the run is incomplete",
+    413: "Over a bound: cells per maps response, examples per query, SQL statement length or result size",
+    500: "Damaged stored data (the message names the run, example, chunk), or an unexpected error (in the server's log)",
+    503: "The store is not open or its storage failed; or, with a Retry-After header, every heavy-request slot is taken",
+}
+
+
+def create_app(
+    store_locations: "Locations | Store",
+    settings: ServeSettings | None = None,
+    log_requests: bool = False,
+    allowed_hosts: "Sequence[str] | None" = None,
+):
     """The FastAPI app over one store: `Locations` (opened at startup, read-only unless `settings.allow_save`,
-    closed at shutdown) or an open `Store` (used as it is)."""
+    closed at shutdown) or an open `Store` (used as it is). `allowed_hosts` (default `settings.allowed_hosts`):
+    the Host header names answered, "*" for any (a test client's host is `testserver`)."""
     from contextlib import asynccontextmanager
 
-    from fastapi import Body, FastAPI, Query, Request
+    from fastapi import Body, Depends, FastAPI, Query, Request
     from fastapi import Path as PathParam
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import FileResponse, JSONResponse, Response
     from fastapi.staticfiles import StaticFiles
+    from pydantic import BaseModel, Field
+    from starlette.datastructures import Headers
     from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
 
     from ..store import Store
 
     settings = settings or ServeSettings()
+    if allowed_hosts is not None:
+        settings = dataclasses.replace(settings, allowed_hosts=tuple(allowed_hosts))
     holder: dict[str, Server] = {}
+
+    class ApiError(BaseModel):
+        """Every error's body."""
+
+        error: str = Field(description="One line saying what went wrong and what to do; never a traceback.")
+
+    def answers(*statuses: int) -> dict:
+        return {status: {"model": ApiError, "description": ERROR_STATUS[status]} for status in statuses}
+
+    class AllowedHosts(TrustedHostMiddleware):
+        """Starlette's TrustedHostMiddleware (Host header names, `*.domain` patterns, `*` for any; the port is not
+        compared), answering a refused Host with this API's JSON error and never redirecting."""
+
+        async def __call__(self, scope, receive, send):
+            if self.allow_any or scope["type"] not in ("http", "websocket"):
+                await self.app(scope, receive, send)
+                return
+            header = Headers(scope=scope).get("host")
+            host = host_of(header)
+            if host is not None and any(host == p or (p.startswith("*.") and host.endswith(p[1:])) for p in self.allowed_hosts):
+                await self.app(scope, receive, send)
+                return
+            shown = repr(header[:100]) if header else "(none)"
+            message = (
+                f"Host header {shown} is not one this server answers ({', '.join(self.allowed_hosts)}): "
+                "start it with `attnstore serve --allowed-host NAME` to answer another name"
+            )
+            await JSONResponse({"error": message}, status_code=400)(scope, receive, send)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -709,7 +966,24 @@ def create_app(store_locations: "Locations | Store", settings: ServeSettings | N
         lifespan=lifespan,
         docs_url=None,  # /docs is a local page (api/web/docs.html): no CDN
         redoc_url=None,
+        responses=answers(400, 500, 503),
     )
+    app.add_middleware(RunSegment)
+    app.add_middleware(AllowedHosts, allowed_hosts=list(settings.allowed_hosts), www_redirect=False)  # outermost: first
+
+    schema_of = app.openapi
+
+    def openapi() -> dict:
+        """FastAPI's schema without its 422 answers: this server answers a request that fails validation 400."""
+        spec = schema_of()
+        for methods in spec.get("paths", {}).values():
+            for operation in methods.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            spec.get("components", {}).get("schemas", {}).pop(name, None)
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     def srv() -> Server:
         if "server" not in holder:
@@ -725,6 +999,9 @@ def create_app(store_locations: "Locations | Store", settings: ServeSettings | N
     @app.exception_handler(AttnStoreError)
     def attnstore_error(request: Request, exc: AttnStoreError):
         status = status_for(exc)
+        if isinstance(exc, ServerBusyError):
+            log.warning("%s %s: %s", request.method, request.url.path, exc)
+            return JSONResponse({"error": str(exc)}, status_code=status, headers={"Retry-After": str(RETRY_AFTER_S)})
         if status >= 500:
             log.error("%s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
         return error(status, str(exc))
@@ -760,7 +1037,17 @@ def create_app(store_locations: "Locations | Store", settings: ServeSettings | N
             log.info("%s %s -> %s", request.method, request.url.path, response.status_code)
             return response
 
-    Run = PathParam(description="Run name, or its id (`attnstore runs`).")
+    def run_param(
+        run: str = PathParam(description="Run id (`attnstore runs`), or its name with any `/` in it sent as `%2F`."),
+    ) -> str:
+        return run_name(run)
+
+    Run = Depends(run_param)
+    Scan = Query(
+        False,
+        description="Read the maps even where nothing summarised serves the query and this server cannot keep what it "
+        "reads (a read-only store): without it such a query answers 409 before reading (docs/SERVE.md).",
+    )
     Example = PathParam(description="Example position in the corpus (0-based).")
     Offset = Query(0, ge=0, description="Rows to skip.")
     Layers = Query(None, description="Layers, 0-based: 3, 0,2 or 0-5; default every layer.", max_length=200)
@@ -787,12 +1074,12 @@ def create_app(store_locations: "Locations | Store", settings: ServeSettings | N
         """Every run: name, id, model, dataset, split, status, counts and settings."""
         return ok(list_runs(srv()))
 
-    @app.get("/api/runs/{run}", tags=["runs"])
+    @app.get("/api/runs/{run}", tags=["runs"], responses=answers(404))
     def run_info(run: str = Run) -> Response:
         """One run's settings and provenance manifest."""
         return ok(run_detail(srv(), run))
 
-    @app.get("/api/runs/{run}/examples", tags=["examples"])
+    @app.get("/api/runs/{run}/examples", tags=["examples"], responses=answers(404))
     def examples(
         run: str = Run,
         offset: int = Offset,
@@ -807,7 +1094,7 @@ def create_app(store_locations: "Locations | Store", settings: ServeSettings | N
         """A page of the run's examples (position, texts, label, length, flags), filtered."""
         return ok(list_examples(srv(), run, offset, limit, q, label, min_length, max_length, truncated, skipped))
 
-    @app.get("/api/runs/{run}/examples/{example}", tags=["examples"])
+    @app.get("/api/runs/{run}/examples/{example}", tags=["examples"], responses=answers(404))
     def example(run: str = Run, example: int = Example) -> Response:
         """One example and its tokens with word alignment, POS, dependency head and relation."""
         return ok(example_detail(srv(), run, example))
@@ -815,10 +1102,7 @@ def create_app(store_locations: "Locations | Store", settings: ServeSettings | N
     @app.get(
         "/api/runs/{run}/examples/{example}/attention",
         tags=["examples"],
-        responses={
-            200: {"content": {"application/json": {}, "application/octet-stream": {}}},
-            413: {"description": "over the cell budget"},
-        },
+        responses={200: {"content": {"application/json": {}, "application/octet-stream": {}}}, **answers(404, 413)},
     )
     def attention(
         run: str = Run,
@@ -829,7 +1113,12 @@ def create_app(store_locations: "Locations | Store", settings: ServeSettings | N
         digits: int | None = Query(None, ge=1, le=8, description="JSON only: round to this many decimals."),
     ) -> Response:
         """One example's maps (layer, head, query, key), as JSON or .npy, within the cell budget."""
-        about, maps = attention_slice(srv(), run, example, layer, head, binary=format == "npy")
+        s = srv()
+        with s.heavy():
+            return maps_response(s, run, example, layer, head, format, digits)
+
+    def maps_response(s: Server, run: str, example: int, layer: str | None, head: str | None, format: str, digits: int | None) -> Response:
+        about, maps = attention_slice(s, run, example, layer, head, binary=format == "npy")
         if format == "npy":
             buffer = io.BytesIO()
             np.save(buffer, maps, allow_pickle=False)
@@ -848,19 +1137,20 @@ def create_app(store_locations: "Locations | Store", settings: ServeSettings | N
             values = np.round(values, digits)
         return ok({**about, "attention": values.tolist()})
 
-    @app.get("/api/runs/{run}/head_metrics", tags=["head metrics"])
+    @app.get("/api/runs/{run}/head_metrics", tags=["head metrics"], responses=answers(404))
     def head_metrics(run: str = Run) -> Response:
         """Saved per-head metrics of the run (with their parameters), and those computed on request."""
         return ok(head_metric_list(srv(), run))
 
-    @app.get("/api/runs/{run}/head_metrics/{metric}", tags=["head metrics"])
+    @app.get("/api/runs/{run}/head_metrics/{metric}", tags=["head metrics"], responses=answers(404, 409))
     def head_metric(
         run: str = Run,
         metric: str = PathParam(description="query.column, e.g. entropy.entropy", max_length=200),
         params: str | None = Query(None, max_length=2000, description="The saved parameters (JSON text) when several were saved."),
+        scan: bool = Scan,
     ) -> Response:
         """One metric as a layers x heads matrix: saved, else computed now (entropy, special_tokens, relative_position)."""
-        return ok(head_metric_matrix(srv(), run, metric, params))
+        return ok(head_metric_matrix(srv(), run, metric, params, scan))
 
     @app.get("/api/queries", tags=["queries"])
     def queries() -> Response:
@@ -871,6 +1161,7 @@ def create_app(store_locations: "Locations | Store", settings: ServeSettings | N
         raw = dict(request.query_params)
         if len(raw) != len(request.query_params.multi_items()):
             raise InvalidArgumentError("give each query parameter once")
+        raw.pop("scan", None)  # the endpoint's own (Scan), not the query's
         max_rows = settings.max_query_rows
         if "max_rows" in raw:
             try:
@@ -881,25 +1172,33 @@ def create_app(store_locations: "Locations | Store", settings: ServeSettings | N
                 raise InvalidArgumentError(f"max_rows must be between 1 and {settings.max_query_rows}")
         return raw, max_rows
 
-    @app.get("/api/runs/{run}/queries/{name}", tags=["queries"])
-    def query(request: Request, run: str = Run, name: str = PathParam(description="A query of /api/queries.")) -> Response:
+    @app.get("/api/runs/{run}/queries/{name}", tags=["queries"], responses=answers(404, 409, 413))
+    def query(
+        request: Request, run: str = Run, name: str = PathParam(description="A query of /api/queries."), scan: bool = Scan
+    ) -> Response:
         """Run a registered query (its parameters as query-string values, e.g. ?average=token); cached; at most
         `max_query_examples` examples read and `max_query_rows` rows returned (`max_rows` to return fewer)."""
         raw, max_rows = query_params(request)
-        return ok(run_query_table(srv(), run, name, raw, max_rows))
+        s = srv()
+        with s.heavy():
+            return ok(run_query_table(s, run, name, raw, max_rows, scan))
 
-    @app.post("/api/runs/{run}/queries/{name}/save", tags=["queries"], responses={403: {"description": "the server is read-only"}})
-    def save(request: Request, run: str = Run, name: str = PathParam(description="A per-head query.")) -> Response:
+    @app.post("/api/runs/{run}/queries/{name}/save", tags=["queries"], responses=answers(403, 404, 409, 413))
+    def save(request: Request, run: str = Run, name: str = PathParam(description="A per-head query."), scan: bool = Scan) -> Response:
         """Save a per-head query's results to head_metrics (only on a server started with --allow-save)."""
         raw, _ = query_params(request)
-        return ok(save_query(srv(), run, name, raw))
+        s = srv()
+        with s.heavy():
+            return ok(save_query(s, run, name, raw, scan))
 
-    @app.get("/api/runs/{run}/annotations", tags=["search"])
+    @app.get("/api/runs/{run}/annotations", tags=["search"], responses=answers(404))
     def annotations(run: str = Run) -> Response:
         """The UPOS tags and dependency relations of the run's words, with counts."""
-        return ok(annotation_values(srv(), run))
+        s = srv()
+        with s.heavy():
+            return ok(annotation_values(s, run))
 
-    @app.get("/api/runs/{run}/search", tags=["search"])
+    @app.get("/api/runs/{run}/search", tags=["search"], responses=answers(404))
     def search_tokens(
         run: str = Run,
         word: str | None = Query(None, max_length=200, description="Word form (case-insensitive)."),
@@ -915,24 +1214,30 @@ def create_app(store_locations: "Locations | Store", settings: ServeSettings | N
     ) -> Response:
         """Corpus search: tokens by word, token, POS or relation, by example; with layer and head, each hit's
         attention row and its top-k attended tokens."""
-        return ok(search(srv(), run, word, token, upos, deprel, pieces, layer, head, k, offset, limit))
+        s = srv()
+        with s.heavy():
+            return ok(search(s, run, word, token, upos, deprel, pieces, layer, head, k, offset, limit))
 
-    @app.get("/api/sql", tags=["sql"])
+    @app.get("/api/sql", tags=["sql"], responses=answers(413))
     def sql_get(
         q: str = Query(..., description="One read-only statement (SELECT, WITH, VALUES, EXPLAIN)."),
         max_rows: int = Query(settings.default_sql_rows, ge=1, le=settings.max_sql_rows),
     ) -> Response:
         """Read-only SQL over the metadata (tables and views of docs/SQL.md), with a row limit and a time limit."""
-        return ok(run_sql(srv(), q, None, max_rows))
+        s = srv()
+        with s.heavy():
+            return ok(run_sql(s, q, None, max_rows))
 
-    @app.post("/api/sql", tags=["sql"])
+    @app.post("/api/sql", tags=["sql"], responses=answers(413))
     def sql_post(
         query: str = Body(..., embed=True, description="One read-only statement; :name parameters."),
         params: dict[str, str | int | float | bool | None] | None = SqlParams,
         max_rows: int = Body(settings.default_sql_rows, embed=True, ge=1, le=settings.max_sql_rows),
     ) -> Response:
         """Read-only SQL as JSON `{"query": ..., "params": {...}, "max_rows": N}`."""
-        return ok(run_sql(srv(), query, params, max_rows))
+        s = srv()
+        with s.heavy():
+            return ok(run_sql(s, query, params, max_rows))
 
     # ---- the viewer and the API reference (static files, no build step, nothing from outside)
 
@@ -958,8 +1263,6 @@ def _version() -> str:
 
 
 # ------------------------------------------------------------------ the command
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @click.command("serve")
@@ -987,10 +1290,36 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
     type=click.IntRange(1, 64),
     help="Requests served at once (the rest wait).",
 )
+@click.option(
+    "--max-heavy-requests",
+    default=ServeSettings.max_heavy_requests,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="SQL, query, maps and search requests served at once (more answer 503 with Retry-After).",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests whose Host header names NAME (repeatable; '*': any). Default: only the --host's names "
+    "(127.0.0.1, localhost, [::1] for a loopback host), against DNS rebinding.",
+)
 @click.option("--access-log/--no-access-log", default=True, show_default=True, help="Log every request.")
 @store_options
 @friendly_errors
-def serve(locations, host: str, port: int, allow_save: bool, sql_timeout: float, max_query_examples: int, threads: int, access_log: bool):
+def serve(
+    locations,
+    host: str,
+    port: int,
+    allow_save: bool,
+    sql_timeout: float,
+    max_query_examples: int,
+    threads: int,
+    max_heavy_requests: int,
+    allowed_hosts: tuple[str, ...],
+    access_log: bool,
+):
     """Serve the store over HTTP: a JSON API (reference at /docs) and a web viewer at /.
 
     Read-only unless --allow-save; every response is bounded (docs/SERVE.md). Ctrl-C stops it.
@@ -998,12 +1327,25 @@ def serve(locations, host: str, port: int, allow_save: bool, sql_timeout: float,
     require_extra("serve")
     import uvicorn
 
-    settings = ServeSettings(allow_save=allow_save, sql_timeout_s=sql_timeout, max_query_examples=max_query_examples, threads=threads)
+    settings = ServeSettings(
+        allow_save=allow_save,
+        sql_timeout_s=sql_timeout,
+        max_query_examples=max_query_examples,
+        threads=threads,
+        max_heavy_requests=max_heavy_requests,
+        allowed_hosts=allowed_hosts_for(host, allowed_hosts),
+    )
     locations = dataclasses.replace(locations, read_only=locations.read_only or not allow_save)
     store = open_store(locations, write=allow_save)  # a missing or out-of-date store fails here, in one line
     app = create_app(store, settings)
     if host not in LOOPBACK:
         click.echo(f"warning: listening on {host}: anyone who can reach it can read the store (no authentication)", err=True)
+    if host.strip() in WILDCARD and not allowed_hosts:
+        click.echo(
+            f"note: listening on every interface but answering only the Host names {', '.join(settings.allowed_hosts)}; "
+            "add the names clients use with --allowed-host NAME",
+            err=True,
+        )
     shown = f"[{host}]" if ":" in host else host
     click.echo(
         f"attnstore serve: {store.locations.describe()} ({'writable: --allow-save' if allow_save else 'read-only'}) "

@@ -68,8 +68,11 @@ def served(store, make_run):
     return store, maps
 
 
+TEST_HOST = ["testserver"]  # the test client's Host header; the server answers only the names it is given
+
+
 def client_for(store, **settings) -> TestClient:
-    return TestClient(create_app(store, ServeSettings(**settings)), raise_server_exceptions=False)
+    return TestClient(create_app(store, ServeSettings(**settings), allowed_hosts=TEST_HOST), raise_server_exceptions=False)
 
 
 @pytest.fixture
@@ -242,12 +245,14 @@ def test_queries_are_listed_and_run(served, client):
 
 def test_saving_needs_allow_save_and_a_writable_store(served, tmp_path):
     store, _ = served
-    read_only = create_app(store.locations)  # opened at startup, read-only by default
+    read_only = create_app(store.locations, allowed_hosts=TEST_HOST)  # opened at startup, read-only by default
     with TestClient(read_only, raise_server_exceptions=False) as c:
         assert "--allow-save" in error_of(c.post(f"/api/runs/{RUN}/queries/entropy/save"), 403)
         assert c.get("/api/info").json()["read_only"] is True
     assert store.head_metrics(RUN).empty
-    with TestClient(create_app(store.locations, ServeSettings(allow_save=True)), raise_server_exceptions=False) as c:
+    with TestClient(
+        create_app(store.locations, ServeSettings(allow_save=True), allowed_hosts=TEST_HOST), raise_server_exceptions=False
+    ) as c:
         saved = c.post(f"/api/runs/{RUN}/queries/relative_position/save", params={"average": "token"}).json()
         assert saved == {"query": "relative_position", "run": RUN, "saved": 18, "metric_prefix": "relative_position."}
         assert "not per head" in error_of(c.post(f"/api/runs/{RUN}/queries/word_maps/save"), 400)
