@@ -5,12 +5,18 @@
 >>> store.runs()                           # DataFrame of runs
 >>> store.attention("my-run", 0).shape     # (layer, head, query, key)
 >>> attnstore.run_query(store, "entropy", run="my-run")
+
+`Store`, `open_store` and `run_query` are imported when first used (PEP 562), so that
+`import attnstore` (and `attnstore --help`) does not pay for pandas, zarr and SQLAlchemy.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 # Absolute imports: pytest imports this file as the repository root's package under the
 # checkout's folder name, which relative imports would not survive.
-from attnstore.queries import run_query
-from attnstore.store import Store, open_store
 from attnstore.store.errors import (
     AttnStoreError,
     BusyError,
@@ -24,6 +30,26 @@ from attnstore.store.errors import (
     SchemaOutOfDateError,
     StorageIOError,
 )
+
+if TYPE_CHECKING:
+    from attnstore.queries import run_query
+    from attnstore.store import Store, open_store
+
+_LAZY = {"Store": "attnstore.store", "open_store": "attnstore.store", "run_query": "attnstore.queries"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'attnstore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __version__ = "0.1.0"
 __all__ = [

@@ -1,21 +1,19 @@
-"""The `attnstore` command line: thin wrappers over attnstore.store, .ingest and .queries."""
+"""The `attnstore` command line: thin wrappers over attnstore.store, .ingest and .queries.
+
+Starting it imports click and api/common.py only: every command imports what it needs when it
+runs, and the commands of other modules (LAZY_COMMANDS) are imported only when they are run, so
+`attnstore --help` and `--version` take a fraction of a second (tests/test_cli_startup.py).
+"""
 
 from __future__ import annotations
 
-import json
-import sys
-
 import click
 
-from ..ingest.align import TOKENIZATIONS, TRUNCATION_POLICIES
-from ..ingest.annotate import ANNOTATORS
-from ..ingest.corpus import FORMATS as CORPUS_FORMATS
-from ..ingest.model import DEFAULT_MODEL
-from ..queries.probes import KINDS as PROBE_KINDS
-from ..store.arrays import CODECS, DEFAULT_CHUNK_CELLS, DTYPES
+from .. import __version__
 from ..store.config import redact
 from .common import (
     FORMATS,
+    LazyGroup,
     create_store,
     emit,
     friendly_errors,
@@ -26,6 +24,24 @@ from .common import (
     store_options,
 )
 
+# Commands defined in other modules: name -> ("module:attribute" under attnstore.api, the short help listed by --help).
+LAZY_COMMANDS = {
+    "ingest": (".ingest_cli:ingest", "Run a model over a corpus and store every attention map."),
+    "probe": (".probe_cli:probe", "Attention probes for dependency parsing: train, list."),
+    "finetune": (".models_cli:finetune", "Fine-tune a model on a GLUE task and keep it in the store."),
+    "evaluate": (".models_cli:evaluate", "Score a model on a GLUE task's dev set; stored once."),
+    "ablate": (".models_cli:ablate", "Score a fine-tuned model with attention heads disabled."),
+    "models": (".models_cli:list_models", "List the store's base and fine-tuned models."),
+    "export": (".bundle_cli:export_cmd", "Write runs to one checksummed bundle (zip, folder, s3)."),
+    "import": (".bundle_cli:import_cmd", "Load a bundle written by `attnstore export`."),
+    "patterns": (".patterns_cli:patterns", "Attention-pattern classes: label, train, classify, plot."),
+    "serve": (".serve:serve", "Serve the store over HTTP: a JSON API and a web viewer."),
+}
+REPORT_LAZY_COMMANDS = {
+    "table1": (".models_cli:report_table1", "Write Kovaleva et al.'s Table 1: GLUE dev scores."),
+    "ablation": (".models_cli:report_ablation", "Write Kovaleva et al.'s Figs. 8-9: heads disabled."),
+}
+
 
 def bound_heap_growth() -> None:
     """Freed slabs of maps go back to the OS (store/heap.py); commands that run a model change this when they load it."""
@@ -34,8 +50,8 @@ def bound_heap_growth() -> None:
     heap.for_reading()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="attnstore")
+@click.group(cls=LazyGroup, lazy=LAZY_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="attnstore")  # not package_name: reading the metadata costs 0.1 s
 def main():
     """attnstore: store a corpus's attention maps once (Zarr + SQL), query them many times."""
     bound_heap_growth()
@@ -44,12 +60,12 @@ def main():
 # ---------------------------------------------------------------- db
 
 
-@main.group()
+@main.group(short_help="Create, upgrade or inspect the metadata database.")
 def db():
     """Create or upgrade the metadata database (Alembic migrations)."""
 
 
-@db.command("upgrade")
+@db.command("upgrade", short_help="Create the schema or upgrade it to this version's.")
 @store_options
 @friendly_errors
 def db_upgrade(locations):
@@ -57,7 +73,7 @@ def db_upgrade(locations):
     click.echo(create_store(locations))
 
 
-@db.command("upgrade-arrays")
+@db.command("upgrade-arrays", short_help="Convert layout-1 runs to the layout-2 arrays.")
 @store_options
 @click.option("--run", "runs", multiple=True, help="Only these runs (name or id; repeatable). Default: every run.")
 @click.option("--rebuild-index", is_flag=True, help="Also rewrite layout-2 runs' index arrays from SQL (when `check` says they differ).")
@@ -74,7 +90,7 @@ def db_upgrade_arrays(locations, runs, rebuild_index):
         emit(upgrade_arrays(store, list(runs) or None, rebuild_index=rebuild_index), "table")
 
 
-@db.command("current")
+@db.command("current", short_help="Print the schema revision and whether it is current.")
 @store_options
 @friendly_errors
 def db_current(locations):
@@ -90,173 +106,7 @@ def db_current(locations):
     click.echo(f"{redact(locations.db_url)}: revision {current or 'none'} (head {head}, {status})")
 
 
-# ---------------------------------------------------------------- ingest
-
-
-@main.command()
-@click.option("--corpus", default=None, type=click.Path(dir_okay=False), help="Corpus file to ingest (or use --dataset).")
-@click.option(
-    "--format",
-    "fmt",
-    default=None,
-    type=click.Choice(CORPUS_FORMATS),
-    help="text: one example per line; tsv / pairs-tsv: TSV with a header and one / two text columns; conllu: CoNLL-U with gold annotation.",
-)
-@click.option("--dataset", default=None, metavar="NAME:SPLIT", help="A built-in dataset, e.g. glue/MRPC:dev (see `attnstore datasets`).")
-@click.option(
-    "--data-dir",
-    default=None,
-    type=click.Path(file_okay=False),
-    help="Folder holding the built-in datasets' files (env ATTNSTORE_DATA; default ../shared/data).",
-)
-@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Hugging Face model name or local directory.")
-@click.option("--name", default=None, help="Run name (default DATASET-SPLIT-MODEL). Re-running a name resumes it.")
-@click.option("--dataset-name", default=None, help="Dataset name (default: the file's folder name).")
-@click.option("--split", default=None, help="Split name (default: the file's stem).")
-@click.option(
-    "--annotate",
-    "annotator",
-    default="spacy",
-    show_default=True,
-    type=click.Choice(ANNOTATORS),
-    help="Word annotation for corpora without gold annotation.",
-)
-@click.option("--batch-size", default=32, show_default=True, type=int)
-@click.option("--max-length", default=None, type=int, help="Token limit (default: the model's).")
-@click.option(
-    "--truncation",
-    default="truncate",
-    show_default=True,
-    type=click.Choice(TRUNCATION_POLICIES),
-    help="What to do with inputs over the limit: truncate them (longest segment first) or skip them. Counted per run.",
-)
-@click.option("--dtype", default="float16", show_default=True, type=click.Choice(DTYPES))
-@click.option(
-    "--codec",
-    "codec_name",
-    default="lossless",
-    show_default=True,
-    type=click.Choice(sorted(CODECS)),
-    help="lossless: blosc zstd (~1.66 bytes/cell); u8: each value stored as one byte round(255 v) "
-    "(~0.40 bytes/cell, at most 0.0025 off per value; its effect on every query is in docs/PERFORMANCE.md).",
-)
-@click.option("--limit", default=None, type=int, help="Only the first N examples.")
-@click.option("--sample", default=None, type=int, help="A random sample of N examples (reproducible with --seed).")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed for --sample.")
-@click.option("--window-words", default=None, type=int, help="gum/ontogum: words per document window (default 128).")
-@click.option("--text-a-column", default=None, help="pairs-tsv: first text column (default: found from the header).")
-@click.option("--text-b-column", default=None, help="pairs-tsv: second text column.")
-@click.option("--label-column", default=None, help="pairs-tsv: label column.")
-@click.option(
-    "--quoting",
-    default="none",
-    show_default=True,
-    type=click.Choice(["none", "csv"]),
-    help="pairs-tsv: 'none' treats quotes as text (GLUE); 'csv' reads quoted fields (HF exports).",
-)
-@click.option(
-    "--tokenize",
-    "tokenization",
-    default=None,
-    type=click.Choice(TOKENIZATIONS),
-    help="Feed the model the raw text (default for GLUE and plain text) or the corpus's words (default for CoNLL-U).",
-)
-@click.option(
-    "--chunk-cells",
-    default=DEFAULT_CHUNK_CELLS,
-    show_default=True,
-    type=int,
-    help="Zarr chunk length in cells (advanced; the default was chosen by benchmarks/choose_codec.py).",
-)
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
-@scheduler_option("the forward passes (this process tokenizes and writes)")
-@store_options
-@friendly_errors
-def ingest(
-    locations,
-    corpus,
-    fmt,
-    dataset,
-    data_dir,
-    model,
-    name,
-    dataset_name,
-    split,
-    annotator,
-    batch_size,
-    max_length,
-    truncation,
-    dtype,
-    codec_name,
-    limit,
-    sample,
-    seed,
-    window_words,
-    text_a_column,
-    text_b_column,
-    label_column,
-    quoting,
-    chunk_cells,
-    tokenization,
-    progress,
-    scheduler,
-):
-    """Run a model once over a corpus and store every attention map.
-
-    Interrupted runs resume when the same command is run again: no example is
-    stored twice or lost.
-    """
-    from ..ingest import ingest as run_ingest
-
-    read_options = {}
-    if fmt == "pairs-tsv":
-        read_options = dict(text_a=text_a_column, text_b=text_b_column, label=label_column, quoting=quoting)
-    elif fmt == "tsv":
-        read_options = dict(text_a=text_a_column, label=label_column, quoting=quoting)
-    require_extra("ingest")
-    store = open_store(locations, create=True)
-    try:
-        result = run_ingest(
-            store,
-            corpus=corpus,
-            fmt=fmt,
-            dataset=dataset,
-            data_dir=data_dir,
-            model=model,
-            name=name,
-            dataset_name=dataset_name,
-            split=split,
-            annotator=annotator,
-            batch_size=batch_size,
-            max_length=max_length,
-            truncation=truncation,
-            dtype=dtype,
-            codec=dict(CODECS[codec_name]),
-            limit=limit,
-            sample=sample,
-            seed=seed,
-            window_words=window_words,
-            chunk_cells=chunk_cells,
-            tokenization=tokenization,
-            progress=progress,
-            scheduler=scheduler,
-            **read_options,
-        )
-    except KeyboardInterrupt:
-        click.echo("interrupted: stored examples are kept; run the same command again to resume", err=True)
-        sys.exit(130)
-    run = result.run
-    if result.already_complete:
-        click.echo(f"run {run.name!r} is already complete ({run.n_stored} examples); nothing to do")
-        return
-    click.echo(
-        f"run {run.name!r}: stored {result.n_new} examples in {result.seconds:.1f}s "
-        f"({run.n_stored} stored, {run.n_truncated} truncated, {run.n_skipped} skipped; max length {run.max_length}, "
-        f"truncation={run.truncation})"
-    )
-
-
-@main.command()
+@main.command(short_help="List the built-in datasets and whether their files exist.")
 @click.option(
     "--data-dir",
     default=None,
@@ -306,7 +156,7 @@ RUNS_TABLE_COLUMNS = [
 ]
 
 
-@main.command()
+@main.command(short_help="List the runs in the store.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @store_options
 @friendly_errors
@@ -318,17 +168,19 @@ def runs(locations, fmt):
         click.echo("(settings of each run: attnstore show RUN; every column: --format csv or json)", err=True)
 
 
-@main.command()
+@main.command(short_help="Print a run's settings and provenance as JSON.")
 @click.argument("run")
 @store_options
 @friendly_errors
 def show(locations, run):
     """Print a run's settings and provenance manifest as JSON."""
+    import json
+
     info = open_store(locations).run_info(run)
     click.echo(json.dumps(info.__dict__, indent=2, default=str))
 
 
-@main.command()
+@main.command(short_help="List a run's examples with their length and flags.")
 @click.option("--run", required=True, help="Run name or id (see `attnstore runs`).")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @store_options
@@ -338,7 +190,7 @@ def examples(locations, run, fmt):
     emit(open_store(locations).examples(run), fmt)
 
 
-@main.command()
+@main.command(short_help="Show one example's tokens with words, POS and dependencies.")
 @click.option("--run", required=True, help="Run name or id (see `attnstore runs`).")
 @click.option("--example", required=True, type=int, help="Example position in the corpus (0-based).")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
@@ -349,7 +201,7 @@ def tokens(locations, run, example, fmt):
     emit(open_store(locations).tokens(run, example), fmt)
 
 
-@main.command()
+@main.command(short_help="Draw one example's attention maps as heatmaps.")
 @click.option("--run", required=True, help="Run name or id (see `attnstore runs`).")
 @click.option("--example", required=True, type=int, help="Example position in the corpus (0-based).")
 @click.option("--layer", default=None, type=int, help="Only this layer (0-based); default: every layer.")
@@ -392,7 +244,7 @@ def sql(locations, query, max_rows, fmt):
         click.echo(f"(truncated to {max_rows} rows; raise --max-rows)", err=True)
 
 
-@main.command()
+@main.command(short_help="Verify stored runs: chunks, checksums, row sums, counts.")
 @click.option("--run", "runs_", multiple=True, help="Run to check (repeatable; default: every run).")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @store_options
@@ -416,7 +268,7 @@ def check(locations, runs_, fmt):
 # ---------------------------------------------------------------- queries
 
 
-@main.command("queries")
+@main.command("queries", short_help="List the stored queries and their parameters.")
 def list_queries():
     """List the stored queries and their parameters."""
     from ..queries import QUERIES, load_all
@@ -437,7 +289,7 @@ def parse_params(ctx, _param, values):
     return out
 
 
-@main.command()
+@main.command(short_help="Run a stored query over a run's maps (no model needed).")
 @click.argument("name")
 @click.option("--run", required=True, help="Run name or id (see `attnstore runs`).")
 @click.option(
@@ -487,7 +339,7 @@ def query(locations, name, run, params, fmt, output, save, scheduler):
         click.echo(f"saved {n} values to head_metrics (metric '{name}.*')", err=True)
 
 
-@main.command()
+@main.command(short_help="Build the per-example summaries that queries read.")
 @click.option("--run", "runs_", multiple=True, required=True, help="Run name or id (repeatable).")
 @click.option(
     "--kind",
@@ -529,7 +381,7 @@ def summarize(locations, runs_, kinds, scheduler):
             click.echo(f"{info.name}: summary {name} covers {n} examples ({time.perf_counter() - t:.2f} s)", err=True)
 
 
-@main.command()
+@main.command(short_help="Gradient importance of attention to special tokens.")
 @click.option("--run", required=True, help="Run whose model has a masked-LM head.")
 @click.option("--max-examples", default=200, show_default=True, type=int)
 @click.option("--mask-rate", default=0.15, show_default=True, type=float)
@@ -554,57 +406,12 @@ def gradients(locations, run, max_examples, mask_rate, seed, model_dir, fmt):
     click.echo(f"saved {n} values to head_metrics (metric 'gradient.*')", err=True)
 
 
-@main.group()
-def probe():
-    """Attention probes for dependency parsing (Clark et al. Sec. 5): train, evaluate, list."""
-
-
-@probe.command("train")
-@click.option("--run", required=True, help="Training run (a treebank split, e.g. ud/en_ewt:train).")
-@click.option("--eval-run", required=True, help="Held-out run for UAS (e.g. ud/en_ewt:dev).")
-@click.option("--kind", required=True, type=click.Choice(PROBE_KINDS), help="The probe, or a baseline.")
-@click.option("--max-train", default=2000, show_default=True, type=int, help="Training sentences used (memory grows with them).")
-@click.option("--epochs", default=100, show_default=True, type=int, help="Full-batch Adam steps.")
-@click.option("--lr", default=0.05, show_default=True, type=float, help="Adam learning rate.")
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option(
-    "--model-dir",
-    default=None,
-    type=click.Path(file_okay=False),
-    help="attn+words / distance+words: folder holding the run's model as MODEL_NAME/ (env ATTNSTORE_MODEL_DIR).",
-)
-@store_options
-@friendly_errors
-def probe_train(locations, run, eval_run, kind, max_train, epochs, lr, seed, model_dir):
-    """Train a probe on stored word-level maps of RUN and store its UAS on EVAL-RUN."""
-    from ..queries.probes import train_and_evaluate
-
-    store = open_store(locations, write=True)  # saves to probe_results: a read-only store fails before training
-    with reading_progress(f"probe {kind}: reading word-level maps"):
-        result = train_and_evaluate(
-            store, run=run, eval_run=eval_run, kind=kind, max_train=max_train, epochs=epochs, lr=lr, seed=seed, model_dir=model_dir
-        )
-    store.save_probe_result(run, eval_run, result, params=dict(max_train=max_train, lr=lr, seed=seed))
-    train = "" if result["train_uas"] is None else f", train UAS {result['train_uas']:.3f} on {result['n_train']} words"
-    click.echo(f"{kind}: UAS {result['uas']:.3f} on {result['n_eval']} words of {eval_run}{train} (saved to probe_results)")
-
-
-@probe.command("results")
-@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
-@store_options
-@friendly_errors
-def probe_results(locations, fmt):
-    """List saved probe results (the probe_results table)."""
-    frame = open_store(locations).probe_results()
-    emit(frame.drop(columns=["params", "created_at"]) if fmt == "table" else frame, fmt)
-
-
-@main.group()
+@main.group(cls=LazyGroup, lazy=REPORT_LAZY_COMMANDS, short_help="Write a paper's tables and figures for stored runs.")
 def report():
     """Write a paper's tables (Markdown + CSV) and figures (PNG + SVG) for stored runs."""
 
 
-@report.command("clark")
+@report.command("clark", short_help="Write Clark et al.'s figures and tables for a run.")
 @click.option("--run", required=True, help="Run over a dependency treebank (e.g. ingested with --dataset ud/en_ewt:dev).")
 @click.option("--coref-run", default=None, help="Run over gum/ontogum windows for Table 2.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
@@ -635,7 +442,7 @@ def _task_runs(ctx, _param, values) -> dict[str, str]:
     return out
 
 
-@report.command("kovaleva")
+@report.command("kovaleva", short_help="Write Kovaleva et al.'s figures for stored runs.")
 @click.option(
     "--run",
     "runs_",
@@ -670,18 +477,6 @@ def report_kovaleva(locations, runs_, finetuned, frame_run, max_examples, out):
         path = kovaleva_report(open_store(locations), out, runs_, finetuned, frame_run, max_examples)
     click.echo(f"wrote {path} and its tables and figures")
 
-
-from .bundle_cli import export_cmd, import_cmd  # noqa: E402
-from .models_cli import ablate, evaluate, finetune, list_models, report_ablation, report_table1  # noqa: E402
-from .patterns_cli import patterns  # noqa: E402
-from .serve import serve  # noqa: E402
-
-for command in (finetune, evaluate, ablate, list_models, export_cmd, import_cmd):
-    main.add_command(command)
-report.add_command(report_table1)
-report.add_command(report_ablation)
-main.add_command(patterns)
-main.add_command(serve)
 
 if __name__ == "__main__":
     main()

@@ -1,9 +1,14 @@
-"""Pieces every command shares: store options, one-line errors, output formats."""
+"""Pieces every command shares: store options, one-line errors, output formats, lazily loaded commands.
+
+Imports nothing heavy (no pandas, numpy, zarr or SQLAlchemy at import time): `attnstore --help`
+and `--version` load this module and api/cli.py only.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 
 import click
@@ -12,6 +17,48 @@ from ..store.config import resolve_locations
 from ..store.errors import AttnStoreError
 
 FORMATS = ("table", "csv", "json")
+
+
+class LazyGroup(click.Group):
+    """A group whose commands in `lazy` are imported only when one is run (or asked for its own --help).
+
+    `lazy` maps a command name to ("module:attribute", short help), the module relative to
+    attnstore.api; the group's --help lists those commands with that short help without
+    importing them (click's LazyGroup recipe, plus the listing).
+    """
+
+    def __init__(self, *args, lazy: dict[str, tuple[str, str]] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            path, short_help = self.lazy[cmd_name]
+            module, attribute = path.split(":")
+            command = getattr(importlib.import_module(module, __package__), attribute)
+            command.short_help = short_help  # what the listing says, whichever module defines the command
+            self.add_command(command, cmd_name)
+        return self.commands.get(cmd_name)
+
+    def listed_help(self, cmd_name: str, limit: int) -> str | None:
+        """The listed help of a command (None: hidden), importing nothing."""
+        if cmd_name in self.lazy:
+            return self.lazy[cmd_name][1]
+        command = self.commands[cmd_name]
+        return None if command.hidden else command.get_short_help_str(limit)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(map(len, names))
+        rows = [(name, text) for name in names if (text := self.listed_help(name, limit)) is not None]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 def store_options(func):

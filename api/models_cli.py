@@ -17,7 +17,7 @@ from .common import FORMATS, emit, friendly_errors, open_store, require_extra, s
 TASK_NAMES = tuple(TASKS)
 
 
-@click.command()
+@click.command(short_help="Fine-tune a model on a GLUE task and keep it in the store.")
 @click.option("--task", required=True, type=click.Choice(TASK_NAMES, case_sensitive=False), help="GLUE task (train split).")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Base model: name or local directory.")
 @click.option(
@@ -67,7 +67,7 @@ def finetune(locations, task, model, init, epochs, batch_size, lr, seed, train_l
         click.echo(f"fine-tuned {result.name!r}: {result.epochs_run} epoch(s) in {result.seconds:.0f}s, saved to {result.path}")
 
 
-@click.command()
+@click.command(short_help="Score a model on a GLUE task's dev set; stored once.")
 @click.option("--model", required=True, help="A fine-tuned model of the store, or a base model (evaluated without fine-tuning).")
 @click.option("--task", required=True, type=click.Choice(TASK_NAMES, case_sensitive=False))
 @click.option("--data-dir", default=None, type=click.Path(file_okay=False), help="Folder holding glue/ (env ATTNSTORE_DATA).")
@@ -89,7 +89,7 @@ def evaluate(locations, model, task, data_dir, fmt, progress):
     click.echo(ev.description, err=True)
 
 
-@click.command()
+@click.command(short_help="Score a fine-tuned model with attention heads disabled.")
 @click.option("--model", required=True, help="A fine-tuned model of the store.")
 @click.option("--task", required=True, type=click.Choice(TASK_NAMES, case_sensitive=False))
 @click.option(
@@ -125,7 +125,7 @@ def ablate(locations, model, task, heads, mode, data_dir, fmt, progress):
     emit(frame[["config", "metric", "score", "baseline_score", "delta", "n_examples"]] if fmt == "table" else frame, fmt)
 
 
-@click.command("models")
+@click.command("models", short_help="List the store's base and fine-tuned models.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @store_options
 @friendly_errors
@@ -142,7 +142,7 @@ def _need_matplotlib() -> None:
         raise click.ClickException("figures need matplotlib: pip install 'attnstore[report]'") from None
 
 
-@click.command("table1")
+@click.command("table1", short_help="Write Kovaleva et al.'s Table 1: GLUE dev scores.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @store_options
 @friendly_errors
@@ -154,7 +154,7 @@ def report_table1(locations, out):
     click.echo(f"wrote {path}")
 
 
-@click.command("ablation")
+@click.command("ablation", short_help="Write Kovaleva et al.'s Figs. 8-9: heads disabled.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @click.option("--mode", default="uniform", show_default=True, type=click.Choice(MODES))
 @store_options

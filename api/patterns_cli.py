@@ -21,12 +21,12 @@ def _need_matplotlib() -> None:
         raise click.ClickException("figures need matplotlib: pip install 'attnstore[report]'") from None
 
 
-@click.group()
+@click.group(short_help="Attention-pattern classes: label, train, classify, plot.")
 def patterns():
     """Attention-pattern classes (Kovaleva et al. Sec 4.1): label maps, train and run classifiers, Fig 2."""
 
 
-@patterns.command("render")
+@patterns.command("render", short_help="Draw a sample of maps as PNG pages to label.")
 @click.option("--run", "runs", required=True, multiple=True, help="Run to sample from (repeatable: the sample is spread over runs).")
 @click.option("--n", "n", default=100, show_default=True, type=int, help="Number of maps.")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -46,7 +46,7 @@ def render(locations, runs, n, seed, out, rows, cols, gamma):
     click.echo(f"wrote {len(names) - 1} page(s) and sample.jsonl ({n} maps) to {out}")
 
 
-@patterns.command("import")
+@patterns.command("import", short_help="Load a JSON Lines label file into pattern_labels.")
 @click.argument("labels", type=click.Path(dir_okay=False))
 @click.option("--source", default="human", show_default=True, help="pattern_labels source to write.")
 @store_options
@@ -62,7 +62,7 @@ def import_(locations, labels, source):
     )
 
 
-@patterns.command("export")
+@patterns.command("export", short_help="Write stored pattern labels as JSON Lines.")
 @click.option("--source", default="human", show_default=True, help="Which labels: human, rules, cnn, ...")
 @click.option("--run", default=None, help="Only this run's labels.")
 @click.option("--labeller", default=None, help="Name written as labeller (the store keeps none; default unknown / the source).")
@@ -83,7 +83,7 @@ def export(locations, source, run, labeller, output):
         click.echo(text, nl=False)
 
 
-@patterns.command("calibrate")
+@patterns.command("calibrate", short_help="Tune the rule thresholds on stored labels.")
 @click.option("--source", default="human", show_default=True, help="Labels to calibrate on.")
 @click.option("--test-fraction", default=0.25, show_default=True, type=float)
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the stratified split (the CNN's too).")
@@ -108,7 +108,7 @@ def calibrate(locations, source, test_fraction, seed):
         )
 
 
-@patterns.command("train-cnn")
+@patterns.command("train-cnn", short_help="Train the pattern CNN on stored labels.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Weights file to write (.pt); a .json report beside it.")
 @click.option("--source", default="human", show_default=True, help="Labels to train on.")
 @click.option("--test-fraction", default=0.25, show_default=True, type=float)
@@ -128,7 +128,7 @@ def train_cnn(locations, out, source, test_fraction, seed, epochs, size, masks):
     click.echo(format_report(report))
 
 
-@patterns.command("classify")
+@patterns.command("classify", short_help="Classify maps into pattern classes per run.")
 @click.option("--run", "runs", required=True, multiple=True, help="Run to classify (repeatable).")
 @click.option("--classifier", default="rules", show_default=True, type=click.Choice(["rules", "cnn"]))
 @click.option("--model-file", default=None, type=click.Path(dir_okay=False), help="CNN weights from `patterns train-cnn`.")
@@ -165,7 +165,7 @@ def classify(locations, runs, classifier, model_file, max_examples, seed, save, 
     emit(pd.DataFrame(rows), fmt)
 
 
-@patterns.command("figure")
+@patterns.command("figure", short_help="Draw the pattern classes per task (Fig. 2).")
 @click.option("--run", "runs", required=True, multiple=True, help="Run (one bar each, in the order given).")
 @click.option("--source", default="rules", show_default=True, help="rules (classified now) or stored labels: cnn, human, ...")
 @click.option("--max-examples", default=1000, show_default=True, type=int)

@@ -11,11 +11,12 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from ..store import Store
 from .errors import InvalidArgumentError, UnknownQueryError
+
+if TYPE_CHECKING:  # pandas and the store are imported by the queries themselves, not to look one up
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ _KINDS = {bool: ("true or false", "true"), int: ("an integer", "0"), float: ("a 
 
 def param_type(spec: QuerySpec, name: str) -> tuple[type, bool]:
     """(bool, int, float or str; whether None is allowed) from the annotation, else from the default."""
+    from ..store import Store
+
     param = spec.parameters()[name]
     try:
         # Query modules import Store for type checking only: name it here so every annotation resolves.
