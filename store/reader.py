@@ -83,18 +83,20 @@ class StoreReader:
 
     # ------------------------------------------------------------------ runs, examples, tokens, words, maps
 
-    def sql(self, query: str, params: dict | None = None, max_rows: int | None = None) -> pd.DataFrame:
+    def sql(self, query: str, params: dict | None = None, max_rows: int | None = None, max_bytes: int | None = None) -> pd.DataFrame:
         """Run a SQL query over the metadata and return a DataFrame (at most `max_rows` rows).
 
         One read-only statement (SELECT, WITH, VALUES, EXPLAIN; introspection PRAGMAs on SQLite)
-        on its own read-only connection, under a time limit; anything that would write, and
-        several statements at once, raise InvalidArgumentError("SQL error: ..."). See store/readonly.py.
+        over the store's own tables and views, calling ordinary functions only, on its own
+        read-only connection, under a time limit; anything else raises InvalidArgumentError("SQL
+        error: ...") (what is allowed: store/sql_policy.py, docs/CLI.md). A result over
+        `max_bytes`, or one value over 16 MiB, raises TooLargeError. See store/readonly.py.
         """
         from .readonly import run_readonly_sql
 
         # SQLite: by file (a read-only store's engine has no path in its URL); PostgreSQL: via the engine.
         target = self.locations.db_url if self.engine.dialect.name == "sqlite" else self.engine
-        columns, rows = run_readonly_sql(target, query, params, max_rows)
+        columns, rows = run_readonly_sql(target, query, params, max_rows, max_bytes=max_bytes)
         if columns is None:
             return pd.DataFrame()
         return pd.DataFrame(rows, columns=columns)

@@ -16,15 +16,15 @@ PostgreSQL
     advisory lock, a setting -- outlives it) runs ``SET TRANSACTION READ ONLY``, ``SET LOCAL
     statement_timeout`` and, when connected as a superuser, ``SET LOCAL ROLE pg_read_all_data``
     (PostgreSQL >= 14) so that server-file access (COPY TO/FROM a file or program, pg_read_file,
-    lo_export) is refused; then the statement through the extended protocol (a prepared
-    statement, so a string holding several statements is refused by the server), then ROLLBACK.
-    Because a superuser session may switch back to its own role from inside a statement
-    (``set_config('role', ...)``, ``SET ROLE`` in a ``DO`` block), the statement is also checked
-    before it is sent: one statement, starting with SELECT, WITH, VALUES, TABLE, EXPLAIN or SHOW,
-    naming none of the functions that change settings or run SQL given as text
-    (set_config, query_to_xml*, ts_stat, ts_rewrite, dblink*), and no U&"..." escapes.
-    Below PostgreSQL 14 (no pg_read_all_data) a superuser's statement runs in the read-only
-    transaction with these checks only.
+    lo_export) is refused; then the statement, then ROLLBACK.
+
+Both
+    Before it runs, the statement must pass the allow-list of store/sql_policy.py: one query over
+    the store's own tables and views calling only ordinary functions (so no system catalog such
+    as pg_authid, no pg_terminate_backend, whatever role the URL has). Rows are read a batch at a
+    time (a server-side cursor on PostgreSQL) and counted in bytes: past `max_bytes` the call
+    raises TooLargeError carrying the rows read so far; a value over `max_value_bytes` is
+    refused (on SQLite before it is built, through SQLITE_LIMIT_LENGTH).
 """
 
 from __future__ import annotations
@@ -41,12 +41,22 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, TooLargeError
+from .sql_policy import (
+    ALLOWED_FUNCTIONS,
+    PG_STORE_RELATIONS_SQL,
+    check_pg_statement,
+    function_not_allowed,
+    not_a_store_relation,
+    not_allowed,
+    one_line,
+)
 
 ENV_TIMEOUT = "ATTNSTORE_SQL_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
 READ_ROLE = "pg_read_all_data"
-WRITE_HINT = "use a SQLite/PostgreSQL client with write access to change the store"
+DEFAULT_MAX_VALUE_BYTES = 16 * 2**20
+FETCH_ROWS = 256  # rows per fetch from the database, so a result's bytes are counted as they arrive
 
 Result = tuple[list[str] | None, list[tuple]]
 
@@ -66,31 +76,82 @@ def default_timeout() -> float:
 
 
 def run_readonly_sql(
-    target: sa.Engine | str, query: str, params: dict | None = None, max_rows: int | None = None, timeout_s: float | None = None
+    target: sa.Engine | str,
+    query: str,
+    params: dict | None = None,
+    max_rows: int | None = None,
+    timeout_s: float | None = None,
+    max_bytes: int | None = None,
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
 ) -> Result:
     """Run one read-only statement on the database of `target` (an engine or a database URL).
 
     Returns (column names, rows) -- (None, []) for a statement that returns no rows -- with at
     most `max_rows` rows (all when falsy). Raises InvalidArgumentError("SQL error: ...") for a
-    statement that fails, writes, runs past `timeout_s` seconds or is more than one statement.
+    statement that fails, writes, reads outside the store (store/sql_policy.py), runs past
+    `timeout_s` seconds or is more than one statement; TooLargeError for a result over
+    `max_bytes` (its `partial` holds the columns and the rows read before) or a value over
+    `max_value_bytes`.
     """
     timeout_s = default_timeout() if timeout_s is None else float(timeout_s)
+    budget = _Budget(max_rows, max_bytes, max_value_bytes)
     url = target.url if isinstance(target, sa.Engine) else make_url(target)
     backend = url.get_backend_name()
     if backend == "sqlite":
-        return run_sqlite(sqlite_file(url), query, params, max_rows, timeout_s)
+        return run_sqlite(sqlite_file(url), query, params, budget, timeout_s)
     if backend == "postgresql":
-        return run_postgresql(target, query, params, max_rows, timeout_s)
+        return run_postgresql(target, query, params, budget, timeout_s)
     raise InvalidArgumentError(f"SQL error: attnstore sql supports SQLite and PostgreSQL stores, not {backend}")
 
 
-def one_line(query: str, width: int = 60) -> str:
-    text = " ".join(query.split()).rstrip(";").strip()
-    return text if len(text) <= width else text[: width - 3] + "..."
+def value_bytes(value: Any) -> int:
+    """About the bytes `value` takes in a response (its text; 8 for a number)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return 8
+    if isinstance(value, (str, bytes, bytearray, memoryview)):
+        return len(value)
+    return len(str(value))
 
 
-def not_allowed(what: str) -> InvalidArgumentError:
-    return InvalidArgumentError(f"SQL error: not allowed in attnstore sql (read-only): {what}; {WRITE_HINT}")
+class _Budget:
+    """Rows and bytes a result may take; `take` reads a cursor's batches until one runs out."""
+
+    def __init__(self, max_rows: int | None, max_bytes: int | None, max_value_bytes: int):
+        self.max_rows = max_rows or None
+        self.max_bytes = max_bytes
+        self.max_value_bytes = max_value_bytes
+
+    def take(self, columns: list[str], fetchmany: Any) -> list[tuple]:
+        rows: list[tuple] = []
+        total = 0
+        while self.max_rows is None or len(rows) < self.max_rows:
+            want = FETCH_ROWS if self.max_rows is None else min(FETCH_ROWS, self.max_rows - len(rows))
+            batch = fetchmany(want)
+            if not batch:
+                break
+            for row in batch:
+                row = tuple(row)
+                sizes = [value_bytes(v) for v in row]
+                for column, size in zip(columns, sizes):
+                    if size > self.max_value_bytes:
+                        raise self.value_too_large(column)
+                total += sum(sizes)
+                if self.max_bytes is not None and total > self.max_bytes:
+                    exc = TooLargeError(
+                        f"SQL error: the result passed {self.max_bytes:,} bytes after {len(rows):,} rows "
+                        "(the limit of one result; select fewer rows or columns)"
+                    )
+                    exc.partial = (columns, rows)  # type: ignore[attr-defined]
+                    raise exc
+                rows.append(row)
+        return rows
+
+    def value_too_large(self, column: str | None = None) -> TooLargeError:
+        where = f" in column {column!r}" if column else ""
+        return TooLargeError(
+            f"SQL error: a value{where} is over {self.max_value_bytes:,} bytes "
+            "(the limit of one value; select a part of it, e.g. substr(...))"
+        )
 
 
 def timed_out(timeout_s: float) -> InvalidArgumentError:
@@ -165,7 +226,6 @@ SQLITE_READ_PRAGMAS = frozenset(
         "secure_delete",
     }
 )
-SQLITE_DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "writefile", "edit"})
 
 
 def sqlite_file(url: sa.URL) -> str:
@@ -214,214 +274,77 @@ def open_sqlite_readonly(path: str, timeout_s: float = 30.0) -> sqlite3.Connecti
 
 
 class _Authorizer:
-    """sqlite3 authorizer: reads only. Remembers the first thing it denied, for the message."""
+    """sqlite3 authorizer: reads of the store's tables and views and ordinary functions only.
+
+    Remembers the first thing it denied, as the error to raise."""
 
     def __init__(self):
-        self.denied: str | None = None
+        self.denied: InvalidArgumentError | None = None
+        self.statement_denied = False
 
     def __call__(self, action: int, arg1: str | None, arg2: str | None, _db: str | None, _source: str | None) -> int:
-        if action in (_SQLITE_READ, _SQLITE_SELECT, _SQLITE_RECURSIVE):
+        refusal: InvalidArgumentError
+        if action in (_SQLITE_SELECT, _SQLITE_RECURSIVE):
             return sqlite3.SQLITE_OK
-        if action == _SQLITE_FUNCTION and (arg2 or "").lower() not in SQLITE_DENIED_FUNCTIONS:
-            return sqlite3.SQLITE_OK
-        if action == _SQLITE_UPDATE and arg1 == "sqlite_master" and _db == "main":
+        if action == _SQLITE_READ:
+            # Every table and view of the file is the store's (SQLite reports CTEs as tables too);
+            # the temp schema is not (db None: count(*) reads no column).
+            if _db in ("main", None):
+                return sqlite3.SQLITE_OK
+            refusal = not_a_store_relation(f"{_db}.{arg1}" if _db not in (None, "main") else str(arg1))
+        elif action == _SQLITE_FUNCTION:
+            if (arg2 or "").lower() in ALLOWED_FUNCTIONS:
+                return sqlite3.SQLITE_OK
+            refusal = function_not_allowed(str(arg2))
+        elif action == _SQLITE_UPDATE and arg1 == "sqlite_master" and _db == "main":
             # SQLite's own check when a statement first uses a pragma_* table-valued function; a user's
             # UPDATE of sqlite_master is refused by SQLite itself (writable_schema is off, and the file is mode=ro).
             return sqlite3.SQLITE_OK
-        if action == _SQLITE_PRAGMA:
-            name = (arg1 or "").lower()
-            if name in SQLITE_INTROSPECTION_PRAGMAS or (name in SQLITE_READ_PRAGMAS and arg2 is None):
-                return sqlite3.SQLITE_OK
+        elif action == _SQLITE_PRAGMA and (
+            (arg1 or "").lower() in SQLITE_INTROSPECTION_PRAGMAS or ((arg1 or "").lower() in SQLITE_READ_PRAGMAS and arg2 is None)
+        ):
+            return sqlite3.SQLITE_OK
+        else:
+            self.statement_denied = True  # a write, DDL, ATTACH...: the message names the statement
+            refusal = not_allowed(" ".join(str(a) for a in (_ACTIONS.get(action, action), arg1, arg2) if a is not None))
         if self.denied is None:
-            self.denied = " ".join(str(a) for a in (_ACTIONS.get(action, action), arg1, arg2) if a is not None)
+            self.denied = refusal
         return sqlite3.SQLITE_DENY
 
 
-def run_sqlite(path: str, query: str, params: dict | Sequence | None, max_rows: int | None, timeout_s: float) -> Result:
+def run_sqlite(path: str, query: str, params: dict | Sequence | None, budget: _Budget, timeout_s: float) -> Result:
     try:
         conn = open_sqlite_readonly(path, timeout_s)
     except sqlite3.Error as exc:
         raise InvalidArgumentError(f"SQL error: cannot open {path} read-only: {first_line(exc)}") from None
-    authorizer = _Authorizer()
     deadline = time.monotonic() + timeout_s
+    authorizer: _Authorizer | None = None
     try:
+        authorizer = _Authorizer()
         conn.set_authorizer(authorizer)
         conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 1000)
+        # No string or blob over the value limit is ever built (zeroblob(10**9) fails at once).
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, budget.max_value_bytes)
         cur = conn.execute(query, params if params is not None else {})
         if cur.description is None:
             return None, []
         columns = [d[0] for d in cur.description]
-        rows = cur.fetchmany(max_rows) if max_rows else cur.fetchall()
-        return columns, [tuple(r) for r in rows]
+        return columns, budget.take(columns, cur.fetchmany)
     except sqlite3.Error as exc:
-        if authorizer.denied is not None:
+        if authorizer is not None and authorizer.statement_denied:
             raise not_allowed(one_line(query)) from None
+        if authorizer is not None and authorizer.denied is not None:
+            raise authorizer.denied from None
         if isinstance(exc, sqlite3.OperationalError) and time.monotonic() > deadline and "interrupt" in str(exc):
             raise timed_out(timeout_s) from None
+        if isinstance(exc, sqlite3.DataError) or "too big" in str(exc):
+            raise budget.value_too_large() from None
         raise InvalidArgumentError(f"SQL error: {first_line(exc)}") from None
     finally:
         conn.close()
 
 
 # ------------------------------------------------------------------ PostgreSQL
-
-PG_STATEMENTS = frozenset({"select", "with", "values", "table", "explain", "show"})
-# Functions that change the session (set_config can switch back to a superuser role) or run
-# SQL given as text (and could call set_config there); extensions' dblink* too.
-PG_DENIED_FUNCTIONS = frozenset(
-    {
-        "set_config",
-        "query_to_xml",
-        "query_to_xmlschema",
-        "query_to_xml_and_xmlschema",
-        "cursor_to_xml",
-        "cursor_to_xmlschema",
-        "ts_stat",
-        "ts_rewrite",
-    }
-)
-PG_DENIED_PREFIXES = ("dblink",)
-
-_PG_SPACE = " \t\n\r\f\v"
-_DOLLAR_TAG = re.compile(r"\$([A-Za-z_\x80-\U0010ffff][A-Za-z_0-9\x80-\U0010ffff]*)?\$")
-_PARAM = re.compile(r"\$[0-9]+")
-
-
-def _digit(c: str) -> bool:
-    return "0" <= c <= "9"
-
-
-def _ident_start(c: str) -> bool:
-    return c.isascii() and (c.isalpha() or c == "_") or not c.isascii()
-
-
-def _ident_cont(c: str) -> bool:
-    return _ident_start(c) or _digit(c) or c == "$"
-
-
-def pg_tokens(text: str) -> list[tuple[str, str]]:
-    """PostgreSQL's lexical structure, as far as checking a statement needs it.
-
-    Returns (kind, value) with kind in ident (lower-cased; quoted ones too), string, param,
-    number, ';' and op. Raises InvalidArgumentError for what it will not read (U& escapes,
-    unterminated strings or comments). Assumes standard_conforming_strings=on (set by run_postgresql).
-    """
-    out: list[tuple[str, str]] = []
-    i, n = 0, len(text)
-
-    def refuse(why: str) -> InvalidArgumentError:
-        return InvalidArgumentError(f"SQL error: attnstore sql cannot check this statement: {why}")
-
-    def quoted(start: int, quote_char: str, backslash: bool) -> int:
-        """Index after the closing quote of the literal opened at `start`."""
-        j = start + 1
-        while j < n:
-            c = text[j]
-            if backslash and c == "\\":
-                j += 2
-                continue
-            if c == quote_char:
-                if j + 1 < n and text[j + 1] == quote_char:
-                    j += 2
-                    continue
-                return j + 1
-            j += 1
-        raise refuse(f"unterminated {'identifier' if quote_char == chr(34) else 'string'}")
-
-    while i < n:
-        c = text[i]
-        if c in _PG_SPACE:
-            i += 1
-        elif text.startswith("--", i):
-            j = min((k for k in (text.find("\n", i), text.find("\r", i)) if k >= 0), default=n)
-            i = j + 1
-        elif text.startswith("/*", i):
-            depth, j = 1, i + 2
-            while depth and j < n:
-                if text.startswith("/*", j):
-                    depth, j = depth + 1, j + 2
-                elif text.startswith("*/", j):
-                    depth, j = depth - 1, j + 2
-                else:
-                    j += 1
-            if depth:
-                raise refuse("unterminated /* comment")
-            i = j
-        elif c == "'":
-            j = quoted(i, "'", False)
-            out.append(("string", text[i:j]))
-            i = j
-        elif c == '"':
-            j = quoted(i, '"', False)
-            out.append(("ident", text[i + 1 : j - 1].replace('""', '"').lower()))
-            i = j
-        elif c == "$":
-            m = _DOLLAR_TAG.match(text, i)
-            p = _PARAM.match(text, i)
-            if m:
-                end = text.find(m.group(0), m.end())
-                if end < 0:
-                    raise refuse("unterminated $-quoted string")
-                out.append(("string", text[i : end + len(m.group(0))]))
-                i = end + len(m.group(0))
-            elif p:
-                out.append(("param", p.group(0)))
-                i = p.end()
-            else:
-                out.append(("op", c))
-                i += 1
-        elif _ident_start(c):
-            j = i + 1
-            while j < n and _ident_cont(text[j]):
-                j += 1
-            word = text[i:j].lower()
-            nxt = text[j] if j < n else ""
-            if word == "u" and nxt == "&":
-                raise refuse("U&\"...\" / U&'...' escapes are not supported")
-            if word in ("e", "b", "x", "n") and nxt == "'":
-                k = quoted(j, "'", word == "e")
-                out.append(("string", text[i:k]))
-                i = k
-            else:
-                out.append(("ident", word))
-                i = j
-        elif _digit(c) or (c == "." and i + 1 < n and _digit(text[i + 1])):
-            j = i + 1
-            while j < n and (_digit(text[j]) or text[j] == "."):
-                j += 1
-            out.append(("number", text[i:j]))
-            i = j
-        elif c == ";":
-            out.append((";", c))
-            i += 1
-        else:
-            out.append(("op", c))
-            i += 1
-    return out
-
-
-def check_pg_statement(text: str) -> None:
-    """Refuse (InvalidArgumentError) anything but one SELECT/WITH/VALUES/TABLE/EXPLAIN/SHOW statement
-    that calls none of PG_DENIED_FUNCTIONS. `text` is the statement as the server will receive it."""
-    tokens = pg_tokens(text)
-    statements: list[list[tuple[str, str]]] = [[]]
-    for token in tokens:
-        if token[0] == ";":
-            statements.append([])
-        else:
-            statements[-1].append(token)
-    statements = [s for s in statements if s]
-    if not statements:
-        raise InvalidArgumentError("SQL error: empty statement")
-    if len(statements) > 1:
-        raise InvalidArgumentError(f"SQL error: attnstore sql runs one statement at a time (found {len(statements)}): {one_line(text)}")
-    words = [value for kind, value in statements[0] if kind != "op" or value != "("]
-    if not words or words[0] not in PG_STATEMENTS:
-        raise not_allowed(one_line(text))
-    for kind, value in statements[0]:
-        if kind == "ident" and (value in PG_DENIED_FUNCTIONS or value.startswith(PG_DENIED_PREFIXES)):
-            raise not_allowed(f"{value}() (it can change the session's role or settings, or run other SQL)")
-
 
 _PSYCOPG_PLACEHOLDER = re.compile(r"%(?:\(([^)]+)\))?(.)", re.S)
 
@@ -468,12 +391,13 @@ def _pg_engine(target: sa.Engine | str) -> tuple[sa.Engine, bool]:
 
 
 def run_postgresql(
-    target: sa.Engine | str, query: str, params: dict | None, max_rows: int | None, timeout_s: float, check: bool = True
+    target: sa.Engine | str, query: str, params: dict | None, budget: _Budget | None, timeout_s: float, check: bool = True
 ) -> Result:
-    """Run `query` as described in the module docstring. `check=False` skips the statement check
-    (tests use it to see that the server-side guards hold on their own)."""
+    """Run `query` as described in the module docstring (`budget` None: no bound). `check=False`
+    skips the allow-list (tests use it to see that the server-side guards hold on their own)."""
     import psycopg
 
+    budget = budget or _Budget(None, None, DEFAULT_MAX_VALUE_BYTES)
     engine, own_engine = _pg_engine(target)
     try:
         stmt = sa.text(escape_quoted_colons(query))
@@ -483,20 +407,24 @@ def run_postgresql(
         except sa.exc.SQLAlchemyError as exc:
             raise InvalidArgumentError(f"SQL error: {first_line(exc)}") from None
         sql_text = compiled.string
-        if check:
-            check_pg_statement(_as_sent(sql_text))
         try:
             conn = engine.connect()
         except sa.exc.DBAPIError as exc:
             raise InvalidArgumentError(f"SQL error: cannot connect: {first_line(exc.orig or exc)}") from None
         try:
-            raw: Any = conn.connection.dbapi_connection  # a psycopg connection (cursor(...).execute(prepare=...))
+            raw: Any = conn.connection.dbapi_connection  # a psycopg connection (server-side cursors)
             raw.rollback()
             cur = raw.cursor()
             try:
                 cur.execute("SET TRANSACTION READ ONLY")
                 cur.execute("SET LOCAL standard_conforming_strings = on")
                 cur.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout_s * 1000))}")
+                cur.execute(PG_STORE_RELATIONS_SQL)
+                relations = frozenset(name for name, _ in cur.fetchall())
+                cur.execute("SELECT pg_catalog.current_schema()")
+                schema = cur.fetchone()[0]
+                # check=False (tests only) runs the statement as given, prepared, on a client-side cursor.
+                is_query = check_pg_statement(_as_sent(sql_text), relations, schema or "public") if check else False
                 cur.execute(
                     "SELECT current_setting('is_superuser') = 'on', EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s)",
                     (READ_ROLE,),
@@ -510,15 +438,20 @@ def run_postgresql(
                         "FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) WITH ORDINALITY AS t(s, o)"
                     )
                     cur.execute(f"SET LOCAL ROLE {READ_ROLE}")
+                # A query is read through a server-side cursor, a batch at a time, so its bytes are
+                # counted before the next batch is sent; EXPLAIN's few rows come whole.
+                run = raw.cursor(name="attnstore_sql") if is_query else cur
                 try:
-                    cur.execute(sql_text, args, prepare=True)
+                    run.execute(sql_text, args) if is_query else run.execute(sql_text, args, prepare=True)
+                    if run.description is None:
+                        return None, []
                 except psycopg.Error as exc:
                     raise _pg_error(exc, query, timeout_s, superuser and has_read_role) from None
-                if cur.description is None:
-                    return None, []
-                columns = [d.name for d in cur.description]
-                rows = cur.fetchmany(max_rows) if max_rows else cur.fetchall()
-                return columns, [tuple(r) for r in rows]
+                columns = [d.name for d in run.description]
+                try:
+                    return columns, budget.take(columns, run.fetchmany)
+                except psycopg.Error as exc:
+                    raise _pg_error(exc, query, timeout_s, superuser and has_read_role) from None
             except psycopg.Error as exc:
                 raise InvalidArgumentError(f"SQL error: {first_line(exc)}") from None
             finally:
