@@ -5,6 +5,8 @@
  *   Heads tab:   a layers x heads heatmap of a per-head metric (saved, or computed on request);
  *   Search tab:  tokens by word / token / POS / relation, with where they attend in a chosen head.
  * The state (run, example, layer, head, tab) lives in the URL's hash, so a view can be linked.
+ * Runs are named in the hash and addressed by their numeric id in API paths: a run's name may hold "/"
+ * (glue/MRPC-dev-..., ud/en_ewt-dev[sample=500,seed=0]-...), which a path segment cannot carry as it is.
  * docs.html renders /openapi.json as a reference with a form to try each GET endpoint.
  */
 "use strict";
@@ -45,12 +47,20 @@ function status(message, isError = false) {
   s.classList.toggle("error", Boolean(isError));
 }
 
+const BUSY_RETRIES = 3; // a 503 "server busy" (every heavy-request slot taken) is retried after its Retry-After
+
 async function api(path, params = {}, options = {}) {
   const url = new URL("api/" + path, document.baseURI);
   for (const [k, v] of Object.entries(params)) {
     if (v !== null && v !== undefined && v !== "") url.searchParams.set(k, v);
   }
-  const response = await fetch(url, options);
+  let response = await fetch(url, options);
+  for (let attempt = 1; response.status === 503 && response.headers.has("Retry-After") && attempt <= BUSY_RETRIES; attempt++) {
+    const seconds = Math.min(30, Math.max(1, parseInt(response.headers.get("Retry-After"), 10) || 1));
+    status(`server busy: retrying in ${seconds} s (${attempt} of ${BUSY_RETRIES})`);
+    await new Promise((resolve) => setTimeout(resolve, seconds * 1000));
+    response = await fetch(url, options);
+  }
   let body;
   try {
     body = await response.json();
@@ -68,7 +78,11 @@ async function api(path, params = {}, options = {}) {
 /* ------------------------------------------------------------------ state in the URL hash */
 
 const state = { run: null, example: null, layer: 0, head: 0, tab: "example", metric: null };
-let runInfo = null; // {name, n_layers, n_heads, ...}
+let runInfo = null; // {id, name, n_layers, n_heads, ...}
+const runIds = new Map(); // run name -> run id (`/api/runs`)
+
+// The API path of the chosen run: by its id, whatever its name holds.
+const runPath = (rest = "") => `runs/${runInfo ? runInfo.id : encodeURIComponent(runIds.get(state.run) ?? state.run)}${rest}`;
 
 function readHash() {
   const h = new URLSearchParams(location.hash.slice(1));
@@ -92,6 +106,8 @@ function writeHash() {
 
 async function loadRuns() {
   const { runs } = await api("runs");
+  runIds.clear();
+  for (const r of runs) runIds.set(r.run, r.run_id);
   const select = $("run-select");
   select.replaceChildren(...runs.map((r) => el("option", { value: r.run, text: `${r.run} (${r.model}, ${r.n_stored} ex.)` })));
   if (!runs.length) {
@@ -105,7 +121,8 @@ async function loadRuns() {
 
 async function selectRun(name, keepPosition = false) {
   state.run = name;
-  const { run } = await api(`runs/${encodeURIComponent(name)}`);
+  runInfo = null;
+  const { run } = await api(runPath());
   runInfo = run;
   $("run-about").textContent = `${run.model} on ${run.dataset}:${run.split}, ${run.n_layers} layers x ${run.n_heads} heads, ${run.n_stored} examples (${run.status})`;
   if (!keepPosition) Object.assign(state, { example: null, layer: 0, head: 0, metric: null });
@@ -156,7 +173,7 @@ function showError(error) {
 const examplesPage = { offset: 0, limit: 25, total: 0, q: "" };
 
 async function loadExamples() {
-  const page = await api(`runs/${encodeURIComponent(state.run)}/examples`, {
+  const page = await api(runPath("/examples"), {
     offset: examplesPage.offset, limit: examplesPage.limit, q: examplesPage.q, skipped: false,
   });
   examplesPage.total = page.total;
@@ -184,7 +201,7 @@ let drawToken = 0;
 
 async function getExample(example) {
   if (!exampleCache.has(example)) {
-    exampleCache.set(example, await api(`runs/${encodeURIComponent(state.run)}/examples/${example}`));
+    exampleCache.set(example, await api(runPath(`/examples/${example}`)));
   }
   return exampleCache.get(example);
 }
@@ -193,7 +210,7 @@ async function getMaps(example, layer, head) {
   const key = `${example}|${layer}`;
   if (mapsCache.has(key)) return mapsCache.get(key);
   if (mapsCache.has(`${key}|${head}`)) return mapsCache.get(`${key}|${head}`);
-  const path = `runs/${encodeURIComponent(state.run)}/examples/${example}/attention`;
+  const path = runPath(`/examples/${example}/attention`);
   let maps;
   try {
     const body = await api(path, { layer, digits: 4 });
@@ -366,7 +383,7 @@ let metricsLoaded = false;
 
 async function loadMetrics() {
   if (!metricsLoaded) {
-    const { metrics } = await api(`runs/${encodeURIComponent(state.run)}/head_metrics`);
+    const { metrics } = await api(runPath("/head_metrics"));
     const select = $("metric-select");
     const groups = [["saved", "saved results"], ["on request", "computed on request"]].map(([source, label]) => {
       const options = metrics.filter((m) => m.source === source).map((m) => el("option", {
@@ -384,7 +401,7 @@ async function loadMetrics() {
   await drawSummary();
 }
 
-async function drawSummary() {
+async function drawSummary(scan = false) {
   const value = $("metric-select").value;
   if (!value) return;
   const [metric, params] = JSON.parse(value);
@@ -394,7 +411,7 @@ async function drawSummary() {
   fig.dataset.state = "loading";
   status(`loading ${metric}…`);
   try {
-    const m = await api(`runs/${encodeURIComponent(state.run)}/head_metrics/${encodeURIComponent(metric)}`, { params });
+    const m = await api(runPath(`/head_metrics/${encodeURIComponent(metric)}`), { params, scan: scan ? 1 : null });
     const cw = 40, ch = 26, left = 36, top = 24, legendH = 40;
     const width = left + m.n_heads * cw + 10;
     const height = top + m.n_layers * ch + legendH;
@@ -443,6 +460,10 @@ async function drawSummary() {
   } catch (error) {
     fig.dataset.state = "error";
     showError(error);
+    if (error.status === 409) { // it must read maps this server cannot keep: say so, and offer to read them now
+      $("metric-about").replaceChildren(`${metric}: not summarised for this run `,
+        el("button", { type: "button", id: "metric-scan", text: "read the maps now", onclick: () => drawSummary(true) }));
+    }
   }
 }
 
@@ -462,7 +483,7 @@ const searchPage = { offset: 0, limit: 20, total: 0 };
 
 async function loadFacets() {
   if (facetsLoaded) return;
-  const facets = await api(`runs/${encodeURIComponent(state.run)}/annotations`);
+  const facets = await api(runPath("/annotations"));
   for (const [id, key] of [["search-upos", "upos"], ["search-deprel", "deprel"]]) {
     $(id).replaceChildren(el("option", { value: "", text: "any" }),
       ...facets[key].map((f) => el("option", { value: f.value, text: `${f.value} (${f.n})` })));
@@ -477,7 +498,7 @@ async function runSearch() {
   results.dataset.state = "loading";
   status("searching…");
   try {
-    const found = await api(`runs/${encodeURIComponent(state.run)}/search`, { ...params, offset: searchPage.offset, limit: searchPage.limit });
+    const found = await api(runPath("/search"), { ...params, offset: searchPage.offset, limit: searchPage.limit });
     searchPage.total = found.total;
     const last = found.offset + found.hits.length;
     $("search-about").textContent = found.total

@@ -338,3 +338,67 @@ def test_viewer_on_a_real_ingest(browser, tmp_path, loaded_model):
             browser.save_screenshot(str(shots / "viewer-search.png"))
     finally:
         store.close()
+
+
+SLASHED = ["glue/MRPC-dev-x", "ud/en_ewt-dev[sample=5,seed=0]-all-MiniLM-L6-v2"]  # as default run names look
+
+
+def test_viewer_shows_runs_whose_names_hold_a_slash(browser, tmp_path, make_run):
+    """Runs named like glue/MRPC-dev-... or ud/en_ewt-dev[sample=500,seed=0]-...: the viewer lists and shows each one
+    (its API paths name the run by id), on a read-only server, where a metric that must read unsummarised maps is
+    offered as a button rather than read unasked."""
+    from urllib.parse import quote
+
+    from attnstore.store import migrate, open_store
+
+    url = f"sqlite:///{tmp_path / 'meta.sqlite'}"
+    migrate.upgrade(url)
+    store = open_store(db=url, root=str(tmp_path / "attention.zarr"))
+    for k, name in enumerate(SLASHED):
+        maps = []
+        for tokens in TOKENS:
+            n = len(tokens)
+            m = np.full((2, 3, n, n), 1.0 / n, dtype=np.float32)
+            m[1, 2] = np.eye(n, dtype=np.float32) if k == 0 else 0.0  # the first run: L1-H2 to itself
+            if k == 1:
+                m[1, 2, :, 0] = 1.0  # the second run: L1-H2 to [CLS]
+            maps.append(m)
+        make_run(store, maps, TOKENS, name=name, words_list=WORDS, token_words=TOKEN_WORDS)
+    try:
+        with live_server(store.locations) as base:  # opened read-only, as `attnstore serve` opens it
+            browser.get(f"{base}#run={quote(SLASHED[0], safe='')}&example=1&layer=1&head=2")
+            ready(browser, "headview", f"{SLASHED[0]}|1|1|2", what="the first run's head view")
+            assert texts(browser, "#headview-svg text.tok-left") == TOKENS[1]
+            lines = browser.find_elements("css selector", "#headview-svg line.attn")
+            assert len(lines) == 6 and all(line.get_attribute("data-i") == line.get_attribute("data-j") for line in lines)
+            assert [o.get_attribute("value") for o in browser.find_elements("css selector", "#run-select option")] == SLASHED
+            assert "2 examples" in browser.find_element("id", "run-about").text
+            pick(browser, "run-select", SLASHED[1])
+            ready(browser, "headview", f"{SLASHED[1]}|0|0|0", what="the second run's head view")
+            pick(browser, "layer-select", "1")
+            pick(browser, "head-select", "2")
+            ready(browser, "headview", f"{SLASHED[1]}|0|1|2")
+            lines = browser.find_elements("css selector", "#headview-svg line.attn")
+            assert len(lines) == 5 and {line.get_attribute("data-j") for line in lines} == {"0"}
+            assert "run=ud%2Fen_ewt-dev%5Bsample%3D5%2Cseed%3D0%5D-all-MiniLM-L6-v2" in browser.current_url
+
+            # Heads tab: entropy is neither saved nor summarised, and a read-only server keeps nothing it reads
+            browser.find_element("id", "tab-heads").click()
+            button = wait_for(browser, lambda d: d.find_elements("id", "metric-scan"), "the offer to read the maps")[0]
+            assert "summarize --run" in browser.find_element("id", "status").text
+            assert browser.find_element("id", "summary").get_attribute("data-state") == "error"
+            button.click()
+            summary = ready(browser, "summary", what="the heatmap read on request")
+            assert summary.get_attribute("data-source") == "computed"
+            cell = browser.find_element("css selector", '#summary-svg rect[data-layer="1"][data-head="2"]')
+            assert float(cell.get_attribute("data-value")) == pytest.approx(0.0, abs=1e-6)  # one-hot rows
+
+            browser.find_element("id", "tab-search").click()
+            wait_for(browser, lambda d: len(d.find_elements("css selector", "#search-upos option")) == 4, "the POS tags")
+            pick(browser, "search-upos", "NOUN")
+            browser.find_element("id", "search-go").click()
+            assert ready(browser, "search-results", what="search results").get_attribute("data-total") == "2"
+    finally:
+        store.close()
+    severe = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE" and "status of 409" not in entry["message"]]
+    assert severe == [], severe
