@@ -1265,6 +1265,28 @@ def _version() -> str:
 # ------------------------------------------------------------------ the command
 
 
+class ServerLog(logging.Handler):
+    """This module's log lines (a query's progress through the maps, errors with their tracebacks) on the current
+    stderr, in uvicorn's style: `attnstore serve` shows them; an app made by `create_app` leaves logging to its host."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.setFormatter(logging.Formatter("%(levelname)-9s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(self.format(record), err=True)
+        except Exception:  # noqa: BLE001 (logging must not fail a request)
+            self.handleError(record)
+
+
+def show_server_log() -> None:
+    if not any(isinstance(h, ServerLog) for h in log.handlers):
+        log.addHandler(ServerLog())
+    if log.level == logging.NOTSET or log.level > logging.INFO:
+        log.setLevel(logging.INFO)
+
+
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (the API has no authentication).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free port).")
@@ -1338,6 +1360,7 @@ def serve(
     locations = dataclasses.replace(locations, read_only=locations.read_only or not allow_save)
     store = open_store(locations, write=allow_save)  # a missing or out-of-date store fails here, in one line
     app = create_app(store, settings)
+    show_server_log()
     if host not in LOOPBACK:
         click.echo(f"warning: listening on {host}: anyone who can reach it can read the store (no authentication)", err=True)
     if host.strip() in WILDCARD and not allowed_hosts:

@@ -118,7 +118,7 @@ def test_a_request_for_another_host_is_refused(named):
         assert c.get("/api/runs", headers={"Host": "evil.example"}).status_code == 200  # "*": any, by choice
 
 
-def test_the_command_answers_the_bound_host_and_allowed_hosts(named, monkeypatch):
+def test_the_command_answers_the_bound_host_and_allowed_hosts(named, monkeypatch, capsys):
     import uvicorn
     from click.testing import CliRunner
 
@@ -143,6 +143,12 @@ def test_the_command_answers_the_bound_host_and_allowed_hosts(named, monkeypatch
             assert c.get("/api/runs", headers={"Host": host}).status_code == 200, host
         error_of(c.get("/api/runs", headers={"Host": "evil.example"}), 400)
         error_of(c.get("/api/runs"), 400)  # the test client's own `testserver`
+        # the command shows the server's log: how far a query got through the maps
+        capsys.readouterr()
+        assert c.get(f"/api/runs/{quote(NAMES[0], safe='')}/queries/entropy?scan=1", headers={"Host": "attn.lab"}).status_code == 200
+        shown = capsys.readouterr().err
+        assert f"attnstore.serve: entropy over run {NAMES[0]!r}: reading the maps of up to 2 examples" in shown
+        assert "2 examples read in" in shown
     result = CliRunner().invoke(serve, [*where, "--host", "0.0.0.0"])
     assert "add the names clients use with --allowed-host NAME" in result.output
     assert "--allowed-host" in CliRunner().invoke(serve, ["--help"]).output
