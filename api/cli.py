@@ -217,6 +217,9 @@ def tokens(locations, run, example, fmt):
 @friendly_errors
 def view(locations, run, example, layer, head, out, bertviz):
     """Draw one example's attention as token x token heatmaps: one head, a layer's heads, or every head."""
+    for option, value in (("--layer", layer), ("--head", head)):
+        if value is not None and value < 0:
+            raise click.ClickException(f"{option} {value}: {option[2:]}s are numbered from 0; give 0 or more (-1 is not the last)")
     store = open_store(locations)
     if bertviz:
         from .view import save_bertviz

@@ -10,7 +10,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from ..store.errors import IncompleteRunWarning, NotFoundError
-from .registry import QUERIES, QuerySpec, get_query, register
+from .registry import QUERIES, QuerySpec, check_index_params, get_query, register
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -48,6 +48,7 @@ def run_query(store: Store, name: str, *, run, **params):
     """
     spec = get_query(name)
     with store.pinned(run) as info:
+        check_index_params(spec, params, info.n_layers, info.n_heads, info.name)  # head=-1 is refused, not head 11
         state, holder = store.run_state(info.id)
         n_stored = store.n_committed(info.id)
         if n_stored == 0:

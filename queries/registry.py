@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import types
 import typing
 from collections.abc import Callable
@@ -113,7 +114,29 @@ def coerce_params(spec: QuerySpec, raw: dict[str, str]) -> dict:
         if key not in params:
             raise InvalidArgumentError(f"query {spec.name!r} has no parameter {key!r}; it takes: {', '.join(params) or 'none'}")
         out[key] = _coerce(spec, key, value)
+        if key in INDEX_PARAMS and isinstance(out[key], int) and out[key] < 0:
+            raise InvalidArgumentError(
+                f"parameter {key} of query {spec.name!r} must be 0 or more ({key}s are numbered from 0), not {value!r}; "
+                f"e.g. --param {key}=0"
+            )
     return out
+
+
+# Parameters that index the model's layers or heads: 0-based, never counted from the end (-1 is not the last head).
+INDEX_PARAMS = ("layer", "head")
+
+
+def check_index_params(spec: QuerySpec, params: dict, n_layers: int, n_heads: int, run_name: str) -> None:
+    """Refuse a `layer` or `head` parameter that is not an index of the run's model (negative, too large, not an integer)."""
+    for key, size in (("layer", n_layers), ("head", n_heads)):
+        value = params.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < size:
+            raise InvalidArgumentError(
+                f"parameter {key} of query {spec.name!r} is {value!r}, out of range: run {run_name!r}'s model has "
+                f"{size} {key}s, numbered 0..{size - 1}"
+            )
 
 
 _NAMED = {"bool": bool, "int": int, "float": float, "str": str, "None": type(None)}

@@ -433,6 +433,21 @@ CASES: list[Case] = [
         lambda env: [*query_args("dependency_summary")(env), "--save"],
         "query 'dependency_summary' is not per head (one row per layer and head), so it cannot be saved to head_metrics",
     ),
+    Case(
+        "param-head-negative",
+        query_args("word_maps", "head=-1"),
+        "parameter head of query 'word_maps' must be 0 or more (heads are numbered from 0), not '-1'",
+    ),
+    Case(
+        "param-layer-negative",
+        query_args("cls_feature_attention", "layer=-1"),
+        "parameter layer of query 'cls_feature_attention' must be 0 or more",
+    ),
+    Case(
+        "view-head-negative",
+        lambda env: ["view", "--run", "r", "--example", "0", "--layer", "0", "--head", "-1", "--out", str(env.tmp / "v.png")],
+        "--head -1: heads are numbered from 0",
+    ),
     Case("param-unknown", query_args("entropy", "layer=1"), "query 'entropy' has no parameter 'layer'; it takes: examples"),
 ]
 

@@ -41,3 +41,57 @@ def test_every_registered_query_is_documented():
     docs = (Path(__file__).parents[2] / "docs" / "QUERIES.md").read_text(encoding="utf-8")
     missing = [name for name in QUERIES if f"`{name}`" not in docs]
     assert not missing, f"queries missing from docs/QUERIES.md: {missing}"
+
+
+def test_negative_layer_or_head_is_refused_before_the_store_is_read():
+    spec = get_query("word_maps")
+    with pytest.raises(InvalidArgumentError, match=r"parameter head of query 'word_maps' must be 0 or more .* not '-1'"):
+        coerce_params(spec, {"head": "-1"})
+    with pytest.raises(InvalidArgumentError, match=r"parameter layer of query 'cls_feature_attention' must be 0 or more"):
+        coerce_params(get_query("cls_feature_attention"), {"layer": "-2"})
+    assert coerce_params(spec, {"layer": "1", "head": "0"}) == {"layer": 1, "head": 0}
+
+
+@pytest.mark.parametrize(
+    "name, params, shown",
+    [
+        ("word_maps", {"head": -1}, "head of query 'word_maps' is -1"),  # was head 1 (the last) silently
+        ("word_maps", {"layer": -1}, "layer of query 'word_maps' is -1"),
+        ("word_maps", {"head": 2}, "head of query 'word_maps' is 2"),
+        ("word_maps", {"layer": 2, "head": 0}, "layer of query 'word_maps' is 2"),
+        ("cls_feature_attention", {"layer": -1}, "layer of query 'cls_feature_attention' is -1"),
+        ("word_maps", {"head": True}, "head of query 'word_maps' is True"),
+    ],
+)
+def test_run_query_refuses_layers_and_heads_the_model_lacks(store, hand_run, name, params, shown):
+    from attnstore.queries import run_query
+
+    with pytest.raises(InvalidArgumentError, match=rf"{shown}, out of range: run 'hand'.s model has 2 (layers|heads), numbered 0\.\.1"):
+        run_query(store, name, run=hand_run, **params)
+
+
+def test_run_query_takes_every_real_layer_and_head(store, hand_run):
+    from attnstore.queries import run_query
+
+    frame = run_query(store, "word_maps", run=hand_run, layer=1, head=1)
+    assert len(frame) and frame.groupby("from_unit")["attention"].sum().round(6).eq(1).all()
+    assert store.run(hand_run).query("word_maps", layer=0, head=0) is not None
+
+
+def test_query_command_refuses_a_negative_head_in_one_line(store, hand_run):
+    from click.testing import CliRunner
+
+    from attnstore.api.cli import main
+
+    url = store.locations.db_url if store.engine.dialect.name == "sqlite" else store.engine.url.render_as_string(hide_password=False)
+    where = ["--db", url, "--root", store.locations.array_root]
+    for param, expect in (
+        (
+            "head=-1",
+            "Error: parameter head of query 'word_maps' must be 0 or more (heads are numbered from 0), not '-1'; e.g. --param head=0",
+        ),
+        ("head=2", "Error: parameter head of query 'word_maps' is 2, out of range: run 'hand''s model has 2 heads, numbered 0..1"),
+    ):
+        result = CliRunner().invoke(main, ["query", "word_maps", "--run", hand_run, "--param", param, *where])
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 1 and lines == [expect], result.output
