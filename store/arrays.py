@@ -28,9 +28,12 @@ on local folders and object stores).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import hashlib
+import json
 import os
 import re
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
@@ -83,6 +86,43 @@ TOKEN_IDS = "token_id"
 INDEX_CHUNK = 1 << 16  # entries per chunk of the index arrays
 TOKEN_CHUNK = 1 << 18
 INDEX_CODEC = {"name": "blosc", "cname": "zstd", "clevel": 3, "shuffle": "shuffle", "checksum": "crc32c"}
+
+
+DRAIN_TIMEOUT_S = 2.0
+
+
+def drain_io_loop(timeout: float = DRAIN_TIMEOUT_S) -> None:
+    """Cancel what is still running on zarr's I/O event loop and wait (bounded) for it to end.
+
+    When one read or write of a batch fails (a full disk, an object store that does not answer), zarr raises its
+    error at once and leaves the batch's other requests running. At exit zarr closes its loop with them pending:
+    Python then prints "Task was destroyed but it is pending!" and "Exception ignored in: <coroutine ...>"
+    tracebacks after attnstore's one-line error. Cancelled here first (atexit runs this before zarr's own
+    cleanup, registered earlier), they end inside their tasks and print nothing."""
+    from zarr.core import sync as zsync
+
+    loop = zsync.loop[0]
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+
+    async def cancel_pending() -> None:
+        current = asyncio.current_task()
+        pending = [task for task in asyncio.all_tasks() if task is not current and not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+        for task in pending:  # retrieve every outcome, so none is logged as "never retrieved"
+            if task.done() and not task.cancelled():
+                task.exception()
+
+    try:
+        asyncio.run_coroutine_threadsafe(cancel_pending(), loop).result(timeout + 1.0)
+    except BaseException:  # never let the exit itself fail
+        pass
+
+
+atexit.register(drain_io_loop)
 
 
 def open_root(root: str, read_only: bool):
@@ -347,16 +387,96 @@ def write_summary(root: str, array_path: str, name: str, values: dict[str, np.nd
     writer.finish(stamp)
 
 
+METADATA_FIX = "restore it from a bundle or backup, or re-ingest the run"
+
+
+def metadata_file(root: str, node: str) -> str:
+    """Where a node's metadata lives, for messages: <root>/<node>/zarr.json (a path, or a URL for remote roots)."""
+    return f"{root.rstrip('/')}/{node.strip('/')}/zarr.json" if node.strip("/") else f"{root.rstrip('/')}/zarr.json"
+
+
+def damaged_metadata(root: str, node: str, exc: BaseException | str) -> DamagedDataError:
+    """The one-line error for a node whose zarr.json is not valid (not JSON, or not what attnstore wrote)."""
+    reason = exc if isinstance(exc, str) else _reason(exc)
+    return DamagedDataError(f"{metadata_file(root, node)} is damaged ({reason}); {METADATA_FIX}")
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}"[:160] if first else type(exc).__name__
+
+
+def group_metadata_damage(root: str, node: str) -> DamagedDataError | None:
+    """The error for a group's zarr.json that is there but is not a Zarr v3 group's metadata (None: absent or valid)."""
+    key = f"{node.strip('/')}/zarr.json" if node.strip("/") else "zarr.json"
+    if not remote.is_remote(root) and not os.path.isdir(root[len("file://") :] if root.startswith("file://") else root):
+        return None
+    raw = sync(open_root(root, read_only=True).get(key, prototype=default_buffer_prototype()))
+    if raw is None:
+        return None
+    try:
+        meta = json.loads(raw.to_bytes())
+    except ValueError as exc:  # also UnicodeDecodeError
+        return damaged_metadata(root, node, exc)
+    if not isinstance(meta, dict) or meta.get("zarr_format") != 3 or meta.get("node_type") != "group":
+        return damaged_metadata(root, node, "not the metadata of a Zarr v3 group")
+    return None
+
+
+def _metadata_problem(array) -> str | None:
+    """Why an opened run array's metadata cannot be what attnstore wrote (None: it can). A changed data type is
+    caught here, before a chunk is decoded as the wrong type: the codecs name the item size the chunks were
+    written with (blosc's typesize; the 8-bit quantisation's source dtype)."""
+    if array.ndim != 1:
+        return f"shape {list(array.shape)}: a run's cells array is 1-D"
+    dtype = str(array.dtype)
+    if dtype not in DTYPES:
+        return f"data type {dtype}: attnstore writes {' or '.join(DTYPES)}"
+    for codec in array.compressors:
+        typesize = getattr(codec, "typesize", None)
+        if isinstance(codec, BloscCodec) and typesize not in (None, 1, array.dtype.itemsize):
+            return f"data type {dtype} ({array.dtype.itemsize}-byte items), but its chunks were written with {typesize}-byte items"
+    for codec in array.filters:
+        source = getattr(codec, "codec_config", {}).get("dtype") if hasattr(codec, "codec_config") else None
+        if source is not None and np.dtype(source) != array.dtype:
+            return f"data type {dtype}, but its chunks hold {np.dtype(source)} values quantised to 8 bits"
+    return None
+
+
+def _storage_failure(root: str, exc: BaseException) -> bool:
+    return remote.is_remote(root) and remote.is_storage_failure(exc)
+
+
 def open_run_array(root: str, path: str, *, read_only: bool = True):
+    """A run's cells array. NotFoundError when it is absent; DamagedDataError naming its zarr.json when that is not
+    valid JSON or not the metadata attnstore writes (another data type, shape or codec)."""
     try:
         with warnings.catch_warnings():  # a lossy run's numcodecs filter warns on every open
             warnings.simplefilter("ignore")
             array = zarr.open_array(store=open_root(root, read_only=read_only), path=path, mode="r" if read_only else "r+")
-            # open_array applies `config` only when it creates an array: set it here, so an opened run also writes
-            # chunks equal to the fill value (a missing chunk then always means damage) and skips that comparison.
-            return array if read_only else array.with_config(ARRAY_CONFIG)
     except (FileNotFoundError, KeyError) as exc:
+        if isinstance(exc, OSError) and _storage_failure(root, exc):
+            raise
         raise NotFoundError(f"attention array {path!r} not found under {root}; is --root the store's array root? ({exc})") from None
+    except (ValueError, TypeError, AttributeError, NotImplementedError, UnicodeDecodeError) as exc:  # not JSON, unknown dtype
+        raise damaged_metadata(root, path, exc) from None
+    why = _metadata_problem(array)
+    if why:
+        raise damaged_metadata(root, path, why)
+    # open_array applies `config` only when it creates an array: set it here, so an opened run also writes
+    # chunks equal to the fill value (a missing chunk then always means damage) and skips that comparison.
+    return array if read_only else array.with_config(ARRAY_CONFIG)
+
+
+def _open_node(opener, root: str, store, path: str, mode):
+    """zarr.open_group / open_array, with a zarr.json that cannot be parsed as DamagedDataError naming it."""
+    try:
+        return opener(store=store, path=path, mode=mode)
+    except (FileNotFoundError, KeyError):
+        raise
+    except (ValueError, TypeError, AttributeError, NotImplementedError, UnicodeDecodeError) as exc:
+        raise damaged_metadata(root, path, exc) from None
 
 
 class RunIndex:
@@ -372,8 +492,8 @@ class RunIndex:
             raise InvalidArgumentError(f"{array_path} is a layout-1 array: it has no index arrays")
         store = open_root(root, read_only=read_only)
         mode: Literal["r", "r+"] = "r" if read_only else "r+"
-        self.group = zarr.open_group(store=store, path=group, mode=mode)
-        self.arrays = {name: zarr.open_array(store=store, path=f"{group}/{name}", mode=mode) for name in (*INDEX_DTYPES, TOKEN_IDS)}
+        self.group = _open_node(zarr.open_group, root, store, group, mode)
+        self.arrays = {name: _open_node(zarr.open_array, root, store, f"{group}/{name}", mode) for name in (*INDEX_DTYPES, TOKEN_IDS)}
         self.n = start
         self.n_tokens = token_count
 
@@ -431,6 +551,61 @@ def index_pending(root: str, array_path: str) -> bool:
     """Whether a layout-2 run's index arrays are left to be written when it completes (a distributed ingest)."""
     group = group_path_of(array_path)
     return bool(group and zarr.open_group(store=open_root(root, read_only=True), path=group, mode="r").attrs.get(INDEX_PENDING))
+
+
+# zarr's LocalStore writes each key to `<key>.<32 hex digits>.partial`, then renames it: a writer killed in between
+# leaves that file behind. It holds no committed data (the key it was meant to replace is untouched).
+PARTIAL_FILE = re.compile(r"\.[0-9a-f]{32}\.partial$")
+# Queries keep summaries under <run group>/summary/ without the run's write lease, even while it is written: a
+# temporary file there is taken for a leftover only once it is this old (a summary chunk is written in well under).
+SUMMARY_PARTIAL_AGE_S = 600.0
+
+
+def _local_path(root: str) -> str | None:
+    if remote.is_remote(root):
+        return None  # object stores write whole objects: nothing is left half-written
+    return root[len("file://") :] if root.startswith("file://") else root
+
+
+def partial_files(root: str, node: str, recursive: bool = True, min_age_s: float = 0.0) -> list[tuple[str, int]]:
+    """(store key, bytes) of the temporary files killed writers left under `node` (a local root; [] for others), at
+    least `min_age_s` old. Under a run's summary/ folder only files older than SUMMARY_PARTIAL_AGE_S count (queries
+    keep summaries there without the run's lease: younger ones may be writes in flight)."""
+    base = _local_path(root)
+    if base is None:
+        return []
+    top = os.path.join(base, node) if node else base
+    now = time.time()
+    found = []
+    for folder, subfolders, files in os.walk(top):
+        for name in files:
+            if PARTIAL_FILE.search(name):
+                path = os.path.join(folder, name)
+                key = os.path.relpath(path, base).replace(os.sep, "/")
+                try:
+                    stat = os.stat(path)
+                except OSError:  # renamed meanwhile: its writer finished
+                    continue
+                age = now - stat.st_mtime
+                if age < min_age_s or ("/summary/" in f"/{key[len(node) :]}" and age < SUMMARY_PARTIAL_AGE_S):
+                    continue
+                found.append((key, stat.st_size))
+        if not recursive:
+            subfolders.clear()
+    return sorted(found)
+
+
+def remove_partial_files(root: str, node: str, recursive: bool = True, min_age_s: float = 0.0) -> list[str]:
+    """Delete what `partial_files` finds; only while no process writes `node` (its write lease held). Returns the keys."""
+    base = _local_path(root)
+    removed = []
+    for key, _ in partial_files(root, node, recursive, min_age_s):
+        try:
+            os.remove(os.path.join(base or "", key))
+        except FileNotFoundError:
+            continue
+        removed.append(key)
+    return removed
 
 
 def resume_offset(stored_end: int, chunk_cells: int) -> int:

@@ -44,7 +44,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from . import arrays, remote
-from .errors import ConflictError, CorruptInputError, InvalidArgumentError, NotFoundError, StorageIOError
+from .errors import ConflictError, CorruptInputError, InvalidArgumentError, NotFoundError, SchemaOutOfDateError, StorageIOError
 from .records import RunInfo
 from .schema import Base
 
@@ -501,6 +501,7 @@ def _read_manifest(bundle: Bundle) -> dict:
             f"{manifest.get('attnstore_version', '?')}; this attnstore reads version {FORMAT_VERSION}: "
             "import it with a matching attnstore, or export it again"
         )
+    _refuse_newer_schema(bundle, manifest)
     if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("runs"), list) or "tables" not in manifest:
         raise CorruptInputError(f"bundle {bundle.location}: {MANIFEST} lacks its files, runs or tables")
     for name in manifest["files"]:
@@ -509,6 +510,21 @@ def _read_manifest(bundle: Bundle) -> dict:
         if not isinstance(meta, dict) or meta.get("file") not in manifest["files"]:
             raise CorruptInputError(f"bundle {bundle.location}: {MANIFEST} lists table {table} without its file")
     return manifest
+
+
+def _refuse_newer_schema(bundle: Bundle, manifest: dict) -> None:
+    """A bundle exported from a database at a schema revision this attnstore does not know (a newer attnstore) may hold
+    rows and meanings this one would drop or misread: refused, naming both revisions and the fix."""
+    from .migrate import head_revision, known_revisions
+
+    revision = manifest.get("schema_revision")
+    if revision is None or revision in known_revisions():
+        return
+    raise SchemaOutOfDateError(
+        f"bundle {bundle.location} was exported at schema revision {revision!r} by attnstore "
+        f"{manifest.get('attnstore_version', '?')}, newer than this attnstore's (revision {head_revision()!r}, attnstore "
+        f"{_attnstore_version()}); upgrade attnstore (pip install -U attnstore) to import it"
+    )
 
 
 def _verify(bundle: Bundle) -> None:
@@ -767,7 +783,8 @@ def export_runs(
             source_root = arrays.open_root(store.locations.array_root, read_only=True)
             array_keys = {}
             for info in infos:
-                keys = _zarr_keys(source_root, _node(info.array_path) + "/")
+                # Not the temporary files of writers that were killed (`<key>.<hex>.partial`): never data of the run.
+                keys = [k for k in _zarr_keys(source_root, _node(info.array_path) + "/") if not arrays.PARTIAL_FILE.search(k)]
                 if f"{info.array_path.rstrip('/')}/zarr.json" not in keys:
                     raise NotFoundError(
                         f"the attention array of run {info.name!r} ({info.array_path}) is not under {store.locations.array_root}; "
@@ -1091,7 +1108,7 @@ def _copy_arrays(store: Store, bundle: Bundle, plan: _Plan, rename: Mapping[str,
     copied = 0
     for run in plan.runs:
         source, target = _node(run["array_path"]) + "/", _node(plan.array_paths[run["id"]]) + "/"
-        names = bundle.names_under(f"arrays/{source}")
+        names = [n for n in bundle.names_under(f"arrays/{source}") if not arrays.PARTIAL_FILE.search(n)]  # older exports had them
         keys = {target + n[len(f"arrays/{source}") :] for n in names}
         stale = [k for k in _zarr_keys(root, target) if k not in keys]  # left by an import that failed before its rows
         if stale:

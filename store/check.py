@@ -14,7 +14,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from . import arrays, remote
-from .errors import DamagedDataError, NotFoundError
+from .errors import AttnStoreError, BusyError, DamagedDataError, NotFoundError
 from .schema import Sequence
 
 ROW_SUM_TOLERANCE = 2e-3  # ingest refuses maps off by more than 1e-3; float16 storage adds < 2**-11
@@ -29,9 +29,15 @@ class RunReport:
     chunks: int = 0
     checksums: bool = False
     problems: list[dict] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)  # store keys removed by `check_store(..., repair=True)`
 
     def add(self, problem: str, example=None, chunk=None) -> None:
         self.problems.append(dict(run=self.run, example=example, chunk=chunk, problem=problem))
+
+
+def _first_line(exc: BaseException, limit: int = 120) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
 
 
 class _BlockCheck:
@@ -45,6 +51,7 @@ class _BlockCheck:
         self.present = arrays.present_chunks(array)
         self.bad: dict[int, str] = {}
         self.reported: set[int] = set()
+        self.decoded: set[int] = set()  # chunks decoded one at a time (each at most once)
         self.last_chunk = -1  # chunks up to this one are counted and looked at
         self.last_end, self.last_example = -1, None  # the block before this step's first
 
@@ -74,7 +81,8 @@ class _BlockCheck:
         self._decode(starts, ends, examples, sizes)
 
     def _decode(self, starts, ends, examples, sizes) -> None:
-        """Decode slab by slab; a slab that fails is retried chunk by chunk to name the bad ones."""
+        """Decode slab by slab. A slab that holds a chunk already known to be bad, or that fails to decode, is
+        decoded chunk by chunk to name every bad one; its blocks are then read one by one, the good ones only."""
         report, array, chunk, bad = self.report, self.array, self.chunk, self.bad
         n_layers, n_heads = self.n_layers, self.n_heads
         k = 0
@@ -87,29 +95,35 @@ class _BlockCheck:
             if not any(i in bad for i in slab):
                 try:
                     data = array[slab.start * chunk : slab.stop * chunk]
-                except Exception:
-                    for i in slab:
-                        try:
-                            array[i * chunk : (i + 1) * chunk]
-                        except Exception as exc:
-                            if remote.failed(array, exc):
-                                raise  # the object store failed (network, credentials): not damage
-                            bad[i] = f"is damaged ({str(exc).splitlines()[0][:100]})"
+                except Exception as exc:
+                    if remote.failed(array, exc):
+                        raise  # the object store failed (network, credentials): not damage
+            if data is None:  # one chunk at a time: a missing chunk may sit beside a damaged one
+                for i in slab:
+                    if i not in bad and i not in self.decoded:
+                        self._decode_chunk(i)
             for m in range(k, j):
                 hit = [i for i in range(int(starts[m]) // chunk, (int(ends[m]) - 1) // chunk + 1) if i in bad]
                 if hit:
-                    self.reported.add(hit[0])
-                    report.add(
-                        f"chunk {arrays.chunk_key(array, hit[0])} {bad[hit[0]]}",
-                        example=int(examples[m]),
-                        chunk=arrays.chunk_key(array, hit[0]),
-                    )
+                    self._report_chunks(hit, int(examples[m]))
                     continue
                 if data is None:
-                    block = array[int(starts[m]) : int(ends[m])]
+                    try:
+                        block = array[int(starts[m]) : int(ends[m])]
+                    except Exception as exc:  # every chunk decoded alone: changed while this ran, or metadata
+                        if remote.failed(array, exc):
+                            raise
+                        report.add(f"block cannot be read ({_first_line(exc)})", example=int(examples[m]))
+                        continue
                 else:
                     block = data[int(starts[m]) - slab.start * chunk : int(ends[m]) - slab.start * chunk]
                 length = int(round(np.sqrt(sizes[m] / (n_layers * n_heads))))
+                if block.size != sizes[m]:
+                    report.add(
+                        f"block ends at cell {int(ends[m])}, past the end of the array ({array.shape[0]} cells)",
+                        example=int(examples[m]),
+                    )
+                    continue
                 maps = block.reshape(n_layers, n_heads, length, length).astype(np.float32)
                 sums = maps.sum(-1)
                 err = float(np.nanmax(np.abs(sums - 1))) if sums.size else 0.0
@@ -121,19 +135,61 @@ class _BlockCheck:
             report.examples += j - k
             k = j
 
+    def _decode_chunk(self, i: int) -> None:
+        """Decode chunk `i` alone; a failure marks it bad (a failure of the object store is raised)."""
+        try:
+            self.array[i * self.chunk : (i + 1) * self.chunk]
+        except Exception as exc:
+            if remote.failed(self.array, exc):
+                raise  # the object store failed (network, credentials): not damage
+            self.bad[i] = f"is damaged ({_first_line(exc, 100)})"
+        self.decoded.add(i)
+
+    def _report_chunks(self, hit: list[int], example: int) -> None:
+        """Name every bad chunk of an example's block (each chunk once per example)."""
+        for i in hit:
+            self.reported.add(i)
+            key = arrays.chunk_key(self.array, i)
+            self.report.add(f"chunk {key} {self.bad[i]}", example=example, chunk=key)
+
     def finish(self) -> None:
         """Bad chunks no example's report named."""
         for i in sorted(set(self.bad) - self.reported):
             self.report.add(f"chunk {arrays.chunk_key(self.array, i)} {self.bad[i]}", chunk=arrays.chunk_key(self.array, i))
 
 
-def check_run(store, run) -> RunReport:
+LEFTOVER = "it holds no committed data and can be deleted"
+
+
+def _leftovers(store, report: RunReport, info, state: str, repair: bool) -> None:
+    """Temporary files (`<key>.<hex>.partial`) that writers killed mid-write left under the run's node: reported, or
+    with `repair`, removed under the run's write lease (a run a live process writes is left alone: its temporary
+    files may be writes in flight)."""
+    if state == "writing":
+        return
+    root, node = store.locations.array_root, arrays.run_node_path(info.array_path)
+    found = arrays.partial_files(root, node)
+    if found and repair:
+        from .writer import run_lease_name
+
+        try:
+            with store.lease(run_lease_name(info.name), f"repairing run {info.name!r}"):
+                report.repaired += arrays.remove_partial_files(root, node)
+        except BusyError:  # a writer started meanwhile: it removes them itself
+            return
+        found = [(key, size) for key, size in found if key not in report.repaired]
+    for key, size in found:
+        report.add(f"leftover temporary file {key} ({size} bytes) of a writer that was killed; {LEFTOVER}", chunk=key)
+
+
+def check_run(store, run, repair: bool = False) -> RunReport:
     """Checks the run's committed blocks a step at a time, in storage order (memory is one step's rows and
-    arrays, not the run's: `StoreReader.block_steps`)."""
+    arrays, not the run's: `StoreReader.block_steps`). `repair`: remove temporary files killed writers left."""
     info = store.run_info(run)
     state, _ = store.run_state(info.id)
     with store.pinned(info.id):
         report = RunReport(run=info.name, state=state, checksums=(info.codec or {}).get("checksum") == "crc32c")
+        _leftovers(store, report, info, state, repair)
         with store.engine.connect() as conn:
             skipped = sa.select(sa.func.count()).select_from(Sequence).where(store._visible(info), Sequence.skipped)
             n_skipped = int(conn.scalar(skipped) or 0)
@@ -142,11 +198,13 @@ def check_run(store, run) -> RunReport:
             report.add(f"runs row says {info.n_stored} stored / {info.n_skipped} skipped, sequences hold {n_stored} / {n_skipped}")
         if n_stored == 0:
             return report
+        array = None
         try:
             array = store._array(info)
         except NotFoundError:
-            array = None
             report.add(f"attention array {info.array_path} is missing under {store.locations.array_root}")
+        except DamagedDataError as exc:  # its zarr.json is not JSON, or not the metadata attnstore wrote
+            report.add(str(exc), chunk=f"{info.array_path}/zarr.json")
         blocks = None if array is None else _BlockCheck(report, array, info.n_layers, info.n_heads, arrays.quantize_step(info.codec))
         index = _IndexCheck.open(report, store, info, n_stored, complete=state == "complete") if array is not None else None
         for seqs, token_ids in store.block_steps(info.id):
@@ -176,8 +234,13 @@ class _IndexCheck:
         where = arrays.run_node_path(info.array_path)
         try:
             index = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0, read_only=True)
+        except DamagedDataError as exc:  # a zarr.json that is not JSON: the message names it
+            report.add(str(exc))
+            return None
         except Exception as exc:  # missing index arrays
-            report.add(f"index arrays of {where} cannot be read ({str(exc).splitlines()[0][:120]})")
+            if remote.is_remote(store.locations.array_root) and remote.is_storage_failure(exc):
+                raise
+            report.add(f"index arrays of {where} cannot be read ({_first_line(exc)})")
             return None
         if not complete and arrays.index_pending(store.locations.array_root, info.array_path):
             return None  # a distributed ingest writes the index when the run completes (ingest/distributed.py)
@@ -192,7 +255,7 @@ class _IndexCheck:
         try:
             stored = self.index.read_range(first, first + n)
         except Exception as exc:  # undecodable index arrays
-            self.report.add(f"index arrays of {self.where} cannot be read ({str(exc).splitlines()[0][:120]})")
+            self.report.add(f"index arrays of {self.where} cannot be read ({_first_line(exc)})")
             return None
         if len(stored["example"]) != n:  # the arrays were cut while this ran
             self.report.add(
@@ -218,16 +281,25 @@ class _IndexCheck:
         return self
 
 
-def check_store(store, runs=None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(summary per run, problems) for the given runs (default: all)."""
+def check_store(store, runs=None, repair: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(summary per run, problems) for the given runs (default: all, and the root's own metadata). Damage is
+    reported, never raised: only a failure to reach the store (database, object store) or a run that does not
+    exist is an error. `repair`: remove the temporary files of killed writers (each run under its write lease)
+    instead of reporting them; the keys removed are in `problems.attrs["repaired"]`."""
     names = list(runs) if runs else list(store.runs()["run"])
-    reports = []
+    reports = [_check_root(store, repair)] if not runs else []
     for name in names:
         try:
-            reports.append(check_run(store, name))
-        except DamagedDataError as exc:  # pragma: no cover - check_run records damage itself
+            reports.append(check_run(store, name, repair=repair))
+        except DamagedDataError as exc:
             r = RunReport(run=str(name), state="?")
             r.add(str(exc))
+            reports.append(r)
+        except Exception as exc:
+            if isinstance(exc, (AttnStoreError, sa.exc.SQLAlchemyError)) or remote.is_storage_failure(exc):
+                raise  # a run that does not exist, a store that cannot be reached: one line, as for any command
+            r = RunReport(run=str(name), state="?")  # never a traceback: what stopped the check of this run is a problem
+            r.add(f"the check of this run stopped at {type(exc).__name__}: {_first_line(exc, 200)}")
             reports.append(r)
     summary = pd.DataFrame(
         [
@@ -240,8 +312,29 @@ def check_store(store, runs=None) -> tuple[pd.DataFrame, pd.DataFrame]:
                 problems=len(r.problems),
             )
             for r in reports
+            if r.run is not None
         ],
         columns=["run", "state", "examples", "chunks", "checksums", "problems"],
     )
     problems = pd.DataFrame([p for r in reports for p in r.problems], columns=["run", "example", "chunk", "problem"])
+    problems.attrs["repaired"] = [key for r in reports for key in r.repaired]
     return summary, problems
+
+
+def _check_root(store, repair: bool) -> RunReport:
+    """The root group's and runs/ group's zarr.json parse (every writer opens them), and temporary files left beside
+    them by killed writers (older than `arrays.SUMMARY_PARTIAL_AGE_S`: any writer may update these groups); problems
+    with run None."""
+    report = RunReport(run=None, state="")  # type: ignore[arg-type]
+    root = store.locations.array_root
+    for node in ("", "runs"):
+        damage = arrays.group_metadata_damage(root, node)
+        if damage is not None:
+            report.add(str(damage), chunk=f"{node}/zarr.json".lstrip("/"))
+        found = arrays.partial_files(root, node, recursive=False, min_age_s=arrays.SUMMARY_PARTIAL_AGE_S)
+        if found and repair:
+            report.repaired += arrays.remove_partial_files(root, node, recursive=False, min_age_s=arrays.SUMMARY_PARTIAL_AGE_S)
+            found = [(key, size) for key, size in found if key not in report.repaired]
+        for key, size in found:
+            report.add(f"leftover temporary file {key} ({size} bytes) of a writer that was killed; {LEFTOVER}", chunk=key)
+    return report

@@ -17,7 +17,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from . import arrays, leases, remote
-from .errors import ConflictError, InvalidArgumentError, NotFoundError, ReadOnlyStoreError, StorageIOError
+from .errors import AttnStoreError, ConflictError, InvalidArgumentError, NotFoundError, ReadOnlyStoreError, StorageIOError
 from .identity import dataset_identity
 from .reader import RunRef, StoreReader
 from .records import ExampleInput, RunInfo
@@ -519,6 +519,8 @@ class RunWriter:
         self.part = part
         try:
             array = store._array(info, read_only=False)
+            if part is None:  # the run's only writer now (a distributed ingest's workers start after this)
+                arrays.remove_partial_files(store.locations.array_root, arrays.run_node_path(info.array_path))
             with store.engine.connect() as conn:
                 end, n_blocks, n_tokens = conn.execute(
                     sa.select(
@@ -540,8 +542,14 @@ class RunWriter:
                 self.index = arrays.RunIndex(store.locations.array_root, info.array_path, int(n_blocks or 0), int(n_tokens or 0))
                 if self.index.length() < self.index.n or self.index.group.attrs.get(arrays.INDEX_PENDING):
                     self.index = write_index_from_sql(store, info)  # after a distributed ingest cut off before it wrote it
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            if isinstance(exc, OSError) and not isinstance(exc, AttnStoreError):  # e.g. the disk is still full
+                raise StorageIOError(
+                    f"cannot write the arrays of run {info.name!r} under {store.locations.array_root}: "
+                    f"{exc.strerror or exc}; the run is kept as interrupted: free space or fix permissions, "
+                    f"then run the same ingest command to resume"
+                ) from None
             raise
         self._pending: list[tuple[int, dict, list[tuple], np.ndarray]] = []  # (end offset, sequence row, token rows, token ids)
         # Index entries committed in SQL, not yet in the Zarr index: written every INDEX_FLUSH_TOKENS tokens and at the end.
