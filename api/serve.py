@@ -9,14 +9,21 @@ search over tokens, words, POS and dependency relations, and read-only SQL; plus
 Everything is read through the Store API; nothing is written unless the app was made with
 `allow_save` (then `POST .../save` stores a query's per-head results). Every response is
 bounded (ServeSettings): page sizes, cells per maps response, rows per table, examples per
-computed query, a time limit per SQL statement. Errors are JSON `{"error": "..."}` with a
-4xx status for bad input (attnstore's NotFoundError 404, InvalidArgumentError 400, a slice
-over the cell budget 413, a write to a read-only server 403); anything unexpected is logged
-here and answered 500 with a one-line JSON error, never a traceback.
+computed query, a time limit and a byte limit per SQL statement. Errors are JSON `{"error": "..."}`
+with a 4xx status for bad input (attnstore's NotFoundError 404, InvalidArgumentError 400, a slice
+over the cell budget 413, a write to a read-only server 403, a query that would read maps this
+server cannot keep 409 unless asked with `scan=1`); anything unexpected is logged here and
+answered 500 with a one-line JSON error, never a traceback. The OpenAPI schema lists them.
+
+Only requests whose Host header names the bound host (`allowed_hosts`) are answered, against DNS
+rebinding. A run is addressed by its id or its name, a "/" in the name sent as %2F: the run's path
+segment is kept encoded until the endpoint (`keep_run_segment`), since servers decode %2F before
+routing.
 
 Endpoints are plain `def`s: FastAPI runs them in its thread pool. The store's SQLAlchemy
 engine is thread-safe and every read takes its own connection; the in-memory caches below
-are guarded by locks, and queries computed on request run one at a time.
+are guarded by locks, queries computed on request run one at a time, and at most
+`max_heavy_requests` heavy requests (SQL, queries, maps, search) at once: past that, 503.
 
 No `from __future__ import annotations` here: FastAPI reads the endpoints' annotations,
 which name classes imported inside `create_app`.
@@ -131,11 +138,15 @@ def allowed_hosts_for(host: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]
         names: tuple[str, ...] = LOOPBACK_HOSTS
     else:
         names = (f"[{bound.strip('[]')}]",) if ":" in bound else (bound,)
-    for name in extra:
-        name = name.strip().lower()
-        if ":" in name and not name.startswith("["):
+    for given in extra:
+        name = given.strip().lower()
+        if name.count(":") >= 2 and not name.startswith("["):
             name = f"[{name}]"  # a bare IPv6 address, as a Host header writes it
-        if name and name not in names:
+        elif not name.startswith("*"):
+            name = host_of(name) or ""  # without a port: the port is not compared
+        if not name or "*" in name[1:] or (name.startswith("*") and not name.startswith("*.")):
+            raise InvalidArgumentError(f"--allowed-host {given!r}: give a host name, an address, '*.domain' or '*'")
+        if name not in names:
             names = (*names, name)
     return names
 

@@ -25,6 +25,7 @@ with warnings.catch_warnings():  # starlette's TestClient asks for httpx2; httpx
 
 from attnstore.api.serve import ServeSettings, allowed_hosts_for, create_app, keep_run_segment  # noqa: E402
 from attnstore.queries import run_query  # noqa: E402
+from attnstore.store.errors import InvalidArgumentError  # noqa: E402
 
 TOKENS = [["[CLS]", "the", "cat", "sat", "[SEP]"], ["[CLS]", "a", "dog", "bark", "##ed", "[SEP]"]]
 WORDS = [
@@ -130,6 +131,10 @@ def test_the_command_answers_the_bound_host_and_allowed_hosts(named, monkeypatch
     assert allowed_hosts_for("10.1.2.3") == ("10.1.2.3",) and allowed_hosts_for("fe80::1") == ("[fe80::1]",)
     assert allowed_hosts_for("0.0.0.0", ("attn.lab", "FE80::2")) == ("127.0.0.1", "localhost", "[::1]", "attn.lab", "[fe80::2]")
     assert allowed_hosts_for("10.1.2.3", ("*",)) == ("*",)
+    assert allowed_hosts_for("10.1.2.3", ("Attn.Lab:8080", "*.lab.example")) == ("10.1.2.3", "attn.lab", "*.lab.example")
+    for bad in ("a*b", "*lab", "", "x:y"):
+        with pytest.raises(InvalidArgumentError, match="--allowed-host"):
+            allowed_hosts_for("127.0.0.1", (bad,))
     store, _ = named
     apps = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: apps.append((app, kw)))
@@ -151,6 +156,8 @@ def test_the_command_answers_the_bound_host_and_allowed_hosts(named, monkeypatch
         assert "2 examples read in" in shown
     result = CliRunner().invoke(serve, [*where, "--host", "0.0.0.0"])
     assert "add the names clients use with --allowed-host NAME" in result.output
+    result = CliRunner().invoke(serve, [*where, "--allowed-host", "a*b"])
+    assert result.exit_code == 1 and "--allowed-host 'a*b'" in result.output and len(result.output.strip().splitlines()) == 1
     assert "--allowed-host" in CliRunner().invoke(serve, ["--help"]).output
 
 
