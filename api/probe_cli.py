@@ -34,14 +34,26 @@ def probe():
 @store_options
 @friendly_errors
 def probe_train(locations, run, eval_run, kind, max_train, epochs, lr, seed, model_dir):
-    """Train a probe on stored word-level maps of RUN and store its UAS on EVAL-RUN."""
-    from ..queries.probes import train_and_evaluate
+    """Train a probe on stored word-level maps of RUN and store its UAS on EVAL-RUN.
+
+    RUN and EVAL-RUN must differ; evaluation sentences that are also training sentences (same text) are
+    counted in a warning.
+    """
+    import warnings
+
+    from ..queries.probes import ProbeOverlapWarning, train_and_evaluate
 
     store = open_store(locations, write=True)  # saves to probe_results: a read-only store fails before training
-    with reading_progress(f"probe {kind}: reading word-level maps"):
+    with warnings.catch_warnings(record=True) as caught, reading_progress(f"probe {kind}: reading word-level maps"):
+        warnings.simplefilter("always", ProbeOverlapWarning)
         result = train_and_evaluate(
             store, run=run, eval_run=eval_run, kind=kind, max_train=max_train, epochs=epochs, lr=lr, seed=seed, model_dir=model_dir
         )
+    for w in caught:
+        if issubclass(w.category, ProbeOverlapWarning):
+            click.echo(f"warning: {w.message}", err=True)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     store.save_probe_result(run, eval_run, result, params=dict(max_train=max_train, lr=lr, seed=seed))
     train = "" if result["train_uas"] is None else f", train UAS {result['train_uas']:.3f} on {result['n_train']} words"
     click.echo(f"{kind}: UAS {result['uas']:.3f} on {result['n_eval']} words of {eval_run}{train} (saved to probe_results)")

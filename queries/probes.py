@@ -20,7 +20,8 @@ of the gold heads of a training run; UAS is measured on a held-out run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,11 @@ class ProbeData:
     starts: np.ndarray  # (dependents,) first pair of each dependent's group
     right_branching: np.ndarray  # (dependents,) 1 where "next word / root if last" is the gold head
     token_ids: list  # per word id: its wordpiece ids (ROOT: the [CLS]-like id)
+    examples: list[int] = field(default_factory=list)  # the example positions used, in order
+
+
+class ProbeOverlapWarning(UserWarning):
+    """The evaluation run's sentences include some the probe was trained on (its UAS is not held-out)."""
 
 
 def _probe_tables(store: Store, info, examples: np.ndarray) -> tuple[dict[int, pd.DataFrame], dict[int, pd.DataFrame]]:
@@ -76,6 +82,7 @@ def collect(store: Store, run, examples=None, max_examples: int | None = None) -
     right: list[float] = []
     token_ids: list[list[int]] = []
     n_pairs = used = 0
+    used_examples: list[int] = []
     for example, maps, (words, tokens) in ranged_maps(store, info, examples, lambda part: _probe_tables(store, info, part)):
         if max_examples is not None and used >= max_examples:
             break
@@ -88,6 +95,7 @@ def collect(store: Store, run, examples=None, max_examples: int | None = None) -
         if (unit_of < 0).any() or len(specials) == 0:
             continue  # truncated sentence or no [CLS]-like unit: skip it whole
         used += 1
+        used_examples.append(example)
         wmap = word_level(maps, units)  # (L, H, U, U)
         wmap = wmap.reshape(-1, *wmap.shape[2:])  # (K, U, U)
         n = len(w)
@@ -118,7 +126,31 @@ def collect(store: Store, run, examples=None, max_examples: int | None = None) -
     if not starts:
         raise NotFoundError(f"run {info.name!r} has no whole sentences with dependency trees to probe")
     attn, cand, dep, offset, gold = (np.concatenate(parts[k]) for k in ("attn", "cand", "dep", "offset", "gold"))
-    return ProbeData(attn, cand, dep, offset, gold, np.array(starts), np.array(right), token_ids)
+    return ProbeData(attn, cand, dep, offset, gold, np.array(starts), np.array(right), token_ids, used_examples)
+
+
+def check_held_out(store: Store, run, eval_run) -> None:
+    """Refuse to evaluate a probe on the run it is trained on (its UAS would be training accuracy)."""
+    train, held_out = store.run_info(run), store.run_info(eval_run)
+    if train.id == held_out.id:
+        raise InvalidArgumentError(
+            f"the training run and the evaluation run are both {train.name!r}: UAS on the sentences a probe was "
+            f"trained on is not held-out; evaluate on a run over another split (e.g. ud/en_ewt:dev when training on ud/en_ewt:train)"
+        )
+
+
+def shared_sentences(store: Store, run, train_examples, eval_run, eval_examples) -> int:
+    """How many of `eval_examples` (positions in `eval_run`) have the text of one of `train_examples` of `run`."""
+
+    def texts(which, positions) -> set[tuple[str, str]]:
+        frame = store.examples(which)
+        frame = frame[frame["example"].isin(list(positions))]
+        return set(zip(frame["text_a"].fillna(""), frame["text_b"].fillna("")))
+
+    trained = texts(run, train_examples)
+    frame = store.examples(eval_run)
+    frame = frame[frame["example"].isin(list(eval_examples))]
+    return sum((a, b) in trained for a, b in zip(frame["text_a"].fillna(""), frame["text_b"].fillna("")))
 
 
 def word_vectors(store: Store, run, data: ProbeData, model_dir: str | None = None) -> np.ndarray:
@@ -263,15 +295,30 @@ def train_and_evaluate(
     seed: int = 0,
     model_dir: str | None = None,
 ) -> dict:
-    """Train a probe on `run`, measure UAS on `eval_run`; returns a result record."""
+    """Train a probe on `run`, measure UAS on `eval_run`; returns a result record.
+
+    The same run for both is refused (InvalidArgumentError); evaluation sentences whose text is among the
+    training sentences used are counted in a ProbeOverlapWarning.
+    """
     if kind not in KINDS:
         raise InvalidArgumentError(f"unknown probe kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if kind != "right-branching":  # a baseline that learns nothing may be scored on any run
+        check_held_out(store, run, eval_run)
     test = collect(store, eval_run, max_examples=max_eval)
     if kind == "right-branching":
         return dict(
             kind=kind, uas=float(test.right_branching.mean()), train_uas=None, n_train=0, n_eval=len(test.starts), epochs=0, final_loss=None
         )
     train = collect(store, run, max_examples=max_train)
+    shared = shared_sentences(store, run, train.examples, eval_run, test.examples)
+    if shared:
+        warnings.warn(
+            ProbeOverlapWarning(
+                f"{shared} of the {len(test.examples)} evaluation sentences of {store.run_info(eval_run).name!r} are also among "
+                f"the {len(train.examples)} training sentences of {store.run_info(run).name!r} (same text): its UAS is not fully held-out"
+            ),
+            stacklevel=2,
+        )
     needs_words = kind in ("attn+words", "distance+words")
     train_vec = word_vectors(store, run, train, model_dir) if needs_words else None
     test_vec = word_vectors(store, eval_run, test, model_dir) if needs_words else None

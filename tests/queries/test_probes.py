@@ -102,3 +102,67 @@ def test_collect_reads_words_and_tokens_range_by_range(store, probe_runs, monkey
     for field in ("attn", "cand", "dep", "offset", "gold", "starts", "right_branching"):
         np.testing.assert_array_equal(getattr(ranged, field), getattr(whole, field), err_msg=field)
     assert ranged.token_ids == whole.token_ids and len(whole.starts) > 2
+
+
+# --- training and evaluation on the same sentences (issue 24, item 7) -------------------------------------------
+
+OTHER_SENTENCES = [
+    (
+        ["[CLS]", "cats", "sleep", "[SEP]"],
+        [dict(form="cats", head=1, deprel="nsubj"), dict(form="sleep", head=None, deprel="root")],
+    ),
+    (
+        ["[CLS]", "the", "dog", "barks", "[SEP]"],  # also a training sentence
+        [dict(form="the", head=1, deprel="det"), dict(form="dog", head=2, deprel="nsubj"), dict(form="barks", head=None, deprel="root")],
+    ),
+]
+
+
+def test_the_same_run_for_training_and_evaluation_is_refused(store, probe_runs):
+    from attnstore.store.errors import InvalidArgumentError
+
+    run_id = store.run_info(probe_runs[0]).id
+    for eval_run in (probe_runs[0], run_id):  # by name or by id
+        with pytest.raises(InvalidArgumentError, match=r"the training run and the evaluation run are both 'probe-train'"):
+            train_and_evaluate(store, run=probe_runs[0], eval_run=eval_run, kind="attn", epochs=1)
+    # a baseline that trains nothing may be scored on its own run
+    assert train_and_evaluate(store, run=probe_runs[0], eval_run=probe_runs[0], kind="right-branching")["uas"] == pytest.approx(4 / 6)
+
+
+def test_overlapping_sentences_are_counted_in_a_warning(store, probe_runs, make_run):
+    import warnings
+
+    from attnstore.queries.probes import ProbeOverlapWarning
+
+    with pytest.warns(ProbeOverlapWarning, match=r"2 of the 2 evaluation sentences of 'probe-eval' are also among the 2 training"):
+        train_and_evaluate(store, run=probe_runs[0], eval_run=probe_runs[1], kind="attn", epochs=1)
+    maps, tokens, words = [maps_for(w) for _, w in OTHER_SENTENCES], [t for t, _ in OTHER_SENTENCES], [w for _, w in OTHER_SENTENCES]
+    other = make_run(store, maps, tokens, name="probe-other", words_list=words)
+    with pytest.warns(ProbeOverlapWarning, match=r"^1 of the 2 evaluation sentences of 'probe-other'"):
+        train_and_evaluate(store, run=probe_runs[0], eval_run=other, kind="attn", epochs=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProbeOverlapWarning)  # only the first evaluation sentence, "cats sleep": no overlap
+        train_and_evaluate(store, run=probe_runs[0], eval_run=other, kind="attn", epochs=1, max_train=None, max_eval=1)
+
+
+def test_probe_train_command_refuses_one_run_and_warns_of_overlap(store, probe_runs):
+    from click.testing import CliRunner
+
+    from attnstore.api.cli import main
+
+    url = store.locations.db_url if store.engine.dialect.name == "sqlite" else store.engine.url.render_as_string(hide_password=False)
+    where = ["--db", url, "--root", store.locations.array_root]
+    base = ["probe", "train", "--kind", "attn", "--epochs", "2"]
+    same = CliRunner().invoke(main, [*base, "--run", probe_runs[0], "--eval-run", probe_runs[0], *where])
+    lines = [line for line in same.output.splitlines() if line.strip()]
+    assert same.exit_code == 1 and len(lines) == 1, same.output
+    assert lines[0].startswith("Error: the training run and the evaluation run are both 'probe-train'")
+    assert store.probe_results().empty
+    overlap = CliRunner().invoke(main, [*base, "--run", probe_runs[0], "--eval-run", probe_runs[1], *where])
+    assert overlap.exit_code == 0, overlap.output
+    warned = [line for line in overlap.stderr.splitlines() if line.startswith("warning:")]
+    assert warned == [
+        "warning: 2 of the 2 evaluation sentences of 'probe-eval' are also among the 2 training sentences of 'probe-train' "
+        "(same text): its UAS is not fully held-out"
+    ]
+    assert len(store.probe_results()) == 1
