@@ -598,6 +598,9 @@ class RunWriter:
         ready = [p for p in self._pending if p[0] <= durable]
         self._pending = [p for p in self._pending if p[0] > durable]
         if not ready:
+            if final and self._index_queue:  # every row is committed already (the last block ended on a chunk boundary)
+                self.lease.check()
+                self._flush_index()
             return 0
         seqs = [p[1] for p in ready]
         toks = [t for p in ready for t in p[2]]
