@@ -14,6 +14,7 @@ from ..store.config import redact
 from .common import (
     FORMATS,
     LazyGroup,
+    columns_option,
     create_store,
     emit,
     friendly_errors,
@@ -114,8 +115,9 @@ def db_current(locations):
     help="Folder holding the datasets' files (env ATTNSTORE_DATA; default ../shared/data).",
 )
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@columns_option
 @friendly_errors
-def datasets(data_dir, fmt):
+def datasets(data_dir, fmt, columns):
     """List the built-in datasets: size, license, source, and whether their files are present."""
     import pandas as pd
 
@@ -133,7 +135,7 @@ def datasets(data_dir, fmt):
         )
         for s in BUILTIN
     ]
-    emit(pd.DataFrame(rows), fmt)
+    emit(pd.DataFrame(rows), fmt, columns=columns)
     if fmt == "table":
         click.echo(f"data directory: {root}", err=True)
 
@@ -158,12 +160,13 @@ RUNS_TABLE_COLUMNS = [
 
 @main.command(short_help="List the runs in the store.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@columns_option
 @store_options
 @friendly_errors
-def runs(locations, fmt):
+def runs(locations, fmt, columns):
     """List the runs in the store."""
     frame = open_store(locations).runs()
-    emit(frame[RUNS_TABLE_COLUMNS] if fmt == "table" else frame, fmt)
+    emit(frame[RUNS_TABLE_COLUMNS] if fmt == "table" and not columns else frame, fmt, columns=columns)
     if fmt == "table" and not frame.empty:
         click.echo("(settings of each run: attnstore show RUN; every column: --format csv or json)", err=True)
 
@@ -183,22 +186,27 @@ def show(locations, run):
 @main.command(short_help="List a run's examples with their length and flags.")
 @click.option("--run", required=True, help="Run name or id (see `attnstore runs`).")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@columns_option
 @store_options
 @friendly_errors
-def examples(locations, run, fmt):
+def examples(locations, run, fmt, columns):
     """List a run's examples with their stored length and flags."""
-    emit(open_store(locations).examples(run), fmt)
+    emit(open_store(locations).examples(run), fmt, columns=columns)
 
 
 @main.command(short_help="Show one example's tokens with words, POS and dependencies.")
 @click.option("--run", required=True, help="Run name or id (see `attnstore runs`).")
 @click.option("--example", required=True, type=int, help="Example position in the corpus (0-based).")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@columns_option
 @store_options
 @friendly_errors
-def tokens(locations, run, example, fmt):
-    """Show one example's tokens with word alignment, POS and dependencies."""
-    emit(open_store(locations).tokens(run, example), fmt)
+def tokens(locations, run, example, fmt, columns):
+    """Show one example's tokens with word alignment, POS and dependencies.
+
+    The table leaves out the annotator column when every word has the same one (a note names it).
+    """
+    emit(open_store(locations).tokens(run, example), fmt, columns=columns, constant=("annotator",))
 
 
 @main.command(short_help="Draw one example's attention maps as heatmaps.")
@@ -306,10 +314,11 @@ def parse_params(ctx, _param, values):
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--output", default=None, type=click.Path(dir_okay=False), help="Write to a file instead of stdout.")
 @click.option("--save", is_flag=True, help="Also save the per-head values to the head_metrics table.")
+@columns_option
 @scheduler_option("the pass over the maps, when the query needs one")
 @store_options
 @friendly_errors
-def query(locations, name, run, params, fmt, output, save, scheduler):
+def query(locations, name, run, params, fmt, output, save, scheduler, columns):
     """Run stored query NAME over a run's maps (no model needed)."""
     import warnings
 
@@ -334,7 +343,7 @@ def query(locations, name, run, params, fmt, output, save, scheduler):
         click.echo(f"warning: {w.message}", err=True)
     if frame.attrs.get("note"):
         click.echo(f"note: {frame.attrs['note']}", err=True)
-    emit(frame, fmt, output)
+    emit(frame, fmt, output, columns=columns)
     if save and frame.attrs.get("run_state") != "complete":
         raise click.ClickException(f"not saved: run {run!r} is incomplete; save its results once its ingest completes")
     if save:

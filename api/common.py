@@ -279,8 +279,155 @@ def to_table(frame) -> str:
     return tabulate(rows, headers=[str(c) for c in shown.columns], floatfmt=".4f", missingval="", tablefmt="simple")
 
 
-def emit(frame, fmt: str, output: str | None = None) -> None:
-    """Print (or write to `output`) a DataFrame as a table, CSV or JSON records; an empty table says so."""
+INTEGER_COLUMNS = ("layer", "head", "example", "position", "word_position", "n")  # and n_*: counts and indexes
+
+
+def _integer_columns(frame):
+    """Index and count columns (layer, head, n_*, ...) that pandas made floats (a missing value), as integers in
+    every format: layer 3, never 3.0."""
+    import pandas as pd
+
+    out = frame
+    for name in frame.columns:
+        col = frame[name]
+        if (str(name) in INTEGER_COLUMNS or str(name).startswith("n_")) and pd.api.types.is_float_dtype(col):
+            values = col.dropna()
+            if (values == values.round()).all() and (values.empty or values.abs().max() < 2**53):
+                out = out.copy() if out is frame else out
+                out[name] = col.astype("Int64")
+    return out
+
+
+def select_columns(frame, columns: str | None):
+    """`--columns a,b,c`: those columns, in that order; an unknown name is a one-line error listing the columns."""
+    if not columns:
+        return frame
+    names = [c.strip() for c in columns.split(",") if c.strip()]
+    unknown = [c for c in names if c not in frame.columns]
+    if unknown or not names:
+        raise click.ClickException(
+            f"--columns: no column {', '.join(map(repr, unknown)) or '(none given)'}; columns: {', '.join(map(str, frame.columns))}"
+        )
+    return frame[list(dict.fromkeys(names))]
+
+
+def columns_option(func):
+    """--columns a,b,c: print only these columns (any format)."""
+    return click.option(
+        "--columns",
+        default=None,
+        metavar="A,B,...",
+        help="Only these columns, in this order (every format). Tables wider than the terminal are otherwise summarised.",
+    )(func)
+
+
+def terminal_width() -> int | None:
+    """Columns of the terminal that tables must fit: $COLUMNS, else the terminal's width when stdout is one;
+    None (no limit) when output goes to a pipe or file, so nothing is left out there."""
+    import shutil
+    import sys
+
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        if sys.stdout.isatty():
+            return shutil.get_terminal_size().columns
+    except (AttributeError, ValueError, OSError):
+        pass
+    return None
+
+
+def _column_widths(table: str) -> list[int]:
+    """The widths of a tabulate "simple" table's columns, read from its rule line of dashes."""
+    rule = table.splitlines()[1]
+    return [len(part) for part in rule.split("  ") if part]
+
+
+def _per_head_summary(frame):
+    """One row per value column of a per-head frame: its mean, min and max over heads and the head with the max."""
+    import pandas as pd
+
+    rows = []
+    for name in frame.columns:
+        if name in ("layer", "head"):
+            continue
+        values = pd.to_numeric(frame[name], errors="coerce").astype(float)
+        best = values.idxmax() if values.notna().any() else None
+        rows.append(
+            dict(
+                column=str(name),
+                mean=values.mean(),
+                min=values.min(),
+                max=values.max(),
+                max_layer=None if best is None else int(frame.loc[best, "layer"]),
+                max_head=None if best is None else int(frame.loc[best, "head"]),
+            )
+        )
+    out = pd.DataFrame(rows, columns=["column", "mean", "min", "max", "max_layer", "max_head"])
+    return out.astype({"max_layer": "Int64", "max_head": "Int64"})
+
+
+def _is_per_head(frame) -> bool:
+    import pandas as pd
+
+    if "layer" not in frame.columns or "head" not in frame.columns or frame[["layer", "head"]].duplicated().any():
+        return False
+    others = [c for c in frame.columns if c not in ("layer", "head")]
+    return bool(others) and all(pd.api.types.is_numeric_dtype(frame[c]) for c in others)
+
+
+def fit_table(frame, width: int) -> tuple[str, str | None]:
+    """The table of `frame`, and a note, so that it fits `width` characters: a per-head frame (one row per layer and
+    head, numeric columns) too wide is summarised per column; any other keeps its leading columns that fit."""
+    text = to_table(frame)
+    if max(map(len, text.splitlines())) <= width:
+        return text, None
+    how = "--columns A,B to pick columns, --format csv or json for all of them"
+    if _is_per_head(frame):
+        summary = _per_head_summary(frame)
+        note = (
+            f"{len(frame.columns) - 2} columns x {len(frame)} heads are wider than the terminal ({width} characters): "
+            f"each column's mean, min and max over the heads, and the head with the max ({how})"
+        )
+        text = to_table(summary)
+        if max(map(len, text.splitlines())) <= width:
+            return text, note
+        frame = summary  # still too wide (a long column name): cut its columns below
+    widths = _column_widths(text)
+    keep, used = 1, widths[0]
+    while keep < len(widths) and used + 2 + widths[keep] <= width:
+        used += 2 + widths[keep]
+        keep += 1
+    hidden = [str(c) for c in frame.columns[keep:]]
+    note = f"{len(hidden)} more column(s) do not fit in {width} characters: {', '.join(hidden)} ({how})"
+    return to_table(frame[frame.columns[:keep]]), note
+
+
+def _fold_constant(frame, names) -> tuple[object, list[str]]:
+    """Drop each column of `names` whose non-missing values are all one value; a note says what it was."""
+    notes = []
+    for name in names:
+        if name in frame.columns and len(frame) > 1:
+            values = frame[name].dropna().unique()
+            if len(values) == 1:
+                where = "every row" if frame[name].notna().all() else "every row that has one"
+                frame = frame.drop(columns=[name])
+                notes.append(f"{name} is {values[0]} on {where} (column left out; --columns to show it)")
+    return frame, notes
+
+
+def emit(frame, fmt: str, output: str | None = None, columns: str | None = None, constant: tuple[str, ...] = ()) -> None:
+    """Print (or write to `output`) a DataFrame as a table, CSV or JSON records; an empty table says so.
+
+    `columns` ("a,b,c", --columns) keeps those columns in every format. Otherwise csv and json keep every
+    column; a table printed to a terminal that is wider than it is summarised (a per-head frame: each
+    column's mean, min, max and best head) or cut to its leading columns, with a note on stderr saying
+    so, and the columns of `constant` that hold one value on every row become a note. Index and count
+    columns (layer, head, n_*) print as integers in every format.
+    """
+    frame = _integer_columns(select_columns(frame, columns))
+    notes: list[str] = []
     if fmt == "csv":
         text = frame.to_csv(index=False)
     elif fmt == "json":
@@ -288,13 +435,22 @@ def emit(frame, fmt: str, output: str | None = None) -> None:
     elif frame.empty:
         text = f"(no rows; columns: {', '.join(map(str, frame.columns))})" if len(frame.columns) else "(no rows)"
     else:
-        text = to_table(frame)
+        if not columns:
+            frame, notes = _fold_constant(frame, constant)
+        width = None if output or columns else terminal_width()
+        if width is None:
+            text = to_table(frame)
+        else:
+            text, note = fit_table(frame, width)
+            notes += [note] if note else []
     if output:
         with open(output, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
         click.echo(f"wrote {len(frame)} rows to {output}", err=True)
     else:
         click.echo(text)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
 
 
 def scheduler_option(what: str):

@@ -12,7 +12,7 @@ from ..ingest.classifier import MODES
 from ..ingest.finetune import INITS
 from ..ingest.glue import TASKS
 from ..ingest.model import DEFAULT_MODEL
-from .common import FORMATS, emit, friendly_errors, open_store, require_extra, store_options
+from .common import FORMATS, columns_option, emit, friendly_errors, open_store, require_extra, store_options
 
 TASK_NAMES = tuple(TASKS)
 
@@ -127,12 +127,13 @@ def ablate(locations, model, task, heads, mode, data_dir, fmt, progress):
 
 @click.command("models", short_help="List the store's base and fine-tuned models.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@columns_option
 @store_options
 @friendly_errors
-def list_models(locations, fmt):
+def list_models(locations, fmt, columns):
     """List the store's models: base models and fine-tuned ones (parent, task, init, training)."""
     frame = open_store(locations).models()
-    emit(frame.drop(columns=["training", "created_at"]) if fmt == "table" else frame, fmt)
+    emit(frame.drop(columns=["training", "created_at"]) if fmt == "table" and not columns else frame, fmt, columns=columns)
 
 
 def _need_matplotlib() -> None:

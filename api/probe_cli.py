@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from ..queries.probes import KINDS as PROBE_KINDS
-from .common import FORMATS, emit, friendly_errors, open_store, reading_progress, store_options
+from .common import FORMATS, columns_option, emit, friendly_errors, open_store, reading_progress, store_options
 
 
 @click.group(short_help="Attention probes for dependency parsing: train, list.")
@@ -61,9 +61,10 @@ def probe_train(locations, run, eval_run, kind, max_train, epochs, lr, seed, mod
 
 @probe.command("results", short_help="List saved probe results.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@columns_option
 @store_options
 @friendly_errors
-def probe_results(locations, fmt):
+def probe_results(locations, fmt, columns):
     """List saved probe results (the probe_results table)."""
     frame = open_store(locations).probe_results()
-    emit(frame.drop(columns=["params", "created_at"]) if fmt == "table" else frame, fmt)
+    emit(frame.drop(columns=["params", "created_at"]) if fmt == "table" and not columns else frame, fmt, columns=columns)

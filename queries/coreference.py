@@ -226,8 +226,10 @@ def coreference(store: Store, *, run, examples=None) -> pd.DataFrame:
 def coreference_summary(store: Store, *, run, examples=None) -> pd.DataFrame:
     """Table 2 of Clark et al.: the best head (by all mentions) against the three baselines.
 
-    Columns: method (`head L-H`, nearest, head_match, sieve), layer, head, all, pronoun,
-    proper, nominal; plus a row `n` with the number of mentions of each kind.
+    Columns: method (`head L-H`, nearest, head_match, sieve), layer, head (integers; blank for
+    the baselines), all, pronoun, proper, nominal (accuracies). The number of mentions of each
+    kind is in `frame.attrs["n_mentions"]` ({"all": ..., "pronoun": ..., ...}) and in the note
+    the command line prints.
     """
     info, heads, base, totals = coreference_counts(store, run, examples)
     overall = safe_divide(heads.sum(0), totals.sum())
@@ -251,7 +253,12 @@ def coreference_summary(store: Store, *, run, examples=None) -> pd.DataFrame:
                 **{kind: float(safe_divide(base[k, b], totals[k])) for k, kind in enumerate(KINDS)},
             )
         )
-    rows.append(
-        dict(method="n", layer=None, head=None, all=float(totals.sum()), **{kind: float(totals[k]) for k, kind in enumerate(KINDS)})
+    frame = pd.DataFrame(rows, columns=["method", "layer", "head", "all", *KINDS]).astype({"layer": "Int64", "head": "Int64"})
+    counts = {"all": int(totals.sum()), **{kind: int(totals[k]) for k, kind in enumerate(KINDS)}}
+    frame.attrs["n_mentions"] = counts
+    frame.attrs["note"] = (
+        f"accuracies over {counts['all']} mentions with an antecedent in their window ("
+        + ", ".join(f"{kind} {counts[kind]}" for kind in KINDS)
+        + ")"
     )
-    return pd.DataFrame(rows, columns=["method", "layer", "head", "all", *KINDS])
+    return frame

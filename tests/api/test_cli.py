@@ -14,10 +14,18 @@ DOCS = Path(__file__).parents[2] / "docs" / "CLI.md"
 
 
 def all_commands(group=main, prefix=()):
-    for name, cmd in group.commands.items():
+    """Every command, lazily loaded ones included (group.commands holds only those loaded so far)."""
+    ctx = click.Context(group, info_name="attnstore")
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
         yield prefix + (name,), cmd
         if isinstance(cmd, click.Group):
             yield from all_commands(cmd, prefix + (name,))
+
+
+def test_all_commands_include_the_lazily_loaded_ones():
+    names = {" ".join(path) for path, _ in all_commands()}
+    assert {"ingest", "probe train", "finetune", "serve", "export", "patterns classify", "report table1"} <= names
 
 
 def test_every_command_has_help_and_is_documented():

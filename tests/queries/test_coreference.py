@@ -57,7 +57,10 @@ def test_coreference_summary_and_baselines(store, coref_run):
     assert df.loc["nearest", "pronoun"] == 0.0  # Bob is nearer
     assert df.loc["head_match", "pronoun"] == 0.0  # no earlier "she": no pick
     assert df.loc["sieve", "pronoun"] == 1.0  # gender agreement rules Bob out
-    assert df.loc["n", "all"] == 1 and df.loc["n", "proper"] == 0
+    # one row per method, layer and head integers (blank for the baselines), the mention counts beside the rows
+    assert list(df.index) == ["head 0-0", "nearest", "head_match", "sieve"]
+    assert str(df["layer"].dtype) == "Int64" and str(df["head"].dtype) == "Int64" and df["layer"].isna().sum() == 3
+    assert df.attrs["n_mentions"] == {"all": 1, "pronoun": 1, "proper": 0, "nominal": 0}
 
 
 def test_sieve_order():
