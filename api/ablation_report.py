@@ -14,7 +14,8 @@ import pandas as pd
 
 from ..ingest.glue import TASKS
 from ..store.errors import NotFoundError
-from .report import _has_tabulate, _save
+from ..store.plot import new_figure
+from .report import _has_tabulate, _legend_beside, _save
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -163,11 +164,6 @@ def _single_heads_line(group: pd.DataFrame) -> str:
 
 
 def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     headline, verdict = ablation_tables(store, mode)
@@ -184,7 +180,8 @@ def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
         stem = f"{task}_{model}".replace("/", "_") + ("" if mode == "uniform" else f"_{mode}")  # modes share a folder
         grid = _single_heads(group, n_layers, n_heads)
         if not np.isnan(grid).all():
-            fig, ax = plt.subplots(figsize=(0.5 * n_heads + 2, 0.45 * n_layers + 1.6))
+            fig = new_figure(figsize=(0.5 * n_heads + 2.5, 0.45 * n_layers + 1.8))
+            ax = fig.add_subplot()
             span = np.nanmax(np.abs(grid - baseline)) or 1.0
             image = ax.imshow(grid, cmap="RdBu", vmin=baseline - span, vmax=baseline + span)
             ax.set_xlabel("head (0-based)")
@@ -192,22 +189,21 @@ def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
             ax.set_xticks(range(n_heads))
             ax.set_yticks(range(n_layers))
             fig.colorbar(image, ax=ax, label=f"{metric} with the head disabled (baseline {baseline:.1f}: white)")
-            ax.set_title(f"Fig. 8: {task} dev, {model}\none head disabled ({mode}); blue = better than baseline", fontsize=9)
+            fig.suptitle(f"Fig. 8: {task} dev, {model}\none head disabled ({mode}); blue = better than baseline", fontsize=9)
             _save(fig, folder, f"fig8_{stem}")
-            plt.close(fig)
         layers = group[group["config"].str.startswith("layer:")]
         if not layers.empty:
             order = layers.assign(layer=layers["config"].str.split(":").str[1].astype(int)).sort_values("layer")
-            fig, ax = plt.subplots(figsize=(5, 3))
+            fig = new_figure(figsize=(6.5, 3.2))
+            ax = fig.add_subplot()
             ax.plot(order["layer"], order["score"], marker="o", label="layer disabled")
             ax.axhline(baseline, color="grey", linestyle="--", label=f"baseline {baseline:.1f}")
             ax.set_xlabel("disabled layer (0-based)")
             ax.set_ylabel(f"{task} dev {metric}")
             ax.set_xticks(order["layer"])
-            ax.set_title(f"Fig. 9: {task}, {model} ({mode})", fontsize=9)
-            ax.legend(fontsize=8)
+            fig.suptitle(f"Fig. 9: {task}, {model} ({mode})", fontsize=9)
+            _legend_beside(ax, fontsize=8)
             _save(fig, folder, f"fig9_{stem}")
-            plt.close(fig)
         best = group.loc[group["score"].idxmax()]
         worst = group.loc[group["score"].idxmin()]
         lines += [

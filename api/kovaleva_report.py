@@ -16,6 +16,7 @@ import pandas as pd
 
 from ..queries import QUERIES, load_all, run_query
 from ..store.errors import AttnStoreError
+from ..store.plot import new_figure
 from .report import _has_tabulate, _save
 
 if TYPE_CHECKING:
@@ -52,8 +53,6 @@ def _describe(store: Store, run) -> str:
 
 
 def figure_patterns(store: Store, runs: dict[str, str], out: Path, max_examples: int) -> tuple[list[str], pd.DataFrame]:
-    import matplotlib.pyplot as plt
-
     frames = []
     for task, run in runs.items():
         frame = run_query(store, "pattern_proportions", run=run, max_examples=max_examples)
@@ -61,7 +60,8 @@ def figure_patterns(store: Store, runs: dict[str, str], out: Path, max_examples:
     table = pd.concat(frames, ignore_index=True)
     wide = table.pivot_table(index="task", columns="label", values="fraction", aggfunc="sum").fillna(0.0)
     wide = wide.reindex(list(runs))
-    fig, ax = plt.subplots(figsize=(1.1 * len(runs) + 3, 4))
+    fig = new_figure(figsize=(1.1 * len(runs) + 4, 4.2))
+    ax = fig.add_subplot()
     bottom = np.zeros(len(wide))
     for label in wide.columns:
         ax.bar(wide.index, wide[label], bottom=bottom, label=label)
@@ -70,37 +70,33 @@ def figure_patterns(store: Store, runs: dict[str, str], out: Path, max_examples:
     ax.set_xlabel("task (dev set)")
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
     model = store.run_info(next(iter(runs.values()))).model
-    ax.set_title(f"Fig. 2: attention pattern classes (rule classifier), {model}, ≤ {max_examples} dev examples per task", fontsize=8)
-    names = _save(fig, out, "fig2_pattern_classes")
-    plt.close(fig)
-    return names, table
+    fig.suptitle(f"Fig. 2: attention pattern classes (rule classifier)\n{model}, ≤ {max_examples} dev examples per task", fontsize=9)
+    return _save(fig, out, "fig2_pattern_classes"), table
 
 
 def figure_frame_heads(store: Store, run: str, out: Path) -> tuple[list[str], pd.DataFrame]:
-    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
 
     frame = run_query(store, "frame_heads", run=run)
     info = store.run_info(run)
-    fig, ax = plt.subplots(figsize=(0.5 * info.n_heads + 2, 0.45 * info.n_layers + 1.5))
-    image = _heatmap(
-        ax,
-        _grid(frame, "value", info.n_layers, info.n_heads),
-        f"Fig. 3: max attention between LU and core FE tokens, mean over "
-        f"{int(frame['n_sentences'].iloc[0])} sentences\n{_describe(store, run)}",
-    )
+    fig = new_figure(figsize=(0.5 * info.n_heads + 2.5, 0.45 * info.n_layers + 1.8))
+    ax = fig.add_subplot()
+    image = _heatmap(ax, _grid(frame, "value", info.n_layers, info.n_heads), "red squares: heads above the 99th percentile")
     fig.colorbar(image, ax=ax, label="mean max attention")
     for layer, head in frame.loc[frame["top"], ["layer", "head"]].itertuples(index=False):
-        ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
-    names = _save(fig, out, "fig3_frame_heads")
-    plt.close(fig)
-    return names, frame
+        ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
+    fig.suptitle(
+        f"Fig. 3: max attention between LU and core FE tokens, mean over {int(frame['n_sentences'].iloc[0])} sentences\n"
+        f"{_describe(store, run)}",
+        fontsize=9,
+    )
+    return _save(fig, out, "fig3_frame_heads"), frame
 
 
 def figure_similarity(store: Store, pairs: dict[str, tuple[str, str]], out: Path, max_examples: int) -> tuple[list[str], pd.DataFrame]:
-    import matplotlib.pyplot as plt
-
     frames = []
-    fig, axes = plt.subplots(1, len(pairs), figsize=(4.2 * len(pairs), 3.6), squeeze=False)
+    fig = new_figure(figsize=(4.4 * len(pairs) + 1.4, 4.0))
+    axes = fig.subplots(1, len(pairs), squeeze=False)
     for ax, (task, (pre, tuned)) in zip(axes[0], pairs.items()):
         frame = run_query(store, "run_similarity", run=pre, other=tuned, max_examples=max_examples)
         info = store.run_info(pre)
@@ -113,22 +109,17 @@ def figure_similarity(store: Store, pairs: dict[str, tuple[str, str]], out: Path
             vmax=1,
         )
         frames.append(frame.assign(task=task, run=pre, other=tuned))
-    fig.colorbar(image, ax=list(axes[0]), label="cosine similarity of maps")
+    fig.colorbar(image, ax=list(axes[0]), label="cosine similarity of maps", shrink=0.9)
     fig.suptitle("Fig. 5: per-head cosine similarity between pre-trained and fine-tuned attention (dev examples)", fontsize=9)
-    names = _save(fig, out, "fig5_similarity")
-    plt.close(fig)
-    return names, pd.concat(frames, ignore_index=True)
+    return _save(fig, out, "fig5_similarity"), pd.concat(frames, ignore_index=True)
 
 
 def figure_features(store: Store, runs: dict[str, str], out: Path, stem: str, title: str) -> tuple[list[str], pd.DataFrame]:
-    import matplotlib.pyplot as plt
-
     frames = {task: run_query(store, "feature_attention", run=run) for task, run in runs.items()}
     features = [f for f in FIG6_FEATURES if any(f in set(fr["feature"]) for fr in frames.values())]
     info = store.run_info(next(iter(runs.values())))
-    fig, axes = plt.subplots(
-        len(features), len(runs), figsize=(3.4 * len(runs) + 0.6, 2.6 * len(features)), squeeze=False, layout="constrained"
-    )  # leaves room for the colour bars
+    fig = new_figure(figsize=(3.6 * len(runs) + 1.6, 2.6 * len(features) + 0.4))
+    axes = fig.subplots(len(features), len(runs), squeeze=False)
     models = {task: store.run_info(run).model for task, run in runs.items()}
     for row, feature in enumerate(features):
         # one colour scale per feature, shared by the tasks, so a row's panels compare
@@ -144,38 +135,32 @@ def figure_features(store: Store, runs: dict[str, str], out: Path, stem: str, ti
                 vmin=0,
                 vmax=top if top == top and top > 0 else None,
             )
-        fig.colorbar(image, ax=axes[row].tolist(), fraction=0.02, pad=0.01)
+        fig.colorbar(image, ax=axes[row].tolist(), label=f"to {feature}")
     same_model = len(set(models.values())) == 1
-    fig.suptitle(f"{title}, {info.model}" if same_model else f"{title} (each column's model named at its top)", fontsize=9)
-
-    names = _save(fig, out, stem)
-    plt.close(fig)
-    return names, pd.concat([f.assign(task=t) for t, f in frames.items()], ignore_index=True)
+    fig.suptitle(f"{title}\n{info.model}" if same_model else f"{title}\n(each column's model named at its top)", fontsize=9)
+    return _save(fig, out, stem), pd.concat([f.assign(task=t) for t, f in frames.items()], ignore_index=True)
 
 
 def figure_cls(store: Store, runs: dict[str, str], out: Path) -> tuple[list[str], pd.DataFrame]:
-    import matplotlib.pyplot as plt
-
     frames = [run_query(store, "cls_feature_attention", run=run).assign(task=task) for task, run in runs.items()]
     table = pd.concat(frames, ignore_index=True)
     means = table.groupby(["task", "feature"], sort=False)["mean_over_heads"].first().unstack("feature").reindex(list(runs))
-    fig, ax = plt.subplots(figsize=(1.2 * len(runs) + 4, 3.8))
+    fig = new_figure(figsize=(1.2 * len(runs) + 5, 4.2))
+    ax = fig.add_subplot()
     width = 0.8 / max(len(means.columns), 1)
     for k, feature in enumerate(means.columns):
         ax.bar(np.arange(len(means)) + k * width, means[feature], width, label=feature)
     ax.set_xticks(np.arange(len(means)) + 0.4 - width / 2, means.index)
     ax.set_xlabel("task (dev set)")
-    ax.set_ylabel("attention from [CLS]-like token, mean over heads")
+    ax.set_ylabel("attention from [CLS]-like token\n(mean over heads)")
     layer = int(table["layer"].iloc[0])
-    ax.set_title(
-        f"Fig. 7: last layer (layer {layer}, 0-based) attention from [CLS] to feature tokens, "
+    fig.suptitle(
+        f"Fig. 7: last layer (layer {layer}, 0-based) attention from [CLS] to feature tokens\n"
         f"{store.run_info(next(iter(runs.values()))).model}",
-        fontsize=8,
+        fontsize=9,
     )
-    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
-    names = _save(fig, out, "fig7_cls_attention")
-    plt.close(fig)
-    return names, table
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0.0)
+    return _save(fig, out, "fig7_cls_attention"), table
 
 
 def kovaleva_report(
@@ -188,9 +173,6 @@ def kovaleva_report(
 ) -> Path:
     """Write the figures and tables for `runs` (task -> pre-trained dev run), `finetuned` (task -> a run of the
     fine-tuned model on the same examples) and `frame_run` (a FrameNet exemplar run); return the Markdown index."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     load_all()
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)

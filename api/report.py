@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..queries import run_query
 from ..queries.dependency import PAPER_RELATIONS
+from ..store.plot import new_figure
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -51,49 +52,58 @@ def _has_tabulate() -> bool:
 
 def _per_layer_scatter(ax, frame: pd.DataFrame, column: str, colour: str, label: str, offset: float = 0.0):
     jitter = np.random.default_rng(0).uniform(-0.12, 0.12, len(frame))
-    ax.scatter(frame["layer"] + 1 + offset + jitter, frame[column], s=14, alpha=0.75, color=colour, label=label)
+    ax.scatter(frame["layer"] + offset + jitter, frame[column], s=14, alpha=0.75, color=colour, label=label)
+
+
+def _layer_axis(ax, n_layers: int) -> None:
+    """Layers on x, 0-based as in the data and every table (the paper's figures count from 1)."""
+    ax.set_xticks(range(n_layers))
+    ax.set_xlim(-0.6, n_layers - 0.4)
+    ax.set_xlabel("layer (0-based)")
+
+
+def _legend_beside(ax, **kwargs) -> None:
+    """The legend to the right of the axes, never over the data (constrained layout makes room for it)."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kwargs)
 
 
 def figure_special_tokens(store: Store, run, out: Path) -> tuple[list[str], pd.DataFrame]:
-    import matplotlib.pyplot as plt
-
     df = run_query(store, "special_tokens", run=run)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    n_layers = store.run_info(run).n_layers
+    fig = new_figure(figsize=(13, 4.2))
+    left, right = fig.subplots(1, 2)
     for i, (column, colour) in enumerate(CATEGORY_COLOURS.items()):
         _per_layer_scatter(left, df, column, colour, CATEGORY_LABELS[column], offset=(i - 1) * 0.25)
-    left.set(xlabel="layer", ylabel="avg. attention", title="Attention to special tokens and punctuation")
-    left.legend()
-    _per_layer_scatter(right, df, "sep_from_sep", "tab:blue", "from [SEP]-like to [SEP]-like", -0.15)
-    _per_layer_scatter(right, df, "sep_from_other", "tab:orange", "from other tokens to [SEP]-like", 0.15)
-    right.set(xlabel="layer", ylabel="avg. attention", title="Attention to [SEP]-like tokens")
-    right.legend()
-    fig.suptitle(f"Fig. 2 — {_caption(store, run)}", fontsize=9)
-    names = _save(fig, out, "fig2_special_tokens")
-    plt.close(fig)
-    return names, df
+    left.set(ylabel="avg. attention", title="Attention to special tokens and punctuation")
+    _legend_beside(left, fontsize=8)
+    _per_layer_scatter(right, df, "sep_from_sep", "tab:blue", "from [SEP]-like\nto [SEP]-like", -0.15)
+    _per_layer_scatter(right, df, "sep_from_other", "tab:orange", "from other tokens\nto [SEP]-like", 0.15)
+    right.set(ylabel="avg. attention", title="Attention to [SEP]-like tokens")
+    _legend_beside(right, fontsize=8)
+    for ax in (left, right):
+        _layer_axis(ax, n_layers)
+    fig.suptitle(f"Fig. 2 — {_caption(store, run)}; one point per head", fontsize=9)
+    return _save(fig, out, "fig2_special_tokens"), df
 
 
 def figure_entropy(store: Store, run, out: Path) -> tuple[list[str], pd.DataFrame]:
-    import matplotlib.pyplot as plt
-
     df = run_query(store, "entropy", run=run)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = new_figure(figsize=(7.5, 4.2))
+    ax = fig.add_subplot()
     _per_layer_scatter(ax, df, "entropy", "tab:purple", "head (all tokens)", -0.15)
     _per_layer_scatter(ax, df, "entropy_from_cls", "tab:red", "head (from [CLS]-like)", 0.15)
     ax.axhline(df["uniform_entropy"].iloc[0], color="grey", linestyle="--", label="uniform attention")
-    ax.set(xlabel="layer", ylabel="avg. attention entropy (nats)", title="Entropy of attention distributions")
-    ax.legend(fontsize=8)
+    ax.set(ylabel="avg. attention entropy (nats)", title="Entropy of attention distributions")
+    _layer_axis(ax, store.run_info(run).n_layers)
+    _legend_beside(ax, fontsize=8)
     fig.suptitle(f"Fig. 4 — {_caption(store, run)}", fontsize=9)
-    names = _save(fig, out, "fig4_entropy")
-    plt.close(fig)
-    return names, df
+    return _save(fig, out, "fig4_entropy"), df
 
 
 def figure_gradients(store: Store, run, grads: pd.DataFrame, out: Path) -> list[str]:
-    import matplotlib.pyplot as plt
-
     by_layer = grads.groupby(["metric", "layer"])["value"].mean().unstack(0)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = new_figure(figsize=(7.5, 4.2))
+    ax = fig.add_subplot()
     for metric, label in (
         ("gradient.to_sep", "[SEP]-like"),
         ("gradient.to_punct", ". or ,"),
@@ -101,23 +111,25 @@ def figure_gradients(store: Store, run, grads: pd.DataFrame, out: Path) -> list[
         ("gradient.to_cls", "[CLS]-like"),
     ):
         if metric in by_layer:
-            ax.plot(by_layer.index + 1, by_layer[metric], marker="o", label=label)
-    ax.set(xlabel="layer", ylabel="avg. |gradient| of attention", title="Gradient-based importance of attention")
-    ax.legend()
+            ax.plot(by_layer.index, by_layer[metric], marker="o", label=label)
+    ax.set(ylabel="avg. |gradient| of attention", title="Gradient-based importance of attention")
+    _layer_axis(ax, store.run_info(run).n_layers)
+    _legend_beside(ax, fontsize=8)
     fig.suptitle(f"Fig. 3 — {_caption(store, run)}", fontsize=9)
-    names = _save(fig, out, "fig3_gradients")
-    plt.close(fig)
-    return names
+    return _save(fig, out, "fig3_gradients")
 
 
 def figure_mds(store: Store, run, out: Path, examples) -> tuple[list[str], pd.DataFrame]:
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
 
     df = run_query(store, "head_clusters", run=run, examples=examples)
     behaviour = run_query(store, "special_tokens", run=run, examples=examples)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    points = left.scatter(df["x"], df["y"], c=df["layer"] + 1, cmap="viridis", s=22)
-    fig.colorbar(points, ax=left, label="layer")
+    n_layers = store.run_info(run).n_layers
+    fig = new_figure(figsize=(13, 5))
+    left, right = fig.subplots(1, 2)
+    layers = colormaps["viridis"].resampled(n_layers)  # one colour per layer
+    points = left.scatter(df["x"], df["y"], c=df["layer"], cmap=layers, vmin=-0.5, vmax=n_layers - 0.5, s=22)
+    fig.colorbar(points, ax=left, label="layer (0-based)", ticks=range(n_layers))
     left.set(title="Heads coloured by layer", xticks=[], yticks=[])
     kind = np.where(
         behaviour["to_cls"] > 0.5,
@@ -128,19 +140,14 @@ def figure_mds(store: Store, run, out: Path, examples) -> tuple[list[str], pd.Da
         mask = kind == label
         right.scatter(df["x"][mask], df["y"][mask], s=22, color=colour, label=f"> 50 % to {label}" if label != "other" else label)
     right.set(title="Heads coloured by behaviour", xticks=[], yticks=[])
-    right.legend(fontsize=8)
+    _legend_beside(right, fontsize=8)
     n = "all" if examples is None else len(examples)
-    fig.suptitle(f"Fig. 6 — MDS of summed JS distances between heads ({n} examples) — {_caption(store, run)}", fontsize=9)
-    names = _save(fig, out, "fig6_mds")
-    plt.close(fig)
-    return names, df
+    fig.suptitle(f"Fig. 6 — MDS of summed JS distances between heads ({n} examples)\n{_caption(store, run)}", fontsize=9)
+    return _save(fig, out, "fig6_mds"), df
 
 
 def clark_report(store: Store, run, out: str, coref_run=None, mds_examples: int = 500, min_count: int = 100) -> Path:
     """Write the report for `run` (a treebank run, e.g. ud/en_ewt:dev) and optionally `coref_run` (gum/ontogum)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     caption = _caption(store, run)
@@ -149,7 +156,8 @@ def clark_report(store: Store, run, out: str, coref_run=None, mds_examples: int 
         lines.append(f"Table 2: {_caption(store, coref_run)}.")
     lines += [
         "",
-        "Layers and heads are 0-based in tables (`layer-head`), 1-based on figure axes as in the paper.",
+        "Layers and heads are 0-based, as in the data, in tables (`layer-head`) and on figure axes alike "
+        "(the paper's figures count layers from 1).",
         "Attention statistics (Figs. 2 and 4, relative position) are averaged within each sentence (example), then "
         "over sentences, as in the authors' code (queries' default `average=example`).",
         "",

@@ -28,14 +28,9 @@ def save_view(store: Store, run: str, example: int, out: str, layer: int | None 
     path = Path(out)
     if path.suffix.lower() not in FIGURE_SUFFIXES:
         raise InvalidArgumentError(f"--out {out}: give a file ending in .png or .svg")
-    fig = plot_attention(store, run, example, layer=layer, head=head)
-    import matplotlib.pyplot as plt
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=150, bbox_inches="tight")
-    finally:
-        plt.close(fig)
+    fig = plot_attention(store, run, example, layer=layer, head=head)  # a Figure of its own: no pyplot, backend untouched
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
     return path
 
 

@@ -5,13 +5,26 @@ matplotlib (the optional `report` extra). Special tokens ([CLS], [SEP], <s>, ...
 bold red on both axes; layers and heads are 0-based, as in the data, and the axes say which is
 the query (row, attends) and which the key (column, attended to). `attnstore view` saves the
 same figures to PNG/SVG (api/view.py).
+
+Library code never touches pyplot or the backend (`matplotlib.use`): every figure here and in the
+reports (api/report.py, api/kovaleva_report.py, api/ablation_report.py) is a `matplotlib.figure.Figure`
+made by `new_figure`, with constrained layout, saved with `fig.savefig`. Switching the backend in a
+notebook closes its figures and blanks every later one; a Figure made without pyplot is not held
+by pyplot either (no figure manager, freed with its last reference). In Jupyter/IPython it shows
+inline as a PNG when it is a cell's value, whether or not pyplot was ever imported (`_repr_png_`).
 """
 
 from __future__ import annotations
 
+import io
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidArgumentError
+
+try:
+    from matplotlib.figure import Figure as _Figure
+except ImportError:  # the `report` extra is optional; new_figure() says what to install
+    _Figure = object  # type: ignore[misc,assignment]
 
 if TYPE_CHECKING:
     from .reader import StoreReader
@@ -21,24 +34,31 @@ MAX_FIGURE_INCHES = 16.0
 MAX_GRID_HEADS = 400  # a grid of more heads than this would be unreadable (and slow); pick a layer instead
 
 
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError:
-        raise InvalidArgumentError("pictures need matplotlib: pip install 'attnstore[report]'") from None
-    matplotlib.use("Agg", force=False)  # no display needed; a notebook's inline backend still shows the figure
-    import matplotlib.pyplot as plt
+class NotebookFigure(_Figure):
+    """A matplotlib Figure that IPython/Jupyter shows as a PNG when it is a cell's value, with or without pyplot."""
 
-    return plt
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", bbox_inches="tight")
+        return buffer.getvalue()
 
 
-def _label_axes(ax, tokens: list[str], special: list[bool], show_labels: bool) -> None:
+def new_figure(**kwargs: Any) -> Any:
+    """A new Figure (constrained layout unless `layout` is given), made without pyplot and without changing the
+    backend; save it with `fig.savefig(path)`. Raises InvalidArgumentError without matplotlib."""
+    if _Figure is object:
+        raise InvalidArgumentError("pictures need matplotlib: pip install 'attnstore[report]'")
+    kwargs.setdefault("layout", "constrained")
+    return NotebookFigure(**kwargs)
+
+
+def _label_axes(ax, tokens: list[str], special: list[bool], show_labels: bool, inches: float) -> None:
     n = len(tokens)
     if not show_labels:
         ax.set_xticks([])
         ax.set_yticks([])
         return
-    size = max(3.0, min(8.0, 400 / max(n, 1)))
+    size = max(3.0, min(8.0, 0.7 * 72 * inches / max(n, 1)))  # points: the labels of a panel `inches` wide never collide
     ax.set_xticks(range(n))
     ax.set_yticks(range(n))
     ax.set_xticklabels(tokens, rotation=90, fontsize=size)
@@ -52,9 +72,8 @@ def _label_axes(ax, tokens: list[str], special: list[bool], show_labels: bool) -
 
 def plot_attention(store: StoreReader, run: str, example: int, layer: int | None = None, head: int | None = None):
     """A matplotlib Figure of one example's maps: one head (layer and head given), one layer's heads (layer
-    given), or every head as a layers x heads grid (neither given). Rows are queries, columns keys."""
-    plt = _pyplot()
-
+    given), or every head as a layers x heads grid (neither given). Rows are queries, columns keys; one colour
+    bar (0 to 1) serves every panel. Made without pyplot: the backend in use is left alone."""
     if head is not None and layer is None:
         raise InvalidArgumentError("--head needs --layer (a head is named by its layer and head, both 0-based)")
     info = store.run_info(run)
@@ -67,13 +86,15 @@ def plot_attention(store: StoreReader, run: str, example: int, layer: int | None
     title = f"{info.model} on {info.dataset}:{info.split}, run {info.name!r}, example {example}"
     if len(layers) == 1 and len(heads) == 1:
         side = min(MAX_FIGURE_INCHES, max(3.5, 0.22 * len(tokens) + 1.5))  # long examples: small labels, bounded picture
-        fig, ax = plt.subplots(figsize=(side + 0.5, side))
+        fig = new_figure(figsize=(side + 1.0, side + 0.4))
+        ax = fig.add_subplot()
         image = ax.imshow(maps[0, 0], cmap="viridis", vmin=0.0, vmax=1.0)
-        _label_axes(ax, tokens, special, True)
+        _label_axes(ax, tokens, special, True, side - 1.5)
         ax.set_xlabel("key (attended to)")
         ax.set_ylabel("query (attending)")
-        ax.set_title(f"layer {layers[0]}, head {heads[0]} (0-based)\n{title}", fontsize=8)
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention")
+        ax.set_title(f"layer {layers[0]}, head {heads[0]} (0-based)", fontsize=9)
+        fig.colorbar(image, ax=ax, shrink=0.8, label="attention")
+        fig.suptitle(title, fontsize=8)
         return fig
     if len(layers) * len(heads) > MAX_GRID_HEADS:
         raise InvalidArgumentError(f"{len(layers) * len(heads)} heads are too many for one picture; give --layer")
@@ -81,18 +102,20 @@ def plot_attention(store: StoreReader, run: str, example: int, layer: int | None
     rows = -(-len(heads) // columns) if len(layers) == 1 else len(layers)
     show_labels = len(tokens) <= 24 and rows * columns <= 12
     cell = 2.6 if show_labels else 1.2
-    fig, axes = plt.subplots(rows, columns, figsize=(cell * columns + 1, cell * rows + 1), squeeze=False)
-    for ax in axes.flat:
-        ax.set_visible(False)
+    fig = new_figure(figsize=(cell * columns + 1.2, cell * rows + 0.8))
+    axes = fig.subplots(rows, columns, squeeze=False)
+    used = []
     for i, layer_index in enumerate(layers):
         for j, head_index in enumerate(heads):
             k = j if len(layers) == 1 else i * columns + j
             ax = axes.flat[k]
-            ax.set_visible(True)
-            ax.imshow(maps[i, j], cmap="viridis", vmin=0.0, vmax=1.0)
-            _label_axes(ax, tokens, special, show_labels)
+            image = ax.imshow(maps[i, j], cmap="viridis", vmin=0.0, vmax=1.0)
+            _label_axes(ax, tokens, special, show_labels, cell - 0.8)
             ax.set_title(f"L{layer_index}-H{head_index}", fontsize=7)
+            used.append(ax)
+    for ax in axes.flat[len(used) :]:
+        ax.remove()  # a layer's last row may be short
+    fig.colorbar(image, ax=used, shrink=0.8 if rows > 1 else 1.0, label="attention")
     what = f"layer {layers[0]}, every head" if len(layers) == 1 else "every layer (rows) and head (columns)"
-    fig.suptitle(f"{what}, 0-based; rows: query, columns: key\n{title}", fontsize=8)
-    fig.tight_layout()
+    fig.suptitle(f"{what}, 0-based: panel L<layer>-H<head>; rows: query, columns: key\n{title}", fontsize=8)
     return fig

@@ -38,13 +38,14 @@ def test_pictures_of_one_head_a_layer_and_every_head(hand_store, tmp_path):
     assert labels[0].get_color() == "tab:red" and labels[1].get_color() != "tab:red"  # special tokens marked
     assert ax.get_xlabel() == "key (attended to)" and "layer 1, head 2 (0-based)" in ax.get_title()
     grid = plot_attention(store, "view", 0)
-    assert sum(ax.get_visible() for ax in grid.axes) == 6  # 2 layers x 3 heads
+    panels = [ax for ax in grid.axes if ax.get_label() != "<colorbar>"]
+    assert len(panels) == 6 and len(grid.axes) == 7  # 2 layers x 3 heads, and one colour bar for all of them
 
 
 def test_store_plot_in_a_notebook(hand_store):
     store, maps = hand_store
     fig = store.plot("view", 0, layer=0)  # one layer's heads
-    assert sum(ax.get_visible() for ax in fig.axes) == 3
+    assert [ax.get_title() for ax in fig.axes if ax.get_label() != "<colorbar>"] == ["L0-H0", "L0-H1", "L0-H2"]
     np.testing.assert_array_equal(fig.axes[1].images[0].get_array(), maps[0, 1])
     handle_fig = store.run("view").plot(0, layer=1, head=2)
     np.testing.assert_array_equal(handle_fig.axes[0].images[0].get_array(), np.eye(4))
