@@ -338,6 +338,27 @@ def test_full_disk_is_one_line_interrupted_and_resumable(fresh, corpus, tiny_mod
     assert_same_as_clean(open_store(db=url, root=str(root)), clean)
 
 
+def test_a_second_attempt_on_a_still_full_disk_is_the_error_line_only(fresh, corpus, tiny_model, clean, tmpfs):
+    """Issue 24 item 10: the same ingest again before space is freed (its resumed writer first rewrites the index
+    arrays, on the full disk) prints the one error line on stderr and nothing else: no traceback, no asyncio noise
+    ("Task was destroyed but it is pending!", "Exception ignored in"). Then it resumes as before."""
+    url, _ = fresh
+    root = tmpfs("small", "256k") / "attention.zarr"
+    cmd = ingest_cmd(url, root, corpus, tiny_model)
+    for attempt in range(2):
+        full = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+        lines = full.stderr.strip().splitlines()
+        assert full.returncode == 1 and len(lines) == 1, (attempt, full.stderr[-3000:])
+        assert lines[0].startswith("Error: cannot write the ") and "No space left on device" in lines[0] and "resume" in lines[0]
+        store = open_store(db=url, root=str(root))
+        assert store.run_state("k")[0] == "interrupted" and 0 < store.run_info("k").n_stored < N_EXAMPLES
+        store.close()
+    subprocess.run(["mount", "-o", "remount,size=64m", str(root.parent)], check=True)
+    again = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert_same_as_clean(open_store(db=url, root=str(root)), clean)
+
+
 def test_read_only_store_can_be_read_but_not_written(tmp_path, corpus, tiny_model, clean, tmpfs):
     from click.testing import CliRunner
 

@@ -92,6 +92,12 @@ def test_bad_inputs_are_one_line_errors_and_write_nothing(tmp_path, source, make
     manifest = json.loads((newer / "manifest.json").read_text(encoding="utf-8"))
     (newer / "manifest.json").write_text(json.dumps({**manifest, "format_version": 7}), encoding="utf-8")
     assert "format version 7" in one_line_error(invoke("import", newer, "--home", fresh))
+    newer_schema = tmp_path / "newer-schema"  # issue 24 item 11: exported from a database this attnstore cannot read
+    shutil.copytree(good, newer_schema)
+    (newer_schema / "manifest.json").write_text(json.dumps({**manifest, "schema_revision": "0099_future"}), encoding="utf-8")
+    message = one_line_error(invoke("import", newer_schema, "--home", fresh))
+    assert "schema revision '0099_future'" in message and f"revision {manifest['schema_revision']!r}" in message, message
+    assert "upgrade attnstore" in message
     assert not fresh.exists()
 
     # a target that holds another run 'r', or that is read-only: refused, unchanged

@@ -135,3 +135,41 @@ def test_a_failed_background_write_is_raised_and_nothing_after_it_is_durable(tmp
     assert w.durable_offset == 16
     w.close()
     assert not _chunk_threads()
+
+
+# A batch of zarr I/O where one request fails at once and another is still running (a full disk, an object store that
+# does not answer): zarr raises the first error and leaves the other request on its event loop. Like s3fs's requests,
+# this one still has cleanup to await when it is closed.
+LEFT_RUNNING = """
+import asyncio, sys
+from zarr.core.sync import sync
+import attnstore.store.arrays
+
+async def request():
+    try:
+        await asyncio.sleep(30)
+    finally:
+        await asyncio.sleep(0)
+
+async def fails():
+    raise OSError(28, "No space left on device")
+
+async def batch():
+    await asyncio.gather(request(), fails())
+
+try:
+    sync(batch())
+except OSError as exc:
+    print(f"Error: {exc}", file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+def test_io_left_running_after_an_error_prints_nothing_at_exit():
+    """Issue 24 item 10: after the one-line error, exit prints no "Task was destroyed but it is pending!" and no
+    "Exception ignored in: <coroutine ...>" traceback (requests still in flight are cancelled before zarr closes its loop)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LEFT_RUNNING], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr == "Error: [Errno 28] No space left on device\n", done.stderr

@@ -520,6 +520,38 @@ def test_damaged_or_foreign_bundles_are_refused_before_anything_is_written(tmp_p
         assert ok.verified and [r["name"] for r in ok.manifest["runs"]] == ["dep"]
 
 
+def test_a_bundle_from_a_newer_schema_revision_is_refused_naming_both(tmp_path, make_run):
+    """Issue 24 item 11: a bundle exported by an attnstore whose database is at a revision this one does not know
+    (a newer schema) is refused before anything is written, naming both revisions and the fix."""
+    from attnstore.store.errors import SchemaOutOfDateError
+    from attnstore.store.migrate import head_revision
+
+    src = sqlite_store(tmp_path / "src")
+    build_source(src, make_run)
+    export_runs(src, ["dep"], str(tmp_path / "good"))
+    manifest = json.loads((tmp_path / "good" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["schema_revision"] == head_revision()
+    newer = tmp_path / "newer"
+    import shutil
+
+    shutil.copytree(tmp_path / "good", newer)
+    (newer / "manifest.json").write_text(json.dumps({**manifest, "schema_revision": "0042_from_the_future"}), encoding="utf-8")
+    dst = sqlite_store(tmp_path / "dst")
+    before, files = counts(dst), tree(tmp_path / "dst")
+    with pytest.raises(SchemaOutOfDateError) as err:
+        import_bundle(dst, str(newer))
+    message = str(err.value)
+    assert "'0042_from_the_future'" in message and repr(head_revision()) in message and "upgrade attnstore" in message
+    assert "\n" not in message
+    with pytest.raises(SchemaOutOfDateError):
+        open_bundle(str(newer))
+    assert counts(dst) == before and tree(tmp_path / "dst") == files
+    older = tmp_path / "older"  # an older revision (or none, before bundles said) is imported as before
+    shutil.copytree(tmp_path / "good", older)
+    (older / "manifest.json").write_text(json.dumps({**manifest, "schema_revision": None}), encoding="utf-8")
+    assert import_bundle(dst, str(older)).imported == ("dep",)
+
+
 def test_an_import_failing_in_sql_leaves_no_rows_and_is_redone(tmp_path, make_run, monkeypatch):
     src = sqlite_store(tmp_path / "src")
     build_source(src, make_run)

@@ -313,3 +313,15 @@ def test_overlapped_commits_lag_one_batch_and_never_commit_rows_whose_write_fail
             commit()
     writer.close()
     assert store.n_committed(info.id) == 2 and sorted(store.examples(info.name)["example"]) == [0, 1]
+
+
+def test_a_run_whose_last_block_ends_on_a_chunk_boundary_has_its_index_written(store, make_run):
+    """Its rows are all committed before `finish` (every chunk was whole): the final commit still writes the index
+    entries it queued, so `check` finds the Zarr index and SQL in agreement (it reported "lists 0 examples, SQL 1")."""
+    import zarr
+
+    tokens = [["[CLS]", *"abcdef", "[SEP]"]]  # 2 x 2 x 8 x 8 = 256 cells: exactly 4 chunks of 64
+    run = make_run(store, [maps_for(tokens[0], 0)], tokens, name="whole")
+    group = zarr.open_group(store.locations.array_root, path="runs/whole", mode="r")
+    assert group["example"][:].tolist() == [0] and not group.attrs.get("index_pending")
+    assert check_store(store, [run])[1].empty

@@ -113,6 +113,32 @@ def test_check_passes_and_a_deleted_chunk_object_is_reported_as_damage(pair, s3_
     assert result.exit_code == 1 and key in result.output and "is missing" in result.output
 
 
+def test_check_on_s3_reports_a_missing_chunk_beside_a_damaged_one(pair, s3_endpoint, s3_root):
+    """Issue 24 item 8 on object storage: one chunk object deleted, another's bytes flipped (same slab of chunks):
+    `check` lists both, never raising (it crashed with an 89-line traceback)."""
+    on_s3, _ = pair
+    info = on_s3.run_info("shared")
+    array = on_s3._array(info)
+    examples = on_s3.examples("shared").set_index("example")
+    first = int(examples.loc[0, "offset"]) // info.chunk_cells
+    last = (int(examples.loc[2, "offset"]) + 2 * 3 * 6 * 6 - 1) // info.chunk_cells  # example 2's last chunk
+    assert last > first + 1
+    bucket, client = s3_root[len("s3://") :].split("/", 1)[0], s3_client(s3_endpoint)
+    missing, flipped = arrays.chunk_key(array, first), arrays.chunk_key(array, last)
+    client.delete_object(Bucket=bucket, Key=f"attention.zarr/{missing}")
+    data = bytearray(client.get_object(Bucket=bucket, Key=f"attention.zarr/{flipped}")["Body"].read())
+    data[len(data) // 2] ^= 0x40
+    client.put_object(Bucket=bucket, Key=f"attention.zarr/{flipped}", Body=bytes(data))
+
+    summary, problems = check_store(on_s3)
+    assert summary["problems"].tolist() == [len(problems)], problems.to_string()
+    hit = problems.set_index("chunk")
+    assert "is missing" in hit.loc[[missing], "problem"].iloc[0] and 0 in set(hit.loc[[missing], "example"])
+    assert "is damaged" in hit.loc[[flipped], "problem"].iloc[0] and 2 in set(hit.loc[[flipped], "example"])
+    result = CliRunner().invoke(main, ["check", "--format", "csv", "--db", on_s3.locations.db_url, "--root", s3_root])
+    assert result.exit_code == 1 and "Traceback" not in result.output and missing in result.output and flipped in result.output
+
+
 def test_a_reader_lists_chunks_written_after_its_first_listing(pair, s3_endpoint, s3_root):
     """No listing cache: a reader in a long-lived process sees chunks another process wrote since."""
     on_s3, _ = pair
@@ -172,6 +198,34 @@ def test_an_unreachable_endpoint_is_one_line_and_gives_up_quickly(tmp_path, s3_r
         result = runner.invoke(main, [*args, "--db", url, "--root", s3_root])
         one_line_error(result, f"cannot reach the object store at {dead}", s3_root, "FSSPEC_S3_ENDPOINT_URL")
     assert time.monotonic() - started < 60  # bounded retries, not botocore's minutes
+
+
+def test_an_unreachable_endpoint_prints_the_error_line_only(tmp_path, s3_root, make_run):
+    """Issue 24 item 10: `attnstore query` and `check` as real processes against a closed port print the one error
+    line and nothing after it (no "Task was destroyed but it is pending!", no "Exception ignored in" tracebacks from
+    zarr's requests still in flight at exit)."""
+    import os
+    import subprocess
+
+    url = f"sqlite:///{tmp_path / 'meta.sqlite'}"
+    migrate.upgrade(url)
+    with open_store(db=url, root=s3_root) as store:
+        make_run(store, [np.full((1, 1, 2, 2), 0.5, np.float32)], [["[CLS]", "[SEP]"]], name="r")
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    env = {**os.environ, "FSSPEC_S3_ENDPOINT_URL": dead, "FSSPEC_S3": '{"config_kwargs": {"connect_timeout": 1}}'}
+    for args in (["query", "entropy", "--run", "r"], ["check"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "attnstore.api.cli", *args, "--db", url, "--root", s3_root],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1, done.stderr[-3000:]
+        assert lines[0].startswith("Error: cannot reach the object store at") and dead in lines[0]
 
 
 def test_refused_or_missing_credentials_are_one_line_naming_the_fix(tmp_path, s3_root, make_run, s3_auth, monkeypatch):
