@@ -36,7 +36,12 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
 )
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Hugging Face model name or local directory.")
 @click.option("--name", default=None, help="Run name (default DATASET-SPLIT-MODEL). Re-running a name resumes it.")
-@click.option("--dataset-name", default=None, help="Dataset name (default: the file's folder name).")
+@click.option(
+    "--dataset-name",
+    default=None,
+    help="Dataset name (default: the file's folder name, e.g. MRPC for .../glue/MRPC/dev.tsv, where the built-in "
+    "--dataset glue/MRPC:dev is named glue/MRPC; give --dataset-name glue/MRPC for one name: docs/SQL.md).",
+)
 @click.option("--split", default=None, help="Split name (default: the file's stem).")
 @click.option(
     "--annotate",
