@@ -53,10 +53,10 @@ def pg_databases(pg_admin_url):
     prefix = f"attnstore_test_{uuid.uuid4().hex[:8]}"
     created = []
 
-    def new_database() -> str:
+    def new_database(template: str | None = None) -> str:
         name = f"{prefix}_{len(created)}"
         with admin.connect() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")))
         created.append(name)
         return sa.engine.make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
 
@@ -67,19 +67,53 @@ def pg_databases(pg_admin_url):
     admin.dispose()
 
 
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory):
+    """A SQLite file migrated once per session: copying it costs a millisecond, migrating 0.3 s."""
+    import sqlite3
+
+    from attnstore.store import migrate
+
+    path = tmp_path_factory.mktemp("template") / "meta.sqlite"
+    migrate.upgrade(f"sqlite:///{path}")
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # everything in the main file, so copying it copies the store
+    conn.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def migrated_pg_template(pg_databases):
+    """A PostgreSQL database migrated once per session, the template of every `store` database."""
+    from attnstore.store import migrate
+
+    url = pg_databases()
+    migrate.upgrade(url)
+    sa.create_engine(url).dispose()
+    return sa.engine.make_url(url).database
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request, tmp_path):
+    """An empty database on each backend; already migrated (copied from a migrated template) when the
+    test also uses `store`, which is then a store on this same database."""
+    migrated = "store" in request.fixturenames
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'meta.sqlite'}"
-    return request.getfixturevalue("pg_databases")()
+        path = tmp_path / "meta.sqlite"
+        if migrated:
+            import shutil
+
+            shutil.copyfile(request.getfixturevalue("migrated_sqlite"), path)
+        return f"sqlite:///{path}"
+    template = request.getfixturevalue("migrated_pg_template") if migrated else None
+    return request.getfixturevalue("pg_databases")(template)
 
 
 @pytest.fixture
 def store(db_url, tmp_path):
-    """An empty, migrated store (SQLite or PostgreSQL + a local Zarr root)."""
-    from attnstore.store import migrate, open_store
+    """An empty, migrated store (SQLite or PostgreSQL + a local Zarr root): db_url copied from a migrated template."""
+    from attnstore.store import open_store
 
-    migrate.upgrade(db_url)
     s = open_store(db=db_url, root=str(tmp_path / "attention.zarr"))
     yield s
     s.close()
