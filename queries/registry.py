@@ -132,7 +132,7 @@ def check_index_params(spec: QuerySpec, params: dict, n_layers: int, n_heads: in
         value = params.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < size:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < size:
             raise InvalidArgumentError(
                 f"parameter {key} of query {spec.name!r} is {value!r}, out of range: run {run_name!r}'s model has "
                 f"{size} {key}s, numbered 0..{size - 1}"
