@@ -163,6 +163,43 @@ def _single_heads_line(group: pd.DataFrame) -> str:
     return f"Single heads that improve the score: {int(((group['delta'] > 0) & single).sum())} of {int(single.sum())}."
 
 
+def save_ablation_figures(group: pd.DataFrame, n_layers: int, n_heads: int, folder: Path, mode: str) -> list[str]:
+    """Fig. 8 (single heads disabled) and Fig. 9 (whole layers) of one model on one task, from its headline rows
+    (config, disabled_heads, score, baseline_score, as in ablation_<mode>.csv); returns the files written."""
+    model, task = str(group["model"].iloc[0]), str(group["task"].iloc[0])
+    metric = TASKS[task].metrics[0]
+    baseline = float(group["baseline_score"].iloc[0])
+    stem = f"{task}_{model}".replace("/", "_") + ("" if mode == "uniform" else f"_{mode}")  # modes share a folder
+    names: list[str] = []
+    grid = _single_heads(group, n_layers, n_heads)
+    if not np.isnan(grid).all():
+        fig = new_figure(figsize=(0.5 * n_heads + 2.5, 0.45 * n_layers + 1.8))
+        ax = fig.add_subplot()
+        span = np.nanmax(np.abs(grid - baseline)) or 1.0
+        image = ax.imshow(grid, cmap="RdBu", vmin=baseline - span, vmax=baseline + span)
+        ax.set_xlabel("head (0-based)")
+        ax.set_ylabel("layer (0-based)")
+        ax.set_xticks(range(n_heads))
+        ax.set_yticks(range(n_layers))
+        fig.colorbar(image, ax=ax, label=f"{metric} with the head disabled\n(baseline {baseline:.1f}: white)")
+        fig.suptitle(f"Fig. 8: {task} dev, {model}\none head disabled ({mode}); blue = better than baseline", fontsize=9)
+        names += _save(fig, folder, f"fig8_{stem}")
+    layers = group[group["config"].str.startswith("layer:")]
+    if not layers.empty:
+        order = layers.assign(layer=layers["config"].str.split(":").str[1].astype(int)).sort_values("layer")
+        fig = new_figure(figsize=(6.5, 3.2))
+        ax = fig.add_subplot()
+        ax.plot(order["layer"], order["score"], marker="o", label="layer disabled")
+        ax.axhline(baseline, color="grey", linestyle="--", label=f"baseline {baseline:.1f}")
+        ax.set_xlabel("disabled layer (0-based)")
+        ax.set_ylabel(f"{task} dev {metric}")
+        ax.set_xticks(order["layer"])
+        fig.suptitle(f"Fig. 9: {task}, {model} ({mode})", fontsize=9)
+        _legend_beside(ax, fontsize=8)
+        names += _save(fig, folder, f"fig9_{stem}")
+    return names
+
+
 def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -177,33 +214,7 @@ def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
         baseline = float(group["baseline_score"].iloc[0])
         n = int(group["n_examples"].iloc[0])
         noise = 100 * np.sqrt((baseline / 100) * (1 - baseline / 100) / n) if metric == "accuracy" else float("nan")
-        stem = f"{task}_{model}".replace("/", "_") + ("" if mode == "uniform" else f"_{mode}")  # modes share a folder
-        grid = _single_heads(group, n_layers, n_heads)
-        if not np.isnan(grid).all():
-            fig = new_figure(figsize=(0.5 * n_heads + 2.5, 0.45 * n_layers + 1.8))
-            ax = fig.add_subplot()
-            span = np.nanmax(np.abs(grid - baseline)) or 1.0
-            image = ax.imshow(grid, cmap="RdBu", vmin=baseline - span, vmax=baseline + span)
-            ax.set_xlabel("head (0-based)")
-            ax.set_ylabel("layer (0-based)")
-            ax.set_xticks(range(n_heads))
-            ax.set_yticks(range(n_layers))
-            fig.colorbar(image, ax=ax, label=f"{metric} with the head disabled (baseline {baseline:.1f}: white)")
-            fig.suptitle(f"Fig. 8: {task} dev, {model}\none head disabled ({mode}); blue = better than baseline", fontsize=9)
-            _save(fig, folder, f"fig8_{stem}")
-        layers = group[group["config"].str.startswith("layer:")]
-        if not layers.empty:
-            order = layers.assign(layer=layers["config"].str.split(":").str[1].astype(int)).sort_values("layer")
-            fig = new_figure(figsize=(6.5, 3.2))
-            ax = fig.add_subplot()
-            ax.plot(order["layer"], order["score"], marker="o", label="layer disabled")
-            ax.axhline(baseline, color="grey", linestyle="--", label=f"baseline {baseline:.1f}")
-            ax.set_xlabel("disabled layer (0-based)")
-            ax.set_ylabel(f"{task} dev {metric}")
-            ax.set_xticks(order["layer"])
-            fig.suptitle(f"Fig. 9: {task}, {model} ({mode})", fontsize=9)
-            _legend_beside(ax, fontsize=8)
-            _save(fig, folder, f"fig9_{stem}")
+        save_ablation_figures(group, n_layers, n_heads, folder, mode)
         best = group.loc[group["score"].idxmax()]
         worst = group.loc[group["score"].idxmin()]
         lines += [

@@ -52,15 +52,11 @@ def _describe(store: Store, run) -> str:
     return f"{info.model} on {info.dataset}:{info.split} ({info.n_stored} examples)"
 
 
-def figure_patterns(store: Store, runs: dict[str, str], out: Path, max_examples: int) -> tuple[list[str], pd.DataFrame]:
-    frames = []
-    for task, run in runs.items():
-        frame = run_query(store, "pattern_proportions", run=run, max_examples=max_examples)
-        frames.append(frame.assign(task=task))
-    table = pd.concat(frames, ignore_index=True)
+def draw_patterns(table: pd.DataFrame, tasks: list[str], model: str, max_examples: int):
+    """Fig. 2 from `pattern_proportions` rows of each task (a `task` column)."""
     wide = table.pivot_table(index="task", columns="label", values="fraction", aggfunc="sum").fillna(0.0)
-    wide = wide.reindex(list(runs))
-    fig = new_figure(figsize=(1.1 * len(runs) + 4, 4.2))
+    wide = wide.reindex(tasks)
+    fig = new_figure(figsize=(1.1 * len(tasks) + 4, 4.2))
     ax = fig.add_subplot()
     bottom = np.zeros(len(wide))
     for label in wide.columns:
@@ -68,84 +64,105 @@ def figure_patterns(store: Store, runs: dict[str, str], out: Path, max_examples:
         bottom += wide[label].to_numpy()
     ax.set_ylabel("fraction of (example, layer, head) maps")
     ax.set_xlabel("task (dev set)")
-    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
-    model = store.run_info(next(iter(runs.values()))).model
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0.0)
     fig.suptitle(f"Fig. 2: attention pattern classes (rule classifier)\n{model}, ≤ {max_examples} dev examples per task", fontsize=9)
+    return fig
+
+
+def figure_patterns(store: Store, runs: dict[str, str], out: Path, max_examples: int) -> tuple[list[str], pd.DataFrame]:
+    frames = []
+    for task, run in runs.items():
+        frame = run_query(store, "pattern_proportions", run=run, max_examples=max_examples)
+        frames.append(frame.assign(task=task))
+    table = pd.concat(frames, ignore_index=True)
+    fig = draw_patterns(table, list(runs), store.run_info(next(iter(runs.values()))).model, max_examples)
     return _save(fig, out, "fig2_pattern_classes"), table
 
 
-def figure_frame_heads(store: Store, run: str, out: Path) -> tuple[list[str], pd.DataFrame]:
+def draw_frame_heads(frame: pd.DataFrame, n_layers: int, n_heads: int, description: str):
+    """Fig. 3 from a `frame_heads` frame: a layer x head heatmap, the heads above the 99th percentile framed."""
     from matplotlib.patches import Rectangle
 
-    frame = run_query(store, "frame_heads", run=run)
-    info = store.run_info(run)
-    fig = new_figure(figsize=(0.5 * info.n_heads + 2.5, 0.45 * info.n_layers + 1.8))
+    fig = new_figure(figsize=(0.5 * n_heads + 2.5, 0.45 * n_layers + 1.8))
     ax = fig.add_subplot()
-    image = _heatmap(ax, _grid(frame, "value", info.n_layers, info.n_heads), "red squares: heads above the 99th percentile")
+    image = _heatmap(ax, _grid(frame, "value", n_layers, n_heads), "red squares: heads above the 99th percentile")
     fig.colorbar(image, ax=ax, label="mean max attention")
-    for layer, head in frame.loc[frame["top"], ["layer", "head"]].itertuples(index=False):
+    for layer, head in frame.loc[frame["top"].astype(bool), ["layer", "head"]].itertuples(index=False):
         ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
     fig.suptitle(
-        f"Fig. 3: max attention between LU and core FE tokens, mean over {int(frame['n_sentences'].iloc[0])} sentences\n"
-        f"{_describe(store, run)}",
+        f"Fig. 3: max attention between LU and core FE tokens, mean over {int(frame['n_sentences'].iloc[0])} sentences\n{description}",
         fontsize=9,
     )
+    return fig
+
+
+def figure_frame_heads(store: Store, run: str, out: Path) -> tuple[list[str], pd.DataFrame]:
+    frame = run_query(store, "frame_heads", run=run)
+    info = store.run_info(run)
+    fig = draw_frame_heads(frame, info.n_layers, info.n_heads, _describe(store, run))
     return _save(fig, out, "fig3_frame_heads"), frame
 
 
-def figure_similarity(store: Store, pairs: dict[str, tuple[str, str]], out: Path, max_examples: int) -> tuple[list[str], pd.DataFrame]:
-    frames = []
-    fig = new_figure(figsize=(4.4 * len(pairs) + 1.4, 4.0))
-    axes = fig.subplots(1, len(pairs), squeeze=False)
-    for ax, (task, (pre, tuned)) in zip(axes[0], pairs.items()):
-        frame = run_query(store, "run_similarity", run=pre, other=tuned, max_examples=max_examples)
-        info = store.run_info(pre)
-        image = _heatmap(
-            ax,
-            _grid(frame, "similarity", info.n_layers, info.n_heads),
-            f"{task}: pre-trained vs\n{store.run_info(tuned).model}",
-            cmap="magma",
-            vmin=0,
-            vmax=1,
-        )
-        frames.append(frame.assign(task=task, run=pre, other=tuned))
+def draw_similarity(frames: dict[str, pd.DataFrame], n_layers: int, n_heads: int, tuned_models: dict[str, str]):
+    """Fig. 5 from one `run_similarity` frame per task; `tuned_models`: task -> the fine-tuned model's name."""
+    fig = new_figure(figsize=(4.4 * len(frames) + 1.4, 4.0))
+    axes = fig.subplots(1, len(frames), squeeze=False)
+    for ax, (task, frame) in zip(axes[0], frames.items()):
+        title = f"{task}: pre-trained vs\n{tuned_models[task]}"
+        image = _heatmap(ax, _grid(frame, "similarity", n_layers, n_heads), title, cmap="magma", vmin=0, vmax=1)
     fig.colorbar(image, ax=list(axes[0]), label="cosine similarity of maps", shrink=0.9)
     fig.suptitle("Fig. 5: per-head cosine similarity between pre-trained and fine-tuned attention (dev examples)", fontsize=9)
-    return _save(fig, out, "fig5_similarity"), pd.concat(frames, ignore_index=True)
+    return fig
 
 
-def figure_features(store: Store, runs: dict[str, str], out: Path, stem: str, title: str) -> tuple[list[str], pd.DataFrame]:
-    frames = {task: run_query(store, "feature_attention", run=run) for task, run in runs.items()}
+def figure_similarity(store: Store, pairs: dict[str, tuple[str, str]], out: Path, max_examples: int) -> tuple[list[str], pd.DataFrame]:
+    frames = {}
+    for task, (pre, tuned) in pairs.items():
+        frame = run_query(store, "run_similarity", run=pre, other=tuned, max_examples=max_examples)
+        frames[task] = frame.assign(task=task, run=pre, other=tuned)
+    info = store.run_info(next(iter(pairs.values()))[0])
+    fig = draw_similarity(frames, info.n_layers, info.n_heads, {task: store.run_info(tuned).model for task, (_, tuned) in pairs.items()})
+    return _save(fig, out, "fig5_similarity"), pd.concat(frames.values(), ignore_index=True)
+
+
+def draw_features(frames: dict[str, pd.DataFrame], n_layers: int, n_heads: int, models: dict[str, str], title: str):
+    """Fig. 6 from one `feature_attention` frame per task: a row per feature, a column per task, one colour scale
+    per feature row (shared by the tasks, so a row's panels compare)."""
     features = [f for f in FIG6_FEATURES if any(f in set(fr["feature"]) for fr in frames.values())]
-    info = store.run_info(next(iter(runs.values())))
-    fig = new_figure(figsize=(3.6 * len(runs) + 1.6, 2.6 * len(features) + 0.4))
-    axes = fig.subplots(len(features), len(runs), squeeze=False)
-    models = {task: store.run_info(run).model for task, run in runs.items()}
+    fig = new_figure(figsize=(3.6 * len(frames) + 1.6, 2.6 * len(features) + 0.4))
+    axes = fig.subplots(len(features), len(frames), squeeze=False)
     for row, feature in enumerate(features):
-        # one colour scale per feature, shared by the tasks, so a row's panels compare
         top = max(float(fr.loc[fr["feature"] == feature, "value"].max()) for fr in frames.values() if (fr["feature"] == feature).any())
         for col, (task, frame) in enumerate(frames.items()):
             part = frame[frame["feature"] == feature]
             label = f"{task}: to {feature}" + (f"\n{models[task]}" if row == 0 and len(set(models.values())) > 1 else "")
             image = _heatmap(
                 axes[row][col],
-                _grid(part, "value", info.n_layers, info.n_heads),
+                _grid(part, "value", n_layers, n_heads),
                 label,
                 cmap="Reds",
                 vmin=0,
                 vmax=top if top == top and top > 0 else None,
             )
         fig.colorbar(image, ax=axes[row].tolist(), label=f"to {feature}")
+    model = next(iter(models.values()))
     same_model = len(set(models.values())) == 1
-    fig.suptitle(f"{title}\n{info.model}" if same_model else f"{title}\n(each column's model named at its top)", fontsize=9)
+    fig.suptitle(f"{title}\n{model}" if same_model else f"{title}\n(each column's model named at its top)", fontsize=9)
+    return fig
+
+
+def figure_features(store: Store, runs: dict[str, str], out: Path, stem: str, title: str) -> tuple[list[str], pd.DataFrame]:
+    frames = {task: run_query(store, "feature_attention", run=run) for task, run in runs.items()}
+    info = store.run_info(next(iter(runs.values())))
+    models = {task: store.run_info(run).model for task, run in runs.items()}
+    fig = draw_features(frames, info.n_layers, info.n_heads, models, title)
     return _save(fig, out, stem), pd.concat([f.assign(task=t) for t, f in frames.items()], ignore_index=True)
 
 
-def figure_cls(store: Store, runs: dict[str, str], out: Path) -> tuple[list[str], pd.DataFrame]:
-    frames = [run_query(store, "cls_feature_attention", run=run).assign(task=task) for task, run in runs.items()]
-    table = pd.concat(frames, ignore_index=True)
-    means = table.groupby(["task", "feature"], sort=False)["mean_over_heads"].first().unstack("feature").reindex(list(runs))
-    fig = new_figure(figsize=(1.2 * len(runs) + 5, 4.2))
+def draw_cls(table: pd.DataFrame, tasks: list[str], model: str):
+    """Fig. 7 from `cls_feature_attention` rows of each task (a `task` column)."""
+    means = table.groupby(["task", "feature"], sort=False)["mean_over_heads"].first().unstack("feature").reindex(tasks)
+    fig = new_figure(figsize=(1.2 * len(tasks) + 5, 4.2))
     ax = fig.add_subplot()
     width = 0.8 / max(len(means.columns), 1)
     for k, feature in enumerate(means.columns):
@@ -154,12 +171,15 @@ def figure_cls(store: Store, runs: dict[str, str], out: Path) -> tuple[list[str]
     ax.set_xlabel("task (dev set)")
     ax.set_ylabel("attention from [CLS]-like token\n(mean over heads)")
     layer = int(table["layer"].iloc[0])
-    fig.suptitle(
-        f"Fig. 7: last layer (layer {layer}, 0-based) attention from [CLS] to feature tokens\n"
-        f"{store.run_info(next(iter(runs.values()))).model}",
-        fontsize=9,
-    )
+    fig.suptitle(f"Fig. 7: last layer (layer {layer}, 0-based) attention from [CLS] to feature tokens\n{model}", fontsize=9)
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0.0)
+    return fig
+
+
+def figure_cls(store: Store, runs: dict[str, str], out: Path) -> tuple[list[str], pd.DataFrame]:
+    frames = [run_query(store, "cls_feature_attention", run=run).assign(task=task) for task, run in runs.items()]
+    table = pd.concat(frames, ignore_index=True)
+    fig = draw_cls(table, list(runs), store.run_info(next(iter(runs.values()))).model)
     return _save(fig, out, "fig7_cls_attention"), table
 
 

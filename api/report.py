@@ -67,9 +67,8 @@ def _legend_beside(ax, **kwargs) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kwargs)
 
 
-def figure_special_tokens(store: Store, run, out: Path) -> tuple[list[str], pd.DataFrame]:
-    df = run_query(store, "special_tokens", run=run)
-    n_layers = store.run_info(run).n_layers
+def draw_special_tokens(df: pd.DataFrame, n_layers: int, caption: str):
+    """Fig. 2 from a `special_tokens` frame (one point per head)."""
     fig = new_figure(figsize=(13, 4.2))
     left, right = fig.subplots(1, 2)
     for i, (column, colour) in enumerate(CATEGORY_COLOURS.items()):
@@ -82,21 +81,33 @@ def figure_special_tokens(store: Store, run, out: Path) -> tuple[list[str], pd.D
     _legend_beside(right, fontsize=8)
     for ax in (left, right):
         _layer_axis(ax, n_layers)
-    fig.suptitle(f"Fig. 2 — {_caption(store, run)}; one point per head", fontsize=9)
+    fig.suptitle(f"Fig. 2 — {caption}; one point per head", fontsize=9)
+    return fig
+
+
+def figure_special_tokens(store: Store, run, out: Path, average: str = "example") -> tuple[list[str], pd.DataFrame]:
+    df = run_query(store, "special_tokens", run=run, average=average)
+    fig = draw_special_tokens(df, store.run_info(run).n_layers, _caption(store, run))
     return _save(fig, out, "fig2_special_tokens"), df
 
 
-def figure_entropy(store: Store, run, out: Path) -> tuple[list[str], pd.DataFrame]:
-    df = run_query(store, "entropy", run=run)
+def draw_entropy(df: pd.DataFrame, n_layers: int, caption: str):
+    """Fig. 4 from an `entropy` frame (one point per head, and uniform attention's entropy)."""
     fig = new_figure(figsize=(7.5, 4.2))
     ax = fig.add_subplot()
     _per_layer_scatter(ax, df, "entropy", "tab:purple", "head (all tokens)", -0.15)
     _per_layer_scatter(ax, df, "entropy_from_cls", "tab:red", "head (from [CLS]-like)", 0.15)
     ax.axhline(df["uniform_entropy"].iloc[0], color="grey", linestyle="--", label="uniform attention")
     ax.set(ylabel="avg. attention entropy (nats)", title="Entropy of attention distributions")
-    _layer_axis(ax, store.run_info(run).n_layers)
+    _layer_axis(ax, n_layers)
     _legend_beside(ax, fontsize=8)
-    fig.suptitle(f"Fig. 4 — {_caption(store, run)}", fontsize=9)
+    fig.suptitle(f"Fig. 4 — {caption}", fontsize=9)
+    return fig
+
+
+def figure_entropy(store: Store, run, out: Path, average: str = "example") -> tuple[list[str], pd.DataFrame]:
+    df = run_query(store, "entropy", run=run, average=average)
+    fig = draw_entropy(df, store.run_info(run).n_layers, _caption(store, run))
     return _save(fig, out, "fig4_entropy"), df
 
 
@@ -119,12 +130,10 @@ def figure_gradients(store: Store, run, grads: pd.DataFrame, out: Path) -> list[
     return _save(fig, out, "fig3_gradients")
 
 
-def figure_mds(store: Store, run, out: Path, examples) -> tuple[list[str], pd.DataFrame]:
+def draw_mds(df: pd.DataFrame, behaviour: pd.DataFrame, n_layers: int, caption: str, n_examples):
+    """Fig. 6 from `head_clusters` (x, y per head) and `special_tokens` (colours by behaviour)."""
     from matplotlib import colormaps
 
-    df = run_query(store, "head_clusters", run=run, examples=examples)
-    behaviour = run_query(store, "special_tokens", run=run, examples=examples)
-    n_layers = store.run_info(run).n_layers
     fig = new_figure(figsize=(13, 5))
     left, right = fig.subplots(1, 2)
     layers = colormaps["viridis"].resampled(n_layers)  # one colour per layer
@@ -141,8 +150,15 @@ def figure_mds(store: Store, run, out: Path, examples) -> tuple[list[str], pd.Da
         right.scatter(df["x"][mask], df["y"][mask], s=22, color=colour, label=f"> 50 % to {label}" if label != "other" else label)
     right.set(title="Heads coloured by behaviour", xticks=[], yticks=[])
     _legend_beside(right, fontsize=8)
+    fig.suptitle(f"Fig. 6 — MDS of summed JS distances between heads ({n_examples} examples)\n{caption}", fontsize=9)
+    return fig
+
+
+def figure_mds(store: Store, run, out: Path, examples, average: str = "example") -> tuple[list[str], pd.DataFrame]:
+    df = run_query(store, "head_clusters", run=run, examples=examples)
+    behaviour = run_query(store, "special_tokens", run=run, examples=examples, average=average)
     n = "all" if examples is None else len(examples)
-    fig.suptitle(f"Fig. 6 — MDS of summed JS distances between heads ({n} examples)\n{_caption(store, run)}", fontsize=9)
+    fig = draw_mds(df, behaviour, store.run_info(run).n_layers, _caption(store, run), n)
     return _save(fig, out, "fig6_mds"), df
 
 
