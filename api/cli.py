@@ -240,16 +240,35 @@ def view(locations, run, example, layer, head, out, bertviz):
     click.echo(f"wrote {save_view(store, run, example, out, layer=layer, head=head)}")
 
 
-@main.command()
+@main.command(short_help="Run one read-only SQL query over the store's tables and views.")
 @click.argument("query")
-@click.option("--max-rows", default=1000, show_default=True, type=int, help="Print at most this many rows.")
+@click.option("--max-rows", default=1000, show_default=True, type=click.IntRange(min=1), help="Print at most this many rows.")
+@click.option(
+    "--max-bytes",
+    default=16_000_000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Print the rows that fit in this many bytes of values, then say where it cut.",
+)
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @store_options
 @friendly_errors
-def sql(locations, query, max_rows, fmt):
-    """Run one read-only SQL QUERY (SELECT, WITH, VALUES, EXPLAIN) over the metadata (tables and views
-    of docs/SQL.md); statements that would write are refused (see docs/CLI.md)."""
-    frame = open_store(locations).sql(query, max_rows=max_rows + 1)
+def sql(locations, query, max_rows, max_bytes, fmt):
+    """Run one read-only SQL QUERY (SELECT, WITH, VALUES, EXPLAIN) over the store's own tables and views
+    (docs/SQL.md), calling ordinary functions only; anything else is refused (docs/CLI.md#attnstore-sql)."""
+    import pandas as pd
+
+    from ..store.errors import TooLargeError
+
+    try:
+        frame = open_store(locations).sql(query, max_rows=max_rows + 1, max_bytes=max_bytes)
+    except TooLargeError as exc:
+        if not hasattr(exc, "partial"):
+            raise  # one value over the limit: nothing to print
+        columns, rows = exc.partial
+        emit(pd.DataFrame(rows, columns=columns), fmt)
+        click.echo(f"(cut after {len(rows)} rows: the result passed --max-bytes {max_bytes:,}; raise it or select less)", err=True)
+        return
     emit(frame.head(max_rows), fmt)
     if len(frame) > max_rows:
         click.echo(f"(truncated to {max_rows} rows; raise --max-rows)", err=True)

@@ -137,3 +137,23 @@ def test_a_large_result_is_cut_by_bytes(filled):
     assert sum(len(token) + 8 for token, _ in rows) <= 100
     # within the bound, every row comes back
     assert len(readonly.run_readonly_sql(target, query, max_bytes=10_000)[1]) == 64
+
+
+def test_the_command_line_cuts_a_large_result_with_a_message(filled):
+    """`attnstore sql` printing gigabytes is not useful: it prints what fits in --max-bytes and says where it cut."""
+    from click.testing import CliRunner
+
+    from attnstore.api.cli import main
+
+    store = filled
+    args = ["sql", "--db", store.locations.db_url, "--root", store.locations.array_root, "--format", "csv"]
+    query = "SELECT t.token FROM tokens t CROSS JOIN tokens u"
+    cut = CliRunner().invoke(main, [*args, "--max-bytes", "50", query])
+    assert cut.exit_code == 0, cut.output
+    printed = cut.stdout.strip().splitlines()
+    assert printed[0] == "token" and 1 < len(printed) < 65
+    assert "cut after" in cut.stderr and "--max-bytes 50" in cut.stderr
+    whole = CliRunner().invoke(main, [*args, query])
+    assert whole.exit_code == 0 and len(whole.stdout.strip().splitlines()) == 65 and "cut" not in whole.stderr
+    refused = CliRunner().invoke(main, [*args, "SELECT rolpassword FROM pg_authid"])
+    assert refused.exit_code == 1 and refused.output.count("\n") == 1 and "Traceback" not in refused.output
