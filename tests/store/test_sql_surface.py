@@ -157,3 +157,17 @@ def test_the_command_line_cuts_a_large_result_with_a_message(filled):
     assert whole.exit_code == 0 and len(whole.stdout.strip().splitlines()) == 65 and "cut" not in whole.stderr
     refused = CliRunner().invoke(main, [*args, "SELECT rolpassword FROM pg_authid"])
     assert refused.exit_code == 1 and refused.output.count("\n") == 1 and "Traceback" not in refused.output
+
+
+def test_the_documented_function_list_is_the_allow_list():
+    """docs/CLI.md lists exactly the functions store/sql_policy.py allows."""
+    import re
+    from pathlib import Path
+
+    from attnstore.store.sql_policy import COMMON_FUNCTIONS
+
+    text = (Path(__file__).parents[2] / "docs" / "CLI.md").read_text()
+    section = text[text.index("## `attnstore sql`") : text.index("## `attnstore check`")]
+    block = re.search(r"```\n(.*?)```", section, re.S)
+    assert block, "docs/CLI.md's attnstore sql section has no function list"
+    assert set(block.group(1).split()) == set(COMMON_FUNCTIONS)
