@@ -64,7 +64,8 @@ def draw_patterns(table: pd.DataFrame, tasks: list[str], model: str, max_example
         bottom += wide[label].to_numpy()
     ax.set_ylabel("fraction of (example, layer, head) maps")
     ax.set_xlabel("task (dev set)")
-    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0.0)
+    handles, labels = ax.get_legend_handles_labels()  # listed top to bottom, as the classes are stacked
+    ax.legend(handles[::-1], labels[::-1], fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0.0)
     fig.suptitle(f"Fig. 2: attention pattern classes (rule classifier)\n{model}, ≤ {max_examples} dev examples per task", fontsize=9)
     return fig
 

@@ -58,7 +58,7 @@ def _label_axes(ax, tokens: list[str], special: list[bool], show_labels: bool, i
         ax.set_xticks([])
         ax.set_yticks([])
         return
-    size = max(3.0, min(8.0, 0.7 * 72 * inches / max(n, 1)))  # points: the labels of a panel `inches` wide never collide
+    size = max(3.0, min(8.0, 0.9 * 72 * inches / max(n, 1)))  # points: the labels of a panel `inches` wide never collide
     ax.set_xticks(range(n))
     ax.set_yticks(range(n))
     ax.set_xticklabels(tokens, rotation=90, fontsize=size)
@@ -110,7 +110,7 @@ def plot_attention(store: StoreReader, run: str, example: int, layer: int | None
             k = j if len(layers) == 1 else i * columns + j
             ax = axes.flat[k]
             image = ax.imshow(maps[i, j], cmap="viridis", vmin=0.0, vmax=1.0)
-            _label_axes(ax, tokens, special, show_labels, cell - 0.8)
+            _label_axes(ax, tokens, special, show_labels, cell - 0.6)
             ax.set_title(f"L{layer_index}-H{head_index}", fontsize=7)
             used.append(ax)
     for ax in axes.flat[len(used) :]:

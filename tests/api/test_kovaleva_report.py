@@ -12,8 +12,9 @@ pytestmark = pytest.mark.model
 DATA = str(Path(__file__).parents[1] / "fixtures" / "data")
 
 
-def test_kovaleva_report_writes_every_figure(tmp_path, loaded_model):
-    pytest.importorskip("matplotlib")
+def test_kovaleva_report_writes_every_figure(tmp_path, loaded_model, monkeypatch):
+    matplotlib = pytest.importorskip("matplotlib")
+    monkeypatch.setattr(matplotlib, "use", lambda *a, **k: pytest.fail("the report switched matplotlib's backend"))
     from attnstore.store import migrate, open_store
 
     url = f"sqlite:///{tmp_path / 'meta.sqlite'}"

@@ -11,8 +11,10 @@ pytestmark = pytest.mark.model
 DATA = str(Path(__file__).parents[1] / "fixtures" / "data")
 
 
-def test_clark_report_writes_tables_and_figures(tmp_path):
-    pytest.importorskip("matplotlib")
+def test_clark_report_writes_tables_and_figures(tmp_path, monkeypatch):
+    matplotlib = pytest.importorskip("matplotlib")
+    backend = matplotlib.get_backend()
+    monkeypatch.setattr(matplotlib, "use", lambda *a, **k: pytest.fail("the report switched matplotlib's backend"))
     home, out = str(tmp_path / "store"), tmp_path / "report"
     runner = CliRunner()
     assert runner.invoke(main, ["db", "upgrade", "--home", home]).exit_code == 0
@@ -45,3 +47,5 @@ def test_clark_report_writes_tables_and_figures(tmp_path):
         assert "<svg" in (out / f"{stem}.svg").read_text(encoding="utf-8")[:1000]
     for table in ("table1_dependency", "table2_coreference", "special_tokens", "relative_position_strong"):
         assert (out / f"{table}.csv").stat().st_size > 0
+    assert matplotlib.get_backend() == backend
+    assert "0-based, as in the data, in tables (`layer-head`) and on figure axes alike" in readme
