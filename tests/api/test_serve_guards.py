@@ -23,7 +23,8 @@ with warnings.catch_warnings():  # starlette's TestClient asks for httpx2; httpx
     warnings.filterwarnings("ignore", message=".*httpx2")
     from fastapi.testclient import TestClient
 
-from attnstore.api.serve import ServeSettings, allowed_hosts_for, create_app, keep_run_segment  # noqa: E402
+from attnstore.api.http.middleware import keep_run_segment  # noqa: E402
+from attnstore.api.serve import ServeSettings, allowed_hosts_for, create_app  # noqa: E402
 from attnstore.queries import run_query  # noqa: E402
 from attnstore.store.errors import InvalidArgumentError  # noqa: E402
 

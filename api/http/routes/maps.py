@@ -1,0 +1,104 @@
+"""One example's attention maps (layer, head, query, key): JSON for small slices, numpy's `.npy` for binary, within
+the cell budget of each format."""
+
+import io
+import re
+
+import numpy as np
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+
+from ....store.errors import InvalidArgumentError, TooLargeError
+from ..responses import answers, ok
+from ..settings import ServeSettings
+from ..state import Server
+from . import Example, Heads, Layers, Run, Srv
+
+
+def parse_indices(text: str | None, name: str, size: int) -> list[int]:
+    """'0,2,5-7' (or nothing / 'all': every one) -> 0-based indices, each checked against `size`."""
+    if text is None or not text.strip() or text.strip().lower() == "all":
+        return list(range(size))
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part[1:]:
+                first, last = (int(x) for x in part.split("-", 1))
+                if last < first:
+                    raise ValueError
+                values = range(first, last + 1)
+            else:
+                values = range(int(part), int(part) + 1)
+        except ValueError:
+            raise InvalidArgumentError(f"{name}={text!r}: give 0-based {name}s and ranges like 0,2,5-7") from None
+        for v in values:
+            if not 0 <= v < size:
+                raise InvalidArgumentError(f"{name} {v} is out of range: the model has {size} {name}s (0..{size - 1})")
+            if v not in out:
+                out.append(v)
+    return out
+
+
+def attention_slice(srv: Server, run: str, example: int, layer: str | None, head: str | None, binary: bool) -> tuple[dict, np.ndarray]:
+    """Checked layers and heads, then the maps: (description, array (layer, head, query, key))."""
+    info = srv.info(run)
+    layers = parse_indices(layer, "layer", info.n_layers)
+    heads = parse_indices(head, "head", info.n_heads)
+    length = int(srv.example_row(info, example)["length"])
+    cells = len(layers) * len(heads) * length * length
+    budget = srv.settings.max_cells if binary else srv.settings.max_json_cells
+    if cells > budget:
+        raise TooLargeError(
+            f"{len(layers)} layer(s) x {len(heads)} head(s) x {length} x {length} tokens = {cells} cells, over this server's "
+            f"budget of {budget} cells per {'.npy' if binary else 'JSON'} response; ask for a slice: layer=L&head=H"
+            + ("" if binary else f", or format=npy (budget {srv.settings.max_cells})")
+        )
+    maps = srv.store.attention(info.id, example, layer=layers, head=heads)
+    about = {"run": info.name, "example": example, "layers": layers, "heads": heads, "shape": list(maps.shape), "dtype": str(maps.dtype)}
+    return about, maps
+
+
+def maps_response(s: Server, run: str, example: int, layer: str | None, head: str | None, format: str, digits: int | None) -> Response:
+    about, maps = attention_slice(s, run, example, layer, head, binary=format == "npy")
+    if format == "npy":
+        buffer = io.BytesIO()
+        np.save(buffer, maps, allow_pickle=False)
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", about["run"])[:80]
+        return Response(
+            buffer.getvalue(),
+            media_type="application/octet-stream",
+            headers={
+                "Content-Disposition": f'attachment; filename="{name}-example{example}.npy"',
+                "X-Attnstore-Layers": ",".join(map(str, about["layers"])),
+                "X-Attnstore-Heads": ",".join(map(str, about["heads"])),
+            },
+        )
+    values = maps.astype(np.float64)
+    if digits is not None:
+        values = np.round(values, digits)
+    return ok({**about, "attention": values.tolist()})
+
+
+def router(settings: ServeSettings) -> APIRouter:
+    api = APIRouter()
+
+    @api.get(
+        "/api/runs/{run}/examples/{example}/attention",
+        tags=["examples"],
+        responses={200: {"content": {"application/json": {}, "application/octet-stream": {}}}, **answers(404, 413)},
+    )
+    def attention(
+        run: str = Run,
+        example: int = Example,
+        layer: str | None = Layers,
+        head: str | None = Heads,
+        format: str = Query("json", pattern="^(json|npy)$", description="json (nested lists) or npy (numpy's binary file)."),
+        digits: int | None = Query(None, ge=1, le=8, description="JSON only: round to this many decimals."),
+        s: Server = Srv,
+    ) -> Response:
+        """One example's maps (layer, head, query, key), as JSON or .npy, within the cell budget."""
+        with s.heavy():
+            return maps_response(s, run, example, layer, head, format, digits)
+
+    return api

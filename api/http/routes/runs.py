@@ -1,0 +1,123 @@
+"""/api/info, and the runs and their examples: every run, one run's settings and manifest, a page of a run's
+examples (filtered), one example and its tokens."""
+
+import dataclasses
+
+import numpy as np
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+
+from ..encoding import json_value, records
+from ..responses import answers, ok
+from ..settings import ServeSettings, server_version
+from ..state import Server
+from . import Example, Offset, Run, Srv
+
+# ------------------------------------------------------------------ the endpoints' work, one function each
+
+
+def list_runs(srv: Server) -> dict:
+    return {"runs": records(srv.store.runs())}
+
+
+def run_detail(srv: Server, run: str) -> dict:
+    info = srv.info(run)
+    return {"run": json_value(dataclasses.asdict(info))}
+
+
+def list_examples(
+    srv: Server,
+    run: str,
+    offset: int,
+    limit: int,
+    q: str | None,
+    label: str | None,
+    min_length: int | None,
+    max_length: int | None,
+    truncated: bool | None,
+    skipped: bool | None,
+) -> dict:
+    info = srv.info(run)
+    frame = srv.examples(info)
+    keep = np.ones(len(frame), dtype=bool)
+    if q:
+        text = frame["text_a"].fillna("") + "\n" + frame["text_b"].fillna("")
+        keep &= text.str.contains(q, case=False, regex=False).to_numpy(bool)
+    if label is not None:
+        keep &= (frame["label"].astype(str) == label).to_numpy(bool)
+    if min_length is not None:
+        keep &= (frame["length"] >= min_length).to_numpy(bool)
+    if max_length is not None:
+        keep &= (frame["length"] <= max_length).to_numpy(bool)
+    if truncated is not None:
+        keep &= (frame["truncated"].astype(bool) == truncated).to_numpy(bool)
+    if skipped is not None:
+        keep &= (frame["skipped"].astype(bool) == skipped).to_numpy(bool)
+    chosen = frame[keep]
+    return {
+        "run": info.name,
+        "n_examples": len(frame),
+        "total": len(chosen),
+        "offset": offset,
+        "limit": limit,
+        "items": records(chosen.iloc[offset : offset + limit]),
+    }
+
+
+def example_detail(srv: Server, run: str, example: int) -> dict:
+    info = srv.info(run)
+    row = srv.example_row(info, example)
+    tokens = srv.store.tokens(info.id, example)
+    return {"run": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads, "example": row, "tokens": records(tokens)}
+
+
+# ------------------------------------------------------------------ the endpoints
+
+
+def router(settings: ServeSettings) -> APIRouter:
+    api = APIRouter()
+
+    @api.get("/api/info", tags=["store"])
+    def info(s: Server = Srv) -> Response:
+        """The store, whether this server can write, and the bounds of every response."""
+        return ok(
+            {
+                "store": s.store.locations.describe(),
+                "read_only": not settings.allow_save,
+                "version": server_version(),
+                "limits": settings.public(),
+            }
+        )
+
+    @api.get("/api/runs", tags=["runs"])
+    def runs(s: Server = Srv) -> Response:
+        """Every run: name, id, model, dataset, split, status, counts and settings."""
+        return ok(list_runs(s))
+
+    @api.get("/api/runs/{run}", tags=["runs"], responses=answers(404))
+    def run_info(run: str = Run, s: Server = Srv) -> Response:
+        """One run's settings and provenance manifest."""
+        return ok(run_detail(s, run))
+
+    @api.get("/api/runs/{run}/examples", tags=["examples"], responses=answers(404))
+    def examples(
+        run: str = Run,
+        offset: int = Offset,
+        limit: int = Query(settings.default_page, ge=1, le=settings.max_page, description="Rows per page."),
+        q: str | None = Query(None, max_length=500, description="Text contained in text_a or text_b (case-insensitive)."),
+        label: str | None = Query(None, max_length=200),
+        min_length: int | None = Query(None, ge=0, description="Tokens, at least."),
+        max_length: int | None = Query(None, ge=0, description="Tokens, at most."),
+        truncated: bool | None = Query(None),
+        skipped: bool | None = Query(None),
+        s: Server = Srv,
+    ) -> Response:
+        """A page of the run's examples (position, texts, label, length, flags), filtered."""
+        return ok(list_examples(s, run, offset, limit, q, label, min_length, max_length, truncated, skipped))
+
+    @api.get("/api/runs/{run}/examples/{example}", tags=["examples"], responses=answers(404))
+    def example(run: str = Run, example: int = Example, s: Server = Srv) -> Response:
+        """One example and its tokens with word alignment, POS, dependency head and relation."""
+        return ok(example_detail(s, run, example))
+
+    return api

@@ -1,0 +1,220 @@
+"""The server's state: one store with the caches and locks the endpoints share (`Server`), and what a query computed
+on request does as it reads maps (`MapsReading`: refuse where nothing read is kept, else log its progress).
+
+Endpoints run in FastAPI's thread pool: the caches below sit behind a lock, queries computed on request run one at a
+time, and at most `max_heavy_requests` heavy requests (SQL, queries, maps, search) at once: past that, 503.
+"""
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from ...store import search
+from ...store.errors import NotFoundError, TooLargeError
+from .encoding import records
+from .settings import PREPARING, RETRY_AFTER_S, ScanNeededError, ServerBusyError, ServeSettings, log
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ...store import Store
+    from ...store.records import RunInfo
+
+
+class Server:
+    """One store with the caches and locks the endpoints share."""
+
+    def __init__(self, store: "Store", settings: ServeSettings):
+        self.store = store
+        self.settings = settings
+        self._lock = threading.Lock()  # guards the caches
+        self._compute = threading.Lock()  # one query computed at a time
+        self._heavy = threading.BoundedSemaphore(settings.max_heavy_requests)  # SQL, queries, maps, search
+        self._heavy_running = 0  # under _lock
+        self._examples: OrderedDict[tuple, pd.DataFrame] = OrderedDict()
+        self._results: OrderedDict[tuple, pd.DataFrame] = OrderedDict()
+        self._facets: OrderedDict[tuple, dict] = OrderedDict()
+
+    # ---- caches keyed by the run's state, so a run still being written is read afresh as it grows
+
+    @staticmethod
+    def _state(info: "RunInfo") -> tuple:
+        return (info.id, info.status, info.n_stored, info.n_skipped)
+
+    def _cached(self, cache: OrderedDict, key: tuple, make: Callable[[], Any], size: int) -> Any:
+        with self._lock:
+            if key in cache:
+                cache.move_to_end(key)
+                return cache[key]
+        value = make()
+        with self._lock:
+            cache[key] = value
+            while len(cache) > size:
+                cache.popitem(last=False)
+        return value
+
+    @contextmanager
+    def heavy(self) -> Iterator[None]:
+        """One of `max_heavy_requests` slots for a request that may read much (SQL, a query, maps), waited for at most
+        `heavy_wait_s`; ServerBusyError (503, Retry-After) when none frees up."""
+        if not self._heavy.acquire(timeout=self.settings.heavy_wait_s):
+            with self._lock:
+                running = self._heavy_running
+            raise ServerBusyError(f"server busy: {running} heavy requests running; retry in {RETRY_AFTER_S} s")
+        with self._lock:
+            self._heavy_running += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._heavy_running -= 1
+            self._heavy.release()
+
+    def can_keep(self, info: "RunInfo") -> bool:
+        """Whether what a query reads of this run's maps is kept (summaries beside the run) for the next time."""
+        return not self.store.read_only and self.store.can_keep_summaries(info.id)
+
+    def info(self, run: str) -> "RunInfo":
+        return self.store.run_info(run)
+
+    def examples(self, info: "RunInfo") -> "pd.DataFrame":
+        """The run's examples (store.examples), cached while the run does not change."""
+        return self._cached(self._examples, self._state(info), lambda: self.store.examples(info.id), 8)
+
+    def example_row(self, info: "RunInfo", example: int) -> dict:
+        frame = self.examples(info)
+        rows = frame[frame["example"] == example]
+        if rows.empty:
+            raise NotFoundError(f"run {info.name!r} has no example {example} (it stores {info.n_stored} examples)")
+        row = records(rows.head(1))[0]
+        if row["skipped"]:
+            raise NotFoundError(f"example {example} of run {info.name!r} was skipped (longer than {info.max_length} tokens)")
+        return row
+
+    def stored_positions(self, info: "RunInfo") -> list[int]:
+        frame = self.examples(info)
+        return [int(e) for e in frame.loc[~frame["skipped"].astype(bool), "example"]]
+
+    def annotation_counts(self, info: "RunInfo") -> dict:
+        """The UPOS tags and dependency relations of the run's words with their counts (store/search.py), cached while
+        the run does not change."""
+        return self._cached(self._facets, self._state(info), lambda: search.annotation_counts(self.sql, info.id), 16)
+
+    def sql(self, query: str, params: dict | None = None, max_rows: int | None = None) -> tuple[list[str], list[tuple]]:
+        """One read-only statement (store/readonly.py, as `Store.sql`) under this server's time and byte limits
+        (TooLargeError, 413, past `max_sql_bytes` in all or `max_sql_value_bytes` in one value)."""
+        from ...store.readonly import run_readonly_sql
+
+        store = self.store
+        target = store.locations.db_url if store.engine.dialect.name == "sqlite" else store.engine
+        columns, rows = run_readonly_sql(
+            target,
+            query,
+            params,
+            max_rows,
+            timeout_s=self.settings.sql_timeout_s,
+            max_bytes=self.settings.max_sql_bytes,
+            max_value_bytes=self.settings.max_sql_value_bytes,
+        )
+        return columns or [], rows
+
+    # ---- queries
+
+    def query_frame(self, info: "RunInfo", name: str, kwargs: dict, n_examples: int | None = None, scan: bool = True) -> "pd.DataFrame":
+        """A registered query's result, computed at most once per run state and parameters, one at a time.
+
+        Computing it may read the maps of up to `n_examples` examples (where nothing is summarised for it). Where that
+        read is kept for the next time (summaries on a writable store) it is done; where not (a read-only store, a
+        layout-1 run) only when `scan`, else ScanNeededError (409) at the first example read."""
+        from ...queries import run_query
+        from ...store import progress
+
+        key = (*self._state(info), name, json.dumps(kwargs, sort_keys=True, default=str))
+        with self._lock:
+            if key in self._results:
+                self._results.move_to_end(key)
+                return self._results[key]
+        with self._compute:
+            with self._lock:
+                if key in self._results:
+                    return self._results[key]
+            reading = MapsReading(self, info, name, n_examples, refuse=not scan and not self.can_keep(info))
+            with progress.reporting(reading.advance):
+                frame = run_query(self.store, name, run=info.id, **kwargs)
+            reading.done()
+            with self._lock:
+                self._results[key] = frame
+                while len(self._results) > self.settings.cache_entries:
+                    self._results.popitem(last=False)
+            return frame
+
+    def check_query_size(self, info: "RunInfo", name: str, params: dict, kwargs: dict) -> int:
+        """Refuse (413) a query that would read more than `max_query_examples` examples; else how many it may read."""
+        n = info.n_stored
+        if "examples" in params and kwargs.get("examples") is not None:
+            n = min(n, len(kwargs["examples"]))
+        if "max_examples" in params:
+            bound = kwargs.get("max_examples", params["max_examples"].default)
+            if isinstance(bound, int):
+                n = min(n, bound)
+        if "example" in params and "examples" not in params:
+            n = 1
+        cap = self.settings.max_query_examples
+        if n > cap:
+            hint = f"pass examples=0-{cap - 1}" if "examples" in params else f"pass max_examples={cap}" if "max_examples" in params else ""
+            raise TooLargeError(
+                f"query {name!r} over run {info.name!r} would read {n} examples; this server computes a query over at most "
+                f"{cap} examples{': ' + hint if hint else ''} (or save its results with `attnstore query {name} --save` "
+                "and read them from head_metrics)"
+            )
+        return n
+
+
+class MapsReading:
+    """Listens to a query's map reads (store/progress.py: one call per example read): refuses the read at its first
+    example where it is not kept and was not asked for (`refuse`), else logs how far it got every 10 s."""
+
+    def __init__(self, srv: Server, info: "RunInfo", name: str, n_examples: int | None, refuse: bool):
+        self.srv, self.info, self.name, self.n, self.refuse = srv, info, name, n_examples, refuse
+        self.read = 0
+        self.started = self.logged = 0.0
+
+    def advance(self, n: int = 1) -> None:
+        now = time.monotonic()
+        if not self.read:
+            if self.refuse:
+                raise ScanNeededError(scan_message(self.srv, self.info, self.name, self.n))
+            self.started = self.logged = now
+            log.info("%s over run %r: reading the maps of up to %s examples", self.name, self.info.name, self.n or "all")
+        self.read += n
+        if now - self.logged >= 10:
+            self.logged = now
+            took = now - self.started
+            log.info("%s over run %r: %d of up to %s examples read (%.0f s)", self.name, self.info.name, self.read, self.n or "?", took)
+
+    def done(self) -> None:
+        if self.read:
+            log.info("%s over run %r: %d examples read in %.1f s", self.name, self.info.name, self.read, time.monotonic() - self.started)
+
+
+def scan_message(srv: Server, info: "RunInfo", name: str, n: int | None) -> str:
+    """Why a query's read of the maps was refused, and what prepares the store for it."""
+    why = (
+        "this server's store is read-only"
+        if srv.store.read_only
+        else "this run's arrays are in layout 1 (`attnstore db upgrade-arrays` moves them to layout 2)"
+    )
+    if name == "run_similarity":
+        prepare = f"run it once on a writable store: `attnstore query run_similarity --run {info.name} --param other=OTHER`"
+    else:
+        prepare = f"summarise the run first: `attnstore summarize --run {info.name}`"
+    return (
+        f"{name} over run {info.name!r} must read the maps of {'up to ' + str(n) if n else 'all its'} examples "
+        f"({info.n_layers} layers x {info.n_heads} heads each): nothing it can read instead is kept for this run, and {why}, "
+        f"so nothing read now would be kept and every restart would read them again; {prepare} ({PREPARING}), "
+        "or ask again with scan=1 to read them now"
+    )
