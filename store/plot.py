@@ -11,7 +11,9 @@ reports (api/report.py, api/kovaleva_report.py, api/ablation_report.py) is a `ma
 made by `new_figure`, with constrained layout, saved with `fig.savefig`. Switching the backend in a
 notebook closes its figures and blanks every later one; a Figure made without pyplot is not held
 by pyplot either (no figure manager, freed with its last reference). In Jupyter/IPython it shows
-inline as a PNG when it is a cell's value, whether or not pyplot was ever imported (`_repr_png_`).
+inline as a PNG when it is a cell's value, whether or not pyplot was ever imported (`_repr_png_`). In a
+script, save it (`fig.savefig("maps.png")`), or hand it to pyplot to show it in a window:
+`import matplotlib.pyplot as plt; plt.figure(fig); plt.show()`.
 """
 
 from __future__ import annotations
