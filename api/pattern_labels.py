@@ -94,11 +94,9 @@ def render_sample(store: Store, sample: pd.DataFrame, out: str | Path, rows: int
     """
     if not 0 < gamma <= 1:
         raise InvalidArgumentError(f"gamma must be in (0, 1], not {gamma}")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.colors import PowerNorm
+
+    from ..store.plot import new_figure
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,7 +106,8 @@ def render_sample(store: Store, sample: pd.DataFrame, out: str | Path, rows: int
     sample["panel"] = sample.index % per_page + 1
     names = []
     for page, part in sample.groupby("page"):
-        fig, axes = plt.subplots(rows, cols, figsize=(cols * 2.6, rows * 2.75))
+        fig = new_figure(figsize=(cols * 2.6, rows * 2.75))
+        axes = fig.subplots(rows, cols, squeeze=False)
         for ax in np.ravel(axes):
             ax.set_axis_off()
         for ax, item in zip(np.ravel(axes), part.itertuples()):
@@ -132,10 +131,8 @@ def render_sample(store: Store, sample: pd.DataFrame, out: str | Path, rows: int
         fig.suptitle(
             f"attention maps, page {page} (darker = more attention; {scale} from 0 to the map's max; red ticks: special tokens)", fontsize=9
         )
-        fig.tight_layout()
         name = f"page_{page:03d}.png"
         fig.savefig(out / name, dpi=90)
-        plt.close(fig)
         names.append(name)
     with open(out / "sample.jsonl", "w", encoding="utf-8") as fh:
         for item in sample.to_dict("records"):
@@ -305,14 +302,12 @@ def figure_proportions(
     stem: str = "fig2_pattern_classes",
 ) -> list[str]:
     """Fig 2: stacked bars of class shares per task (PNG and SVG) and the table as CSV; returns the file names."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..store.plot import new_figure
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(1.3 * len(table) + 3.5, 4.5))
+    fig = new_figure(figsize=(1.3 * len(table) + 3.5, 4.5))
+    ax = fig.subplots()
     bottom = np.zeros(len(table))
     x = np.arange(len(table))
     for cls in CLASSES:
@@ -334,6 +329,5 @@ def figure_proportions(
     for ext in ("png", "svg"):
         fig.savefig(out / f"{stem}.{ext}", dpi=150, bbox_inches="tight")
         names.append(f"{stem}.{ext}")
-    plt.close(fig)
     table.to_csv(out / f"{stem}.csv", index=False, float_format="%.4f")
     return [*names, f"{stem}.csv"]
