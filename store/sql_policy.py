@@ -192,8 +192,10 @@ def check_pg_statement(text: str, relations: Iterable[str], schema: str = "publi
     """Refuse (InvalidArgumentError) `text` unless it is one query over `relations` (the store's
     tables and views in `schema`) calling only allowed functions. `text` is what the server receives.
     Returns False for an EXPLAIN, True for a query (whose rows a server-side cursor can read)."""
-    import pglast
-
+    try:
+        import pglast
+    except ImportError:
+        raise InvalidArgumentError("SQL error: SQL on a PostgreSQL store needs pglast: pip install 'attnstore[postgres]'") from None
     try:
         statements = pglast.parse_sql(text)
     except pglast.parser.ParseError as exc:

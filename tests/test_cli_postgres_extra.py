@@ -74,5 +74,5 @@ def test_sqlite_needs_no_psycopg(tmp_path):
 def test_psycopg_is_the_postgres_extra_not_a_core_dependency():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert not [d for d in project["dependencies"] if d.startswith("psycopg")]
-    assert project["optional-dependencies"]["postgres"] == ["psycopg[binary]>=3.1"]
+    assert project["optional-dependencies"]["postgres"] == ["psycopg[binary]>=3.1", "pglast>=7"]  # pglast: the SQL allow-list
     assert ",postgres]" in (ROOT / "Makefile").read_text(encoding="utf-8")  # the development install has it
