@@ -14,6 +14,7 @@ from ..ingest.align import TOKENIZATIONS, TRUNCATION_POLICIES
 from ..ingest.annotate import ANNOTATORS
 from ..ingest.corpus import FORMATS as CORPUS_FORMATS
 from ..ingest.model import DEFAULT_MODEL
+from ..ingest.settings import RunSettings
 from ..store.arrays import CODECS, DEFAULT_CHUNK_CELLS, DTYPES
 from .common import friendly_errors, open_store, require_extra, scheduler_option, store_options
 
@@ -102,76 +103,25 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
 @scheduler_option("the forward passes (this process tokenizes and writes)")
 @store_options
 @friendly_errors
-def ingest(
-    locations,
-    corpus,
-    fmt,
-    dataset,
-    data_dir,
-    model,
-    name,
-    dataset_name,
-    split,
-    annotator,
-    batch_size,
-    max_length,
-    truncation,
-    dtype,
-    codec_name,
-    limit,
-    sample,
-    seed,
-    window_words,
-    text_a_column,
-    text_b_column,
-    label_column,
-    quoting,
-    chunk_cells,
-    tokenization,
-    progress,
-    scheduler,
-):
+def ingest(locations, codec_name, text_a_column, text_b_column, label_column, quoting, progress, scheduler, **options):
     """Run a model once over a corpus and store every attention map.
 
     Interrupted runs resume when the same command is run again: no example is
     stored twice or lost.
     """
+    # Every option not named above is named after the RunSettings field it sets (ingest/settings.py).
     from ..ingest import ingest as run_ingest
 
     read_options = {}
-    if fmt == "pairs-tsv":
+    if options["fmt"] == "pairs-tsv":
         read_options = dict(text_a=text_a_column, text_b=text_b_column, label=label_column, quoting=quoting)
-    elif fmt == "tsv":
+    elif options["fmt"] == "tsv":
         read_options = dict(text_a=text_a_column, label=label_column, quoting=quoting)
     require_extra("ingest")
     store = open_store(locations, create=True)
+    settings = RunSettings(**options, codec=dict(CODECS[codec_name]), read_options=read_options)
     try:
-        result = run_ingest(
-            store,
-            corpus=corpus,
-            fmt=fmt,
-            dataset=dataset,
-            data_dir=data_dir,
-            model=model,
-            name=name,
-            dataset_name=dataset_name,
-            split=split,
-            annotator=annotator,
-            batch_size=batch_size,
-            max_length=max_length,
-            truncation=truncation,
-            dtype=dtype,
-            codec=dict(CODECS[codec_name]),
-            limit=limit,
-            sample=sample,
-            seed=seed,
-            window_words=window_words,
-            chunk_cells=chunk_cells,
-            tokenization=tokenization,
-            progress=progress,
-            scheduler=scheduler,
-            **read_options,
-        )
+        result = run_ingest(store, settings, progress=progress, scheduler=scheduler)
     except KeyboardInterrupt:
         click.echo("interrupted: stored examples are kept; run the same command again to resume", err=True)
         sys.exit(130)

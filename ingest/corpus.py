@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import inspect
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..store.records import ExampleInput
 from .errors import CorpusError, EmptyCorpusError
 
-FORMATS = ("text", "tsv", "pairs-tsv", "conllu")
 # Column names of known pair corpora (GLUE and HF exports): first match wins.
 PAIR_COLUMNS = [
     ("text_a", "text_b"),
@@ -404,16 +404,25 @@ def _opt(value: str) -> str | None:
     return None if value == "_" else value
 
 
+# The reader of each --format (FORMATS, in this order, are the command line's choices). A reader's parameters after
+# the path are its reading options, which decide its examples (ingest/runner.py `reading_options`); text and
+# CoNLL-U take none, and read_corpus gives them none whatever it is given.
+FORMAT_READERS: dict[str, Callable[..., Iterator[ExampleInput]]] = {
+    "text": read_text,
+    "tsv": read_tsv,
+    "pairs-tsv": read_pairs_tsv,
+    "conllu": read_conllu,
+}
+FORMATS = tuple(FORMAT_READERS)
+
+
 def read_corpus(path, fmt: str, **options) -> Iterator[ExampleInput]:
-    if fmt == "text":
-        return read_text(path)
-    if fmt == "pairs-tsv":
-        return read_pairs_tsv(path, **options)
-    if fmt == "tsv":
-        return read_tsv(path, **options)
-    if fmt == "conllu":
-        return read_conllu(path)
-    raise CorpusError(path, None, f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+    """The examples of a corpus file in format `fmt`, read by FORMAT_READERS[fmt] with the reading options it takes."""
+    reader = FORMAT_READERS.get(fmt)
+    if reader is None:
+        raise CorpusError(path, None, f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+    takes_options = len(inspect.signature(reader).parameters) > 1
+    return reader(path, **options) if takes_options else reader(path)
 
 
 def validate_corpus(path, fmt: str, limit: int | None = None, **options) -> int:

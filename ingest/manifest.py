@@ -7,6 +7,8 @@ import sys
 from datetime import UTC, datetime
 from importlib import metadata
 
+from .settings import RUN_FIELDS, STORAGE_FIELDS, RunSettings
+
 PACKAGES = ("attnstore", "torch", "transformers", "tokenizers", "spacy", "zarr", "numcodecs", "numpy", "sqlalchemy", "pandas")
 
 
@@ -20,21 +22,11 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def build_manifest(
-    *,
-    loaded,
-    corpus: str,
-    fmt: str,
-    corpus_checksum: str,
-    annotator: str,
-    dtype: str,
-    max_length: int,
-    truncation: str,
-    batch_size: int,
-    codec: dict,
-    chunk_cells: int,
-    tokenization: str = "words",
-) -> dict:
+def build_manifest(*, loaded, settings: RunSettings, corpus: str, fmt: str, corpus_checksum: str, annotator: str) -> dict:
+    """The manifest of a run of `loaded` with resolved `settings` (RunSettings.resolved) over the corpus file `corpus`
+    (its format, or the built-in dataset's reader, and sha256), annotated by `annotator`. The run settings
+    (RUN_FIELDS) are top-level keys, the storage settings (STORAGE_FIELDS) are under "storage"."""
+    stored = settings.run_fields()
     return {
         "model": {
             "name": loaded.name,
@@ -50,13 +42,12 @@ def build_manifest(
             "special_tokens": loaded.special_tokens,
         },
         "attn_implementation": loaded.attn_implementation,
-        "tokenization": tokenization,
-        "dtype": dtype,
-        "max_length": max_length,
-        "truncation": truncation,
-        "batch_size": batch_size,
+        **{k: stored[k] for k in RUN_FIELDS},
         "corpus": {"path": corpus, "format": fmt, "sha256": corpus_checksum, "annotator": annotator},
-        "storage": {"codec": codec, "chunk_cells": chunk_cells, "layout": "flat (layer, head, query, key) blocks at offsets"},
+        "storage": {
+            **{k: stored[k] for k in STORAGE_FIELDS},
+            "layout": "flat (layer, head, query, key) blocks at offsets",
+        },
         "packages": package_versions(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -23,21 +23,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..store import arrays
 from ..store.errors import BusyError
 from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
 from ..store.leases import clear_stale, live_holder
 from ..store.records import ExampleInput, RunInfo, StoredExample
 from ..store.writer import run_lease_name, validate_run_name
 from . import capture
-from .align import TOKENIZATIONS, TRUNCATION_POLICIES, Encoded, can_use_text, encode_batch, pad_inputs
+from .align import Encoded, can_use_text, encode_batch, pad_inputs
 from .annotate import annotate, make_annotator
-from .corpus import file_checksum, read_conllu, read_corpus, read_pairs_tsv, read_text, read_tsv
+from .corpus import FORMAT_READERS, file_checksum, read_corpus, read_pairs_tsv  # noqa: F401 (read_pairs_tsv: tests take it from here)
 from .datasets import dataset_path, find_dataset, path_checksum, resolve_data_dir
 from .errors import CorpusError, EmptyCorpusError, IngestError, InvalidArgumentError
 from .feed import Feed
 from .manifest import build_manifest
-from .model import DEFAULT_MODEL, LoadedModel, load_model
+from .model import LoadedModel, load_model
+from .settings import RunSettings
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -73,15 +73,6 @@ class CorpusSource:
     read: Callable[[], Iterator]
     license: str | None = None
     options: dict = field(default_factory=dict)
-
-
-# The reader of each --format (read_corpus's dispatch), whose parameters say which options change the examples.
-FORMAT_READERS: dict[str, Callable[..., Iterator]] = {
-    "text": read_text,
-    "tsv": read_tsv,
-    "pairs-tsv": read_pairs_tsv,
-    "conllu": read_conllu,
-}
 
 
 def reading_options(reader: Callable[..., Iterator] | None, options: dict) -> dict:
@@ -376,97 +367,64 @@ def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) 
 
 def ingest(
     store: Store,
+    settings: RunSettings | None = None,
     *,
-    corpus: str | None = None,
-    fmt: str | None = None,
-    dataset: str | None = None,
-    data_dir: str | None = None,
-    model: str = DEFAULT_MODEL,
-    name: str | None = None,
-    dataset_name: str | None = None,
-    split: str | None = None,
-    annotator: str = "spacy",
-    batch_size: int = 32,
-    max_length: int | None = None,
-    truncation: str = "truncate",
-    dtype: str = "float16",
-    limit: int | None = None,
-    sample: int | None = None,
-    seed: int = 0,
-    window_words: int | None = None,
-    chunk_cells: int = arrays.DEFAULT_CHUNK_CELLS,
-    codec: dict | None = None,
-    tokenization: str | None = None,
     progress: bool = True,
     loaded: LoadedModel | None = None,
     scheduler: str | None = None,
-    **read_options,
+    **options,
 ) -> IngestResult:
-    """Ingest a corpus file (`corpus` + `fmt`) or a built-in `dataset` with `model` into run `name`
-    (created, or resumed if it exists).
+    """Ingest a corpus file or a built-in dataset with a model into a run, as `settings` say (created, or
+    resumed if it exists).
 
-    `tokenization`: "text" feeds the model the raw text (the default for corpora without gold
-    tokenization), "words" the corpus's words (the default for gold-tokenized corpora such as
+    `settings`: a RunSettings (ingest/settings.py), checked when made; or, without it, the same as keywords
+    (`ingest(store, corpus=..., fmt="pairs-tsv", limit=8)`, reader options such as `quoting="csv"` too:
+    `RunSettings.of`). The run's `tokenization`: "text" feeds the model the raw text (the default for corpora
+    without gold tokenization), "words" the corpus's words (the default for gold-tokenized corpora such as
     CoNLL-U); see ingest/align.py. Recorded in `runs.tokenization`.
 
-    `scheduler` (local, local:N, tcp://HOST:PORT; default ATTNSTORE_SCHEDULER, else none) runs the
-    forward passes and the writes on Dask workers, each into its own range of the run's cells, while
-    this process plans and tokenizes the batches and holds the run's lease (ingest/distributed.py):
-    the maps, and their order in storage, are those a single process would write, and it resumes
-    the same way.
+    How it runs, not what it stores: `progress` bars; `loaded`, a model already loaded (settings.model is
+    then not loaded); `scheduler` (local, local:N, tcp://HOST:PORT; default ATTNSTORE_SCHEDULER, else none)
+    runs the forward passes and the writes on Dask workers, each into its own range of the run's cells, while
+    this process plans and tokenizes the batches and holds the run's lease (ingest/distributed.py): the maps,
+    and their order in storage, are those a single process would write, and it resumes the same way.
     """
-    if tokenization is not None and tokenization not in TOKENIZATIONS:
-        raise InvalidArgumentError(f"--tokenize must be one of {TOKENIZATIONS}, not {tokenization!r}")
-    if truncation not in TRUNCATION_POLICIES:
-        raise InvalidArgumentError(f"truncation must be one of {TRUNCATION_POLICIES}, not {truncation!r}")
-    if dtype not in arrays.DTYPES:
-        raise InvalidArgumentError(f"dtype must be one of {arrays.DTYPES}, not {dtype!r}")
-    if batch_size < 1 or any(v is not None and v < 1 for v in (limit, sample, window_words)):
-        raise InvalidArgumentError("--batch-size, --limit, --sample and --window-words must be positive")
-    if limit is not None and sample is not None:
-        raise InvalidArgumentError("use either --limit or --sample, not both")
-    if (corpus is None) == (dataset is None):
-        raise InvalidArgumentError("give either --corpus FILE (with --format) or --dataset NAME:SPLIT")
-    if corpus is not None and fmt is None:
-        raise InvalidArgumentError("--corpus needs --format (text, tsv, pairs-tsv or conllu)")
-    if isinstance(chunk_cells, bool) or not isinstance(chunk_cells, int) or chunk_cells < 1:
-        raise InvalidArgumentError(f"--chunk-cells must be a positive number of cells, not {chunk_cells!r}")
-    if name is not None:
-        validate_run_name(name)
+    if settings is None:
+        settings = RunSettings.of(**options)
+    elif options:
+        raise TypeError(f"ingest() takes either a RunSettings or keyword settings, not both (got {sorted(options)})")
     from ..store.cluster import check_scheduler, current_scheduler
 
     scheduler = check_scheduler(scheduler) if scheduler is not None else current_scheduler()
     store.require_writable()
-    codec = codec or dict(arrays.DEFAULT_CODEC)
-    arrays.make_codec(codec, dtype)  # a bad codec fails here, before anything is stored
     started = time.perf_counter()
-    if corpus is not None:
-        assert fmt is not None  # refused above
-        source = file_source(corpus, fmt, dataset_name, split, **read_options)
+    if settings.corpus is not None:
+        assert settings.fmt is not None  # refused by RunSettings
+        source = file_source(settings.corpus, settings.fmt, settings.dataset_name, settings.split, **settings.read_options)
     else:
-        assert dataset is not None  # refused above: one of corpus and dataset
-        source = builtin_source(dataset, data_dir, window_words=window_words)
-    if name is not None:
-        _refuse_if_busy(store, name)  # fail at once, before reading the corpus or loading the model
+        assert settings.dataset is not None  # refused by RunSettings: one of corpus and dataset
+        source = builtin_source(settings.dataset, settings.data_dir, window_words=settings.window_words)
+    if settings.name is not None:
+        _refuse_if_busy(store, settings.name)  # fail at once, before reading the corpus or loading the model
     # The model and corpus are checked before anything is written: a bad --model or a bad
     # record leaves the store as it was.
-    registered = store.model_row(model) if loaded is None else None
+    registered = store.model_row(settings.model) if loaded is None else None
     finetuned = registered if registered is not None and (registered.get("training") or {}).get("checkpoint") else None
     if finetuned is not None:  # a model fine-tuned in this store: its encoder, from the store's models folder
         from .finetune import models_folder
 
         loaded = load_model(str(models_folder(store) / finetuned["training"]["checkpoint"]))
-    plan = plan_dataset(source, limit=limit, sample=sample, seed=seed)
-    loaded = loaded or load_model(model)
-    if max_length is not None and not 2 < max_length <= loaded.max_length:
-        raise InvalidArgumentError(f"--max-length must be between 3 and the model's limit {loaded.max_length}")
-    max_length = max_length or loaded.max_length
-    tokenization = tokenization or ("words" if source.gold else "text")
-    run_name = name or f"{source.name}-{plan.split}-{loaded.name}"
+    plan = plan_dataset(source, limit=settings.limit, sample=settings.sample, seed=settings.seed)
+    loaded = loaded or load_model(settings.model)
+    settings = settings.resolved(model_max_length=loaded.max_length, gold=source.gold)
+    assert settings.max_length is not None and settings.tokenization is not None  # resolved
+    run_name = settings.name or f"{source.name}-{plan.split}-{loaded.name}"
     validate_run_name(run_name)
     with (
         store.lease(run_lease_name(run_name), f"run {run_name!r}") as lease,
-        opened_dataset(store, plan, annotator=annotator, progress=progress, notify=lambda msg: print(msg, file=sys.stderr)) as load,
+        opened_dataset(
+            store, plan, annotator=settings.annotator, progress=progress, notify=lambda msg: print(msg, file=sys.stderr)
+        ) as load,
     ):
         dataset_id, annotator_name = load.dataset_id, load.annotator_name
         # A dataset's first load runs on a thread during this run's forward passes (ingest/feed.py),
@@ -478,22 +436,16 @@ def ingest(
         dataset_row = store.sql("SELECT name, split, identity FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
         manifest = build_manifest(
             loaded=loaded,
+            settings=settings,
             corpus=source.source,
             fmt=source.fmt,
             corpus_checksum=source.checksum,
             annotator=annotator_name,
-            dtype=dtype,
-            max_length=max_length,
-            truncation=truncation,
-            batch_size=batch_size,
-            codec=codec,
-            chunk_cells=chunk_cells,
-            tokenization=tokenization,
         )
         manifest["model"].update(causal=loaded.causal, inputs=list(loaded.inputs))
         # The dataset the run used (runs.dataset_id), which may be stored under another name than asked for.
         manifest["corpus"]["dataset"] = {k: str(dataset_row[k]) for k in ("name", "split", "identity")}
-        if tokenization == "words":
+        if settings.tokenization == "words":
             manifest["tokenizer"].update(loaded.word_tokenizer_options)  # e.g. add_prefix_space for byte-level BPE
         from .. import __version__
 
@@ -501,14 +453,8 @@ def ingest(
             name=run_name,
             model_id=model_id,
             dataset_id=dataset_id,
-            dtype=dtype,
-            codec=codec,
-            chunk_cells=chunk_cells,
-            max_length=max_length,
-            truncation=truncation,
+            **settings.run_fields(),
             attn_implementation=loaded.attn_implementation,
-            batch_size=batch_size,
-            tokenization=tokenization,
             code_version=__version__,
             corpus_checksum=source.checksum,
             manifest=manifest,
@@ -522,13 +468,15 @@ def ingest(
         try:
             with feed or nullcontext():
                 examples = feed.examples() if feed is not None else store.dataset_examples(dataset_id)
-                batches = planned_batches(examples, loaded, tokenization, max_length, truncation, batch_size)
+                batches = planned_batches(
+                    examples, loaded, settings.tokenization, settings.max_length, settings.truncation, settings.batch_size
+                )
                 if scheduler is None:
-                    n_new = run_batches(writer, loaded, dtype, info, done, batches, total, progress)
+                    n_new = run_batches(writer, loaded, settings.dtype, info, done, batches, total, progress)
                 else:
                     from .distributed import ingest_on_cluster
 
-                    n_new = ingest_on_cluster(scheduler, writer, loaded.source, dtype, done, batches, total, progress)
+                    n_new = ingest_on_cluster(scheduler, writer, loaded.source, settings.dtype, done, batches, total, progress)
             seconds = time.perf_counter() - run_started
             timings = {"timings": {"total_seconds": time.perf_counter() - started}}
             info = writer.finish(seconds, timings, rebuild_index=scheduler is not None)
