@@ -276,18 +276,27 @@ def sql(locations, query, max_rows, max_bytes, fmt):
 
 @main.command(short_help="Verify stored runs: chunks, checksums, row sums, counts.")
 @click.option("--run", "runs_", multiple=True, help="Run to check (repeatable; default: every run).")
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Remove the temporary (.partial) files killed writers left, under each run's write lease, instead of reporting them.",
+)
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @store_options
 @friendly_errors
-def check(locations, runs_, fmt):
-    """Verify stored runs: chunks present and checksums valid, block offsets, row sums, SQL counts.
+def check(locations, runs_, repair, fmt):
+    """Verify stored runs: chunks present and checksums valid, block offsets, row sums, SQL counts,
+    array metadata (zarr.json) and leftovers of killed writers.
 
     Prints one line per run and one per problem found; exits 1 if anything is damaged.
     """
     from ..store.check import check_store
 
-    summary, problems = check_store(open_store(locations), runs_ or None)
+    summary, problems = check_store(open_store(locations, write=repair), runs_ or None, repair=repair)
     emit(summary, fmt)
+    repaired = problems.attrs.get("repaired") or []
+    if repaired:
+        click.echo(f"removed {len(repaired)} leftover temporary file(s)", err=True)
     if not problems.empty:
         click.echo(f"\n{len(problems)} problem(s):", err=True)
         emit(problems, fmt)

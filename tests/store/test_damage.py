@@ -189,8 +189,13 @@ def test_a_killed_writers_partial_file_is_reported_skipped_by_export_and_repaire
         assert not [name for name in bundle.files if ".partial" in name]
     assert not list((tmp_path / "bundle").rglob("*.partial"))
 
+    repaired = cli(store, "check", "--repair")  # the command line's way to remove it
+    assert repaired.exit_code == 0 and "removed 1 leftover temporary file(s)" in repaired.output, repaired.output
+    assert not list(Path(store.locations.array_root).rglob("*.partial")) and check_store(store)[1].empty
+
+    killed_writer_leftover(store, run)  # and the Python API's
     summary, problems = check_store(store, repair=True)
-    assert problems.empty and problems.attrs["repaired"] == [key]
+    assert problems.empty and len(problems.attrs["repaired"]) == 1
     assert not list(Path(store.locations.array_root).rglob("*.partial")) and check_store(store)[1].empty
 
 
