@@ -42,6 +42,11 @@ def _table(frame: pd.DataFrame, out: Path, stem: str) -> str:
     return shown.to_markdown(index=False) if _has_tabulate() else shown.to_string(index=False)
 
 
+def _mention_counts(frame: pd.DataFrame) -> str:
+    counts = frame.attrs.get("n_mentions", {})
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items())
+
+
 def _has_tabulate() -> bool:
     try:
         import tabulate  # noqa: F401
@@ -232,10 +237,13 @@ def clark_report(store: Store, run, out: str, coref_run=None, mds_examples: int 
         "",
     ]
     if coref_run is not None:
+        coref = run_query(store, "coreference_summary", run=coref_run)
         lines += [
             "## Table 2 — coreference antecedent selection (Sec. 4.3)",
             "",
-            _table(run_query(store, "coreference_summary", run=coref_run), out_dir, "table2_coreference"),
+            f"Accuracy over the mentions that have an antecedent in their window: {_mention_counts(coref)}.",
+            "",
+            _table(coref, out_dir, "table2_coreference"),
             "",
         ]
     probes = store.probe_results()

@@ -47,5 +47,8 @@ def test_clark_report_writes_tables_and_figures(tmp_path, monkeypatch):
         assert "<svg" in (out / f"{stem}.svg").read_text(encoding="utf-8")[:1000]
     for table in ("table1_dependency", "table2_coreference", "special_tokens", "relative_position_strong"):
         assert (out / f"{table}.csv").stat().st_size > 0
+    coref = (out / "table2_coreference.csv").read_text().splitlines()
+    assert not [line for line in coref if line.startswith("n,")]  # counts are a sentence, not a row of the table
+    assert "Accuracy over the mentions that have an antecedent in their window: " in readme and " pronoun, " in readme
     assert matplotlib.get_backend() == backend
     assert "0-based, as in the data, in tables (`layer-head`) and on figure axes alike" in readme
