@@ -15,28 +15,15 @@ from .registry import QUERIES, QuerySpec, check_index_params, get_query, registe
 if TYPE_CHECKING:
     from ..store import Store
 
-_MODULES = (
-    "relative_position",
-    "special_tokens",
-    "entropy",
-    "word_level",
-    "dependency",
-    "coreference",
-    "head_clusters",
-    "feature_attention",
-    "token_to_token",
-    "run_similarity",
-    "frame_heads",
-    "patterns",
-)
-
 
 def load_all() -> None:
-    """Import every query module so each registers itself."""
+    """Import every module of this package, so each query registers itself (`@register`): a new query is
+    one module dropped in here, with no list to extend."""
     import importlib
+    import pkgutil
 
-    for name in _MODULES:
-        importlib.import_module(f"{__name__}.{name}")
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
 
 
 def run_query(store: Store, name: str, *, run, **params):

@@ -95,3 +95,17 @@ def test_query_command_refuses_a_negative_head_in_one_line(store, hand_run):
         result = CliRunner().invoke(main, ["query", "word_maps", "--run", hand_run, "--param", param, *where])
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert result.exit_code == 1 and lines == [expect], result.output
+
+
+def test_every_query_module_is_discovered_without_a_list():
+    """load_all imports every module of the package, so a query registers itself by being there."""
+    import pkgutil
+    import sys
+
+    import attnstore.queries as queries
+
+    queries.load_all()
+    modules = {m.name for m in pkgutil.iter_modules(queries.__path__)}
+    assert {f"attnstore.queries.{m}" for m in modules} <= set(sys.modules)
+    registered = {spec.func.__module__.rsplit(".", 1)[1] for spec in queries.QUERIES.values()}
+    assert registered <= modules and {"entropy", "dependency", "patterns"} <= registered
