@@ -27,6 +27,7 @@ quickstart: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports  # the layers: api -> ingest | queries -> store (pyproject.toml [tool.importlinter])
 	@# mypy names modules after the folder they are in, and a checkout's folder may have any name (a clone into
 	@# ci-check/ is not a valid module name), so it checks the package through a link named attnstore.
 	mkdir -p .mypy_cache/pkg && ln -sfn "$(CURDIR)" .mypy_cache/pkg/attnstore
