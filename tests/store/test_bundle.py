@@ -1,4 +1,4 @@
-"""Export runs to a bundle and import them elsewhere (store/bundle.py): round trip PostgreSQL -> SQLite with every
+"""Export runs to a bundle and import them elsewhere (store/bundle/): round trip PostgreSQL -> SQLite with every
 query identical, zip / folder / S3 targets, checkpoints, idempotence, conflicts, damaged bundles, partial exports."""
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from attnstore.queries import run_query
 from attnstore.store import bundle as bundle_mod
 from attnstore.store import migrate, open_store
 from attnstore.store.bundle import FORMAT, export_runs, import_bundle, open_bundle, run_uid
+from attnstore.store.bundle import export as bundle_export
+from attnstore.store.bundle import importing as bundle_importing
 from attnstore.store.check import check_store
 from attnstore.store.errors import ConflictError, CorruptInputError, InvalidArgumentError, NotFoundError
 from attnstore.store.schema import Frame, FrameElement
@@ -467,7 +469,7 @@ def test_a_failed_export_leaves_nothing_that_looks_like_a_bundle(tmp_path, make_
     def broken(*_args, **_kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(bundle_mod, "_zarr_get", broken)
+    monkeypatch.setattr(bundle_export, "_zarr_get", broken)  # export.py calls it
     target = tmp_path / ("b.zip" if kind == "zip" else "bundle")
     with pytest.raises(bundle_mod.StorageIOError, match="No space left"):
         export_runs(src, ["dep"], str(target))
@@ -564,12 +566,12 @@ def test_an_import_failing_in_sql_leaves_no_rows_and_is_redone(tmp_path, make_ru
         real(conn, plan, bundle, rename)
         raise RuntimeError("power cut")
 
-    monkeypatch.setattr(bundle_mod, "_insert_rows", fail_midway)
+    monkeypatch.setattr(bundle_importing, "_insert_rows", fail_midway)
     with pytest.raises(RuntimeError, match="power cut"):
         import_bundle(dst, str(tmp_path / "b.zip"))
     assert counts(dst) == before  # one transaction: no row at all, and the leases are released
     assert (tmp_path / "dst" / "attention.zarr" / "runs" / "dep" / "zarr.json").exists()  # the orphan arrays are harmless
-    monkeypatch.setattr(bundle_mod, "_insert_rows", real)
+    monkeypatch.setattr(bundle_importing, "_insert_rows", real)
     assert import_bundle(dst, str(tmp_path / "b.zip")).imported == ("dep",)
     assert_same_runs(src, dst, ["dep"])
     assert check_store(dst)[1].empty
