@@ -139,7 +139,7 @@ def test_cls_feature_attention_other_layer_and_bad_layer(store, t2t_run):
     df = run_query(store, "cls_feature_attention", run=t2t_run, layer=0, features="cls,noun").set_index(["head", "feature"])
     assert df.loc[(0, "cls"), "value"] == pytest.approx(1.0) and df.loc[(0, "noun"), "value"] == pytest.approx(0.0)
     assert df.loc[(1, "noun"), "value"] == pytest.approx((2 / 7 + 2 / 8) / 2, abs=1e-6)
-    with pytest.raises(InvalidArgumentError, match="layer 2 is out of range.*2 layers"):
+    with pytest.raises(InvalidArgumentError, match="layer of query 'cls_feature_attention' is 2, out of range.*2 layers"):
         run_query(store, "cls_feature_attention", run=t2t_run, layer=2)
     with pytest.raises(InvalidArgumentError, match="unknown feature"):
         run_query(store, "cls_feature_attention", run=t2t_run, features="verbs")
