@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..store import Store
 
 
+# Hand-written on purpose: scipy (scipy.special.entr) is only in the ingest extra, and queries need numpy alone.
 def row_entropy(maps: np.ndarray) -> np.ndarray:
     """Entropy in nats of every attention row: (..., query, key) -> (..., query); 0 log 0 = 0."""
     logs = np.log(maps, out=np.zeros_like(maps), where=maps > 0)

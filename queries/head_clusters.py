@@ -53,6 +53,7 @@ def pair_offset(a: int, b: int, n: int) -> int:
     return a * n - a * (a + 1) // 2 + (b - a - 1)
 
 
+# Hand-written on purpose: scipy's jensenshannon is one pair at a time (and sqrt'd); this sums all pairs bit-identically.
 def js_upper(maps: np.ndarray, *, threads: int | None = None, block_bytes: int = BLOCK_BYTES) -> np.ndarray:
     """(heads, L, L) distributions -> the sums over query rows of the JS divergence of every pair of heads a < b,
     as a 1-D float64 array in np.triu_indices(heads, 1) order.
@@ -132,6 +133,7 @@ def _head_js_reduce(context: None, example: int, maps: np.ndarray) -> dict[str, 
 HEAD_JS = register_kind(SummaryKind("head_js", 1, _head_js_prepare, _head_js_reduce))
 
 
+# Hand-written around np.linalg.eigh on purpose: scikit-learn is no dependency, and its MDS is iterative SMACOF, not classical.
 def classical_mds(distances: np.ndarray, dims: int = 2) -> np.ndarray:
     """Torgerson MDS: coordinates whose Euclidean distances approximate `distances`."""
     n = distances.shape[0]

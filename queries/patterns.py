@@ -139,6 +139,7 @@ def classify_map(attn: np.ndarray, special: np.ndarray, segment: np.ndarray, thr
 # ---------------------------------------------------------------- evaluation and calibration
 
 
+# Hand-written on purpose (this and f1_scores): scikit-learn is no dependency; f1_scores follows its zero_division=0.
 def confusion_matrix(true, predicted, classes=CLASSES) -> np.ndarray:
     """Counts (len(classes), len(classes)): rows the true class, columns the predicted one."""
     index = {c: i for i, c in enumerate(classes)}

@@ -14,8 +14,9 @@ candidate, the [CLS]-like unit) and pick the most probable:
 Word vectors are the model's own input embeddings (mean over a word's pieces), read with
 numpy from its safetensors file (GloVe, used by the paper, is not available); ROOT uses
 the embedding of the [CLS]-like token (a run whose tokenizer adds no special token, such
-as GPT-2's, is refused: it has no ROOT unit). Training is full-batch Adam on the log-likelihood
-of the gold heads of a training run; UAS is measured on a held-out run.
+as GPT-2's, is refused: it has no ROOT unit). Training is full-batch Adam (torch.optim.Adam, gradients by
+torch autograd; torch is imported only when a probe is trained) on the log-likelihood of the gold heads of a
+training run; UAS is measured on a held-out run.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from .summary import ranged_maps
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:
+    import torch
+
     from ..store import Store
 
 KINDS = ("attn", "attn+words", "right-branching", "distance+words")
@@ -174,23 +177,6 @@ def word_vectors(store: Store, run, data: ProbeData, model_dir: str | None = Non
     return np.stack([table[ids].mean(axis=0) for ids in data.token_ids])
 
 
-def sum_by(values: np.ndarray, index: np.ndarray, size: int) -> np.ndarray:
-    """Rows of `values` summed by `index` (like np.add.at, via a sort and np.add.reduceat: much faster)."""
-    order = np.argsort(index, kind="stable")
-    idx = index[order]
-    starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
-    out = np.zeros((size, values.shape[1]), dtype=values.dtype)
-    out[idx[starts]] = np.add.reduceat(values[order], starts, axis=0)
-    return out
-
-
-def _group_softmax(scores: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    top = np.maximum.reduceat(scores, starts)
-    counts = np.diff(np.r_[starts, len(scores)])
-    e = np.exp(scores - np.repeat(top, counts))
-    return e / np.repeat(np.add.reduceat(e, starts), counts)
-
-
 def _needs_vectors(vectors: np.ndarray | None, kind: str) -> np.ndarray:
     if vectors is None:
         raise InvalidArgumentError(f"a {kind!r} probe needs word vectors (see word_vectors)")
@@ -198,7 +184,7 @@ def _needs_vectors(vectors: np.ndarray | None, kind: str) -> np.ndarray:
 
 
 class Probe:
-    """A log-linear head selector with parameters `params` (dict of arrays) and a `scores` function."""
+    """A log-linear head selector with parameters `params` (dict of float32 arrays), trained with torch.optim.Adam."""
 
     def __init__(self, kind: str, n_features: int, dim: int, seed: int = 0):
         if kind not in KINDS or kind == "right-branching":
@@ -216,61 +202,71 @@ class Probe:
         else:
             self.params = {"v": np.zeros(2 * dim, dtype=np.float32), "b": np.zeros(2 * MAX_OFFSET + 2, dtype=np.float32)}
 
-    def scores_and_grad(self, data: ProbeData, vectors: np.ndarray | None, need_grad: bool):
-        p = self.params
+    def _scores(self, params: dict[str, torch.Tensor], data: ProbeData, vectors: np.ndarray | None) -> torch.Tensor:
+        """Each (dependent, candidate) pair's score, differentiable in `params` (torch autograd)."""
+        import torch
+
+        attn = torch.as_tensor(data.attn, dtype=torch.float32)  # no copy for collect's float32 arrays
         if self.kind == "attn":
-            s = data.attn @ p["w"]
-
-            def back(g):
-                return {"w": data.attn.T @ g}
-        elif self.kind == "attn+words":
-            vectors = _needs_vectors(vectors, self.kind)
-            cand_w = vectors @ p["top"]  # (words, 2K): weights as functions of the candidate's vector
-            dep_w = vectors @ p["bottom"]
-            weights = cand_w[data.cand] + dep_w[data.dep] + p["w"]
-            s = (data.attn * weights).sum(1)
-
-            def back(g):
-                ga = data.attn * g[:, None]
-                return {
-                    "top": vectors.T @ sum_by(ga, data.cand, len(vectors)),
-                    "bottom": vectors.T @ sum_by(ga, data.dep, len(vectors)),
-                    "w": ga.sum(0),
-                }
-        else:
-            vectors = _needs_vectors(vectors, self.kind)
-            dim = vectors.shape[1]
-            # per-word scalars first, then gathered: no (pairs x dim) temporaries
-            s = (vectors @ p["v"][:dim])[data.cand] + (vectors @ p["v"][dim:])[data.dep] + p["b"][data.offset]
-
-            def back(g):
-                return {
-                    "v": np.r_[vectors.T @ np.bincount(data.cand, g, len(vectors)), vectors.T @ np.bincount(data.dep, g, len(vectors))],
-                    "b": np.bincount(data.offset, g, 2 * MAX_OFFSET + 2),
-                }
-
-        return s, (back if need_grad else None)
+            return attn @ params["w"]
+        vec = torch.as_tensor(_needs_vectors(vectors, self.kind), dtype=torch.float32)
+        cand, dep = torch.as_tensor(data.cand, dtype=torch.long), torch.as_tensor(data.dep, dtype=torch.long)
+        if self.kind == "attn+words":
+            # weights as functions of the candidate's and the dependent's vectors: per word first, then gathered, added
+            # in place (index_select keeps no output for its gradient) and dotted with the attention: one (pairs x 2K)
+            # temporary, not four
+            weights = (vec @ params["top"]).index_select(0, cand)
+            weights.add_((vec @ params["bottom"]).index_select(0, dep)).add_(params["w"])
+            return torch.linalg.vecdot(attn, weights)
+        dim = vec.shape[1]
+        # per-word scalars first, then gathered: no (pairs x dim) temporaries
+        offset = torch.as_tensor(data.offset, dtype=torch.long)
+        return (
+            (vec @ params["v"][:dim]).index_select(0, cand)
+            + (vec @ params["v"][dim:]).index_select(0, dep)
+            + params["b"].index_select(0, offset)
+        )
 
     def fit(self, data: ProbeData, vectors=None, epochs: int = 100, lr: float = 0.05) -> list[float]:
-        """Full-batch Adam on the mean negative log-likelihood of the gold heads; returns the loss curve."""
-        m = {k: np.zeros_like(v) for k, v in self.params.items()}
-        v2 = {k: np.zeros_like(v) for k, v in self.params.items()}
+        """Full-batch torch.optim.Adam on the mean negative log-likelihood of the gold heads; returns the loss curve.
+
+        Adam as before the move to torch (issue 25): betas (0.9, 0.999), eps 1e-8, no weight decay; one step per epoch.
+        """
+        import torch
+
+        params = {k: torch.tensor(v, requires_grad=True) for k, v in self.params.items()}
+        optimiser = torch.optim.Adam(params.values(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        counts = torch.from_numpy(np.diff(np.r_[data.starts, len(data.gold)]))
+        group = torch.repeat_interleave(torch.arange(len(data.starts)), counts)  # each pair's dependent
+        gold = torch.as_tensor(data.gold, dtype=torch.float32)
         losses = []
-        n = len(data.starts)
-        for step in range(1, epochs + 1):
-            s, back = self.scores_and_grad(data, vectors, need_grad=True)
-            prob = _group_softmax(s, data.starts)
-            losses.append(float(-np.log(np.maximum(prob[data.gold > 0], 1e-12)).sum() / n))
-            grads = back(((prob - data.gold) / n).astype(np.float32))
-            for k in self.params:
-                m[k] = 0.9 * m[k] + 0.1 * grads[k]
-                v2[k] = 0.999 * v2[k] + 0.001 * grads[k] ** 2
-                self.params[k] -= lr * (m[k] / (1 - 0.9**step)) / (np.sqrt(v2[k] / (1 - 0.999**step)) + 1e-8)
+        for _ in range(epochs):
+            optimiser.zero_grad()
+            loss = -(gold * _group_log_softmax(self._scores(params, data, vectors), group, len(data.starts))).sum() / len(data.starts)
+            loss.backward()
+            optimiser.step()
+            losses.append(loss.item())
+        self.params = {k: v.detach().numpy() for k, v in params.items()}
         return losses
 
+    def scores(self, data: ProbeData, vectors=None) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            return self._scores({k: torch.from_numpy(v) for k, v in self.params.items()}, data, vectors).numpy()
+
     def uas(self, data: ProbeData, vectors=None) -> float:
-        s, _ = self.scores_and_grad(data, vectors, need_grad=False)
-        return attachment_score(s, data)
+        return attachment_score(self.scores(data, vectors), data)
+
+
+def _group_log_softmax(scores: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """log p of each pair within its group (`group`: each pair's group id), stable via the group maximum."""
+    import torch
+
+    top = torch.full((n_groups,), -torch.inf, dtype=scores.dtype).scatter_reduce(0, group, scores.detach(), "amax")
+    shifted = scores - top.index_select(0, group)
+    total = torch.zeros(n_groups, dtype=scores.dtype).index_add(0, group, shifted.exp())
+    return shifted - total.log().index_select(0, group)
 
 
 def attachment_score(scores: np.ndarray, data: ProbeData) -> float:

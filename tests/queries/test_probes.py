@@ -3,7 +3,7 @@ import pytest
 
 from attnstore.queries import summary
 from attnstore.queries.errors import NotFoundError
-from attnstore.queries.probes import _group_softmax, attachment_score, collect, sum_by, train_and_evaluate
+from attnstore.queries.probes import _group_log_softmax, attachment_score, collect, train_and_evaluate
 
 SENTENCES = [
     (
@@ -71,14 +71,14 @@ def test_word_vector_probes_need_model_weights(store, probe_runs):
 
 
 def test_helpers():
-    values = np.arange(12, dtype=np.float32).reshape(6, 2)
-    index = np.array([2, 0, 2, 1, 0, 2])
-    expected = np.zeros((4, 2), dtype=np.float32)
-    np.add.at(expected, index, values)
-    np.testing.assert_array_equal(sum_by(values, index, 4), expected)
+    import torch
+
     starts = np.array([0, 3])
-    prob = _group_softmax(np.array([0.0, 1.0, 2.0, 5.0, 5.0, 0.0]), starts)
-    np.testing.assert_allclose(np.add.reduceat(prob, starts), 1.0)
+    scores = torch.tensor([0.0, 1.0, 2.0, 5.0, 5.0, 1000.0], dtype=torch.float64)
+    log_prob = _group_log_softmax(scores, torch.tensor([0, 0, 0, 1, 1, 1]), 2)
+    np.testing.assert_allclose(np.add.reduceat(log_prob.exp().numpy(), starts), 1.0)
+    for group in (slice(0, 3), slice(3, 6)):  # each group's torch.log_softmax (stable for large scores too)
+        np.testing.assert_allclose(log_prob[group].numpy(), torch.log_softmax(scores[group], 0).numpy())
     # ties go to the first candidate of a group
     from attnstore.queries.probes import ProbeData
 
@@ -166,3 +166,110 @@ def test_probe_train_command_refuses_one_run_and_warns_of_overlap(store, probe_r
         "(same text): its UAS is not fully held-out"
     ]
     assert len(store.probe_results()) == 1
+
+
+# --- training with torch.optim.Adam and autograd (issue 25) ---------------------------------------------------
+
+
+def small_problem(seed=0, n_groups=7, n_features=4, dim=3, n_words=9):
+    """A hand-built probe problem: groups of 2-5 candidates, one gold each, random attention and word vectors."""
+    from attnstore.queries.probes import MAX_OFFSET, ProbeData
+
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(2, 6, n_groups)
+    n = int(counts.sum())
+    gold = np.zeros(n, dtype=np.float32)
+    starts = np.r_[0, np.cumsum(counts)[:-1]]
+    gold[starts + rng.integers(0, counts)] = 1
+    data = ProbeData(
+        attn=rng.random((n, n_features)).astype(np.float32),
+        cand=rng.integers(0, n_words, n),
+        dep=np.repeat(rng.integers(0, n_words, n_groups), counts),
+        offset=rng.integers(0, 2 * MAX_OFFSET + 2, n),
+        gold=gold,
+        starts=starts,
+        right_branching=np.zeros(n_groups),
+        token_ids=[],
+    )
+    return data, rng.standard_normal((n_words, dim)).astype(np.float32)
+
+
+def reference_losses(kind, init, data, vectors, epochs, lr):
+    """A naive reference: each pair's score written from the probe's formula, one group at a time, with torch.optim.Adam."""
+    import torch
+
+    params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in init.items()}
+    attn, vec = torch.tensor(data.attn, dtype=torch.float64), torch.tensor(vectors, dtype=torch.float64)
+    dim = vec.shape[1]
+    optimiser = torch.optim.Adam(params.values(), lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    ends = np.r_[data.starts[1:], len(data.gold)]
+    losses = []
+    for _ in range(epochs):
+        optimiser.zero_grad()
+        loss = torch.zeros((), dtype=torch.float64)
+        for start, end in zip(data.starts, ends):
+            scores = []
+            for p in range(start, end):
+                c, d = data.cand[p], data.dep[p]
+                if kind == "attn":
+                    scores.append(attn[p] @ params["w"])
+                elif kind == "attn+words":
+                    scores.append(
+                        sum(
+                            attn[p, k] * (vec[c] @ params["top"][:, k] + vec[d] @ params["bottom"][:, k] + params["w"][k])
+                            for k in range(attn.shape[1])
+                        )
+                    )
+                else:
+                    scores.append(vec[c] @ params["v"][:dim] + vec[d] @ params["v"][dim:] + params["b"][data.offset[p]])
+            loss = loss - torch.log_softmax(torch.stack(scores), 0)[int(np.flatnonzero(data.gold[start:end])[0])]
+        loss = loss / len(data.starts)
+        loss.backward()
+        optimiser.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().numpy() for k, v in params.items()}
+
+
+@pytest.mark.parametrize("kind", ["attn", "attn+words", "distance+words"])
+def test_probe_training_matches_a_naive_torch_reference(kind):
+    from attnstore.queries.probes import Probe
+
+    data, vectors = small_problem()
+    probe = Probe(kind, data.attn.shape[1], vectors.shape[1], seed=3)
+    init = {k: v.copy() for k, v in probe.params.items()}
+    losses = probe.fit(data, vectors, epochs=40, lr=0.05)
+    expected, weights = reference_losses(kind, init, data, vectors, epochs=40, lr=0.05)
+    assert losses[-1] < 0.8 * losses[0]  # it learns
+    np.testing.assert_allclose(losses, expected, atol=1e-6, rtol=0)  # float32 probe against a float64 reference
+    if kind == "distance+words":
+        # the dependent's half of v adds one constant to a whole group: its gradient is zero but for rounding, which
+        # Adam's normalised steps blow up in float32 (in float64 too, only smaller); it changes no probability
+        weights["v"], probe.params["v"] = weights["v"][: vectors.shape[1]], probe.params["v"][: vectors.shape[1]]
+    for k, v in weights.items():
+        np.testing.assert_allclose(probe.params[k], v, atol=1e-5, rtol=0, err_msg=k)
+
+
+def test_probe_adam_is_the_hand_written_adam_it_replaced():
+    """The `attn` probe against Adam's moments written out in float64 (betas 0.9/0.999, eps 1e-8, no weight decay)
+    with the softmax log-likelihood's gradient derived by hand, as the probe was trained before torch.optim."""
+    from attnstore.queries.probes import Probe
+
+    data, _ = small_problem(seed=1)
+    epochs, lr = 60, 0.05
+    probe = Probe("attn", data.attn.shape[1], 0)
+    losses = probe.fit(data, epochs=epochs, lr=lr)
+    x, n = data.attn.astype(np.float64), len(data.starts)
+    counts = np.diff(np.r_[data.starts, len(data.gold)])
+    w, m, v = np.zeros(x.shape[1]), np.zeros(x.shape[1]), np.zeros(x.shape[1])
+    expected = []
+    for step in range(1, epochs + 1):
+        s = x @ w
+        e = np.exp(s - np.repeat(np.maximum.reduceat(s, data.starts), counts))
+        prob = e / np.repeat(np.add.reduceat(e, data.starts), counts)
+        expected.append(-np.log(prob[data.gold > 0]).sum() / n)
+        grad = x.T @ (prob - data.gold) / n
+        m = 0.9 * m + 0.1 * grad
+        v = 0.999 * v + 0.001 * grad**2
+        w -= lr * (m / (1 - 0.9**step)) / (np.sqrt(v / (1 - 0.999**step)) + 1e-8)
+    np.testing.assert_allclose(losses, expected, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(probe.params["w"], w, atol=1e-5, rtol=0)
