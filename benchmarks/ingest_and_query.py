@@ -49,7 +49,26 @@ DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 DEFAULT_CORPUS = DEFAULT_DATA / "glue" / "MRPC" / "dev.tsv"
 FRAMENET = "framenet/1.5:exemplars"
 FRAMENET_QUERIES = ("frame_heads", "frame_heads_top")
+# The queries this benchmark measures with a figure of their own (against the forward passes of what each reads):
+# relative_position against its recomputation, the others on their own runs. Every other registered query is timed
+# by `timed_queries` with no list to extend; a query that cannot run on the corpus's run alone says why in the output.
+OWN_FIGURES = ("relative_position", "run_similarity", *FRAMENET_QUERIES)
 FRAMENET_KINDS = ("lu_fe_max",)  # summaries of FrameNet runs: built on the FrameNet run, not on the corpus's
+
+
+def timed_queries(queries) -> tuple[list[str], dict[str, str]]:
+    """(the registered queries timed on the corpus's run with their defaults, {query: why it is not}) for every query
+    without a figure of its own (OWN_FIGURES): one with a required parameter is listed as skipped, naming it."""
+    timed, skipped = [], {}
+    for name, spec in sorted(queries.items()):
+        if name in OWN_FIGURES:
+            continue
+        required = [p for p, v in spec.parameters().items() if v.default is inspect.Parameter.empty]
+        if required:
+            skipped[name] = f"skipped (needs {', '.join(f'--param {p}=...' for p in required)})"
+        else:
+            timed.append(name)
+    return timed, skipped
 
 
 def bare_forward(loaded, batches, whole: bool = True) -> float:
@@ -296,17 +315,16 @@ def main() -> None:
         except AttnStoreError:
             continue  # e.g. a kind needing annotation this corpus lacks: its query says so below
         built[kind_name] = time.perf_counter() - t
-    for name, spec in sorted(QUERIES.items()):  # every registered query that needs nothing but the run
-        required = [p for p, v in spec.parameters().items() if v.default is inspect.Parameter.empty]
-        if name in ("relative_position", "run_similarity", *FRAMENET_QUERIES) or required:
-            continue  # the last three are measured on their own runs below
+    timed, skipped = timed_queries(QUERIES)
+    other.update(skipped)
+    for name in timed:  # every registered query that needs nothing but the run
         times = []
         try:
             for _ in range(args.query_repeats):
                 t = time.perf_counter()
                 run_query(store, name, run=run.name)
                 times.append(time.perf_counter() - t)
-        except AttnStoreError as exc:  # e.g. frame_heads on a corpus without frames
+        except AttnStoreError as exc:  # e.g. coreference on a corpus without mentions
             other[name] = f"not applicable to this corpus ({str(exc)[:80]})"
             continue
         other[name] = min(times)
@@ -385,7 +403,7 @@ def main() -> None:
     print()
     print(f"every other query through run_query (best of {args.query_repeats}; recompute = {recompute_seconds:.2f}s as above):")
     print(f"{'query':28s} {'seconds':>8s} {'recompute/query':>16s}  {'>= 30':>6s}")
-    for name, seconds in other.items():
+    for name, seconds in sorted(other.items()):
         if isinstance(seconds, str):
             print(f"{name:28s} {seconds}")
             continue

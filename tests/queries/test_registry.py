@@ -109,3 +109,73 @@ def test_every_query_module_is_discovered_without_a_list():
     assert {f"attnstore.queries.{m}" for m in modules} <= set(sys.modules)
     registered = {spec.func.__module__.rsplit(".", 1)[1] for spec in queries.QUERIES.values()}
     assert registered <= modules and {"entropy", "dependency", "patterns"} <= registered
+
+
+def _script(name: str):
+    """A module of scripts/ or benchmarks/ (not part of the package), imported from its file."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / name
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generated_query_reference_is_current():
+    """docs/QUERY_REFERENCE.md is generated from the registry and the queries' docstrings (scripts/query_docs.py)."""
+    import difflib
+
+    docs = _script("scripts/query_docs.py")
+    current = docs.REFERENCE.read_text(encoding="utf-8") if docs.REFERENCE.exists() else ""
+    expected = docs.render()
+    if current != expected:
+        diff = list(difflib.unified_diff(current.splitlines(), expected.splitlines(), "committed", "generated", lineterm="", n=1))
+        pytest.fail(f"docs/QUERY_REFERENCE.md is stale: regenerate it with `{docs.COMMAND}`\n" + "\n".join(diff[:40]), pytrace=False)
+
+
+def test_a_new_query_is_picked_up_by_the_cli_http_bench_and_reference(monkeypatch):
+    """One registered function, no list to extend: `attnstore queries`, GET /api/queries, `make bench` and the
+    generated reference all list it, with its parameters."""
+    from click.testing import CliRunner
+
+    from attnstore.api.cli import main
+    from attnstore.queries import register
+
+    load_all()
+    monkeypatch.setitem(QUERIES, "zz_new", None)  # removed again after the test
+
+    @register("zz_new", per_head=False)
+    def zz_new(store, *, run, examples=None, width: int = 3, label: str | None = None):
+        """A query made up for this test.
+
+        Columns: layer, head, value.
+        """
+
+    listed = CliRunner().invoke(main, ["queries"])
+    assert listed.exit_code == 0 and "zz_new" in listed.output and "width=3" in listed.output
+
+    pytest.importorskip("fastapi")
+    from attnstore.api.http.routes.queries import list_queries
+
+    (entry,) = [q for q in list_queries()["queries"] if q["name"] == "zz_new"]
+    assert entry["per_head"] is False and [p["name"] for p in entry["parameters"]] == ["examples", "width", "label"]
+
+    monkeypatch.setitem(QUERIES, "zz_needs", None)
+
+    @register("zz_needs")
+    def zz_needs(store, *, run, other: str):
+        """A query made up for this test, with a required parameter."""
+
+    timed, skipped = _script("benchmarks/ingest_and_query.py").timed_queries(QUERIES)
+    assert "zz_new" in timed and skipped == {"zz_needs": "skipped (needs --param other=...)"}
+
+    text = _script("scripts/query_docs.py").render()
+    assert "| [`zz_new`](#zz_new) | no | A query made up for this test. |" in text
+    section = text.split("## `zz_new`", 1)[1]
+    assert "| `width` | int | `3` |" in section and "| `label` | str or none | `none` |" in section
+    assert "Columns: layer, head, value." in section
+    assert "attnstore query zz_new --run RUN --param width=3" in section
+    assert "GET /api/runs/RUN/queries/zz_new?width=3" in section
+    assert "| `other` | str | required |" in text.split("## `zz_needs`", 1)[1]
