@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from attnstore.store import handle as _handle
+
 # Absolute imports: pytest imports this file as the repository root's package under the
 # checkout's folder name, which relative imports would not survive.
 from attnstore.store.errors import (
@@ -30,8 +32,11 @@ from attnstore.store.errors import (
     SchemaOutOfDateError,
     StorageIOError,
 )
+from attnstore.version import __version__
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from attnstore.queries import run_query
     from attnstore.store import Store, open_store
 
@@ -51,7 +56,16 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-__version__ = "0.1.0"
+def _run_query(store: Store, name: str, **params: Any) -> pd.DataFrame:
+    """`store.run(r).query(name)`: the store's run handle runs queries through this (store/handle.py), since the
+    store imports nothing above it; the package's root, above every layer, wires the two together."""
+    from attnstore.queries import run_query
+
+    return run_query(store, name, **params)
+
+
+_handle.use_query_runner(_run_query)
+
 __all__ = [
     "AttnStoreError",
     "BusyError",

@@ -211,7 +211,7 @@ def open_store(locations, create: bool = False, write: bool | None = None):
         click.echo(f"creating a new store: {create_store(locations)}", err=True)
     store = Store(locations)
     if write:
-        store.require_writable()
+        store.writer.require_writable()
     return store
 
 

@@ -121,7 +121,7 @@ def framenet_figures(store, loaded, args) -> dict:
     )
     ingest_seconds = time.perf_counter() - t
     info = store.run_info(result.run.name)
-    examples = list(store.dataset_examples(info.dataset_id))
+    examples = list(store.writer.dataset_examples(info.dataset_id))
     encoded = encode_batch(loaded.tokenizer_for(info.tokenization), examples, loaded.max_length, "truncate", info.tokenization)
     batches = list(plan_batches(encoded, args.batch_size))
     forward_attention(loaded, batches[0])  # warm-up
@@ -225,7 +225,7 @@ def main() -> None:
     t = time.perf_counter()
     dataset_id, annotator = register_dataset(store, file_source(args.corpus, args.format), progress=False)
     annotate_seconds = time.perf_counter() - t
-    examples = list(store.dataset_examples(dataset_id))
+    examples = list(store.writer.dataset_examples(dataset_id))
     encoded = encode_batch(loaded.tokenizer, examples, loaded.max_length, "truncate", tokenization="text")  # as ingest feeds it
     batches = list(plan_batches(encoded, args.batch_size))
     forward_attention(loaded, batches[0])  # warm-up

@@ -45,7 +45,8 @@ def main() -> None:
     store = open_store(db=db, root=str(home / "attention.zarr"))
     loaded = load_model()
     dataset_id, _ = register_dataset(store, file_source(args.corpus, args.format), annotator="whitespace", progress=False)
-    encoded = encode_batch(loaded.tokenizer, list(store.dataset_examples(dataset_id)), loaded.max_length, "truncate", tokenization="text")
+    examples = list(store.writer.dataset_examples(dataset_id))
+    encoded = encode_batch(loaded.tokenizer, examples, loaded.max_length, "truncate", tokenization="text")
     batches = list(plan_batches(encoded, 32))
     forward_attention(loaded, batches[0])  # warm-up
 

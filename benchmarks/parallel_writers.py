@@ -54,7 +54,7 @@ def write_part(locations: dict, run_id: int, lease: tuple[str, str, str], cells:
     with open(maps_file, "rb") as f:
         part = pickle.load(f)
     store = Store(Locations(**locations))
-    writer = store.run_writer(run_id, LeaseCheck(store.engine, *lease), part=cells)
+    writer = store.writer.run_writer(run_id, LeaseCheck(store.engine, *lease), part=cells)
     barrier.wait()
     start = time.time()
     for batch, blocks in part:
@@ -94,13 +94,13 @@ def main() -> None:
     loaded = load_model()
     source = file_source(args.corpus, args.format)
     dataset_id, _ = register_dataset(store, source, annotator="whitespace", progress=False)
-    examples = list(store.dataset_examples(dataset_id))
+    examples = list(store.writer.dataset_examples(dataset_id))
     encoded = encode_batch(loaded.tokenizer, examples, loaded.max_length, "truncate", tokenization="text")
     batches = list(plan_batches(encoded, args.batch_size))
     kept, _ = make_maps(loaded, batches, "float16")
     per_pair = loaded.n_layers * loaded.n_heads
     cells = sum(per_pair * e.length**2 for e in encoded)
-    model_id = store.find_or_create_model(**loaded.record())
+    model_id = store.writer.find_or_create_model(**loaded.record())
 
     spawn = mp.get_context("spawn")
     results: dict[int, list[tuple[float, float]]] = {n: [] for n in args.writers}
@@ -108,7 +108,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for n in args.writers:
             n_run += 1
-            info = store.start_run(
+            info = store.writer.start_run(
                 name=f"writers-{n_run}-{n}",
                 model_id=model_id,
                 dataset_id=dataset_id,
@@ -123,7 +123,7 @@ def main() -> None:
                 code_version=__version__,
                 corpus_checksum=source.checksum,
             )
-            coordinator = store.run_writer(info.id)
+            coordinator = store.writer.run_writer(info.id)
             parts = [[kept[i] for i in ids] for ids in split(list(range(len(kept))), n)]
             ranges, start = [], coordinator.blocks.next_offset
             for part in parts:

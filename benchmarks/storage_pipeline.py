@@ -134,7 +134,7 @@ def make_maps(loaded, batches, dtype: str):
 
 def store_run(store, info, kept, flush_every: int, wait: bool) -> dict:
     """Write every kept batch into run `info` the way ingest's writer thread does; returns timings."""
-    writer = store.run_writer(info.id)
+    writer = store.writer.run_writer(info.id)
     timings: dict = {"append": 0.0, "flush": 0.0, "index": 0.0}
     blocks = writer.blocks
     append, flush = blocks.append, blocks.flush
@@ -244,7 +244,7 @@ def main() -> None:
     # Whitespace words: annotation is not what is measured, and the maps and tokens are the same.
     source = file_source(args.corpus, args.format)
     dataset_id, _ = register_dataset(store, source, annotator="whitespace", progress=False)
-    examples = list(store.dataset_examples(dataset_id))
+    examples = list(store.writer.dataset_examples(dataset_id))
     encoded = encode_batch(loaded.tokenizer, examples, loaded.max_length, "truncate", tokenization="text")
     batches = list(plan_batches(encoded, args.batch_size))
     dtype = "float16"
@@ -255,7 +255,7 @@ def main() -> None:
     kept, convert_s = make_maps(loaded, batches, dtype)
     forward_s = [time_forward(loaded, batches) for _ in range(args.repeats)]
 
-    model_id = store.find_or_create_model(**loaded.record())
+    model_id = store.writer.find_or_create_model(**loaded.record())
     codec = dict(arrays.DEFAULT_CODEC)
     results: dict[tuple[int, str, int], list[dict]] = {}
     settings = [(f, c, w) for f in args.flush_batches for c in args.commit for w in args.workers]
@@ -264,7 +264,7 @@ def main() -> None:
         for flush_every, commit, workers in settings:  # interleaved, so a change in load hits every setting alike
             set_zarr_workers(workers)
             n_run += 1
-            info = store.start_run(
+            info = store.writer.start_run(
                 name=f"storage-{n_run}-w{workers}-f{flush_every}-{commit}",
                 model_id=model_id,
                 dataset_id=dataset_id,

@@ -70,7 +70,7 @@ def write_part(
     store = Store(Locations(**locations))
     try:
         resource, what, token = lease
-        writer = store.run_writer(run_id, LeaseCheck(store.engine, resource, what, token), part=cells)
+        writer = store.writer.run_writer(run_id, LeaseCheck(store.engine, resource, what, token), part=cells)
         try:
             # As in one process: the next batch's forward pass overlaps this one's compression, writes and commit.
             # The worker's own chunk writes wait for their commit: the other workers' passes use the other cores.

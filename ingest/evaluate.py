@@ -113,7 +113,7 @@ def open_evaluator(
         base = load_model(model)
         classifier = build_classifier(base.source, spec, "pretrained", NO_FINETUNING_SEED)
         tokenizer = base.tokenizer
-        model_id = store.find_or_create_model(**base.record())
+        model_id = store.writer.find_or_create_model(**base.record())
         n_layers, n_heads = base.n_layers, base.n_heads
         description = (
             f"{base.name} without fine-tuning (pre-trained encoder, classifier head initialised with seed "
@@ -166,7 +166,7 @@ def evaluate(store: Store, ev: Evaluator, progress: bool = False) -> dict[str, f
     if stored is not None:
         return stored
     scores = ev.scores(progress=progress)
-    if not store.add_ablation_results(_rows(ev, "none", (), "none", scores, None)):
+    if not store.writer.add_ablation_results(_rows(ev, "none", (), "none", scores, None)):
         return stored_scores(store, ev, "none", "none") or scores
     return scores
 
@@ -187,7 +187,7 @@ def ablate(store: Store, ev: Evaluator, heads: str = "each", mode: str = "unifor
     baseline = evaluate(store, ev, progress=progress)
     configs = configurations(heads, ev.n_layers, ev.n_heads)
     names = [config_name(c, ev.n_heads) for c in configs]
-    done = store.ablation_configs(ev.model_id, ev.task.name, SPLIT, mode)
+    done = store.writer.ablation_configs(ev.model_id, ev.task.name, SPLIT, mode)
     busy = []
     todo = [(n, c) for n, c in zip(names, configs) if n not in done]
     with tqdm(
@@ -199,14 +199,14 @@ def ablate(store: Store, ev: Evaluator, heads: str = "each", mode: str = "unifor
     ) as bar:
         for name, heads_ in todo:
             try:
-                lease = store.lease(f"ablation:{ev.model_id}:{ev.task.name}:{SPLIT}:{mode}:{name}", f"configuration {name}")
+                lease = store.writer.lease(f"ablation:{ev.model_id}:{ev.task.name}:{SPLIT}:{mode}:{name}", f"configuration {name}")
             except BusyError:
                 busy.append(name)  # another process is evaluating it
                 bar.update(1)
                 continue
             with lease:
-                if name not in store.ablation_configs(ev.model_id, ev.task.name, SPLIT, mode):
-                    store.add_ablation_results(_rows(ev, name, heads_, mode, ev.scores(heads_, mode), baseline))
+                if name not in store.writer.ablation_configs(ev.model_id, ev.task.name, SPLIT, mode):
+                    store.writer.add_ablation_results(_rows(ev, name, heads_, mode, ev.scores(heads_, mode), baseline))
             bar.update(1)
     if busy and progress:
         print(f"{len(busy)} configuration(s) were being evaluated by another process; run again to fill any it left", file=sys.stderr)

@@ -67,7 +67,7 @@ class Feed:
                 stored, finished, error = self._stored, self._finished, self._error
             if error is not None:
                 raise error
-            yield from self.load.store.dataset_examples(self.load.dataset_id, start=read, stop=stored)
+            yield from self.load.store.writer.dataset_examples(self.load.dataset_id, start=read, stop=stored)
             read = stored
             if finished:
                 return

@@ -90,7 +90,7 @@ def finetune(
         raise InvalidArgumentError(f"--init must be one of {INITS}, not {init!r}")
     if epochs < 1 or batch_size < 1 or lr <= 0 or (train_limit is not None and train_limit < 1) or not 0 <= warmup < 1:
         raise InvalidArgumentError("--epochs, --batch-size, --lr and --train-limit must be positive, --warmup in [0, 1)")
-    store.require_writable()
+    store.writer.require_writable()
     base = load_model(model)
     run_name = name or f"{base.name}-{spec.name}-{init}-seed{seed}" + (f"-n{train_limit}" if train_limit else "")
     folder = models_folder(store) / run_name
@@ -110,7 +110,7 @@ def finetune(
         optimizer="torch.optim.AdamW",
         schedule="linear warmup + linear decay",
     )
-    with store.lease(f"model:{run_name}", f"fine-tuning of {run_name!r}"):
+    with store.writer.lease(f"model:{run_name}", f"fine-tuning of {run_name!r}"):
         existing = store.model_row(run_name)
         if existing is not None and (existing.get("training") or {}).get("complete"):
             if {k: existing["training"]["hparams"].get(k) for k in hparams} != hparams:
@@ -176,7 +176,7 @@ def finetune(
         classifier.eval()
         classifier.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
-        parent_id = store.find_or_create_model(**base.record())
+        parent_id = store.writer.find_or_create_model(**base.record())
         with torch.no_grad():
             digest = weights_digest(classifier)
         training = dict(
@@ -189,7 +189,7 @@ def finetune(
             seconds=seconds,
             torch=torch.__version__,
         )
-        model_id = store.register_finetuned_model(
+        model_id = store.writer.register_finetuned_model(
             name=run_name,
             source=f"models/{run_name}",
             weights_sha256=digest,

@@ -223,11 +223,11 @@ class DatasetLoad:
             yield list(annotate(batch, self.tool)) if self.tool else batch
 
     def add(self, chunk: list[ExampleInput]) -> None:
-        self.store.add_examples(self.dataset_id, chunk, self.annotator_name)
+        self.store.writer.add_examples(self.dataset_id, chunk, self.annotator_name)
 
     def finish(self) -> None:
         """Mark the dataset complete and let other processes use it."""
-        self.store.complete_dataset(self.dataset_id)
+        self.store.writer.complete_dataset(self.dataset_id)
         if self.lease is not None:
             self.lease.release()
 
@@ -255,7 +255,7 @@ def opened_dataset(
     """The plan's dataset: found complete, or created/resumed with this process holding its lease until the block ends."""
     source = plan.source
     identity = plan.identity(annotator)
-    existing = store.find_dataset(identity)
+    existing = store.writer.find_dataset(identity)
     if existing is not None and existing["status"] == "complete":
         _tell_reused(notify, plan, existing)
         if not store.read_only:
@@ -263,8 +263,8 @@ def opened_dataset(
         yield DatasetLoad(store, plan, existing["id"], existing["annotator"])  # annotated once: no spaCy needed
         return
     on_wait = (lambda msg: print(msg, file=sys.stderr)) if progress else None
-    with store.lease(dataset_lease_name(identity), f"dataset {source.name}:{plan.split}", wait=True, on_wait=on_wait) as lease:
-        existing = store.find_dataset(identity)
+    with store.writer.lease(dataset_lease_name(identity), f"dataset {source.name}:{plan.split}", wait=True, on_wait=on_wait) as lease:
+        existing = store.writer.find_dataset(identity)
         if existing is not None:
             _tell_reused(notify, plan, existing)
             if existing["status"] == "complete":  # loaded by the process we waited for
@@ -274,7 +274,7 @@ def opened_dataset(
         annotator_name = "gold" if annotator_tool is None else annotator_tool.name
         if annotator_kind(annotator_name) != plan.annotator_kind(annotator):  # the identity looked up is the one stored
             raise IngestError(f"annotator {annotator!r} names itself {annotator_name!r}: its name must start with {annotator!r}")
-        dataset_id, _ = store.find_or_create_dataset(
+        dataset_id, _ = store.writer.find_or_create_dataset(
             name=source.name,
             split=plan.split,
             checksum=source.checksum,
@@ -284,7 +284,7 @@ def opened_dataset(
             license=source.license,
             options=plan.options,
         )
-        stored = frozenset(store.stored_positions(dataset_id))
+        stored = frozenset(store.writer.stored_positions(dataset_id))
         yield DatasetLoad(store, plan, dataset_id, annotator_name, False, annotator_tool, stored, lease)
 
 
@@ -396,7 +396,7 @@ def ingest(
     from ..store.cluster import check_scheduler, current_scheduler
 
     scheduler = check_scheduler(scheduler) if scheduler is not None else current_scheduler()
-    store.require_writable()
+    store.writer.require_writable()
     started = time.perf_counter()
     if settings.corpus is not None:
         assert settings.fmt is not None  # refused by RunSettings
@@ -421,7 +421,7 @@ def ingest(
     run_name = settings.name or f"{source.name}-{plan.split}-{loaded.name}"
     validate_run_name(run_name)
     with (
-        store.lease(run_lease_name(run_name), f"run {run_name!r}") as lease,
+        store.writer.lease(run_lease_name(run_name), f"run {run_name!r}") as lease,
         opened_dataset(
             store, plan, annotator=settings.annotator, progress=progress, notify=lambda msg: print(msg, file=sys.stderr)
         ) as load,
@@ -432,7 +432,7 @@ def ingest(
         feed = Feed(load) if not load.complete and load.stored_a_prefix() else None
         if not load.complete and feed is None:
             load.load_all(progress)
-        model_id = finetuned["id"] if finetuned is not None else store.find_or_create_model(**loaded.record())
+        model_id = finetuned["id"] if finetuned is not None else store.writer.find_or_create_model(**loaded.record())
         dataset_row = store.sql("SELECT name, split, identity FROM datasets WHERE id = :i", {"i": dataset_id}).iloc[0]
         manifest = build_manifest(
             loaded=loaded,
@@ -447,9 +447,9 @@ def ingest(
         manifest["corpus"]["dataset"] = {k: str(dataset_row[k]) for k in ("name", "split", "identity")}
         if settings.tokenization == "words":
             manifest["tokenizer"].update(loaded.word_tokenizer_options)  # e.g. add_prefix_space for byte-level BPE
-        from .. import __version__
+        from ..version import __version__
 
-        info = store.start_run(
+        info = store.writer.start_run(
             name=run_name,
             model_id=model_id,
             dataset_id=dataset_id,
@@ -461,13 +461,13 @@ def ingest(
         )
         if info.status == "complete":
             return IngestResult(info, 0, 0.0, True)
-        done = store.done_example_ids(info.id)
+        done = store.writer.done_example_ids(info.id)
         total = len(plan.chosen) - len(done)
         run_started = time.perf_counter()
-        writer = store.run_writer(info.id, lease)
+        writer = store.writer.run_writer(info.id, lease)
         try:
             with feed or nullcontext():
-                examples = feed.examples() if feed is not None else store.dataset_examples(dataset_id)
+                examples = feed.examples() if feed is not None else store.writer.dataset_examples(dataset_id)
                 batches = planned_batches(
                     examples, loaded, settings.tokenization, settings.max_length, settings.truncation, settings.batch_size
                 )
@@ -507,7 +507,7 @@ def _refuse_if_busy(store: Store, run_name: str) -> None:
 
 def _mark_interrupted(store: Store, run_id: int) -> None:
     try:
-        store.fail_run(run_id, status="interrupted")
+        store.writer.fail_run(run_id, status="interrupted")
     except Exception:
         pass  # e.g. the database is on the full disk too: a run whose writer is gone reads as interrupted anyway
 

@@ -173,7 +173,7 @@ def _leftovers(store, report: RunReport, info, state: str, repair: bool) -> None
         from .writer import run_lease_name
 
         try:
-            with store.lease(run_lease_name(info.name), f"repairing run {info.name!r}"):
+            with store.writer.lease(run_lease_name(info.name), f"repairing run {info.name!r}"):
                 report.repaired += arrays.remove_partial_files(root, node)
         except BusyError:  # a writer started meanwhile: it removes them itself
             return
@@ -184,7 +184,7 @@ def _leftovers(store, report: RunReport, info, state: str, repair: bool) -> None
 
 def check_run(store, run, repair: bool = False) -> RunReport:
     """Checks the run's committed blocks a step at a time, in storage order (memory is one step's rows and
-    arrays, not the run's: `StoreReader.block_steps`). `repair`: remove temporary files killed writers left."""
+    arrays, not the run's: `StoreWriter.block_steps`). `repair`: remove temporary files killed writers left."""
     info = store.run_info(run)
     state, _ = store.run_state(info.id)
     with store.pinned(info.id):
@@ -207,7 +207,7 @@ def check_run(store, run, repair: bool = False) -> RunReport:
             report.add(str(exc), chunk=f"{info.array_path}/zarr.json")
         blocks = None if array is None else _BlockCheck(report, array, info.n_layers, info.n_heads, arrays.quantize_step(info.codec))
         index = _IndexCheck.open(report, store, info, n_stored, complete=state == "complete") if array is not None else None
-        for seqs, token_ids in store.block_steps(info.id):
+        for seqs, token_ids in store.writer.block_steps(info.id):
             for ex, length, ids in zip(seqs["example"], seqs["length"], token_ids):
                 if len(ids) != length:
                     report.add(f"{len(ids)} tokens in SQL for a block of length {length}", example=int(ex))

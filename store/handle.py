@@ -4,21 +4,39 @@
 >>> run.info.n_layers, run.examples(), run.tokens(0)
 >>> run.attention(0, layer=5).shape                 # (1, head, query, key)
 >>> run.query("entropy")                            # = run_query(store, "entropy", run=...)
+
+The store imports nothing above it, so `RunHandle.query` calls the query runner installed with
+`use_query_runner`: the package's root (attnstore/__init__.py, which every import of attnstore runs
+first) installs `attnstore.queries.run_query`, imported when a query is first run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
-
+from .errors import AttnStoreError
 from .records import RunInfo
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: importing this module (attnstore/__init__.py does) loads neither
+    import numpy as np
+    import pandas as pd
+
     from .store import Store
+
+# `runner(store, name, run=..., **params) -> DataFrame`: what `RunHandle.query` calls (see `use_query_runner`).
+QueryRunner = Callable[..., Any]
+_query_runner: QueryRunner | None = None
+
+
+def use_query_runner(runner: QueryRunner) -> None:
+    """Install the function `RunHandle.query` runs a query with, `runner(store, name, run=..., **params)`.
+
+    attnstore/__init__.py installs `attnstore.queries.run_query` (the layers above the store wire it
+    in; the store never imports them)."""
+    global _query_runner
+    _query_runner = runner
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,6 @@ class RunHandle:
 
     def query(self, name: str, **params: Any) -> pd.DataFrame:
         """Run the registered query `name` over this run: `attnstore.queries.run_query(store, name, run=..., **params)`."""
-        from ..queries import run_query  # imported here: queries depend on the store, not the other way
-
-        return run_query(self.store, name, run=self.info.name, **params)
+        if _query_runner is None:  # attnstore/__init__.py installs it; only a caller that removed it meets this
+            raise AttnStoreError("no query runner is installed: call attnstore.store.handle.use_query_runner(attnstore.queries.run_query)")
+        return _query_runner(self.store, name, run=self.info.name, **params)

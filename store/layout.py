@@ -34,14 +34,14 @@ if TYPE_CHECKING:
 
 def upgrade_arrays(store: Store, runs: list[str] | None = None, rebuild_index: bool = False) -> pd.DataFrame:
     """One row per run: run, layout before, action, chunks copied, seconds."""
-    store.require_writable()
+    store.writer.require_writable()
     names = list(runs) if runs else list(store.runs()["run"])
     rows = []
     for name in names:
         started = time.perf_counter()
         info = store.run_info(name)
         before = 2 if arrays.group_path_of(info.array_path) else 1
-        with store.lease(run_lease_name(info.name), f"upgrading the arrays of run {info.name!r}"):
+        with store.writer.lease(run_lease_name(info.name), f"upgrading the arrays of run {info.name!r}"):
             if before == 1:
                 copied = _convert(store, info)
                 action = "converted to layout 2"
@@ -56,7 +56,7 @@ def upgrade_arrays(store: Store, runs: list[str] | None = None, rebuild_index: b
 
 def _write_index(store: Store, info: RunInfo) -> None:
     """Rewrite a layout-2 run's index arrays from SQL (entries in offset order); an index ahead of SQL is cut back."""
-    index = write_index_from_sql(store, info)
+    index = write_index_from_sql(store.writer, info)
     index.group.attrs.update({"status": info.status, "n_examples": index.n})
 
 

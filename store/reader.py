@@ -1,13 +1,14 @@
 """Reading a store: connect to SQL + Zarr, then runs, examples, tokens, words, maps and saved results.
 
-`StoreReader` only reads; `store.writer.StoreWriter` adds the write API used by ingest, and
-`store.store.Store` is the class callers get from `open_store`.
+`StoreReader` only reads; `store.store.Store`, the class callers get from `open_store`, adds the
+user's writes (saved results, pattern labels) and `store.writer` (store/writer.py: what ingest,
+checks and bundles write and read with).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Set
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Self
 
@@ -22,7 +23,7 @@ from .config import Locations
 from .db import check_connection, create_engine, session_scope, sql_write_denied, sqlite_path, sqlite_writable
 from .errors import InvalidArgumentError, NotFoundError
 from .migrate import upgrade_command, verify_schema
-from .records import RunInfo, StoredExample
+from .records import RunInfo
 from .schema import AblationResult, Dataset, Example, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token, Word
 
 RunRef = str | int
@@ -346,55 +347,6 @@ class StoreReader:
         df["head"] = df["head"].astype("Int64")
         return df
 
-    def token_ids_by_example(self, run: RunRef) -> dict[int, list[int]]:
-        """Each stored example's token ids in order, keyed by example id (what a run's Zarr index mirrors)."""
-        info = self.run_info(run)
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(Token.example_id, Token.token_id).where(Token.run_id == info.id).order_by(Token.example_id, Token.position)
-            ).all()
-        out: dict[int, list[int]] = {}
-        for example_id, token_id in rows:
-            out.setdefault(example_id, []).append(token_id)
-        return out
-
-    def block_steps(self, run: RunRef, step: int = 4096) -> Iterator[tuple[pd.DataFrame, list[np.ndarray]]]:
-        """The run's committed blocks in storage (offset) order, `step` at a time, each with its token ids (what
-        the run's Zarr index mirrors): (frame of example_id, example, offset, length; their token ids, int64).
-        Memory is one step's rows, not the run's. Inside `pinned`, the snapshot's blocks; blocks that share an
-        offset (damage `attnstore check` reports) all come, in example-id order."""
-        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-            raise InvalidArgumentError(f"step must be a whole number of blocks, at least 1, not {step!r}")
-        info = self.run_info(run)
-        after = (-1, -1)  # (offset, example id) of the last block read: each step reads the blocks past it
-        with self.engine.connect() as conn:
-            while True:
-                past = sa.or_(Sequence.offset > after[0], sa.and_(Sequence.offset == after[0], Sequence.example_id > after[1]))
-                blocks = pd.DataFrame(
-                    conn.execute(
-                        sa.select(Sequence.example_id, Example.position, Sequence.offset, Sequence.length)
-                        .join(Example, Example.id == Sequence.example_id)
-                        .where(self._visible(info), Sequence.offset.is_not(None), past)
-                        .order_by(Sequence.offset, Sequence.example_id)
-                        .limit(step)
-                    ).all(),
-                    columns=["example_id", "example", "offset", "length"],
-                )
-                if blocks.empty:
-                    return
-                ids = blocks["example_id"].tolist()
-                rows = conn.execute(
-                    sa.select(Token.example_id, Token.token_id)
-                    .where(Token.run_id == info.id, Token.example_id.in_(ids))
-                    .order_by(Token.example_id, Token.position)
-                ).all()
-                owner = np.fromiter((r[0] for r in rows), np.int64, len(rows))
-                token_ids = np.fromiter((r[1] for r in rows), np.int64, len(rows))
-                found, first, count = np.unique(owner, return_index=True, return_counts=True)
-                where = {int(e): slice(int(f), int(f + c)) for e, f, c in zip(found, first, count)}
-                yield blocks, [token_ids[where.get(e, slice(0, 0))] for e in ids]
-                after = (int(blocks["offset"].iloc[-1]), int(blocks["example_id"].iloc[-1]))
-
     def token_table(self, run: RunRef, examples: Iterable[int] | None = None) -> pd.DataFrame:
         """All tokens of a run (example, position, token, token_id, word_position, segment, is_special), or of `examples`."""
         info = self.run_info(run)
@@ -464,6 +416,19 @@ class StoreReader:
         )
         with self.engine.connect() as conn:
             return {int(example): int(n) for example, n in conn.execute(q)}
+
+    def dependency_relations(self, run: RunRef) -> list[str]:
+        """The relations of the words with a head (non-root) of a run's stored examples, sorted, found in SQL."""
+        info = self.run_info(run)
+        q = (
+            sa.select(Word.deprel)
+            .distinct()
+            .join(Example, Example.id == Word.example_id)
+            .join(Sequence, sa.and_(Sequence.example_id == Example.id, self._visible(info)))
+            .where(Word.deprel.is_not(None), Word.head.is_not(None))
+        )
+        with self.engine.connect() as conn:
+            return sorted(str(relation) for (relation,) in conn.execute(q))
 
     def mention_table(self, run: RunRef, examples: Iterable[int] | None = None) -> pd.DataFrame:
         """Coreference mentions of a run's stored examples (or of `examples`): example, word_start, word_end, head, entity,
@@ -655,22 +620,6 @@ class StoreReader:
         )
         return self._frame(q)
 
-    def ablation_configs(self, model_id: int, task: str, split: str, mode: str) -> set[str]:
-        """Configurations already stored for (model, task, split, mode)."""
-        with self.engine.connect() as conn:
-            return set(
-                conn.scalars(
-                    sa.select(AblationResult.config)
-                    .where(
-                        AblationResult.model_id == model_id,
-                        AblationResult.task == task,
-                        AblationResult.split == split,
-                        AblationResult.mode == mode,
-                    )
-                    .distinct()
-                )
-            )
-
     def ablation_results(self, model: str | None = None, task: str | None = None) -> pd.DataFrame:
         """Stored evaluations and ablations: model, init, task, split, mode, config, disabled_heads, metric, score,
         baseline_score, delta (score - baseline), n_examples. Config "none" is the model's plain evaluation."""
@@ -760,59 +709,3 @@ class StoreReader:
         index = pd.to_numeric(frame["source_index"], errors="coerce")
         frame.insert(6, "source_row", index.where(index.notna(), frame["example"]).astype("int64"))
         return frame.drop(columns="source_index")
-
-    # ------------------------------------------------------------------ datasets and runs as ingest reads them
-
-    def find_dataset(self, identity: str) -> dict | None:
-        """The dataset of this identity (store/identity.py), whatever its name: a complete one first, then
-        the oldest (stores made before revision 0009 may hold the same content twice). None if there is none."""
-        with self.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(Dataset.id, Dataset.name, Dataset.split, Dataset.checksum, Dataset.status, Dataset.annotator)
-                .where(Dataset.identity == identity)
-                .order_by(sa.case((Dataset.status == "complete", 0), else_=1), Dataset.id)
-                .limit(1)
-            ).first()
-        return None if row is None else dict(row._mapping)
-
-    def stored_positions(self, dataset_id: int) -> set[int]:
-        with self.engine.connect() as conn:
-            return set(conn.scalars(sa.select(Example.position).where(Example.dataset_id == dataset_id)))
-
-    def dataset_examples(
-        self, dataset_id: int, exclude_ids: Set[int] = frozenset(), batch_size: int = 256, start: int = 0, stop: int | None = None
-    ) -> Iterator[StoredExample]:
-        """Stream a dataset's examples (with words) in corpus order, skipping `exclude_ids`; those at
-        positions start..stop-1 only, if given. `batch_size`: examples per SQL read; 256 is one window
-        of ingest's batch planning, so its first forward pass waits for no more than that."""
-        last = start - 1
-        while True:
-            with self.engine.connect() as conn:
-                rows = conn.execute(
-                    sa.select(Example.id, Example.position, Example.text_a, Example.text_b)
-                    .where(Example.dataset_id == dataset_id, Example.position > last, *([] if stop is None else [Example.position < stop]))
-                    .order_by(Example.position)
-                    .limit(batch_size)
-                ).all()
-                if not rows:
-                    return
-                last = rows[-1].position
-                ids = [r.id for r in rows if r.id not in exclude_ids]
-                words: dict[int, list[dict]] = {i: [] for i in ids}
-                if ids:
-                    for example_id, position, segment, form, char_start, char_end in conn.execute(
-                        sa.select(Word.example_id, Word.position, Word.segment, Word.form, Word.char_start, Word.char_end)
-                        .where(Word.example_id.in_(ids))
-                        .order_by(Word.example_id, Word.position)
-                    ):
-                        words[example_id].append(
-                            {"position": position, "segment": segment, "form": form, "char_start": char_start, "char_end": char_end}
-                        )
-            for r in rows:
-                if r.id in words:
-                    yield StoredExample(r.id, r.position, r.text_a, r.text_b, tuple(words[r.id]))
-
-    def done_example_ids(self, run: RunRef) -> set[int]:
-        info = self.run_info(run)
-        with self.engine.connect() as conn:
-            return set(conn.scalars(sa.select(Sequence.example_id).where(Sequence.run_id == info.id)))

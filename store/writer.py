@@ -1,14 +1,16 @@
-"""Writing a store: models, datasets, runs and their maps, saved results, pattern labels, write leases.
+"""The store's writer side, `store.writer`: what ingest, fine-tuning, evaluation, checks and bundles call.
 
-`StoreWriter` adds these to the reads of `StoreReader`; `RunWriter` appends one run's maps
-and tokens under the run's write lease.
+A user reads through `Store` and saves results through its `save_*` methods (store/store.py).
+`StoreWriter` (one per store, `store.writer`) holds the rest: it registers models, datasets and
+examples, starts runs and hands out `RunWriter`s (which append one run's maps and tokens under
+the run's write lease), takes write leases, and reads what ingest resumes from and what a run's
+index is rebuilt from.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterator, Set
 from collections.abc import Sequence as Seq
 from operator import itemgetter
 
@@ -17,22 +19,21 @@ import pandas as pd
 import sqlalchemy as sa
 
 from . import arrays, leases, remote
-from .errors import AttnStoreError, ConflictError, InvalidArgumentError, NotFoundError, ReadOnlyStoreError, StorageIOError
+from .errors import AttnStoreError, ConflictError, InvalidArgumentError, ReadOnlyStoreError, StorageIOError
 from .identity import dataset_identity
 from .reader import RunRef, StoreReader
-from .records import ExampleInput, RunInfo
+from .records import ExampleInput, RunInfo, StoredExample
 from .schema import (
     AblationResult,
     Dataset,
     Example,
     Frame,
     FrameElement,
-    HeadMetric,
     Mention,
     Model,
-    ProbeResult,
     Run,
     Sequence,
+    Token,
     Word,
     utcnow,
 )
@@ -40,195 +41,44 @@ from .schema import (
 WORD_FIELDS = ("position", "segment", "sentence", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "char_start", "char_end")
 
 
-class StoreWriter(StoreReader):
-    """The write API (used by ingest, fine-tuning, `--save` and labelling) on top of the reads of `StoreReader`."""
+class StoreWriter:
+    """The writer side of a store (`store.writer`): models, datasets, examples, runs and their writers, write leases,
+    and the reads ingest resumes from. Not a user's API: ingest, fine-tuning, evaluation, `check`, bundles and
+    layout upgrades call it; a user saves results through `Store`'s `save_*` methods."""
+
+    def __init__(self, store: StoreReader):
+        self.store = store
+
+    def __repr__(self) -> str:
+        return f"StoreWriter({self.store.locations.describe()})"
 
     def require_writable(self) -> None:
         """ReadOnlyStoreError unless this process may write the store; every write (and every writing
         command, before it starts any work) calls it. A remote array root is tested once, by writing
         and deleting a test object (read-only credentials cannot be told apart otherwise)."""
-        root = self.locations.array_root
-        if not self.read_only and not self._root_write_checked and remote.is_remote(root):
+        store = self.store
+        root = store.locations.array_root
+        if not store.read_only and not store._root_write_checked and remote.is_remote(root):
             try:
                 remote.check_writable(root)
             except remote.WriteRefused as exc:
-                self.read_only = True
-                self.read_only_reason = f"the object store refused a test write to its array root with these credentials: {exc.reason}"
-            self._root_write_checked = True
-        if self.read_only:
-            raise ReadOnlyStoreError(
-                f"store {self.locations.describe()} is read-only for this user ({self.read_only_reason}); it can be queried but not written"
-            )
+                store.read_only = True
+                store.read_only_reason = f"the object store refused a test write to its array root with these credentials: {exc.reason}"
+            store._root_write_checked = True
+        if store.read_only:
+            where, why = store.locations.describe(), store.read_only_reason
+            raise ReadOnlyStoreError(f"store {where} is read-only for this user ({why}); it can be queried but not written")
 
-    # ------------------------------------------------------------------ results
-
-    def save_head_metrics(self, run: RunRef, frame: pd.DataFrame, prefix: str, params: dict | None = None) -> int:
-        """Save every numeric column of a per-head frame as metric `prefix.column`; replaces earlier values."""
+    def lease(self, resource: str, what: str, *, wait: bool = False, on_wait=None) -> leases.WriteLease:
+        """Take the write lease on `resource` ("run:NAME", "dataset:KEY"); BusyError if a live process holds it."""
         self.require_writable()
-        info = self.run_info(run)
-        if not {"layer", "head"} <= set(frame.columns):
-            raise InvalidArgumentError("only per-head results (with layer and head columns) can be saved to head_metrics")
-        params_json = json.dumps(params or {}, sort_keys=True, default=str)
-        value_cols = [
-            c
-            for c in frame.columns
-            if c not in ("layer", "head") and pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
-        ]
-        rows = []
-        for col in value_cols:
-            for layer, head, value in zip(frame["layer"], frame["head"], frame[col]):
-                v = None if pd.isna(value) else float(value)
-                rows.append(
-                    dict(
-                        run_id=info.id,
-                        metric=f"{prefix}.{col}",
-                        params=params_json,
-                        layer=int(layer),
-                        head=int(head),
-                        value=v,
-                        created_at=utcnow(),
-                    )
-                )
-        with self.session() as s:
-            s.execute(
-                sa.delete(HeadMetric).where(
-                    HeadMetric.run_id == info.id,
-                    HeadMetric.params == params_json,
-                    HeadMetric.metric.in_([f"{prefix}.{c}" for c in value_cols]),
-                )
-            )
-            if rows:
-                s.execute(sa.insert(HeadMetric), rows)
-        return len(rows)
+        return leases.acquire(self.store.engine, resource, what, wait=wait, on_wait=on_wait)
 
-    def save_run_summary(self, run: RunRef, name: str, values: dict[str, np.ndarray], stamp: dict) -> None:
-        """Keep a per-example summary beside the run's maps (read back by `run_summary` with the same stamp)."""
-        self.save_run_summary_parts(run, name, [values], stamp)
-
-    def save_run_summary_parts(
-        self, run: RunRef, name: str, parts: Iterable[dict[str, np.ndarray]], stamp: dict, n_examples: int | None = None
-    ) -> bool:
-        """Keep a summary given as consecutive parts (ranges of examples in order, each as one would be given
-        whole), holding one part at a time. It is stamped, and so read back, unless the parts do not cover
-        `n_examples` examples (a run that grew while it was read); returns whether it was."""
-        self.require_writable()
-        info = self.run_info(run)
-        try:
-            writer = arrays.SummaryWriter(self.locations.array_root, info.array_path, name)
-            n = 0
-            for part in parts:
-                writer.append(part)
-                n += len(part["example"])
-            if n_examples is not None and n != n_examples:
-                return False
-            writer.finish(stamp)
-            return True
-        except OSError as exc:
-            raise StorageIOError(f"cannot save the summary of run {info.name!r}: {exc.strerror or exc}") from None
-
-    def save_probe_result(self, run: RunRef, eval_run: RunRef, result: dict, params: dict) -> int:
-        self.require_writable()
-        train, held_out = self.run_info(run), self.run_info(eval_run)
-        with self.session() as s:
-            row = ProbeResult(run_id=train.id, eval_run_id=held_out.id, params=params, **result)
-            s.add(row)
-            s.flush()
-            return row.id
-
-    def register_finetuned_model(self, **fields) -> int:
-        """Register a fine-tuned model (fields of `models`, with parent_id, init, task, training); idempotent."""
-        self.require_writable()
-        with self.session() as s:
-            existing = s.scalars(
-                sa.select(Model).where(Model.name == fields["name"], Model.weights_sha256 == fields["weights_sha256"])
-            ).first()
-            if existing is not None:
-                existing.training = fields.get("training")
-                return existing.id
-            model = Model(**fields)
-            s.add(model)
-            s.flush()
-            return model.id
-
-    def add_ablation_results(self, rows: list[dict]) -> bool:
-        """Insert the rows of one configuration in one transaction; False if it was already stored (by anyone)."""
-        self.require_writable()
-        now = utcnow()
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(sa.insert(AblationResult), [dict(created_at=now, **r) for r in rows])
-        except sa.exc.IntegrityError:
-            return False
-        return True
-
-    # ------------------------------------------------------------------ attention-pattern labels (Kovaleva et al. K1)
-
-    def save_pattern_labels(self, rows: pd.DataFrame, source: str) -> int:
-        """Save attention-pattern labels in one transaction; a map already labelled by `source` is relabelled.
-
-        `rows`: columns run (name or id), example (position), layer, head, label and optionally
-        confidence. Every row is checked (the run exists, the example is stored and not skipped,
-        layer and head are in range) before anything is written; a bad row raises NotFoundError or
-        InvalidArgumentError naming it, and nothing is saved.
-        """
-        from sqlalchemy.dialects import postgresql, sqlite
-
-        from .schema import PatternLabel  # imported here so this block stays self-contained
-
-        self.require_writable()
-        missing = {"run", "example", "layer", "head", "label"} - set(rows.columns)
-        if missing:
-            raise InvalidArgumentError(f"pattern labels need the columns run, example, layer, head, label; missing {sorted(missing)}")
-        if not source or len(source) > 64:
-            raise InvalidArgumentError(f"a label source is 1 to 64 characters, not {source!r}")
-        now = utcnow()
-        records = []
-        confidence = rows["confidence"] if "confidence" in rows.columns else pd.Series([None] * len(rows), index=rows.index)
-        for run, part in rows.groupby("run", sort=False):
-            info = self.run_info(int(run) if isinstance(run, (int, np.integer)) else str(run))
-            stored = self.example_rows(info.id)
-            stored = stored[~stored["skipped"]].set_index("example")["example_id"]
-            for i, example, layer, head, label in zip(part.index, part["example"], part["layer"], part["head"], part["label"]):
-                if int(example) not in stored.index:
-                    raise NotFoundError(f"run {info.name!r} has no stored example {int(example)} (label row {i})")
-                if not (0 <= int(layer) < info.n_layers and 0 <= int(head) < info.n_heads):
-                    raise InvalidArgumentError(
-                        f"layer {int(layer)}, head {int(head)} is out of range for run {info.name!r} "
-                        f"({info.n_layers} layers x {info.n_heads} heads; label row {i})"
-                    )
-                if not isinstance(label, str) or not label or len(label) > 32:
-                    raise InvalidArgumentError(f"label {label!r} is not 1 to 32 characters (label row {i})")
-                c = confidence.loc[i]
-                records.append(
-                    dict(
-                        run_id=info.id,
-                        example_id=int(stored.loc[int(example)]),
-                        layer=int(layer),
-                        head=int(head),
-                        label=label,
-                        source=source,
-                        confidence=None if pd.isna(c) else float(c),
-                        created_at=now,
-                    )
-                )
-        dialect = {"sqlite": sqlite, "postgresql": postgresql}.get(self.engine.dialect.name)
-        if dialect is None:
-            raise InvalidArgumentError(f"saving pattern labels needs SQLite or PostgreSQL, not {self.engine.dialect.name}")
-        stmt = dialect.insert(PatternLabel)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["run_id", "example_id", "layer", "head", "source"],
-            set_=dict(label=stmt.excluded.label, confidence=stmt.excluded.confidence, created_at=stmt.excluded.created_at),
-        )
-        if records:
-            with self.session() as s:
-                s.execute(stmt, records)
-        return len(records)
-
-    # ------------------------------------------------------------------ models, datasets, runs
+    # ------------------------------------------------------------------ models and evaluations
 
     def find_or_create_model(self, **fields) -> int:
         self.require_writable()
-        with self.session() as s:
+        with self.store.session() as s:
             existing = s.scalars(
                 sa.select(Model).where(Model.name == fields["name"], Model.weights_sha256 == fields["weights_sha256"])
             ).first()
@@ -241,6 +91,62 @@ class StoreWriter(StoreReader):
             s.flush()
             return model.id
 
+    def register_finetuned_model(self, **fields) -> int:
+        """Register a fine-tuned model (fields of `models`, with parent_id, init, task, training); idempotent."""
+        self.require_writable()
+        with self.store.session() as s:
+            existing = s.scalars(
+                sa.select(Model).where(Model.name == fields["name"], Model.weights_sha256 == fields["weights_sha256"])
+            ).first()
+            if existing is not None:
+                existing.training = fields.get("training")
+                return existing.id
+            model = Model(**fields)
+            s.add(model)
+            s.flush()
+            return model.id
+
+    def ablation_configs(self, model_id: int, task: str, split: str, mode: str) -> set[str]:
+        """Configurations already stored for (model, task, split, mode)."""
+        with self.store.engine.connect() as conn:
+            return set(
+                conn.scalars(
+                    sa.select(AblationResult.config)
+                    .where(
+                        AblationResult.model_id == model_id,
+                        AblationResult.task == task,
+                        AblationResult.split == split,
+                        AblationResult.mode == mode,
+                    )
+                    .distinct()
+                )
+            )
+
+    def add_ablation_results(self, rows: list[dict]) -> bool:
+        """Insert the rows of one configuration in one transaction; False if it was already stored (by anyone)."""
+        self.require_writable()
+        now = utcnow()
+        try:
+            with self.store.engine.begin() as conn:
+                conn.execute(sa.insert(AblationResult), [dict(created_at=now, **r) for r in rows])
+        except sa.exc.IntegrityError:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ datasets
+
+    def find_dataset(self, identity: str) -> dict | None:
+        """The dataset of this identity (store/identity.py), whatever its name: a complete one first, then
+        the oldest (stores made before revision 0009 may hold the same content twice). None if there is none."""
+        with self.store.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(Dataset.id, Dataset.name, Dataset.split, Dataset.checksum, Dataset.status, Dataset.annotator)
+                .where(Dataset.identity == identity)
+                .order_by(sa.case((Dataset.status == "complete", 0), else_=1), Dataset.id)
+                .limit(1)
+            ).first()
+        return None if row is None else dict(row._mapping)
+
     def find_or_create_dataset(
         self, *, name: str, split: str, checksum: str, format: str, annotator: str, options: dict | None = None, **fields
     ) -> tuple[int, str]:
@@ -250,7 +156,7 @@ class StoreWriter(StoreReader):
         found = self.find_dataset(identity)
         if found is not None:
             return found["id"], found["status"]
-        with self.session() as s:
+        with self.store.session() as s:
             ds = Dataset(
                 name=name,
                 split=split,
@@ -268,7 +174,7 @@ class StoreWriter(StoreReader):
 
     def add_examples(self, dataset_id: int, batch: Seq[ExampleInput], annotator: str) -> None:
         """Insert examples with their words, mentions and frames in one transaction (all of the batch or nothing)."""
-        with self.session() as s:
+        with self.store.session() as s:
             ids = s.execute(
                 sa.insert(Example).returning(Example.id, Example.position),
                 [
@@ -311,10 +217,49 @@ class StoreWriter(StoreReader):
                         s.execute(sa.insert(FrameElement), [dict(frame_row_id=frame_row_id, **fe) for fe in f["elements"]])
 
     def complete_dataset(self, dataset_id: int) -> int:
-        with self.session() as s:
+        with self.store.session() as s:
             n = s.scalar(sa.select(sa.func.count()).select_from(Example).where(Example.dataset_id == dataset_id))
             s.execute(sa.update(Dataset).where(Dataset.id == dataset_id).values(status="complete", n_examples=n))
             return n
+
+    def stored_positions(self, dataset_id: int) -> set[int]:
+        with self.store.engine.connect() as conn:
+            return set(conn.scalars(sa.select(Example.position).where(Example.dataset_id == dataset_id)))
+
+    def dataset_examples(
+        self, dataset_id: int, exclude_ids: Set[int] = frozenset(), batch_size: int = 256, start: int = 0, stop: int | None = None
+    ) -> Iterator[StoredExample]:
+        """Stream a dataset's examples (with words) in corpus order, skipping `exclude_ids`; those at
+        positions start..stop-1 only, if given. `batch_size`: examples per SQL read; 256 is one window
+        of ingest's batch planning, so its first forward pass waits for no more than that."""
+        last = start - 1
+        while True:
+            with self.store.engine.connect() as conn:
+                rows = conn.execute(
+                    sa.select(Example.id, Example.position, Example.text_a, Example.text_b)
+                    .where(Example.dataset_id == dataset_id, Example.position > last, *([] if stop is None else [Example.position < stop]))
+                    .order_by(Example.position)
+                    .limit(batch_size)
+                ).all()
+                if not rows:
+                    return
+                last = rows[-1].position
+                ids = [r.id for r in rows if r.id not in exclude_ids]
+                words: dict[int, list[dict]] = {i: [] for i in ids}
+                if ids:
+                    for example_id, position, segment, form, char_start, char_end in conn.execute(
+                        sa.select(Word.example_id, Word.position, Word.segment, Word.form, Word.char_start, Word.char_end)
+                        .where(Word.example_id.in_(ids))
+                        .order_by(Word.example_id, Word.position)
+                    ):
+                        words[example_id].append(
+                            {"position": position, "segment": segment, "form": form, "char_start": char_start, "char_end": char_end}
+                        )
+            for r in rows:
+                if r.id in words:
+                    yield StoredExample(r.id, r.position, r.text_a, r.text_b, tuple(words[r.id]))
+
+    # ------------------------------------------------------------------ runs
 
     def start_run(
         self,
@@ -338,7 +283,7 @@ class StoreWriter(StoreReader):
         if isinstance(chunk_cells, bool) or not isinstance(chunk_cells, int) or chunk_cells < 1:
             raise InvalidArgumentError(f"chunk size must be a positive number of cells, not {chunk_cells!r}")
         self.require_writable()
-        with self.session() as s:
+        with self.store.session() as s:
             run = s.scalars(sa.select(Run).where(Run.name == name)).first()
             if run is not None:
                 wanted = dict(model_id=model_id, dataset_id=dataset_id, dtype=dtype, max_length=max_length, truncation=truncation)
@@ -353,7 +298,7 @@ class StoreWriter(StoreReader):
                 if differs:
                     what = ", ".join(f"{k} stored={a!r} asked={b!r}" for k, (a, b) in differs.items())
                     raise ConflictError(f"run {name!r} already exists with other settings ({what}); pick another --name")
-                return self.run_info(run.id)
+                return self.store.run_info(run.id)
             uid = uuid.uuid4().hex  # the run's identity across stores (bundles, imports)
             fields["manifest"] = {**(fields.get("manifest") or {}), "uid": uid}
             array_path = f"{arrays.run_group_path(name)}/{arrays.CELLS}"
@@ -376,38 +321,65 @@ class StoreWriter(StoreReader):
             attributes = run_attributes(s, run)
             try:
                 arrays.create_run_group(
-                    self.locations.array_root, name, dtype=dtype, chunk_cells=chunk_cells, codec=codec, attributes=attributes
+                    self.store.locations.array_root, name, dtype=dtype, chunk_cells=chunk_cells, codec=codec, attributes=attributes
                 )
             except OSError as exc:
                 raise StorageIOError(
-                    f"cannot create the attention array of run {name!r} under {self.locations.array_root}: "
+                    f"cannot create the attention array of run {name!r} under {self.store.locations.array_root}: "
                     f"{exc.strerror or exc}; give a writable --root"
                 ) from None
-        return self.run_info(run_id)
+        return self.store.run_info(run_id)
 
-    # ------------------------------------------------------------------ run writers and write leases
+    def done_example_ids(self, run: RunRef) -> set[int]:
+        info = self.store.run_info(run)
+        with self.store.engine.connect() as conn:
+            return set(conn.scalars(sa.select(Sequence.example_id).where(Sequence.run_id == info.id)))
 
     def run_writer(self, run: RunRef, lease: leases.LeaseCheck | None = None, part: tuple[int, int] | None = None) -> RunWriter:
         """A writer for a run; takes the run's write lease unless the caller holds it (`lease`). `part`: see RunWriter."""
-        return RunWriter(self, self.run_info(run), lease, part)
-
-    def lease(self, resource: str, what: str, *, wait: bool = False, on_wait=None) -> leases.WriteLease:
-        """Take the write lease on `resource` ("run:NAME", "dataset:KEY"); BusyError if a live process holds it."""
-        self.require_writable()
-        return leases.acquire(self.engine, resource, what, wait=wait, on_wait=on_wait)
-
-    def run_state(self, run: RunRef) -> tuple[str, leases.Holder | None]:
-        """("complete" | "writing" | "interrupted", live writer or None) of a run."""
-        info = self.run_info(run)
-        if info.status == "complete":
-            return "complete", None
-        holder = leases.live_holder(self.engine, run_lease_name(info.name))
-        return ("writing", holder) if holder else ("interrupted", None)
+        return RunWriter(self, self.store.run_info(run), lease, part)
 
     def fail_run(self, run: RunRef, status: str = "interrupted") -> None:
-        info = self.run_info(run)
-        with self.session() as s:
+        info = self.store.run_info(run)
+        with self.store.session() as s:
             s.execute(sa.update(Run).where(Run.id == info.id, Run.status != "complete").values(status=status))
+
+    def block_steps(self, run: RunRef, step: int = 4096) -> Iterator[tuple[pd.DataFrame, list[np.ndarray]]]:
+        """The run's committed blocks in storage (offset) order, `step` at a time, each with its token ids (what
+        the run's Zarr index mirrors): (frame of example_id, example, offset, length; their token ids, int64).
+        Memory is one step's rows, not the run's. Inside `pinned`, the snapshot's blocks; blocks that share an
+        offset (damage `attnstore check` reports) all come, in example-id order."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise InvalidArgumentError(f"step must be a whole number of blocks, at least 1, not {step!r}")
+        info = self.store.run_info(run)
+        after = (-1, -1)  # (offset, example id) of the last block read: each step reads the blocks past it
+        with self.store.engine.connect() as conn:
+            while True:
+                past = sa.or_(Sequence.offset > after[0], sa.and_(Sequence.offset == after[0], Sequence.example_id > after[1]))
+                blocks = pd.DataFrame(
+                    conn.execute(
+                        sa.select(Sequence.example_id, Example.position, Sequence.offset, Sequence.length)
+                        .join(Example, Example.id == Sequence.example_id)
+                        .where(self.store._visible(info), Sequence.offset.is_not(None), past)
+                        .order_by(Sequence.offset, Sequence.example_id)
+                        .limit(step)
+                    ).all(),
+                    columns=["example_id", "example", "offset", "length"],
+                )
+                if blocks.empty:
+                    return
+                ids = blocks["example_id"].tolist()
+                rows = conn.execute(
+                    sa.select(Token.example_id, Token.token_id)
+                    .where(Token.run_id == info.id, Token.example_id.in_(ids))
+                    .order_by(Token.example_id, Token.position)
+                ).all()
+                owner = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+                token_ids = np.fromiter((r[1] for r in rows), np.int64, len(rows))
+                found, first, count = np.unique(owner, return_index=True, return_counts=True)
+                where = {int(e): slice(int(f), int(f + c)) for e, f, c in zip(found, first, count)}
+                yield blocks, [token_ids[where.get(e, slice(0, 0))] for e in ids]
+                after = (int(blocks["offset"].iloc[-1]), int(blocks["example_id"].iloc[-1]))
 
 
 MAX_RUN_NAME = 200
@@ -472,10 +444,10 @@ def committed_blocks(store: StoreReader, info: RunInfo) -> pd.DataFrame:
 INDEX_REBUILD_BLOCKS = 4096
 
 
-def write_index_from_sql(store: StoreReader, info: RunInfo, step: int = INDEX_REBUILD_BLOCKS) -> arrays.RunIndex:
+def write_index_from_sql(writer: StoreWriter, info: RunInfo, step: int = INDEX_REBUILD_BLOCKS) -> arrays.RunIndex:
     """Rewrite a layout-2 run's index arrays from SQL (its committed blocks, in offset order), `step` blocks at a time."""
-    index = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0)
-    for blocks, token_ids in store.block_steps(info.id, step):
+    index = arrays.RunIndex(writer.store.locations.array_root, info.array_path, 0, 0)
+    for blocks, token_ids in writer.block_steps(info.id, step):
         index.write(blocks["example"].tolist(), blocks["offset"].tolist(), blocks["length"].tolist(), token_ids)
     index.truncate()
     return index
@@ -509,13 +481,14 @@ class RunWriter:
     the transaction that commits the rows, so a writer that lost it writes nothing more.
     """
 
-    def __init__(self, store: StoreWriter, info: RunInfo, lease: leases.LeaseCheck | None = None, part: tuple[int, int] | None = None):
+    def __init__(self, writer: StoreWriter, info: RunInfo, lease: leases.LeaseCheck | None = None, part: tuple[int, int] | None = None):
         """`part`: the (start, stop) cells a distributed ingest's coordinator allotted this writer (ingest/distributed.py);
         its blocks go there and nowhere else, and the index arrays are left to the coordinator."""
-        self.store = store
+        self.store = store = writer.store
+        self._writer = writer
         self.info = info
         self._own_lease = lease is None
-        self.lease = lease or store.lease(run_lease_name(info.name), f"run {info.name!r}")
+        self.lease = lease or writer.lease(run_lease_name(info.name), f"run {info.name!r}")
         self.part = part
         try:
             array = store._array(info, read_only=False)
@@ -541,7 +514,7 @@ class RunWriter:
             if part is None and arrays.group_path_of(info.array_path):
                 self.index = arrays.RunIndex(store.locations.array_root, info.array_path, int(n_blocks or 0), int(n_tokens or 0))
                 if self.index.length() < self.index.n or self.index.group.attrs.get(arrays.INDEX_PENDING):
-                    self.index = write_index_from_sql(store, info)  # after a distributed ingest cut off before it wrote it
+                    self.index = write_index_from_sql(writer, info)  # after a distributed ingest cut off before it wrote it
         except BaseException as exc:
             self.close()
             if isinstance(exc, OSError) and not isinstance(exc, AttnStoreError):  # e.g. the disk is still full
@@ -653,7 +626,7 @@ class RunWriter:
             self.commit(final=True)
             if rebuild_index and arrays.group_path_of(self.info.array_path):
                 self.lease.check()
-                self.index = write_index_from_sql(self.store, self.info)
+                self.index = write_index_from_sql(self._writer, self.info)
                 arrays.trim(self.blocks.array, committed_end(self.store, self.info))
             with self.store.session() as s:
                 self.lease.check(s.connection())

@@ -182,7 +182,7 @@ def make_run():
         special_ids = {v["token"]: v["id"] for v in specials.values()}
         from attnstore.store.records import ExampleInput
 
-        dataset_id, _ = store.find_or_create_dataset(
+        dataset_id, _ = store.writer.find_or_create_dataset(
             name=f"hand-{name}", split="test", checksum=uuid.uuid4().hex, format="text", source="tests", annotator="whitespace"
         )
         inputs = []
@@ -214,8 +214,8 @@ def make_run():
                 ]
             mentions = tuple(mentions_list[position]) if mentions_list else ()
             inputs.append(ExampleInput(position=position, text_a=" ".join(w["form"] for w in words), words=tuple(words), mentions=mentions))
-        store.add_examples(dataset_id, inputs, "whitespace")
-        store.complete_dataset(dataset_id)
+        store.writer.add_examples(dataset_id, inputs, "whitespace")
+        store.writer.complete_dataset(dataset_id)
         from attnstore.tests.queries.helpers import hand_run
 
         codec = codec or {
@@ -238,7 +238,7 @@ def make_run():
             codec=codec,
         )
         ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
-        writer = store.run_writer(info.id)
+        writer = store.writer.run_writer(info.id)
         for position, (maps, toks) in enumerate(zip(maps_list[:write], token_lists[:write])):
             word = 0
             rows = []

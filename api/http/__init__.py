@@ -100,7 +100,7 @@ def create_app(
         locations = dataclasses.replace(store_locations, read_only=store_locations.read_only or not settings.allow_save)
         store = Store(locations)
         if settings.allow_save:
-            store.require_writable()
+            store.writer.require_writable()
         app.state.server = Server(store, settings)  # the endpoints' `Srv` (routes/__init__.py)
         try:
             yield

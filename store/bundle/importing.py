@@ -255,18 +255,18 @@ def import_bundle(store: Store, source: str | Bundle, *, rename: Mapping[str, st
     try:
         if not bundle.verified:
             _verify(bundle)
-        store.require_writable()
+        store.writer.require_writable()
         plan = _plan(store, bundle, rename)
         if not _has_work(plan):
             return ImportReport(bundle.location, (), tuple(plan.already), (), (), (), 0, 0, time.perf_counter() - started)
         with contextlib.ExitStack() as leases:
             # The leases ingest takes too: no ingest (or other import) creates these runs or loads these datasets now.
             for name in sorted(rename.get(r["name"], r["name"]) for r in plan.runs):
-                leases.enter_context(store.lease(run_lease_name(name), f"run {name!r}"))
+                leases.enter_context(store.writer.lease(run_lease_name(name), f"run {name!r}"))
             for row in sorted(plan.new_datasets, key=lambda r: str(r.get("identity"))):
                 if row.get("identity"):
                     what = f"dataset {row['name']}:{row['split']}"
-                    leases.enter_context(store.lease(dataset_lease_name(row["identity"]), what, wait=True))
+                    leases.enter_context(store.writer.lease(dataset_lease_name(row["identity"]), what, wait=True))
             plan = _plan(store, bundle, rename)  # again, under the leases: what another process did meanwhile counts
             if not _has_work(plan):
                 return ImportReport(bundle.location, (), tuple(plan.already), (), (), (), 0, 0, time.perf_counter() - started)

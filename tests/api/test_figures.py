@@ -265,7 +265,7 @@ def _ablation_store(store):
     """Single-head and whole-layer scores of one fine-tuned model, as `attnstore ablate` stores them."""
     import uuid
 
-    model = store.register_finetuned_model(
+    model = store.writer.register_finetuned_model(
         name="m-MRPC",
         source="models/m",
         weights_sha256=uuid.uuid4().hex,
@@ -288,7 +288,7 @@ def _ablation_store(store):
         rows.append(dict(base, config=f"layer:{layer}", disabled_heads=heads, score=83.4 if layer else 63.0))
         for head in range(N_HEADS):
             rows.append(dict(base, config=f"heads:{layer}:{head}", disabled_heads=[[layer, head]], score=82.9 + rng.normal(0, 0.4)))
-    assert store.add_ablation_results(rows)
+    assert store.writer.add_ablation_results(rows)
 
 
 @LAYOUT_FAILED_IS_AN_ERROR

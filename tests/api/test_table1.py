@@ -7,7 +7,7 @@ import uuid
 
 def _model(store, name, init, task, lr, seed):
     hparams = dict(lr=lr, batch_size=32, epochs=3, seed=seed, train_limit=None, max_length=128, warmup=0.1, weight_decay=0.01)
-    return store.register_finetuned_model(
+    return store.writer.register_finetuned_model(
         name=name,
         source=f"models/{name}",
         weights_sha256=uuid.uuid4().hex,
@@ -37,7 +37,7 @@ def _score(store, model_id, task, value):
         baseline_score=None,
         n_examples=10,
     )
-    assert store.add_ablation_results([row])
+    assert store.writer.add_ablation_results([row])
 
 
 def test_seeds_are_averaged_and_other_settings_kept_apart(store):

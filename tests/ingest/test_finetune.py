@@ -232,7 +232,7 @@ def test_evaluate_and_sweep_store_each_configuration_once(store, tiny_bert):
         baseline_score=None,
         n_examples=5,
     )
-    assert store.add_ablation_results([row]) is False
+    assert store.writer.add_ablation_results([row]) is False
 
 
 def test_no_finetuning_baseline_is_a_seeded_untrained_head(store, tiny_bert):

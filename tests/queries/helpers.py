@@ -123,7 +123,7 @@ def hand_run(
 ):
     """A hand-made model's run over `dataset_id`, started as ingest starts one (chunks of 64 cells by default); returns its
     RunInfo. Also what conftest's `make_run` starts its runs with."""
-    model_id = store.find_or_create_model(
+    model_id = store.writer.find_or_create_model(
         name=f"hand-{name}",
         source="tests",
         weights_sha256=uuid.uuid4().hex,
@@ -134,7 +134,7 @@ def hand_run(
         tokenizer="none",
         special_tokens=specials,
     )
-    return store.start_run(
+    return store.writer.start_run(
         name=name,
         model_id=model_id,
         dataset_id=dataset_id,
@@ -153,7 +153,7 @@ def hand_run(
 
 def write_blocks(store, run_id: int, blocks: Iterable[tuple[int, np.ndarray, list[dict]]]) -> None:
     """Store (example id, maps, token rows) in the given order, one commit each, and complete the run."""
-    writer = store.run_writer(run_id)
+    writer = store.writer.run_writer(run_id)
     for example_id, maps, rows in blocks:
         writer.add(int(example_id), maps, rows)
         writer.commit()
@@ -164,10 +164,10 @@ def frame_dataset(store, name: str, sentences: Iterable[tuple[list[str], list[di
     """A FrameNet-style dataset of (words, frames) sentences; returns its id."""
     from attnstore.store.records import ExampleInput
 
-    dataset_id, _ = store.find_or_create_dataset(
+    dataset_id, _ = store.writer.find_or_create_dataset(
         name=f"hand-{name}", split="exemplars", checksum=uuid.uuid4().hex, format="framenet", source="tests", annotator="whitespace"
     )
-    store.add_examples(
+    store.writer.add_examples(
         dataset_id,
         [
             ExampleInput(
@@ -180,7 +180,7 @@ def frame_dataset(store, name: str, sentences: Iterable[tuple[list[str], list[di
         ],
         "whitespace",
     )
-    store.complete_dataset(dataset_id)
+    store.writer.complete_dataset(dataset_id)
     return dataset_id
 
 

@@ -65,7 +65,7 @@ def sqlite_store(folder: Path, root: str | None = None):
 def add_run_over(store, base_run: str, name: str, model_id: int, seed: int) -> str:
     """A second run over the dataset of `base_run` (with another model), as ingest would write it."""
     base = store.run_info(base_run)
-    info = store.start_run(
+    info = store.writer.start_run(
         name=name,
         model_id=model_id,
         dataset_id=base.dataset_id,
@@ -81,7 +81,7 @@ def add_run_over(store, base_run: str, name: str, model_id: int, seed: int) -> s
         manifest={"note": name},
     )
     ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": base.dataset_id}).values.tolist())
-    writer = store.run_writer(info.id)
+    writer = store.writer.run_writer(info.id)
     for position, toks in enumerate(TOKENS):
         rows = [
             dict(
@@ -120,7 +120,7 @@ def build_source(store, make_run) -> dict:
     (folder / "config.json").write_text('{"model_type": "bert"}', encoding="utf-8")
     (folder / "model.safetensors").write_bytes(os.urandom(5000))
     (folder / "sub" / "vocab.txt").write_text("[CLS]\n[SEP]\n", encoding="utf-8")
-    ft = store.register_finetuned_model(
+    ft = store.writer.register_finetuned_model(
         name=checkpoint,
         source=f"models/{checkpoint}",
         weights_sha256="f" * 64,
@@ -148,7 +148,7 @@ def build_source(store, make_run) -> dict:
     store.save_probe_result(
         base, other, dict(kind="attn", uas=0.5, train_uas=0.75, n_train=3, n_eval=2, epochs=4, final_loss=0.125), {"lr": 0.05}
     )
-    store.add_ablation_results(
+    store.writer.add_ablation_results(
         [
             dict(
                 model_id=ft,
@@ -600,7 +600,7 @@ def test_a_run_being_written_in_the_target_is_busy(tmp_path, make_run):
     export_runs(src, ["dep"], str(tmp_path / "b.zip"))
     dst = sqlite_store(tmp_path / "dst")
     before = counts(dst)
-    with dst.lease("run:dep", "run 'dep'"):  # an ingest of a run named dep has just started
+    with dst.writer.lease("run:dep", "run 'dep'"):  # an ingest of a run named dep has just started
         with pytest.raises(BusyError, match="run 'dep' is being written"):
             import_bundle(dst, str(tmp_path / "b.zip"))
         assert {k: v for k, v in counts(dst).items() if k != "leases"} == {k: v for k, v in before.items() if k != "leases"}

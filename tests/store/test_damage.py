@@ -204,7 +204,7 @@ def test_a_resumed_writer_removes_partial_files(store, make_run):
     writer.close()  # interrupted, like a killed ingest
     killed_writer_leftover(store, name)
     assert len(check_store(store)[1]) == 1
-    store.run_writer(name).finish(0.0)
+    store.writer.run_writer(name).finish(0.0)
     assert not list(Path(store.locations.array_root).rglob("*.partial"))
     assert check_store(store)[1].empty
 

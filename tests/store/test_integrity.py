@@ -118,8 +118,8 @@ def test_check_on_a_healthy_store(store, three):
 
 def _steps_of(store, monkeypatch, step):
     """`check` reads SQL's blocks `step` at a time (what it carries from one step to the next is then tested)."""
-    blocks = store.block_steps
-    monkeypatch.setattr(store, "block_steps", lambda run_id, _default=None: blocks(run_id, step))
+    blocks = store.writer.block_steps
+    monkeypatch.setattr(store.writer, "block_steps", lambda run_id, _default=None: blocks(run_id, step))
 
 
 @pytest.mark.parametrize("step", [1, 2, 4096])
@@ -151,11 +151,11 @@ def test_check_reads_a_step_at_a_time_and_finds_the_same(store, three, monkeypat
 def test_one_writer_per_run(store, make_run):
     name, writer = make_run(store, [maps_for(TOKENS[0], 0)], TOKENS[:1], name="open", finish=False)
     with pytest.raises(BusyError, match=rf"run 'open' is being written by .*/pid {os.getpid()} since "):
-        store.run_writer(name)
+        store.writer.run_writer(name)
     assert store.run_state(name)[0] == "writing"
     writer.close()
     assert store.run_state(name)[0] == "interrupted"
-    store.run_writer(name).finish(0.0)  # free again: resumes and completes
+    store.writer.run_writer(name).finish(0.0)  # free again: resumes and completes
     assert store.run_state(name)[0] == "complete"
 
 
@@ -169,15 +169,15 @@ def test_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(store):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     _put_lease(store, "run:r", host=leases.HOST, pid=child.pid, age_seconds=0)
-    store.lease("run:r", "run 'r'").release()
+    store.writer.lease("run:r", "run 'r'").release()
 
 
 def test_lease_of_another_host_is_stale_only_after_the_stale_period(store):
     _put_lease(store, "run:fresh", host="elsewhere", pid=1, age_seconds=1)
     with pytest.raises(BusyError, match="run 'fresh' is being written by elsewhere/pid 1 since"):
-        store.lease("run:fresh", "run 'fresh'")
+        store.writer.lease("run:fresh", "run 'fresh'")
     _put_lease(store, "run:old", host="elsewhere", pid=1, age_seconds=leases.STALE_AFTER.total_seconds() + 5)
-    store.lease("run:old", "run 'old'").release()
+    store.writer.lease("run:old", "run 'old'").release()
 
 
 def test_a_writer_whose_lease_was_taken_over_writes_nothing_more(store, make_run):
@@ -205,7 +205,7 @@ def test_query_on_a_run_being_written_warns_and_reads_a_snapshot(store, make_run
 
 def test_snapshot_hides_examples_committed_after_it_began(store):
     info, ids = _open_run(store, "growing", 2)
-    writer = store.run_writer(info.name)
+    writer = store.writer.run_writer(info.name)
     writer.add(ids[0], maps_for(TOKENS[0], 0), _token_rows(TOKENS[0]))
     writer.commit(final=True)
     with store.pinned(info.name):
@@ -248,7 +248,7 @@ def _open_run(store, name: str, n_examples: int):
     """A run (2 layers x 2 heads) over a dataset of n examples with nothing stored yet: (info, example ids)."""
     from attnstore.store.records import ExampleInput
 
-    model_id = store.find_or_create_model(
+    model_id = store.writer.find_or_create_model(
         name="m",
         source="t",
         weights_sha256="0" * 64,
@@ -259,12 +259,12 @@ def _open_run(store, name: str, n_examples: int):
         tokenizer="t",
         special_tokens={},
     )
-    dataset_id, _ = store.find_or_create_dataset(
+    dataset_id, _ = store.writer.find_or_create_dataset(
         name=f"d-{name}", split="s", checksum="c", format="text", source="t", annotator="whitespace"
     )
-    store.add_examples(dataset_id, [ExampleInput(position=i, text_a="a") for i in range(n_examples)], "whitespace")
-    store.complete_dataset(dataset_id)
-    info = store.start_run(
+    store.writer.add_examples(dataset_id, [ExampleInput(position=i, text_a="a") for i in range(n_examples)], "whitespace")
+    store.writer.complete_dataset(dataset_id)
+    info = store.writer.start_run(
         name=name,
         model_id=model_id,
         dataset_id=dataset_id,
@@ -290,7 +290,7 @@ def test_overlapped_commits_lag_one_batch_and_never_commit_rows_whose_write_fail
     from attnstore.store.errors import StorageIOError
 
     info, ids = _open_run(store, "overlap", 3)
-    writer = store.run_writer(info.name)
+    writer = store.writer.run_writer(info.name)
     for i in range(2):  # 2x2x4x4 = 64 cells each: one whole chunk per example
         writer.add(ids[i], maps_for(TOKENS[0], i), _token_rows(TOKENS[0]))
         assert writer.commit(wait=False) == i  # the rows of the batch before

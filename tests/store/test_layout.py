@@ -170,8 +170,8 @@ def test_check_finds_an_index_that_disagrees_with_sql_and_rebuild_fixes_it(store
 
 @pytest.mark.parametrize("step", [1, 3, 4096])
 def test_check_finds_a_wrong_token_id_in_the_index_reading_sql_a_step_at_a_time(store, run, monkeypatch, step):
-    blocks = store.block_steps
-    monkeypatch.setattr(store, "block_steps", lambda run_id, _default=None: blocks(run_id, step))
+    blocks = store.writer.block_steps
+    monkeypatch.setattr(store.writer, "block_steps", lambda run_id, _default=None: blocks(run_id, step))
     assert check_store(store)[1].empty
     token_ids = zarr.open_array(store.locations.array_root, path="runs/four/token_id", mode="r+")
     token_ids[-1] = token_ids[-1] + 1  # the last example's last token

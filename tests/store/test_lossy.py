@@ -63,7 +63,7 @@ def test_check_accepts_the_shifted_row_sums_and_queries_stay_close(store, make_r
 def test_a_run_cannot_resume_with_the_other_codec(store, make_run, lossy):
     info = store.run_info(lossy)
     with pytest.raises(ConflictError, match="codec stored='u8' asked='lossless'"):
-        store.start_run(
+        store.writer.start_run(
             name=lossy,
             model_id=info.model_id,
             dataset_id=info.dataset_id,

@@ -52,7 +52,7 @@ def allot(coordinator, parts: list[list[int]]) -> list[tuple[int, int]]:
 
 def write_part(store, coordinator, cells, positions, ids, maps, tokens, lease=None) -> None:
     lease = lease or LeaseCheck(store.engine, coordinator.lease.resource, coordinator.lease.what, coordinator.lease.token)
-    writer = store.run_writer(coordinator.info.id, lease, part=cells)
+    writer = store.writer.run_writer(coordinator.info.id, lease, part=cells)
     for p in positions:
         writer.add(ids[p], maps[p], token_rows(tokens[p]))
         writer.commit()
@@ -133,11 +133,11 @@ def test_a_cut_off_distributed_run_resumes_past_everything_allotted(store, make_
     first, second = allot(coordinator, [[0, 1, 2], [3, 4, 5]])
     write_part(store, coordinator, first, [0, 1, 2], ids, maps, tokens)
     coordinator.close()  # the coordinator is gone: the second part was sent, but never written
-    store.fail_run(name)
+    store.writer.fail_run(name)
     _, problems = check_store(store, [name])
     assert problems.empty, problems.to_string()  # SQL ahead of an index written only at the end is expected
 
-    writer = store.run_writer(name)  # a plain one-process resume
+    writer = store.writer.run_writer(name)  # a plain one-process resume
     assert writer.blocks.next_offset >= second[1]  # never inside cells a cut-off worker may still write
     assert not writer.index.group.attrs.get(arrays.INDEX_PENDING)  # the index was brought up to SQL first
     for p in (3, 4, 5):
@@ -160,7 +160,7 @@ def test_the_index_is_rebuilt_from_sql_a_step_of_blocks_at_a_time(store, make_ru
     for cells, positions in zip(allot(coordinator, parts), parts):
         write_part(store, coordinator, cells, positions, ids, maps, tokens)
     info = store.run_info(name)
-    index = write_index_from_sql(store, info, step=step)
+    index = write_index_from_sql(store.writer, info, step=step)
 
     got = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0, read_only=True).read()
     order = [3, 4, 5, 0, 1, 2]
@@ -195,6 +195,6 @@ def test_a_rebuild_step_that_is_not_a_positive_whole_number_is_refused_and_the_i
     info = store.run_info(name)
     before = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0, read_only=True).read()
     with pytest.raises(InvalidArgumentError, match=f"step must be a whole number of blocks, at least 1, not {step!r}"):
-        write_index_from_sql(store, info, step=step)
+        write_index_from_sql(store.writer, info, step=step)
     after = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0, read_only=True).read()
     assert all(np.array_equal(before[k], after[k]) for k in before) and len(after["example"]) == len(LENGTHS)

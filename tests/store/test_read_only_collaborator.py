@@ -166,9 +166,9 @@ def test_every_writing_command_fails_first_in_one_line_and_writes_nothing(shared
         with pytest.raises(ReadOnlyStoreError, match="read-only"):
             reader.save_head_metrics("shared", run_query(reader, "entropy", run="shared"), prefix="entropy")
         with pytest.raises(ReadOnlyStoreError, match="read-only"):
-            reader.lease("run:shared", "run 'shared'")
+            reader.writer.lease("run:shared", "run 'shared'")
         with pytest.raises(ReadOnlyStoreError, match="read-only"):
-            reader.run_writer("shared")
+            reader.writer.run_writer("shared")
     assert row_counts(url) == before
 
 

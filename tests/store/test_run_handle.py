@@ -8,6 +8,7 @@ import attnstore
 from attnstore.queries import run_query
 from attnstore.store import RunHandle, Store
 from attnstore.store.errors import NotFoundError
+from attnstore.store.writer import StoreWriter
 
 TOKENS = [["[CLS]", "x", "y", "[SEP]"], ["[CLS]", "z", "[SEP]"], ["[CLS]", "p", "q", "r", "s", "[SEP]"]]
 
@@ -94,68 +95,66 @@ def test_missing_run_raises_as_run_info_does(store, run):
         store.run(run).tokens(7)
 
 
-# Every public method `Store` had before it was split into store/reader.py and store/writer.py.
+# What a user calls: reads, the user's writes (saved results, summaries, probe results, pattern labels), run handles.
 STORE_METHODS = {
-    "ablation_configs",
     "ablation_results",
-    "add_ablation_results",
-    "add_examples",
     "attention",
+    "can_keep_summaries",
     "close",
-    "complete_dataset",
-    "dataset_examples",
-    "done_example_ids",
     "example_rows",
     "examples",
-    "fail_run",
-    "find_dataset",
-    "find_or_create_dataset",
-    "find_or_create_model",
     "head_metrics",
     "iter_attention",
-    "lease",
+    "labelled_attention",
+    "labelled_run",
     "mention_table",
     "model_row",
     "models",
+    "n_committed",
     "pattern_labels",
     "pinned",
+    "plot",
     "probe_results",
-    "register_finetuned_model",
-    "require_writable",
+    "run",
     "run_info",
     "run_state",
-    "run_writer",
+    "run_summary",
+    "run_summary_parts",
     "runs",
     "save_head_metrics",
     "save_pattern_labels",
     "save_probe_result",
+    "save_run_summary",
+    "save_run_summary_parts",
     "session",
     "sql",
-    "start_run",
-    "stored_positions",
+    "storage_order",
     "token_table",
     "tokens",
+    "word_counts",
     "word_table",
     "words",
 }
 
-
-# Added after the split: run handles, labelled arrays and pictures (issue 10), per-example sums, blocks read a step at a time (issue 11).
-ADDED_SINCE = {
-    "run",
-    "labelled_attention",
-    "labelled_run",
-    "plot",
-    "run_summary",
-    "can_keep_summaries",
-    "save_run_summary",
-    "save_run_summary_parts",
-    "run_summary_parts",
-    "token_ids_by_example",
+# The writer side (`store.writer`, issue 25): what ingest, fine-tuning, evaluation, checks and bundles call.
+WRITER_METHODS = {
+    "ablation_configs",
+    "add_ablation_results",
+    "add_examples",
     "block_steps",
-    "storage_order",
-    "n_committed",
-    "word_counts",
+    "complete_dataset",
+    "dataset_examples",
+    "done_example_ids",
+    "fail_run",
+    "find_dataset",
+    "find_or_create_dataset",
+    "find_or_create_model",
+    "lease",
+    "register_finetuned_model",
+    "require_writable",
+    "run_writer",
+    "start_run",
+    "stored_positions",
 }
 
 
@@ -163,6 +162,10 @@ def test_store_keeps_its_public_api(store):
     assert attnstore.Store is Store and attnstore.open_store is attnstore.store.open_store
     assert isinstance(store, Store) and repr(store).startswith("Store(")
     public = {n for n in dir(Store) if not n.startswith("_") and callable(getattr(Store, n))}
-    assert public == STORE_METHODS | ADDED_SINCE
+    assert public == STORE_METHODS
+    writer = store.writer
+    assert writer is store.writer and writer.store is store and isinstance(writer, StoreWriter)
+    assert {n for n in dir(writer) if not n.startswith("_") and callable(getattr(writer, n))} == WRITER_METHODS
+    assert not WRITER_METHODS & set(dir(Store))  # the writer side is not the user's API
     with store as same:
         assert same is store

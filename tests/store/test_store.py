@@ -76,7 +76,7 @@ def test_unknown_run_and_example_are_clear(store, run):
 def test_run_name_cannot_be_reused_for_other_settings(store, run):
     info = store.run_info(run)
     with pytest.raises(ConflictError, match="already exists with other settings"):
-        store.start_run(
+        store.writer.start_run(
             name=run,
             model_id=info.model_id,
             dataset_id=info.dataset_id,
