@@ -400,23 +400,22 @@ def summarize(locations, runs_, kinds, scheduler):
     """
     import time
 
-    from ..queries import load_all
     from ..queries.scheduler import use_scheduler
-    from ..queries.summary import KINDS, keep
+    from ..queries.summary import keep, run_kinds
 
-    load_all()
-    unknown = [k for k in kinds if k not in KINDS]
+    available = run_kinds()
+    unknown = [k for k in kinds if k not in available]
     if unknown:
-        raise click.ClickException(f"no summary kind {', '.join(map(repr, unknown))}; kinds: {', '.join(sorted(KINDS))}")
+        raise click.ClickException(f"no summary kind {', '.join(map(repr, unknown))}; kinds: {', '.join(sorted(available))}")
     store = open_store(locations, write=True)
     for run in runs_:
         info = store.run_info(run)
         if not store.can_keep_summaries(info.id):
             raise click.ClickException(f"run {info.name!r} is in layout 1: run `attnstore db upgrade-arrays` to keep summaries")
-        for name in kinds or sorted(KINDS):
+        for name in kinds or sorted(available):
             t = time.perf_counter()
             with use_scheduler(scheduler), reading_progress(f"summary {name} of {info.name}"):
-                saved = keep(store, info, KINDS[name])
+                saved = keep(store, info, available[name])
             n = 0 if saved is None else saved.n
             click.echo(f"{info.name}: summary {name} covers {n} examples ({time.perf_counter() - t:.2f} s)", err=True)
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from .common import per_head_frame, safe_divide
 from .registry import register
-from .summary import SummaryKind, kept_parts, ragged_rows, ranged_maps, register_kind, storage_ranges
+from .summary import SummaryKind, ragged_rows, register_kind, storage_ranges, summary_parts
 from .word_level import most_attended_words, units_of
 
 if TYPE_CHECKING:
@@ -73,8 +73,8 @@ def choose_antecedent(mention: dict, candidates: list[dict], method: str) -> dic
 # ---------------------------------------------------------------- predictions kept with the run
 # Per example, for each word that heads a mention and has a unit, in unit (token) order: its position (`word`)
 # and, per (layer, head), the position of the other word it attends to most (`attended`, from
-# `most_attended_words`). One pass over the run computes them (queries/summary.py), skipping examples without
-# mentions as the streaming path does; a query then reads a few kilobytes per example instead of every map.
+# `most_attended_words`). One pass over the run computes them (queries/summary.py); a query then reads a few
+# kilobytes per example instead of every map.
 
 
 def _mention_argmax_prepare(store: Store, info, examples=None):
@@ -106,20 +106,8 @@ MENTION_ARGMAX = register_kind(
 Predictions = Iterator[tuple[int, dict[int, int], dict[int, int], np.ndarray]]
 
 
-def _tokens_by_example(store: Store, info, examples) -> dict[int, pd.DataFrame]:
-    return {int(k): g for k, g in store.token_table(info.id, examples)[["example", "word_position"]].groupby("example")}
-
-
-def _streamed_predictions(store: Store, info, examples, wanted: Callable[[int], bool]) -> Predictions:
-    for example, maps, tokens in ranged_maps(store, info, examples, lambda part: _tokens_by_example(store, info, part)):
-        if wanted(example):
-            pred, unit_words = most_attended_words(maps, units_of(tokens[example]["word_position"]))
-            unit_of = {int(p): i for i, p in enumerate(unit_words)}
-            yield example, unit_of, unit_of, np.moveaxis(pred, -1, 0)
-
-
-def _kept_predictions(parts: Iterable[dict[str, np.ndarray]], wanted: Callable[[int], bool]) -> Predictions:
-    for arrays in parts:  # one part of the kept summary at a time
+def _predictions(parts: Iterable[dict[str, np.ndarray]], wanted: Callable[[int], bool]) -> Predictions:
+    for arrays in parts:  # one part of the summary at a time
         for i, example in enumerate(arrays["example"].tolist()):
             if wanted(example):
                 positions = ragged_rows(arrays, "word", i).tolist()
@@ -167,8 +155,8 @@ class _RangeTables:
 def coreference_counts(store: Store, run, examples=None, baselines: bool = True):
     """(info, head hits (kinds, layer, head), baseline hits (kinds, baselines; zeros without `baselines`), mentions per kind).
 
-    The heads' predictions are read from those kept with the run (`MENTION_ARGMAX`, built by one pass the
-    first time); where none can be kept (read-only store, layout-1 run, no scheduler), every map is decoded.
+    The heads' predictions are the `MENTION_ARGMAX` summary (queries/summary.py: kept with the run, built by one
+    pass the first time).
     """
     info = store.run_info(run)
     ranges = storage_ranges(store, info, examples)  # NotFoundError naming asked-for examples the run lacks
@@ -177,14 +165,8 @@ def coreference_counts(store: Store, run, examples=None, baselines: bool = True)
     heads = np.zeros((len(KINDS), info.n_layers, info.n_heads))
     base = np.zeros((len(KINDS), len(BASELINES)))
     totals = np.zeros(len(KINDS))
-    parts = kept_parts(store, info, MENTION_ARGMAX, examples) if any_mention else None  # no mention: nothing worth a pass
-    predictions: Predictions
-    if not any_mention:
-        predictions = iter(())  # and no map to read
-    elif parts is not None:
-        predictions = _kept_predictions(parts, tables.has_mentions)
-    else:
-        predictions = _streamed_predictions(store, info, examples, tables.has_mentions)
+    # no mention: nothing worth a pass, and no map to read
+    predictions = _predictions(summary_parts(store, info, MENTION_ARGMAX, examples), tables.has_mentions) if any_mention else iter(())
     for example, ids, rows, pred in predictions:
         if baselines:
             forms, feats = tables.forms[tables.word_rows[example]], tables.feats[tables.word_rows[example]]

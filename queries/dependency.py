@@ -16,9 +16,9 @@ word at a fixed offset (-3..3, not 0) from the dependent, clamped to the sentenc
 authors' code: before the first word is ROOT, past the last word is the last word.
 
 The predictions (each word's most-attended word and the word attending to it most, per head)
-and the gold trees are kept with the run (`WORD_ARGMAX`, queries/summary.py) by one pass the
-first time; later calls count hits from them without decoding a map or reading the words from
-SQL, with the same counts.
+and the gold trees are the `WORD_ARGMAX` summary (queries/summary.py), kept with the run by one
+pass the first time; a query counts hits from them without decoding a map or reading the words
+from SQL.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import numpy as np
 import pandas as pd
 
 from ..store.records import RunInfo
-from .common import iter_maps, per_head_frame, unique_argmax
+from .common import per_head_frame, unique_argmax
 from .errors import InvalidArgumentError
 from .registry import register
-from .summary import SummaryKind, in_storage_order, kept_parts, register_kind, storage_ranges
+from .summary import SummaryKind, register_kind, summary_parts
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:
@@ -82,10 +82,6 @@ class DependencyCounts:
     n_root: int  # root words evaluated (attention never predicts ROOT: always wrong)
     baseline_root: np.ndarray  # (offsets,) root words the clamped baseline gets right
     no_prediction: np.ndarray  # (2, layers, heads) evaluated words (root included) with no prediction
-
-
-def _groups(frame: pd.DataFrame) -> dict[int, pd.DataFrame]:
-    return {int(k): g for k, g in frame.groupby("example", sort=False)}
 
 
 def _check(name: str, value: str, allowed) -> None:
@@ -164,7 +160,7 @@ def _word_argmax_prepare(store: Store, info: RunInfo, examples=None):
 
 def _word_argmax_reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     tokens, edges, dtype = context
-    if example not in edges:  # nothing to judge (as the streaming path, which skips it): no row
+    if example not in edges:  # nothing to judge: no row
         return {
             "word": np.zeros(0, dtype=np.int32),
             "argmax": np.zeros((0, 2, *maps.shape[:2]), dtype=dtype),
@@ -190,7 +186,7 @@ def _keys(example: np.ndarray, position: np.ndarray) -> np.ndarray:
 
 def _following_forms(all_words: pd.DataFrame, example: np.ndarray, position: np.ndarray) -> pd.Series:
     """The form of the word at position + 1 of each (example, position) (None where there is none); of a position
-    stored twice, the last, as the streaming path's dict keeps."""
+    stored twice, the last."""
     keys = _keys(all_words["example"].to_numpy(), all_words["position"].to_numpy())
     last = ~pd.Index(keys).duplicated(keep="last")
     at = pd.Index(keys[last]).get_indexer(_keys(example, position + 1))
@@ -252,26 +248,19 @@ def _add_counts(total: DependencyCounts, part: DependencyCounts) -> DependencyCo
     return out
 
 
-def _count_kept(
-    info: RunInfo, arrays: dict[str, np.ndarray], chosen: np.ndarray | None, head2dep: str, poss_apostrophe: bool
-) -> DependencyCounts:
-    """The counts from the kept predictions and gold trees of one part of the run's summary (`chosen`: a mask over its
-    examples, None for all): the relations, edges, judged words and hits of the streaming path, the part's examples at
-    once."""
+def _count_kept(info: RunInfo, arrays: dict[str, np.ndarray], head2dep: str, poss_apostrophe: bool) -> DependencyCounts:
+    """The counts from the predictions and gold trees of one part of the run's summary: the part's relations, edges,
+    judged words and hits, its examples at once."""
     if "edge" not in arrays:  # no example committed
         return _empty_counts(info, [])
     n_edges = np.diff(arrays["edge_start"])
     edge = arrays["edge"]
     codes, names = _decode_labels(arrays["edge_label"], edge[:, EDGE_LABEL_BYTES])
     root = (edge[:, EDGE_FLAGS] & ROOT_FLAG) != 0
-    relation_codes = np.unique(codes[~root])  # the run's relations (of non-root words), sorted
+    relation_codes = np.unique(codes[~root])  # the part's relations (of non-root words), sorted
     counts = _empty_counts(info, [names[c] for c in relation_codes])
     n_rel = len(counts.relations)
-    # the chosen examples' edges
     example = np.repeat(arrays["example"], n_edges)
-    if chosen is not None:
-        keep = np.repeat(chosen, n_edges)
-        edge, codes, root, example = edge[keep], codes[keep], root[keep], example[keep]
     start = arrays["word_start"]
     sizes = np.diff(start)
     unit_first = np.repeat(start[:-1], sizes)  # per unit: the row of its example's first unit
@@ -331,110 +320,19 @@ def _count_kept(
     return counts
 
 
-def _count_streamed(store: Store, info: RunInfo, examples, head2dep: str, poss_apostrophe: bool) -> DependencyCounts:
-    """The counts from every example's maps, decoded and made word-level one example at a time, and the word table,
-    read range by range (SUMMARY_RANGE examples in storage order)."""
-    counts = _empty_counts(info, [])
-    for part in storage_ranges(store, info, examples):
-        counts = _add_counts(counts, _count_streamed_range(store, info, part, head2dep, poss_apostrophe))
-    if examples is not None:  # the relations of every stored example, as without `examples`
-        for part in storage_ranges(store, info):
-            words = store.word_table(info.id, part)
-            relations = words["deprel"][words["deprel"].notna() & words["head"].notna()].unique()
-            counts = _add_counts(counts, _empty_counts(info, sorted(relations)))
-    return counts
-
-
-def _count_streamed_range(store: Store, info: RunInfo, examples: np.ndarray, head2dep: str, poss_apostrophe: bool) -> DependencyCounts:
-    """`_count_streamed` of one range of committed examples: its relations, hits and baseline."""
-    all_words = store.word_table(info.id, examples)
-    words = all_words[all_words["deprel"].notna()]
-    counts = _empty_counts(info, sorted(words["deprel"][words["head"].notna()].unique()))
-    spans = all_words.groupby(["example", "segment", "sentence"])["position"].agg(["min", "max"])
-    bounds = {tuple(int(x) for x in key): (int(lo), int(hi)) for key, lo, hi in zip(spans.index, spans["min"], spans["max"])}
-    rel_index = {r: i for i, r in enumerate(counts.relations)}
-    forms = {int(k): dict(zip(g["position"], g["form"])) for k, g in all_words.groupby("example", sort=False)}
-    tokens = _groups(store.token_table(info.id, examples)[["example", "word_position"]])
-    edges = _groups(words)
-    for example, maps in iter_maps(store, info, examples):
-        if example not in edges:
-            continue
-        by_row, by_col, unit_words = word_predictions(maps, units_of(tokens[example]["word_position"]))
-        word_units = {int(w): i for i, w in enumerate(unit_words)}
-        e = edges[example]
-        root = e["head"].isna().to_numpy()
-        d_pos = e["position"].to_numpy(dtype=np.int64)
-        h_pos = e["head"].fillna(-1).to_numpy(dtype=np.int64)  # -1: ROOT
-        # the word whose prediction is judged: the dependent, or the 's after a possessor
-        judged_pos = d_pos.copy()
-        if poss_apostrophe:
-            text = forms[example]
-            for k, (rel, p) in enumerate(zip(e["deprel"], d_pos)):
-                following = text.get(int(p) + 1)
-                if rel in POSS_RELATIONS and following is not None and following.lower() in POSSESSIVE_MARKERS:
-                    judged_pos[k] = p + 1
-        dep = np.array([word_units.get(int(p), -1) for p in d_pos], dtype=np.int64)
-        judged = np.array([word_units.get(int(p), -1) for p in judged_pos], dtype=np.int64)
-        judged = np.where(judged >= 0, judged, dep)  # an 's cut by truncation: judge the dependent itself
-        head = np.array([word_units.get(int(p), -1) if p >= 0 else -1 for p in h_pos], dtype=np.int64)
-        ok = (dep >= 0) & (root | (head >= 0))
-        root, dep, judged, head = root[ok], dep[ok], judged[ok], head[ok]
-        d_pos, h_pos, judged_pos = d_pos[ok], h_pos[ok], judged_pos[ok]
-        rels = e["deprel"].to_numpy()[ok]
-        # predictions (layer, head, edges); -1 never matches: `head` is checked >= 0, root words always miss
-        hit_dep2head = (by_row[:, :, judged] == head) & (head >= 0)
-        if head2dep == "transpose":
-            hit_head2dep = (by_col[:, :, judged] == head) & (head >= 0)
-            none_head2dep = by_col[:, :, judged] < 0
-        else:  # the head word's most-attended word is the (judged) dependent
-            safe_head = np.where(head >= 0, head, 0)
-            hit_head2dep = (by_row[:, :, safe_head] == judged) & (head >= 0)
-            none_head2dep = (by_row[:, :, safe_head] < 0) | (head < 0)
-        counts.no_prediction[0] += (by_row[:, :, judged] < 0).sum(-1)
-        counts.no_prediction[1] += none_head2dep.sum(-1)
-        nonroot = ~root
-        onehot = np.zeros((int(nonroot.sum()), len(counts.relations)))
-        onehot[np.arange(len(onehot)), [rel_index[r] for r in rels[nonroot]]] = 1
-        counts.correct[0] += hit_dep2head[:, :, nonroot] @ onehot
-        counts.correct[1] += hit_head2dep[:, :, nonroot] @ onehot
-        counts.totals += onehot.sum(0)
-        counts.n_root += int(root.sum())
-        # the fixed-offset baseline, clamped to the judged word's sentence
-        span = np.array([bounds[(example, int(s), int(t))] for s, t in e[["segment", "sentence"]].to_numpy()[ok]], dtype=np.int64).reshape(
-            -1, 2
-        )
-        first, last = span[:, 0], span[:, 1]
-        for k, off in enumerate(OFFSETS):
-            target = judged_pos + off
-            pred = np.where(target < first, -1, np.minimum(target, last))
-            hit = pred == h_pos
-            counts.baseline[k] += hit[nonroot] @ onehot
-            counts.baseline_root[k] += hit[root].sum()
-    return counts
-
-
 def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True) -> DependencyCounts:
     """Correct predictions per (direction, layer, head, relation), edge counts, baseline hits, root words.
 
     `relations` are those of the non-root words of the run's stored examples (skipped ones not evaluated), whatever
-    `examples`. Read from the word-level predictions and gold trees kept with the run (`WORD_ARGMAX`, built by one
-    pass the first time); where none can be kept (read-only store, layout-1 run, no scheduler), every map is decoded
-    and the words are read from SQL.
+    `examples`. Counted from the word-level predictions and gold trees of the `WORD_ARGMAX` summary.
     """
     _check("head2dep", head2dep, HEAD2DEP)
     info = store.run_info(run)
-    if examples is not None:
-        examples = [int(e) for e in examples]
-    parts = kept_parts(store, info, WORD_ARGMAX)  # every example's part: the relations are the whole run's
-    wanted = None if examples is None else np.asarray(examples, dtype=np.int64)
-    if parts is not None and wanted is not None and np.setdiff1d(wanted, in_storage_order(store, info)).size:
-        parts = None  # let the streaming path raise its NotFoundError naming them
-    if parts is None:
-        return _count_streamed(store, info, examples, head2dep, poss_apostrophe)
     counts = _empty_counts(info, [])
-    for part in parts:  # SUMMARY_RANGE examples at a time: memory stays that of one part at any run size
-        chosen = None if wanted is None else np.isin(part["example"], wanted)
-        counts = _add_counts(counts, _count_kept(info, part, chosen, head2dep, poss_apostrophe))
+    for part in summary_parts(store, info, WORD_ARGMAX, examples):  # SUMMARY_RANGE examples at a time: bounded memory
+        counts = _add_counts(counts, _count_kept(info, part, head2dep, poss_apostrophe))
+    if examples is not None:  # the relations of every stored example, as without `examples` (one SQL query)
+        counts = _add_counts(counts, _empty_counts(info, store.dependency_relations(info.id)))
     return counts
 
 

@@ -22,7 +22,7 @@ import pandas as pd
 
 from .common import TokenFlags, parse_choices, token_flags
 from .registry import register
-from .summary import SummaryKind, kept_parts, ranged_maps, register_kind
+from .summary import SummaryKind, register_kind, summary_parts
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -171,8 +171,7 @@ def _features_prepare(store: Store, info: RunInfo, examples=None) -> FeatureMask
 
 
 def _features_reduce(fm: FeatureMasks, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
-    """One example's numbers for K5 and `cls_feature_attention`, for every feature and every layer and head,
-    computed as the streaming loops below compute them."""
+    """One example's numbers for K5 and `cls_feature_attention`, for every feature and every layer and head."""
     masks = fm.masks[example]
     shape = (len(FEATURES), *maps.shape[:2])
     n_tokens = np.array([int(masks[f].sum()) for f in FEATURES], dtype=np.int64)
@@ -199,14 +198,13 @@ def _features_reduce(fm: FeatureMasks, example: int, maps: np.ndarray) -> dict[s
 KOVALEVA_FEATURES = register_kind(SummaryKind("kovaleva_features", 1, _features_prepare, _features_reduce))
 
 
-def feature_summaries(store: Store, info: RunInfo, examples=None) -> Iterable[dict[str, np.ndarray]] | None:
-    """The kept K5 per-example numbers of the run's committed examples (or of `examples`), in storage order, part by
-    part; None where the streaming path must be taken (nothing kept, nothing keepable and no scheduler)."""
-    return kept_parts(store, info, KOVALEVA_FEATURES, examples)
+def feature_summaries(store: Store, info: RunInfo, examples=None) -> Iterable[dict[str, np.ndarray]]:
+    """The K5 per-example numbers of the run's committed examples (or of `examples`), in storage order, part by part."""
+    return summary_parts(store, info, KOVALEVA_FEATURES, examples)
 
 
 def add_over_examples(total: np.ndarray, values: np.ndarray, used: np.ndarray) -> None:
-    """Add values[used] to `total` one example after another, in storage order (as the streaming loops add)."""
+    """Add values[used] to `total` one example after another, in storage order."""
     for value in values[used]:
         total += value
 
@@ -227,22 +225,12 @@ def feature_attention(store: Store, *, run, features: str | None = None, example
     shape = (info.n_layers, info.n_heads)
     total = {f: np.zeros(shape) for f in names}
     count = dict.fromkeys(names, 0)
-    parts = feature_summaries(store, info, examples)  # per-example numbers kept with the run, part by part: no map is decoded
-    if parts is not None:
-        for part in parts:
-            for f in names:
-                i = FEATURES.index(f)
-                used = part["feature_tokens"][:, i] > 0
-                add_over_examples(total[f], part["feature_max"][:, i], used)
-                count[f] += int(used.sum())
-        return long_frame(range(info.n_layers), info.n_heads, names, total, count, "feature")
-    for example, maps, fm in ranged_maps(store, info, examples, lambda part: feature_masks(store, info, names, part)):
-        received = maps.sum(axis=2, dtype=np.float64) / maps.shape[-1]  # (layer, head, key): column means
+    for part in feature_summaries(store, info, examples):  # per-example numbers (queries/summary.py), part by part
         for f in names:
-            mask = fm.masks[example][f]
-            if mask.any():
-                total[f] += received[..., mask].max(-1)
-                count[f] += 1
+            i = FEATURES.index(f)
+            used = part["feature_tokens"][:, i] > 0
+            add_over_examples(total[f], part["feature_max"][:, i], used)
+            count[f] += int(used.sum())
     return long_frame(range(info.n_layers), info.n_heads, names, total, count, "feature")
 
 

@@ -23,7 +23,7 @@ import pandas as pd
 from .common import per_head_frame
 from .errors import InvalidArgumentError
 from .registry import register
-from .summary import SummaryKind, kept_parts, ranged_maps, register_kind, select
+from .summary import SummaryKind, in_storage_order, register_kind, summary_parts
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -98,42 +98,6 @@ def check_frames(store: Store, info, core: str) -> None:
 FILTER_STEPS = ("annotation_sets", "max_words", "max_fe_words", "has_core", "min_distance")  # counts after each filter
 
 
-def select_sentences(
-    store: Store, info, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2, core: str = "type"
-) -> tuple[dict[int, list[tuple[tuple[int, int], list[tuple[int, int]]]]], dict]:
-    """Annotation sets that pass the filters, per example: [(LU span, [core FE spans])], and the count after each filter."""
-    check_frames(store, info, core)
-    rows = store.sql(FRAMES_SQL, {"dataset": info.dataset_id})
-    stored = store.examples(info.id, texts=False)
-    stored = set(stored.loc[~stored["skipped"], "example"].astype(int))
-    if examples is not None:
-        stored &= {int(e) for e in examples}
-    n_words = store.word_counts(info.id)
-    counts = dict.fromkeys(FILTER_STEPS, 0)
-    kept: dict[int, list] = {}
-    for example, lu, elements in annotation_sets(rows):
-        if example not in stored:
-            continue
-        counts["annotation_sets"] += 1
-        if int(n_words.get(example, 0)) > max_words:
-            continue
-        counts["max_words"] += 1
-        if lu is None:
-            continue
-        if any(end - start > max_fe_words for start, end, _, _ in elements):
-            continue
-        counts["max_fe_words"] += 1
-        core_spans = [(start, end) for start, end, core_type, in_set in elements if (core_type == "Core" if core == "type" else in_set)]
-        if not core_spans:
-            continue
-        counts["has_core"] += 1
-        if any(span_distance(lu, span) < min_distance for span in core_spans):
-            continue
-        counts["min_distance"] += 1
-        kept.setdefault(example, []).append((lu, core_spans))
-    return kept, counts
-
-
 # ---------------------------------------------------------------- LU <-> frame element maxima kept with the run
 # Per example: its number of words (`n_words`). Per annotation set (frame row, in id order): the LU's word span
 # (`lu`, -1 -1 where it has none). Per overt frame element (in id order, grouped by set): its set's index in the
@@ -168,7 +132,7 @@ def _lu_fe_max_reduce(context, example: int, maps: np.ndarray) -> dict[str, np.n
         for start, end, core_type, in_set in elements:
             fes.append((index, start, end, core_type == "Core", in_set))
             fe_tok = np.flatnonzero((words >= start) & (words < end))
-            if len(lu_tok) and len(fe_tok):  # as the streaming path, over this FE's tokens only
+            if len(lu_tok) and len(fe_tok):  # over this FE's tokens only
                 one_way = maps[:, :, lu_tok][:, :, :, fe_tok].max(axis=(-2, -1))
                 other_way = maps[:, :, fe_tok][:, :, :, lu_tok].max(axis=(-2, -1))
                 maxima.append(np.maximum(one_way, other_way))
@@ -192,7 +156,8 @@ def _any_per_set(fe_set: np.ndarray, mask: np.ndarray, n_sets: int) -> np.ndarra
 def _kept_scores(
     arrays: dict[str, np.ndarray], total: np.ndarray, max_words: int, max_fe_words: int, min_distance: int, core: str
 ) -> tuple[int, dict]:
-    """The streaming path's sum of the kept sets' per-head maxima, added to `total`, from one part of the summary;
+    """The sum of the kept sets' per-head maxima (the largest over each set's core FEs), added to `total`, from one
+    part of the summary;
     returns (sets added, counts after each filter)."""
     if "lu" not in arrays:  # no example summarised
         return 0, dict.fromkeys(FILTER_STEPS, 0)
@@ -221,33 +186,9 @@ def _kept_scores(
     first = np.r_[0, np.flatnonzero(np.diff(fe_set[rows])) + 1]
     values = np.maximum.reduceat(arrays["fe_max"][rows], first, axis=0)  # per kept set: the largest over its core FEs
     values = values[values[:, 0, 0] >= 0].astype(np.float64)  # -1: the LU or every core FE has no token
-    for value in values:  # one set at a time, in the streaming path's order: the same float64 sums
+    for value in values:  # one set at a time, in storage order
         total += value
     return len(values), counts
-
-
-def _word_positions(store: Store, info, examples: np.ndarray) -> dict[int, np.ndarray]:
-    """Per example, each token's word position (NaN for special tokens)."""
-    table = store.token_table(info.id, examples)
-    return {int(k): g["word_position"].to_numpy(dtype=float) for k, g in table.groupby("example")}
-
-
-def _streamed_scores(store: Store, info, examples, max_words, max_fe_words, min_distance, core) -> tuple[np.ndarray, int, dict]:
-    kept_sets, counts = select_sentences(store, info, examples, max_words, max_fe_words, min_distance, core)
-    total = np.zeros((info.n_layers, info.n_heads))
-    n = 0
-    for example, maps, tokens in ranged_maps(store, info, sorted(kept_sets), lambda part: _word_positions(store, info, part)):
-        words = tokens[example]
-        for lu, core_spans in kept_sets[example]:
-            lu_tok = np.flatnonzero((words >= lu[0]) & (words < lu[1]))
-            fe_tok = np.flatnonzero(np.any([(words >= s) & (words < e) for s, e in core_spans], axis=0))
-            if not len(lu_tok) or not len(fe_tok):
-                continue
-            one_way = maps[:, :, lu_tok][:, :, :, fe_tok].max(axis=(-2, -1))
-            other_way = maps[:, :, fe_tok][:, :, :, lu_tok].max(axis=(-2, -1))
-            total += np.maximum(one_way, other_way).astype(np.float64)
-            n += 1
-    return total, n, counts
 
 
 def frame_head_scores(
@@ -255,18 +196,13 @@ def frame_head_scores(
 ):
     info = store.run_info(run)
     check_frames(store, info, core)
-    parts = kept_parts(store, info, LU_FE_MAX)
-    if parts is None:  # nothing kept and nothing can be: decode the kept sentences' maps
-        total, n, counts = _streamed_scores(store, info, examples, max_words, max_fe_words, min_distance, core)
-    else:
-        wanted = None if examples is None else np.fromiter((int(e) for e in examples), dtype=np.int64)
-        total, n, counts = np.zeros((info.n_layers, info.n_heads)), 0, dict.fromkeys(FILTER_STEPS, 0)
-        for part in parts:  # one part of the summary at a time
-            if wanted is not None:  # examples not stored are left out, as the streaming path does
-                part = select(LU_FE_MAX, part, np.isin(part["example"], wanted))
-            added, part_counts = _kept_scores(part, total, max_words, max_fe_words, min_distance, core)
-            n += added
-            counts = {step: counts[step] + part_counts[step] for step in FILTER_STEPS}
+    if examples is not None:  # asked-for examples that are not stored are left out
+        examples = np.intersect1d(np.fromiter((int(e) for e in examples), dtype=np.int64), in_storage_order(store, info))
+    total, n, counts = np.zeros((info.n_layers, info.n_heads)), 0, dict.fromkeys(FILTER_STEPS, 0)
+    for part in summary_parts(store, info, LU_FE_MAX, examples):  # one part of the summary at a time
+        added, part_counts = _kept_scores(part, total, max_words, max_fe_words, min_distance, core)
+        n += added
+        counts = {step: counts[step] + part_counts[step] for step in FILTER_STEPS}
     counts["with_tokens"] = n
     if n == 0:
         steps = ", ".join(f"{k}: {v}" for k, v in counts.items())

@@ -6,10 +6,9 @@ embedding is classical (Torgerson) multidimensional scaling of that distance mat
 Clark et al. used scikit-learn's iterative (SMACOF) MDS, which gives a similar layout
 up to rotation and reflection.
 
-Each example's sums for every pair of heads (and its number of query tokens) are kept with
-the run as the `head_js` summary (queries/summary.py), so only the first query on a run
-decodes its maps; a read-only store or a layout-1 run without a scheduler streams them, with
-the same numbers (the per-example sums are added in storage order in float64 either way).
+Each example's sums for every pair of heads (and its number of query tokens) are the `head_js`
+summary (queries/summary.py), kept with the run, so only the first query on a run decodes its
+maps; they are added in storage order in float64.
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ import numpy as np
 import pandas as pd
 
 from ..store.records import RunInfo
-from .common import iter_maps
 from .registry import register
-from .summary import SummaryKind, kept_parts, register_kind
+from .summary import SummaryKind, register_kind, summary_parts
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -150,14 +148,10 @@ def head_distance_sum(store: Store, run, examples=None) -> tuple[RunInfo, np.nda
     n = info.n_layers * info.n_heads
     upper = np.zeros(n * (n - 1) // 2)
     n_tokens = 0
-    parts = kept_parts(store, info, HEAD_JS, examples)  # per-example sums kept with the run, part by part: no map is decoded
-    for part in parts or ():
-        for row in part["js"]:  # one example at a time, in storage order, as the loop below adds them
+    for part in summary_parts(store, info, HEAD_JS, examples):  # per-example sums (queries/summary.py), part by part
+        for row in part["js"]:  # one example at a time, in storage order
             upper += row
         n_tokens += int(part["length"].sum())
-    for _, maps in iter_maps(store, info, examples) if parts is None else ():
-        upper += js_upper(maps.reshape(-1, *maps.shape[2:]))
-        n_tokens += maps.shape[-1]
     return info, square(upper, n), n_tokens
 
 

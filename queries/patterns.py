@@ -48,7 +48,7 @@ import pandas as pd
 
 from .errors import InvalidArgumentError
 from .registry import register
-from .summary import SummaryKind, kept, register_kind
+from .summary import SummaryKind, register_kind, summary
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -321,10 +321,10 @@ def pattern_classes(store: Store, *, run, examples=None, max_examples: int = 100
     info = store.run_info(run)
     chosen = sample_examples(store, info, examples, max_examples, seed)
     layer, head = np.meshgrid(np.arange(info.n_layers), np.arange(info.n_heads), indexing="ij")
+    scored = summary(store, info, PATTERN_SCORES, chosen)  # each example's scores (queries/summary.py): kept with the run
+    n = len(scored["example"])
     parts = []
-    scored = kept(store, info, PATTERN_SCORES, chosen)  # kept with the run: no map is decoded
-    if scored is not None:
-        n = len(scored["example"])
+    if n:
         labels = labels_from_scores(scored["vertical"], scored["diagonal"], scored["block"])
         parts.append(
             pd.DataFrame(
@@ -334,22 +334,6 @@ def pattern_classes(store: Store, *, run, examples=None, max_examples: int = 100
                     head=np.tile(head.ravel(), n),
                     label=labels.ravel().astype(str),
                     **{k: scored[k].ravel() for k in SCORES},
-                )
-            )
-        )
-    layout = token_layout(store, info) if scored is None else {}
-    for example, maps in store.iter_attention(info.id, chosen) if scored is None else ():
-        special, segment = layout[example]
-        scores = pattern_scores(maps, special, segment)
-        labels = labels_from_scores(scores["vertical"], scores["diagonal"], scores["block"])
-        parts.append(
-            pd.DataFrame(
-                dict(
-                    example=example,
-                    layer=layer.ravel(),
-                    head=head.ravel(),
-                    label=labels.ravel().astype(str),
-                    **{k: v.ravel() for k, v in scores.items()},
                 )
             )
         )

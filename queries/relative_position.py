@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .common import CAUSAL_NOTE, check_average, is_causal, iter_maps, per_head_frame, safe_divide
+from .common import CAUSAL_NOTE, check_average, is_causal, per_head_frame, safe_divide
 from .registry import register
-from .summary import summaries
+from .summary import CLARK, summary_parts
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -36,8 +36,7 @@ def relative_position(store: Store, *, run, examples=None, average: str = "examp
     shape = (info.n_layers, info.n_heads)
     prev, same, nxt = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     n_tokens = n_pairs = n_examples = 0
-    kept = summaries(store, info, examples)  # per-example sums kept with the run, read part by part: no map is decoded
-    for part in kept or ():
+    for part in summary_parts(store, info, CLARK, examples):  # per-example sums (queries/summary.py), part by part
         length = part["length"][:, None, None].astype(np.float64)
         scale = length if average == "example" else 1.0
         prev += (part["to_previous"] / scale).sum(0)
@@ -46,17 +45,6 @@ def relative_position(store: Store, *, run, examples=None, average: str = "examp
         n_examples += len(length)
         n_tokens += int(part["length"].sum())
         n_pairs += int(part["length"].sum()) - len(length)
-    for _, maps in iter_maps(store, info, examples) if kept is None else ():
-        length = maps.shape[-1]
-        sums = [np.diagonal(maps, offset=k, axis1=2, axis2=3).sum(-1, dtype=np.float64) for k in (-1, 0, 1)]
-        if average == "example":
-            sums = [s / length for s in sums]
-        prev += sums[0]
-        same += sums[1]
-        nxt += sums[2]
-        n_tokens += length
-        n_pairs += length - 1
-        n_examples += 1
     if average == "example":
         frame = per_head_frame(
             info, to_previous=safe_divide(prev, n_examples), to_self=safe_divide(same, n_examples), to_next=safe_divide(nxt, n_examples)

@@ -19,18 +19,16 @@ import pandas as pd
 from .common import per_head_frame
 from .errors import InvalidArgumentError, NotFoundError
 from .registry import register
+from .summary import SummaryKind, register_kind, summary_parts
 
 if TYPE_CHECKING:
     from ..store import Store
-    from ..store.arrays import SummaryParts
 
 # Maps of both runs held for one group of examples: at most about this many cells per run. Two groups are held at
 # once (one compared while the next is read), so about 4 x BATCH_CELLS cells in all.
 BATCH_CELLS = 1 << 23
-# Examples whose token rows (both runs') are compared at once when the pair's cosines are built.
+# Examples whose token rows (both runs') are compared at once before the pair's cosines are computed.
 TOKEN_CHECK_EXAMPLES = 4096
-# Rows of the pair's kept cosines read back at once (its chunks hold 4,096 examples at most).
-SUMMARY_ROWS = 4096
 
 
 def shared_examples(
@@ -152,71 +150,67 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.where(norms > 0, dot / np.where(norms > 0, norms, 1), np.nan)
 
 
-PAIR_VERSION = 1  # of the per-pair cache below; bump when `cosine` changes
+# ---------------------------------------------------------------- the pair's per-example cosines (queries/summary.py)
+# One run's summary cannot serve this query (it needs both runs' maps of an example at once), so the pair of runs is a
+# kind of its own: kept in run `a`'s group under the other run's name (`pair_cosines.<digest>`), fingerprinted with
+# both runs' committed counts and the other run's uid (either run growing, or another run of that name, rebuilds it);
+# it covers the examples stored in both runs, in `a`'s storage order. Each range of examples is checked to have the
+# same tokens in both runs first (InvalidArgumentError naming the first that differs): where some example of the
+# whole pair differs, nothing is kept and the query's own sample is computed (and checked) alone.
 
 
-class _RunGrew(Exception):
-    """A run grew while the pair's cosines were built: they are not kept (the caller streams this time)."""
+def _other(store: Store, params: dict):
+    return store.run_info(params["other"])
 
 
-def pair_cosines(store: Store, a, b) -> SummaryParts | None:
-    """Every shared example's per-head cosines between runs `a` and `b`, kept beside run `a`'s maps, to read
-    range by range (`.n` examples; `.arrays["example"]`, `.arrays["cosine"]` (n, layer, head), in `a`'s storage order).
-
-    A one-run summary cannot serve this query (it needs both runs' maps of an example at once), so the
-    pair has its own: `summary/similarity-<a's uid>-<b's uid>/` in `a`'s group, stamped with both runs'
-    committed counts (either run growing rebuilds it). Built by one pass over both runs the first time and
-    saved a group of examples at a time (never held whole); None where nothing can be kept (a read-only store,
-    a layout-1 run), a run grew meanwhile, or some shared example was tokenised differently (the caller's
-    sample may still avoid it): the caller then streams.
-    """
-    name = f"similarity-{a.manifest.get('uid') or a.id}-{b.manifest.get('uid') or b.id}"
-    stamp = {"version": PAIR_VERSION, "n_examples": store.n_committed(a.id), "other_examples": store.n_committed(b.id)}
-    found = store.run_summary_parts(a.id, name, stamp)
-    if found is not None:
-        return found
-    if store.read_only or not store.can_keep_summaries(a.id):
-        return None
-    everything = shared_examples(store, a, b, max_examples=None, check_tokens=False)
-    try:  # a range of examples' token rows at a time (`everything` is in example order), not both runs' whole tables
-        for start in range(0, len(everything), TOKEN_CHECK_EXAMPLES):
-            check_same_tokens(store, a, b, everything.iloc[start : start + TOKEN_CHECK_EXAMPLES])
-    except InvalidArgumentError:
-        return None
-    groups = batches(everything, a.n_layers * a.n_heads)
-
-    def parts() -> Iterator[dict[str, np.ndarray]]:
-        with closing(paired_maps(store, a, b, groups)) as pairs:
-            for group in groups:
-                done = [next(pairs) for _ in group]
-                yield {
-                    "example": np.asarray([example for example, _, _ in done], dtype=np.int64),
-                    "cosine": np.stack([cosine(maps, theirs) for _, maps, theirs in done]),
-                }
-        if store.n_committed(a.id) != stamp["n_examples"]:
-            raise _RunGrew
-
-    try:
-        if not store.save_run_summary_parts(a.id, name, parts(), stamp, n_examples=len(everything)):
-            return None
-    except _RunGrew:
-        return None  # saved without a stamp: never read
-    return store.run_summary_parts(a.id, name, stamp)
+def _pair_covers(store: Store, a, params: dict) -> np.ndarray:
+    shared = shared_examples(store, a, _other(store, params), max_examples=None, check_tokens=False)["example"].to_numpy(np.int64)
+    order = store.storage_order(a.id)
+    return order[np.isin(order, shared)]
 
 
-def kept_similarity(kept: SummaryParts, shared: pd.DataFrame) -> tuple[np.ndarray, int]:
-    """(sum of the kept cosines of the `shared` examples, how many): read range by range in the cache's order,
-    `a`'s storage order, which is the order the streaming path adds them in, so the sums are bit-identical."""
-    wanted = np.sort(shared["example"].to_numpy(np.int64))
-    cosines = kept.arrays["cosine"]
-    total, n = np.zeros(cosines.shape[1:]), 0
-    for start in range(0, kept.n, SUMMARY_ROWS):
-        hit = np.isin(np.asarray(kept.arrays["example"][start : start + SUMMARY_ROWS]), wanted)
-        if hit.any():
-            for row in np.asarray(cosines[start : start + SUMMARY_ROWS])[hit]:
-                total += row
-                n += 1
-    return total, n
+def _pair_state(store: Store, a, params: dict) -> dict:
+    b = _other(store, params)
+    return {
+        "n_examples": int(store.n_committed(a.id)),
+        "other_examples": int(store.n_committed(b.id)),
+        "other_uid": str(b.manifest.get("uid") or b.id),
+    }
+
+
+def _pair_prepare(store: Store, a, examples, other: str):
+    b = store.run_info(other)
+    shared = shared_examples(store, a, b, max_examples=None, check_tokens=False)
+    shared = shared[shared["example"].isin(np.asarray(examples, dtype=np.int64))]
+    for start in range(0, len(shared), TOKEN_CHECK_EXAMPLES):  # a range of examples' token rows at a time
+        check_same_tokens(store, a, b, shared.iloc[start : start + TOKEN_CHECK_EXAMPLES])
+    return b, shared
+
+
+def _pair_read(store: Store, a, examples, context) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray]]]:
+    b, shared = context
+    with closing(paired_maps(store, a, b, batches(shared, a.n_layers * a.n_heads))) as pairs:
+        for example, maps, theirs in pairs:
+            yield example, (maps, theirs)
+
+
+def _pair_reduce(context, example: int, pair: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"cosine": cosine(*pair)}
+
+
+PAIR_COSINES = register_kind(
+    SummaryKind(
+        "pair_cosines",
+        1,
+        _pair_prepare,
+        _pair_reduce,
+        defaults={"other": ""},
+        covers=_pair_covers,
+        read=_pair_read,
+        state=_pair_state,
+        one_run=False,
+    )
+)
 
 
 @register("run_similarity")
@@ -233,15 +227,12 @@ def run_similarity(store: Store, *, run, other: str | None = None, examples=None
     if other is None:
         raise InvalidArgumentError("run_similarity compares two runs: name the other one, e.g. --param other=RUN")
     a, b = store.run_info(run), store.run_info(other)
-    kept = pair_cosines(store, a, b)
-    shared = shared_examples(store, a, b, examples, max_examples, seed, check_tokens=kept is None)
+    shared = shared_examples(store, a, b, examples, max_examples, seed, check_tokens=False)
     total = np.zeros((a.n_layers, a.n_heads))
     n = 0
-    if kept is not None:  # the same per-example cosines, added in the same order as the streaming path below
-        total, n = kept_similarity(kept, shared)
-    else:
-        for _, maps, theirs in paired_maps(store, a, b, batches(shared, a.n_layers * a.n_heads)):
-            total += cosine(maps, theirs)
+    for part in summary_parts(store, a, PAIR_COSINES, shared["example"], other=b.name):  # in a's storage order
+        for row in part["cosine"]:
+            total += row
             n += 1
     frame = per_head_frame(a, similarity=total / n)
     frame["n_examples"] = n

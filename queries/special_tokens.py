@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .common import check_average, per_head_frame, safe_divide, token_flags
+from .common import check_average, per_head_frame, safe_divide
 from .registry import register
-from .summary import ranged_maps, summaries
+from .summary import CLARK, summary_parts
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -34,41 +34,12 @@ def special_tokens(store: Store, *, run, punct: str = ".,", examples=None, avera
     Special tokens are identified by the tokenizer's ids recorded with the model.
     """
     check_average(average)
-    per_example = average == "example"
     info = store.run_info(run)
-    kept = summaries(store, info, examples, punct)  # per-example sums kept with the run, read part by part: no map is decoded
-    if kept is not None:
-        return _from_summaries(info, kept, per_example)
-    shape = (info.n_layers, info.n_heads)
-    to = {k: np.zeros(shape) for k in ("cls", "sep", "punct", "other")}
-    sep_from_sep, sep_from_other = np.zeros(shape), np.zeros(shape)
-    n_queries = n_sep = n_non_sep = 0
-    for example, maps, flags in ranged_maps(store, info, examples, lambda part: token_flags(store, info, punct, part)):
-        f = flags[example]
-        received = maps.sum(axis=2, dtype=np.float64)  # (layer, head, key): attention each key gets, summed over queries
-        other = ~(f.cls | f.sep | f.punct)
-        length, seps = maps.shape[-1], int(f.sep.sum())
-        to_sep = maps[..., f.sep].sum(-1, dtype=np.float64)  # (layer, head, query)
-        # per example: divide by this example's counts and count the example once
-        for name, mask in (("cls", f.cls), ("sep", f.sep), ("punct", f.punct), ("other", other)):
-            to[name] += received[..., mask].sum(-1) / (length if per_example else 1)
-        if seps:
-            sep_from_sep += to_sep[..., f.sep].sum(-1) / (seps if per_example else 1)
-        if length - seps:
-            sep_from_other += to_sep[..., ~f.sep].sum(-1) / (length - seps if per_example else 1)
-        n_queries += 1 if per_example else length
-        n_sep += (1 if per_example else seps) if seps else 0
-        n_non_sep += (1 if per_example else length - seps) if length - seps else 0
-    return per_head_frame(
-        info,
-        **{f"to_{k}": safe_divide(v, n_queries) for k, v in to.items()},
-        sep_from_sep=safe_divide(sep_from_sep, n_sep),
-        sep_from_other=safe_divide(sep_from_other, n_non_sep),
-    )
+    return _from_summaries(info, summary_parts(store, info, CLARK, examples, punct=punct), average == "example")
 
 
 def _from_summaries(info, parts: Iterable[dict[str, np.ndarray]], per_example: bool) -> pd.DataFrame:
-    """The same means from each example's sums (queries/summary.py), part by part, as the loop above takes from its maps."""
+    """The means from each example's sums (the Clark summary, queries/summary.py), part by part."""
     shape = (info.n_layers, info.n_heads)
     names = (*(f"received_{k}" for k in ("cls", "sep", "punct", "other")), "sep_from_sep", "sep_from_other")
     totals = {name: np.zeros(shape) for name in names}

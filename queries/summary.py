@@ -1,38 +1,47 @@
-"""Per-example summaries: what one streaming pass keeps of each example's maps, computed once per run and reused.
+"""The query framework: a query is a per-example reduction (a `SummaryKind`) plus a combine step, with one code path.
 
-A query that reduces every example's maps to a few numbers per (layer, head) need not decode
-every cell each time it runs: a `SummaryKind` names those numbers (`reduce`, given the run-level
-inputs `prepare` builds once), one pass over the run computes them, and they are kept beside the
-run's maps in its Zarr group (layout 2) under `summary/<kind>/`, stamped with the kind's version
-and the number of examples they cover. A run that has grown since (a resumed ingest) is
-summarised again. Reading them costs kilobytes per example instead of every cell.
+A query that reduces every example's maps to a few numbers per (layer, head) names those
+numbers as a `SummaryKind`: `prepare(store, info, examples, **params)` builds the run-level
+inputs once per range of examples, `reduce(context, example, maps)` gives one example's
+fields. The query itself only combines the per-example fields, which `summary_parts` hands it
+range by range, in storage order, whatever the store allows:
 
-The pass is built the first time a query needs it on a writable store (or by `attnstore
-summarize`). With a Dask scheduler (`--scheduler`, ATTNSTORE_SCHEDULER; queries/scheduler.py)
-the run's examples are split into contiguous ranges and summarised on the workers; the parts
-are concatenated in storage order, so the values equal the one-process pass exactly. On a
-read-only store or a layout-1 run nothing can be kept: with a scheduler the values are still
-computed on the workers for this query; without one the query takes its streaming path, with
-the same results (tests compare both).
+1. **kept** with the run (layout-2 Zarr group, `summary/<key>/`), when the stamp matches: the
+   stamp is the result's fingerprint, (kind, its version, the parameters that change its values,
+   the run's committed state: `n_examples`, plus what a kind adds, e.g. the other run's count for
+   a pair of runs), compared whole, as HF datasets fingerprints its cache;
+2. **built and kept** the first time on a writable store (in process range by range, or on the
+   Dask workers of `--scheduler`; queries/scheduler.py), then read back as in 1;
+3. **computed for this call alone** where nothing can be kept (a read-only store, a layout-1
+   run, a run that grew while it was read, or a kind whose whole-run pass cannot be built), by
+   the same `prepare`/`reduce` over only the asked-for examples, in process or on the workers.
+
+There is no second implementation: 1-3 give the same per-example fields, so a query's result
+does not depend on which was taken (the values are those of the same float64 arithmetic on the
+same maps, combined in the same storage order). The key of a kind's summary is its name for its
+default parameters (`clark`), else the name and a digest of the parameters (`clark.3f1c...`).
 
 Fields whose first axis is a per-example unit (words of a sentence) are `ragged`: concatenated
 over the examples, with `<field>_start` (n + 1 offsets) to find each example's rows.
 
-The Clark kind (`CLARK`) backs `relative_position`, `special_tokens` (default punctuation) and
-`entropy`: attention on the three diagonals, attention received by [CLS]-like / separator /
-punctuation / other keys, separator-to-separator mass and row entropies, with each example's
-counts (L, separators, [CLS]-like tokens).
+The Clark kind (`CLARK`) backs `relative_position`, `special_tokens` and `entropy`: attention
+on the three diagonals, attention received by [CLS]-like / separator / punctuation / other
+keys, separator-to-separator mass and row entropies, with each example's counts (L,
+separators, [CLS]-like tokens); its parameter is the punctuation set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .common import iter_maps, token_flags
+from .errors import InvalidArgumentError, NotFoundError
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -40,20 +49,51 @@ if TYPE_CHECKING:
     from ..store.records import RunInfo
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SummaryKind:
-    """A per-example summary: `reduce(context, example, maps)` -> {field: array}, with `context = prepare(store, info, examples)`."""
+    """A per-example reduction: `reduce(context, example, maps)` -> {field: array}, with
+    `context = prepare(store, info, examples, **params)` built once per range of examples.
+
+    Optional hooks, for kinds that are not one run's maps example by example (a pair of runs):
+    `covers(store, info, params)` the examples it summarises, in storage order (default: the run's
+    committed examples); `read(store, info, examples, context)` (example, maps) in that order
+    (default: the run's maps); `state(store, info, params)` the committed state its values depend on
+    (default: {"n_examples": the run's committed examples}).
+    """
 
     name: str
     version: int
-    # (store, info, examples) -> the run-level inputs of `reduce`; `examples` (None: the whole run) is a worker's
-    # range, which a kind may use to read only those examples' rows
-    prepare: Callable[[Store, RunInfo, Any], Any]
-    reduce: Callable[[Any, int, np.ndarray], dict[str, np.ndarray]]
-    ragged: tuple[str, ...] = ()  # fields whose first axis varies by example: concatenated, with <field>_start
+    prepare: Callable[..., Any]
+    reduce: Callable[[Any, int, Any], dict[str, np.ndarray]]
+    ragged: tuple[str, ...] = ()
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # the parameters that change its values, with defaults
+    covers: Callable[[Store, RunInfo, dict], np.ndarray] | None = None
+    read: Callable[[Store, RunInfo, np.ndarray, Any], Iterator[tuple[int, Any]]] | None = None
+    state: Callable[[Store, RunInfo, dict], dict] | None = None
+    one_run: bool = True  # built for one run with its default parameters (`attnstore summarize`); False: a pair of runs
 
-    def stamp(self, n_examples: int) -> dict:
-        return {"version": self.version, "n_examples": int(n_examples)}
+    def bind(self, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Its parameters with the defaults filled in; an unknown one is a programming error."""
+        params = dict(params or {})
+        unknown = set(params) - set(self.defaults)
+        if unknown:
+            raise TypeError(f"summary kind {self.name!r} takes no parameter(s) {sorted(unknown)}; it takes {sorted(self.defaults)}")
+        return {**self.defaults, **params}
+
+    def key(self, params: Mapping[str, Any]) -> str:
+        """Where its summary is kept in the run's group: its name, plus a digest of non-default parameters."""
+        params = self.bind(params)
+        if params == dict(self.defaults):
+            return self.name
+        digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        return f"{self.name}.{digest}"
+
+    def stamp(self, n_examples: int | dict, params: Mapping[str, Any] | None = None) -> dict:
+        """The fingerprint a kept summary must carry to be read back: version, committed state, non-default parameters."""
+        state = {"n_examples": int(n_examples)} if not isinstance(n_examples, dict) else n_examples
+        params = self.bind(params)
+        extra = {} if params == dict(self.defaults) else {"params": json.loads(json.dumps(params, sort_keys=True, default=str))}
+        return {"version": self.version, **state, **extra}
 
 
 KINDS: dict[str, SummaryKind] = {}
@@ -64,6 +104,14 @@ def register_kind(kind: SummaryKind) -> SummaryKind:
     return kind
 
 
+def run_kinds() -> dict[str, SummaryKind]:
+    """The kinds `attnstore summarize` can build for one run ahead of time (with their default parameters)."""
+    from . import load_all
+
+    load_all()
+    return {name: kind for name, kind in sorted(KINDS.items()) if kind.one_run}
+
+
 def kind_named(name: str) -> SummaryKind:
     from . import load_all
 
@@ -71,7 +119,7 @@ def kind_named(name: str) -> SummaryKind:
     return KINDS[name]
 
 
-# ---------------------------------------------------------------- building and keeping
+# ---------------------------------------------------------------- one pass
 
 
 def _assemble(kind: SummaryKind, examples: list[int], rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -79,14 +127,14 @@ def _assemble(kind: SummaryKind, examples: list[int], rows: list[dict[str, np.nd
     out: dict[str, np.ndarray] = {"example": np.asarray(examples, dtype=np.int64)}
     if not rows:
         return out
-    for field in rows[0]:
-        values = [row[field] for row in rows]
-        if field in kind.ragged:
+    for name in rows[0]:
+        values = [row[name] for row in rows]
+        if name in kind.ragged:
             sizes = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
-            out[field] = np.concatenate(values)
-            out[f"{field}_start"] = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+            out[name] = np.concatenate(values)
+            out[f"{name}_start"] = np.r_[0, np.cumsum(sizes)].astype(np.int64)
         else:
-            out[field] = np.stack([np.asarray(v) for v in values])
+            out[name] = np.stack([np.asarray(v) for v in values])
     return out
 
 
@@ -96,12 +144,18 @@ def _assemble(kind: SummaryKind, examples: list[int], rows: list[dict[str, np.nd
 SUMMARY_RANGE = 4096
 
 
-def summarise_examples(store: Store, info: RunInfo, kind: SummaryKind, examples=None) -> dict[str, np.ndarray]:
-    """One streaming pass over `examples` (default: every committed example), in storage order."""
-    context = kind.prepare(store, info, examples)
+def summarise_examples(
+    store: Store, info: RunInfo, kind: SummaryKind, examples=None, params: Mapping[str, Any] | None = None
+) -> dict[str, np.ndarray]:
+    """One pass of the kind over `examples` (default: every example it covers), in storage order."""
+    params = kind.bind(params)
+    if examples is None:
+        examples = covered(store, info, kind, params)
+    context = kind.prepare(store, info, examples, **params)
+    pairs = kind.read(store, info, examples, context) if kind.read is not None else iter_maps(store, info, examples)
     order: list[int] = []
     rows: list[dict[str, np.ndarray]] = []
-    for example, maps in iter_maps(store, info, examples):
+    for example, maps in pairs:
         order.append(example)
         rows.append(kind.reduce(context, example, maps))
     return _assemble(kind, order, rows)
@@ -113,34 +167,34 @@ def concatenate(kind: SummaryKind, parts: Iterable[dict[str, np.ndarray]]) -> di
     if not parts:
         return {"example": np.zeros(0, dtype=np.int64)}
     out: dict[str, np.ndarray] = {}
-    for field in parts[0]:
-        if field.endswith("_start") and field[: -len("_start")] in kind.ragged:
-            shifts = np.cumsum([0] + [int(p[field][-1]) for p in parts[:-1]])
-            out[field] = np.concatenate([parts[0][field][:1]] + [p[field][1:] + s for p, s in zip(parts, shifts)])
+    for name in parts[0]:
+        if name.endswith("_start") and name[: -len("_start")] in kind.ragged:
+            shifts = np.cumsum([0] + [int(p[name][-1]) for p in parts[:-1]])
+            out[name] = np.concatenate([parts[0][name][:1]] + [p[name][1:] + s for p, s in zip(parts, shifts)])
         else:
-            out[field] = np.concatenate([p[field] for p in parts])
+            out[name] = np.concatenate([p[name] for p in parts])
     return out
 
 
 def select(kind: SummaryKind, arrays: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
     """The summary of the examples where `keep` (a boolean mask over arrays["example"]) is true."""
     out = {}
-    for field, values in arrays.items():
-        if field in kind.ragged:
-            start = arrays[f"{field}_start"]
-            out[field] = values[np.repeat(keep, np.diff(start))]  # each kept example's rows, in order
-        elif field.endswith("_start") and field[: -len("_start")] in kind.ragged:
+    for name, values in arrays.items():
+        if name in kind.ragged:
+            start = arrays[f"{name}_start"]
+            out[name] = values[np.repeat(keep, np.diff(start))]  # each kept example's rows, in order
+        elif name.endswith("_start") and name[: -len("_start")] in kind.ragged:
             sizes = np.diff(values)[keep]
-            out[field] = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+            out[name] = np.r_[0, np.cumsum(sizes)].astype(np.int64)
         else:
-            out[field] = values[keep]
+            out[name] = values[keep]
     return out
 
 
-def ragged_rows(arrays: dict[str, np.ndarray], field: str, index: int) -> np.ndarray:
-    """Example number `index` (0-based, in the summary's order)'s rows of ragged `field`."""
-    start = arrays[f"{field}_start"]
-    return arrays[field][start[index] : start[index + 1]]
+def ragged_rows(arrays: dict[str, np.ndarray], name: str, index: int) -> np.ndarray:
+    """Example number `index` (0-based, in the summary's order)'s rows of ragged `name`."""
+    start = arrays[f"{name}_start"]
+    return arrays[name][start[index] : start[index + 1]]
 
 
 def in_storage_order(store: Store, info: RunInfo) -> np.ndarray:
@@ -154,40 +208,61 @@ def ranges(examples: np.ndarray, size: int | None = None) -> list[np.ndarray]:
     return [examples[i : i + size] for i in range(0, len(examples), size)]
 
 
+def only(info: RunInfo, order: np.ndarray, examples) -> np.ndarray:
+    """The examples of `order` (storage order) that are in `examples`, in storage order; NotFoundError naming any of
+    `examples` that `order` lacks."""
+    wanted = np.unique(np.fromiter((int(e) for e in examples), dtype=np.int64))
+    missing = np.setdiff1d(wanted, order)
+    if missing.size:
+        raise NotFoundError(f"run {info.name!r} has no stored example(s) {missing[:10].tolist()}")
+    return order[np.isin(order, wanted)]
+
+
 def storage_ranges(store: Store, info: RunInfo, examples=None) -> list[np.ndarray]:
     """The run's committed examples (or those of `examples`) in storage order, in consecutive ranges of SUMMARY_RANGE;
     NotFoundError naming any of `examples` that is not stored."""
     order = in_storage_order(store, info)
-    if examples is not None:
-        wanted = np.unique(np.fromiter((int(e) for e in examples), dtype=np.int64))
-        missing = np.setdiff1d(wanted, order)
-        if missing.size:
-            from .errors import NotFoundError
-
-            raise NotFoundError(f"run {info.name!r} has no stored example(s) {missing[:10].tolist()}")
-        order = order[np.isin(order, wanted)]
-    return ranges(order)
+    return ranges(order if examples is None else only(info, order, examples))
 
 
 def ranged_maps(store: Store, info: RunInfo, examples, prepare: Callable[[np.ndarray], Any]) -> Iterator[tuple[int, np.ndarray, Any]]:
     """(example, maps, context) over the run's committed examples (or `examples`) in storage order, with
-    `context = prepare(range)` built for each range of SUMMARY_RANGE examples: a streaming query's per-example
-    tables (token flags, words) then stay the size of one range at any run size."""
+    `context = prepare(range)` built for each range of SUMMARY_RANGE examples (for passes that are not summaries:
+    collecting a probe's training data)."""
     for part in storage_ranges(store, info, examples):
         context = prepare(part)
         for example, maps in iter_maps(store, info, part):
             yield example, maps, context
 
 
-def _built_parts(store: Store, info: RunInfo, kind: SummaryKind, order: np.ndarray, scheduler: str | None) -> Iterator[dict]:
-    """The kind's summary of `order` (storage order), part by part: on the scheduler's workers, or range by range here."""
-    from .scheduler import summarise_on
+# ---------------------------------------------------------------- keeping, and the one path
 
+
+def covered(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[str, Any]) -> np.ndarray:
+    """The examples the kind summarises for `params`, in storage order."""
+    return kind.covers(store, info, dict(params)) if kind.covers is not None else in_storage_order(store, info)
+
+
+def committed_state(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[str, Any]) -> dict:
+    """The committed state of the run(s) the kind's values depend on, part of its fingerprint."""
+    return kind.state(store, info, dict(params)) if kind.state is not None else {"n_examples": int(store.n_committed(info.id))}
+
+
+def _summarise_range(store: Store, examples: list[int], run_id: int, kind_name: str, params: dict) -> dict[str, np.ndarray]:
+    """A Dask worker's task (queries/scheduler.py): the kind's summary of one range of the run's examples."""
+    return summarise_examples(store, store.run_info(run_id), kind_named(kind_name), examples, params)
+
+
+def _built_parts(store: Store, info: RunInfo, kind: SummaryKind, order: np.ndarray, params: dict) -> Iterator[dict]:
+    """The kind's summary of `order` (storage order), part by part: on the Dask scheduler in effect, or range by range here."""
+    from .scheduler import current_scheduler, map_ranges
+
+    scheduler = current_scheduler()
     if scheduler is not None:
-        yield from summarise_on(scheduler, store, info, kind, order)
+        yield from map_ranges(scheduler, store, order, _summarise_range, (info.id, kind.name, params), SUMMARY_RANGE)
     else:
         for part in ranges(order):
-            yield summarise_examples(store, info, kind, part)
+            yield summarise_examples(store, info, kind, part, params)
 
 
 def _saved_parts(kind: SummaryKind, saved: SummaryParts, wanted: np.ndarray | None) -> Iterator[dict[str, np.ndarray]]:
@@ -200,54 +275,56 @@ def _saved_parts(kind: SummaryKind, saved: SummaryParts, wanted: np.ndarray | No
             yield part
 
 
-def keep(store: Store, info: RunInfo, kind: SummaryKind) -> SummaryParts | None:
-    """The kind's kept summary of the run's committed examples (`.n`, `.part(start, stop)`), built part by part and
-    kept first if it is not (on the Dask scheduler in effect, if any). None where it cannot be kept (a read-only
-    store, a layout-1 run) or the run grew while it was read."""
-    from .scheduler import current_scheduler
+class _Changed(Exception):
+    """The run's committed state changed while its summary was built: it is not stamped (never read back)."""
 
-    stamp = kind.stamp(store.n_committed(info.id))
-    saved = store.run_summary_parts(info.id, kind.name, stamp)
+
+def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryParts | None:
+    """The kind's kept summary of every example it covers (`.n`, `.part(start, stop)`), built part by part and kept
+    first if it is not (on the Dask scheduler in effect, if any). None where it cannot be kept: a read-only store, a
+    layout-1 run, a run that grew while it was read, or a whole-run pass the kind refuses (InvalidArgumentError from
+    its `prepare`, e.g. a pair of runs that tokenised some example differently)."""
+    params = kind.bind(params)
+    state = committed_state(store, info, kind, params)
+    stamp, key = kind.stamp(state, params), kind.key(params)
+    saved = store.run_summary_parts(info.id, key, stamp)
     if saved is not None or store.read_only or not store.can_keep_summaries(info.id):
         return saved
-    parts = _built_parts(store, info, kind, in_storage_order(store, info), current_scheduler())
-    if not store.save_run_summary_parts(info.id, kind.name, parts, stamp, n_examples=stamp["n_examples"]):
-        return None  # the run grew while it was read: stream this time
-    return store.run_summary_parts(info.id, kind.name, stamp)
+    order = covered(store, info, kind, params)
 
+    def parts() -> Iterator[dict[str, np.ndarray]]:
+        yield from _built_parts(store, info, kind, order, params)
+        if committed_state(store, info, kind, params) != state:
+            raise _Changed
 
-def kept_parts(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None) -> Iterable[dict[str, np.ndarray]] | None:
-    """The kind's summary of the run's committed examples (or of `examples`), in storage order, as consecutive parts
-    of at most SUMMARY_RANGE examples (fields as `summarise_examples` gives them for those alone).
-
-    Read from the run's group when kept there with a matching stamp; else built part by part (on the Dask
-    scheduler in effect, if any) and kept when the store and run allow, or, on a read-only store with a
-    scheduler, computed on the workers for this query alone. None where the caller must take its streaming
-    path: nothing kept, nothing can be kept and no scheduler is set, or `examples` names one not stored.
-    """
-    from .scheduler import current_scheduler
-
-    wanted = None if examples is None else np.fromiter((int(e) for e in examples), dtype=np.int64)
-    saved = keep(store, info, kind)
-    if saved is not None:
-        if wanted is not None and np.setdiff1d(wanted, saved.arrays["example"][:]).size:
-            return None  # let the streaming path raise its NotFoundError naming them
-        return _saved_parts(kind, saved, wanted)
-    scheduler = current_scheduler()
-    if scheduler is None or (not store.read_only and store.can_keep_summaries(info.id)):
-        return None  # nothing can be kept and nothing computes it elsewhere, or the run grew while it was read
-    order = in_storage_order(store, info)
-    if wanted is not None:
-        if np.setdiff1d(wanted, order).size:
+    try:
+        if not store.save_run_summary_parts(info.id, key, parts(), stamp, n_examples=len(order)):
             return None
-        order = order[np.isin(order, wanted)]
-    return (part for part in _built_parts(store, info, kind, order, scheduler) if len(part["example"]))
+    except (_Changed, InvalidArgumentError):
+        return None  # written without a stamp: never read back
+    return store.run_summary_parts(info.id, key, stamp)
 
 
-def kept(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None) -> dict[str, np.ndarray] | None:
-    """`kept_parts` as one summary (for queries that need every example's numbers at once)."""
-    parts = kept_parts(store, info, kind, examples)
-    return None if parts is None else concatenate(kind, parts)
+def summary_parts(
+    store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None, **params
+) -> Iterator[dict[str, np.ndarray]]:
+    """The one path: the kind's per-example fields for the examples it covers (or those of `examples`), in storage
+    order, as consecutive parts of at most SUMMARY_RANGE examples (each as `summarise_examples` gives it for those
+    alone). Kept ones are read back; else they are built and kept where the store allows; else computed for this
+    call over the asked-for examples only (see the module docstring). NotFoundError names asked-for examples the
+    kind does not cover."""
+    params = kind.bind(params)
+    wanted = None if examples is None else only(info, covered(store, info, kind, params), examples)
+    saved = keep(store, info, kind, **params)
+    if saved is not None:
+        return _saved_parts(kind, saved, wanted)
+    order = covered(store, info, kind, params) if wanted is None else wanted
+    return (part for part in _built_parts(store, info, kind, order, params) if len(part["example"]))
+
+
+def summary(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None, **params) -> dict[str, np.ndarray]:
+    """`summary_parts` as one summary (for queries that need every example's numbers at once)."""
+    return concatenate(kind, summary_parts(store, info, kind, examples, **params))
 
 
 # ---------------------------------------------------------------- Clark et al.'s standard statistics
@@ -256,9 +333,7 @@ DEFAULT_PUNCT = ".,"
 
 
 def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.ndarray) -> dict[str, np.ndarray]:
-    """One example's (layer, head) sums over its query tokens, as the three queries compute them."""
-    from .entropy import row_entropy  # the same function the entropy query uses
-
+    """One example's (layer, head) sums over its query tokens, as the three queries use them."""
     out = {}
     for name, k in (("to_previous", -1), ("to_self", 0), ("to_next", 1)):
         out[name] = np.diagonal(maps, offset=k, axis1=2, axis2=3).sum(-1, dtype=np.float64)
@@ -275,8 +350,15 @@ def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.n
     return out
 
 
-def _clark_prepare(store: Store, info: RunInfo, examples=None):
-    return token_flags(store, info, DEFAULT_PUNCT, examples)
+# Hand-written on purpose: scipy (scipy.special.entr) is only in the ingest extra, and queries need numpy alone.
+def row_entropy(maps: np.ndarray) -> np.ndarray:
+    """Entropy in nats of every attention row: (..., query, key) -> (..., query); 0 log 0 = 0."""
+    logs = np.log(maps, out=np.zeros_like(maps), where=maps > 0)
+    return -(maps * logs).sum(-1)
+
+
+def _clark_prepare(store: Store, info: RunInfo, examples=None, punct: str = DEFAULT_PUNCT):
+    return token_flags(store, info, punct, examples)
 
 
 def _clark_reduce(flags, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
@@ -289,13 +371,5 @@ def _clark_reduce(flags, example: int, maps: np.ndarray) -> dict[str, np.ndarray
     return {**counts, **example_sums(maps, f.cls, f.sep, f.punct)}
 
 
-CLARK = register_kind(SummaryKind("clark", 2, _clark_prepare, _clark_reduce))
-
-
-def summaries(store: Store, info: RunInfo, examples=None, punct: str = DEFAULT_PUNCT) -> Iterable[dict[str, np.ndarray]] | None:
-    """The Clark per-example sums of the run's committed examples (or of `examples`), in storage order, as parts of
-    at most SUMMARY_RANGE examples (`kept_parts`); None where the streaming path must be taken (other punctuation,
-    or nothing kept, nothing keepable and no scheduler)."""
-    if punct != DEFAULT_PUNCT:
-        return None
-    return kept_parts(store, info, CLARK, examples)
+# punct: the characters counted as punctuation keys (special_tokens' parameter); the default's summary is `clark`.
+CLARK = register_kind(SummaryKind("clark", 2, _clark_prepare, _clark_reduce, defaults={"punct": DEFAULT_PUNCT}))

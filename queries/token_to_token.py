@@ -27,13 +27,12 @@ from .feature_attention import (
     SUBJECT_DEPRELS,
     VERB_UPOS,
     add_over_examples,
-    feature_masks,
     feature_summaries,
     long_frame,
     parse_features,
 )
 from .registry import register
-from .summary import SummaryKind, kept_parts, ranged_maps, register_kind
+from .summary import SummaryKind, register_kind, summary_parts
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:
@@ -119,7 +118,7 @@ def _relations_prepare(store: Store, info: RunInfo, examples=None):
 
 def _relations_reduce(linked, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     """One example's mean word-level attention over its pairs of each relation (every layer and head) and the
-    number of pairs, computed as the streaming loop below computes them."""
+    number of pairs."""
     means = np.zeros((len(RELATIONS), *maps.shape[:2]))
     n_pairs = np.zeros(len(RELATIONS), dtype=np.int64)
     if example in linked:
@@ -152,23 +151,12 @@ def token_to_token(store: Store, *, run, relations: str | None = None, examples=
     total = {r: np.zeros(shape) for r in names}
     count = dict.fromkeys(names, 0)
     n_pairs = dict.fromkeys(names, 0)
-    parts = kept_parts(store, info, KOVALEVA_RELATIONS, examples)  # per-example means kept with the run: no map is decoded
-    for part in parts or ():
+    for part in summary_parts(store, info, KOVALEVA_RELATIONS, examples):  # per-example means (queries/summary.py)
         for r in names:
             pairs = part["relation_pairs"][:, RELATIONS.index(r)]
             add_over_examples(total[r], part["relation_mean"][:, RELATIONS.index(r)], pairs > 0)
             count[r] += int((pairs > 0).sum())
             n_pairs[r] += int(pairs.sum())
-    streamed = ranged_maps(store, info, examples, lambda part: relation_units(store, info, names, part)) if parts is None else ()
-    for example, maps, linked in streamed:
-        if example not in linked:
-            continue
-        word_positions, wanted = linked[example]
-        wmap = word_level(maps, units_of(word_positions)).astype(np.float64)  # (layer, head, from unit, to unit)
-        for r, uv in wanted.items():
-            total[r] += wmap[:, :, uv[:, 0], uv[:, 1]].mean(-1)
-            count[r] += 1
-            n_pairs[r] += len(uv)
     frame = long_frame(range(info.n_layers), info.n_heads, names, total, count, "relation")
     frame["n_pairs"] = frame["relation"].map(n_pairs).astype(int)
     return frame
@@ -192,25 +180,13 @@ def cls_feature_attention(store: Store, *, run, layer: int | None = None, featur
         raise InvalidArgumentError(f"layer {layer!r} is out of range: the model has {info.n_layers} layers (0..{info.n_layers - 1})")
     total = {f: np.zeros((1, info.n_heads)) for f in names}
     count = dict.fromkeys(names, 0)
-    parts = feature_summaries(store, info, examples)  # per-example sums kept with the run (every layer): no map is decoded
-    for part in parts or ():
+    for part in feature_summaries(store, info, examples):  # per-example sums, every layer (queries/summary.py)
         has_cls = part["cls_position"] >= 0
         for f in names:
             i = FEATURES.index(f)
             used = has_cls & (part["feature_tokens"][:, i] > 0)
             add_over_examples(total[f], part["cls_to_feature"][:, i, layer][:, None], used)
             count[f] += int(used.sum())
-    streamed = ranged_maps(store, info, examples, lambda part: feature_masks(store, info, names, part)) if parts is None else ()
-    for example, maps, fm in streamed:
-        cls = np.flatnonzero(fm.flags[example].cls)
-        if not len(cls):
-            continue
-        row = maps[layer, :, cls[0], :].astype(np.float64)  # (head, key)
-        for f in names:
-            mask = fm.masks[example][f]
-            if mask.any():
-                total[f][0] += row[:, mask].sum(-1)
-                count[f] += 1
     frame = long_frame([int(layer)], info.n_heads, names, total, count, "feature")
     frame.insert(frame.columns.get_loc("value") + 1, "mean_over_heads", frame.groupby("feature", sort=False)["value"].transform("mean"))
     return frame

@@ -1,5 +1,5 @@
-"""Helpers shared by the query tests that compare a summary kept with a run (queries/summary.py) to the query's streaming
-path: random maps, the streaming path itself, frame comparison, a read-only view of a store, stale summaries.
+"""Helpers shared by the query tests: random maps, frame comparison with a query's naive reference (tests/queries/
+reference.py), a read-only view of a store, summaries kept with a run (queries/summary.py) made stale.
 
 Imported as `attnstore.tests.queries.helpers` (the tests run with --import-mode=importlib)."""
 
@@ -14,6 +14,7 @@ import zarr
 
 from attnstore.queries import run_query
 from attnstore.store import open_store
+from attnstore.tests.queries import reference
 
 
 def random_maps(n_tokens: int, seed: int, n_layers: int, n_heads: int) -> np.ndarray:
@@ -37,15 +38,6 @@ def sparse_random_maps(rng: np.random.Generator, size: int, *, unattended_keys: 
         for layer, head, column in zip(*(rng.integers(k, size=4) for k in (2, 3, size))):
             raw[layer, head, :, max(column, 1)] = 0  # a key nobody attends to
     return (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
-
-
-def streamed(monkeypatch, targets: Iterable[str], function: Callable, *args, **kwargs):
-    """`function(*args, **kwargs)` on the streaming path: every function named in `targets` (dotted paths of what a
-    query asks for its kept summary) returns None, as if nothing were kept and nothing could be."""
-    with monkeypatch.context() as m:
-        for target in targets:
-            m.setattr(target, lambda *a, **k: None)
-        return function(*args, **kwargs)
 
 
 def assert_same_frames(a: pd.DataFrame, b: pd.DataFrame) -> None:
@@ -97,20 +89,20 @@ def check_rebuilt_once_grown(store, run: str, kind: str, compare: Callable[[], o
     assert summary_group(store, run, kind).attrs["stamp"] == stamp
 
 
-def check_kept_frames(monkeypatch, store, run: str, targets: Iterable[str], cases: list[tuple[str, dict]], frames: list[pd.DataFrame]):
-    """Each case's (query name, parameters) frame, computed from a kept summary, is its streaming path's; and it is
-    computed again without reading a map (the maps stay forbidden for the rest of the test)."""
+def check_kept_frames(monkeypatch, store, run: str, cases: list[tuple[str, dict]], frames: list[pd.DataFrame]):
+    """Each case's (query name, parameters) frame is its naive reference's (tests/queries/reference.py); and it is
+    computed again from what was kept, without reading a map (the maps stay forbidden for the rest of the test)."""
     for (name, params), frame in zip(cases, frames):
-        assert_same_frames(frame, streamed(monkeypatch, targets, run_query, store, name, run=run, **params))
+        assert_same_frames(frame, reference.query(store, name, run=run, **params))
     forbid_map_reads(monkeypatch, store)
     for (name, params), frame in zip(cases, frames):
         assert_same_frames(run_query(store, name, run=run, **params), frame)
 
 
-def check_read_only_streams_and_grown_rebuilt(monkeypatch, store, run: str, targets: Iterable[str], query: str, kind: str, zero=()):
-    """`query` on a read-only view of the store gives its streaming path's frame and keeps nothing; on the store
-    it keeps summary `kind`, which is built again once the run has grown (`check_rebuilt_once_grown`)."""
-    expected = streamed(monkeypatch, targets, run_query, store, query, run=run)
+def check_read_only_and_grown_rebuilt(store, run: str, query: str, kind: str, zero=()):
+    """`query` on a read-only view of the store gives its naive reference's frame and keeps nothing; on the store it
+    keeps summary `kind`, which is built again once the run has grown (`check_rebuilt_once_grown`)."""
+    expected = reference.query(store, query, run=run)
     with read_only_store(store) as reader:
         assert_same_frames(run_query(reader, query, run=run), expected)
     assert not has_summaries(store, run)  # nothing kept

@@ -4,7 +4,7 @@ import pytest
 
 from attnstore.queries import run_query, summary
 from attnstore.queries.coreference import choose_antecedent, coreference_counts
-from attnstore.tests.queries import helpers
+from attnstore.tests.queries import helpers, reference
 
 TOKENS = ["[CLS]", "anna", "met", "bob", "she", "smiled", "[SEP]"]
 WORDS = [
@@ -76,7 +76,7 @@ def test_sieve_order():
     assert choose_antecedent(m, [], "nearest") is None
 
 
-# --- predictions kept with the run (queries/summary.py): the streaming path's counts, exactly ---------------------
+# --- predictions kept with the run (queries/summary.py): the naive reference's counts, exactly ---------------------
 
 FORMS = ("anna", "bob", "she", "he", "it", "the", "cat", "saw")
 FEATS = ("Number=Sing", "Gender=Fem|Number=Sing", "Gender=Masc|Number=Sing|Person=3", "Number=Plur", None)
@@ -123,25 +123,22 @@ def kept_run(store, make_run):
     )
 
 
-STREAMING = ("attnstore.queries.coreference.kept_parts",)  # patched to return None: the streaming path
-
-
 def assert_same(a, b):
     assert a[0].id == b[0].id
     for x, y in zip(a[1:], b[1:]):
         np.testing.assert_array_equal(x, y)
 
 
-@pytest.mark.parametrize("range_size", [4096, 3])  # 3: kept, read and streamed in ranges of 3 examples
-def test_kept_predictions_give_the_streaming_counts_exactly(store, kept_run, monkeypatch, range_size):
+@pytest.mark.parametrize("range_size", [4096, 3])  # 3: kept and read in ranges of 3 examples
+def test_kept_predictions_give_the_naive_counts_exactly(store, kept_run, monkeypatch, range_size):
     monkeypatch.setattr(summary, "SUMMARY_RANGE", range_size)
-    with helpers.read_only_store(store) as reader:  # a read-only store streams and keeps nothing
+    with helpers.read_only_store(store) as reader:  # a read-only store computes for the call alone and keeps nothing
         read_only = coreference_counts(reader, kept_run, [1, 2, 6])
     assert not helpers.has_summaries(store, kept_run)
     assert_same(read_only, coreference_counts(store, kept_run, [1, 2, 6]))
     for examples in (None, [6, 0, 3, 5]):
         counts = coreference_counts(store, kept_run, examples)
-        assert_same(counts, helpers.streamed(monkeypatch, STREAMING, coreference_counts, store, kept_run, examples))
+        assert_same(counts, reference.coreference_counts(store, kept_run, examples))
         heads_only = coreference_counts(store, kept_run, examples, baselines=False)
         np.testing.assert_array_equal(heads_only[1], counts[1])
         np.testing.assert_array_equal(heads_only[3], counts[3])
@@ -149,7 +146,7 @@ def test_kept_predictions_give_the_streaming_counts_exactly(store, kept_run, mon
     for name in ("coreference", "coreference_summary"):
         pd.testing.assert_frame_equal(
             run_query(store, name, run=kept_run),
-            helpers.streamed(monkeypatch, STREAMING, run_query, store, name, run=kept_run),
+            reference.query(store, name, run=kept_run),
             check_exact=True,
         )
 
@@ -169,9 +166,7 @@ def test_predictions_are_kept_with_the_run_read_without_decoding_maps_and_rebuil
         store,
         kept_run,
         "mention_argmax",
-        lambda: assert_same(
-            coreference_counts(store, kept_run), helpers.streamed(monkeypatch, STREAMING, coreference_counts, store, kept_run)
-        ),
+        lambda: assert_same(coreference_counts(store, kept_run), reference.coreference_counts(store, kept_run)),
     )
 
 
@@ -201,6 +196,5 @@ def test_mentions_words_and_tokens_are_read_one_range_at_a_time(store, kept_run,
             return original(self, run, examples)
 
         monkeypatch.setattr(type(store), table, recording)
-    for counts in (coreference_counts(store, kept_run), helpers.streamed(monkeypatch, STREAMING, coreference_counts, store, kept_run)):
-        assert_same(counts, expected)
+    assert_same(coreference_counts(store, kept_run), expected)
     assert asked and None not in asked and max(asked) <= 3  # never the whole run's rows

@@ -8,13 +8,13 @@ from attnstore.queries.common import unique_argmax
 from attnstore.queries.dependency import EDGE_FLAGS, HEAD2DEP, POSSESSIVE_NEXT_FLAG, ROOT_FLAG, _decode_labels, dependency_counts
 from attnstore.queries.errors import InvalidArgumentError
 from attnstore.store.errors import NotFoundError
+from attnstore.tests.queries import reference
 from attnstore.tests.queries.helpers import (
     check_rebuilt_once_grown,
     forbid_map_reads,
     has_summaries,
     read_only_store,
     sparse_random_maps,
-    streamed,
     summary_group,
 )
 
@@ -246,7 +246,7 @@ def test_dependency_results_can_be_saved(store, dep_run):
     assert best["head"].tolist() == [0]
 
 
-# --- word-level predictions and gold trees kept with the run (queries/summary.py): the streaming path's counts, exactly
+# --- word-level predictions and gold trees kept with the run (queries/summary.py): the naive reference's counts, exactly
 
 KEPT_RELATIONS = ("det", "nsubj", "obj", "amod", "nmod:poss", "case")
 
@@ -294,23 +294,16 @@ def kept_run(store, make_run):
     return make_run(store, maps, tokens, name="keptdep", token_words=token_words, words_list=words, dtype="float16")
 
 
-STREAMING = ("attnstore.queries.dependency.kept_parts",)  # patched to return None: the streaming path
-
-
-def streamed_counts(monkeypatch, store, run, *args):
-    return streamed(monkeypatch, STREAMING, dependency_counts, store, run, *args)
-
-
 def assert_same_counts(a, b):
     assert a.relations == b.relations and a.n_root == b.n_root
     for field in ("correct", "totals", "baseline", "baseline_root", "no_prediction"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
 
 
-@pytest.mark.parametrize("range_size", [4096, 2])  # 2: both paths read the run in ranges of 2 examples (4 ranges)
-def test_kept_predictions_give_the_streaming_counts_exactly(store, kept_run, monkeypatch, range_size):
+@pytest.mark.parametrize("range_size", [4096, 2])  # 2: the run is read in ranges of 2 examples (4 ranges)
+def test_kept_predictions_give_the_naive_counts_exactly(store, kept_run, monkeypatch, range_size):
     monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
-    with read_only_store(store) as reader:  # a read-only store streams and keeps nothing
+    with read_only_store(store) as reader:  # a read-only store computes for the call alone and keeps nothing
         read_only = dependency_counts(reader, kept_run, [0, 2], "direct")
     assert not has_summaries(store, kept_run)
     assert_same_counts(read_only, dependency_counts(store, kept_run, [0, 2], "direct"))
@@ -318,13 +311,13 @@ def test_kept_predictions_give_the_streaming_counts_exactly(store, kept_run, mon
         for head2dep in HEAD2DEP:
             for poss in (True, False):
                 kept_counts = dependency_counts(store, kept_run, examples, head2dep, poss)
-                assert_same_counts(kept_counts, streamed_counts(monkeypatch, store, kept_run, examples, head2dep, poss))
+                assert_same_counts(kept_counts, reference.dependency_counts(store, kept_run, examples, head2dep, poss))
     assert kept_counts.totals.sum() > 0 and kept_counts.no_prediction.sum() > 0
     assert kept_counts.relations == sorted(KEPT_RELATIONS)  # the run's relations, whatever the examples
     params = dict(min_count=1, direction="each", root_in_all=False)
     summary = run_query(store, "dependency_summary", run=kept_run, **params)
-    pd.testing.assert_frame_equal(summary, streamed(monkeypatch, STREAMING, run_query, store, "dependency_summary", run=kept_run, **params))
-    for query in (run_query, lambda *a, **k: streamed(monkeypatch, STREAMING, run_query, *a, **k)):
+    pd.testing.assert_frame_equal(summary, reference.query(store, "dependency_summary", run=kept_run, **params))
+    for query in (run_query, reference.query):
         with pytest.raises(NotFoundError, match=r"has no stored example\(s\) \[9\]"):
             query(store, "dependency", run=kept_run, examples=[0, 9])
 
@@ -356,13 +349,13 @@ def test_predictions_and_trees_are_kept_with_the_run_read_without_maps_or_words_
         store,
         kept_run,
         "word_argmax",
-        lambda: assert_same_counts(dependency_counts(store, kept_run), streamed_counts(monkeypatch, store, kept_run)),
+        lambda: assert_same_counts(dependency_counts(store, kept_run), reference.dependency_counts(store, kept_run)),
         zero=("argmax", "edge"),
     )
 
 
-def test_predictions_kept_by_an_older_version_are_rebuilt_and_streamed_past_on_a_read_only_store(store, kept_run, monkeypatch):
-    expected = streamed_counts(monkeypatch, store, kept_run, None, "direct")
+def test_predictions_kept_by_an_older_version_are_rebuilt_and_passed_by_on_a_read_only_store(store, kept_run, monkeypatch):
+    expected = reference.dependency_counts(store, kept_run, None, "direct")
     dependency_counts(store, kept_run)
     group = summary_group(store, kept_run, "word_argmax", "r+")  # as version 1 kept it: no gold trees
     for field in ("edge", "edge_start", "edge_label", "edge_label_start"):
@@ -377,7 +370,7 @@ def test_predictions_kept_by_an_older_version_are_rebuilt_and_streamed_past_on_a
 
 def test_a_skipped_example_is_not_evaluated_and_its_relations_are_not_listed(store, make_run, monkeypatch):
     """A skipped example's words are stored with the run (the word table lists them), but it has no maps: no edge of
-    its own is counted, and a relation found only there has no column (both paths)."""
+    its own is counted, and a relation found only there has no column (the query and its naive reference)."""
     skipped_words = [dict(form="x", head=1, deprel="only_here"), dict(form="y", head=None, deprel="root")]
     tokens = [TOKENS, ["[CLS]", "x", "y", "[SEP]"]]
     name, writer = make_run(
@@ -392,7 +385,7 @@ def test_a_skipped_example_is_not_evaluated_and_its_relations_are_not_listed(sto
     finally:
         writer.close()
     assert store.examples(name)["skipped"].tolist() == [False, True] and "only_here" in store.word_table(name)["deprel"].tolist()
-    for counts in (dependency_counts(store, name), streamed_counts(monkeypatch, store, name)):
+    for counts in (dependency_counts(store, name), reference.dependency_counts(store, name)):
         assert counts.relations == ["det", "nsubj"] and counts.totals.tolist() == [1, 1] and counts.n_root == 1
     assert run_query(store, "dependency", run=name, min_count=0).columns.tolist() == [
         "layer",

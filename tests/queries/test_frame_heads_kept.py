@@ -1,6 +1,6 @@
 """K2 `frame_heads` from the LU <-> frame element maxima kept with the run (`lu_fe_max`, queries/summary.py):
-the streaming path's values and filter counts for every filter setting, subset and `core`; no map read once kept;
-rebuilt when stale; read-only stores stream and keep nothing.
+the naive reference's values and filter counts for every filter setting, subset and `core`; no map read once kept;
+rebuilt when stale; read-only stores compute for the call alone and keep nothing.
 
 Random FrameNet-style runs: several annotation sets per example (some without an LU, some with no overt frame
 element), frame elements of every core type inside and outside the core sets, non-overt ones, words split into
@@ -19,9 +19,10 @@ import zarr
 from attnstore.queries import run_query
 from attnstore.queries import summary as summary_module
 from attnstore.queries.frame_heads import LU_FE_MAX
-from attnstore.queries.summary import concatenate, kept, summarise_examples
+from attnstore.queries.summary import concatenate, summarise_examples, summary
 from attnstore.store import open_store
 from attnstore.store.errors import InvalidArgumentError
+from attnstore.tests.queries import reference
 from attnstore.tests.queries.helpers import frame_dataset, hand_run, positions_to_ids, token_rows, write_blocks
 
 SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
@@ -107,16 +108,15 @@ def frame_run(store):
     return build_run(store, "keptframes", [random_example(seed) for seed in range(N_EXAMPLES)])
 
 
-def streamed(monkeypatch, store, name, **params):
-    with monkeypatch.context() as m:
-        m.setattr("attnstore.queries.frame_heads.kept_parts", lambda *a, **k: None)
-        return outcome(store, name, **params)
+def naive(store, name, **params):
+    """The naive reference's frame (tests/queries/reference.py), or its error's message."""
+    return outcome(store, name, query=reference.query, **params)
 
 
-def outcome(store, name, **params):
-    """The frame, or the error's message (both paths must refuse alike)."""
+def outcome(store, name, query=run_query, **params):
+    """The frame, or the error's message (the query and its reference must refuse alike)."""
     try:
-        return run_query(store, name, **params)
+        return query(store, name, **params)
     except InvalidArgumentError as exc:
         return str(exc)
 
@@ -133,7 +133,7 @@ def assert_same(a, b):
 
 FILTERS = [
     *itertools.product(
-        (None, [0, 3, 5, 6], [8, 7, 99]),  # 99: not stored, left out by both paths
+        (None, [0, 3, 5, 6], [8, 7, 99]),  # 99: not stored, left out by the query and its reference
         (12,),  # max_words
         (1, 3),  # max_fe_words
         (0, 2, 4),  # min_distance
@@ -144,7 +144,7 @@ FILTERS = [
 
 
 @pytest.mark.parametrize("range_size", [4096, 3])  # 3: the summary is kept and read in parts of 3 examples
-def test_kept_maxima_give_the_streaming_values_and_counts(store, frame_run, monkeypatch, range_size):
+def test_kept_maxima_give_the_naive_values_and_counts(store, frame_run, monkeypatch, range_size):
     monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
     passed = 0
     for examples, max_words, max_fe_words, min_distance, core in FILTERS:
@@ -152,13 +152,13 @@ def test_kept_maxima_give_the_streaming_values_and_counts(store, frame_run, monk
             run=frame_run, examples=examples, max_words=max_words, max_fe_words=max_fe_words, min_distance=min_distance, core=core
         )
         result = outcome(store, "frame_heads", **params)
-        assert_same(result, streamed(monkeypatch, store, "frame_heads", **params))
+        assert_same(result, naive(store, "frame_heads", **params))
         passed += not isinstance(result, str)
     assert passed > len(FILTERS) / 2  # most settings keep sentences; the rest raise the same error naming the same counts
     for params in (dict(), dict(min_distance=1, core="set"), dict(max_fe_words=2, examples=[1, 2, 3, 5, 6], percentile=90.0)):
         assert_same(
             outcome(store, "frame_heads_top", run=frame_run, **params),
-            streamed(monkeypatch, store, "frame_heads_top", run=frame_run, **params),
+            naive(store, "frame_heads_top", run=frame_run, **params),
         )
     group = zarr.open_group(store.locations.array_root, path=PATH.format(frame_run), mode="r")
     assert group.attrs["stamp"] == {"version": 1, "n_examples": N_EXAMPLES}
@@ -166,7 +166,7 @@ def test_kept_maxima_give_the_streaming_values_and_counts(store, frame_run, monk
 
 def test_the_kept_values_are_the_maxima_over_each_frame_elements_tokens(store, frame_run):
     info = store.run_info(frame_run)
-    arrays = kept(store, info, LU_FE_MAX)
+    arrays = summary(store, info, LU_FE_MAX)
     assert arrays["example"].tolist() == [*range(1, N_EXAMPLES), 0]  # storage order
     for index, example in enumerate(arrays["example"]):
         words, frames, _, token_words, maps = random_example(int(example))
@@ -205,11 +205,11 @@ def test_kept_maxima_are_read_without_decoding_maps_and_rebuilt_when_stale(store
     group.attrs["stamp"] = {"version": 1, "n_examples": N_EXAMPLES - 1}
     again = run_query(store, "frame_heads", run=frame_run, min_distance=1)
     pd.testing.assert_frame_equal(again, first, check_exact=True)
-    assert_same(again, streamed(monkeypatch, store, "frame_heads", run=frame_run, min_distance=1))
+    assert_same(again, naive(store, "frame_heads", run=frame_run, min_distance=1))
     assert zarr.open_group(store.locations.array_root, path=PATH.format(frame_run), mode="r").attrs["stamp"]["n_examples"] == N_EXAMPLES
 
 
-def test_read_only_stores_stream_and_keep_nothing(store, frame_run, monkeypatch):
+def test_read_only_stores_compute_alone_and_keep_nothing(store, frame_run, monkeypatch):
     reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
     try:
         result = run_query(reader, "frame_heads", run=frame_run, min_distance=1, core="set")

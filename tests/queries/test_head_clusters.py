@@ -8,6 +8,7 @@ from attnstore.queries import run_query
 from attnstore.queries import summary as summary_module
 from attnstore.queries.head_clusters import classical_mds, js_distance_matrix, js_upper
 from attnstore.store import open_store
+from attnstore.tests.queries import reference
 
 
 def three_heads() -> np.ndarray:
@@ -95,12 +96,6 @@ def test_blocked_threaded_js_equals_the_pair_by_pair_form_to_the_bit(threads, bl
     np.testing.assert_array_equal(js_distance_matrix(tiny, threads=threads), textbook_js(tiny))
 
 
-def streamed(store, name, monkeypatch, **params):
-    with monkeypatch.context() as m:
-        m.setattr("attnstore.queries.head_clusters.kept_parts", lambda *a, **k: None)
-        return run_query(store, name, **params)
-
-
 def same(a, b):
     assert list(a.columns) == list(b.columns) and len(a) == len(b)
     for column in a.columns:
@@ -117,7 +112,7 @@ def run(store, make_run):
 
 
 @pytest.mark.parametrize("range_size", [4096, 3])  # 3: the summary is kept and read in parts of 3 examples
-def test_kept_sums_give_the_streaming_results_and_no_map_is_read_again(store, run, monkeypatch, range_size):
+def test_kept_sums_give_the_naive_results_and_no_map_is_read_again(store, run, monkeypatch, range_size):
     monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
     cases = [(name, examples) for name in ("head_distances", "head_clusters") for examples in (None, [2, 0], [3])]
     kept = [run_query(store, name, run=run, examples=examples) for name, examples in cases]
@@ -129,7 +124,7 @@ def test_kept_sums_give_the_streaming_results_and_no_map_is_read_again(store, ru
     expected = textbook_js(random_maps(6, 1).reshape(-1, 6, 6))
     np.testing.assert_array_equal(group["js"][1], expected[rows, cols])
     for (name, examples), frame in zip(cases, kept):
-        same(frame, streamed(store, name, monkeypatch, run=run, examples=examples))
+        same(frame, reference.query(store, name, run=run, examples=examples))
     d = kept[0].assign(a=kept[0]["layer_a"] * 3 + kept[0]["head_a"], b=kept[0]["layer_b"] * 3 + kept[0]["head_b"])
     copied = {(1, 3), (3, 1)}  # L0H1 and L1H0 are the same head
     assert (d.loc[[(a, b) in copied or a == b for a, b in zip(d["a"], d["b"])], "distance"] == 0).all()
@@ -143,8 +138,8 @@ def test_kept_sums_give_the_streaming_results_and_no_map_is_read_again(store, ru
         same(run_query(store, name, run=run, examples=examples), frame)
 
 
-def test_sums_of_a_grown_run_are_rebuilt_and_read_only_stores_stream(store, run, monkeypatch):
-    expected = streamed(store, "head_distances", monkeypatch, run=run)
+def test_sums_of_a_grown_run_are_rebuilt_and_read_only_stores_compute_alone(store, run, monkeypatch):
+    expected = reference.query(store, "head_distances", run=run)
     reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
     try:
         same(run_query(reader, "head_distances", run=run), expected)
@@ -162,7 +157,7 @@ def test_sums_of_a_grown_run_are_rebuilt_and_read_only_stores_stream(store, run,
 def test_hand_built_run_gives_the_exact_js_both_ways(store, make_run, monkeypatch):
     run = make_run(store, [three_heads(), three_heads()], [["[CLS]", "[SEP]"], ["[CLS]", "[SEP]"]], name="exact")
     per_row = 0.75 * math.log(4 / 3)  # JS([1, 0], [.5, .5]) in nats
-    for frame in (run_query(store, "head_distances", run=run), streamed(store, "head_distances", monkeypatch, run=run)):
+    for frame in (run_query(store, "head_distances", run=run), reference.query(store, "head_distances", run=run)):
         by_pair = frame.set_index(["head_a", "head_b"])["distance"]
         assert math.isclose(by_pair[0, 1], 4 * per_row, rel_tol=1e-12) and math.isclose(by_pair[2, 1], 4 * per_row, rel_tol=1e-12)
         assert by_pair[0, 2] == 0 and by_pair[1, 1] == 0

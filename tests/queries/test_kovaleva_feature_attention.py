@@ -1,5 +1,5 @@
 """K5 `feature_attention` on hand-built maps: every expected value is worked out by hand below; the per-example
-numbers kept with the run (summary kind `kovaleva_features`) give the streaming path's results."""
+numbers kept with the run (summary kind `kovaleva_features`) give the naive reference's results (tests/queries/reference.py)."""
 
 import numpy as np
 import pandas as pd
@@ -8,7 +8,7 @@ import pytest
 from attnstore.queries import run_query, summary
 from attnstore.queries.feature_attention import negation_flags
 from attnstore.store.errors import InvalidArgumentError
-from attnstore.tests.queries.helpers import check_kept_frames, check_read_only_streams_and_grown_rebuilt, random_maps, summary_group
+from attnstore.tests.queries.helpers import check_kept_frames, check_read_only_and_grown_rebuilt, random_maps, summary_group
 
 # Example 0: "She do n't like cats" -- a pronoun subject, a split contraction (do + n't, pieces n ' t), verb, noun object.
 TOKENS_0 = ["[CLS]", "she", "do", "n", "'", "t", "like", "cats", "[SEP]"]
@@ -146,14 +146,8 @@ def random_feature_run(store, make_run):
     )
 
 
-STREAMING = (  # patched to return None: the streaming path
-    "attnstore.queries.feature_attention.feature_summaries",
-    "attnstore.queries.token_to_token.feature_summaries",
-)
-
-
-@pytest.mark.parametrize("range_size", [4096, 2])  # 2: kept and read in parts of 2 and 1 examples, streamed in ranges too
-def test_kept_numbers_give_the_streaming_results_and_maps_are_not_read_again(store, random_feature_run, monkeypatch, range_size):
+@pytest.mark.parametrize("range_size", [4096, 2])  # 2: kept and read in parts of 2 and 1 examples
+def test_kept_numbers_give_the_naive_results_and_maps_are_not_read_again(store, random_feature_run, monkeypatch, range_size):
     monkeypatch.setattr(summary, "SUMMARY_RANGE", range_size)
     run = random_feature_run
     cases = [
@@ -170,10 +164,8 @@ def test_kept_numbers_give_the_streaming_results_and_maps_are_not_read_again(sto
     assert group.attrs["stamp"] == {"version": 1, "n_examples": 3}
     assert group["feature_max"].shape == (3, 8, 2, 3) and group["cls_to_feature"].shape == (3, 8, 2, 3)
     assert group["feature_tokens"][:].tolist() == [[1, 1, 1, 1, 1, 4, 1, 1], [2, 3, 0, 2, 0, 0, 1, 2], [0, 0, 0, 0, 0, 2, 1, 1]]
-    check_kept_frames(monkeypatch, store, run, STREAMING, cases, kept)
+    check_kept_frames(monkeypatch, store, run, cases, kept)
 
 
-def test_kept_numbers_of_a_grown_run_are_rebuilt_and_read_only_stores_stream(store, random_feature_run, monkeypatch):
-    check_read_only_streams_and_grown_rebuilt(
-        monkeypatch, store, random_feature_run, STREAMING, "feature_attention", "kovaleva_features", zero=("feature_max",)
-    )
+def test_kept_numbers_of_a_grown_run_are_rebuilt_and_read_only_stores_compute_alone(store, random_feature_run, monkeypatch):
+    check_read_only_and_grown_rebuilt(store, random_feature_run, "feature_attention", "kovaleva_features", zero=("feature_max",))

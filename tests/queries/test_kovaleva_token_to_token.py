@@ -1,12 +1,13 @@
 """K6 `token_to_token` and `cls_feature_attention` on hand-built maps, expected values worked out by hand; the
-per-example numbers kept with the run (summary kind `kovaleva_relations`) give the streaming path's results."""
+per-example numbers kept with the run (summary kind `kovaleva_relations`) give the naive reference's results
+(tests/queries/reference.py)."""
 
 import numpy as np
 import pytest
 
 from attnstore.queries import run_query, summary
 from attnstore.store.errors import InvalidArgumentError
-from attnstore.tests.queries.helpers import check_kept_frames, check_read_only_streams_and_grown_rebuilt, random_maps, summary_group
+from attnstore.tests.queries.helpers import check_kept_frames, check_read_only_and_grown_rebuilt, random_maps, summary_group
 
 # A: "she likes cats" with split "likes" (like ##s) and "cats" (ca ##ts).
 TOKENS_A = ["[CLS]", "she", "like", "##s", "ca", "##ts", "[SEP]"]
@@ -162,14 +163,8 @@ def random_t2t_run(store, make_run):
     )
 
 
-STREAMING = (  # patched to return None: the streaming path
-    "attnstore.queries.token_to_token.kept_parts",
-    "attnstore.queries.token_to_token.feature_summaries",
-)
-
-
-@pytest.mark.parametrize("range_size", [4096, 2])  # 2: kept and read in parts of 2 and 1 examples, streamed in ranges too
-def test_kept_numbers_give_the_streaming_results_and_maps_are_not_read_again(store, random_t2t_run, monkeypatch, range_size):
+@pytest.mark.parametrize("range_size", [4096, 2])  # 2: kept and read in parts of 2 and 1 examples
+def test_kept_numbers_give_the_naive_results_and_maps_are_not_read_again(store, random_t2t_run, monkeypatch, range_size):
     monkeypatch.setattr(summary, "SUMMARY_RANGE", range_size)
     run = random_t2t_run
     cases = [
@@ -182,10 +177,8 @@ def test_kept_numbers_give_the_streaming_results_and_maps_are_not_read_again(sto
     assert group.attrs["stamp"] == {"version": 1, "n_examples": 3}
     assert group["relation_pairs"][:].tolist() == [[1, 1, 1, 1], [2, 2, 1, 1], [0, 0, 0, 0]]
     assert group["relation_mean"].shape == (3, 4, 3, 2)
-    check_kept_frames(monkeypatch, store, run, STREAMING, cases, kept)
+    check_kept_frames(monkeypatch, store, run, cases, kept)
 
 
-def test_kept_numbers_of_a_grown_run_are_rebuilt_and_read_only_stores_stream(store, random_t2t_run, monkeypatch):
-    check_read_only_streams_and_grown_rebuilt(
-        monkeypatch, store, random_t2t_run, STREAMING, "token_to_token", "kovaleva_relations", zero=("relation_mean",)
-    )
+def test_kept_numbers_of_a_grown_run_are_rebuilt_and_read_only_stores_compute_alone(store, random_t2t_run, monkeypatch):
+    check_read_only_and_grown_rebuilt(store, random_t2t_run, "token_to_token", "kovaleva_relations", zero=("relation_mean",))

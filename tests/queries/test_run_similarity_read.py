@@ -11,8 +11,11 @@ import sqlalchemy as sa
 
 from attnstore.queries import run_query
 from attnstore.queries import run_similarity as module
+from attnstore.queries import summary as summary_module
+from attnstore.queries.summary import keep
 from attnstore.store import progress
-from attnstore.tests.queries.helpers import forbid_map_reads, hand_run, has_summaries, read_only_store, streamed, write_blocks
+from attnstore.tests.queries import reference
+from attnstore.tests.queries.helpers import forbid_map_reads, hand_run, has_summaries, read_only_store, write_blocks
 
 SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
 LENGTHS = (5, 9, 3, 12, 7, 4, 10, 6)
@@ -117,14 +120,11 @@ def test_a_failing_read_is_raised_to_the_caller(store, two_runs, monkeypatch):
         run_query(store, "run_similarity", run=base, other=other)
 
 
-def test_kept_pair_cosines_equal_streaming_and_a_second_call_reads_no_map(store, two_runs, monkeypatch):
+def test_kept_pair_cosines_equal_the_naive_ones_and_a_second_call_reads_no_map(store, two_runs, monkeypatch):
 
     base, other = two_runs
     cases = [dict(), dict(max_examples=3, seed=1), dict(examples=[6, 1])]
-    want = [
-        streamed(monkeypatch, [f"{module.__name__}.pair_cosines"], run_query, store, "run_similarity", run=base, other=other, **c)
-        for c in cases
-    ]
+    want = [reference.query(store, "run_similarity", run=base, other=other, **c) for c in cases]
     run_query(store, "run_similarity", run=base, other=other)  # builds the pair's cache
     with monkeypatch.context() as m:
         forbid_map_reads(m, store)
@@ -138,7 +138,7 @@ def test_kept_pair_cosines_equal_streaming_and_a_second_call_reads_no_map(store,
 def test_the_pair_cache_is_rebuilt_when_either_run_grows(store, two_runs, monkeypatch):
     base, other = two_runs
     a, b = store.run_info(base), store.run_info(other)
-    first = module.pair_cosines(store, a, b)
+    first = keep(store, a, module.PAIR_COSINES, other=b.name)
     assert first is not None and sorted(first.arrays["example"][:]) == list(range(len(LENGTHS)))
     counted = type(store).n_committed
     monkeypatch.setattr(type(store), "n_committed", lambda self, run: counted(self, run) + (run == b.id))
@@ -150,11 +150,11 @@ def test_the_pair_cache_is_rebuilt_when_either_run_grows(store, two_runs, monkey
         yield from original(self, *args, **kwargs)
 
     monkeypatch.setattr(type(store), "iter_attention", counting)
-    again = module.pair_cosines(store, a, b)
+    again = keep(store, a, module.PAIR_COSINES, other=b.name)
     assert read and np.array_equal(again.arrays["cosine"][:], first.arrays["cosine"][:])  # read again (the stamp moved), same values
 
 
-def test_a_read_only_store_without_a_cache_streams(store, two_runs):
+def test_a_read_only_store_without_a_cache_computes_alone(store, two_runs):
 
     base, other = two_runs
     with read_only_store(store) as reader:
@@ -165,7 +165,8 @@ def test_a_read_only_store_without_a_cache_streams(store, two_runs):
 
 def test_the_pair_cache_checks_tokens_a_range_at_a_time(store, two_runs, monkeypatch):
     """Building the pair's cosines reads the token rows of a range of examples at a time (not both runs' whole
-    token tables); an example tokenised differently in the last range still means no cache (the query streams)."""
+    token tables); an example tokenised differently in the last range still means no cache (the query computes its
+    sample alone, and refuses it where the sample holds that example)."""
     base, other = two_runs
     a, b = store.run_info(base), store.run_info(other)
     monkeypatch.setattr(module, "TOKEN_CHECK_EXAMPLES", 3)
@@ -177,7 +178,7 @@ def test_the_pair_cache_checks_tokens_a_range_at_a_time(store, two_runs, monkeyp
         return original(self, run, examples)
 
     monkeypatch.setattr(type(store), "token_table", noting)
-    assert module.pair_cosines(store, a, b) is not None
+    assert keep(store, a, module.PAIR_COSINES, other=b.name) is not None
     ranges = [[0, 1, 2], [3, 4, 5], [6, 7]]
     assert asked == [r for r in ranges for _ in (a, b)]
     last = ranges[-1][-1]
@@ -190,19 +191,19 @@ def test_the_pair_cache_checks_tokens_a_range_at_a_time(store, two_runs, monkeyp
             {"r": b.id, "d": b.dataset_id, "p": last},
         )
     monkeypatch.setattr(type(store), "n_committed", lambda self, run: 99)  # a new stamp: the cache is built again
-    assert module.pair_cosines(store, a, b) is None
+    assert keep(store, a, module.PAIR_COSINES, other=b.name) is None
     with pytest.raises(module.InvalidArgumentError, match=f"tokenised example {last} differently"):
         run_query(store, "run_similarity", run=base, other=other)
 
 
 def test_the_pair_cache_is_saved_and_read_back_a_part_at_a_time(store, two_runs, monkeypatch):
     """The pair's cosines are saved a group of examples at a time and read back a few rows at a time (neither
-    ever whole); the kept sums still equal the streaming ones bit for bit."""
+    ever whole); the kept sums still equal the naive reference's bit for bit."""
     base, other = two_runs
     monkeypatch.setattr(module, "BATCH_CELLS", 2 * 3 * 12**2)
-    monkeypatch.setattr(module, "SUMMARY_ROWS", 3)
+    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", 3)
     case = dict(max_examples=5, seed=2)
-    want = streamed(monkeypatch, [f"{module.__name__}.pair_cosines"], run_query, store, "run_similarity", run=base, other=other, **case)
+    want = reference.query(store, "run_similarity", run=base, other=other, **case)
     saved = []
     original = type(store).save_run_summary_parts
 

@@ -12,7 +12,7 @@ from attnstore.api.cli import main
 from attnstore.queries import run_query
 from attnstore.queries.errors import InvalidArgumentError
 from attnstore.queries.scheduler import check_scheduler, split, use_scheduler
-from attnstore.queries.summary import CLARK, kept, summarise_examples
+from attnstore.queries.summary import CLARK, summarise_examples, summary
 from attnstore.store import open_store
 
 distributed = pytest.importorskip("distributed")
@@ -48,7 +48,7 @@ def test_the_pass_on_two_workers_equals_one_process_exactly(store, run, cluster)
     info = store.run_info(run)
     alone = summarise_examples(store, info, CLARK)
     with use_scheduler(cluster):
-        spread = kept(store, info, CLARK)
+        spread = summary(store, info, CLARK)
     assert spread.keys() == alone.keys()
     for field in alone:
         np.testing.assert_array_equal(spread[field], alone[field], err_msg=field)
@@ -62,7 +62,7 @@ def test_queries_on_a_read_only_store_use_the_workers_and_keep_nothing(store, ru
     try:
         with use_scheduler(cluster):
             spread = run_query(reader, name, run=run, examples=[8, 0, 3])
-        local = run_query(reader, name, run=run, examples=[8, 0, 3])  # streaming path: nothing kept, no scheduler
+        local = run_query(reader, name, run=run, examples=[8, 0, 3])  # in process: nothing kept, no scheduler
     finally:
         reader.close()
     assert "summary" not in zarr.open_group(store.locations.array_root, path="runs/spread", mode="r")
@@ -95,4 +95,4 @@ def test_an_unreachable_scheduler_is_a_bounded_one_line_error(store, run, monkey
     monkeypatch.setenv("ATTNSTORE_SCHEDULER", "tcp://127.0.0.1:9")  # nothing listens on the discard port
     info = store.run_info(run)
     with pytest.raises(InvalidArgumentError, match=r"cannot reach the Dask scheduler at tcp://127.0.0.1:9"):
-        kept(store, info, CLARK)
+        summary(store, info, CLARK)

@@ -1,5 +1,6 @@
 """Per-example sums kept with a run (queries/summary.py): relative_position, special_tokens and entropy read them
-instead of the maps, with the results of the streaming path, for any subset and either averaging.
+instead of the maps, with the results of their naive references (tests/queries/reference.py), for any subset and
+either averaging; kept under a fingerprint of the kind, its version, its parameters and the run's committed state.
 
 Random ragged maps with [CLS], [SEP] and punctuation, on SQLite and PostgreSQL.
 """
@@ -13,6 +14,7 @@ import zarr
 from attnstore.queries import run_query
 from attnstore.queries import summary as summary_module
 from attnstore.store import open_store
+from attnstore.tests.queries import reference
 
 TOKENS = [
     ["[CLS]", "a", ",", "b", "[SEP]"],
@@ -32,14 +34,6 @@ def random_maps(tokens, seed):
 MAPS = [random_maps(t, i) for i, t in enumerate(TOKENS)]
 
 
-def streamed(store, name, monkeypatch, **params):
-    with monkeypatch.context() as m:
-        m.setattr(summary_module, "summaries", lambda *a, **k: None)
-        for module in ("relative_position", "special_tokens", "entropy"):
-            m.setattr(f"attnstore.queries.{module}.summaries", lambda *a, **k: None)
-        return run_query(store, name, **params)
-
-
 def same(a, b):
     assert list(a.columns) == list(b.columns)
     for column in a.columns:
@@ -55,10 +49,10 @@ def run(store, make_run):
 @pytest.mark.parametrize("average", ["example", "token"])
 @pytest.mark.parametrize("examples", [None, [2, 0], [3]])
 @pytest.mark.parametrize("range_size", [4096, 3])  # 3: the sums are kept and read in parts of 3 and 1 examples
-def test_kept_sums_give_the_streaming_results(store, run, monkeypatch, name, average, examples, range_size):
+def test_kept_sums_give_the_naive_results(store, run, monkeypatch, name, average, examples, range_size):
     monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
     kept = run_query(store, name, run=run, average=average, examples=examples)
-    same(kept, streamed(store, name, monkeypatch, run=run, average=average, examples=examples))
+    same(kept, reference.query(store, name, run=run, average=average, examples=examples))
 
 
 def test_sums_are_kept_with_the_run_and_read_without_decoding_maps(store, run, monkeypatch):
@@ -81,22 +75,30 @@ def test_sums_of_a_run_that_has_grown_since_are_built_again(store, run, monkeypa
     run_query(store, "relative_position", run=run)
     group = zarr.open_group(store.locations.array_root, path="runs/sums/summary/clark", mode="r+")
     group.attrs["stamp"] = {"version": 2, "n_examples": 3}  # as if built before the 4th example
-    same(run_query(store, "relative_position", run=run), streamed(store, "relative_position", monkeypatch, run=run))
+    same(run_query(store, "relative_position", run=run), reference.query(store, "relative_position", run=run))
     assert zarr.open_group(store.locations.array_root, path="runs/sums/summary/clark", mode="r").attrs["stamp"]["n_examples"] == 4
 
 
-def test_other_punctuation_and_read_only_stores_stream(store, run, monkeypatch):
-    same(
-        run_query(store, "special_tokens", run=run, punct=",;"),
-        streamed(store, "special_tokens", monkeypatch, run=run, punct=",;"),
-    )
+def test_other_punctuation_is_kept_under_its_own_fingerprint_and_read_only_stores_compute_alone(store, run, monkeypatch):
     reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
     try:
         result = run_query(reader, "entropy", run=run)
     finally:
         reader.close()
-    assert not (zarr.open_group(store.locations.array_root, path="runs/sums", mode="r").get("summary"))
-    same(result, streamed(store, "entropy", monkeypatch, run=run))
+    assert not zarr.open_group(store.locations.array_root, path="runs/sums", mode="r").get("summary")  # nothing kept
+    same(result, reference.query(store, "entropy", run=run))
+    other = run_query(store, "special_tokens", run=run, punct=",;")
+    same(other, reference.query(store, "special_tokens", run=run, punct=",;"))
+    key = summary_module.CLARK.key({"punct": ",;"})
+    assert key.startswith("clark.") and key != summary_module.CLARK.key({"punct": ".,"}) == "clark"
+    group = zarr.open_group(store.locations.array_root, path=f"runs/sums/summary/{key}", mode="r")
+    assert group.attrs["stamp"] == {"version": 2, "n_examples": 4, "params": {"punct": ",;"}}
+    assert not zarr.open_group(store.locations.array_root, path="runs/sums/summary", mode="r").get("clark")  # the default's: not built
+    with monkeypatch.context() as m:  # read back, no map decoded
+        m.setattr(type(store), "iter_attention", lambda *a, **k: pytest.fail("the maps were read"))
+        same(run_query(store, "special_tokens", run=run, punct=",;"), other)
+    same(run_query(store, "special_tokens", run=run), reference.query(store, "special_tokens", run=run))
+    assert zarr.open_group(store.locations.array_root, path="runs/sums/summary", mode="r").get("clark")
 
 
 def test_large_summaries_are_chunked_by_example_and_read_back_whole(store, run, monkeypatch):
@@ -107,4 +109,4 @@ def test_large_summaries_are_chunked_by_example_and_read_back_whole(store, run, 
     group = zarr.open_group(store.locations.array_root, path="runs/sums/summary/clark", mode="r")
     assert group["entropy"].chunks == (2, 3, 2) and group["entropy"].shape == (4, 3, 2)
     same(run_query(store, "entropy", run=run), first)
-    same(first, streamed(store, "entropy", monkeypatch, run=run))
+    same(first, reference.query(store, "entropy", run=run))

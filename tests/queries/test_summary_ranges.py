@@ -10,7 +10,7 @@ import pytest
 import zarr
 
 from attnstore.queries import load_all, summary
-from attnstore.queries.summary import KINDS, concatenate, keep, kept, kept_parts, summarise_examples
+from attnstore.queries.summary import KINDS, concatenate, keep, run_kinds, summarise_examples, summary_parts
 from attnstore.store import arrays
 from attnstore.store.errors import AttnStoreError, StorageIOError
 
@@ -28,13 +28,13 @@ def compare_kinds(store, run: str) -> list[str]:
     """Each kind's summary kept range by range against one pass over the run: exactly equal. Returns the kinds compared."""
     info = store.run_info(run)
     compared = []
-    for name, kind in sorted(KINDS.items()):
+    for name, kind in run_kinds().items():
         try:
             whole = summarise_examples(store, info, kind)
         except AttnStoreError:
             continue  # a kind this run cannot have (no words, no frames, no mentions)
-        ranged = kept(store, info, kind)
-        assert ranged is not None and ranged.keys() == whole.keys(), name
+        ranged = summary.summary(store, info, kind)
+        assert ranged.keys() == whole.keys(), name
         for field in whole:
             np.testing.assert_array_equal(ranged[field], whole[field], err_msg=f"{name}.{field}")
         compared.append(name)
@@ -76,10 +76,10 @@ def test_a_summary_is_kept_part_by_part_and_read_back_in_parts(store, make_run, 
     written_before_each_part = []
     original = summary.summarise_examples
 
-    def summarise_one_range(store_, info_, kind_, examples):
+    def summarise_one_range(store_, info_, kind_, examples, params=None):
         group = zarr.open_group(store.locations.array_root, path=f"runs/parts/summary/{kind.name}", mode="r")
         written_before_each_part.append(group["example"].shape[0] if "example" in group else 0)
-        return original(store_, info_, kind_, examples)
+        return original(store_, info_, kind_, examples, params)
 
     monkeypatch.setattr(summary, "summarise_examples", summarise_one_range)
     saved = keep(store, info, kind)
@@ -89,11 +89,11 @@ def test_a_summary_is_kept_part_by_part_and_read_back_in_parts(store, make_run, 
     whole = original(store, info, kind)
     for field in whole:
         np.testing.assert_array_equal(group[field][:], whole[field], err_msg=field)
-    parts = list(kept_parts(store, info, kind))
+    parts = list(summary_parts(store, info, kind))
     assert [len(p["example"]) for p in parts] == [4, 4, 1] and all(p["word_start"][0] == 0 for p in parts)
     for field, values in concatenate(kind, parts).items():
         np.testing.assert_array_equal(values, whole[field], err_msg=field)
-    assert [p["example"].tolist() for p in kept_parts(store, info, kind, [8, 1, 5])] == [[1], [5], [8]]
+    assert [p["example"].tolist() for p in summary_parts(store, info, kind, [8, 1, 5])] == [[1], [5], [8]]
 
 
 def test_a_build_cut_off_part_way_is_never_read_and_is_built_again(store, make_run, monkeypatch):
