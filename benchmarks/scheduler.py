@@ -47,7 +47,7 @@ def main() -> None:
 
     from attnstore.queries import load_all
     from attnstore.queries import scheduler as sched
-    from attnstore.queries.summary import KINDS, concatenate, summarise_examples
+    from attnstore.queries.summary import concatenate, run_kinds, summarise_examples, summarise_on
     from attnstore.store import migrate, open_store
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,7 +82,8 @@ def main() -> None:
         examples = store.examples(run)
         examples = [int(e) for e in examples[~examples["skipped"]].sort_values("offset")["example"]]
         print(f"run {run!r}: {len(examples)} examples, {info.n_layers}x{info.n_heads} heads; {os.cpu_count()} CPUs here")
-        kinds = [KINDS[k] for k in (args.kinds.split(",") if args.kinds else sorted(KINDS))]
+        available = run_kinds()
+        kinds = [available[k] for k in (args.kinds.split(",") if args.kinds else sorted(available))]
         alone = {kind.name: best(lambda kind=kind: summarise_examples(store, info, kind), args.repeats) for kind in kinds}
 
         @contextmanager
@@ -123,7 +124,7 @@ def main() -> None:
                 try:
                     for kind in kinds:
                         seconds, spread = best(
-                            lambda kind=kind: concatenate(kind, sched.summarise_on("local", store, info, kind, examples)), args.repeats
+                            lambda kind=kind: concatenate(kind, summarise_on("local", store, info, kind, examples)), args.repeats
                         )
                         ref = alone[kind.name][1]
                         equal = spread.keys() == ref.keys() and all(np.array_equal(spread[f], ref[f]) for f in ref)

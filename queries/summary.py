@@ -253,13 +253,22 @@ def _summarise_range(store: Store, examples: list[int], run_id: int, kind_name: 
     return summarise_examples(store, store.run_info(run_id), kind_named(kind_name), examples, params)
 
 
+def summarise_on(
+    spec: str, store: Store, info: RunInfo, kind: SummaryKind, examples, params: Mapping[str, Any] | None = None
+) -> Iterator[dict]:
+    """The kind's summary of `examples` (storage order) on the Dask scheduler `spec`'s workers, part by part in order."""
+    from .scheduler import map_ranges
+
+    yield from map_ranges(spec, store, examples, _summarise_range, (info.id, kind.name, kind.bind(params)), SUMMARY_RANGE)
+
+
 def _built_parts(store: Store, info: RunInfo, kind: SummaryKind, order: np.ndarray, params: dict) -> Iterator[dict]:
     """The kind's summary of `order` (storage order), part by part: on the Dask scheduler in effect, or range by range here."""
-    from .scheduler import current_scheduler, map_ranges
+    from .scheduler import current_scheduler
 
     scheduler = current_scheduler()
     if scheduler is not None:
-        yield from map_ranges(scheduler, store, order, _summarise_range, (info.id, kind.name, params), SUMMARY_RANGE)
+        yield from summarise_on(scheduler, store, info, kind, order, params)
     else:
         for part in ranges(order):
             yield summarise_examples(store, info, kind, part, params)
