@@ -38,7 +38,8 @@ import numpy as np
 from attnstore.ingest import file_source, ingest, register_dataset
 from attnstore.ingest.align import encode_batch
 from attnstore.ingest.model import load_model
-from attnstore.ingest.runner import forward_attention, plan_batches
+from attnstore.ingest.passes import forward_attention
+from attnstore.ingest.runner import plan_batches
 from attnstore.queries import QUERIES, load_all, run_query
 from attnstore.queries.relative_position import relative_position
 from attnstore.queries.summary import CLARK, KINDS, keep

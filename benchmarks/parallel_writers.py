@@ -46,7 +46,7 @@ DEFAULT_CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" 
 
 def write_part(locations: dict, run_id: int, lease: tuple[str, str, str], cells: tuple[int, int], maps_file: str, barrier, times) -> None:
     """A writer process: load its part's maps, wait for the others, store them into `cells`; put (start, end) wall times."""
-    from attnstore.ingest.runner import store_items
+    from attnstore.ingest.passes import store_items
     from attnstore.store import Store
     from attnstore.store.config import Locations
     from attnstore.store.leases import LeaseCheck

@@ -36,7 +36,8 @@ from ..store import arrays
 from ..store.cluster import PARTS_PER_WORKER, client_for
 from .align import Encoded
 from .model import LoadedModel, load_model
-from .runner import _progress, run_batches
+from .passes import run_batches
+from .progress import progress_bar
 
 if TYPE_CHECKING:
     from ..store.writer import RunWriter
@@ -99,7 +100,7 @@ def ingest_on_cluster(
     if writer.index is not None:  # SQL runs ahead of the index arrays until the run completes: `check` knows
         writer.index.group.attrs.update({arrays.INDEX_PENDING: True})
 
-    with client_for(scheduler) as client, _progress(total, f"ingesting {info.name}", progress) as bar:
+    with client_for(scheduler) as client, progress_bar(total, f"ingesting {info.name}", progress) as bar:
         ahead = PARTS_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
 
         def send(part: list[list[Encoded]]) -> None:

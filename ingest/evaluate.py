@@ -18,9 +18,9 @@ import pandas as pd
 
 from ..store.errors import BusyError, InvalidArgumentError, NotFoundError
 from .classifier import Encoded, HeadDisabler, config_name, encode, parse_heads, predict
-from .finetune import build_classifier, models_folder
+from .finetune import build_classifier
 from .glue import GlueTask, compute_metrics, get_task, read_split
-from .model import load_model
+from .model import load_model, models_folder
 
 if TYPE_CHECKING:
     from ..store import Store

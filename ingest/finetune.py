@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,8 +19,8 @@ import numpy as np
 from ..store.errors import ConflictError, InvalidArgumentError
 from .classifier import accepted, collate, encode, length_batches
 from .glue import GlueTask, get_task, read_split, require_train
-from .model import DEFAULT_MODEL, load_model, weights_digest
-from .runner import _progress
+from .model import DEFAULT_MODEL, load_model, models_folder, weights_digest
+from .progress import progress_bar
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -54,13 +53,6 @@ def build_classifier(source: str, task: GlueTask, init: str, seed: int):
     if init == "random":
         return AutoModelForSequenceClassification.from_config(config, attn_implementation="eager")
     return AutoModelForSequenceClassification.from_pretrained(source, config=config, attn_implementation="eager")
-
-
-def models_folder(store: Store) -> Path:
-    root = store.locations.models_root
-    if "://" in root:
-        raise InvalidArgumentError(f"fine-tuned checkpoints need a local models folder, not {root}; set ATTNSTORE_MODELS")
-    return Path(root)
 
 
 def finetune(
@@ -145,7 +137,7 @@ def finetune(
             torch.manual_seed(seed * 1000 + epoch)  # dropout: the same masks whether or not the run was resumed
             rng = np.random.default_rng([seed, epoch])
             total, n = 0.0, 0
-            with _progress(steps_per_epoch, f"fine-tuning {run_name} epoch {epoch + 1}/{epochs}", progress, "batch") as bar:
+            with progress_bar(steps_per_epoch, f"fine-tuning {run_name} epoch {epoch + 1}/{epochs}", progress, "batch") as bar:
                 for batch in length_batches(items, batch_size, rng):
                     inputs, labels = collate([items[i] for i in batch], pad, spec.is_regression)
                     loss = classifier(**accepted(classifier, inputs), labels=labels).loss

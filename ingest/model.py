@@ -16,10 +16,13 @@ import os
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import capture
-from .errors import ModelError, ModelNotFoundError, UnsupportedModelError
+from .errors import InvalidArgumentError, ModelError, ModelNotFoundError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # Models shipped as Python packages (usable offline): name -> (module, package to install).
@@ -221,6 +224,15 @@ def _hub_error(name_or_path: str, exc: BaseException) -> ModelNotFoundError:
     return ModelNotFoundError(
         f"cannot load model {name_or_path!r}: {_detail(exc)}; pass a local directory saved with save_pretrained() or {DEFAULT_MODEL!r}"
     )
+
+
+def models_folder(store: Store) -> Path:
+    """The store's folder of fine-tuned checkpoints (`Locations.models_root`; ingest/finetune.py writes them there,
+    ingest and evaluation load a registered fine-tuned model from it)."""
+    root = store.locations.models_root
+    if "://" in root:
+        raise InvalidArgumentError(f"fine-tuned checkpoints need a local models folder, not {root}; set ATTNSTORE_MODELS")
+    return Path(root)
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "eager") -> LoadedModel:

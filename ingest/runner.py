@@ -8,41 +8,36 @@ are committed only after its maps are on disk (see store.arrays.BlockWriter).
 from __future__ import annotations
 
 import inspect
-import os
 import random
 import sys
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Set
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..store.errors import BusyError
 from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
 from ..store.leases import clear_stale, live_holder
 from ..store.records import ExampleInput, RunInfo, StoredExample
 from ..store.writer import run_lease_name, validate_run_name
-from . import capture
-from .align import Encoded, can_use_text, encode_batch, pad_inputs
+from .align import Encoded, can_use_text, encode_batch
 from .annotate import annotate, make_annotator
 from .corpus import FORMAT_READERS, file_checksum, read_corpus, read_pairs_tsv  # noqa: F401 (read_pairs_tsv: tests take it from here)
 from .datasets import dataset_path, find_dataset, path_checksum, resolve_data_dir
 from .errors import CorpusError, EmptyCorpusError, IngestError, InvalidArgumentError
 from .feed import Feed
 from .manifest import build_manifest
-from .model import LoadedModel, load_model
+from .model import LoadedModel, load_model, models_folder
+from .passes import run_batches
+from .progress import progress_bar
 from .settings import RunSettings
 
 if TYPE_CHECKING:
     from ..store import Store
 
-ROW_SUM_TOLERANCE = 1e-3
 INSERT_BATCH = 256
 
 
@@ -52,12 +47,6 @@ class IngestResult:
     n_new: int
     seconds: float
     already_complete: bool
-
-
-def _progress(total: int, desc: str, enabled: bool, unit: str = "ex"):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True, leave=False)
 
 
 @dataclass(frozen=True)
@@ -232,7 +221,7 @@ class DatasetLoad:
             self.lease.release()
 
     def load_all(self, progress: bool) -> None:
-        with _progress(len(self.plan.chosen) - len(self.stored), f"annotating ({self.annotator_name})", progress) as bar:
+        with progress_bar(len(self.plan.chosen) - len(self.stored), f"annotating ({self.annotator_name})", progress) as bar:
             for chunk in self.chunks():
                 self.add(chunk)
                 bar.update(len(chunk))
@@ -319,52 +308,6 @@ def plan_batches(
             yield batch
 
 
-def forward_attention(loaded: LoadedModel, batch: list[Encoded], whole: bool = False):
-    """One eager forward pass; returns the per-layer attentions (batch, head, query, key) and the lengths.
-
-    The pass stops at the last map where the model allows it (ingest/capture.py): the maps are
-    the same. `whole`: run the whole model (what a user recomputing maps runs; benchmarks).
-    """
-    import torch
-
-    lengths = [e.length for e in batch]
-    inputs = loaded.model_inputs(pad_inputs(batch, loaded.pad_id))  # only what the model's forward takes
-    with torch.inference_mode():
-        if loaded.attention_sources is not None and not whole:
-            attentions = capture.attention_maps(loaded.model, inputs, loaded.attention_sources)
-        else:
-            attentions = loaded.model(**inputs, output_attentions=True).attentions
-    if not attentions or attentions[0] is None:
-        raise IngestError(f"model {loaded.name!r} returned no attention maps with attn_implementation={loaded.attn_implementation!r}")
-    return attentions, lengths
-
-
-def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) -> list:
-    """Per example, its unpadded (layer, head, L, L) maps in `dtype`, checked: real rows sum to 1 over real keys.
-
-    One conversion pass into a preallocated (batch, layer, head, T, T) array; the
-    blocks are views of it. The check runs on the stored values (float16 rounding
-    moves a row sum by at most 2**-11).
-    """
-    import torch
-
-    first = attentions[0]
-    out = torch.empty((first.shape[0], len(attentions), *first.shape[1:]), dtype=getattr(torch, dtype))
-    for layer, attn in enumerate(attentions):
-        out[:, layer].copy_(attn)
-    blocks = []
-    for k, n in enumerate(lengths):
-        block = out[k, :, :, :n, :n]
-        err = (block.sum(-1, dtype=torch.float32) - 1).abs().max().item()
-        if err > ROW_SUM_TOLERANCE:
-            raise IngestError(
-                f"attention rows of example {batch[k].position} do not sum to 1 over its real tokens "
-                f"(max error {err:.2e}); the model must use eager softmax attention"
-            )
-        blocks.append(block.numpy())
-    return blocks
-
-
 def ingest(
     store: Store,
     settings: RunSettings | None = None,
@@ -411,8 +354,6 @@ def ingest(
     registered = store.model_row(settings.model) if loaded is None else None
     finetuned = registered if registered is not None and (registered.get("training") or {}).get("checkpoint") else None
     if finetuned is not None:  # a model fine-tuned in this store: its encoder, from the store's models folder
-        from .finetune import models_folder
-
         loaded = load_model(str(models_folder(store) / finetuned["training"]["checkpoint"]))
     plan = plan_dataset(source, limit=settings.limit, sample=settings.sample, seed=settings.seed)
     loaded = loaded or load_model(settings.model)
@@ -524,136 +465,3 @@ def planned_batches(
         for enc in encode_batch(loaded.tokenizer_for(tokenization), _checked(group, tokenization), max_length, truncation, tokenization)
     )
     return plan_batches(encoded, batch_size)
-
-
-def batch_items(loaded: LoadedModel, dtype: str, batch: list[Encoded], done: Set[int]) -> list[tuple[Encoded, np.ndarray | None]]:
-    """One planned batch's examples to store, in storage order, with their maps (None: skipped, no tokens)."""
-    runnable = [e for e in batch if e.input_ids]
-    items: list[tuple[Encoded, np.ndarray | None]] = [(e, None) for e in batch if not e.input_ids and e.example_id not in done]
-    if any(e.example_id not in done for e in runnable):
-        attentions, lengths = forward_attention(loaded, runnable)
-        items += [(e, maps) for e, maps in zip(runnable, to_blocks(attentions, lengths, dtype, runnable)) if e.example_id not in done]
-    return items
-
-
-def store_items(writer, items: list[tuple[Encoded, np.ndarray | None]], overlap: bool = False) -> None:
-    """Hand a batch's examples to a run writer and commit what is on disk. `overlap`: the batch's chunks are
-    written in the background while the writer goes on (`storage_overlaps`)."""
-    for enc, maps in items:
-        if maps is None:
-            writer.add_skipped(enc.example_id, enc.full_length)
-        else:
-            writer.add(enc.example_id, maps, enc.tokens, truncated=enc.truncated)
-    writer.commit(wait=not overlap)
-
-
-def storage_overlaps() -> bool:
-    """Whether a batch's chunks are written in the background while the writer commits the rows of the batch
-    before (`RunWriter.commit(wait=False)`): only where cores are left beside the forward passes' torch threads.
-    Where the passes use every core, the overlapped storage work takes CPU from them: on MRPC dev (2 cores)
-    ingest / bare was 0.80-0.81 overlapped against 0.85-0.86 waiting with 2 torch threads, and 0.91 against
-    0.87 with 1 (docs/PERFORMANCE.md, session 23)."""
-    import torch
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores > torch.get_num_threads()
-
-
-def forward_passes() -> tuple[int, int]:
-    """How many forward passes run at once on the CPU, and torch's threads for each.
-
-    Two passes of half the threads each, rather than one pass on all of them: the writer thread's
-    work then delays one pass, where it stalled all of a pass's OpenMP threads at their next
-    barrier (docs/PERFORMANCE.md, session 21). An odd number of threads cannot be halved without
-    leaving a core idle or oversubscribed, so it keeps one pass."""
-    import torch
-
-    threads = torch.get_num_threads()
-    passes = 2 if threads % 2 == 0 else 1
-    return passes, threads // passes
-
-
-@contextmanager
-def _torch_threads(n: int):
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def run_batches(
-    writer,
-    loaded: LoadedModel,
-    dtype: str,
-    info,
-    done: Set[int],
-    batches: Iterable[list[Encoded]],
-    total,
-    progress,
-    overlap: bool | None = None,
-) -> int:
-    """Run and store `batches`; returns examples stored. `overlap`: chunk writes beside the next commit (default:
-    `storage_overlaps()`)."""
-    # Batches are planned over the whole dataset, already-stored examples included, so a resumed
-    # run forms exactly the batches of an uninterrupted one (same padding, same arithmetic):
-    # its maps are bit-identical. Batches with nothing new are not run.
-    import torch
-
-    passes, threads = forward_passes()
-    overlap = storage_overlaps() if overlap is None else overlap
-    running: deque = deque()  # forward passes, in batch order
-    storing: deque = deque()  # store steps, in batch order
-    n_new = 0
-
-    def store_batch(items):
-        store_items(writer, items, overlap)
-        bar.update(len(items))
-
-    def hand_over() -> int:
-        """The oldest forward pass's examples to the writer thread, in batch order (storage order)."""
-        items = running.popleft().result()
-        while len(storing) > 1:
-            storing.popleft().result()
-        storing.append(store.submit(store_batch, items))
-        return len(items)
-
-    # `passes` forward passes run at once, each on `threads` of torch's threads, while this thread
-    # plans the next batch (reads its examples, tokenizes, aligns) and one writer thread compresses,
-    # writes chunks and inserts rows.
-    with (
-        _torch_threads(threads),
-        ThreadPoolExecutor(passes, "attnstore-forward", initializer=torch.set_num_threads, initargs=(threads,)) as forward,
-        ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnstore-store") as store,
-        _progress(total, f"ingesting {info.name}", progress) as bar,
-    ):
-        try:
-            for batch in batches:
-                if all(e.example_id in done for e in batch):
-                    continue
-                running.append(forward.submit(batch_items, loaded, dtype, batch, done))
-                while len(running) > passes:
-                    n_new += hand_over()
-            while running:
-                n_new += hand_over()
-            while storing:
-                storing.popleft().result()
-        except BaseException:
-            # Keep what is safely on disk (the caller marks the run interrupted, so `ingest` resumes it).
-            for f in (*running, *storing):
-                f.cancel()
-            for f in (*running, *storing):
-                if not f.cancelled():
-                    try:
-                        f.result()
-                    except Exception:
-                        pass
-            try:
-                writer.commit()
-            except Exception:
-                pass
-            raise
-    return n_new

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnstore.ingest import ingest, runner
+from attnstore.ingest import ingest, passes
 
 pytestmark = pytest.mark.model
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -90,30 +90,30 @@ def test_truncation_and_skip_are_recorded(store, loaded_model, tmp_path):
 
 
 def test_two_forward_passes_at_once_store_what_one_pass_stores(store, loaded_model, monkeypatch):
-    """On a CPU, ingest runs two passes of one torch thread each (runner.forward_passes): same maps,
+    """On a CPU, ingest runs two passes of one torch thread each (passes.forward_passes): same maps,
     bit for bit, in the same storage order as one pass at a time; torch's own setting is kept."""
     import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert runner.forward_passes() == (2, 1)
+        assert passes.forward_passes() == (2, 1)
         torch.set_num_threads(3)
-        assert runner.forward_passes() == (1, 3)  # no half of three threads
+        assert passes.forward_passes() == (1, 3)  # no half of three threads
         torch.set_num_threads(2)
         seen = set()
-        real_forward = runner.forward_attention
+        real_forward = passes.forward_attention
 
         def noting_forward(loaded, batch):
             seen.add((threading.get_ident(), torch.get_num_threads()))
             return real_forward(loaded, batch)
 
-        monkeypatch.setattr(runner, "forward_attention", noting_forward)
+        monkeypatch.setattr(passes, "forward_attention", noting_forward)
         options = dict(corpus=str(MRPC), fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=2, progress=False)
         ingest(store, name="two", **options)
         assert torch.get_num_threads() == 2
         assert {threads for _, threads in seen} == {1} and len(seen) == 2  # two threads, one torch thread each
-        monkeypatch.setattr(runner, "forward_passes", lambda: (1, 1))
+        monkeypatch.setattr(passes, "forward_passes", lambda: (1, 1))
         ingest(store, name="one", **options)
     finally:
         torch.set_num_threads(before)
@@ -124,7 +124,7 @@ def test_two_forward_passes_at_once_store_what_one_pass_stores(store, loaded_mod
 
 
 def test_overlapped_chunk_writes_store_what_waiting_stores(store, loaded_model, monkeypatch):
-    """Where cores are left beside the forward passes (runner.storage_overlaps), a batch's chunks are written in
+    """Where cores are left beside the forward passes (passes.storage_overlaps), a batch's chunks are written in
     the background while the rows of the batch before commit: the same maps, offsets and rows as waiting."""
     import os
 
@@ -134,23 +134,23 @@ def test_overlapped_chunk_writes_store_what_waiting_stores(store, loaded_model, 
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(cores)
-        assert runner.storage_overlaps() is False  # the passes use every core: storing waits
+        assert passes.storage_overlaps() is False  # the passes use every core: storing waits
         torch.set_num_threads(1)
-        assert runner.storage_overlaps() is (cores > 1)
+        assert passes.storage_overlaps() is (cores > 1)
     finally:
         torch.set_num_threads(before)
     seen = []
-    real_store = runner.store_items
+    real_store = passes.store_items
 
     def noting_store(writer, items, overlap=False):
         seen.append(overlap)
         return real_store(writer, items, overlap)
 
-    monkeypatch.setattr(runner, "store_items", noting_store)
+    monkeypatch.setattr(passes, "store_items", noting_store)
     options = dict(corpus=str(MRPC), fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=2, progress=False)
     options["chunk_cells"] = 4096  # many chunks, so most writes overlap a commit
     for name, overlap in (("overlapped", True), ("waiting", False)):
-        monkeypatch.setattr(runner, "storage_overlaps", lambda overlap=overlap: overlap)
+        monkeypatch.setattr(passes, "storage_overlaps", lambda overlap=overlap: overlap)
         ingest(store, name=name, **options)
         assert seen and set(seen) == {overlap}
         seen.clear()
@@ -163,7 +163,7 @@ def test_overlapped_chunk_writes_store_what_waiting_stores(store, loaded_model, 
 
 
 def test_interrupted_run_resumes_without_duplicates_or_loss(store, loaded_model, monkeypatch):
-    real_forward = runner.forward_attention
+    real_forward = passes.forward_attention
     calls = {"n": 0}
 
     def flaky_forward(loaded, batch):
@@ -172,7 +172,7 @@ def test_interrupted_run_resumes_without_duplicates_or_loss(store, loaded_model,
             raise KeyboardInterrupt
         return real_forward(loaded, batch)
 
-    monkeypatch.setattr(runner, "forward_attention", flaky_forward)
+    monkeypatch.setattr(passes, "forward_attention", flaky_forward)
     with pytest.raises(KeyboardInterrupt):
         ingest(
             store,
@@ -187,7 +187,7 @@ def test_interrupted_run_resumes_without_duplicates_or_loss(store, loaded_model,
         )
     partial = store.run_info("resumed")
     assert partial.status == "interrupted" and 0 < partial.n_stored < 12
-    monkeypatch.setattr(runner, "forward_attention", real_forward)
+    monkeypatch.setattr(passes, "forward_attention", real_forward)
     done = ingest(
         store,
         corpus=str(MRPC),
