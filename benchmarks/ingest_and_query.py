@@ -42,7 +42,7 @@ from attnstore.ingest.passes import forward_attention
 from attnstore.ingest.runner import plan_batches
 from attnstore.queries import QUERIES, load_all, run_query
 from attnstore.queries.relative_position import relative_position
-from attnstore.queries.summary import CLARK, KINDS, keep
+from attnstore.queries.summary import CLARK, KINDS, keep, run_kinds
 from attnstore.store import arrays, migrate, open_store
 from attnstore.store.errors import AttnStoreError
 
@@ -307,7 +307,7 @@ def main() -> None:
     # Every other kind of per-example summary, built once per run as its first query would (timed apart).
     built: dict[str, float] = {}
     info = store.run_info(run.name)
-    for kind_name, kind in sorted(KINDS.items()):
+    for kind_name, kind in run_kinds().items():
         if kind_name == "clark" or kind_name in FRAMENET_KINDS:
             continue
         t = time.perf_counter()

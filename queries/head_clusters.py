@@ -1,7 +1,9 @@
 """C9 (Clark et al. 2019, Sec. 6, Fig. 6): distances between heads and a 2-D map of them.
 
 The distance between two heads is the sum, over every query token of the run, of the
-Jensen-Shannon divergence (nats) between their attention distributions. The 2-D
+Jensen-Shannon divergence (nats) between their attention distributions, each first smoothed
+towards uniform as the authors' head_distances.py does (p' = s / L + (1 - s) p with s = 0.001;
+`smoothing=0` for the raw maps; docs/QUERIES.md gives the size of the difference). The 2-D
 embedding is classical (Torgerson) multidimensional scaling of that distance matrix;
 Clark et al. used scikit-learn's iterative (SMACOF) MDS, which gives a similar layout
 up to rotation and reflection.
@@ -22,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..store.records import RunInfo
+from .errors import InvalidArgumentError
 from .registry import register
 from .summary import SummaryKind, register_kind, summary_parts
 
@@ -118,17 +121,36 @@ def js_distance_matrix(maps: np.ndarray, *, threads: int | None = None) -> np.nd
     return square(js_upper(maps, threads=threads), maps.shape[0])
 
 
-def _head_js_prepare(store: Store, info: RunInfo, examples=None) -> None:
-    return None
+# Clark et al.'s head_distances.py mixes each map with the uniform distribution before the divergences:
+# 0.001 / L + 0.999 * attention (L keys), so no probability is 0.
+SMOOTHING = 0.001
 
 
-def _head_js_reduce(context: None, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
+def check_smoothing(smoothing: float) -> float:
+    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+        raise InvalidArgumentError(f"smoothing={smoothing!r}: give a number from 0 (the raw maps) up to but not 1; the authors' is 0.001")
+    return float(smoothing)
+
+
+def smoothed(maps: np.ndarray, smoothing: float) -> np.ndarray:
+    """(..., L, L) maps mixed with the uniform distribution over the L keys: s / L + (1 - s) a, in float64."""
+    maps = np.asarray(maps, dtype=np.float64)
+    return maps if smoothing == 0 else smoothing / maps.shape[-1] + (1 - smoothing) * maps
+
+
+def _head_js_prepare(store: Store, info: RunInfo, examples=None, smoothing: float = SMOOTHING) -> float:
+    return smoothing
+
+
+def _head_js_reduce(smoothing: float, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     """One example's JS sums of every pair of heads (layer-major, upper triangle) and its number of query tokens."""
-    return {"js": js_upper(maps.reshape(-1, *maps.shape[2:])), "length": np.asarray(maps.shape[-1], np.int64)}
+    heads = smoothed(maps.reshape(-1, *maps.shape[2:]), smoothing)
+    return {"js": js_upper(heads), "length": np.asarray(maps.shape[-1], np.int64)}
 
 
 # js: (example, n_pairs) float64, pair (a, b) with a < b over layer * n_heads + head in np.triu_indices order.
-HEAD_JS = register_kind(SummaryKind("head_js", 1, _head_js_prepare, _head_js_reduce))
+# version 2: the maps are smoothed first (the authors'), by default
+HEAD_JS = register_kind(SummaryKind("head_js", 2, _head_js_prepare, _head_js_reduce, defaults={"smoothing": SMOOTHING}))
 
 
 # Hand-written around np.linalg.eigh on purpose: scikit-learn is no dependency, and its MDS is iterative SMACOF, not classical.
@@ -142,13 +164,14 @@ def classical_mds(distances: np.ndarray, dims: int = 2) -> np.ndarray:
     return vectors[:, top] * np.sqrt(np.clip(values[top], 0, None))
 
 
-def head_distance_sum(store: Store, run, examples=None) -> tuple[RunInfo, np.ndarray, int]:
+def head_distance_sum(store: Store, run, examples=None, smoothing: float = SMOOTHING) -> tuple[RunInfo, np.ndarray, int]:
     """(run, summed JS matrix of every pair of heads, number of query tokens) over the run or `examples`."""
+    smoothing = check_smoothing(smoothing)
     info = store.run_info(run)
     n = info.n_layers * info.n_heads
     upper = np.zeros(n * (n - 1) // 2)
     n_tokens = 0
-    for part in summary_parts(store, info, HEAD_JS, examples):  # per-example sums (queries/summary.py), part by part
+    for part in summary_parts(store, info, HEAD_JS, examples, smoothing=smoothing):  # per-example sums (queries/summary.py), part by part
         for row in part["js"]:  # one example at a time, in storage order
             upper += row
         n_tokens += int(part["length"].sum())
@@ -156,14 +179,16 @@ def head_distance_sum(store: Store, run, examples=None) -> tuple[RunInfo, np.nda
 
 
 @register("head_distances", per_head=False)
-def head_distances(store: Store, *, run, examples=None) -> pd.DataFrame:
+def head_distances(store: Store, *, run, examples=None, smoothing: float = SMOOTHING) -> pd.DataFrame:
     """Distance between every pair of heads: summed Jensen-Shannon divergence of their attention.
 
     Columns: layer_a, head_a, layer_b, head_b, distance (sum over all query tokens, nats),
     mean_distance (per query token). One row per ordered pair, including a head with itself (0).
+    smoothing: each map is first mixed with the uniform distribution, s / L + (1 - s) a, as the
+      authors' code does (default 0.001); 0 compares the raw maps.
     Each example's sums are kept with the run (summary head_js): only the first call decodes the maps.
     """
-    info, total, n_tokens = head_distance_sum(store, run, examples)
+    info, total, n_tokens = head_distance_sum(store, run, examples, smoothing)
     n = info.n_layers * info.n_heads
     a, b = (grid.ravel() for grid in np.meshgrid(np.arange(n), np.arange(n), indexing="ij"))
     return pd.DataFrame(
@@ -179,12 +204,13 @@ def head_distances(store: Store, *, run, examples=None) -> pd.DataFrame:
 
 
 @register("head_clusters")
-def head_clusters(store: Store, *, run, examples=None) -> pd.DataFrame:
+def head_clusters(store: Store, *, run, examples=None, smoothing: float = SMOOTHING) -> pd.DataFrame:
     """2-D multidimensional scaling of the heads by summed Jensen-Shannon distance (Fig. 6).
 
     Columns: layer, head, x, y (coordinates; only relative positions mean anything).
+    smoothing: as in head_distances (default 0.001, the authors'; 0 for the raw maps).
     """
-    info, total, _ = head_distance_sum(store, run, examples)
+    info, total, _ = head_distance_sum(store, run, examples, smoothing)
     xy = classical_mds(total)
     n = info.n_layers * info.n_heads
     return pd.DataFrame({"layer": np.arange(n) // info.n_heads, "head": np.arange(n) % info.n_heads, "x": xy[:, 0], "y": xy[:, 1]})

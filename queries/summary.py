@@ -78,7 +78,12 @@ class SummaryKind:
         unknown = set(params) - set(self.defaults)
         if unknown:
             raise TypeError(f"summary kind {self.name!r} takes no parameter(s) {sorted(unknown)}; it takes {sorted(self.defaults)}")
-        return {**self.defaults, **params}
+        bound = {**self.defaults, **params}
+        for name, default in self.defaults.items():  # 0 and 0.0 are one parameter value, with one key
+            value = bound[name]
+            if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+                bound[name] = float(value)
+        return bound
 
     def key(self, params: Mapping[str, Any]) -> str:
         """Where its summary is kept in the run's group: its name, plus a digest of non-default parameters."""

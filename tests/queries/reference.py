@@ -153,13 +153,14 @@ def entropy(store, *, run, examples=None, average: str = "example"):
 # ---------------------------------------------------------------- Clark C9
 
 
-def head_distance_sum(store, run, examples=None):
+def head_distance_sum(store, run, examples=None, smoothing: float = 0.001):
     info = store.run_info(run)
     n = info.n_layers * info.n_heads
     upper = np.zeros(n * (n - 1) // 2)
     n_tokens = 0
     for _, maps in _maps(store, info, examples):
-        upper += js_upper(maps.reshape(-1, *maps.shape[2:]), threads=1)
+        heads = maps.reshape(-1, *maps.shape[2:]).astype(np.float64)
+        upper += js_upper(smoothing / heads.shape[-1] + (1 - smoothing) * heads, threads=1)
         n_tokens += maps.shape[-1]
     return info, square(upper, n), n_tokens
 

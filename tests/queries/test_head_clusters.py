@@ -35,11 +35,17 @@ def test_mds_reproduces_distances():
 def test_head_queries_on_a_stored_run(store, make_run):
     run = make_run(store, [three_heads(), three_heads()], [["[CLS]", "[SEP]"], ["[CLS]", "[SEP]"]], name="clusters")
     per_row = 0.75 * math.log(4 / 3)
-    dist = run_query(store, "head_distances", run=run)
+    dist = run_query(store, "head_distances", run=run, smoothing=0)
     pair = dist[(dist["head_a"] == 0) & (dist["head_b"] == 1)].iloc[0]
     assert math.isclose(pair["distance"], 4 * per_row, rel_tol=1e-6)  # 2 examples x 2 query tokens
     assert math.isclose(pair["mean_distance"], per_row, rel_tol=1e-6)
-    xy = run_query(store, "head_clusters", run=run).set_index("head")
+    # the authors' smoothing (the default): [1, 0] becomes [0.9995, 0.0005], the uniform row stays [0.5, 0.5]
+    p, q = (0.9995, 0.0005), (0.5, 0.5)
+    m = [(a + b) / 2 for a, b in zip(p, q)]
+    smoothed_row = 0.5 * sum(a * math.log(a / c) + b * math.log(b / c) for a, b, c in zip(p, q, m))
+    pair = run_query(store, "head_distances", run=run).set_index(["head_a", "head_b"]).loc[(0, 1)]
+    assert math.isclose(pair["distance"], 4 * smoothed_row, rel_tol=1e-12) and smoothed_row < per_row
+    xy = run_query(store, "head_clusters", run=run, smoothing=0).set_index("head")
     assert np.allclose(xy.loc[0, ["x", "y"]], xy.loc[2, ["x", "y"]], atol=1e-6)
     assert math.isclose(float(np.hypot(*(xy.loc[0, ["x", "y"]] - xy.loc[1, ["x", "y"]]))), 4 * per_row, rel_tol=1e-6)
 
@@ -117,11 +123,12 @@ def test_kept_sums_give_the_naive_results_and_no_map_is_read_again(store, run, m
     cases = [(name, examples) for name in ("head_distances", "head_clusters") for examples in (None, [2, 0], [3])]
     kept = [run_query(store, name, run=run, examples=examples) for name, examples in cases]
     group = js_group(store)
-    assert group.attrs["stamp"] == {"version": 1, "n_examples": 4}
+    assert group.attrs["stamp"] == {"version": 2, "n_examples": 4}
     assert group["example"][:].tolist() == [0, 1, 2, 3] and group["length"][:].tolist() == [5, 6, 6, 3]
     assert group["js"].shape == (4, 15) and group["js"].dtype == np.float64  # 6 heads: 15 pairs
     rows, cols = np.triu_indices(6, 1)
-    expected = textbook_js(random_maps(6, 1).reshape(-1, 6, 6))
+    heads = random_maps(6, 1).reshape(-1, 6, 6).astype(np.float64)
+    expected = textbook_js(0.001 / 6 + 0.999 * heads)  # the authors' smoothing, the default
     np.testing.assert_array_equal(group["js"][1], expected[rows, cols])
     for (name, examples), frame in zip(cases, kept):
         same(frame, reference.query(store, name, run=run, examples=examples))
@@ -149,7 +156,7 @@ def test_sums_of_a_grown_run_are_rebuilt_and_read_only_stores_compute_alone(stor
     run_query(store, "head_distances", run=run)
     group = js_group(store, mode="r+")  # as if kept before the 4th example was stored
     group["js"][...] = 0
-    group.attrs["stamp"] = {"version": 1, "n_examples": 3}
+    group.attrs["stamp"] = {"version": 2, "n_examples": 3}
     same(run_query(store, "head_distances", run=run), expected)
     assert js_group(store).attrs["stamp"]["n_examples"] == 4
 
@@ -157,8 +164,22 @@ def test_sums_of_a_grown_run_are_rebuilt_and_read_only_stores_compute_alone(stor
 def test_hand_built_run_gives_the_exact_js_both_ways(store, make_run, monkeypatch):
     run = make_run(store, [three_heads(), three_heads()], [["[CLS]", "[SEP]"], ["[CLS]", "[SEP]"]], name="exact")
     per_row = 0.75 * math.log(4 / 3)  # JS([1, 0], [.5, .5]) in nats
-    for frame in (run_query(store, "head_distances", run=run), reference.query(store, "head_distances", run=run)):
+    for frame in (run_query(store, "head_distances", run=run, smoothing=0), reference.query(store, "head_distances", run=run, smoothing=0)):
         by_pair = frame.set_index(["head_a", "head_b"])["distance"]
         assert math.isclose(by_pair[0, 1], 4 * per_row, rel_tol=1e-12) and math.isclose(by_pair[2, 1], 4 * per_row, rel_tol=1e-12)
         assert by_pair[0, 2] == 0 and by_pair[1, 1] == 0
         assert math.isclose(frame.set_index(["head_a", "head_b"])["mean_distance"][1, 2], per_row, rel_tol=1e-12)
+
+
+def test_smoothing_is_checked_and_each_setting_is_kept_apart(store, make_run):
+    from attnstore.queries.errors import InvalidArgumentError
+    from attnstore.queries.head_clusters import HEAD_JS
+
+    run = make_run(store, [three_heads()], [["[CLS]", "[SEP]"]], name="smooth")
+    for bad in (1.0, -0.1):
+        with pytest.raises(InvalidArgumentError, match=rf"smoothing={bad!r}: give a number from 0"):
+            run_query(store, "head_distances", run=run, smoothing=bad)
+    raw, smooth = (run_query(store, "head_distances", run=run, smoothing=s)["distance"] for s in (0, 0.001))
+    assert (smooth <= raw).all() and (smooth < raw).any()  # mixing with the uniform distribution brings heads closer
+    kept = zarr.open_group(store.locations.array_root, path=f"runs/{run}/summary", mode="r")
+    assert {"head_js", HEAD_JS.key({"smoothing": 0})} <= set(kept.group_keys())
