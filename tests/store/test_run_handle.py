@@ -99,6 +99,7 @@ def test_missing_run_raises_as_run_info_does(store, run):
 STORE_METHODS = {
     "ablation_results",
     "attention",
+    "dependency_relations",
     "can_keep_summaries",
     "close",
     "example_rows",
