@@ -1,6 +1,6 @@
 """Storage layer: SQL metadata + Zarr arrays. Imports nothing else of attnstore.
 
-(`RunHandle.query` imports attnstore.queries when it is called: queries depend on the store.)
+(`RunHandle.query` calls the query runner attnstore/__init__.py installs: queries depend on the store.)
 `Store`, `open_store` and `RunHandle` are imported when first used (PEP 562): modules that need
 only `store.errors` or `store.config` (the command line's start) do not load SQLAlchemy, zarr or pandas.
 """
