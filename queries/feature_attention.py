@@ -6,8 +6,8 @@ form) and then cover *every* wordpiece of a matching word; the first special tok
 The feature definitions here are shared with `token_to_token` (K6).
 
 Each example's numbers for K5 and `cls_feature_attention` (every feature, layer and head) are
-kept with the run as the summary kind `kovaleva_features` (queries/summary.py); the queries
-read them instead of decoding the maps, and stream only where nothing can be kept.
+the summary kind `kovaleva_features` (queries/summary.py), kept with the run: the queries read
+them instead of decoding the maps.
 """
 
 from __future__ import annotations
@@ -178,6 +178,7 @@ def _features_reduce(fm: FeatureMasks, example: int, maps: np.ndarray) -> dict[s
     received = maps.sum(axis=2, dtype=np.float64) / maps.shape[-1]  # (layer, head, key): column means
     feature_max = np.zeros(shape)
     cls_to_feature = np.zeros(shape)
+    cls_to_feature_max = np.zeros(shape)
     cls = np.flatnonzero(fm.flags[example].cls)
     rows = maps[:, :, cls[0], :].astype(np.float64) if len(cls) else None  # (layer, head, key)
     for i, f in enumerate(FEATURES):
@@ -185,17 +186,20 @@ def _features_reduce(fm: FeatureMasks, example: int, maps: np.ndarray) -> dict[s
             feature_max[i] = received[..., masks[f]].max(-1)
             if rows is not None:
                 cls_to_feature[i] = rows[..., masks[f]].sum(-1)
+                cls_to_feature_max[i] = rows[..., masks[f]].max(-1)
     return {
         "feature_tokens": n_tokens,
         "cls_position": np.asarray(cls[0] if len(cls) else -1, dtype=np.int64),
         "feature_max": feature_max,
         "cls_to_feature": cls_to_feature,
+        "cls_to_feature_max": cls_to_feature_max,
     }
 
 
-# feature_max / cls_to_feature: (feature in FEATURES order, layer, head), 0 where the example lacks the feature
-# (feature_tokens 0) or, for cls_to_feature, a [CLS]-like token (cls_position -1).
-KOVALEVA_FEATURES = register_kind(SummaryKind("kovaleva_features", 1, _features_prepare, _features_reduce))
+# feature_max / cls_to_feature / cls_to_feature_max: (feature in FEATURES order, layer, head), 0 where the example lacks
+# the feature (feature_tokens 0) or, for cls_to_feature*, a [CLS]-like token (cls_position -1): the [CLS] row's sum
+# and largest weight over the feature's tokens. Version 2: cls_to_feature_max.
+KOVALEVA_FEATURES = register_kind(SummaryKind("kovaleva_features", 2, _features_prepare, _features_reduce))
 
 
 def feature_summaries(store: Store, info: RunInfo, examples=None) -> Iterable[dict[str, np.ndarray]]:

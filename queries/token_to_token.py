@@ -1,14 +1,17 @@
 """K6 (Kovaleva et al. 2019, Sec. 4.5, Fig. 7): token-to-token attention and what [CLS] attends to.
 
 `token_to_token`: per head, attention between linked words -- a verb and its subject (both
-directions) and nouns and pronouns of the same sentence (both directions) -- on word-level
-maps (C5 convention: attention *to* a word sums its pieces, *from* a word averages them).
+directions) and nouns and pronouns of the same sentence (both directions). By default as the
+authors' notebook computes it, at token level: per example the largest weight from a token of
+A to a token of B over its linked pairs (statistic="token_max"); statistic="word_mean" takes
+word-level maps instead (C5 convention: attention *to* a word sums its pieces, *from* a word
+averages them) and the mean over the example's pairs.
 `cls_feature_attention`: in one layer (the last by default), the attention *from* the first
-special token to each feature type of K5, summed over the type's tokens.
+special token to each feature type of K5: the largest over the type's tokens (pool="max", the
+paper's Sec. 4.4 rule and the notebook), or their sum (pool="sum").
 
-`token_to_token` reads each example's per-relation means kept with the run (summary kind
-`kovaleva_relations`, queries/summary.py), `cls_feature_attention` those of K5
-(`kovaleva_features`, every layer); both stream the maps only where nothing can be kept.
+`token_to_token` reads each example's per-relation numbers (summary kind `kovaleva_relations`,
+queries/summary.py), `cls_feature_attention` those of K5 (`kovaleva_features`, every layer).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
     from ..store.records import RunInfo
 
 RELATIONS = ("verb_to_subject", "subject_to_verb", "noun_to_pronoun", "pronoun_to_noun")
+STATISTICS = ("token_max", "word_mean")
+POOLS = ("max", "sum")
 
 
 def parse_relations(relations: str | None) -> tuple[str, ...]:
@@ -117,34 +122,49 @@ def _relations_prepare(store: Store, info: RunInfo, examples=None):
 
 
 def _relations_reduce(linked, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
-    """One example's mean word-level attention over its pairs of each relation (every layer and head) and the
-    number of pairs."""
+    """One example's numbers for each relation (every layer and head): the mean word-level attention over its pairs,
+    the largest token-to-token weight over its pairs' tokens, and the number of pairs."""
     means = np.zeros((len(RELATIONS), *maps.shape[:2]))
+    token_max = np.zeros((len(RELATIONS), *maps.shape[:2]))
     n_pairs = np.zeros(len(RELATIONS), dtype=np.int64)
     if example in linked:
         word_positions, wanted = linked[example]
-        wmap = word_level(maps, units_of(word_positions)).astype(np.float64)  # (layer, head, from unit, to unit)
+        units = units_of(word_positions)
+        wmap = word_level(maps, units).astype(np.float64)  # (layer, head, from unit, to unit)
+        pieces = units.assign.astype(bool)  # (units, tokens)
         for r, uv in wanted.items():
             i = RELATIONS.index(r)
             means[i] = wmap[:, :, uv[:, 0], uv[:, 1]].mean(-1)
+            cells = (pieces[uv[:, 0], :, None] & pieces[uv[:, 1], None, :]).any(0)  # (from token, to token) of any pair
+            token_max[i] = maps[:, :, cells].max(-1)
             n_pairs[i] = len(uv)
-    return {"relation_pairs": n_pairs, "relation_mean": means}
+    return {"relation_pairs": n_pairs, "relation_mean": means, "relation_token_max": token_max}
 
 
-# relation_mean: (relation in RELATIONS order, layer, head), 0 where the example has no pair (relation_pairs 0).
-KOVALEVA_RELATIONS = register_kind(SummaryKind("kovaleva_relations", 1, _relations_prepare, _relations_reduce))
+# relation_mean / relation_token_max: (relation in RELATIONS order, layer, head), 0 where the example has no pair
+# (relation_pairs 0). Version 2: relation_token_max.
+KOVALEVA_RELATIONS = register_kind(SummaryKind("kovaleva_relations", 2, _relations_prepare, _relations_reduce))
 
 
 @register("token_to_token", per_head=False)
-def token_to_token(store: Store, *, run, relations: str | None = None, examples=None) -> pd.DataFrame:
-    """Kovaleva K6: per head, mean word-to-word attention verb->subject, subject->verb, noun->pronoun, pronoun->noun.
+def token_to_token(store: Store, *, run, relations: str | None = None, statistic: str = "token_max", examples=None) -> pd.DataFrame:
+    """Kovaleva K6: per head, attention between linked words: verb->subject, subject->verb, noun->pronoun, pronoun->noun.
 
-    For each linked pair (A, B) the attention from word A to word B on the word-level map
-    (summed over B's pieces, averaged over A's pieces); averaged over the example's pairs,
-    then over the examples that have at least one pair of that relation.
+    statistic="token_max" (default, the authors' notebook): per example, the largest
+    attention weight from a token of word A to a token of word B over the example's linked
+    pairs (A, B); statistic="word_mean": per pair the attention from word A to word B on
+    the word-level map (summed over B's pieces, averaged over A's pieces), averaged over the
+    example's pairs. Either way then averaged over the examples that have at least one pair
+    of that relation.
     Columns: layer, head, relation, value, n_examples, n_pairs.
     `relations`: comma-separated subset of verb_to_subject, subject_to_verb, noun_to_pronoun, pronoun_to_noun.
     """
+    if statistic not in STATISTICS:
+        raise InvalidArgumentError(
+            f"statistic={statistic!r}: use 'token_max' (the largest token-to-token weight over the linked pairs, the "
+            "authors' notebook) or 'word_mean' (the mean over pairs of word-level attention)"
+        )
+    field = "relation_token_max" if statistic == "token_max" else "relation_mean"
     names = parse_relations(relations)
     info = store.run_info(run)
     shape = (info.n_layers, info.n_heads)
@@ -154,7 +174,7 @@ def token_to_token(store: Store, *, run, relations: str | None = None, examples=
     for part in summary_parts(store, info, KOVALEVA_RELATIONS, examples):  # per-example means (queries/summary.py)
         for r in names:
             pairs = part["relation_pairs"][:, RELATIONS.index(r)]
-            add_over_examples(total[r], part["relation_mean"][:, RELATIONS.index(r)], pairs > 0)
+            add_over_examples(total[r], part[field][:, RELATIONS.index(r)], pairs > 0)
             count[r] += int((pairs > 0).sum())
             n_pairs[r] += int(pairs.sum())
     frame = long_frame(range(info.n_layers), info.n_heads, names, total, count, "relation")
@@ -163,15 +183,23 @@ def token_to_token(store: Store, *, run, relations: str | None = None, examples=
 
 
 @register("cls_feature_attention", per_head=False)
-def cls_feature_attention(store: Store, *, run, layer: int | None = None, features: str | None = None, examples=None) -> pd.DataFrame:
+def cls_feature_attention(
+    store: Store, *, run, layer: int | None = None, features: str | None = None, pool: str = "max", examples=None
+) -> pd.DataFrame:
     """Kovaleva K6 (Fig. 7): attention from the first special token ([CLS]-like) to each K5 feature, in one layer.
 
     For each example and head of `layer` (default: the last): the attention the first
-    [CLS]-like token pays to the feature's tokens, summed over them; averaged over the
-    examples that contain the feature (and a [CLS]-like token).
+    [CLS]-like token pays to the feature's tokens, the largest over them (pool="max",
+    default: the paper's Sec. 4.4 rule and the authors' notebook) or their sum (pool="sum");
+    averaged over the examples that contain the feature (and a [CLS]-like token).
     Columns: layer, head, feature, value, mean_over_heads (the feature's value averaged over
     the layer's heads), n_examples.
     """
+    if pool not in POOLS:
+        raise InvalidArgumentError(
+            f"pool={pool!r}: use 'max' (the largest weight among the feature's tokens, the paper's rule) or 'sum' (their total)"
+        )
+    field = "cls_to_feature_max" if pool == "max" else "cls_to_feature"
     names = parse_features(features)
     info = store.run_info(run)
     if layer is None:
@@ -185,7 +213,7 @@ def cls_feature_attention(store: Store, *, run, layer: int | None = None, featur
         for f in names:
             i = FEATURES.index(f)
             used = has_cls & (part["feature_tokens"][:, i] > 0)
-            add_over_examples(total[f], part["cls_to_feature"][:, i, layer][:, None], used)
+            add_over_examples(total[f], part[field][:, i, layer][:, None], used)
             count[f] += int(used.sum())
     frame = long_frame([int(layer)], info.n_heads, names, total, count, "feature")
     frame.insert(frame.columns.get_loc("value") + 1, "mean_over_heads", frame.groupby("feature", sort=False)["value"].transform("mean"))

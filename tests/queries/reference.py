@@ -184,7 +184,7 @@ def feature_attention(store, *, run, features=None, examples=None):
     return long_frame(range(info.n_layers), info.n_heads, names, total, count, "feature")
 
 
-def token_to_token(store, *, run, relations=None, examples=None):
+def token_to_token(store, *, run, relations=None, statistic: str = "token_max", examples=None):
     names = parse_relations(relations)
     info = store.run_info(run)
     linked = relation_units(store, info, names)
@@ -194,9 +194,18 @@ def token_to_token(store, *, run, relations=None, examples=None):
         if example not in linked:
             continue
         word_positions, wanted = linked[example]
-        wmap = word_level(maps, units_of(word_positions)).astype(np.float64)
+        units = units_of(word_positions)
+        wmap = word_level(maps, units).astype(np.float64)
         for r, uv in wanted.items():
-            total[r] += wmap[:, :, uv[:, 0], uv[:, 1]].mean(-1)
+            if statistic == "word_mean":
+                total[r] += wmap[:, :, uv[:, 0], uv[:, 1]].mean(-1)
+            else:  # every token of A against every token of B, over every linked pair: the largest weight
+                best = np.full((info.n_layers, info.n_heads), -np.inf)
+                for a, b in uv:
+                    for i in np.flatnonzero(word_positions == units.word[a]):
+                        for j in np.flatnonzero(word_positions == units.word[b]):
+                            best = np.maximum(best, maps[:, :, i, j].astype(np.float64))
+                total[r] += best
             count[r] += 1
             n_pairs[r] += len(uv)
     frame = long_frame(range(info.n_layers), info.n_heads, names, total, count, "relation")
@@ -204,7 +213,7 @@ def token_to_token(store, *, run, relations=None, examples=None):
     return frame
 
 
-def cls_feature_attention(store, *, run, layer=None, features=None, examples=None):
+def cls_feature_attention(store, *, run, layer=None, features=None, pool: str = "max", examples=None):
     names = parse_features(features)
     info = store.run_info(run)
     layer = info.n_layers - 1 if layer is None else layer
@@ -219,7 +228,7 @@ def cls_feature_attention(store, *, run, layer=None, features=None, examples=Non
         for f in names:
             mask = fm.masks[example][f]
             if mask.any():
-                total[f][0] += row[:, mask].sum(-1)
+                total[f][0] += row[:, mask].max(-1) if pool == "max" else row[:, mask].sum(-1)
                 count[f] += 1
     frame = long_frame([int(layer)], info.n_heads, names, total, count, "feature")
     frame.insert(frame.columns.get_loc("value") + 1, "mean_over_heads", frame.groupby("feature", sort=False)["value"].transform("mean"))

@@ -155,14 +155,15 @@ def test_kept_numbers_give_the_naive_results_and_maps_are_not_read_again(store, 
         for features in (None, "sep,pronoun")
         for examples in (None, [2, 0], [1])
     ] + [
-        ("cls_feature_attention", dict(layer=layer, features=features, examples=examples))
+        ("cls_feature_attention", dict(layer=layer, features=features, pool=pool, examples=examples))
         for layer, features in ((None, None), (0, "noun,cls"))
+        for pool in ("max", "sum")
         for examples in (None, [2, 1])
     ]
     kept = [run_query(store, name, run=run, **params) for name, params in cases]
     group = summary_group(store, run, "kovaleva_features")
-    assert group.attrs["stamp"] == {"version": 1, "n_examples": 3}
-    assert group["feature_max"].shape == (3, 8, 2, 3) and group["cls_to_feature"].shape == (3, 8, 2, 3)
+    assert group.attrs["stamp"] == {"version": 2, "n_examples": 3}
+    assert group["feature_max"].shape == group["cls_to_feature"].shape == group["cls_to_feature_max"].shape == (3, 8, 2, 3)
     assert group["feature_tokens"][:].tolist() == [[1, 1, 1, 1, 1, 4, 1, 1], [2, 3, 0, 2, 0, 0, 1, 2], [0, 0, 0, 0, 0, 2, 1, 1]]
     check_kept_frames(monkeypatch, store, run, cases, kept)
 

@@ -76,13 +76,23 @@ UNIFORM = {
     "pronoun_to_noun": (2 / 7 + 1 / 8) / 2,
 }
 N_PAIRS = {"verb_to_subject": 3, "subject_to_verb": 3, "noun_to_pronoun": 2, "pronoun_to_noun": 2}
+# statistic="token_max" (the default): per example the largest weight from a token of A to a token of B over its pairs.
+# A: likes->she max(1, 0.5) = 1; she->likes max(0.5, 0.1) = 0.5; cats->she max(0.2, 0.8) = 0.8; she->cats max(0.4, 0) = 0.4.
+# B: verb->subject max(bark->dogs 1, chase->they 0.3) = 1; subject->verb max(1, 0) = 1; cats->they 1; they->cats 0.
+DESIGNED_MAX = {"verb_to_subject": 1.0, "subject_to_verb": (0.5 + 1) / 2, "noun_to_pronoun": (0.8 + 1) / 2, "pronoun_to_noun": 0.4 / 2}
+UNIFORM_MAX = dict.fromkeys(N_PAIRS, (1 / 7 + 1 / 8) / 2)  # every weight is 1 / L
 
 
-def test_token_to_token_exact_values(store, t2t_run):
-    df = run_query(store, "token_to_token", run=t2t_run)
+@pytest.mark.parametrize(
+    "statistic, designed, uniform",
+    [("word_mean", DESIGNED, UNIFORM), ("token_max", DESIGNED_MAX, UNIFORM_MAX), (None, DESIGNED_MAX, UNIFORM_MAX)],
+)
+def test_token_to_token_exact_values(store, t2t_run, statistic, designed, uniform):
+    params = {} if statistic is None else {"statistic": statistic}
+    df = run_query(store, "token_to_token", run=t2t_run, **params)
     assert list(df.columns) == ["layer", "head", "relation", "value", "n_examples", "n_pairs"]
     got = df.set_index(["layer", "head", "relation"])
-    for (layer, head), expected in {(0, 0): DESIGNED, (0, 1): UNIFORM, (1, 0): UNIFORM, (1, 1): UNIFORM}.items():
+    for (layer, head), expected in {(0, 0): designed, (0, 1): uniform, (1, 0): uniform, (1, 1): uniform}.items():
         for relation, value in expected.items():
             row = got.loc[(layer, head, relation)]
             assert row["value"] == pytest.approx(value, abs=1e-6), (layer, head, relation)
@@ -96,10 +106,12 @@ def test_token_to_token_relations_parameter(store, t2t_run):
     assert (df["n_examples"] == 1).all() and (df["n_pairs"] == 1).all()
     with pytest.raises(InvalidArgumentError, match="unknown relation.*'verb_to_object'"):
         run_query(store, "token_to_token", run=t2t_run, relations="verb_to_object")
+    with pytest.raises(InvalidArgumentError, match="statistic='max': use 'token_max'"):
+        run_query(store, "token_to_token", run=t2t_run, statistic="max")
 
 
-# cls_feature_attention, last layer (1): head 1 reads CLS_ROWS, head 0 is uniform (feature's piece count / L).
-CLS_HEAD1 = {
+# cls_feature_attention, last layer (1), pool="sum": head 1 reads CLS_ROWS, head 0 is uniform (feature's piece count / L).
+CLS_HEAD1_SUM = {
     "noun": (0.1 + 0.15) / 2,
     "verb": (0.3 + 0.15) / 2,
     "pronoun": (0.3 + 0.05) / 2,
@@ -108,7 +120,7 @@ CLS_HEAD1 = {
     "cls": (0.1 + 0.5 + 0.6) / 3,
     "sep": (0.2 + 0.15 + 0.4) / 3,
 }
-CLS_HEAD0 = {
+CLS_HEAD0_SUM = {
     "noun": (2 / 7 + 2 / 8) / 2,
     "verb": (2 / 7 + 2 / 8) / 2,
     "pronoun": (1 / 7 + 1 / 8) / 2,
@@ -117,11 +129,26 @@ CLS_HEAD0 = {
     "cls": (1 / 7 + 1 / 8 + 1 / 3) / 3,
     "sep": (1 / 7 + 2 / 8 + 1 / 3) / 3,
 }
+# pool="max" (the default): the largest weight among the feature's tokens; uniform head 0: 1 / L for every feature.
+CLS_HEAD1 = {
+    "noun": (0.05 + 0.1) / 2,  # A: ca/##ts 0.05; B: dogs 0.1, cats 0.05
+    "verb": (0.2 + 0.1) / 2,  # A: like 0.2 (##s 0.1); B: bark 0.1, chase 0.05
+    "pronoun": (0.3 + 0.05) / 2,
+    "subject": (0.3 + 0.1) / 2,  # B: dogs 0.1, they 0.05
+    "object": (0.05 + 0.05) / 2,
+    "cls": (0.1 + 0.5 + 0.6) / 3,
+    "sep": (0.2 + 0.1 + 0.4) / 3,  # B: max of its two separators
+}
+CLS_HEAD0 = {f: (1 / 7 + 1 / 8) / 2 for f in ("noun", "verb", "pronoun", "subject", "object")} | dict.fromkeys(
+    ("cls", "sep"), (1 / 7 + 1 / 8 + 1 / 3) / 3
+)
 CLS_N = {"noun": 2, "verb": 2, "pronoun": 2, "subject": 2, "object": 2, "cls": 3, "sep": 3, "negation": 0}
 
 
-def test_cls_feature_attention_last_layer(store, t2t_run):
-    df = run_query(store, "cls_feature_attention", run=t2t_run)
+@pytest.mark.parametrize("pool", [None, "max", "sum"])
+def test_cls_feature_attention_last_layer(store, t2t_run, pool):
+    head0, head1 = (CLS_HEAD0_SUM, CLS_HEAD1_SUM) if pool == "sum" else (CLS_HEAD0, CLS_HEAD1)
+    df = run_query(store, "cls_feature_attention", run=t2t_run, **({} if pool is None else {"pool": pool}))
     assert list(df.columns) == ["layer", "head", "feature", "value", "mean_over_heads", "n_examples"]
     assert (df["layer"] == 1).all() and len(df) == 2 * 8
     got = df.set_index(["head", "feature"])
@@ -130,16 +157,18 @@ def test_cls_feature_attention_last_layer(store, t2t_run):
         if n == 0:  # no negation anywhere: skipped, not zero
             assert np.isnan(got.loc[(0, feature), "value"]) and np.isnan(got.loc[(0, feature), "mean_over_heads"])
             continue
-        assert got.loc[(0, feature), "value"] == pytest.approx(CLS_HEAD0[feature], abs=1e-6), feature
-        assert got.loc[(1, feature), "value"] == pytest.approx(CLS_HEAD1[feature], abs=1e-6), feature
-        mean = (CLS_HEAD0[feature] + CLS_HEAD1[feature]) / 2
+        assert got.loc[(0, feature), "value"] == pytest.approx(head0[feature], abs=1e-6), feature
+        assert got.loc[(1, feature), "value"] == pytest.approx(head1[feature], abs=1e-6), feature
+        mean = (head0[feature] + head1[feature]) / 2
         assert got.loc[(0, feature), "mean_over_heads"] == pytest.approx(mean, abs=1e-6)
 
 
 def test_cls_feature_attention_other_layer_and_bad_layer(store, t2t_run):
     df = run_query(store, "cls_feature_attention", run=t2t_run, layer=0, features="cls,noun").set_index(["head", "feature"])
     assert df.loc[(0, "cls"), "value"] == pytest.approx(1.0) and df.loc[(0, "noun"), "value"] == pytest.approx(0.0)
-    assert df.loc[(1, "noun"), "value"] == pytest.approx((2 / 7 + 2 / 8) / 2, abs=1e-6)
+    assert df.loc[(1, "noun"), "value"] == pytest.approx((1 / 7 + 1 / 8) / 2, abs=1e-6)  # the largest of a noun's pieces
+    with pytest.raises(InvalidArgumentError, match="pool='mean': use 'max'"):
+        run_query(store, "cls_feature_attention", run=t2t_run, pool="mean")
     with pytest.raises(InvalidArgumentError, match="layer of query 'cls_feature_attention' is 2, out of range.*2 layers"):
         run_query(store, "cls_feature_attention", run=t2t_run, layer=2)
     with pytest.raises(InvalidArgumentError, match="unknown feature"):
@@ -168,17 +197,23 @@ def test_kept_numbers_give_the_naive_results_and_maps_are_not_read_again(store, 
     monkeypatch.setattr(summary, "SUMMARY_RANGE", range_size)
     run = random_t2t_run
     cases = [
-        ("token_to_token", dict(relations=relations, examples=examples))
+        ("token_to_token", dict(relations=relations, statistic=statistic, examples=examples))
         for relations in (None, "pronoun_to_noun,subject_to_verb")
+        for statistic in ("token_max", "word_mean")
         for examples in (None, [2, 0], [2])
-    ] + [("cls_feature_attention", dict(layer=layer, examples=examples)) for layer in (None, 0) for examples in (None, [1])]
+    ] + [
+        ("cls_feature_attention", dict(layer=layer, pool=pool, examples=examples))
+        for layer in (None, 0)
+        for pool in ("max", "sum")
+        for examples in (None, [1])
+    ]
     kept = [run_query(store, name, run=run, **params) for name, params in cases]
     group = summary_group(store, run, "kovaleva_relations")
-    assert group.attrs["stamp"] == {"version": 1, "n_examples": 3}
+    assert group.attrs["stamp"] == {"version": 2, "n_examples": 3}
     assert group["relation_pairs"][:].tolist() == [[1, 1, 1, 1], [2, 2, 1, 1], [0, 0, 0, 0]]
-    assert group["relation_mean"].shape == (3, 4, 3, 2)
+    assert group["relation_mean"].shape == group["relation_token_max"].shape == (3, 4, 3, 2)
     check_kept_frames(monkeypatch, store, run, cases, kept)
 
 
 def test_kept_numbers_of_a_grown_run_are_rebuilt_and_read_only_stores_compute_alone(store, random_t2t_run, monkeypatch):
-    check_read_only_and_grown_rebuilt(store, random_t2t_run, "token_to_token", "kovaleva_relations", zero=("relation_mean",))
+    check_read_only_and_grown_rebuilt(store, random_t2t_run, "token_to_token", "kovaleva_relations", zero=("relation_token_max",))
