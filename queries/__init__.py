@@ -10,20 +10,10 @@ import warnings
 from typing import TYPE_CHECKING
 
 from ..store.errors import IncompleteRunWarning, NotFoundError
-from .registry import QUERIES, QuerySpec, check_index_params, get_query, register
+from .registry import QUERIES, QuerySpec, check_index_params, get_query, load_all, register
 
 if TYPE_CHECKING:
     from ..store import Store
-
-
-def load_all() -> None:
-    """Import every module of this package, so each query registers itself (`@register`): a new query is
-    one module dropped in here, with no list to extend."""
-    import importlib
-    import pkgutil
-
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
 
 
 def run_query(store: Store, name: str, *, run, **params):

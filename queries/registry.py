@@ -45,9 +45,18 @@ def register(name: str, *, per_head: bool = True):
     return wrap
 
 
-def get_query(name: str) -> QuerySpec:
-    from . import load_all
+def load_all() -> None:
+    """Import every module of this package, so each query registers itself (`@register`): a new query is
+    one module dropped in here, with no list to extend."""
+    import importlib
+    import pkgutil
+    from pathlib import Path
 
+    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        importlib.import_module(f"{__package__}.{module.name}")
+
+
+def get_query(name: str) -> QuerySpec:
     load_all()
     if name not in QUERIES:
         raise UnknownQueryError(f"no query named {name!r}; available: {', '.join(sorted(QUERIES))}")

@@ -111,14 +111,14 @@ def register_kind(kind: SummaryKind) -> SummaryKind:
 
 def run_kinds() -> dict[str, SummaryKind]:
     """The kinds `attnstore summarize` can build for one run ahead of time (with their default parameters)."""
-    from . import load_all
+    from .registry import load_all
 
     load_all()
     return {name: kind for name, kind in sorted(KINDS.items()) if kind.one_run}
 
 
 def kind_named(name: str) -> SummaryKind:
-    from . import load_all
+    from .registry import load_all
 
     load_all()  # kinds are registered by the query modules that use them
     return KINDS[name]
