@@ -1,10 +1,12 @@
 """K2 (Kovaleva et al. 2019, Sec. 4.2, Fig. 3): heads that link a frame's lexical unit to its core elements.
 
-On a run over FrameNet exemplars (`framenet/1.5:exemplars`): keep the annotation sets whose
-sentence has at most `max_words` words, whose frame elements all span at most
-`max_fe_words` words, and whose every core frame element lies at least `min_distance` words
-from the lexical unit (LU); per head, take the largest attention weight between a token of
-the LU and a token of a core FE, in either direction; average over the kept sentences.
+On a run over FrameNet exemplars (`framenet/1.5:exemplars`), the annotation sets the authors'
+notebook (visualize_attention.ipynb) keeps, by default: a sentence of at most `max_words`
+words, a one-word target (the lexical unit, LU), every frame element at most `max_fe_words`
+words, no word of any frame element within `min_distance - 1` words of the target, and a core
+frame element among the frame's FEcoreSets. Per head, the paper's statistic: the largest
+attention weight between a token of the LU and a token of a core FE, in either direction;
+averaged over the kept sentences.
 
 Per overt frame element of every annotation set, that largest weight between the LU's tokens
 and the FE's tokens (per head), with what the filters need (the sentence's word count, LU and
@@ -15,6 +17,7 @@ largest over each set's core FEs from it, without decoding a map, with the same 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,6 +32,35 @@ if TYPE_CHECKING:
     from ..store import Store
 
 CORE = ("type", "set")
+DISTANCE_TO = ("all", "core")
+
+
+@dataclass(frozen=True)
+class FrameFilters:
+    """Which annotation sets count. The defaults are the authors' notebook's selection; the project's earlier one was
+    core="type", min_distance=2, distance_to="core", one_word_target=False."""
+
+    max_words: int = 12  # words of the sentence (FrameNet's whitespace tokens)
+    max_fe_words: int = 3  # words of every frame element of the set
+    min_distance: int = 3  # words between the target and ...
+    distance_to: str = "all"  # ... every frame element ("all", the notebook) or every core one ("core")
+    core: str = "set"  # core FEs: in the frame's FEcoreSets ("set", the notebook) or of coreType Core ("type")
+    one_word_target: bool = True  # the target is one word (the notebook: a one-token, one-span target)
+
+    def check(self) -> None:
+        if self.core not in CORE:
+            raise InvalidArgumentError(
+                f"core must be 'set' (in a frame's FEcoreSets) or 'type' (FrameNet coreType Core), not {self.core!r}"
+            )
+        if self.distance_to not in DISTANCE_TO:
+            raise InvalidArgumentError(
+                f"distance_to must be 'all' (every frame element, the authors' notebook) or 'core' (the core ones), "
+                f"not {self.distance_to!r}"
+            )
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+
 
 FRAMES_SQL = """
 SELECT e.position AS example, f.id AS frame_row_id, f.target_start, f.target_end,
@@ -84,10 +116,9 @@ def annotation_sets(rows: pd.DataFrame):
         yield out
 
 
-def check_frames(store: Store, info, core: str) -> None:
-    """Refuse an unknown `core`, and a run whose dataset has no FrameNet frames."""
-    if core not in CORE:
-        raise InvalidArgumentError(f"core must be 'type' (FrameNet coreType Core) or 'set' (in a frame's FEcoreSets), not {core!r}")
+def check_frames(store: Store, info, filters: FrameFilters) -> None:
+    """Refuse unknown filter values, and a run whose dataset has no FrameNet frames."""
+    filters.check()
     if store.sql(HAS_FRAMES_SQL, {"dataset": info.dataset_id}).empty:
         raise InvalidArgumentError(
             f"run {info.name!r} (dataset {info.dataset}:{info.split}) has no FrameNet frames; "
@@ -95,7 +126,8 @@ def check_frames(store: Store, info, core: str) -> None:
         )
 
 
-FILTER_STEPS = ("annotation_sets", "max_words", "max_fe_words", "has_core", "min_distance")  # counts after each filter
+# counts after each filter; `target`: the set has a target (one word, where asked)
+FILTER_STEPS = ("annotation_sets", "max_words", "target", "max_fe_words", "has_core", "min_distance")
 
 
 # ---------------------------------------------------------------- LU <-> frame element maxima kept with the run
@@ -153,12 +185,9 @@ def _any_per_set(fe_set: np.ndarray, mask: np.ndarray, n_sets: int) -> np.ndarra
     return np.bincount(fe_set[mask], minlength=n_sets) > 0
 
 
-def _kept_scores(
-    arrays: dict[str, np.ndarray], total: np.ndarray, max_words: int, max_fe_words: int, min_distance: int, core: str
-) -> tuple[int, dict]:
+def _kept_scores(arrays: dict[str, np.ndarray], total: np.ndarray, filters: FrameFilters) -> tuple[int, dict]:
     """The sum of the kept sets' per-head maxima (the largest over each set's core FEs), added to `total`, from one
-    part of the summary;
-    returns (sets added, counts after each filter)."""
+    part of the summary; returns (sets added, counts after each filter)."""
     if "lu" not in arrays:  # no example summarised
         return 0, dict.fromkeys(FILTER_STEPS, 0)
     lu, fe = arrays["lu"], arrays["fe"]
@@ -167,18 +196,22 @@ def _kept_scores(
     fe_set = np.repeat(arrays["lu_start"][:-1], np.diff(arrays["fe_start"])) + fe[:, 0]  # each FE's set, numbered in the run
     start, end = fe[:, 1], fe[:, 2]
     counts = dict(annotation_sets=n_sets)
-    keep = arrays["n_words"][set_example] <= max_words
+    keep = arrays["n_words"][set_example] <= filters.max_words
     counts["max_words"] = int(keep.sum())
     keep &= lu[:, 0] >= 0
-    keep &= ~_any_per_set(fe_set, end - start > max_fe_words, n_sets)
+    if filters.one_word_target:
+        keep &= lu[:, 1] - lu[:, 0] == 1
+    counts["target"] = int(keep.sum())
+    keep &= ~_any_per_set(fe_set, end - start > filters.max_fe_words, n_sets)
     counts["max_fe_words"] = int(keep.sum())
-    is_core = fe[:, 3 if core == "type" else 4].astype(bool)
+    is_core = fe[:, 3 if filters.core == "type" else 4].astype(bool)
     keep &= _any_per_set(fe_set, is_core, n_sets)
     counts["has_core"] = int(keep.sum())
     lu_start, lu_end = lu[fe_set, 0], lu[fe_set, 1]
     overlap = (lu_start < end) & (start < lu_end)
     distance = np.where(overlap, 0, np.where(start >= lu_end, start - (lu_end - 1), lu_start - (end - 1)))  # span_distance
-    keep &= ~_any_per_set(fe_set, is_core & (distance < min_distance), n_sets)
+    near = distance < filters.min_distance
+    keep &= ~_any_per_set(fe_set, near if filters.distance_to == "all" else is_core & near, n_sets)
     counts["min_distance"] = int(keep.sum())
     rows = np.flatnonzero(is_core & keep[fe_set])  # the core FEs of the kept sets, set by set in storage order
     if not len(rows):
@@ -191,24 +224,22 @@ def _kept_scores(
     return len(values), counts
 
 
-def frame_head_scores(
-    store: Store, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2, core: str = "type"
-):
+def frame_head_scores(store: Store, run, examples=None, filters: FrameFilters | None = None):
+    filters = filters or FrameFilters()
     info = store.run_info(run)
-    check_frames(store, info, core)
+    check_frames(store, info, filters)
     if examples is not None:  # asked-for examples that are not stored are left out
         examples = np.intersect1d(np.fromiter((int(e) for e in examples), dtype=np.int64), in_storage_order(store, info))
     total, n, counts = np.zeros((info.n_layers, info.n_heads)), 0, dict.fromkeys(FILTER_STEPS, 0)
     for part in summary_parts(store, info, LU_FE_MAX, examples):  # one part of the summary at a time
-        added, part_counts = _kept_scores(part, total, max_words, max_fe_words, min_distance, core)
+        added, part_counts = _kept_scores(part, total, filters)
         n += added
         counts = {step: counts[step] + part_counts[step] for step in FILTER_STEPS}
     counts["with_tokens"] = n
     if n == 0:
         steps = ", ".join(f"{k}: {v}" for k, v in counts.items())
         raise InvalidArgumentError(
-            f"no FrameNet sentence of run {info.name!r} passes the filters (max_words={max_words}, "
-            f"max_fe_words={max_fe_words}, min_distance={min_distance}, core={core!r}); "
+            f"no FrameNet sentence of run {info.name!r} passes the filters ({filters.describe()}); "
             f"annotation sets left after each step: {steps}"
         )
     return info, total / n, n, counts
@@ -222,8 +253,10 @@ def frame_heads(
     examples=None,
     max_words: int = 12,
     max_fe_words: int = 3,
-    min_distance: int = 2,
-    core: str = "type",
+    min_distance: int = 3,
+    distance_to: str = "all",
+    core: str = "set",
+    one_word_target: bool = True,
     percentile: float = 99.0,
 ) -> pd.DataFrame:
     """Kovaleva K2: per head, mean over FrameNet sentences of the max attention between the LU and its core frame elements.
@@ -231,14 +264,18 @@ def frame_heads(
     Columns: layer, head, value (mean over kept sentences of the largest weight a[i, j]
     with i, j a token of the lexical unit and a token of a core frame element, either
     direction), n_sentences, top (value above the `percentile`-th percentile of all heads).
-    Filters (in words, FrameNet's tokens): sentence <= max_words, every frame element
-    <= max_fe_words, at least one core FE and every core FE >= min_distance words from the LU.
-    core='type': FEs with FrameNet coreType Core; core='set': FEs in the frame's FEcoreSets.
+    Filters (in words, FrameNet's tokens; defaults: the authors' notebook): sentence <= max_words;
+    a target (LU), of one word with one_word_target; every frame element <= max_fe_words; at
+    least one core FE; no frame element (distance_to='all') or no core FE (distance_to='core')
+    closer than min_distance words to the LU (3: none within 2 words). core='set': FEs in the
+    frame's FEcoreSets; core='type': FEs with FrameNet coreType Core. The project's earlier
+    selection: core='type', min_distance=2, distance_to='core', one_word_target=false.
     The count left after each filter is in frame.attrs["filter_counts"].
     """
     if not 0 <= percentile <= 100:
         raise InvalidArgumentError(f"percentile must be between 0 and 100, not {percentile!r}")
-    info, value, n, counts = frame_head_scores(store, run, examples, max_words, max_fe_words, min_distance, core)
+    filters = FrameFilters(max_words, max_fe_words, min_distance, distance_to, core, one_word_target)
+    info, value, n, counts = frame_head_scores(store, run, examples, filters)
     frame = per_head_frame(info, value=value)
     frame["n_sentences"] = n
     frame["top"] = frame["value"] > np.nanpercentile(frame["value"], percentile)
@@ -254,13 +291,16 @@ def frame_heads_top(
     examples=None,
     max_words: int = 12,
     max_fe_words: int = 3,
-    min_distance: int = 2,
-    core: str = "type",
+    min_distance: int = 3,
+    distance_to: str = "all",
+    core: str = "set",
+    one_word_target: bool = True,
     percentile: float = 99.0,
 ) -> pd.DataFrame:
     """Kovaleva K2: the heads of `frame_heads` above the given percentile of all heads (paper: 99th), best first.
 
     Columns: layer, head, value, n_sentences, threshold (the percentile's value).
+    Filters as in `frame_heads` (defaults: the authors' notebook's selection).
     """
     frame = frame_heads(
         store,
@@ -269,7 +309,9 @@ def frame_heads_top(
         max_words=max_words,
         max_fe_words=max_fe_words,
         min_distance=min_distance,
+        distance_to=distance_to,
         core=core,
+        one_word_target=one_word_target,
         percentile=percentile,
     )
     threshold = float(np.nanpercentile(frame["value"], percentile))

@@ -30,7 +30,7 @@ from attnstore.queries.coreference import BASELINES, KINDS, _feats, _RangeTables
 from attnstore.queries.dependency import OFFSETS, POSS_RELATIONS, POSSESSIVE_MARKERS, _add_counts, _empty_counts, word_predictions
 from attnstore.queries.errors import InvalidArgumentError
 from attnstore.queries.feature_attention import feature_masks, long_frame, parse_features
-from attnstore.queries.frame_heads import FILTER_STEPS, FRAMES_SQL, annotation_sets, check_frames, span_distance
+from attnstore.queries.frame_heads import FILTER_STEPS, FRAMES_SQL, FrameFilters, annotation_sets, check_frames, span_distance
 from attnstore.queries.head_clusters import js_upper, square
 from attnstore.queries.patterns import SCORES, pattern_scores, token_layout
 from attnstore.queries.run_similarity import cosine, shared_examples
@@ -343,11 +343,9 @@ def _dependency_range(store, info, examples, head2dep, poss_apostrophe):
     return counts
 
 
-def select_sentences(
-    store, info, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2, core: str = "type"
-) -> tuple[dict[int, list[tuple[tuple[int, int], list[tuple[int, int]]]]], dict]:
+def select_sentences(store, info, examples, f: FrameFilters) -> tuple[dict[int, list[tuple[tuple[int, int], list[tuple[int, int]]]]], dict]:
     """Annotation sets that pass the filters, per example: [(LU span, [core FE spans])], and the count after each filter."""
-    check_frames(store, info, core)
+    check_frames(store, info, f)
     rows = store.sql(FRAMES_SQL, {"dataset": info.dataset_id})
     stored = store.examples(info.id, texts=False)
     stored = set(stored.loc[~stored["skipped"], "example"].astype(int))
@@ -360,19 +358,21 @@ def select_sentences(
         if example not in stored:
             continue
         counts["annotation_sets"] += 1
-        if int(n_words.get(example, 0)) > max_words:
+        if int(n_words.get(example, 0)) > f.max_words:
             continue
         counts["max_words"] += 1
-        if lu is None:
+        if lu is None or (f.one_word_target and lu[1] - lu[0] != 1):
             continue
-        if any(end - start > max_fe_words for start, end, _, _ in elements):
+        counts["target"] += 1
+        if any(end - start > f.max_fe_words for start, end, _, _ in elements):
             continue
         counts["max_fe_words"] += 1
-        core_spans = [(start, end) for start, end, core_type, in_set in elements if (core_type == "Core" if core == "type" else in_set)]
+        core_spans = [(start, end) for start, end, core_type, in_set in elements if (core_type == "Core" if f.core == "type" else in_set)]
         if not core_spans:
             continue
         counts["has_core"] += 1
-        if any(span_distance(lu, span) < min_distance for span in core_spans):
+        near = core_spans if f.distance_to == "core" else [(start, end) for start, end, _, _ in elements]
+        if any(span_distance(lu, span) < f.min_distance for span in near):
             continue
         counts["min_distance"] += 1
         kept.setdefault(example, []).append((lu, core_spans))
@@ -385,8 +385,8 @@ def _word_positions(store, info, examples) -> dict[int, np.ndarray]:
     return {int(k): g["word_position"].to_numpy(dtype=float) for k, g in table.groupby("example")}
 
 
-def _frame_scores(store, info, examples, max_words, max_fe_words, min_distance, core) -> tuple[np.ndarray, int, dict]:
-    kept_sets, counts = select_sentences(store, info, examples, max_words, max_fe_words, min_distance, core)
+def _frame_scores(store, info, examples, f: FrameFilters) -> tuple[np.ndarray, int, dict]:
+    kept_sets, counts = select_sentences(store, info, examples, f)
     total = np.zeros((info.n_layers, info.n_heads))
     n = 0
     for example, maps, tokens in ranged_maps(store, info, sorted(kept_sets), lambda part: _word_positions(store, info, part)):
@@ -415,17 +415,16 @@ def _predictions(store, info, examples, wanted):
             yield example, unit_of, unit_of, np.moveaxis(pred, -1, 0)
 
 
-def frame_head_scores(store, run, examples=None, max_words: int = 12, max_fe_words: int = 3, min_distance: int = 2, core: str = "type"):
+def frame_head_scores(store, run, examples=None, filters: FrameFilters | None = None):
+    f = filters or FrameFilters()
     info = store.run_info(run)
-    check_frames(store, info, core)
-    total, n, counts = _frame_scores(store, info, examples, max_words, max_fe_words, min_distance, core)
+    check_frames(store, info, f)
+    total, n, counts = _frame_scores(store, info, examples, f)
     counts["with_tokens"] = n
     if n == 0:
         steps = ", ".join(f"{k}: {v}" for k, v in counts.items())
         raise InvalidArgumentError(
-            f"no FrameNet sentence of run {info.name!r} passes the filters (max_words={max_words}, "
-            f"max_fe_words={max_fe_words}, min_distance={min_distance}, core={core!r}); "
-            f"annotation sets left after each step: {steps}"
+            f"no FrameNet sentence of run {info.name!r} passes the filters ({f.describe()}); annotation sets left after each step: {steps}"
         )
     return info, total / n, n, counts
 

@@ -9,8 +9,6 @@ pieces and words left without a token; float16 maps. On SQLite and PostgreSQL.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -132,14 +130,22 @@ def assert_same(a, b):
 
 
 FILTERS = [
-    *itertools.product(
-        (None, [0, 3, 5, 6], [8, 7, 99]),  # 99: not stored, left out by the query and its reference
-        (12,),  # max_words
-        (1, 3),  # max_fe_words
-        (0, 2, 4),  # min_distance
-        ("type", "set"),
+    *(
+        dict(examples=examples, max_words=12, max_fe_words=fe_words, min_distance=distance, core=core, distance_to=to, one_word_target=one)
+        for examples in (None, [0, 3, 5, 6], [8, 7, 99])  # 99: not stored, left out by the query and its reference
+        for fe_words in (1, 3)
+        for distance in (0, 2, 4)
+        for core in ("type", "set")
+        for to, one in (("all", True), ("core", False))
     ),
-    *itertools.product((None,), (8, 14), (2, 4), (1,), ("type", "set")),
+    *(
+        dict(max_words=words, max_fe_words=fe_words, min_distance=1, core=core, distance_to=to, one_word_target=one)
+        for words in (8, 14)
+        for fe_words in (2, 4)
+        for core in ("type", "set")
+        for to in ("all", "core")
+        for one in (True, False)
+    ),
 ]
 
 
@@ -147,10 +153,8 @@ FILTERS = [
 def test_kept_maxima_give_the_naive_values_and_counts(store, frame_run, monkeypatch, range_size):
     monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
     passed = 0
-    for examples, max_words, max_fe_words, min_distance, core in FILTERS:
-        params = dict(
-            run=frame_run, examples=examples, max_words=max_words, max_fe_words=max_fe_words, min_distance=min_distance, core=core
-        )
+    for filters in FILTERS:
+        params = dict(run=frame_run, **filters)
         result = outcome(store, "frame_heads", **params)
         assert_same(result, naive(store, "frame_heads", **params))
         passed += not isinstance(result, str)

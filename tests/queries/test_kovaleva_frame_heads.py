@@ -1,4 +1,5 @@
-"""K2 `frame_heads` on hand-built FrameNet-style annotation sets, expected values worked out by hand."""
+"""K2 `frame_heads` on hand-built FrameNet-style annotation sets, expected values worked out by hand: under the
+authors' notebook's selection (the default) and the project's earlier one (`EARLIER`)."""
 
 import numpy as np
 import pytest
@@ -9,6 +10,8 @@ from attnstore.store.errors import InvalidArgumentError
 from attnstore.tests.queries.helpers import frame_dataset, hand_run, positions_to_ids, token_rows, write_blocks
 
 SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
+# The project's selection before issue 26: coreType Core, core FEs at least 2 words from the target, any target.
+EARLIER = dict(core="type", min_distance=2, distance_to="core", one_word_target=False)
 
 
 def fe(name, start, end, core_type="Core", in_core_set=True):
@@ -81,10 +84,35 @@ def head0_map(index: int, n: int) -> np.ndarray:
         a[5, 3], a[5, 0] = 0.3, 0.7
     if index == 1:  # uniform in both heads
         a[:] = 1 / n
+    if index == 6:  # FE -> LU: she -> slept 0.6; LU -> FE 0
+        a[1] = 0
+        a[1, 5], a[1, 0] = 0.6, 0.4
     return a
 
 
-def build_frame_run(store, name="frames"):
+# Two more for the notebook's selection (the default): S6 passes it; S7's target is two words.
+NOTEBOOK_SENTENCES = [
+    # S6: the only frame element ("She", in the core set) is 4 words from the one-word target "slept".
+    (
+        "She had never really slept".split(),
+        (4, 5),
+        [fe("Sleeper", 0, 1)],
+        ["[CLS]", "she", "had", "never", "really", "slept", "[SEP]"],
+        [None, *range(5), None],
+    ),
+    # S7: as S6, but the target "worn out" is two words.
+    (
+        "Kim was very much worn out".split(),
+        (4, 6),
+        [fe("Patient", 0, 1)],
+        ["[CLS]", "kim", "was", "very", "much", "worn", "out", "[SEP]"],
+        [None, *range(6), None],
+    ),
+]
+
+
+def build_frame_run(store, name="frames", extra=()):
+    all_sentences = [*SENTENCES, *extra]
     sentences = [
         (
             words,
@@ -103,13 +131,13 @@ def build_frame_run(store, name="frames"):
                 )
             ],
         )
-        for position, (words, lu, elements, _, _) in enumerate(SENTENCES)
+        for position, (words, lu, elements, _, _) in enumerate(all_sentences)
     ]
     dataset_id = frame_dataset(store, name, sentences)
     run = hand_run(store, name, dataset_id=dataset_id, n_layers=1, n_heads=2, dtype="float32", specials=SPECIALS)
     ids = positions_to_ids(store, dataset_id)
     blocks = []
-    for position, (_, _, _, tokens, token_words) in enumerate(SENTENCES):
+    for position, (_, _, _, tokens, token_words) in enumerate(all_sentences):
         n = len(tokens)
         maps = np.stack([head0_map(position, n), np.full((n, n), 1 / n, dtype=np.float32)])[None]
         blocks.append((ids[position], maps, token_rows(tokens, token_words, SPECIALS)))
@@ -123,30 +151,52 @@ def frame_run(store):
 
 
 def test_frame_heads_exact_values(store, frame_run):
-    df = run_query(store, "frame_heads", run=frame_run)
+    df = run_query(store, "frame_heads", run=frame_run, **EARLIER)
     assert list(df.columns) == ["layer", "head", "value", "n_sentences", "top"]
     # S0: max(0.7, 0.2) = 0.7; S2: max(0.4, 0.3) = 0.4; head 1 uniform 1/7 in both (L = 7)
     np.testing.assert_allclose(df.sort_values("head")["value"], [(0.7 + 0.4) / 2, 1 / 7], atol=1e-6)
     assert (df["n_sentences"] == 2).all()
     assert df.sort_values("head")["top"].tolist() == [True, False]
-    assert df.attrs["filter_counts"] == dict(annotation_sets=6, max_words=5, max_fe_words=4, has_core=3, min_distance=2, with_tokens=2)
+    assert df.attrs["filter_counts"] == dict(
+        annotation_sets=6, max_words=5, target=5, max_fe_words=4, has_core=3, min_distance=2, with_tokens=2
+    )
+
+
+def test_the_notebooks_selection_is_the_default(store):
+    run = build_frame_run(store, "notebook", extra=NOTEBOOK_SENTENCES)
+    df = run_query(store, "frame_heads", run=run).sort_values("head")
+    # S0 and S1 have a frame element 1 word from the target (not core in S0: it counts all the same), S2 and S5 no
+    # FEcoreSets member, S3 a 5-word FE, S4 13 words, S7 a two-word target: S6 alone, head 0 she -> slept 0.6.
+    np.testing.assert_allclose(df["value"], [0.6, 1 / 7], atol=1e-6)
+    assert df.attrs["filter_counts"] == dict(
+        annotation_sets=8, max_words=7, target=6, max_fe_words=5, has_core=3, min_distance=1, with_tokens=1
+    )
+    any_target = run_query(store, "frame_heads", run=run, one_word_target=False).sort_values("head")  # S7 joins: 0 in head 0
+    np.testing.assert_allclose(any_target["value"], [0.3, (1 / 7 + 1 / 8) / 2], atol=1e-6)
+    core_only = run_query(store, "frame_heads", run=run, distance_to="core").sort_values("head")  # S0 joins (He is 3 away)
+    np.testing.assert_allclose(core_only["value"], [(0.7 + 0.6) / 2, 1 / 7], atol=1e-6)
+    with pytest.raises(InvalidArgumentError, match="distance_to must be 'all'"):
+        run_query(store, "frame_heads", run=run, distance_to="near")
 
 
 def test_frame_heads_top(store, frame_run):
-    top = run_query(store, "frame_heads_top", run=frame_run)
+    top = run_query(store, "frame_heads_top", run=frame_run, **EARLIER)
     assert list(top.columns) == ["layer", "head", "value", "n_sentences", "threshold"]
     assert top[["layer", "head"]].values.tolist() == [[0, 0]]
     assert top["threshold"].iloc[0] == pytest.approx(1 / 7 + 0.99 * ((0.7 + 0.4) / 2 - 1 / 7), abs=1e-6)
 
 
 def test_filter_parameters(store, frame_run):
-    near = run_query(store, "frame_heads", run=frame_run, min_distance=1)  # S1 now passes (uniform: 1/7)
+    earlier = {**EARLIER}
+    near = run_query(store, "frame_heads", run=frame_run, **{**earlier, "min_distance": 1})  # S1 now passes (uniform: 1/7)
     np.testing.assert_allclose(near.sort_values("head")["value"], [(0.7 + 1 / 7 + 0.4) / 3, 1 / 7], atol=1e-6)
     # core='set': FEcoreSets members only -- S2's FE is not one (S2 out); S1 keeps only "Kim", 2 words away (S1 in)
-    coreset = run_query(store, "frame_heads", run=frame_run, core="set")
+    coreset = run_query(store, "frame_heads", run=frame_run, **{**earlier, "core": "set"})
     np.testing.assert_allclose(coreset.sort_values("head")["value"], [(0.7 + 1 / 7) / 2, 1 / 7], atol=1e-6)
     # S3 (a 5-word FE, 1 word from its LU) and S4 (13 words) pass looser filters; head 0 gives them 0
-    wide = run_query(store, "frame_heads", run=frame_run, max_fe_words=5, max_words=13, min_distance=1, examples=[3, 4])
+    wide = run_query(
+        store, "frame_heads", run=frame_run, **{**earlier, "max_fe_words": 5, "max_words": 13, "min_distance": 1}, examples=[3, 4]
+    )
     assert (wide["n_sentences"] == 2).all()
     np.testing.assert_allclose(wide.sort_values("head")["value"], [0.0, (1 / 8 + 1 / 15) / 2], atol=1e-6)
     with pytest.raises(InvalidArgumentError, match="core must be"):
@@ -154,7 +204,9 @@ def test_filter_parameters(store, frame_run):
 
 
 def test_no_sentence_passing_is_an_error_with_the_counts(store, frame_run):
-    with pytest.raises(InvalidArgumentError, match=r"no FrameNet sentence .* passes the filters .*max_words: 1, max_fe_words: 1"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"no FrameNet sentence .* passes the filters .*max_words: 1, target: 1, max_fe_words: 1"
+    ):
         run_query(store, "frame_heads", run=frame_run, max_words=3)  # only S5 is short enough, and it has no core FE
 
 
