@@ -92,12 +92,15 @@ def _mention_argmax_reduce(context, example: int, maps: np.ndarray) -> dict[str,
     attended = np.zeros((0, *shape), dtype=np.int32)
     if rows.size:
         pred, unit_words = most_attended_words(maps, units)
-        attended = np.moveaxis(unit_words[pred[:, :, rows]], -1, 0).astype(np.int32)  # (mention heads, layer, head)
+        chosen = pred[:, :, rows]
+        named = np.where(chosen >= 0, unit_words[np.maximum(chosen, 0)], -1)  # -1: no prediction (a tie, or all 0)
+        attended = np.moveaxis(named, -1, 0).astype(np.int32)  # (mention heads, layer, head)
     return {"word": words[rows].astype(np.int32), "attended": attended}
 
 
+# version 2: a tie or a row of zeros predicts nothing (-1), the rule `dependency` follows; version 1 took the first index
 MENTION_ARGMAX = register_kind(
-    SummaryKind("mention_argmax", 1, _mention_argmax_prepare, _mention_argmax_reduce, ragged=("word", "attended"))
+    SummaryKind("mention_argmax", 2, _mention_argmax_prepare, _mention_argmax_reduce, ragged=("word", "attended"))
 )
 
 # A source of predictions yields, per example with mentions: (example, ids, rows, predictions): `ids` maps the

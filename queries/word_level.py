@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from .common import unique_argmax
 from .registry import register
 
 if TYPE_CHECKING:
@@ -57,17 +58,20 @@ def word_level(maps: np.ndarray, units: Units) -> np.ndarray:
     return mean_rows @ maps.astype(np.float32, copy=False) @ units.assign.T
 
 
-def most_attended_words(maps: np.ndarray, units: Units) -> tuple[np.ndarray, np.ndarray]:
-    """For every head and word: the index of the *other* word it attends to most (special tokens ignored).
+def most_attended_words(maps: np.ndarray, units: Units, transpose: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """For every head and word: the index of the *other* word it attends to most (with `transpose`, the other word
+    attending to it most), special tokens ignored. One rule for every query that reads predictions (`dependency`,
+    `coreference`): a word whose largest weight is 0, or is reached by more than one word, predicts nothing (-1),
+    where the authors' np.argmax would name the first such word (docs/QUERIES.md gives the size of the difference).
 
-    Returns (pred, words): pred is (layer, head, n_words) indices into `words`, the word
+    Returns (pred, words): pred is (layer, head, n_words) indices into `words` (-1: no prediction), the word
     positions of the word units in order.
     """
     keep = np.flatnonzero(units.is_word)
     wmap = word_level(maps, units)[:, :, keep][:, :, :, keep]
     diag = np.arange(len(keep))
-    wmap[:, :, diag, diag] = -np.inf
-    return wmap.argmax(-1), units.word[keep]
+    wmap[:, :, diag, diag] = 0
+    return unique_argmax(np.swapaxes(wmap, -1, -2) if transpose else wmap), units.word[keep]
 
 
 @register("word_maps", per_head=False)

@@ -36,7 +36,7 @@ from attnstore.queries.patterns import SCORES, pattern_scores, token_layout
 from attnstore.queries.run_similarity import cosine, shared_examples
 from attnstore.queries.summary import ranged_maps, storage_ranges
 from attnstore.queries.token_to_token import parse_relations, relation_units
-from attnstore.queries.word_level import most_attended_words, units_of, word_level
+from attnstore.queries.word_level import units_of, word_level
 
 
 def _groups(frame: pd.DataFrame) -> dict[int, pd.DataFrame]:
@@ -407,11 +407,27 @@ def _tokens_by_example(store, info, examples) -> dict[int, pd.DataFrame]:
     return {int(k): g for k, g in store.token_table(info.id, examples)[["example", "word_position"]].groupby("example")}
 
 
+def _most_attended(wmap: np.ndarray) -> np.ndarray:
+    """Per head and row of a word-level map (diagonal already 0): the column holding the row's largest value, or -1 when
+    that value is 0 or is held by more than one column."""
+    out = np.full(wmap.shape[:-1], -1, dtype=np.int64)
+    for index in np.ndindex(*wmap.shape[:-1]):
+        row = wmap[index]
+        if len(row) and row.max() > 0 and (row == row.max()).sum() == 1:
+            out[index] = int(row.argmax())
+    return out
+
+
 def _predictions(store, info, examples, wanted):
-    for example, maps, tokens in ranged_maps(store, info, examples, lambda part: _tokens_by_example(store, info, part)):
+    tokens = _groups(store.token_table(info.id, examples)[["example", "word_position"]])
+    for example, maps in _maps(store, info, examples):
         if wanted(example):
-            pred, unit_words = most_attended_words(maps, units_of(tokens[example]["word_position"]))
-            unit_of = {int(p): i for i, p in enumerate(unit_words)}
+            units = units_of(tokens[example]["word_position"])
+            keep = np.flatnonzero(units.is_word)
+            wmap = word_level(maps, units)[:, :, keep][:, :, :, keep]
+            wmap[:, :, np.arange(len(keep)), np.arange(len(keep))] = 0
+            pred = _most_attended(wmap)
+            unit_of = {int(p): i for i, p in enumerate(units.word[keep])}
             yield example, unit_of, unit_of, np.moveaxis(pred, -1, 0)
 
 

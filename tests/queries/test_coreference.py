@@ -63,6 +63,23 @@ def test_coreference_summary_and_baselines(store, coref_run):
     assert df.attrs["n_mentions"] == {"all": 1, "pronoun": 1, "proper": 0, "nominal": 0}
 
 
+def test_a_tie_or_a_row_of_zeros_predicts_nothing(store, make_run):
+    """The rule `dependency` follows: "she" spreading its attention evenly over "anna" and "bob" (head 0), or giving
+    the words nothing (head 1: everything on [CLS]), names no antecedent, so the mention counts as missed; the
+    authors' np.argmax would have named the first word, "anna", and counted both right."""
+    maps = np.zeros((1, 2, 7, 7), dtype=np.float32)
+    maps[..., 0] = 1
+    maps[0, 0, 4] = 0
+    maps[0, 0, 4, 1] = maps[0, 0, 4, 3] = 0.5
+    run = make_run(
+        store, [maps], [TOKENS], name="coref-ties", token_words=[[None, 0, 1, 2, 3, 4, None]], words_list=[WORDS], mentions_list=[MENTIONS]
+    )
+    for frame in (run_query(store, "coreference", run=run), reference.query(store, "coreference", run=run)):
+        assert frame.sort_values("head")["all"].tolist() == [0.0, 0.0]
+    kept = helpers.summary_group(store, run, "mention_argmax")
+    assert kept["word"][:].tolist() == [0, 2, 3] and (kept["attended"][:][2] == -1).all()  # "she": no prediction
+
+
 def test_sieve_order():
     m = dict(text="the cat", head_form="cat", feats={"Number": "Sing"})
     exact = dict(text="the cat", head_form="cat", feats={}, entity=1)
@@ -154,7 +171,7 @@ def test_kept_predictions_give_the_naive_counts_exactly(store, kept_run, monkeyp
 def test_predictions_are_kept_with_the_run_read_without_decoding_maps_and_rebuilt_once_it_grew(store, kept_run, monkeypatch):
     first = run_query(store, "coreference_summary", run=kept_run)
     group = helpers.summary_group(store, kept_run, "mention_argmax")
-    assert group.attrs["stamp"] == {"version": 1, "n_examples": 8}
+    assert group.attrs["stamp"] == {"version": 2, "n_examples": 8}
     heads = [{m["head"] for m in e[4]} & set(e[2]) for e in map(kept_example, range(8))]  # mention heads with a piece
     assert group["word"][:].tolist() == [h for e in heads for h in sorted(e)]
     assert group["attended"].shape == (sum(map(len, heads)), 2, 3)
