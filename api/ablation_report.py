@@ -200,6 +200,23 @@ def save_ablation_figures(group: pd.DataFrame, n_layers: int, n_heads: int, fold
     return names
 
 
+def _noise_caveat(verdict: pd.DataFrame, noises: list[float]) -> list[str]:
+    """One paragraph setting the single-head changes against the baselines' standard errors: a head 'helps' by a change
+    smaller than the noise of one dev-set score as often as not."""
+    if verdict.empty or not noises:
+        return []
+    gain = float(verdict["mean_delta"].max())
+    low, high = min(noises), max(noises)
+    within = "within" if gain <= high else "above some of"
+    spread = f"{low:.1f}" if round(low, 1) == round(high, 1) else f"{low:.1f}-{high:.1f}"
+    return [
+        f"**Noise.** The largest mean gain from disabling one head is {gain:+.1f} points, against binomial standard "
+        f"errors of {spread} points for the accuracy baselines above: {within} the noise of a single dev-set score. "
+        "Read `helps` and `hurts` as counts of small, mostly insignificant changes, not as heads that matter.",
+        "",
+    ]
+
+
 def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -208,12 +225,15 @@ def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
     verdict.to_csv(folder / f"heads_help_or_hurt_{mode}.csv", index=False)
     models = store.models().set_index("name")
     lines = [f"# Disabling heads ({mode}; Kovaleva et al. Fig. 8-9)", ""]
+    noises: list[float] = []
     for (model, task), group in headline.groupby(["model", "task"], sort=False):
         n_layers, n_heads = int(models.loc[model, "n_layers"]), int(models.loc[model, "n_heads"])
         metric = TASKS[task].metrics[0]
         baseline = float(group["baseline_score"].iloc[0])
         n = int(group["n_examples"].iloc[0])
         noise = 100 * np.sqrt((baseline / 100) * (1 - baseline / 100) / n) if metric == "accuracy" else float("nan")
+        if noise == noise:
+            noises.append(noise)
         save_ablation_figures(group, n_layers, n_heads, folder, mode)
         best = group.loc[group["score"].idxmax()]
         worst = group.loc[group["score"].idxmin()]
@@ -234,6 +254,7 @@ def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
         "Per head: on how many tasks disabling it alone raised (`helps`) or lowered (`hurts`) the headline metric, "
         "and the mean change in points (averaged over seeds within a task first).",
         "",
+        *_noise_caveat(verdict, noises),
         _markdown(verdict.sort_values("mean_delta", ascending=False).round(2)),
         "",
     ]

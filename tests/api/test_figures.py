@@ -106,6 +106,7 @@ def hand_store(store, make_run):
     return store
 
 
+@pytest.mark.one_backend
 def test_store_plot_and_view_leave_the_backend_alone(hand_store, svg_backend, tmp_path):
     from attnstore.api.view import save_view
 
@@ -292,11 +293,14 @@ def _ablation_store(store):
 
 
 @LAYOUT_FAILED_IS_AN_ERROR
+@pytest.mark.one_backend
 def test_ablation_figures(store, captured, svg_backend, tmp_path):
     from attnstore.api.ablation_report import ablation_report
 
     _ablation_store(store)
     ablation_report(store, str(tmp_path))
+    text = (tmp_path / "ablation_uniform.md").read_text()
+    assert "**Noise.** The largest mean gain from disabling one head is" in text and "binomial standard errors of" in text
     assert matplotlib.get_backend() == svg_backend
     assert set(captured) == {"fig8_MRPC_m-MRPC", "fig9_MRPC_m-MRPC"}
     for fig in captured.values():
@@ -308,6 +312,7 @@ def test_ablation_figures(store, captured, svg_backend, tmp_path):
 
 
 @LAYOUT_FAILED_IS_AN_ERROR
+@pytest.mark.one_backend
 def test_view_panels_apart_with_one_colour_bar(store, make_run, svg_backend):
     from attnstore.store.plot import plot_attention
 
