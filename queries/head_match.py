@@ -1,0 +1,379 @@
+"""Cross-model head matching: which head of run B does what head h of run A does, over the same examples.
+
+Two runs over the same dataset rows (models, tokenizers, numbers of layers and heads may differ).
+Each example's maps of both runs become maps over shared **units** through the stored words
+(the `word_maps` rule, queries/word_level.py: attention *to* a unit sums its tokens' columns,
+*from* a word averages its pieces' rows): a start unit (the tokenizer's cls, else bos, role), a
+separator unit (sep, else eos: a pair's two separators are one unit) and every word that has
+tokens in both runs (words cut by either run's truncation are dropped in both). An absent role
+(no start token) gives a zero column. Rows (the query words) are renormalised over the units
+kept, so they are distributions again; with `specials="drop"` the two special units are left
+out and rows renormalised over the words. Where either run is causal (decoder-only), a query
+word keeps only the start unit and the words up to itself, in both runs.
+
+Distance between head a of A and head b of B on one example (`metric`):
+- "js" (default): the mean over query words of the Jensen-Shannon divergence (nats) of their
+  two rows (bounded by log 2, the divergence `head_distances` sums);
+- "cosine": 1 - cosine similarity of the two flattened word maps (Kovaleva et al.'s Fig. 5);
+- "frobenius": the Frobenius norm of their difference (Wu et al. 2020).
+The example distances are averaged over the examples (each example once).
+
+The null: each example of A is paired with a *different* example of B of similar word count
+(the examples sorted by word count, each paired with its successor, the last with the first)
+and the two are compared over their first min(n, m) words; for the assigned pair the query
+reports that null's mean and standard deviation over examples and a one-sided paired test
+(z = mean(null - real) / (sd(null - real) / sqrt(n)), p from the normal tail): a match counts
+when its heads agree more than two unrelated sentences of the same length do.
+
+The assignment is one-to-one, by the Hungarian method (scipy's `linear_sum_assignment`;
+rectangular when the head counts differ, so heads of the larger model stay unmatched); `best_*`
+is each head's nearest head of B regardless of the others. Per example the two (heads of A) x
+(heads of B) matrices, real and null, are the `head_match` summary kind of the pair (kept in A's
+group, fingerprinted with both runs' committed counts and B's uid, queries/summary.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from .common import is_causal, special_id
+from .errors import InvalidArgumentError
+from .registry import register
+from .summary import SummaryKind, register_kind, summary_parts
+
+if TYPE_CHECKING:
+    from ..store import Store
+    from ..store.records import RunInfo
+
+METRICS = ("js", "cosine", "frobenius")
+SPECIALS = ("keep", "drop")
+READ_GROUP = 64  # examples whose maps (both runs, and the null partners) are held at once
+
+
+# ---------------------------------------------------------------- units shared by the two runs
+
+
+def shared_examples(store: Store, a: RunInfo, b: RunInfo) -> pd.DataFrame:
+    """Examples stored (not skipped) in both runs, with A's storage offset and their word count."""
+    if a.dataset_id != b.dataset_id:
+        raise InvalidArgumentError(
+            f"runs {a.name!r} ({a.dataset}:{a.split}) and {b.name!r} ({b.dataset}:{b.split}) share no examples: "
+            "head_match compares the maps of the same examples; ingest both models over the same dataset"
+        )
+    ea, eb = (store.examples(info.id, texts=False) for info in (a, b))
+    ea, eb = ea[~ea["skipped"]], eb[~eb["skipped"]]
+    both = ea[["example", "example_id", "offset"]].merge(eb[["example_id"]], on="example_id")
+    if both.empty:
+        raise InvalidArgumentError(f"runs {a.name!r} and {b.name!r} have no stored example in common")
+    counts = store.word_counts(a.id)
+    both = both.assign(n_words=both["example"].map(lambda e: counts.get(int(e), 0)).astype(int))
+    return both.sort_values("example").reset_index(drop=True)
+
+
+def null_partners(shared: pd.DataFrame) -> dict[int, int]:
+    """Each example's null partner: the next example by word count (ties by position), the last paired with the first."""
+    order = shared.sort_values(["n_words", "example"], kind="stable")["example"].to_numpy(np.int64)
+    if len(order) < 2:
+        return {}
+    return {int(e): int(p) for e, p in zip(order, np.roll(order, -1))}
+
+
+def _token_roles(store: Store, info: RunInfo, examples) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per example: (word position per token, -1 for none; start-role mask; separator-role mask)."""
+    table = store.token_table(info.id, examples)
+    start_id = special_id(info, "cls") if "cls" in info.special_tokens else special_id(info, "bos")
+    sep_id = special_id(info, "sep") if "sep" in info.special_tokens else special_id(info, "eos")
+    special = table["is_special"].to_numpy(bool)
+    ids = table["token_id"].to_numpy()
+    start = special & (ids == start_id) if start_id is not None else np.zeros_like(special)
+    sep = special & (ids == sep_id) & ~start if sep_id is not None else np.zeros_like(special)
+    words = pd.array(table["word_position"], dtype="Int64").fillna(-1).to_numpy(np.int64)
+    out = {}
+    for example, rows in table.groupby("example", sort=False).indices.items():
+        out[int(example)] = (words[rows], start[rows], sep[rows])
+    return out
+
+
+def unit_maps(maps: np.ndarray, roles, words: np.ndarray, specials: str, causal: bool) -> np.ndarray:
+    """(heads, words, units) maps of one example over the shared units: the rows of `words` (word positions, in
+    order) as distributions over [start, separator] (with specials="keep") + `words`."""
+    word_of, start, sep = roles
+    maps = maps.reshape(-1, *maps.shape[-2:]).astype(np.float64)  # (heads, L, L)
+    columns = ([start, sep] if specials == "keep" else []) + [word_of == w for w in words]
+    to_units = maps @ np.stack(columns, axis=1).astype(np.float64)  # (heads, L, units): columns summed per unit
+    pieces = np.stack([word_of == w for w in words]).astype(np.float64)  # (words, L)
+    rows = np.einsum("wl,hlu->hwu", pieces / pieces.sum(1, keepdims=True), to_units)  # rows averaged over pieces
+    if causal:  # a query word sees the start unit and the words up to itself
+        n_special = 2 if specials == "keep" else 0
+        visible = np.zeros((len(words), rows.shape[-1]), dtype=bool)
+        visible[:, 0] = specials == "keep"
+        visible[:, n_special:] = np.tri(len(words), dtype=bool)
+        rows = rows * visible
+    total = rows.sum(-1, keepdims=True)
+    return np.divide(rows, total, out=np.zeros_like(rows), where=total > 0)
+
+
+def _entropy(p: np.ndarray) -> np.ndarray:
+    logs = np.log(p, out=np.zeros_like(p), where=p > 0)
+    return -(p * logs).sum(-1)
+
+
+def distances(x: np.ndarray, y: np.ndarray, metric: str) -> np.ndarray:
+    """(heads of A, heads of B) distances between unit maps x (HA, n, U) and y (HB, n, U) of one example."""
+    if metric == "js":
+        hx, hy = _entropy(x), _entropy(y)  # (HA, n), (HB, n)
+        both = (x.sum(-1) > 0)[:, None, :] & (y.sum(-1) > 0)[None, :, :]  # rows that are distributions in both
+        out = np.empty((len(x), len(y)))
+        for a in range(len(x)):  # one head of A at a time: (HB, n, U) temporaries
+            js = _entropy(0.5 * (x[a][None] + y)) - 0.5 * (hx[a][None] + hy)
+            js = np.maximum(js, 0.0)  # rounding can leave -1e-17
+            used = both[a]
+            out[a] = np.where(used.any(-1), (js * used).sum(-1) / np.maximum(used.sum(-1), 1), np.nan)
+        return out
+    fx, fy = x.reshape(len(x), -1), y.reshape(len(y), -1)
+    if metric == "cosine":
+        norms = np.linalg.norm(fx, axis=1)[:, None] * np.linalg.norm(fy, axis=1)[None, :]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return 1.0 - np.where(norms > 0, (fx @ fy.T) / np.where(norms > 0, norms, 1), np.nan)
+    square = (fx**2).sum(1)[:, None] + (fy**2).sum(1)[None, :] - 2 * fx @ fy.T
+    return np.sqrt(np.maximum(square, 0.0))
+
+
+# ---------------------------------------------------------------- the pair's per-example matrices
+
+
+def _other(store: Store, params: dict) -> RunInfo:
+    if not params["other"]:
+        raise InvalidArgumentError("head_match compares two runs: name the other one, e.g. --param other=RUN")
+    return store.run_info(params["other"])
+
+
+def _covers(store: Store, a: RunInfo, params: dict) -> np.ndarray:
+    shared = shared_examples(store, a, _other(store, params))["example"].to_numpy(np.int64)
+    order = store.storage_order(a.id)
+    return order[np.isin(order, shared)]
+
+
+def _state(store: Store, a: RunInfo, params: dict) -> dict:
+    b = _other(store, params)
+    return {
+        "n_examples": int(store.n_committed(a.id)),
+        "other_examples": int(store.n_committed(b.id)),
+        "other_uid": str(b.manifest.get("uid") or b.id),
+    }
+
+
+def _prepare(store: Store, a: RunInfo, examples, other: str, metric: str, specials: str):
+    b = store.run_info(other)
+    shared = shared_examples(store, a, b)
+    partners = null_partners(shared)
+    examples = [int(e) for e in examples]
+    needed = sorted(set(examples) | {partners[e] for e in examples if e in partners})
+    causal = is_causal(store, a) or is_causal(store, b)
+    return b, partners, _token_roles(store, a, examples), _token_roles(store, b, needed), causal, metric, specials
+
+
+def _read(store: Store, a: RunInfo, examples, context) -> Iterator[tuple[int, tuple]]:
+    """(example, (its maps in A, in B, its null partner's maps in B, the partner)) in A's storage order, a group of
+    READ_GROUP examples at a time."""
+    b, partners = context[0], context[1]
+    examples = [int(e) for e in examples]
+    for start in range(0, len(examples), READ_GROUP):
+        group = examples[start : start + READ_GROUP]
+        wanted = sorted(set(group) | {partners[e] for e in group if e in partners})
+        theirs = dict(store.iter_attention(b.id, wanted))
+        for example, maps in store.iter_attention(a.id, group):
+            partner = partners.get(example)
+            yield example, (maps, theirs[example], None if partner is None else theirs[partner], partner)
+
+
+def _words(roles) -> np.ndarray:
+    word_of = roles[0]
+    return np.unique(word_of[word_of >= 0])
+
+
+def _reduce(context, example: int, pair) -> dict[str, np.ndarray]:
+    _, _, roles_a, roles_b, causal, metric, specials = context
+    maps_a, maps_b, maps_null, partner = pair
+    ra, rb = roles_a[example], roles_b[example]
+    words = np.intersect1d(_words(ra), _words(rb))  # words cut in either run are dropped in both
+    x = unit_maps(maps_a, ra, words, specials, causal)
+    real = distances(x, unit_maps(maps_b, rb, words, specials, causal), metric)
+    null = np.full_like(real, np.nan)
+    if maps_null is not None:  # the first min(n, m) words of the two unrelated examples, position by position
+        rn = roles_b[partner]
+        theirs = _words(rn)
+        k = min(len(_words(ra)), len(theirs))
+        null = distances(
+            unit_maps(maps_a, ra, _words(ra)[:k], specials, causal), unit_maps(maps_null, rn, theirs[:k], specials, causal), metric
+        )
+    return {"distance": real, "null": null, "n_words": np.asarray(len(words), dtype=np.int64)}
+
+
+HEAD_MATCH = register_kind(
+    SummaryKind(
+        "head_match",
+        1,
+        _prepare,
+        _reduce,
+        defaults={"other": "", "metric": "js", "specials": "keep"},
+        covers=_covers,
+        read=_read,
+        state=_state,
+        one_run=False,
+    )
+)
+
+
+# ---------------------------------------------------------------- the queries
+
+
+def _check(metric: str, specials: str) -> None:
+    if metric not in METRICS:
+        raise InvalidArgumentError(f"metric={metric!r}: use 'js' (mean Jensen-Shannon divergence of rows), 'cosine' or 'frobenius'")
+    if specials not in SPECIALS:
+        raise InvalidArgumentError(f"specials={specials!r}: use 'keep' (start and separator units) or 'drop' (words only)")
+
+
+def match_sums(store: Store, run, other, examples, metric: str, specials: str) -> tuple[RunInfo, RunInfo, dict]:
+    """The pair's per-example matrices summed over the examples (and the per-example values the null test needs)."""
+    _check(metric, specials)
+    if other is None:
+        raise InvalidArgumentError("head_match compares two runs: name the other one, e.g. --param other=RUN")
+    a, b = store.run_info(run), store.run_info(other)
+    real, null, diff, diff_sq = (np.zeros((a.n_layers * a.n_heads, b.n_layers * b.n_heads)) for _ in range(4))
+    n_real = np.zeros_like(real)
+    n_null = np.zeros_like(real)
+    null_sq = np.zeros_like(real)
+    n_examples = 0
+    for part in summary_parts(store, a, HEAD_MATCH, examples, other=b.name, metric=metric, specials=specials):
+        for r, s in zip(part["distance"], part["null"]):  # one example at a time, in A's storage order
+            n_examples += 1
+            seen = ~np.isnan(r)
+            real += np.where(seen, r, 0)
+            n_real += seen
+            both = seen & ~np.isnan(s)
+            null += np.where(both, s, 0)
+            null_sq += np.where(both, s * s, 0)
+            d = np.where(both, s - r, 0)
+            diff += d
+            diff_sq += d * d
+            n_null += both
+    sums = dict(real=real, n_real=n_real, null=null, null_sq=null_sq, diff=diff, diff_sq=diff_sq, n_null=n_null, n_examples=n_examples)
+    return a, b, sums
+
+
+def _mean(total: np.ndarray, count: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.where(count > 0, count, 1), np.nan)
+
+
+def _sd(total: np.ndarray, squares: np.ndarray, count: np.ndarray) -> np.ndarray:
+    mean = _mean(total, count)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        var = np.where(count > 1, (squares - count * mean**2) / np.where(count > 1, count - 1, 1), np.nan)
+    return np.sqrt(np.maximum(var, 0))
+
+
+@register("head_match_matrix", per_head=False)
+def head_match_matrix(
+    store: Store, *, run, other: str | None = None, metric: str = "js", specials: str = "keep", examples=None
+) -> pd.DataFrame:
+    """Distance between every head of run A and every head of run `other` (B), over the examples both store.
+
+    Columns: layer, head (of A), other_layer, other_head (of B), distance (mean over examples
+    of the per-example distance: metric="js" the mean over query words of the Jensen-Shannon
+    divergence of their rows, "cosine" 1 - cosine of the flattened word maps, "frobenius"
+    the norm of their difference), null_mean (the same between unrelated examples of similar
+    word count), n_examples. Maps are compared over the words both runs keep, with a start and
+    a separator unit (specials="keep") or words only ("drop"); see queries/head_match.py.
+    """
+    a, b, sums = match_sums(store, run, other, examples, metric, specials)
+    distance, null = _mean(sums["real"], sums["n_real"]), _mean(sums["null"], sums["n_null"])
+    ha, hb = np.meshgrid(np.arange(a.n_layers * a.n_heads), np.arange(b.n_layers * b.n_heads), indexing="ij")
+    frame = pd.DataFrame(
+        {
+            "layer": (ha // a.n_heads).ravel(),
+            "head": (ha % a.n_heads).ravel(),
+            "other_layer": (hb // b.n_heads).ravel(),
+            "other_head": (hb % b.n_heads).ravel(),
+            "distance": distance.ravel(),
+            "null_mean": null.ravel(),
+            "n_examples": sums["n_examples"],
+        }
+    )
+    frame.attrs["other"] = b.name
+    return frame
+
+
+def assign(distance: np.ndarray) -> np.ndarray:
+    """One-to-one assignment minimising the total distance (Hungarian method, scipy): per row its column, -1 where
+    the matrix has more rows than columns and the row is left out. NaN distances count as unmatchable."""
+    try:
+        from scipy.optimize import linear_sum_assignment
+    except ImportError:
+        raise InvalidArgumentError("head_match needs scipy for the assignment: pip install 'attnstore[ingest]' (or scipy)") from None
+    cost = np.where(np.isnan(distance), np.nanmax(distance) * 10 + 1 if np.isfinite(distance).any() else 1.0, distance)
+    rows, cols = linear_sum_assignment(cost)
+    out = np.full(len(distance), -1, dtype=np.int64)
+    out[rows] = cols
+    return out
+
+
+@register("head_match")
+def head_match(store: Store, *, run, other: str | None = None, metric: str = "js", specials: str = "keep", examples=None) -> pd.DataFrame:
+    """Cross-model head matching: for each head of run A, the head of run `other` (B) that does the same, one-to-one.
+
+    Over the examples both runs store (any models and tokenizers; maps compared over the
+    shared words, see head_match_matrix). Columns: layer, head (of A); match_layer,
+    match_head, distance (the Hungarian assignment minimising the total distance;
+    empty where B has fewer heads); best_layer, best_head, best_distance (the nearest head
+    of B regardless of the others); margin (second nearest minus nearest); null_mean,
+    null_sd (the matched pair's distance between unrelated examples of similar word
+    count, over examples); z, p_value (one-sided paired test that the match is closer
+    than that null); n_examples.
+    """
+    a, b, sums = match_sums(store, run, other, examples, metric, specials)
+    distance = _mean(sums["real"], sums["n_real"])
+    match = assign(distance)
+    rows = np.arange(len(distance))
+    ordered = np.sort(np.where(np.isnan(distance), np.inf, distance), axis=1)
+    best = np.nanargmin(np.where(np.isnan(distance), np.inf, distance), axis=1)
+    chosen = np.where(match >= 0, match, 0)
+    null_mean = _mean(sums["null"], sums["n_null"])[rows, chosen]
+    null_sd = _sd(sums["null"], sums["null_sq"], sums["n_null"])[rows, chosen]
+    n = sums["n_null"][rows, chosen]
+    diff_mean = _mean(sums["diff"], sums["n_null"])[rows, chosen]
+    diff_sd = _sd(sums["diff"], sums["diff_sq"], sums["n_null"])[rows, chosen]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.where((n > 1) & (diff_sd > 0), diff_mean / (diff_sd / np.sqrt(np.maximum(n, 1))), np.nan)
+    p = np.array([0.5 * math.erfc(v / math.sqrt(2)) if np.isfinite(v) else np.nan for v in z])
+    matched = match >= 0
+    frame = pd.DataFrame(
+        {
+            "layer": rows // a.n_heads,
+            "head": rows % a.n_heads,
+            "match_layer": pd.array(np.where(matched, match // b.n_heads, 0), dtype="Int64"),
+            "match_head": pd.array(np.where(matched, match % b.n_heads, 0), dtype="Int64"),
+            "distance": np.where(matched, distance[rows, chosen], np.nan),
+            "best_layer": best // b.n_heads,
+            "best_head": best % b.n_heads,
+            "best_distance": ordered[:, 0],
+            "margin": ordered[:, 1] - ordered[:, 0] if ordered.shape[1] > 1 else np.nan,
+            "null_mean": np.where(matched, null_mean, np.nan),
+            "null_sd": np.where(matched, null_sd, np.nan),
+            "z": np.where(matched, z, np.nan),
+            "p_value": np.where(matched, p, np.nan),
+            "n_examples": sums["n_examples"],
+        }
+    )
+    frame.loc[~matched, ["match_layer", "match_head"]] = pd.NA
+    frame.attrs["other"] = b.name
+    if is_causal(store, a) or is_causal(store, b):
+        frame.attrs["note"] = "a causal run: each query word compared over the start unit and the words up to itself, in both runs"
+    return frame

@@ -1,0 +1,191 @@
+"""Cross-model head matching (`head_match`, `head_match_matrix`) on hand-built runs over one dataset: a model whose heads
+are another's in a different order (and layers x heads), tokenised differently and truncated, is matched back exactly
+with distance 0; every distance equals a naive per-row computation written here; the null and the test behave."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from attnstore.queries import run_query
+from attnstore.queries.errors import InvalidArgumentError
+from attnstore.tests.queries.helpers import hand_run, write_blocks
+
+SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
+WORD_COUNTS = (3, 5, 4, 6, 5, 2, 7)  # one example per entry
+PERMUTATION = np.array([4, 0, 5, 2, 1, 3])  # head k of B is head PERMUTATION[k] of A (A: 2 x 3, B: 3 x 2)
+
+
+def unit_distributions(rng, n_words: int, n_heads: int) -> np.ndarray:
+    """(heads, units, units) random rows over [CLS] + words + [SEP], no zero."""
+    raw = rng.random((n_heads, n_words + 2, n_words + 2)) ** 3 + 1e-3
+    return raw / raw.sum(-1, keepdims=True)
+
+
+def a_tokens(n_words: int) -> list[str]:
+    return ["[CLS]", *(f"w{i}" for i in range(n_words)), "[SEP]"]
+
+
+def pieces_of(n_words: int, example: int) -> list[int]:
+    """B's tokenizer: word i gets 1 or 2 pieces (seeded by the example)."""
+    return [1 + (i + example) % 2 for i in range(n_words)]
+
+
+def b_token_maps(units: np.ndarray, pieces: list[int]) -> tuple[np.ndarray, list[str], list]:
+    """Token maps whose word-level maps (to a word: its pieces summed; from a word: its pieces averaged) are `units`:
+    each piece of a word repeats the word's row, and a key word's weight is split evenly over its pieces."""
+    spans = [1, *pieces, 1]  # [CLS], words, [SEP]
+    owner = np.repeat(np.arange(len(spans)), spans)
+    split = units[:, owner][:, :, owner] / np.array(spans)[owner][None, None, :]
+    tokens = ["[CLS]"] + [f"p{i}{'' if k == 0 else '##'}" for i, n in enumerate(pieces) for k in range(n)] + ["[SEP]"]
+    words = [None] + [i for i, n in enumerate(pieces) for _ in range(n)] + [None]
+    return split, tokens, words
+
+
+def token_rows(tokens: list[str], words: list) -> list[dict]:
+    ids = {v["token"]: v["id"] for v in SPECIALS.values()}
+    return [
+        dict(token=t, token_id=ids.get(t, 1000 + k), word_position=w, segment=0, is_special=w is None, char_start=None, char_end=None)
+        for k, (t, w) in enumerate(zip(tokens, words))
+    ]
+
+
+@pytest.fixture
+def pair(store, make_run):
+    """Run A (2 x 3 heads, one token per word) and run B (3 x 2 heads, words split into pieces, its heads A's permuted);
+    B cuts the last word of example 3 (truncation): both runs are compared without it."""
+    rng = np.random.default_rng(0)
+    units = [unit_distributions(rng, n, 6) for n in WORD_COUNTS]
+    a = make_run(store, [u.reshape(2, 3, *u.shape[1:]).astype(np.float32) for u in units], [a_tokens(n) for n in WORD_COUNTS], name="A")
+    info = store.run_info(a)
+    b = hand_run(store, "B", dataset_id=info.dataset_id, n_layers=3, n_heads=2, dtype="float32", specials=SPECIALS)
+    ids = store.examples(a).set_index("example")["example_id"]
+    blocks = []
+    for example in (4, 0, 6, 2, 5, 1, 3):  # another storage order
+        u = units[example][PERMUTATION]
+        n = WORD_COUNTS[example]
+        if example == 3:  # the last word has no piece in B: drop its unit and renormalise, as the query will for A
+            keep = [k for k in range(n + 2) if k != n]
+            u = u[:, keep][:, :, keep]
+            u = u / u.sum(-1, keepdims=True)
+            n -= 1
+        maps, tokens, words = b_token_maps(u, pieces_of(n, example))
+        blocks.append((ids[example], maps.reshape(3, 2, *maps.shape[1:]).astype(np.float32), token_rows(tokens, words)))
+    write_blocks(store, b.id, blocks)
+    return a, "B", units
+
+
+def naive_js(x: np.ndarray, y: np.ndarray) -> float:
+    """Mean over rows of the Jensen-Shannon divergence (nats), by the textbook formula, one row at a time."""
+    total = 0.0
+    for p, q in zip(x, y):
+        m = (p + q) / 2
+        total += 0.5 * sum(pi * math.log(pi / mi) for pi, mi in zip(p, m) if pi > 0) + 0.5 * sum(
+            qi * math.log(qi / mi) for qi, mi in zip(q, m) if qi > 0
+        )
+    return total / len(x)
+
+
+def naive_rows(store, run: str, example: int, words: list[int]) -> np.ndarray:
+    """(heads, words, units) from the stored token maps, one entry at a time: units [CLS], [SEP], then `words`; a word's
+    row is the mean of its pieces' rows, a unit's column the sum of its tokens' columns; rows renormalised."""
+    maps = store.attention(run, example).astype(np.float64)
+    maps = maps.reshape(-1, *maps.shape[-2:])
+    tokens = store.tokens(run, example)
+    owner = []  # per token: its unit index, or None
+    for t in tokens.itertuples():
+        if t.token == "[CLS]":
+            owner.append(0)
+        elif t.token == "[SEP]":
+            owner.append(1)
+        else:
+            w = int(t.word_position)
+            owner.append(2 + words.index(w) if w in words else None)
+    out = np.zeros((len(maps), len(words), len(words) + 2))
+    for h in range(len(maps)):
+        for i, w in enumerate(words):
+            pieces = [k for k, t in enumerate(tokens.itertuples()) if t.token not in ("[CLS]", "[SEP]") and int(t.word_position) == w]
+            for k in pieces:
+                for j, unit in enumerate(owner):
+                    if unit is not None:
+                        out[h, i, unit] += maps[h, k, j] / len(pieces)
+            out[h, i] /= out[h, i].sum()
+    return out
+
+
+def test_a_permutation_of_heads_is_recovered_with_distance_zero(store, pair):
+    a, b, _ = pair
+    frame = run_query(store, "head_match", run=a, other=b)
+    assert list(frame.columns) == [
+        "layer", "head", "match_layer", "match_head", "distance", "best_layer", "best_head", "best_distance", "margin",
+        "null_mean", "null_sd", "z", "p_value", "n_examples",
+    ]  # fmt: skip
+    matched = frame["match_layer"].astype(int) * 2 + frame["match_head"].astype(int)  # B's flat head index
+    assert (PERMUTATION[matched.to_numpy()] == np.arange(6)).all()  # B's head k is A's head PERMUTATION[k]
+    np.testing.assert_allclose(frame["distance"], 0, atol=1e-12)
+    assert (frame[["best_layer", "best_head"]].to_numpy() == frame[["match_layer", "match_head"]].astype(int).to_numpy()).all()
+    assert (frame["margin"] > 0.01).all() and (frame["null_mean"] > 0.01).all() and (frame["n_examples"] == len(WORD_COUNTS)).all()
+    assert (frame["z"] > 3).all() and (frame["p_value"] < 1e-3).all()  # far closer than unrelated sentences
+
+
+def test_every_distance_is_the_naive_one(store, pair):
+    a, b, units = pair
+    matrix = run_query(store, "head_match_matrix", run=a, other=b)
+    assert len(matrix) == 36 and matrix.attrs["other"] == "B"
+    got = matrix.pivot(index=["layer", "head"], columns=["other_layer", "other_head"], values="distance").to_numpy()
+    expected = np.zeros((6, 6))
+    for example, n in enumerate(WORD_COUNTS):
+        words = list(range(n - 1 if example == 3 else n))  # B cut example 3's last word: dropped in both
+        x, y = naive_rows(store, a, example, words), naive_rows(store, b, example, words)
+        for i in range(6):
+            for k in range(6):
+                expected[i, k] += naive_js(x[i], y[k])
+    np.testing.assert_allclose(got, expected / len(WORD_COUNTS), rtol=1e-12, atol=1e-14)
+
+
+def test_a_run_against_itself_and_the_other_metrics(store, pair):
+    a, b, _ = pair
+    itself = run_query(store, "head_match", run=a, other=a)
+    assert (itself["match_layer"].astype(int) == itself["layer"]).all() and (itself["match_head"].astype(int) == itself["head"]).all()
+    np.testing.assert_allclose(itself["distance"], 0, atol=1e-12)
+    for metric in ("cosine", "frobenius"):
+        frame = run_query(store, "head_match", run=a, other=b, metric=metric)
+        matched = frame["match_layer"].astype(int) * 2 + frame["match_head"].astype(int)
+        assert (PERMUTATION[matched.to_numpy()] == np.arange(6)).all(), metric
+        np.testing.assert_allclose(frame["distance"], 0, atol=1e-6)
+    words_only = run_query(store, "head_match", run=a, other=b, specials="drop")
+    np.testing.assert_allclose(words_only["distance"], 0, atol=1e-12)
+
+
+def test_fewer_heads_in_b_leave_heads_of_a_unmatched(store, pair, make_run):
+    a, _, units = pair
+    info = store.run_info(a)
+    small = hand_run(store, "small", dataset_id=info.dataset_id, n_layers=1, n_heads=2, dtype="float32", specials=SPECIALS)
+    ids = store.examples(a).set_index("example")["example_id"]
+    blocks = [
+        (ids[e], units[e][[5, 1]][None].astype(np.float32), token_rows(a_tokens(n), [None, *range(n), None]))
+        for e, n in enumerate(WORD_COUNTS)
+    ]
+    write_blocks(store, small.id, blocks)
+    frame = run_query(store, "head_match", run=a, other="small").set_index(["layer", "head"])
+    assert frame["match_head"].notna().sum() == 2
+    assert (frame.loc[(1, 2), ["match_layer", "match_head"]].tolist(), frame.loc[(0, 1), ["match_layer", "match_head"]].tolist()) == (
+        [0, 0],
+        [0, 1],
+    )
+    assert frame.loc[(0, 0), "distance"] != frame.loc[(0, 0), "distance"]  # NaN: unmatched
+
+
+def test_bad_input_is_one_line(store, pair, make_run):
+    a, b, _ = pair
+    with pytest.raises(InvalidArgumentError, match="name the other one"):
+        run_query(store, "head_match", run=a)
+    with pytest.raises(InvalidArgumentError, match="metric='l2': use 'js'"):
+        run_query(store, "head_match", run=a, other=b, metric="l2")
+    with pytest.raises(InvalidArgumentError, match="specials='none': use 'keep'"):
+        run_query(store, "head_match_matrix", run=a, other=b, specials="none")
+    elsewhere = make_run(store, [np.full((1, 1, 3, 3), 1 / 3, dtype=np.float32)], [a_tokens(1)], name="elsewhere")
+    with pytest.raises(InvalidArgumentError, match="share no examples"):
+        run_query(store, "head_match", run=a, other=elsewhere)
