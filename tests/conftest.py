@@ -31,6 +31,22 @@ def pytest_addoption(parser):
     )
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "one_backend: the test's subject is not the database (figures, output, ingest numerics): its `db_url`/`store` "
+        "is SQLite only (PostgreSQL under --backend postgresql) instead of both backends",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc):
+    """`one_backend` tests get one `db_url` parameter (added as a parametrize mark, which overrides the fixture's params)."""
+    if "db_url" in metafunc.fixturenames and metafunc.definition.get_closest_marker("one_backend"):
+        backend = "postgresql" if metafunc.config.getoption("--backend") == "postgresql" else "sqlite"
+        metafunc.definition.add_marker(pytest.mark.parametrize("db_url", [backend], indirect=True))
+
+
 def pytest_collection_modifyitems(config, items):
     backend = config.getoption("--backend")
     if backend == "both":
@@ -279,6 +295,54 @@ def loaded_model():
     from attnstore.ingest.model import load_model
 
     return load_model()
+
+
+FIXTURE_DATA = os.path.join(os.path.dirname(__file__), "fixtures", "data")
+
+# The real model's runs over the excerpts in tests/fixtures/data that tests only read: run name -> ingest options.
+REAL_RUNS = {
+    "mrpc": dict(dataset="glue/MRPC:dev"),
+    "mrpc-again": dict(dataset="glue/MRPC:dev", dtype="float32"),  # stands in for a fine-tuned model's run
+    "rte": dict(dataset="glue/RTE:dev"),
+    "frames": dict(dataset="framenet/1.5:exemplars"),
+    "ewt": dict(dataset="ud/en_ewt:dev"),
+    "ewt-copy": dict(dataset="ud/en_ewt:dev"),  # the same maps again (probes refuse to evaluate on their training run)
+    "gum": dict(dataset="gum/ontogum:dev", window_words=40),
+}
+
+
+class RealRuns:
+    """A SQLite store of the real model's runs over the fixture excerpts, shared by the tests of a session (of an
+    xdist worker) that only read them. `real_runs("ewt", "gum")` ingests those of the runs not stored yet (each
+    once per session) and returns the store; `url` and `root` reach it from the CLI. Tests must not write to it."""
+
+    def __init__(self, folder, migrated, loaded):
+        import shutil
+
+        from attnstore.store import open_store
+
+        shutil.copyfile(migrated, folder / "meta.sqlite")
+        self.url, self.root = f"sqlite:///{folder / 'meta.sqlite'}", str(folder / "attention.zarr")
+        self.store = open_store(db=self.url, root=self.root)
+        self.loaded = loaded
+        self.stored: set[str] = set()
+
+    def __call__(self, *names: str):
+        from attnstore.ingest import ingest
+
+        for name in names:
+            if name not in self.stored:
+                ingest(self.store, data_dir=FIXTURE_DATA, loaded=self.loaded, name=name, progress=False, **REAL_RUNS[name])
+                self.stored.add(name)
+        return self.store
+
+
+@pytest.fixture(scope="session")
+def real_runs(tmp_path_factory, migrated_sqlite, loaded_model):
+    """Real-model runs shared by the tests that only read them (RealRuns): one ingest each per session, on SQLite."""
+    runs = RealRuns(tmp_path_factory.mktemp("real-runs"), migrated_sqlite, loaded_model)
+    yield runs
+    runs.store.close()
 
 
 @pytest.fixture(scope="session")

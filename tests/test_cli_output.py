@@ -44,6 +44,7 @@ def wide_query(monkeypatch):
     return "wide"
 
 
+@pytest.mark.one_backend
 def test_a_wide_query_table_fits_the_terminal(store, make_run, where, wide_query):
     run = make_run(store, [maps(4)], TOKENS, name="w")
     result = CliRunner().invoke(main, ["query", wide_query, "--run", run, *where], env={"COLUMNS": "100"})
@@ -62,6 +63,7 @@ def test_a_wide_query_table_fits_the_terminal(store, make_run, where, wide_query
     assert as_csv.stdout.splitlines()[0].count(",") == 45 and "note:" not in as_csv.stderr
 
 
+@pytest.mark.one_backend
 def test_unknown_columns_are_one_line(store, make_run, where):
     run = make_run(store, [maps(4)], TOKENS, name="w")
     result = CliRunner().invoke(main, ["query", "entropy", "--run", run, "--columns", "layer,bogus", *where])
@@ -70,6 +72,7 @@ def test_unknown_columns_are_one_line(store, make_run, where):
     assert lines[0].startswith("Error: --columns: no column 'bogus'; columns: layer, head, entropy")
 
 
+@pytest.mark.one_backend
 def test_runs_and_tokens_take_columns(store, make_run, where):
     run = make_run(store, [maps(4)], TOKENS, name="w")
     runs = CliRunner().invoke(main, ["runs", "--columns", "run,n_layers", *where])
@@ -79,6 +82,7 @@ def test_runs_and_tokens_take_columns(store, make_run, where):
     assert tokens.stdout.split() == ["position", "token", "----------", "-------", "0", "[CLS]", "1", "a", "2", "b", "3", "[SEP]"]
 
 
+@pytest.mark.one_backend
 def test_tokens_table_leaves_out_the_constant_annotator(store, make_run, where):
     run = make_run(store, [maps(4)], TOKENS, name="w")
     table = CliRunner().invoke(main, ["tokens", "--run", run, "--example", "0", *where])

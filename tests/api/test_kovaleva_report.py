@@ -1,29 +1,20 @@
 """`attnstore report kovaleva` on real maps of a few fixture examples: every section is written."""
 
-from pathlib import Path
-
 import pytest
 from click.testing import CliRunner
 
 from attnstore.api.cli import main
-from attnstore.ingest import ingest
 
 pytestmark = pytest.mark.model
-DATA = str(Path(__file__).parents[1] / "fixtures" / "data")
 
 
-def test_kovaleva_report_writes_every_figure(tmp_path, loaded_model, monkeypatch):
+def test_kovaleva_report_writes_every_figure(tmp_path, real_runs, monkeypatch):
     matplotlib = pytest.importorskip("matplotlib")
     monkeypatch.setattr(matplotlib, "use", lambda *a, **k: pytest.fail("the report switched matplotlib's backend"))
-    from attnstore.store import migrate, open_store
-
-    url = f"sqlite:///{tmp_path / 'meta.sqlite'}"
-    migrate.upgrade(url)
-    store = open_store(db=url, root=str(tmp_path / "attention.zarr"))
-    for key, name in (("glue/MRPC:dev", "mrpc"), ("glue/RTE:dev", "rte"), ("framenet/1.5:exemplars", "frames")):
-        ingest(store, dataset=key, data_dir=DATA, loaded=loaded_model, name=name, progress=False)
-    # a second run over the same MRPC examples stands in for a fine-tuned model's run
-    ingest(store, dataset="glue/MRPC:dev", data_dir=DATA, loaded=loaded_model, name="mrpc-again", dtype="float32", progress=False)
+    # the session's real-model runs (tests/conftest.py): MRPC, RTE, FrameNet exemplars, and a second run over the
+    # same MRPC examples (float32) standing in for a fine-tuned model's run; the report only reads them
+    real_runs("mrpc", "rte", "frames", "mrpc-again")
+    url, root = real_runs.url, real_runs.root
     out = tmp_path / "report"
     result = CliRunner().invoke(
         main,
@@ -43,7 +34,7 @@ def test_kovaleva_report_writes_every_figure(tmp_path, loaded_model, monkeypatch
             "--db",
             url,
             "--root",
-            str(tmp_path / "attention.zarr"),
+            root,
         ],
     )
     assert result.exit_code == 0, result.output

@@ -37,6 +37,7 @@ def invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
+@pytest.mark.one_backend
 def test_render_import_export_round_trip(labelled_store, tmp_path):
     store, run = labelled_store
     out = tmp_path / "render"
@@ -106,6 +107,7 @@ def line(**changes) -> str:
         (line(split="DROP"), "labels.jsonl:2: missing split"),
     ],
 )
+@pytest.mark.one_backend
 def test_bad_label_lines_are_refused_in_one_line_and_nothing_is_written(labelled_store, tmp_path, second, message):
     store, _ = labelled_store
     path = tmp_path / "labels.jsonl"
@@ -117,6 +119,7 @@ def test_bad_label_lines_are_refused_in_one_line_and_nothing_is_written(labelled
     assert store.pattern_labels().empty
 
 
+@pytest.mark.one_backend
 def test_import_of_a_missing_file_and_export_of_nothing(labelled_store, tmp_path):
     store, _ = labelled_store
     result = invoke("patterns", "import", tmp_path / "none.jsonl", *store_args(store))
@@ -128,6 +131,7 @@ def test_import_of_a_missing_file_and_export_of_nothing(labelled_store, tmp_path
     assert result.exit_code == 0 and result.output == ""
 
 
+@pytest.mark.one_backend
 def test_classify_with_rules_saves_labels_and_figure(labelled_store, tmp_path):
     store, run = labelled_store
     result = invoke("patterns", "classify", "--run", run, "--save", "--format", "json", *store_args(store))

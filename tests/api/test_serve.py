@@ -92,6 +92,7 @@ def error_of(response, status: int) -> str:
 # ------------------------------------------------------------------ runs, examples, tokens
 
 
+@pytest.mark.one_backend
 def test_runs_and_one_run(served, client):
     store, _ = served
     runs = client.get("/api/runs").json()["runs"]
@@ -124,6 +125,7 @@ def test_examples_are_paginated_and_filtered(client):
     assert "min_length" in error_of(client.get(f"/api/runs/{RUN}/examples", params={"min_length": "x"}), 400)
 
 
+@pytest.mark.one_backend
 def test_one_example_has_its_tokens(served, client):
     store, _ = served
     body = client.get(f"/api/runs/{RUN}/examples/1").json()
@@ -141,6 +143,7 @@ def test_one_example_has_its_tokens(served, client):
 # ------------------------------------------------------------------ maps
 
 
+@pytest.mark.one_backend
 def test_maps_as_json_and_npy_equal_the_store(served, client):
     store, maps = served
     one = client.get(f"/api/runs/{RUN}/examples/1/attention", params={"layer": 1, "head": 2}).json()
@@ -160,6 +163,7 @@ def test_maps_as_json_and_npy_equal_the_store(served, client):
     np.testing.assert_array_equal(array, store.attention(RUN, 2))
 
 
+@pytest.mark.one_backend
 def test_maps_refuse_bad_input_and_slices_over_the_budget(served):
     store, _ = served
     with client_for(store, max_json_cells=60, max_cells=100) as c:
@@ -205,6 +209,7 @@ def test_head_metrics_saved_and_computed_on_request(served, client):
     assert "saved with params" in error_of(client.get(f"/api/runs/{RUN}/head_metrics/entropy.entropy", params={"params": '{"a": 1}'}), 404)
 
 
+@pytest.mark.one_backend
 def test_computed_metrics_and_queries_are_capped(served):
     store, _ = served
     with client_for(store, max_query_examples=2) as c:
@@ -218,6 +223,7 @@ def test_computed_metrics_and_queries_are_capped(served):
         assert c.get(f"/api/runs/{RUN}/queries/word_maps", params={"example": 1, "layer": 1, "head": 2}).status_code == 200
 
 
+@pytest.mark.one_backend
 def test_queries_are_listed_and_run(served, client):
     store, _ = served
     queries = {q["name"]: q for q in client.get("/api/queries").json()["queries"]}
@@ -346,6 +352,7 @@ def test_sql_statements_stop_at_the_time_limit(served):
 # ------------------------------------------------------------------ errors, static files, the command
 
 
+@pytest.mark.one_backend
 def test_unknown_routes_methods_and_unexpected_errors_are_json(served, client, caplog, monkeypatch):
     assert "no such endpoint: GET /api/nothing" in error_of(client.get("/api/nothing"), 404)
     assert "Method Not Allowed" in error_of(client.delete("/api/runs"), 405)
@@ -361,6 +368,7 @@ def test_unknown_routes_methods_and_unexpected_errors_are_json(served, client, c
     assert "secret detail" in caplog.text and "Traceback" in caplog.text  # logged on the server's side only
 
 
+@pytest.mark.one_backend
 def test_viewer_and_api_reference_are_served_locally(client):
     page = client.get("/")
     assert page.status_code == 200 and 'src="static/app.js"' in page.text and 'id="headview-svg"' in page.text
@@ -428,6 +436,7 @@ def test_concurrent_requests_on_a_live_server(served):
     assert failures == []
 
 
+@pytest.mark.one_backend
 def test_serve_command_errors_are_one_line(served, monkeypatch, tmp_path):
     import importlib.util
 

@@ -100,6 +100,7 @@ def live(app):
 # ------------------------------------------------------------------ 1. the Host header (DNS rebinding)
 
 
+@pytest.mark.one_backend
 def test_a_request_for_another_host_is_refused(named):
     store, _ = named
     with TestClient(create_app(store), base_url="http://127.0.0.1:8000", raise_server_exceptions=False) as c:
@@ -120,6 +121,7 @@ def test_a_request_for_another_host_is_refused(named):
         assert c.get("/api/runs", headers={"Host": "evil.example"}).status_code == 200  # "*": any, by choice
 
 
+@pytest.mark.one_backend
 def test_the_command_answers_the_bound_host_and_allowed_hosts(named, monkeypatch, capsys):
     import uvicorn
     from click.testing import CliRunner
@@ -165,6 +167,7 @@ def test_the_command_answers_the_bound_host_and_allowed_hosts(named, monkeypatch
 # ------------------------------------------------------------------ 2. run names with "/" (and brackets, and "%")
 
 
+@pytest.mark.one_backend
 def test_every_run_is_reachable_whatever_its_name(named):
     store, maps = named
     with TestClient(create_app(store, allowed_hosts=["testserver"]), raise_server_exceptions=False) as c:
@@ -196,6 +199,7 @@ def test_every_run_is_reachable_whatever_its_name(named):
         assert "no run 'odd/name'" in error_of(c.get("/api/runs/odd%2Fname"), 404)  # %2F decoded once, not twice
 
 
+@pytest.mark.one_backend
 def test_run_names_with_a_slash_through_a_live_server(named):
     """uvicorn's own raw path (and Host header): what a browser or curl sends."""
     import httpx
@@ -224,6 +228,7 @@ def test_run_segment_without_a_raw_path():
 # ------------------------------------------------------------------ 3. error answers in the OpenAPI schema
 
 
+@pytest.mark.one_backend
 def test_openapi_lists_every_error_answer_with_its_body(named):
     store, _ = named
     with TestClient(create_app(store, allowed_hosts=["testserver"]), raise_server_exceptions=False) as c:
@@ -284,6 +289,7 @@ def test_sql_results_are_bounded_in_bytes(named):
         assert c.get("/api/sql", params={"q": many, "max_rows": 10}).json()["n_rows"] == 10
 
 
+@pytest.mark.one_backend
 def test_heavy_requests_beyond_the_limit_answer_503_with_retry_after(named, monkeypatch):
     store, maps = named
     entered, release = threading.Event(), threading.Event()
@@ -318,6 +324,7 @@ def test_heavy_requests_beyond_the_limit_answer_503_with_retry_after(named, monk
 # ------------------------------------------------------------------ 5. queries that must read the maps
 
 
+@pytest.mark.one_backend
 def test_a_query_that_must_read_unkept_maps_asks_first(named, caplog):
     """On a read-only server nothing a query reads is kept: it answers 409 (with the command that prepares the
     store) before reading, unless asked with scan=1; once summarised, the same query reads no map."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 
 def _model(store, name, init, task, lr, seed):
     hparams = dict(lr=lr, batch_size=32, epochs=3, seed=seed, train_limit=None, max_length=128, warmup=0.1, weight_decay=0.01)
@@ -40,6 +42,7 @@ def _score(store, model_id, task, value):
     assert store.writer.add_ablation_results([row])
 
 
+@pytest.mark.one_backend
 def test_seeds_are_averaged_and_other_settings_kept_apart(store):
     from attnstore.api.ablation_report import table1
 

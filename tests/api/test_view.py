@@ -20,6 +20,7 @@ def hand_store(store, make_run):
     return store, maps
 
 
+@pytest.mark.one_backend
 def test_pictures_of_one_head_a_layer_and_every_head(hand_store, tmp_path):
     from PIL import Image
 
@@ -42,6 +43,7 @@ def test_pictures_of_one_head_a_layer_and_every_head(hand_store, tmp_path):
     assert len(panels) == 6 and len(grid.axes) == 7  # 2 layers x 3 heads, and one colour bar for all of them
 
 
+@pytest.mark.one_backend
 def test_store_plot_in_a_notebook(hand_store):
     store, maps = hand_store
     fig = store.plot("view", 0, layer=0)  # one layer's heads
@@ -53,6 +55,7 @@ def test_store_plot_in_a_notebook(hand_store):
         store.plot("view", 0, head=1)
 
 
+@pytest.mark.one_backend
 def test_bertviz_input(hand_store, tmp_path):
     from attnstore.api.view import bertviz_input
 
@@ -63,6 +66,7 @@ def test_bertviz_input(hand_store, tmp_path):
     np.testing.assert_array_equal(np.array(data["attention"][1])[0], maps[1])
 
 
+@pytest.mark.one_backend
 def test_view_command_and_its_errors(hand_store, tmp_path):
     from attnstore.api.cli import main
 

@@ -1,22 +1,25 @@
-"""Built-in datasets through the real tokenizer: spans land on the right wordpieces."""
+"""Built-in datasets through the real tokenizer: spans land on the right wordpieces.
 
-from pathlib import Path
+The runs are the session's shared real-model runs (`real_runs`, tests/conftest.py): ingested once, on SQLite,
+since what these tests check is the alignment of words and pieces, not the database."""
 
 import pytest
 
-from attnstore.ingest import ingest
-
 pytestmark = pytest.mark.model
-DATA = str(Path(__file__).parents[1] / "fixtures" / "data")
 
 
 def pieces(tokens, start, end):
     return tokens[(tokens["word_position"] >= start) & (tokens["word_position"] < end)]["token"].tolist()
 
 
-def test_framenet_spans_reach_wordpieces(store, loaded_model):
-    run = ingest(store, dataset="framenet/1.5:exemplars", data_dir=DATA, loaded=loaded_model, progress=False).run
-    spans = store.sql("SELECT e.position AS example, f.* FROM frame_element_spans f JOIN examples e ON e.id = f.example_id")
+def test_framenet_spans_reach_wordpieces(real_runs):
+    store = real_runs("frames")
+    run = store.run_info("frames")
+    spans = store.sql(
+        "SELECT e.position AS example, f.* FROM frame_element_spans f JOIN examples e ON e.id = f.example_id "
+        "JOIN runs r ON r.dataset_id = e.dataset_id WHERE r.name = :run",
+        {"run": run.name},
+    )
     texts = store.examples(run.name).set_index("example")["text_a"]
     for row in spans.itertuples():
         if row.word_start is None:
@@ -37,10 +40,15 @@ def test_framenet_spans_reach_wordpieces(store, loaded_model):
     assert set(toks["upos"].dropna()) and run.manifest["corpus"]["annotator"].startswith("spacy:")
 
 
-def test_gum_mention_heads_have_wordpieces(store, loaded_model):
-    run = ingest(store, dataset="gum/ontogum:dev", data_dir=DATA, window_words=40, loaded=loaded_model, progress=False).run
+def test_gum_mention_heads_have_wordpieces(real_runs):
+    store = real_runs("gum")
+    run = store.run_info("gum")
     assert run.n_truncated == 0
-    rows = store.sql("SELECT e.position AS example, m.head FROM mentions m JOIN examples e ON e.id = m.example_id")
+    rows = store.sql(
+        "SELECT e.position AS example, m.head FROM mentions m JOIN examples e ON e.id = m.example_id "
+        "JOIN runs r ON r.dataset_id = e.dataset_id WHERE r.name = :run",
+        {"run": run.name},
+    )
     assert len(rows) >= 8
     for example, group in rows.groupby("example"):
         toks = store.tokens(run.name, int(example))
@@ -48,21 +56,20 @@ def test_gum_mention_heads_have_wordpieces(store, loaded_model):
         assert set(group["head"]) <= have
 
 
-def test_ud_word_spans_reach_wordpieces(store, loaded_model):
-    run = ingest(store, dataset="ud/en_ewt:dev", data_dir=DATA, loaded=loaded_model, progress=False).run
-    toks = store.tokens(run.name, 5)  # "call them at 303-832-8160."
+def test_ud_word_spans_reach_wordpieces(real_runs):
+    toks = real_runs("ewt").tokens("ewt", 5)  # "call them at 303-832-8160."
     assert pieces(toks, 3, 4) == ["303", "-", "83", "##2", "-", "81", "##60"]
     assert toks[toks["word"] == "."]["token"].tolist() == ["."]
 
 
-def test_word_vector_probes_run_on_real_maps(store, loaded_model):
+def test_word_vector_probes_run_on_real_maps(real_runs):
     import numpy as np
 
     from attnstore.queries.probes import collect, train_and_evaluate
 
-    run = ingest(store, dataset="ud/en_ewt:dev", data_dir=DATA, loaded=loaded_model, progress=False).run
     # probes refuse to evaluate on their training run: a second run of the same sentences (same maps), which warns
-    copy = ingest(store, dataset="ud/en_ewt:dev", data_dir=DATA, loaded=loaded_model, progress=False, name="ewt-copy").run
+    store = real_runs("ewt", "ewt-copy")
+    run, copy = store.run_info("ewt"), store.run_info("ewt-copy")
     data = collect(store, run.name)
     uniform_loss = float(np.log(np.diff(np.r_[data.starts, len(data.gold)])).mean())  # loss of the untrained probe
     for kind in ("attn+words", "distance+words"):

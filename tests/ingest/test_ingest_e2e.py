@@ -39,6 +39,7 @@ def assert_matches_model(store, run, loaded, example):
     assert (maps[..., special].sum(axis=2) > 0).all()  # special tokens are never masked out
 
 
+@pytest.mark.one_backend
 def test_stored_maps_equal_a_fresh_forward_pass(store, loaded_model):
     result = ingest(store, corpus=str(MRPC), fmt="pairs-tsv", loaded=loaded_model, batch_size=5, progress=False)
     run = result.run
@@ -54,6 +55,7 @@ def test_stored_maps_equal_a_fresh_forward_pass(store, loaded_model):
     assert again.already_complete and store.run_info(run.name).n_stored == 12
 
 
+@pytest.mark.one_backend
 def test_gold_conllu_annotation_is_used(store, loaded_model):
     run = ingest(store, corpus=str(EWT), fmt="conllu", loaded=loaded_model, progress=False).run
     assert run.manifest["corpus"]["annotator"] == "gold"
@@ -65,6 +67,7 @@ def test_gold_conllu_annotation_is_used(store, loaded_model):
     assert_matches_model(store, run.name, loaded_model, 4)
 
 
+@pytest.mark.one_backend
 def test_truncation_and_skip_are_recorded(store, loaded_model, tmp_path):
     corpus = tmp_path / "long.txt"
     corpus.write_text("short one\n" + " ".join(["word"] * 40) + "\n", encoding="utf-8")
@@ -89,6 +92,7 @@ def test_truncation_and_skip_are_recorded(store, loaded_model, tmp_path):
         store.attention("skip", 1)
 
 
+@pytest.mark.one_backend
 def test_two_forward_passes_at_once_store_what_one_pass_stores(store, loaded_model, monkeypatch):
     """On a CPU, ingest runs two passes of one torch thread each (passes.forward_passes): same maps,
     bit for bit, in the same storage order as one pass at a time; torch's own setting is kept."""
