@@ -1,0 +1,191 @@
+"""Attention rollout and attention flow (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers"; the Primer,
+Sec. 5.1): how much of the input each token's representation mixes in, through all layers.
+
+Rollout, as the authors' `compute_joint_attention` (samiraabnar/attention_flow, attention_graph_util.py): per layer the
+head-averaged map with the residual connection added and rows renormalised, Ã = (A + I) / rowsum = 0.5 A + 0.5 I; the
+rollout of layer l is Ã_l · Ã_(l-1) · ... · Ã_0 (layers 0-based, the product taken from the first layer up). Row i of
+layer l is how much token i's representation after layer l draws on each input token.
+
+- `rollout`: per layer, the rolled-out attention *from* the source token -- the first special token ([CLS]-like), or
+  the last token for a causal model, whose first token sees only itself -- to each token class: [CLS]-like,
+  separators, punctuation (`punct`, as `special_tokens`), everything else; per example, then the mean over examples.
+  Each example's (layer, class) shares are the `rollout` summary kind, kept with the run.
+- `rollout_map`: one example's whole rollout (every layer, query and key token), long format.
+- `attention_flow`: one example's attention flow: the maximum flow from the source token at the last layer to each
+  input token through the layered graph whose edges carry Ã's weights (the authors' `get_adjmat` and
+  `compute_node_flow`), normalised to sum to 1. Max-flow is costly (networkx, Edmonds-Karp, one flow per input
+  token), so an example longer than `max_tokens` (64) is refused in one line that says so.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from .common import CAUSAL_NOTE, is_causal, token_flags
+from .errors import InvalidArgumentError
+from .registry import register
+from .summary import SummaryKind, register_kind, summary_parts
+
+if TYPE_CHECKING:
+    from ..store import Store
+    from ..store.records import RunInfo
+
+CLASSES = ("cls", "sep", "punct", "other")
+DEFAULT_PUNCT = ".,"
+MAX_FLOW_TOKENS = 64
+
+
+def residual_maps(maps: np.ndarray) -> np.ndarray:
+    """(layer, head, L, L) maps -> (layer, L, L): averaged over heads, the identity added, rows renormalised (float64)."""
+    mean = np.asarray(maps, dtype=np.float64).mean(axis=1)
+    mixed = mean + np.eye(mean.shape[-1])[None]
+    return mixed / mixed.sum(-1, keepdims=True)
+
+
+def rollout(maps: np.ndarray) -> np.ndarray:
+    """(layer, head, L, L) maps -> (layer, L, L) rollout: layer l is Ã_l ... Ã_0."""
+    aug = residual_maps(maps)
+    out = np.empty_like(aug)
+    out[0] = aug[0]
+    for layer in range(1, len(aug)):
+        out[layer] = aug[layer] @ out[layer - 1]
+    return out
+
+
+def source_token(flags, length: int, causal: bool) -> int:
+    """The token whose rollout row is reported: the first [CLS]-like token (the last token for a causal model); -1
+    where a bidirectional model's input has no [CLS]-like token."""
+    if causal:
+        return length - 1
+    cls = np.flatnonzero(flags.cls)
+    return int(cls[0]) if len(cls) else -1
+
+
+def _prepare(store: Store, info: RunInfo, examples=None, punct: str = DEFAULT_PUNCT):
+    return token_flags(store, info, punct, examples), is_causal(store, info)
+
+
+def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
+    flags, causal = context
+    f = flags[example]
+    length = maps.shape[-1]
+    source = source_token(f, length, causal)
+    shares = np.zeros((maps.shape[0], len(CLASSES)))
+    if source >= 0:
+        row = rollout(maps)[:, source, :]  # (layer, key)
+        other = ~(f.cls | f.sep | f.punct)
+        for k, mask in enumerate((f.cls, f.sep, f.punct, other)):
+            shares[:, k] = row[:, mask].sum(-1)
+    return {"shares": shares, "has_source": np.asarray(source >= 0)}
+
+
+# shares: (layer, class in CLASSES order): the source token's rollout mass on each class; has_source false: no source
+ROLLOUT = register_kind(SummaryKind("rollout", 1, _prepare, _reduce, defaults={"punct": DEFAULT_PUNCT}))
+
+
+@register("rollout", per_head=False)
+def rollout_query(store: Store, *, run, punct: str = DEFAULT_PUNCT, examples=None) -> pd.DataFrame:
+    """Attention rollout (Abnar & Zuidema 2020) per layer: from the first special token to [CLS], [SEP], punctuation, the rest.
+
+    Per layer l, the rollout Ã_l ... Ã_0 of the head-averaged maps with the residual added
+    (Ã = 0.5 A + 0.5 I); the row of the source token -- the first [CLS]-like token, or the
+    last token of a causal model -- summed over each token class.
+    Columns: layer, to_cls, to_sep, to_punct, to_other (the four sum to 1), n_examples
+    (examples with a source token). Per example, then the mean over examples. `punct`: the
+    characters that count as punctuation, as in special_tokens.
+    """
+    info = store.run_info(run)
+    total = np.zeros((info.n_layers, len(CLASSES)))
+    n = 0
+    for part in summary_parts(store, info, ROLLOUT, examples, punct=punct):
+        used = part["has_source"].astype(bool)
+        for shares in part["shares"][used]:  # one example at a time, in storage order
+            total += shares
+        n += int(used.sum())
+    mean = total / n if n else np.full_like(total, np.nan)
+    frame = pd.DataFrame({"layer": np.arange(info.n_layers), **{f"to_{c}": mean[:, k] for k, c in enumerate(CLASSES)}, "n_examples": n})
+    if is_causal(store, info):
+        frame.attrs["note"] = f"{CAUSAL_NOTE}: the rollout is read from the last token"
+    return frame
+
+
+def _one_example(store: Store, run, example: int) -> tuple[RunInfo, np.ndarray, pd.DataFrame]:
+    info = store.run_info(run)
+    return info, store.attention(info.id, example), store.tokens(info.id, example)
+
+
+@register("rollout_map", per_head=False)
+def rollout_map(store: Store, *, run, example: int = 0, layer: int | None = None) -> pd.DataFrame:
+    """One example's attention rollout (Abnar & Zuidema 2020): every layer's Ã_l ... Ã_0, long format.
+
+    Columns: layer, query, key (token positions), query_token, key_token, rollout (rows sum
+    to 1). `layer`: one layer only (default every layer).
+    """
+    info, maps, tokens = _one_example(store, run, example)
+    rolled = rollout(maps)
+    layers = range(info.n_layers) if layer is None else [int(layer)]
+    names = tokens["token"].tolist()
+    length = len(names)
+    q, k = np.meshgrid(np.arange(length), np.arange(length), indexing="ij")
+    parts = [
+        pd.DataFrame(
+            {
+                "layer": lay,
+                "query": q.ravel(),
+                "key": k.ravel(),
+                "query_token": np.asarray(names, dtype=object)[q.ravel()],
+                "key_token": np.asarray(names, dtype=object)[k.ravel()],
+                "rollout": rolled[lay].ravel(),
+            }
+        )
+        for lay in layers
+    ]
+    return pd.concat(parts, ignore_index=True)
+
+
+def flow_from(aug: np.ndarray, source: int) -> np.ndarray:
+    """Attention flow to each input token from token `source` at the last layer, through the layered graph whose edge
+    (layer i, token a) -> (layer i - 1, token b) has capacity aug[i - 1][a, b] (the authors' get_adjmat), normalised to
+    sum to 1 (their compute_node_flow): one maximum flow per input token (networkx, Edmonds-Karp)."""
+    try:
+        import networkx as nx
+        from networkx.algorithms.flow import edmonds_karp
+    except ImportError:
+        raise InvalidArgumentError("attention_flow needs networkx: pip install networkx (torch installs it)") from None
+    layers, length, _ = aug.shape
+    graph = nx.DiGraph()
+    for i in range(1, layers + 1):
+        for a in range(length):
+            for b in range(length):
+                if aug[i - 1][a, b] > 0:
+                    graph.add_edge((i, a), (i - 1, b), capacity=float(aug[i - 1][a, b]))
+    values = np.array([nx.maximum_flow_value(graph, (layers, source), (0, b), flow_func=edmonds_karp) for b in range(length)])
+    return values / values.sum() if values.sum() > 0 else values
+
+
+@register("attention_flow", per_head=False)
+def attention_flow(store: Store, *, run, example: int = 0, max_tokens: int = MAX_FLOW_TOKENS) -> pd.DataFrame:
+    """One example's attention flow (Abnar & Zuidema 2020): max-flow from the first special token at the last layer to each input token.
+
+    The graph's edges carry the head-averaged maps with the residual added (Ã = 0.5 A + 0.5 I)
+    between consecutive layers; the flow to each input token is normalised to sum to 1.
+    Columns: key (token position), token, flow, rollout (the same token's rollout share,
+    for comparison). The source is the last token for a causal model. An example longer
+    than max_tokens tokens (64) is refused: one max-flow per token costs seconds there.
+    """
+    info, maps, tokens = _one_example(store, run, example)
+    length = maps.shape[-1]
+    if length > max_tokens:
+        raise InvalidArgumentError(
+            f"example {example} of run {info.name!r} has {length} tokens, more than max_tokens={max_tokens}: attention flow solves one "
+            f"max-flow per token over {info.n_layers + 1} x {length} nodes; raise --param max_tokens={length} to wait for it"
+        )
+    flags = token_flags(store, info, examples=[example])[example]
+    source = source_token(flags, length, is_causal(store, info))
+    if source < 0:
+        raise InvalidArgumentError(f"example {example} of run {info.name!r} has no [CLS]-like token to take the flow from")
+    flow = flow_from(residual_maps(maps), source)
+    return pd.DataFrame({"key": np.arange(length), "token": tokens["token"].tolist(), "flow": flow, "rollout": rollout(maps)[-1, source]})
