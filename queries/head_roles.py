@@ -1,0 +1,111 @@
+"""Head confidence and roles (Voita et al. 2019, "Analyzing Multi-Head Self-Attention"; the Primer, Sec. 5.1).
+
+- confidence: the mean over query tokens of the head's largest attention weight, separator keys ([SEP]/eos-like,
+  the paper's end-of-sentence symbol) left out of the maximum; pooled over the tokens of all examples, as the
+  paper averages "over tokens in a set of sentences".
+- positional: the share of query rows whose most-attended token (ties: the first) sits at each relative offset
+  -3..3; the paper calls a head positional when at least 90 % of rows point to one offset (in practice -1 or +1).
+- rare words: the share of query rows whose most-attended token is the example's rarest token (the non-special token
+  whose id is least frequent in the run, ties to the first), against the uniform chance of hitting it.
+
+Each example's counts are the `head_roles` summary kind, kept with the run (token frequencies are the run's, so the
+kind's fingerprint includes the run's committed state, as every kind's does).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from .common import CAUSAL_NOTE, is_causal, per_head_frame, safe_divide, token_flags
+from .registry import register
+from .summary import SummaryKind, register_kind, summary_parts
+
+if TYPE_CHECKING:
+    from ..store import Store
+    from ..store.records import RunInfo
+
+OFFSETS = tuple(range(-3, 4))
+POSITIONAL_SHARE = 0.9  # the paper's "at least 90 % of the time"
+
+FREQUENCIES_SQL = "SELECT token_id, COUNT(*) AS n FROM tokens WHERE run_id = :run GROUP BY token_id"
+
+
+def _prepare(store: Store, info: RunInfo, examples=None):
+    counts = store.sql(FREQUENCIES_SQL, {"run": int(info.id)})
+    frequency = dict(zip(counts["token_id"].astype(int), counts["n"].astype(int)))
+    table = store.token_table(info.id, examples)
+    ids = {int(e): g["token_id"].to_numpy(np.int64) for e, g in table.groupby("example", sort=False)}
+    return token_flags(store, info, examples=examples), ids, frequency
+
+
+def rarest_token(ids: np.ndarray, special: np.ndarray, frequency: dict[int, int]) -> int:
+    """Position of the non-special token whose id is least frequent in the run (the first of equals); -1 if none."""
+    candidates = np.flatnonzero(~special)
+    if not len(candidates):
+        return -1
+    counts = np.array([frequency.get(int(ids[k]), 0) for k in candidates])
+    return int(candidates[np.argmin(counts)])
+
+
+def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
+    flags, ids, frequency = context
+    f = flags[example]
+    maps = np.asarray(maps, dtype=np.float64)
+    length = maps.shape[-1]
+    kept = maps[..., ~f.sep] if (~f.sep).any() else np.zeros((*maps.shape[:-1], 1))
+    confidence = kept.max(-1).sum(-1)  # (layer, head): summed over query rows
+    best = maps.argmax(-1)  # (layer, head, query): first index of the largest weight
+    offsets = best - np.arange(length)
+    offset_counts = np.stack([(offsets == k).sum(-1) for k in OFFSETS], axis=-1)  # (layer, head, offsets)
+    rare = rarest_token(ids[example], f.special, frequency)
+    rare_hits = (best == rare).sum(-1) if rare >= 0 else np.zeros(maps.shape[:2], dtype=np.int64)
+    return {
+        "confidence_sum": confidence,
+        "offset_counts": offset_counts.astype(np.int64),
+        "rare_hits": rare_hits.astype(np.int64),
+        "rows": np.asarray(length, dtype=np.int64),
+        "rare_rows": np.asarray(length if rare >= 0 else 0, dtype=np.int64),
+    }
+
+
+HEAD_ROLES = register_kind(SummaryKind("head_roles", 1, _prepare, _reduce))
+
+
+@register("head_roles")
+def head_roles(store: Store, *, run, examples=None) -> pd.DataFrame:
+    """Head confidence and roles (Voita et al. 2019): confidence, positional offset, attention to the rarest token.
+
+    Columns: layer, head; confidence (mean over query tokens of the largest weight, separator
+    keys left out); top_offset, offset_share (the relative offset -3..3 most rows' largest
+    weight falls on, and the share of rows that do), positional (offset_share >= 0.9, the
+    paper's rule); rare_share (share of rows whose largest weight is on the example's rarest
+    token by the run's token frequencies), rare_chance (that share under uniform attention,
+    1 / L averaged over rows). Pooled over every query token of the run (or `examples`).
+    """
+    info = store.run_info(run)
+    shape = (info.n_layers, info.n_heads)
+    confidence, rare_hits = np.zeros(shape), np.zeros(shape)
+    offsets = np.zeros((*shape, len(OFFSETS)))
+    rows = rare_rows = 0
+    rare_chance = 0.0
+    for part in summary_parts(store, info, HEAD_ROLES, examples):
+        confidence += part["confidence_sum"].sum(0)
+        offsets += part["offset_counts"].sum(0)
+        rare_hits += part["rare_hits"].sum(0)
+        rows += int(part["rows"].sum())
+        rare_rows += int(part["rare_rows"].sum())
+        rare_chance += float((part["rare_rows"] > 0).sum())  # each counted example's rows: L x 1/L
+    share = safe_divide(offsets, rows)
+    top = share.argmax(-1)
+    frame = per_head_frame(info, confidence=safe_divide(confidence, rows))
+    frame["top_offset"] = np.asarray(OFFSETS)[top].ravel()
+    frame["offset_share"] = np.take_along_axis(share, top[..., None], -1).ravel()
+    frame["positional"] = frame["offset_share"] >= POSITIONAL_SHARE
+    frame["rare_share"] = safe_divide(rare_hits, rare_rows).ravel()
+    frame["rare_chance"] = float(safe_divide(rare_chance, rare_rows))
+    if is_causal(store, info):
+        frame.attrs["note"] = f"{CAUSAL_NOTE}: offsets above 0 never occur"
+    return frame
