@@ -517,5 +517,27 @@ def report_kovaleva(locations, runs_, finetuned, frame_run, max_examples, out):
     click.echo(f"wrote {path} and its tables and figures")
 
 
+@report.command("head-match", short_help="Write the cross-model head matching of two runs.")
+@click.option("--run", required=True, help="Run A (its heads are matched).")
+@click.option("--other", required=True, help="Run B over the same examples (any model and tokenizer).")
+@click.option("--metric", default="js", show_default=True, type=click.Choice(["js", "cosine", "frobenius"]), help="Head distance.")
+@click.option("--specials", default="keep", show_default=True, type=click.Choice(["keep", "drop"]), help="Start/separator units.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@store_options
+@friendly_errors
+def report_head_match(locations, run, other, metric, specials, out):
+    """Cross-model head matching (docs/QUERIES.md, head_match): a table per head of RUN, the distance matrix with the
+    one-to-one assignment marked, and where each layer's matches lie in OTHER."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise click.ClickException("figures need matplotlib: pip install 'attnstore[report]'") from None
+    from .head_match_report import head_match_report
+
+    with reading_progress("report head-match: examples read"):
+        path = head_match_report(open_store(locations), run, other, out, metric=metric, specials=specials)
+    click.echo(f"wrote {path} and its tables and figures")
+
+
 if __name__ == "__main__":
     main()

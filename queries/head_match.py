@@ -377,3 +377,85 @@ def head_match(store: Store, *, run, other: str | None = None, metric: str = "js
     if is_causal(store, a) or is_causal(store, b):
         frame.attrs["note"] = "a causal run: each query word compared over the start unit and the words up to itself, in both runs"
     return frame
+
+
+# ---------------------------------------------------------------- functional profiles
+
+# Per-head metrics that make a head's functional profile: (query, its columns), all per-head frames of one run.
+PROFILES = {
+    "position": ("relative_position", ("to_previous", "to_self", "to_next")),
+    "special": ("special_tokens", ("to_cls", "to_sep", "to_punct", "to_other")),
+    "entropy": ("entropy", ("entropy",)),
+    "patterns": ("pattern_heads", ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")),
+}
+DEFAULT_PROFILE = "position,special,entropy"
+
+
+def head_profiles(store: Store, run, names: tuple[str, ...]) -> pd.DataFrame:
+    """(heads, features) per-head metrics of one run, from the registered queries (kept summaries, as any call)."""
+    from .registry import get_query
+
+    columns = []
+    for name in names:
+        query, wanted = PROFILES[name]
+        frame = get_query(query).func(store, run=run).sort_values(["layer", "head"])
+        present = [c for c in wanted if c in frame.columns]
+        columns.append(frame[present].set_axis([f"{name}.{c}" for c in present], axis=1).reset_index(drop=True))
+    return pd.concat(columns, axis=1)
+
+
+@register("head_profile_match")
+def head_profile_match(
+    store: Store, *, run, other: str | None = None, profile: str = DEFAULT_PROFILE, with_maps: bool = False
+) -> pd.DataFrame:
+    """Head matching by function: each head's vector of per-head metrics, matched one-to-one between two runs.
+
+    Profiles (comma-separated `profile`): position (relative_position's to_previous, to_self,
+    to_next), special (special_tokens' to_cls, to_sep, to_punct, to_other), entropy, patterns
+    (pattern_heads' class shares). Each feature is standardised over both runs' heads
+    together (z-scores); distance is Euclidean; one-to-one by the Hungarian method.
+    Independent of tokenization: the runs need not share examples (they should share data
+    for the profiles to be comparable). Columns: layer, head, match_layer, match_head,
+    distance, best_layer, best_head, best_distance; with_maps=true also map_layer, map_head
+    (head_match's assignment on the shared examples) and agrees.
+    """
+    from .common import parse_choices
+
+    if other is None:
+        raise InvalidArgumentError("head_profile_match compares two runs: name the other one, e.g. --param other=RUN")
+    names = parse_choices(profile, tuple(PROFILES), "profile")
+    a, b = store.run_info(run), store.run_info(other)
+    pa, pb = head_profiles(store, a.id, names), head_profiles(store, b.id, names)
+    shared = [c for c in pa.columns if c in pb.columns]
+    both = pd.concat([pa[shared], pb[shared]], ignore_index=True).to_numpy(np.float64)
+    spread = np.nanstd(both, axis=0)
+    z = (both - np.nanmean(both, axis=0)) / np.where(spread > 0, spread, 1)
+    z = np.nan_to_num(z)  # a metric a run does not have (NaN) adds nothing
+    za, zb = z[: len(pa)], z[len(pa) :]
+    distance = np.sqrt(((za[:, None, :] - zb[None, :, :]) ** 2).sum(-1))
+    match = assign(distance)
+    rows = np.arange(len(distance))
+    best = distance.argmin(1)
+    matched = match >= 0
+    chosen = np.where(matched, match, 0)
+    frame = pd.DataFrame(
+        {
+            "layer": rows // a.n_heads,
+            "head": rows % a.n_heads,
+            "match_layer": pd.array(np.where(matched, chosen // b.n_heads, 0), dtype="Int64"),
+            "match_head": pd.array(np.where(matched, chosen % b.n_heads, 0), dtype="Int64"),
+            "distance": np.where(matched, distance[rows, chosen], np.nan),
+            "best_layer": best // b.n_heads,
+            "best_head": best % b.n_heads,
+            "best_distance": distance[rows, best],
+        }
+    )
+    frame.loc[~matched, ["match_layer", "match_head"]] = pd.NA
+    if with_maps:
+        maps = head_match(store, run=a.id, other=b.name)
+        frame["map_layer"], frame["map_head"] = maps["match_layer"], maps["match_head"]
+        frame["agrees"] = (frame["map_layer"] == frame["match_layer"]) & (frame["map_head"] == frame["match_head"])
+        frame.attrs["note"] = f"the two matchings agree on {int(frame['agrees'].fillna(False).sum())} of {len(frame)} heads"
+    frame.attrs["other"] = b.name
+    frame.attrs["features"] = shared
+    return frame

@@ -189,3 +189,44 @@ def test_bad_input_is_one_line(store, pair, make_run):
     elsewhere = make_run(store, [np.full((1, 1, 3, 3), 1 / 3, dtype=np.float32)], [a_tokens(1)], name="elsewhere")
     with pytest.raises(InvalidArgumentError, match="share no examples"):
         run_query(store, "head_match", run=a, other=elsewhere)
+
+
+def test_profiles_of_permuted_heads_are_matched_back(store, pair):
+    """A run whose heads are A's in another order, with A's tokens: every per-head metric is A's, permuted, so the
+    functional match recovers the permutation at distance 0 (and agrees with the map-based one)."""
+    a, _, units = pair
+    info = store.run_info(a)
+    c = hand_run(store, "C", dataset_id=info.dataset_id, n_layers=3, n_heads=2, dtype="float32", specials=SPECIALS)
+    ids = store.examples(a).set_index("example")["example_id"]
+    blocks = [
+        (ids[e], units[e][PERMUTATION].reshape(3, 2, n + 2, n + 2).astype(np.float32), token_rows(a_tokens(n), [None, *range(n), None]))
+        for e, n in enumerate(WORD_COUNTS)
+    ]
+    write_blocks(store, c.id, blocks)
+    frame = run_query(store, "head_profile_match", run=a, other="C", profile="position,special,entropy", with_maps=True)
+    matched = frame["match_layer"].astype(int) * 2 + frame["match_head"].astype(int)
+    assert (PERMUTATION[matched.to_numpy()] == np.arange(6)).all()
+    np.testing.assert_allclose(frame["distance"], 0, atol=1e-9)
+    assert frame["agrees"].all() and "agree on 6 of 6 heads" in frame.attrs["note"]
+    assert len(frame.attrs["features"]) == 8
+    with pytest.raises(InvalidArgumentError, match="unknown profile"):
+        run_query(store, "head_profile_match", run=a, other="C", profile="syntax")
+
+
+def test_the_report_writes_the_table_and_both_figures(store, pair, tmp_path):
+    pytest.importorskip("matplotlib")
+    from click.testing import CliRunner
+
+    from attnstore.api.cli import main
+
+    a, b, _ = pair
+    where = ["--db", store.locations.db_url, "--root", store.locations.array_root]
+    result = CliRunner().invoke(main, ["report", "head-match", "--run", a, "--other", b, "--out", str(tmp_path), *where])
+    assert result.exit_code == 0, result.output
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"README.md", "head_match.csv", "head_match_matrix.csv", "head_match_layers.csv"} <= names
+    assert {"head_match_matrix.png", "head_match_matrix.svg", "head_match_layers.png", "head_match_layers.svg"} <= names
+    text = (tmp_path / "README.md").read_text()
+    assert "6 of 6 one-to-one matches beat the null at p < 0.01/6" in text
+    layers = np.loadtxt(tmp_path / "head_match_layers.csv", delimiter=",", skiprows=1)
+    assert layers.shape == (2, 6) and (layers[:, -1] == 3).all()  # each layer of A: its 3 heads matched
