@@ -341,7 +341,7 @@ def parse_params(ctx, _param, values):
 )
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--output", default=None, type=click.Path(dir_okay=False), help="Write to a file instead of stdout.")
-@click.option("--save", is_flag=True, help="Also save the per-head values to the head_metrics table.")
+@click.option("--save", is_flag=True, help="Also save the per-head values to the head_metrics table (head_match: head_matches).")
 @columns_option
 @scheduler_option("the pass over the maps, when the query needs one")
 @store_options
@@ -357,7 +357,7 @@ def query(locations, name, run, params, fmt, output, save, scheduler, columns):
 
     spec = get_query(name)
     kwargs = coerce_params(spec, params)
-    if save and not spec.per_head:
+    if save and not spec.per_head and spec.save is None:
         raise click.ClickException(
             f"query {name!r} is not per head (one row per layer and head), so it cannot be saved "
             "to head_metrics; write it to a file with --output instead"
@@ -374,7 +374,9 @@ def query(locations, name, run, params, fmt, output, save, scheduler, columns):
     emit(frame, fmt, output, columns=columns)
     if save and frame.attrs.get("run_state") != "complete":
         raise click.ClickException(f"not saved: run {run!r} is incomplete; save its results once its ingest completes")
-    if save:
+    if save and spec.save is not None:
+        click.echo(spec.save(store, run, frame, kwargs), err=True)
+    elif save:
         n = store.save_head_metrics(run, frame, prefix=name, params=kwargs)
         click.echo(f"saved {n} values to head_metrics (metric '{name}.*')", err=True)
 

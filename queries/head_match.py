@@ -325,7 +325,13 @@ def assign(distance: np.ndarray) -> np.ndarray:
     return out
 
 
-@register("head_match")
+def save_matches(store: Store, run, frame: pd.DataFrame, params: dict) -> str:
+    """`--save`: the rows go to the head_matches table, keyed by both runs and the parameters."""
+    n = store.save_head_matches(run, frame.attrs["other"], frame, params)
+    return f"saved {n} rows to head_matches (run {run!r} against {frame.attrs['other']!r})"
+
+
+@register("head_match", save=save_matches)
 def head_match(store: Store, *, run, other: str | None = None, metric: str = "js", specials: str = "keep", examples=None) -> pd.DataFrame:
     """Cross-model head matching: for each head of run A, the head of run `other` (B) that does the same, one-to-one.
 

@@ -26,6 +26,9 @@ class QuerySpec:
     func: Callable[..., pd.DataFrame]
     summary: str
     per_head: bool
+    # how `--save` keeps a result: None, every numeric column to head_metrics (per-head queries); else
+    # save(store, run, frame, params) -> a one-line account of what was saved (e.g. head_match's own table)
+    save: Callable[..., str] | None = None
 
     def parameters(self) -> dict[str, inspect.Parameter]:
         """Keyword parameters a user may set (besides store and run)."""
@@ -36,10 +39,10 @@ class QuerySpec:
 QUERIES: dict[str, QuerySpec] = {}
 
 
-def register(name: str, *, per_head: bool = True):
+def register(name: str, *, per_head: bool = True, save: Callable[..., str] | None = None):
     def wrap(func):
         summary = (func.__doc__ or "").strip().splitlines()[0]
-        QUERIES[name] = QuerySpec(name, func, summary, per_head)
+        QUERIES[name] = QuerySpec(name, func, summary, per_head, save)
         return func
 
     return wrap

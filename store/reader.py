@@ -24,7 +24,7 @@ from .db import check_connection, create_engine, session_scope, sql_write_denied
 from .errors import InvalidArgumentError, NotFoundError
 from .migrate import upgrade_command, verify_schema
 from .records import RunInfo
-from .schema import AblationResult, Dataset, Example, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token, Word
+from .schema import AblationResult, Dataset, Example, HeadMatch, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token, Word
 
 RunRef = str | int
 
@@ -569,6 +569,21 @@ class StoreReader:
         if metric is not None:
             q = q.where(HeadMetric.metric == metric)
         return self._frame(q.order_by(HeadMetric.metric, HeadMetric.layer, HeadMetric.head))
+
+    def head_matches(self, run: RunRef | None = None) -> pd.DataFrame:
+        """Saved cross-model head matches (`attnstore query head_match --save`): run, other, params, layer, head,
+        match_layer, match_head, distance, ... (optionally those of one run A)."""
+        other = sa.orm.aliased(Run)
+        columns = [c for c in HeadMatch.__table__.columns if c.name not in ("id", "run_id", "other_run_id", "created_at")]
+        q = (
+            sa.select(Run.name.label("run"), other.name.label("other"), *columns)
+            .join(Run, Run.id == HeadMatch.run_id)
+            .join(other, other.id == HeadMatch.other_run_id)
+        )
+        if run is not None:
+            q = q.where(HeadMatch.run_id == self.run_info(run).id)
+        frame = self._frame(q.order_by(Run.name, other.name, HeadMatch.params, HeadMatch.layer, HeadMatch.head))
+        return frame.astype({c: "Int64" for c in ("match_layer", "match_head", "best_layer", "best_head")})
 
     def probe_results(self) -> pd.DataFrame:
         """Saved probe results: run, eval_run, kind, uas, train_uas, n_train, n_eval, epochs, final_loss, params."""

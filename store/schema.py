@@ -315,6 +315,33 @@ class ProbeResult(Base):
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
 
 
+class HeadMatch(Base):
+    """A saved cross-model head match (queries/head_match.py): head (layer, head) of run A and its match in run B."""
+
+    __tablename__ = "head_matches"
+    __table_args__ = (sa.UniqueConstraint("run_id", "other_run_id", "params", "layer", "head"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
+    other_run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"))
+    params: Mapped[str] = mapped_column(sa.String(512), default="{}")
+    layer: Mapped[int]
+    head: Mapped[int]
+    match_layer: Mapped[int | None]
+    match_head: Mapped[int | None]
+    distance: Mapped[float | None] = mapped_column(sa.Float)
+    best_layer: Mapped[int | None]
+    best_head: Mapped[int | None]
+    best_distance: Mapped[float | None] = mapped_column(sa.Float)
+    margin: Mapped[float | None] = mapped_column(sa.Float)
+    null_mean: Mapped[float | None] = mapped_column(sa.Float)
+    null_sd: Mapped[float | None] = mapped_column(sa.Float)
+    z: Mapped[float | None] = mapped_column(sa.Float)
+    p_value: Mapped[float | None] = mapped_column(sa.Float)
+    n_examples: Mapped[int]
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
 class Lease(Base):
     """Who may write a resource ("run:NAME", "dataset:KEY") now: one row while a writer holds it.
 

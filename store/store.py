@@ -21,7 +21,7 @@ from .config import resolve_locations
 from .errors import InvalidArgumentError, NotFoundError, StorageIOError
 from .handle import RunHandle
 from .reader import RunRef, StoreReader
-from .schema import HeadMetric, ProbeResult, utcnow
+from .schema import HeadMatch, HeadMetric, ProbeResult, utcnow
 from .writer import StoreWriter, run_lease_name, validate_run_name
 
 __all__ = ["Store", "open_store", "run_lease_name", "validate_run_name"]
@@ -97,6 +97,37 @@ class Store(StoreReader):
             )
             if rows:
                 s.execute(sa.insert(HeadMetric), rows)
+        return len(rows)
+
+    def save_head_matches(self, run: RunRef, other: RunRef, frame: pd.DataFrame, params: dict | None = None) -> int:
+        """Save a `head_match` frame (one row per head of `run`) to head_matches, keyed by both runs and the parameters
+        that made it (metric, specials, examples); replaces the rows saved with the same key."""
+        self.writer.require_writable()
+        a, b = self.run_info(run), self.run_info(other)
+        params_json = json.dumps({k: v for k, v in (params or {}).items() if k != "other"}, sort_keys=True, default=str)
+        columns = [c.name for c in HeadMatch.__table__.columns if c.name not in ("id", "run_id", "other_run_id", "params", "created_at")]
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise InvalidArgumentError(f"not a head_match frame: it lacks {', '.join(missing)}")
+
+        def value(v, kind):
+            return None if pd.isna(v) else kind(v)
+
+        kinds = {c.name: (float if isinstance(c.type, sa.Float) else int) for c in HeadMatch.__table__.columns}
+        rows = [
+            dict(
+                run_id=a.id,
+                other_run_id=b.id,
+                params=params_json,
+                created_at=utcnow(),
+                **{c: value(v, kinds[c]) for c, v in zip(columns, row)},
+            )
+            for row in frame[columns].itertuples(index=False)
+        ]
+        with self.session() as s:
+            s.execute(sa.delete(HeadMatch).where(HeadMatch.run_id == a.id, HeadMatch.other_run_id == b.id, HeadMatch.params == params_json))
+            if rows:
+                s.execute(sa.insert(HeadMatch), rows)
         return len(rows)
 
     def save_run_summary(self, run: RunRef, name: str, values: dict[str, np.ndarray], stamp: dict) -> None:

@@ -75,6 +75,9 @@ def _selects(run_ids: list[int], model_ids: list[int], dataset_ids: list[int]) -
         "sequences": of_runs(t["sequences"], t["sequences"].c.run_id, t["sequences"].c.example_id),
         "tokens": of_runs(t["tokens"], t["tokens"].c.run_id, t["tokens"].c.example_id, t["tokens"].c.position),
         "head_metrics": of_runs(t["head_metrics"], t["head_metrics"].c.id),
+        "head_matches": sa.select(t["head_matches"])
+        .where(t["head_matches"].c.run_id.in_(run_ids), t["head_matches"].c.other_run_id.in_(run_ids))
+        .order_by(t["head_matches"].c.id),
         "probe_results": sa.select(t["probe_results"])
         .where(t["probe_results"].c.run_id.in_(run_ids), t["probe_results"].c.eval_run_id.in_(run_ids))
         .order_by(t["probe_results"].c.id),
@@ -110,7 +113,7 @@ def export_runs(
     """Write `runs` (names or ids; complete runs only) and `models` (names; the most recent of each) to a bundle.
 
     The bundle holds their rows (models with their parents, datasets with examples, words, mentions and
-    frames, runs with sequences and tokens, head_metrics, pattern_labels, probe_results between two exported
+    frames, runs with sequences and tokens, head_metrics, pattern_labels, head_matches and probe_results between two exported
     runs, ablation_results of exported models), every array key under each run's array path, and the
     checkpoint folder of each fine-tuned model (unless `checkpoints=False`). `target`: FILE.zip, a new or
     empty folder, or an fsspec URL (s3://bucket/prefix, s3://bucket/FILE.zip). Only reads the store.

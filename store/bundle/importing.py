@@ -226,6 +226,14 @@ def _insert_rows(conn: sa.Connection, plan: _Plan, bundle: Bundle, rename: Mappi
     if probes:
         conn.execute(sa.insert(t["probe_results"]), probes)
         n += len(probes)
+    matches = [  # between two runs of the bundle, as exported (a bundle made before revision 0010 has none)
+        dict(_columns("head_matches", _without_id(r)), run_id=run_map[r["run_id"]], other_run_id=run_map[r["other_run_id"]])
+        for r in bundle.rows("head_matches")
+        if (r["run_id"] in todo or r["other_run_id"] in todo) and r["run_id"] in run_map and r["other_run_id"] in run_map
+    ]
+    for batch in _batches(matches):
+        conn.execute(sa.insert(t["head_matches"]), batch)
+        n += len(batch)
     ablation = [dict(_columns("ablation_results", _without_id(r)), model_id=model_map[r["model_id"]]) for r in plan.ablation]
     for batch in _batches(ablation):
         conn.execute(sa.insert(t["ablation_results"]), batch)

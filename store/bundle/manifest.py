@@ -39,6 +39,7 @@ TABLE_ORDER = (
     "sequences",
     "tokens",
     "head_metrics",
+    "head_matches",
     "probe_results",
     "pattern_labels",
     "ablation_results",

@@ -230,3 +230,61 @@ def test_the_report_writes_the_table_and_both_figures(store, pair, tmp_path):
     assert "6 of 6 one-to-one matches beat the null at p < 0.01/6" in text
     layers = np.loadtxt(tmp_path / "head_match_layers.csv", delimiter=",", skiprows=1)
     assert layers.shape == (2, 6) and (layers[:, -1] == 3).all()  # each layer of A: its 3 heads matched
+
+
+MATCHED_SQL = """
+SELECT m.layer, m.head, m.match_layer, m.match_head, a.value AS to_previous_a, b.value AS to_previous_b
+FROM head_matches m
+JOIN runs ra ON ra.id = m.run_id
+JOIN runs rb ON rb.id = m.other_run_id
+JOIN head_metrics a ON a.run_id = m.run_id AND a.layer = m.layer AND a.head = m.head
+JOIN head_metrics b ON b.run_id = m.other_run_id AND b.layer = m.match_layer AND b.head = m.match_head
+WHERE ra.name = :a AND rb.name = :b
+  AND a.metric = 'relative_position.to_previous' AND b.metric = 'relative_position.to_previous'
+ORDER BY m.layer, m.head
+"""
+
+
+def test_save_writes_head_matches_that_sql_joins_with_head_metrics(store, pair):
+    from click.testing import CliRunner
+
+    from attnstore.api.cli import main
+
+    a, b, _ = pair
+    where = ["--db", store.locations.db_url, "--root", store.locations.array_root]
+    result = CliRunner().invoke(main, ["query", "head_match", "--run", a, "--param", f"other={b}", "--save", "--format", "csv", *where])
+    assert result.exit_code == 0, result.output
+    assert f"saved 6 rows to head_matches (run {a!r} against {b!r})" in result.output
+    again = CliRunner().invoke(main, ["query", "head_match", "--run", a, "--param", f"other={b}", "--save", *where])
+    assert again.exit_code == 0, again.output  # saved again: replaced, not doubled
+    saved = store.head_matches(a)
+    assert len(saved) == 6 and set(saved["other"]) == {b} and saved["params"].iloc[0] == "{}"
+    matched = saved["match_layer"].astype(int) * 2 + saved["match_head"].astype(int)
+    assert (PERMUTATION[matched.to_numpy()] == np.arange(6)).all()
+    for run in (a, b):
+        store.save_head_metrics(run, run_query(store, "relative_position", run=run), prefix="relative_position")
+    joined = store.sql(MATCHED_SQL, {"a": a, "b": b})
+    assert len(joined) == 6 and joined[["layer", "head"]].values.tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]
+
+
+@pytest.mark.one_backend
+def test_saved_matches_travel_in_a_bundle_with_both_runs(store, pair, tmp_path):
+    from attnstore.store import migrate, open_store
+    from attnstore.store.bundle import export_runs, import_bundle
+
+    a, b, _ = pair
+    store.save_head_matches(a, b, run_query(store, "head_match", run=a, other=b), {"metric": "js"})
+    export_runs(store, [a], str(tmp_path / "only-a.zip"))  # B not exported: its matches stay behind
+    export_runs(store, [a, b], str(tmp_path / "both.zip"))
+    url = f"sqlite:///{tmp_path / 'copy.sqlite'}"
+    migrate.upgrade(url)
+    copy = open_store(db=url, root=str(tmp_path / "copy.zarr"))
+    try:
+        import_bundle(copy, str(tmp_path / "only-a.zip"))
+        assert copy.head_matches().empty
+        import_bundle(copy, str(tmp_path / "both.zip"))
+        moved = copy.head_matches()
+        assert len(moved) == 6 and set(moved["run"]) == {a} and set(moved["other"]) == {b}
+        assert moved.drop(columns=["run", "other"]).equals(store.head_matches(a).drop(columns=["run", "other"]))
+    finally:
+        copy.close()

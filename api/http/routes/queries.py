@@ -77,11 +77,13 @@ def save_query(srv: Server, run: str, name: str, raw: dict[str, str], scan: bool
     if not srv.settings.allow_save:
         raise ReadOnlyStoreError("this server is read-only; start it with `attnstore serve --allow-save` to save query results")
     info, spec, kwargs, n = prepare_query(srv, run, name, raw)
-    if not spec.per_head:
+    if not spec.per_head and spec.save is None:
         raise InvalidArgumentError(f"query {name!r} is not per head (one row per layer and head), so it cannot be saved to head_metrics")
     frame = srv.query_frame(info, name, kwargs, n_examples=n, scan=scan)
     if frame.attrs.get("run_state") != "complete":
         raise ConflictError(f"not saved: run {info.name!r} is incomplete; save its results once its ingest completes")
+    if spec.save is not None:  # a query with a table of its own (head_match: head_matches)
+        return {"query": name, "run": info.name, "saved": len(frame), "message": spec.save(srv.store, info.name, frame, kwargs)}
     n = srv.store.save_head_metrics(info.id, frame, prefix=name, params=kwargs)
     return {"query": name, "run": info.name, "saved": n, "metric_prefix": f"{name}."}
 
