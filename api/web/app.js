@@ -77,7 +77,8 @@ async function api(path, params = {}, options = {}) {
 
 /* ------------------------------------------------------------------ state in the URL hash */
 
-const state = { run: null, example: null, layer: 0, head: 0, tab: "example", metric: null };
+const state = { run: null, example: null, layer: 0, head: 0, tab: "example", metric: null, compare: null };
+let allRuns = []; // `/api/runs`: the runs a head can be matched in (same dataset and split)
 let runInfo = null; // {id, name, n_layers, n_heads, ...}
 const runIds = new Map(); // run name -> run id (`/api/runs`)
 
@@ -92,11 +93,12 @@ function readHash() {
   if (h.has("head")) state.head = h.get("head") === "all" ? "all" : parseInt(h.get("head"), 10);
   if (h.has("tab")) state.tab = h.get("tab");
   if (h.has("metric")) state.metric = h.get("metric");
+  if (h.has("compare")) state.compare = h.get("compare");
 }
 
 function writeHash() {
   const h = new URLSearchParams();
-  for (const k of ["run", "example", "layer", "head", "tab", "metric"]) {
+  for (const k of ["run", "example", "layer", "head", "tab", "metric", "compare"]) {
     if (state[k] !== null && state[k] !== undefined && !Number.isNaN(state[k])) h.set(k, state[k]);
   }
   history.replaceState(null, "", "#" + h.toString());
@@ -106,6 +108,7 @@ function writeHash() {
 
 async function loadRuns() {
   const { runs } = await api("runs");
+  allRuns = runs;
   runIds.clear();
   for (const r of runs) runIds.set(r.run, r.run_id);
   const select = $("run-select");
@@ -136,6 +139,7 @@ async function selectRun(name, keepPosition = false) {
   $("head-select").value = String(state.head);
   $("search-layer").value = String(state.layer);
   $("search-head").value = String(state.head === "all" ? 0 : state.head);
+  fillCompare(run);
   mapsCache.clear();
   exampleCache.clear();
   examplesPage.offset = 0;
@@ -143,6 +147,17 @@ async function selectRun(name, keepPosition = false) {
   facetsLoaded = false;
   await loadExamples();
   showTab(state.tab);
+}
+
+// The other runs over the same examples (same dataset and split): a head of this run is shown beside its match there.
+function fillCompare(run) {
+  const others = allRuns.filter((r) => r.run !== run.name && r.dataset === run.dataset && r.split === run.split);
+  $("compare-select").replaceChildren(
+    el("option", { value: "", text: others.length ? "(no other run)" : "(no other run over these examples)" }),
+    ...others.map((r) => el("option", { value: r.run, text: `${r.run} (${r.model})` })),
+  );
+  if (!others.some((r) => r.run === state.compare)) state.compare = null;
+  $("compare-select").value = state.compare ?? "";
 }
 
 function fillIndexSelect(select, n, prefix, withAll = false) {
@@ -257,10 +272,64 @@ async function drawExample() {
     drawHeadView(tokens, special, maps, heads, key);
     drawMatrix(tokens, special, maps, heads, key);
     status(`example ${state.example}, layer ${state.layer}, ${state.head === "all" ? "every head" : "head " + state.head}`);
+    await drawMatch(token);
   } catch (error) {
     if (token === drawToken) {
       $("headview").dataset.state = "error";
       $("matrix").dataset.state = "error";
+      showError(error);
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ the matched head in another run (head_match) */
+
+const matchCache = new Map(); // "run|other" -> Map "layer,head" -> its head_match row
+
+async function getMatches(other) {
+  const key = `${state.run}|${other}`;
+  if (!matchCache.has(key)) {
+    const body = await api(runPath("/queries/head_match"), { other });
+    const rows = new Map();
+    for (const r of body.rows) {
+      const row = Object.fromEntries(body.columns.map((c, k) => [c, r[k]]));
+      rows.set(`${row.layer},${row.head}`, row);
+    }
+    matchCache.set(key, rows);
+  }
+  return matchCache.get(key);
+}
+
+async function drawMatch(token) {
+  const fig = $("match");
+  if (!state.compare || state.head === "all") {
+    fig.hidden = true;
+    fig.dataset.state = "empty";
+    return;
+  }
+  fig.hidden = false;
+  fig.dataset.state = "loading";
+  try {
+    const match = (await getMatches(state.compare)).get(`${state.layer},${state.head}`);
+    if (token !== drawToken) return;
+    if (!match || match.match_layer === null) {
+      $("match-caption").textContent = `(head ${state.layer}-${state.head} has no one-to-one match in ${state.compare})`;
+      fig.dataset.state = "unmatched";
+      return;
+    }
+    const other = `runs/${runIds.get(state.compare)}`;
+    const detail = await api(`${other}/examples/${state.example}`);
+    const body = await api(`${other}/examples/${state.example}/attention`, { layer: match.match_layer, head: match.match_head, digits: 4 });
+    if (token !== drawToken) return;
+    const tokens = detail.tokens.map((t) => t.token);
+    const special = detail.tokens.map((t) => Boolean(t.is_special));
+    const caption = `(${state.compare}: layer ${match.match_layer}, head ${match.match_head}; distance ${match.distance.toFixed(3)}` +
+      (match.p_value === null ? ")" : `, p ${match.p_value.toExponential(1)})`);
+    const key = `${state.compare}|${state.example}|${match.match_layer}|${match.match_head}`;
+    paintMatrix("match", tokens, special, body.attention[0][0], caption, key);
+  } catch (error) {
+    if (token === drawToken) {
+      fig.dataset.state = "error";
       showError(error);
     }
   }
@@ -323,16 +392,23 @@ function focusToken(svg, i) {
 }
 
 function drawMatrix(tokens, special, maps, heads, key) {
-  const canvas = $("matrix-canvas");
-  const n = tokens.length;
   let a;
+  let caption;
   if (heads.length === 1) {
     a = headMatrix(maps, heads[0]);
-    $("matrix-caption").textContent = `(layer ${state.layer}, head ${heads[0]})`;
+    caption = `(layer ${state.layer}, head ${heads[0]})`;
   } else {
     a = tokens.map((_, i) => tokens.map((_, j) => heads.reduce((s, h) => s + headMatrix(maps, h)[i][j], 0) / heads.length));
-    $("matrix-caption").textContent = `(layer ${state.layer}, mean of its ${heads.length} heads)`;
+    caption = `(layer ${state.layer}, mean of its ${heads.length} heads)`;
   }
+  paintMatrix("matrix", tokens, special, a, caption, key);
+}
+
+// One map as a heatmap on the canvas of figure `id` (id-canvas, id-caption, id-hover), token labels on both axes.
+function paintMatrix(id, tokens, special, a, caption, key) {
+  const canvas = $(`${id}-canvas`);
+  const n = tokens.length;
+  $(`${id}-caption`).textContent = caption;
   const cell = Math.max(2, Math.min(22, Math.floor(560 / Math.max(n, 1))));
   const margin = cell >= 8 ? Math.min(120, 10 + 6.5 * Math.max(...tokens.map((t) => t.length), 3)) : 0;
   const ratio = window.devicePixelRatio || 1;
@@ -370,10 +446,10 @@ function drawMatrix(tokens, special, maps, heads, key) {
     const box = canvas.getBoundingClientRect();
     const j = Math.floor((event.clientX - box.left - margin) / cell);
     const i = Math.floor((event.clientY - box.top - margin) / cell);
-    $("matrix-hover").textContent = i >= 0 && j >= 0 && i < n && j < n
+    $(`${id}-hover`).textContent = i >= 0 && j >= 0 && i < n && j < n
       ? `query ${i} "${tokens[i]}" → key ${j} "${tokens[j]}": ${a[i][j].toFixed(4)}` : " ";
   };
-  const fig = $("matrix");
+  const fig = $(id);
   Object.assign(fig.dataset, { key, cells: String(n * n), cell: String(cell), margin: String(margin), state: "ready" });
 }
 
@@ -579,6 +655,11 @@ function initViewer() {
     drawExample();
   });
   $("min-weight").addEventListener("change", () => drawExample());
+  $("compare-select").addEventListener("change", (e) => {
+    state.compare = e.target.value || null;
+    writeHash();
+    drawExample();
+  });
   let filterTimer = null;
   $("example-filter").addEventListener("input", (e) => {
     clearTimeout(filterTimer);

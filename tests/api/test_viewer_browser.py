@@ -402,3 +402,54 @@ def test_viewer_shows_runs_whose_names_hold_a_slash(browser, tmp_path, make_run)
         store.close()
     severe = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE" and "status of 409" not in entry["message"]]
     assert severe == [], severe
+
+
+def test_a_head_is_shown_beside_its_match_in_another_run(browser, hand_store, tmp_path):
+    """A second run over the same examples with the two layers swapped: head 1-2 (each token on itself) is shown beside
+    its match there, head 0-2, found by head_match."""
+    from attnstore.tests.queries.helpers import hand_run, write_blocks
+
+    store, maps = hand_store
+    info = store.run_info("hand")
+    swapped = hand_run(store, "swapped", dataset_id=info.dataset_id, n_layers=2, n_heads=3, dtype="float32", specials=info.special_tokens)
+    ids = store.examples("hand").set_index("example")["example_id"]
+    rows = store.token_table("hand")
+    blocks = []
+    for example, m in enumerate(maps):
+        tokens = rows[rows["example"] == example]
+        token_rows = [
+            dict(
+                token=t.token,
+                token_id=int(t.token_id),
+                word_position=None if t.is_special else int(t.word_position),
+                segment=0,
+                is_special=bool(t.is_special),
+                char_start=None,
+                char_end=None,
+            )
+            for t in tokens.itertuples()
+        ]
+        blocks.append((ids[example], m[::-1].copy(), token_rows))
+    write_blocks(store, swapped.id, blocks)
+    with live_server(store) as base:
+        browser.get(base + "#run=hand&example=0&layer=1&head=2&tab=example")
+        ready(browser, "matrix", "hand|0|1|2")
+        assert browser.find_element("id", "match").get_attribute("hidden")  # no other run chosen yet
+        assert [o.get_attribute("value") for o in browser.find_elements("css selector", "#compare-select option")] == ["", "swapped"]
+        pick(browser, "compare-select", "swapped")
+        match = ready(browser, "match", "swapped|0|0|2", "the matched head")
+        assert match.get_attribute("data-cells") == "25"
+        assert browser.find_element("id", "match-caption").text.startswith("(swapped: layer 0, head 2; distance 0.000")
+        assert browser.current_url.endswith("&compare=swapped")
+        cell, margin = float(match.get_attribute("data-cell")), float(match.get_attribute("data-margin"))
+        centre = margin + 2.5 * cell  # the middle of cell (2, 2)
+        pixel = browser.execute_script(
+            """const c = document.getElementById('match-canvas'), r = c.width / c.clientWidth, x = Math.floor(arguments[0] * r);
+            return Array.from(c.getContext('2d').getImageData(x, x, 1, 1).data.slice(0, 3));""",
+            centre,
+        )
+        assert pixel == YELLOW  # the match attends to itself: a bright diagonal
+        browser.save_screenshot(str(screenshot_dir(tmp_path) / "viewer-head-match-hand.png"))
+        pick(browser, "head-select", "all")  # every head of a layer: no single head to match
+        ready(browser, "headview", "hand|0|1|all")
+        wait_for(browser, lambda d: d.find_element("id", "match").get_attribute("hidden"), "the match panel hidden")
