@@ -77,9 +77,10 @@ def mst_heads(scores: np.ndarray, root: int) -> np.ndarray:
     s[root, :] = -np.inf  # the root has no head
     heads = s.argmax(1)
     heads[root] = -1
-    cycle = _cycle(heads, root)
-    if not cycle:
+    found = _cycle(heads, root)
+    if not found:
         return heads
+    cycle = np.asarray(found, dtype=np.int64)
     inside = np.zeros(n, dtype=bool)
     inside[cycle] = True
     rest = np.flatnonzero(~inside)
@@ -88,10 +89,10 @@ def mst_heads(scores: np.ndarray, root: int) -> np.ndarray:
     index[rest] = np.arange(c)
     small = np.full((c + 1, c + 1), -np.inf)
     small[:c, :c] = s[np.ix_(rest, rest)]
-    exits = np.array(cycle)[s[np.ix_(rest, cycle)].argmax(1)]  # per outside dependent: its best head in the cycle
+    exits = cycle[s[np.ix_(rest, cycle)].argmax(1)]  # per outside dependent: its best head in the cycle
     small[:c, c] = s[rest, exits]
     gain = s[np.ix_(cycle, rest)] - s[cycle, heads[cycle]][:, None]  # (cycle node, outside head): entering there
-    enters = np.array(cycle)[gain.argmax(0)]
+    enters = cycle[gain.argmax(0)]
     small[c, :c] = gain.max(0)
     inner = mst_heads(small, int(index[root]))
     out = heads.copy()
