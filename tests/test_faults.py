@@ -65,15 +65,16 @@ def corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory, tiny_model, corpus):
-    """The reference: the same ingest, uninterrupted, in this process."""
-    from attnstore.ingest import ingest
+def tiny_loaded(tiny_model):
     from attnstore.ingest.model import load_model
 
-    folder = tmp_path_factory.mktemp("clean")
-    url = f"sqlite:///{folder / 'meta.sqlite'}"
-    migrate.upgrade(url)
-    store = open_store(db=url, root=str(folder / "attention.zarr"))
+    return load_model(tiny_model)
+
+
+def ingest_here(store, corpus, loaded, name: str = "k") -> None:
+    """`ingest_cmd`'s ingest in this process: for a store a test starts from, where the process is not the subject."""
+    from attnstore.ingest import ingest
+
     ingest(
         store,
         corpus=str(corpus),
@@ -81,10 +82,20 @@ def clean(tmp_path_factory, tiny_model, corpus):
         annotator="whitespace",
         batch_size=2,
         chunk_cells=1024,
-        name="k",
+        name=name,
         progress=False,
-        loaded=load_model(tiny_model),
+        loaded=loaded,
     )
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory, tiny_loaded, corpus):
+    """The reference: the same ingest, uninterrupted, in this process."""
+    folder = tmp_path_factory.mktemp("clean")
+    url = f"sqlite:///{folder / 'meta.sqlite'}"
+    migrate.upgrade(url)
+    store = open_store(db=url, root=str(folder / "attention.zarr"))
+    ingest_here(store, corpus, tiny_loaded)
     return store
 
 
@@ -145,8 +156,9 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 60.0) -> bool:
 
 
 @pytest.fixture
-def fresh(db_url, tmp_path):
-    migrate.upgrade(db_url)
+def fresh(db_url, store, tmp_path):
+    """A migrated database (copied from the session's migrated template, as `store`'s is) and an array root."""
+    store.close()
     return db_url, tmp_path / "attention.zarr"
 
 
@@ -230,16 +242,15 @@ def test_two_writers_started_together_one_wins(fresh, corpus, tiny_model, clean)
     assert_same_as_clean(open_store(db=url, root=str(root)), clean)
 
 
-def test_a_loader_killed_between_commit_and_release_leaves_no_lease(fresh, corpus, tiny_model, clean):
+def test_a_loader_killed_between_commit_and_release_leaves_no_lease(fresh, corpus, tiny_model, tiny_loaded, clean):
     """The dataset's loader was killed after storing it but before releasing its lease (found by
     the kill -9 test in CI): the next ingest finds the dataset complete, never takes that lease,
     and must still clear the dead holder's row."""
     url, root = fresh
-    done = subprocess.run(ingest_cmd(url, root, corpus, tiny_model), env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    store = open_store(db=url, root=str(root))
+    ingest_here(store, corpus, tiny_loaded)  # the dataset and a first run, stored (the next ingest is a real process)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    store = open_store(db=url, root=str(root))
     identity = store.sql("SELECT identity FROM datasets")["identity"][0]
     when = datetime.now(UTC).replace(tzinfo=None)
     with store.engine.begin() as conn:
@@ -359,7 +370,7 @@ def test_a_second_attempt_on_a_still_full_disk_is_the_error_line_only(fresh, cor
     assert_same_as_clean(open_store(db=url, root=str(root)), clean)
 
 
-def test_read_only_store_can_be_read_but_not_written(tmp_path, corpus, tiny_model, clean, tmpfs):
+def test_read_only_store_can_be_read_but_not_written(tmp_path, corpus, tiny_model, tiny_loaded, clean, tmpfs):
     from click.testing import CliRunner
 
     from attnstore.api.cli import main
@@ -367,8 +378,8 @@ def test_read_only_store_can_be_read_but_not_written(tmp_path, corpus, tiny_mode
     home = tmpfs("share", "64m")
     url, root = f"sqlite:///{home / 'meta.sqlite'}", home / "attention.zarr"
     migrate.upgrade(url)
-    done = subprocess.run(ingest_cmd(url, root, corpus, tiny_model), env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    with open_store(db=url, root=str(root)) as writable:  # closed before the file system turns read-only
+        ingest_here(writable, corpus, tiny_loaded)
     subprocess.run(["mount", "-o", "remount,ro", str(home)], check=True)
     store = open_store(db=url, root=str(root))
     assert store.read_only

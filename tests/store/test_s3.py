@@ -81,6 +81,7 @@ def test_a_run_on_s3_reads_back_exactly_and_lives_in_the_bucket(pair, s3_endpoin
     assert not [k for k in keys if ".attnstore-write-test-" in k]  # the write test object is deleted again
 
 
+@pytest.mark.one_backend
 def test_every_query_on_s3_equals_the_same_run_on_a_local_root(pair, every_query):
     on_s3, local = pair
     for name, params in every_query.items():
@@ -150,6 +151,7 @@ def test_a_reader_lists_chunks_written_after_its_first_listing(pair, s3_endpoint
     assert arrays.present_chunks(array) == before | {new}
 
 
+@pytest.mark.one_backend
 def test_the_command_line_works_on_s3(db_url, s3_root, tmp_path, annotated_run):
     runner = CliRunner()
     upgraded = runner.invoke(main, ["db", "upgrade", "--db", db_url, "--root", s3_root])
