@@ -33,13 +33,17 @@ lint: install
 	mkdir -p .mypy_cache/pkg && ln -sfn "$(CURDIR)" .mypy_cache/pkg/attnstore
 	MYPYPATH=.mypy_cache/pkg $(BIN)/mypy -p attnstore.store -p attnstore.queries -p attnstore.ingest -p attnstore.api
 
+# pytest-xdist workers (PYTEST_WORKERS=0: one process); two pay on the 2-core machine (docs/PERFORMANCE.md, session 25).
+PYTEST_WORKERS ?= 2
+
 test: install lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS)
 	bash scripts/check_wheel.sh
 
-# The edit loop: no real model, no whole corpora, SQLite only (CI runs `make test`: everything, both backends).
+# The edit loop: no real model, no whole corpora, no servers or fault-injection processes, SQLite only
+# (CI runs `make test`: everything, both backends).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not model and not slow" --backend sqlite
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not model and not slow" --backend sqlite
 
 bench: install
 	$(BIN)/python benchmarks/ingest_and_query.py --corpus $(DATA)/glue/MRPC/dev.tsv

@@ -47,7 +47,16 @@ def pytest_generate_tests(metafunc):
         metafunc.definition.add_marker(pytest.mark.parametrize("db_url", [backend], indirect=True))
 
 
+# Tests using these fixtures start servers or clusters of real processes (moto's S3 server, Dask's LocalCluster):
+# they are `slow` too, and `make test-fast` leaves them out.
+SLOW_FIXTURES = {"s3_endpoint", "cluster"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by mark
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     backend = config.getoption("--backend")
     if backend == "both":
         return

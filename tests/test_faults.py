@@ -30,6 +30,7 @@ from attnstore.store.identity import dataset_lease_name
 
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # about 70 real ingest processes: `make test-fast` leaves them out
 
 N_EXAMPLES = 300
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "house", "it", "was", "red", "and", "big"]

@@ -20,6 +20,7 @@ from attnstore.store.check import check_store
 
 distributed = pytest.importorskip("distributed")
 pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # a Dask cluster of real processes, and ingests killed with -9
 
 MRPC = Path(__file__).parents[1] / "fixtures" / "mrpc_dev_head.tsv"
 N_EXAMPLES = 12
