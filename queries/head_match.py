@@ -339,10 +339,13 @@ def head_match(store: Store, *, run, other: str | None = None, metric: str = "js
     shared words, see head_match_matrix). Columns: layer, head (of A); match_layer,
     match_head, distance (the Hungarian assignment minimising the total distance;
     empty where B has fewer heads); best_layer, best_head, best_distance (the nearest head
-    of B regardless of the others); margin (second nearest minus nearest); null_mean,
-    null_sd (the matched pair's distance between unrelated examples of similar word
-    count, over examples); z, p_value (one-sided paired test that the match is closer
-    than that null); n_examples.
+    of B regardless of the others); margin (second nearest minus nearest); rank (the
+    match's rank among B's heads for this head, 1 = nearest), row_z (the match's distance
+    in standard deviations below the mean over B's heads); null_mean, null_sd (the matched
+    pair's distance between unrelated examples of similar word count, over examples); z,
+    p_value (one-sided paired test that the match is closer than that null: most head
+    pairs pass it, so it shows that the maps depend on the sentence, not that two heads
+    correspond -- read rank, margin and row_z for that); n_examples.
     """
     a, b, sums = match_sums(store, run, other, examples, metric, specials)
     distance = _mean(sums["real"], sums["n_real"])
@@ -360,6 +363,12 @@ def head_match(store: Store, *, run, other: str | None = None, metric: str = "js
         z = np.where((n > 1) & (diff_sd > 0), diff_mean / (diff_sd / np.sqrt(np.maximum(n, 1))), np.nan)
     p = np.array([0.5 * math.erfc(v / math.sqrt(2)) if np.isfinite(v) else np.nan for v in z])
     matched = match >= 0
+    # how exceptional the match is among the heads of B: its rank in the row (1 = nearest) and its distance in standard
+    # deviations below the row's mean (the null above only says that the maps depend on the sentence)
+    finite = np.where(np.isnan(distance), np.inf, distance)
+    rank = (finite < finite[rows, chosen][:, None]).sum(1) + 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        row_z = (np.nanmean(distance, 1) - distance[rows, chosen]) / np.nanstd(distance, 1)
     frame = pd.DataFrame(
         {
             "layer": rows // a.n_heads,
@@ -371,6 +380,8 @@ def head_match(store: Store, *, run, other: str | None = None, metric: str = "js
             "best_head": best % b.n_heads,
             "best_distance": ordered[:, 0],
             "margin": ordered[:, 1] - ordered[:, 0] if ordered.shape[1] > 1 else np.nan,
+            "rank": pd.array(np.where(matched, rank, 0), dtype="Int64"),
+            "row_z": np.where(matched, row_z, np.nan),
             "null_mean": np.where(matched, null_mean, np.nan),
             "null_sd": np.where(matched, null_sd, np.nan),
             "z": np.where(matched, z, np.nan),
@@ -378,7 +389,7 @@ def head_match(store: Store, *, run, other: str | None = None, metric: str = "js
             "n_examples": sums["n_examples"],
         }
     )
-    frame.loc[~matched, ["match_layer", "match_head"]] = pd.NA
+    frame.loc[~matched, ["match_layer", "match_head", "rank"]] = pd.NA
     frame.attrs["other"] = b.name
     if is_causal(store, a) or is_causal(store, b):
         frame.attrs["note"] = "a causal run: each query word compared over the start unit and the words up to itself, in both runs"

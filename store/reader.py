@@ -583,7 +583,7 @@ class StoreReader:
         if run is not None:
             q = q.where(HeadMatch.run_id == self.run_info(run).id)
         frame = self._frame(q.order_by(Run.name, other.name, HeadMatch.params, HeadMatch.layer, HeadMatch.head))
-        return frame.astype({c: "Int64" for c in ("match_layer", "match_head", "best_layer", "best_head")})
+        return frame.astype({c: "Int64" for c in ("match_layer", "match_head", "best_layer", "best_head", "rank")})
 
     def probe_results(self) -> pd.DataFrame:
         """Saved probe results: run, eval_run, kind, uas, train_uas, n_train, n_eval, epochs, final_loss, params."""

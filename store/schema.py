@@ -334,6 +334,8 @@ class HeadMatch(Base):
     best_head: Mapped[int | None]
     best_distance: Mapped[float | None] = mapped_column(sa.Float)
     margin: Mapped[float | None] = mapped_column(sa.Float)
+    rank: Mapped[int | None]
+    row_z: Mapped[float | None] = mapped_column(sa.Float)
     null_mean: Mapped[float | None] = mapped_column(sa.Float)
     null_sd: Mapped[float | None] = mapped_column(sa.Float)
     z: Mapped[float | None] = mapped_column(sa.Float)

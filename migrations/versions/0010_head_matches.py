@@ -31,6 +31,8 @@ def upgrade() -> None:
         sa.Column("best_head", sa.Integer(), nullable=True),
         sa.Column("best_distance", sa.Float(), nullable=True),
         sa.Column("margin", sa.Float(), nullable=True),
+        sa.Column("rank", sa.Integer(), nullable=True),
+        sa.Column("row_z", sa.Float(), nullable=True),
         sa.Column("null_mean", sa.Float(), nullable=True),
         sa.Column("null_sd", sa.Float(), nullable=True),
         sa.Column("z", sa.Float(), nullable=True),

@@ -120,7 +120,7 @@ def test_a_permutation_of_heads_is_recovered_with_distance_zero(store, pair):
     frame = run_query(store, "head_match", run=a, other=b)
     assert list(frame.columns) == [
         "layer", "head", "match_layer", "match_head", "distance", "best_layer", "best_head", "best_distance", "margin",
-        "null_mean", "null_sd", "z", "p_value", "n_examples",
+        "rank", "row_z", "null_mean", "null_sd", "z", "p_value", "n_examples",
     ]  # fmt: skip
     matched = frame["match_layer"].astype(int) * 2 + frame["match_head"].astype(int)  # B's flat head index
     assert (PERMUTATION[matched.to_numpy()] == np.arange(6)).all()  # B's head k is A's head PERMUTATION[k]
@@ -128,6 +128,7 @@ def test_a_permutation_of_heads_is_recovered_with_distance_zero(store, pair):
     assert (frame[["best_layer", "best_head"]].to_numpy() == frame[["match_layer", "match_head"]].astype(int).to_numpy()).all()
     assert (frame["margin"] > 0.01).all() and (frame["null_mean"] > 0.01).all() and (frame["n_examples"] == len(WORD_COUNTS)).all()
     assert (frame["z"] > 3).all() and (frame["p_value"] < 1e-3).all()  # far closer than unrelated sentences
+    assert (frame["rank"] == 1).all() and (frame["row_z"] > 1).all()  # and the nearest of B's heads, well below the rest
 
 
 def test_every_distance_is_the_naive_one(store, pair):
