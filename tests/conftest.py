@@ -31,7 +31,19 @@ def pytest_addoption(parser):
     )
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist's controller: pass its COLUMNS and LINES on (workers are otherwise started with COLUMNS=80,
+    LINES=24, and the CLI's tables, which fit $COLUMNS, would leave columns out there and nowhere else)."""
+    node.workerinput["terminal_env"] = {key: os.environ.get(key) for key in ("COLUMNS", "LINES")}
+
+
 def pytest_configure(config):
+    for key, value in getattr(config, "workerinput", {}).get("terminal_env", {}).items():  # an xdist worker
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     config.addinivalue_line(
         "markers",
         "one_backend: the test's subject is not the database (figures, output, ingest numerics): its `db_url`/`store` "
