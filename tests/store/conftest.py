@@ -25,6 +25,9 @@ QUERY_PARAMS = {
     "dependency": dict(min_count=1),
     "dependency_summary": dict(min_count=1),
     "run_similarity": dict(other="shared"),
+    "head_match": dict(other="shared"),
+    "head_match_matrix": dict(other="shared"),
+    "head_profile_match": dict(other="shared"),
 }
 
 
