@@ -3,6 +3,9 @@
 Starting it imports click and api/common.py only: every command imports what it needs when it
 runs, and the commands of other modules (LAZY_COMMANDS) are imported only when they are run, so
 `attnstore --help` and `--version` take a fraction of a second (tests/test_cli_startup.py).
+
+Longer than ~500 lines on purpose: the core commands' click declarations (each a thin wrapper); the other commands
+live in their own modules (ingest_cli.py, models_cli.py, patterns_cli.py, probe_cli.py, bundle_cli.py).
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ The config is not trusted for what ingestion relies on: one tiny forward pass at
 square over the input, whether attention is causal, and that padding a batch leaves the
 real tokens' maps unchanged. What cannot be stored as (layer, head, query, key) maps over
 the input is refused with one line naming the reason (`UnsupportedModelError`).
+
+Longer than ~500 lines on purpose: loading and the load-time probe of a model are one concern (what is refused is
+decided by the probe's findings), kept together.
 """
 
 from __future__ import annotations

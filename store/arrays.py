@@ -23,6 +23,9 @@ partial chunk when a run finishes), so a chunk that holds committed data is neve
 a crash cannot damage stored examples. Index arrays are small and derived from SQL; entries are
 added every few commits and at the end (`INDEX_PENDING` while they lag; writes are atomic per chunk
 on local folders and object stores).
+
+Longer than ~500 lines on purpose: the run's array, its index, its summaries and the read path share the layout's
+constants and chunk arithmetic; split, each part would import the others' privates.
 """
 
 from __future__ import annotations

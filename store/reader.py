@@ -3,6 +3,9 @@
 `StoreReader` only reads; `store.store.Store`, the class callers get from `open_store`, adds the
 user's writes (saved results, pattern labels) and `store.writer` (store/writer.py: what ingest,
 checks and bundles write and read with).
+
+Longer than ~500 lines on purpose: one class, every read a user calls (each a short method over one query); splitting
+it would scatter one public surface over several classes.
 """
 
 from __future__ import annotations

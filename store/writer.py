@@ -5,6 +5,9 @@ A user reads through `Store` and saves results through its `save_*` methods (sto
 examples, starts runs and hands out `RunWriter`s (which append one run's maps and tokens under
 the run's write lease), takes write leases, and reads what ingest resumes from and what a run's
 index is rebuilt from.
+
+Longer than ~500 lines on purpose: `StoreWriter` and `RunWriter` share the lease, commit and index logic that keeps a
+run's rows and chunks consistent (docs/RELIABILITY.md); they are read together.
 """
 
 from __future__ import annotations
