@@ -286,10 +286,10 @@ async function drawExample() {
 
 const matchCache = new Map(); // "run|other" -> Map "layer,head" -> its head_match row
 
-async function getMatches(other) {
+async function getMatches(other, scan = false) {
   const key = `${state.run}|${other}`;
   if (!matchCache.has(key)) {
-    const body = await api(runPath("/queries/head_match"), { other });
+    const body = await api(runPath("/queries/head_match"), { other, scan: scan ? 1 : null });
     const rows = new Map();
     for (const r of body.rows) {
       const row = Object.fromEntries(body.columns.map((c, k) => [c, r[k]]));
@@ -300,7 +300,7 @@ async function getMatches(other) {
   return matchCache.get(key);
 }
 
-async function drawMatch(token) {
+async function drawMatch(token, scan = false) {
   const fig = $("match");
   if (!state.compare || state.head === "all") {
     fig.hidden = true;
@@ -310,7 +310,7 @@ async function drawMatch(token) {
   fig.hidden = false;
   fig.dataset.state = "loading";
   try {
-    const match = (await getMatches(state.compare)).get(`${state.layer},${state.head}`);
+    const match = (await getMatches(state.compare, scan)).get(`${state.layer},${state.head}`);
     if (token !== drawToken) return;
     if (!match || match.match_layer === null) {
       $("match-caption").textContent = `(head ${state.layer}-${state.head} has no one-to-one match in ${state.compare})`;
@@ -331,6 +331,10 @@ async function drawMatch(token) {
     if (token === drawToken) {
       fig.dataset.state = "error";
       showError(error);
+      if (error.status === 409) { // the pair's matching is not kept and this server cannot keep it: offer to compute it now
+        $("match-caption").replaceChildren(`(not computed for ${state.compare} yet) `,
+          el("button", { type: "button", id: "match-scan", text: "read the maps now", onclick: () => drawMatch(drawToken, true) }));
+      }
     }
   }
 }

@@ -453,3 +453,18 @@ def test_a_head_is_shown_beside_its_match_in_another_run(browser, hand_store, tm
         pick(browser, "head-select", "all")  # every head of a layer: no single head to match
         ready(browser, "headview", "hand|0|1|all")
         wait_for(browser, lambda d: d.find_element("id", "match").get_attribute("hidden"), "the match panel hidden")
+    # on a read-only server nothing can be kept: the panel asks before reading the maps, then draws the match
+    from attnstore.store import open_store
+
+    shutil.rmtree(Path(store.locations.array_root) / "runs" / "hand" / "summary")  # what the writable server kept
+    reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
+    try:
+        with live_server(reader) as base:
+            browser.get(base + "#run=hand&example=0&layer=1&head=2&tab=example&compare=swapped")
+            ready(browser, "matrix", "hand|0|1|2")
+            wait_for(browser, lambda d: d.find_elements("id", "match-scan"), "the offer to read the maps")
+            assert "not computed for swapped yet" in browser.find_element("id", "match-caption").text
+            browser.find_element("id", "match-scan").click()
+            ready(browser, "match", "swapped|0|0|2", "the match read from the maps")
+    finally:
+        reader.close()
