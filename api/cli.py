@@ -224,10 +224,11 @@ def tokens(locations, run, example, fmt, columns):
     help="Picture to write (.png or .svg), or bertviz input (.json) with --bertviz.",
 )
 @click.option("--bertviz", is_flag=True, help="Write bertviz head_view/model_view input (JSON) instead of a picture.")
+@click.option("--rollout", is_flag=True, help="Draw the attention rollout through the layers (Abnar & Zuidema 2020) instead.")
 @store_options
 @friendly_errors
-def view(locations, run, example, layer, head, out, bertviz):
-    """Draw one example's attention as token x token heatmaps: one head, a layer's heads, or every head."""
+def view(locations, run, example, layer, head, out, bertviz, rollout):
+    """Draw one example's attention as token x token heatmaps: one head, a layer's heads, or every head (or its rollout)."""
     for option, value in (("--layer", layer), ("--head", head)):
         if value is not None and value < 0:
             raise click.ClickException(f"{option} {value}: {option[2:]}s are numbered from 0; give 0 or more (-1 is not the last)")
@@ -238,6 +239,13 @@ def view(locations, run, example, layer, head, out, bertviz):
         click.echo(f"wrote {save_bertviz(store, run, example, out)}")
         return
     require_extra("report")
+    if rollout:
+        if head is not None:
+            raise click.ClickException("--rollout averages every head of a layer: leave out --head")
+        from .view import save_rollout
+
+        click.echo(f"wrote {save_rollout(store, run, example, out, layer=layer)}")
+        return
     from .view import save_view
 
     click.echo(f"wrote {save_view(store, run, example, out, layer=layer, head=head)}")

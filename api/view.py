@@ -34,6 +34,51 @@ def save_view(store: Store, run: str, example: int, out: str, layer: int | None 
     return path
 
 
+def plot_rollout(store: Store, run: str, example: int, layer: int | None = None):
+    """A Figure of one example's attention rollout (queries/rollout.py): every layer's Ã_l ... Ã_0 as a panel, or one
+    layer's; rows are queries, columns input tokens, one colour bar (0 to 1)."""
+    from ..queries.rollout import rollout
+    from ..store.plot import _label_axes, new_figure
+
+    info = store.run_info(run)
+    rolled = rollout(store.attention(run, example))
+    if layer is not None and not 0 <= layer < info.n_layers:
+        raise InvalidArgumentError(f"--layer {layer} is out of range: the model has {info.n_layers} layers (0..{info.n_layers - 1})")
+    layers = list(range(info.n_layers)) if layer is None else [layer]
+    frame = store.tokens(run, example)
+    tokens, special = frame["token"].astype(str).tolist(), frame["is_special"].astype(bool).tolist()
+    columns = min(len(layers), 6)
+    rows = -(-len(layers) // columns)
+    show = len(tokens) <= 40
+    cell = 3.0 if show else 1.6
+    fig = new_figure(figsize=(cell * columns + 1.2, cell * rows + 0.9))
+    axes = fig.subplots(rows, columns, squeeze=False)
+    image = None
+    for k, lay in enumerate(layers):
+        ax = axes.flat[k]
+        image = ax.imshow(rolled[lay], cmap="viridis", vmin=0.0, vmax=1.0)
+        _label_axes(ax, tokens, special, show, cell - 0.6)
+        ax.set_title(f"rollout to layer {lay} (0-based)", fontsize=8)
+    for ax in list(axes.flat)[len(layers) :]:
+        ax.set_visible(False)
+    axes.flat[0].set_ylabel("token after the layer (query)")
+    axes.flat[0].set_xlabel("input token (key)")
+    fig.colorbar(image, ax=list(axes.flat), shrink=0.8, label="rolled-out attention")
+    fig.suptitle(f"attention rollout (Abnar & Zuidema 2020): {info.model} on {info.dataset}:{info.split}, example {example}", fontsize=8)
+    return fig
+
+
+def save_rollout(store: Store, run: str, example: int, out: str, layer: int | None = None) -> Path:
+    """Draw `plot_rollout` into `out` (.png or .svg)."""
+    path = Path(out)
+    if path.suffix.lower() not in FIGURE_SUFFIXES:
+        raise InvalidArgumentError(f"--out {out}: give a file ending in .png or .svg")
+    fig = plot_rollout(store, run, example, layer=layer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
+    return path
+
+
 def bertviz_input(store: Store, run: str, example: int) -> dict:
     """What bertviz's `head_view(attention, tokens, sentence_b_start)` and `model_view` take, as plain lists:
     `attention` is one (1, heads, L, L) list per layer; load it with `torch.tensor(...)` per layer."""

@@ -87,3 +87,31 @@ def test_view_command_and_its_errors(hand_store, tmp_path):
         bad = runner.invoke(main, [*base, *args, *where])
         assert bad.exit_code == 1 and message in bad.output and "Traceback" not in bad.output, bad.output
         assert len(bad.output.strip().splitlines()) == 1
+
+
+@pytest.mark.one_backend
+def test_the_rollout_view_draws_every_layer_or_one(hand_store, tmp_path):
+    from PIL import Image
+
+    from attnstore.api.cli import main
+    from attnstore.api.view import plot_rollout
+    from attnstore.queries.rollout import rollout
+
+    store, maps = hand_store
+    where = ["--db", store.locations.db_url, "--root", store.locations.array_root]
+    for extra, name in (([], "rollout.png"), (["--layer", "1"], "rollout1.svg")):
+        result = CliRunner().invoke(
+            main, ["view", "--run", "view", "--example", "0", "--rollout", "--out", str(tmp_path / name), *extra, *where]
+        )
+        assert result.exit_code == 0, result.output
+        assert (tmp_path / name).stat().st_size > 1000
+    assert Image.open(tmp_path / "rollout.png").size[0] > 300
+    fig = plot_rollout(store, "view", 0)
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.images]
+    assert len(panels) == 2 and [ax.get_title() for ax in panels] == ["rollout to layer 0 (0-based)", "rollout to layer 1 (0-based)"]
+    np.testing.assert_allclose(panels[1].images[0].get_array(), rollout(maps)[1])  # what is drawn is the rollout
+    refused = CliRunner().invoke(
+        main,
+        ["view", "--run", "view", "--example", "0", "--rollout", "--head", "1", "--layer", "0", "--out", str(tmp_path / "x.png"), *where],
+    )
+    assert refused.exit_code != 0 and "--rollout averages every head of a layer" in refused.output
