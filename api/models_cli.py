@@ -125,6 +125,40 @@ def ablate(locations, model, task, heads, mode, data_dir, fmt, progress):
     emit(frame[["config", "metric", "score", "baseline_score", "delta", "n_examples"]] if fmt == "table" else frame, fmt)
 
 
+@click.command("importance", short_help="Head importance of a fine-tuned model (Michel et al. 2019).")
+@click.option("--model", required=True, help="A fine-tuned model of the store (or a base model, scored with an untrained head).")
+@click.option("--task", required=True, help="GLUE task whose dev set gives the loss (MRPC, RTE, SST-2, ...).")
+@click.option("--max-examples", default=None, type=int, help="Use the first N dev examples only (default: all).")
+@click.option("--save-to-run", default=None, help="Also save the values to head_metrics (metric importance.*) of this run.")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False), help="Folder holding glue/ (env ATTNSTORE_DATA).")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@store_options
+@friendly_errors
+def importance(locations, model, task, max_examples, save_to_run, data_dir, fmt, progress):
+    """Head importance I_h = E|dL/dxi_h| of MODEL on TASK's dev set, per example, normalised by layer (l2).
+
+    Michel et al. 2019 (docs/QUERIES.md, head importance): each head's output gated by xi_h = 1, the absolute
+    gradient of the loss averaged over the dev examples; `importance` is normalised by layer, `importance_raw` not.
+    --save-to-run RUN puts both into head_metrics beside RUN's other per-head values (RUN must be a run of MODEL).
+    """
+    from ..ingest.evaluate import open_evaluator
+    from ..ingest.importance import head_importance
+
+    store = open_store(locations, write=bool(save_to_run))  # saving on a read-only store fails before the model loads
+    run = store.run_info(save_to_run) if save_to_run is not None else None  # an unknown run: one line before the model loads
+    ev = open_evaluator(store, model=model, task=task, data_dir=data_dir)
+    if run is not None and run.model_id != ev.model_id:
+        raise click.ClickException(f"run {run.name!r} is a run of {run.model!r}, not of {ev.model_name!r}: save beside a run of that model")
+    frame = head_importance(ev, max_examples=max_examples, progress=progress)
+    emit(frame, fmt)
+    if save_to_run is not None:
+        n = store.save_head_metrics(
+            save_to_run, frame.drop(columns="n_examples"), prefix="importance", params=dict(task=task, max_examples=max_examples)
+        )
+        click.echo(f"saved {n} values to head_metrics of run {save_to_run!r} (metric 'importance.*')", err=True)
+
+
 @click.command("models", short_help="List the store's base and fine-tuned models.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @columns_option

@@ -1,0 +1,78 @@
+"""Head importance (Michel et al. 2019) on a tiny random BERT and the GLUE fixtures: the gate's gradient equals the one
+transformers' own head_mask gives, example by example; normalised by layer; saved beside a run; bad input refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+FIXTURES = str(Path(__file__).parents[1] / "fixtures" / "data")
+
+
+@pytest.mark.one_backend
+def test_importance_is_the_mean_absolute_head_mask_gradient(store, tiny_bert):
+    from attnstore.ingest.classifier import accepted, collate
+    from attnstore.ingest.evaluate import open_evaluator
+    from attnstore.ingest.importance import head_importance
+
+    ev = open_evaluator(store, model=tiny_bert, task="SST-2", data_dir=FIXTURES)
+    frame = head_importance(ev, max_examples=4)
+    assert list(frame.columns) == ["layer", "head", "importance", "importance_raw", "n_examples"] and (frame["n_examples"] == 4).all()
+    # the reference: transformers' head_mask (it scales each head's attention, hence its output), one example at a time
+    expected = np.zeros((2, 4))
+    model = ev.classifier.eval()
+    for item in ev.items[:4]:
+        mask = torch.ones(2, 4, requires_grad=True)
+        inputs, labels = collate([item], ev.pad_id, False)
+        loss = model(**accepted(model, inputs), labels=labels, head_mask=mask).loss
+        loss.backward()
+        expected += mask.grad.abs().numpy()
+    raw = frame["importance_raw"].to_numpy().reshape(2, 4)
+    np.testing.assert_allclose(raw, expected / 4, rtol=1e-5, atol=1e-9)
+    assert (raw > 0).all()
+    normalised = frame["importance"].to_numpy().reshape(2, 4)
+    np.testing.assert_allclose(np.linalg.norm(normalised, axis=1), 1.0)  # l2-normalised by layer
+    np.testing.assert_allclose(normalised, raw / np.linalg.norm(raw, axis=1, keepdims=True))
+    with pytest.raises(Exception, match="max_examples must be at least 1"):
+        head_importance(ev, max_examples=0)
+
+
+def test_the_command_saves_beside_a_run_of_the_model(tmp_path, tiny_bert):
+    from click.testing import CliRunner
+
+    from attnstore.api.cli import main
+    from attnstore.store import open_store
+
+    home = ["--home", str(tmp_path / "home")]
+    runner = CliRunner()
+    assert runner.invoke(main, ["db", "upgrade", *home]).exit_code == 0
+    ingest = runner.invoke(
+        main,
+        ["ingest", "--dataset", "glue/SST-2:dev", "--data-dir", FIXTURES, "--model", tiny_bert, "--name", "tiny", "--no-progress", *home],
+    )
+    assert ingest.exit_code == 0, ingest.output
+    args = [
+        "importance",
+        "--model",
+        tiny_bert,
+        "--task",
+        "SST-2",
+        "--data-dir",
+        FIXTURES,
+        "--max-examples",
+        "4",
+        "--no-progress",
+    ]
+    wrong = runner.invoke(main, [*args, "--save-to-run", "nope", *home])
+    assert wrong.exit_code != 0 and "no run 'nope'" in wrong.output
+    result = runner.invoke(main, [*args, "--save-to-run", "tiny", "--format", "csv", *home])
+    assert result.exit_code == 0, result.output
+    assert "saved 16 values to head_metrics of run 'tiny' (metric 'importance.*')" in result.output
+    with open_store(db=f"sqlite:///{tmp_path / 'home' / 'meta.sqlite'}", root=str(tmp_path / "home" / "attention.zarr")) as store:
+        saved = store.head_metrics("tiny")
+    assert set(saved["metric"]) == {"importance.importance", "importance.importance_raw"} and len(saved) == 16
