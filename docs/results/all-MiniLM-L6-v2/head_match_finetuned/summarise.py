@@ -38,7 +38,11 @@ def summarise(task: str) -> None:
     back = pd.read_csv(folder / "head_match_ft_to_pre.csv")
     sim = pd.read_csv(folder / "run_similarity.csv")[KEY + ["similarity"]]
     special = pd.read_csv(folder / "special_tokens_pre_ft.csv")
-    cls = special.pivot_table(index=KEY, columns="run", values="to_cls").rename(columns={"pre": "to_cls_pre", "ft": "to_cls_ft"}).reset_index()
+    cls = (
+        special.pivot_table(index=KEY, columns="run", values="to_cls")
+        .rename(columns={"pre": "to_cls_pre", "ft": "to_cls_ft"})
+        .reset_index()
+    )
     n = len(match)
     m = match.merge(own_and_other(pd.read_csv(folder / "head_match_matrix.csv")), on=KEY).merge(sim, on=KEY).merge(cls, on=KEY)
     m["self_match"], m["self_best"] = is_self(m, "match"), is_self(m, "best")
@@ -61,24 +65,36 @@ def summarise(task: str) -> None:
     per_layer = per_layer.reset_index()
     counts = ["self_match", "self_nearest", "self_match_reverse", "self_nearest_reverse", "bonferroni_01"]
     total = {c: (per_layer[c].sum() if c in counts else m[c if c in m else c].mean()) for c in per_layer.columns if c != "layer"}
-    total.update(self_distance=m["self_distance"].mean(), nearest_other_distance=m["nearest_other_distance"].mean(), self_null=m["self_null"].mean())
+    total.update(
+        self_distance=m["self_distance"].mean(), nearest_other_distance=m["nearest_other_distance"].mean(), self_null=m["self_null"].mean()
+    )
     per_layer = pd.concat([per_layer, pd.DataFrame([{"layer": "all", **total}])], ignore_index=True)
     per_layer.to_csv(folder / "per_layer.csv", index=False)
-    best_cls = cls.rename(columns={"layer": "best_layer", "head": "best_head", "to_cls_ft": "best_to_cls_ft"})[["best_layer", "best_head", "best_to_cls_ft"]]
-    moved = m.loc[~m["self_best"], KEY + [
-        "self_distance", "best_layer", "best_head", "best_distance", "rank", "row_z", "similarity", "to_cls_pre", "to_cls_ft"]].merge(best_cls, on=["best_layer", "best_head"])
+    best_cls = cls.rename(columns={"layer": "best_layer", "head": "best_head", "to_cls_ft": "best_to_cls_ft"})[
+        ["best_layer", "best_head", "best_to_cls_ft"]
+    ]
+    moved = m.loc[
+        ~m["self_best"],
+        KEY + ["self_distance", "best_layer", "best_head", "best_distance", "rank", "row_z", "similarity", "to_cls_pre", "to_cls_ft"],
+    ].merge(best_cls, on=["best_layer", "best_head"])
     moved.to_csv(folder / "moved_heads.csv", index=False)
     rho, p = spearmanr(m["self_distance"], 1 - m["similarity"])
     rho_cls, p_cls = spearmanr(m["self_distance"], m["to_cls_pre"] - m["to_cls_ft"])
     print(f"## {task}: {int(m['n_examples'].iloc[0])} examples\n")
     print(per_layer.to_markdown(index=False, floatfmt=".4g"))
-    print(f"\nSpearman over {n} heads: self_distance vs 1 - cosine similarity {rho:.3f} (p={p:.2g}); "
-          f"vs drop in to_cls {rho_cls:.3f} (p={p_cls:.2g})")
-    print(f"max self distance {m['self_distance'].max():.4g} at {m.loc[m['self_distance'].idxmax(), KEY].tolist()}; "
-          f"heads with self_distance < self_null: {(m['self_distance'] < m['self_null']).sum()}; "
-          f"heads with self_distance < nearest_other_distance: {(m['self_distance'] < m['nearest_other_distance']).sum()}")
-    print(f"rank of own position: max {m['rank'].max()}, heads with rank > 1: {(m['rank'] > 1).sum()}; row_z min {m['row_z'].min():.3g} "
-          f"median {m['row_z'].median():.3g}; median margin {m['margin'].median():.4g}; min z {m['z'].min():.3g}")
+    print(
+        f"\nSpearman over {n} heads: self_distance vs 1 - cosine similarity {rho:.3f} (p={p:.2g}); "
+        f"vs drop in to_cls {rho_cls:.3f} (p={p_cls:.2g})"
+    )
+    print(
+        f"max self distance {m['self_distance'].max():.4g} at {m.loc[m['self_distance'].idxmax(), KEY].tolist()}; "
+        f"heads with self_distance < self_null: {(m['self_distance'] < m['self_null']).sum()}; "
+        f"heads with self_distance < nearest_other_distance: {(m['self_distance'] < m['nearest_other_distance']).sum()}"
+    )
+    print(
+        f"rank of own position: max {m['rank'].max()}, heads with rank > 1: {(m['rank'] > 1).sum()}; row_z min {m['row_z'].min():.3g} "
+        f"median {m['row_z'].median():.3g}; median margin {m['margin'].median():.4g}; min z {m['z'].min():.3g}"
+    )
     print(f"\nnearest head not itself: {len(moved)}\n")
     if len(moved):
         print(moved.to_markdown(index=False, floatfmt=".3g"))
