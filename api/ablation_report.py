@@ -261,3 +261,19 @@ def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
     path = folder / f"ablation_{mode}.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+def draw_pruning(frame: pd.DataFrame, model: str, task: str, mode: str):
+    """The pruning curve of `attnstore prune`: each metric's dev score against the share of heads pruned."""
+    from ..store.plot import new_figure
+
+    n_heads = max(int(frame["n_pruned"].max()), 1)
+    fig = new_figure(figsize=(5.5, 3.8))
+    ax = fig.add_subplot()
+    for metric, rows in frame.sort_values("n_pruned").groupby("metric", sort=False):
+        ax.plot(rows["n_pruned"], rows["score"], marker="o", label=metric)
+    ax.set_xlabel("heads pruned (least important first)")
+    ax.set_ylabel("dev score")
+    ax.set_title(f"{model} on {task}: pruning by importance (mask: {mode}; {n_heads} pruned at most)", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
+    return fig

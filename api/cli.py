@@ -36,6 +36,7 @@ LAZY_COMMANDS = {
     "evaluate": (".models_cli:evaluate", "Score a model on a GLUE task's dev set; stored once."),
     "ablate": (".models_cli:ablate", "Score a fine-tuned model with attention heads disabled."),
     "importance": (".models_cli:importance", "Head importance of a fine-tuned model (Michel et al. 2019)."),
+    "prune": (".models_cli:prune", "Prune heads by importance, 10 % at a time (Michel et al. 2019)."),
     "models": (".models_cli:list_models", "List the store's base and fine-tuned models."),
     "export": (".bundle_cli:export_cmd", "Write runs to one checksummed bundle (zip, folder, s3)."),
     "import": (".bundle_cli:import_cmd", "Load a bundle written by `attnstore export`."),

@@ -159,6 +159,54 @@ def importance(locations, model, task, max_examples, save_to_run, data_dir, fmt,
         click.echo(f"saved {n} values to head_metrics of run {save_to_run!r} (metric 'importance.*')", err=True)
 
 
+@click.command("prune", short_help="Prune heads by importance, 10 % at a time (Michel et al. 2019).")
+@click.option("--model", required=True, help="A fine-tuned model of the store.")
+@click.option("--task", required=True, help="GLUE task whose dev set scores each step (and gives the importance).")
+@click.option(
+    "--mode",
+    default="zero",
+    show_default=True,
+    type=click.Choice(MODES),
+    help="How a pruned head is disabled: zero (its output removed, as Michel et al.), uniform (Kovaleva et al.), mean.",
+)
+@click.option("--fraction", default=0.1, show_default=True, type=float, help="Share of all heads pruned per step.")
+@click.option("--max-examples", default=None, type=int, help="Dev examples for the importance (default: all).")
+@click.option("--figure", "figure_path", default=None, type=click.Path(dir_okay=False), help="Also draw the pruning curve (.png/.svg).")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False), help="Folder holding glue/ (env ATTNSTORE_DATA).")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@store_options
+@friendly_errors
+def prune(locations, model, task, mode, fraction, max_examples, figure_path, data_dir, fmt, progress):
+    """Prune MODEL's heads by importance on TASK, re-estimating it after each step; one ablation_results row per step.
+
+    Each step removes `--fraction` of all heads (the least important of those left, importance
+    re-estimated with the pruned ones disabled) and scores the model (config prune:N). Steps already
+    stored are read back, so an interrupted sweep resumes.
+    """
+    from ..ingest.evaluate import open_evaluator
+    from ..ingest.importance import prune as run_prune
+
+    if figure_path is not None:
+        _need_matplotlib()
+    store = open_store(locations, write=True)
+    frame = run_prune(
+        store,
+        open_evaluator(store, model=model, task=task, data_dir=data_dir),
+        mode=mode,
+        fraction=fraction,
+        max_examples=max_examples,
+        progress=progress,
+    )
+    emit(frame[["n_pruned", "config", "mode", "metric", "score", "baseline_score"]] if fmt == "table" else frame, fmt)
+    if figure_path is not None:
+        from .ablation_report import draw_pruning
+
+        fig = draw_pruning(frame, model, task, mode)
+        fig.savefig(figure_path, dpi=150, bbox_inches="tight")
+        click.echo(f"wrote {figure_path}", err=True)
+
+
 @click.command("models", short_help="List the store's base and fine-tuned models.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @columns_option

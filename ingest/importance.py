@@ -7,6 +7,11 @@ example on the task's dev set as the paper defines it (the transformers bertolog
 batch before the absolute value and divides by tokens; per example is the definition), then normalised by layer with
 the l2 norm, as the paper does for pruning ("normalizing the importance scores by layer ... was necessary"). The
 raw expectation is kept beside it.
+
+`prune` removes heads by importance, a share of all heads at a time (10 %), re-estimating the importance of the heads
+left with the pruned ones disabled at each step (the paper's iterative pruning), and scores the model after each step
+into `ablation_results` (config `prune:N`, N heads pruned, with the mask mode it used: zero as Michel et al., uniform as
+Kovaleva et al., or mean); a step already stored is read back, so an interrupted sweep resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -23,8 +28,13 @@ if TYPE_CHECKING:
     from .evaluate import Evaluator
 
 
-def head_importance(ev: Evaluator, max_examples: int | None = None, progress: bool = False) -> pd.DataFrame:
-    """Per head: layer, head, importance (normalised by layer, l2), importance_raw (E|dL/dxi_h|), n_examples."""
+def head_importance(
+    ev: Evaluator, max_examples: int | None = None, progress: bool = False, disabled=(), mode: str = "zero"
+) -> pd.DataFrame:
+    """Per head: layer, head, importance (normalised by layer, l2), importance_raw (E|dL/dxi_h|), n_examples; with the
+    heads `disabled` ((layer, head) pairs) disabled in `mode` meanwhile (pruning re-estimates the heads left so)."""
+    from contextlib import nullcontext
+
     import torch
     from tqdm.auto import tqdm
 
@@ -52,12 +62,14 @@ def head_importance(ev: Evaluator, max_examples: int | None = None, progress: bo
     items = ev.items[:max_examples] if max_examples else ev.items
     total = torch.zeros(ev.n_layers, ev.n_heads, dtype=torch.float64)
     handles = [m.register_forward_hook(gate(layer)) for layer, m in enumerate(modules)]
+    scope = ev.disabler.disabled(list(disabled), mode) if disabled else nullcontext()
     try:
-        for item in tqdm(items, desc=f"{ev.task.name}: head importance", unit="ex", disable=not progress, leave=False):
-            inputs, labels = collate([item], ev.pad_id, ev.task.is_regression)
-            loss = model(**accepted(model, inputs), labels=labels).loss
-            (grad,) = torch.autograd.grad(loss, gates)
-            total += grad.abs().double()
+        with scope:
+            for item in tqdm(items, desc=f"{ev.task.name}: head importance", unit="ex", disable=not progress, leave=False):
+                inputs, labels = collate([item], ev.pad_id, ev.task.is_regression)
+                loss = model(**accepted(model, inputs), labels=labels).loss
+                (grad,) = torch.autograd.grad(loss, gates)
+                total += grad.abs().double()
     finally:
         for h in handles:
             h.remove()
@@ -74,3 +86,48 @@ def head_importance(ev: Evaluator, max_examples: int | None = None, progress: bo
             "n_examples": len(items),
         }
     )
+
+
+PRUNE_FRACTION = 0.1  # of all heads, per step (the paper's Fig. 2 steps)
+
+
+def prune(
+    store, ev: Evaluator, mode: str = "zero", fraction: float = PRUNE_FRACTION, max_examples: int | None = None, progress: bool = True
+) -> pd.DataFrame:
+    """Prune heads by importance, `fraction` of all heads per step, until fewer than a step's worth are left; score the
+    model after each step (ablation_results, config `prune:N`). Steps already stored are read back, so it resumes.
+    Returns the sequence's rows (the baseline first) with `n_pruned`."""
+    import math
+
+    from .classifier import MODES
+    from .evaluate import SPLIT, _rows, evaluate
+
+    if mode not in MODES:
+        raise InvalidArgumentError(f"mode={mode!r}: use one of {', '.join(MODES)}")
+    if not 0 < fraction < 1:
+        raise InvalidArgumentError(f"fraction={fraction!r}: give a share of the heads between 0 and 1, e.g. 0.1")
+    baseline = evaluate(store, ev, progress=progress)
+    total = ev.n_layers * ev.n_heads
+    step = max(1, math.ceil(fraction * total))
+    name = str(store.sql("SELECT name FROM models WHERE id = :i", {"i": int(ev.model_id)}).iloc[0, 0])  # as stored
+
+    def sequence() -> pd.DataFrame:
+        frame = store.ablation_results(model=name, task=ev.task.name)
+        frame = frame[frame["config"].str.startswith("prune:") & (frame["mode"] == mode) & (frame["split"] == SPLIT)]
+        return frame.assign(n_pruned=frame["config"].str.slice(len("prune:")).astype(int)).sort_values(["n_pruned", "metric"])
+
+    done = sequence()
+    pruned: list[tuple[int, int]] = []
+    if not done.empty:  # resume from the largest mask stored
+        last = done[done["n_pruned"] == done["n_pruned"].max()].iloc[0]
+        pruned = [tuple(h) for h in last["disabled_heads"]]
+    while len(pruned) + step < total:
+        importance = head_importance(ev, max_examples=max_examples, progress=progress, disabled=pruned, mode=mode)
+        left = importance[[(int(a), int(b)) not in set(pruned) for a, b in zip(importance["layer"], importance["head"])]]
+        order = left.sort_values(["importance", "layer", "head"], kind="stable")  # least important first, ties by position
+        pruned = pruned + [(int(a), int(b)) for a, b in zip(order["layer"][:step], order["head"][:step])]
+        store.writer.add_ablation_results(_rows(ev, f"prune:{len(pruned)}", pruned, mode, ev.scores(pruned, mode), baseline))
+    rows = sequence()
+    base = store.ablation_results(model=name, task=ev.task.name)
+    base = base[(base["config"] == "none") & (base["split"] == SPLIT)].assign(n_pruned=0)
+    return pd.concat([base, rows], ignore_index=True)

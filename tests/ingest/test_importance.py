@@ -76,3 +76,43 @@ def test_the_command_saves_beside_a_run_of_the_model(tmp_path, tiny_bert):
     with open_store(db=f"sqlite:///{tmp_path / 'home' / 'meta.sqlite'}", root=str(tmp_path / "home" / "attention.zarr")) as store:
         saved = store.head_metrics("tiny")
     assert set(saved["metric"]) == {"importance.importance", "importance.importance_raw"} and len(saved) == 16
+
+
+@pytest.mark.one_backend
+def test_pruning_removes_the_least_important_heads_step_by_step_and_resumes(store, tiny_bert, tmp_path):
+    from attnstore.ingest.evaluate import open_evaluator
+    from attnstore.ingest.importance import head_importance, prune
+
+    ev = open_evaluator(store, model=tiny_bert, task="SST-2", data_dir=FIXTURES)
+    frame = prune(store, ev, mode="zero", fraction=0.25, max_examples=3, progress=False)  # 8 heads, 2 per step: 2, 4, 6
+    steps = frame[frame["n_pruned"] > 0].drop_duplicates("n_pruned")
+    assert steps["config"].tolist() == ["prune:2", "prune:4", "prune:6"] and set(steps["mode"]) == {"zero"}
+    masks = [[tuple(h) for h in m] for m in steps["disabled_heads"]]
+    assert all(set(a) < set(b) for a, b in zip(masks, masks[1:]))  # each step adds to the last
+    first = head_importance(ev, max_examples=3).sort_values(["importance", "layer", "head"], kind="stable")
+    assert masks[0] == [(int(a), int(b)) for a, b in zip(first["layer"][:2], first["head"][:2])]  # the two least important
+    second = head_importance(ev, max_examples=3, disabled=masks[0], mode="zero")  # re-estimated with those removed
+    second = second[[(int(a), int(b)) not in masks[0] for a, b in zip(second["layer"], second["head"])]]
+    second = second.sort_values(["importance", "layer", "head"], kind="stable")
+    assert masks[1][2:] == [(int(a), int(b)) for a, b in zip(second["layer"][:2], second["head"][:2])]
+    for mask, (_, row) in zip(masks, steps.iterrows()):
+        assert row["score"] == pytest.approx(ev.scores(mask, "zero")[row["metric"]])
+    n_rows = len(store.ablation_results())
+    again = prune(store, ev, mode="zero", fraction=0.25, max_examples=3, progress=False)  # all stored: read back
+    assert len(store.ablation_results()) == n_rows and again["config"].tolist() == frame["config"].tolist()
+    with pytest.raises(Exception, match="fraction=1.5: give a share"):
+        prune(store, ev, fraction=1.5, progress=False)
+
+
+def test_the_prune_command_draws_the_curve(tmp_path, tiny_bert):
+    pytest.importorskip("matplotlib")
+    from click.testing import CliRunner
+
+    from attnstore.api.cli import main
+
+    home = ["--home", str(tmp_path / "home")]
+    assert CliRunner().invoke(main, ["db", "upgrade", *home]).exit_code == 0
+    args = ["prune", "--model", tiny_bert, "--task", "SST-2", "--data-dir", FIXTURES, "--fraction", "0.5", "--max-examples", "2"]
+    result = CliRunner().invoke(main, [*args, "--figure", str(tmp_path / "curve.png"), "--no-progress", *home])
+    assert result.exit_code == 0, result.output
+    assert "prune:4" in result.output and (tmp_path / "curve.png").stat().st_size > 1000
