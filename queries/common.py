@@ -47,6 +47,18 @@ def is_causal(store: Store, info: RunInfo) -> bool:
 CAUSAL_NOTE = "causal model: the first token attends only to itself, and no token attends to a later one"
 
 
+def special_role_masks(info: RunInfo, table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Masks over the rows of a token table: the start role ([CLS], else <s>/BOS) and the separator role
+    ([SEP], else </s>/EOS; a token that is both counts as start). Roles come from the recorded tokenizer."""
+    start_id = special_id(info, "cls") if "cls" in info.special_tokens else special_id(info, "bos")
+    sep_id = special_id(info, "sep") if "sep" in info.special_tokens else special_id(info, "eos")
+    special = table["is_special"].to_numpy(bool)
+    ids = table["token_id"].to_numpy()
+    start = special & (ids == start_id) if start_id is not None else np.zeros_like(special)
+    sep = special & (ids == sep_id) & ~start if sep_id is not None else np.zeros_like(special)
+    return start, sep
+
+
 def token_flags(store: Store, info: RunInfo, punct: str = ".,", examples=None) -> dict[int, TokenFlags]:
     """Per example (of `examples`, default all), which tokens are the first special token ([CLS]-like),
     separators, other specials, punctuation.
@@ -54,12 +66,8 @@ def token_flags(store: Store, info: RunInfo, punct: str = ".,", examples=None) -
     Roles come from the tokenizer recorded with the model (cls/sep, else bos/eos), never from strings.
     """
     table = store.token_table(info.id, examples)
-    cls_id = special_id(info, "cls") if "cls" in info.special_tokens else special_id(info, "bos")
-    sep_id = special_id(info, "sep") if "sep" in info.special_tokens else special_id(info, "eos")
     special = table["is_special"].to_numpy(bool)
-    ids = table["token_id"].to_numpy()
-    is_cls = special & (ids == cls_id) if cls_id is not None else np.zeros_like(special)
-    is_sep = special & (ids == sep_id) & ~is_cls if sep_id is not None else np.zeros_like(special)
+    is_cls, is_sep = special_role_masks(info, table)
     stripped = table["token"].str.replace(r"^(##|Ġ|▁)", "", regex=True)
     is_punct = ~special & stripped.isin(list(punct)).to_numpy(bool)
     bounds = np.flatnonzero(np.diff(table["example"].to_numpy())) + 1

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .common import is_causal, special_id
+from .common import is_causal, special_role_masks
 from .errors import InvalidArgumentError
 from .registry import register
 from .summary import SummaryKind, register_kind, summary_parts
@@ -86,12 +86,7 @@ def null_partners(shared: pd.DataFrame) -> dict[int, int]:
 def _token_roles(store: Store, info: RunInfo, examples) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per example: (word position per token, -1 for none; start-role mask; separator-role mask)."""
     table = store.token_table(info.id, examples)
-    start_id = special_id(info, "cls") if "cls" in info.special_tokens else special_id(info, "bos")
-    sep_id = special_id(info, "sep") if "sep" in info.special_tokens else special_id(info, "eos")
-    special = table["is_special"].to_numpy(bool)
-    ids = table["token_id"].to_numpy()
-    start = special & (ids == start_id) if start_id is not None else np.zeros_like(special)
-    sep = special & (ids == sep_id) & ~start if sep_id is not None else np.zeros_like(special)
+    start, sep = special_role_masks(info, table)
     words = pd.array(table["word_position"], dtype="Int64").fillna(-1).to_numpy(np.int64)
     out = {}
     for example, rows in table.groupby("example", sort=False).indices.items():
