@@ -99,6 +99,14 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     type=int,
     help="Zarr chunk length in cells (advanced; the default was chosen by benchmarks/choose_codec.py).",
 )
+@click.option(
+    "--norms/--no-norms",
+    "value_norms",
+    default=True,
+    show_default=True,
+    help="Keep each token's value norm per (layer, head) beside the maps, for queries' weights=norm (Kobayashi et al. "
+    "2020; ~1/L of the maps' size; its cost is in docs/PERFORMANCE.md).",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
 @scheduler_option("the forward passes (this process tokenizes and writes)")
 @store_options

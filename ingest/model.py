@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import capture
+from . import capture, norms
 from .errors import InvalidArgumentError, ModelError, ModelNotFoundError, UnsupportedModelError
 
 if TYPE_CHECKING:
@@ -75,6 +75,8 @@ class LoadedModel:
     # The modules that return the maps (ingest/capture.py), so ingest's forward pass stops at the last one.
     # None: the model is run whole.
     attention_sources: Any = None
+    # Each layer's value projection and output-projection Gram matrices (ingest/norms.py); None: no value norms.
+    value_projections: Any = None
 
     def record(self) -> dict:
         """Fields of the `models` table."""
@@ -290,6 +292,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
             return model(**probe_inputs, output_attentions=True)
 
     sources = capture.find_sources(model, whole_pass)
+    projections = norms.find_value_projections(model, probe.n_layers, probe.n_heads)
     with torch.no_grad():
         digest = weights_digest(model)
     return LoadedModel(
@@ -310,6 +313,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
         word_tokenizer=word_tokenizer,
         word_tokenizer_options=word_options,
         attention_sources=sources,
+        value_projections=projections,
     )
 
 

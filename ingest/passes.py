@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from . import capture
+from . import capture, norms
 from .align import Encoded, pad_inputs
 from .errors import IngestError
 from .model import LoadedModel
@@ -71,24 +71,34 @@ def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) 
     return blocks
 
 
-def batch_items(loaded: LoadedModel, dtype: str, batch: list[Encoded], done: Set[int]) -> list[tuple[Encoded, np.ndarray | None]]:
-    """One planned batch's examples to store, in storage order, with their maps (None: skipped, no tokens)."""
+Item = tuple[Encoded, np.ndarray | None, np.ndarray | None]  # (example, maps or None: skipped, value norms or None)
+
+
+def batch_items(loaded: LoadedModel, dtype: str, batch: list[Encoded], done: Set[int], with_norms: bool = False) -> list[Item]:
+    """One planned batch's examples to store, in storage order, with their maps (None: skipped, no tokens) and, with
+    `with_norms`, their value norms (token, layer, head) from the same pass (ingest/norms.py)."""
     runnable = [e for e in batch if e.input_ids]
-    items: list[tuple[Encoded, np.ndarray | None]] = [(e, None) for e in batch if not e.input_ids and e.example_id not in done]
+    items: list[Item] = [(e, None, None) for e in batch if not e.input_ids and e.example_id not in done]
     if any(e.example_id not in done for e in runnable):
-        attentions, lengths = forward_attention(loaded, runnable)
-        items += [(e, maps) for e, maps in zip(runnable, to_blocks(attentions, lengths, dtype, runnable)) if e.example_id not in done]
+        projections = loaded.value_projections if with_norms else None
+        if with_norms and projections is None:
+            raise IngestError(f"model {loaded.name!r}: its value and output projections were not found, so no value norms")
+        with norms.collecting(projections) as values:
+            attentions, lengths = forward_attention(loaded, runnable)
+        blocks = to_blocks(attentions, lengths, dtype, runnable)
+        per_example = norms.value_norms(projections, values, lengths) if projections is not None else [None] * len(blocks)
+        items += [(e, maps, n) for e, maps, n in zip(runnable, blocks, per_example) if e.example_id not in done]
     return items
 
 
-def store_items(writer, items: list[tuple[Encoded, np.ndarray | None]], overlap: bool = False) -> None:
-    """Hand a batch's examples to a run writer and commit what is on disk. `overlap`: the batch's chunks are
-    written in the background while the writer goes on (`storage_overlaps`)."""
-    for enc, maps in items:
+def store_items(writer, items: list, overlap: bool = False) -> None:
+    """Hand a batch's examples ((example, maps) or (example, maps, value norms)) to a run writer and commit what is on
+    disk. `overlap`: the batch's chunks are written in the background while the writer goes on (`storage_overlaps`)."""
+    for enc, maps, *rest in items:
         if maps is None:
             writer.add_skipped(enc.example_id, enc.full_length)
         else:
-            writer.add(enc.example_id, maps, enc.tokens, truncated=enc.truncated)
+            writer.add(enc.example_id, maps, enc.tokens, truncated=enc.truncated, norms=rest[0] if rest else None)
     writer.commit(wait=not overlap)
 
 
@@ -149,6 +159,7 @@ def run_batches(
     import torch
 
     passes, threads = forward_passes()
+    with_norms = getattr(writer, "norms", None) is not None  # the run keeps value norms (a distributed part never)
     overlap = storage_overlaps() if overlap is None else overlap
     running: deque = deque()  # forward passes, in batch order
     storing: deque = deque()  # store steps, in batch order
@@ -179,7 +190,7 @@ def run_batches(
             for batch in batches:
                 if all(e.example_id in done for e in batch):
                     continue
-                running.append(forward.submit(batch_items, loaded, dtype, batch, done))
+                running.append(forward.submit(batch_items, loaded, dtype, batch, done, with_norms))
                 while len(running) > passes:
                     n_new += hand_over()
             while running:

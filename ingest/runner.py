@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..store.errors import BusyError
 from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
 from ..store.leases import clear_stale, live_holder
-from ..store.records import ExampleInput, RunInfo, StoredExample
+from ..store.records import VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
 from ..store.writer import run_lease_name, validate_run_name
 from .align import Encoded, can_use_text, encode_batch
 from .annotate import annotate, make_annotator
@@ -388,6 +388,13 @@ def ingest(
         manifest["corpus"]["dataset"] = {k: str(dataset_row[k]) for k in ("name", "split", "identity")}
         if settings.tokenization == "words":
             manifest["tokenizer"].update(loaded.word_tokenizer_options)  # e.g. add_prefix_space for byte-level BPE
+        if settings.value_norms and loaded.value_projections is not None:
+            if scheduler is None:
+                manifest[VALUE_NORMS_FLAG] = True
+            else:
+                print("note: value norms are not kept by an ingest on a Dask scheduler (weights=norm needs them)", file=sys.stderr)
+        elif settings.value_norms:
+            print(f"note: model {loaded.name!r}: no value norms (its value and output projections were not found)", file=sys.stderr)
         from ..version import __version__
 
         info = store.writer.start_run(
@@ -402,6 +409,10 @@ def ingest(
         )
         if info.status == "complete":
             return IngestResult(info, 0, 0.0, True)
+        if info.has_value_norms and scheduler is not None:
+            raise InvalidArgumentError(
+                f"run {run_name!r} keeps value norms, which an ingest on a Dask scheduler does not compute: resume it without --scheduler"
+            )
         done = store.writer.done_example_ids(info.id)
         total = len(plan.chosen) - len(done)
         run_started = time.perf_counter()

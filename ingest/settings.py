@@ -69,6 +69,8 @@ class RunSettings:
     dtype: str = "float16"
     codec: dict | None = None
     chunk_cells: int = arrays.DEFAULT_CHUNK_CELLS
+    # each token's value norm per (layer, head) beside the maps (ingest/norms.py; recorded in the run's manifest)
+    value_norms: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "read_options", dict(self.read_options))

@@ -82,6 +82,39 @@ def iter_maps(store: Store, info: RunInfo, examples=None) -> Iterator[tuple[int,
     yield from store.iter_attention(info.id, examples)
 
 
+# What a per-head query reads: the attention weights a_ij, or (Kobayashi et al. 2020) the weights times the value norms,
+# a_ij ||f_h(x_j)|| = ||a_ij f_h(x_j)||, each row renormalised to sum to 1 (so entropies, argmaxes and shares read as
+# for attention; a row whose weighted values are all 0 stays 0).
+WEIGHTS = ("attention", "norm")
+
+
+def check_weights(weights: str) -> str:
+    if weights not in WEIGHTS:
+        raise InvalidArgumentError(
+            f"weights={weights!r}: use 'attention' (the maps) or 'norm' (the maps weighted by each key's value norm, "
+            f"Kobayashi et al. 2020; runs ingested with value norms)"
+        )
+    return weights
+
+
+def weighted_maps(maps: np.ndarray, norms: np.ndarray) -> np.ndarray:
+    """(layer, head, query, key) maps weighted by (layer, head, key) value norms, rows renormalised; float32."""
+    w = maps.astype(np.float32) * norms.astype(np.float32, copy=False)[:, :, None, :]
+    total = w.sum(-1, keepdims=True)
+    return np.divide(w, total, out=np.zeros_like(w), where=total > 0)
+
+
+def iter_weighted_maps(store: Store, info: RunInfo, examples=None, weights: str = "attention") -> Iterator[tuple[int, np.ndarray]]:
+    """`iter_maps`, or with weights="norm" each example's `weighted_maps` (a run without value norms is refused)."""
+    if check_weights(weights) == "attention":
+        yield from iter_maps(store, info, examples)
+        return
+    store.require_value_norms(info.id)
+    for (example, maps), (same, norms) in zip(iter_maps(store, info, examples), store.iter_value_norms(info.id, examples)):
+        assert example == same, (example, same)  # both in storage order
+        yield example, weighted_maps(maps, norms)
+
+
 def per_head_frame(info: RunInfo, **columns: np.ndarray) -> pd.DataFrame:
     """A frame with one row per (layer, head) from (layer, head)-shaped arrays."""
     layer, head = np.meshgrid(np.arange(info.n_layers), np.arange(info.n_heads), indexing="ij")

@@ -155,7 +155,7 @@ class _RangeTables:
         return example in self.mentions
 
 
-def coreference_counts(store: Store, run, examples=None, baselines: bool = True):
+def coreference_counts(store: Store, run, examples=None, baselines: bool = True, weights: str = "attention"):
     """(info, head hits (kinds, layer, head), baseline hits (kinds, baselines; zeros without `baselines`), mentions per kind).
 
     The heads' predictions are the `MENTION_ARGMAX` summary (queries/summary.py: kept with the run, built by one
@@ -169,7 +169,11 @@ def coreference_counts(store: Store, run, examples=None, baselines: bool = True)
     base = np.zeros((len(KINDS), len(BASELINES)))
     totals = np.zeros(len(KINDS))
     # no mention: nothing worth a pass, and no map to read
-    predictions = _predictions(summary_parts(store, info, MENTION_ARGMAX, examples), tables.has_mentions) if any_mention else iter(())
+    predictions = (
+        _predictions(summary_parts(store, info, MENTION_ARGMAX, examples, weights=weights), tables.has_mentions)
+        if any_mention
+        else iter(())
+    )
     for example, ids, rows, pred in predictions:
         if baselines:
             forms, feats = tables.forms[tables.word_rows[example]], tables.feats[tables.word_rows[example]]
@@ -195,28 +199,32 @@ def coreference_counts(store: Store, run, examples=None, baselines: bool = True)
 
 
 @register("coreference")
-def coreference(store: Store, *, run, examples=None) -> pd.DataFrame:
+def coreference(store: Store, *, run, examples=None, weights: str = "attention") -> pd.DataFrame:
     """Per head, antecedent-selection accuracy: all mentions and by kind (pronoun, proper, nominal).
 
     Columns: layer, head, all, pronoun, proper, nominal. Needs a run over a corpus with
     coreference mentions (gum/ontogum).
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    info, heads, _, totals = coreference_counts(store, run, examples, baselines=False)
+    info, heads, _, totals = coreference_counts(store, run, examples, baselines=False, weights=weights)
     columns = {"all": safe_divide(heads.sum(0), totals.sum())}
     columns.update({kind: safe_divide(heads[k], totals[k]) for k, kind in enumerate(KINDS)})
     return per_head_frame(info, **columns)
 
 
 @register("coreference_summary", per_head=False)
-def coreference_summary(store: Store, *, run, examples=None) -> pd.DataFrame:
+def coreference_summary(store: Store, *, run, examples=None, weights: str = "attention") -> pd.DataFrame:
     """Table 2 of Clark et al.: the best head (by all mentions) against the three baselines.
 
     Columns: method (`head L-H`, nearest, head_match, sieve), layer, head (integers; blank for
     the baselines), all, pronoun, proper, nominal (accuracies). The number of mentions of each
     kind is in `frame.attrs["n_mentions"]` ({"all": ..., "pronoun": ..., ...}) and in the note
     the command line prints.
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    info, heads, base, totals = coreference_counts(store, run, examples)
+    info, heads, base, totals = coreference_counts(store, run, examples, weights=weights)
     overall = safe_divide(heads.sum(0), totals.sum())
     layer, head = np.unravel_index(np.nanargmax(np.nan_to_num(overall, nan=-1)), overall.shape)
     rows = [

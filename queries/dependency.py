@@ -320,7 +320,9 @@ def _count_kept(info: RunInfo, arrays: dict[str, np.ndarray], head2dep: str, pos
     return counts
 
 
-def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True) -> DependencyCounts:
+def dependency_counts(
+    store: Store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True, weights: str = "attention"
+) -> DependencyCounts:
     """Correct predictions per (direction, layer, head, relation), edge counts, baseline hits, root words.
 
     `relations` are those of the non-root words of the run's stored examples (skipped ones not evaluated), whatever
@@ -329,7 +331,8 @@ def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpo
     _check("head2dep", head2dep, HEAD2DEP)
     info = store.run_info(run)
     counts = _empty_counts(info, [])
-    for part in summary_parts(store, info, WORD_ARGMAX, examples):  # SUMMARY_RANGE examples at a time: bounded memory
+    # SUMMARY_RANGE examples at a time: bounded memory
+    for part in summary_parts(store, info, WORD_ARGMAX, examples, weights=weights):
         counts = _add_counts(counts, _count_kept(info, part, head2dep, poss_apostrophe))
     if examples is not None:  # the relations of every stored example, as without `examples` (one SQL query)
         counts = _add_counts(counts, _empty_counts(info, store.dependency_relations(info.id)))
@@ -338,7 +341,14 @@ def dependency_counts(store: Store, run, examples=None, head2dep: str = "transpo
 
 @register("dependency")
 def dependency(
-    store: Store, *, run, examples=None, min_count: int = 100, head2dep: str = "transpose", poss_apostrophe: bool = True
+    store: Store,
+    *,
+    run,
+    examples=None,
+    min_count: int = 100,
+    head2dep: str = "transpose",
+    poss_apostrophe: bool = True,
+    weights: str = "attention",
 ) -> pd.DataFrame:
     """Per head, accuracy at finding the gold head of each relation's dependents, in both directions.
 
@@ -349,8 +359,10 @@ def dependency(
     authors' code) or the head's most-attended word is the dependent ("direct").
     poss_apostrophe: judge the 's after a possessor instead (the paper's poss rule).
     Needs a run over a corpus with dependency trees (gold CoNLL-U, or spaCy's).
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    counts = dependency_counts(store, run, examples, head2dep, poss_apostrophe)
+    counts = dependency_counts(store, run, examples, head2dep, poss_apostrophe, weights)
     columns = {}
     for r, rel in enumerate(counts.relations):
         if counts.totals[r] >= min_count:
@@ -370,6 +382,7 @@ def dependency_summary(
     head2dep: str = "transpose",
     root_in_all: bool = True,
     poss_apostrophe: bool = True,
+    weights: str = "attention",
 ) -> pd.DataFrame:
     """Table 1 of Clark et al.: per relation, the best head against the best fixed offset.
 
@@ -382,9 +395,11 @@ def dependency_summary(
     code): root words count in `all` (always wrong for attention; the clamped baseline gets
     a root right when its offset falls before the sentence). Relations with fewer than
     `min_count` edges are left out; head2dep and poss_apostrophe as in `dependency`.
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     _check("direction", direction, SUMMARY_DIRECTIONS)
-    counts = dependency_counts(store, run, examples, head2dep, poss_apostrophe)
+    counts = dependency_counts(store, run, examples, head2dep, poss_apostrophe, weights)
     paper = defaultdict(str)
     for label, uds in PAPER_RELATIONS.items():
         for ud in uds:

@@ -20,7 +20,7 @@ __all__ = ["entropy", "row_entropy"]  # row_entropy lives with the Clark summary
 
 
 @register("entropy")
-def entropy(store: Store, *, run, examples=None, average: str = "example") -> pd.DataFrame:
+def entropy(store: Store, *, run, examples=None, average: str = "example", weights: str = "attention") -> pd.DataFrame:
     """Mean entropy (nats) of each head's attention, over all query tokens and from the first special token only.
 
     Columns: layer, head;
@@ -35,6 +35,8 @@ def entropy(store: Store, *, run, examples=None, average: str = "example") -> pd
     average="token": pooled over every query token of the run (long examples weigh more).
     Causal models: the *_from_cls columns are NaN (the first token sees only itself, so its
     entropy is 0 by construction), and frame.attrs["note"] says so.
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     check_average(average)
     per_example = average == "example"
@@ -44,7 +46,7 @@ def entropy(store: Store, *, run, examples=None, average: str = "example") -> pd
     total, from_cls = np.zeros(shape), np.zeros(shape)
     n_queries = n_cls = 0
     uniform = uniform_cls = 0.0
-    for part in summary_parts(store, info, CLARK, examples):  # per-example sums (queries/summary.py), part by part
+    for part in summary_parts(store, info, CLARK, examples, weights=weights):  # per-example sums (queries/summary.py), part by part
         for length, cls, h_sum, h_cls_sum in zip(
             part["length"].tolist(), part["n_cls"].tolist(), part["entropy"], part["entropy_from_cls"]
         ):

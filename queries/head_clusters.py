@@ -164,14 +164,18 @@ def classical_mds(distances: np.ndarray, dims: int = 2) -> np.ndarray:
     return vectors[:, top] * np.sqrt(np.clip(values[top], 0, None))
 
 
-def head_distance_sum(store: Store, run, examples=None, smoothing: float = SMOOTHING) -> tuple[RunInfo, np.ndarray, int]:
+def head_distance_sum(
+    store: Store, run, examples=None, smoothing: float = SMOOTHING, weights: str = "attention"
+) -> tuple[RunInfo, np.ndarray, int]:
     """(run, summed JS matrix of every pair of heads, number of query tokens) over the run or `examples`."""
     smoothing = check_smoothing(smoothing)
     info = store.run_info(run)
     n = info.n_layers * info.n_heads
     upper = np.zeros(n * (n - 1) // 2)
     n_tokens = 0
-    for part in summary_parts(store, info, HEAD_JS, examples, smoothing=smoothing):  # per-example sums (queries/summary.py), part by part
+    for part in summary_parts(
+        store, info, HEAD_JS, examples, smoothing=smoothing, weights=weights
+    ):  # per-example sums (queries/summary.py), part by part
         for row in part["js"]:  # one example at a time, in storage order
             upper += row
         n_tokens += int(part["length"].sum())
@@ -179,7 +183,7 @@ def head_distance_sum(store: Store, run, examples=None, smoothing: float = SMOOT
 
 
 @register("head_distances", per_head=False)
-def head_distances(store: Store, *, run, examples=None, smoothing: float = SMOOTHING) -> pd.DataFrame:
+def head_distances(store: Store, *, run, examples=None, smoothing: float = SMOOTHING, weights: str = "attention") -> pd.DataFrame:
     """Distance between every pair of heads: summed Jensen-Shannon divergence of their attention.
 
     Columns: layer_a, head_a, layer_b, head_b, distance (sum over all query tokens, nats),
@@ -187,8 +191,10 @@ def head_distances(store: Store, *, run, examples=None, smoothing: float = SMOOT
     smoothing: each map is first mixed with the uniform distribution, s / L + (1 - s) a, as the
       authors' code does (default 0.001); 0 compares the raw maps.
     Each example's sums are kept with the run (summary head_js): only the first call decodes the maps.
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    info, total, n_tokens = head_distance_sum(store, run, examples, smoothing)
+    info, total, n_tokens = head_distance_sum(store, run, examples, smoothing, weights)
     n = info.n_layers * info.n_heads
     a, b = (grid.ravel() for grid in np.meshgrid(np.arange(n), np.arange(n), indexing="ij"))
     return pd.DataFrame(
@@ -204,13 +210,15 @@ def head_distances(store: Store, *, run, examples=None, smoothing: float = SMOOT
 
 
 @register("head_clusters")
-def head_clusters(store: Store, *, run, examples=None, smoothing: float = SMOOTHING) -> pd.DataFrame:
+def head_clusters(store: Store, *, run, examples=None, smoothing: float = SMOOTHING, weights: str = "attention") -> pd.DataFrame:
     """2-D multidimensional scaling of the heads by summed Jensen-Shannon distance (Fig. 6).
 
     Columns: layer, head, x, y (coordinates; only relative positions mean anything).
     smoothing: as in head_distances (default 0.001, the authors'; 0 for the raw maps).
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    info, total, _ = head_distance_sum(store, run, examples, smoothing)
+    info, total, _ = head_distance_sum(store, run, examples, smoothing, weights)
     xy = classical_mds(total)
     n = info.n_layers * info.n_heads
     return pd.DataFrame({"layer": np.arange(n) // info.n_heads, "head": np.arange(n) % info.n_heads, "x": xy[:, 0], "y": xy[:, 1]})

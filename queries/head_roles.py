@@ -75,7 +75,7 @@ HEAD_ROLES = register_kind(SummaryKind("head_roles", 1, _prepare, _reduce))
 
 
 @register("head_roles")
-def head_roles(store: Store, *, run, examples=None) -> pd.DataFrame:
+def head_roles(store: Store, *, run, examples=None, weights: str = "attention") -> pd.DataFrame:
     """Head confidence and roles (Voita et al. 2019): confidence, positional offset, attention to the rarest token.
 
     Columns: layer, head; confidence (mean over query tokens of the largest weight, separator
@@ -84,6 +84,8 @@ def head_roles(store: Store, *, run, examples=None) -> pd.DataFrame:
     paper's rule); rare_share (share of rows whose largest weight is on the example's rarest
     token by the run's token frequencies), rare_chance (that share under uniform attention,
     1 / L averaged over rows). Pooled over every query token of the run (or `examples`).
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     info = store.run_info(run)
     shape = (info.n_layers, info.n_heads)
@@ -91,7 +93,7 @@ def head_roles(store: Store, *, run, examples=None) -> pd.DataFrame:
     offsets = np.zeros((*shape, len(OFFSETS)))
     rows = rare_rows = 0
     rare_chance = 0.0
-    for part in summary_parts(store, info, HEAD_ROLES, examples):
+    for part in summary_parts(store, info, HEAD_ROLES, examples, weights=weights):
         confidence += part["confidence_sum"].sum(0)
         offsets += part["offset_counts"].sum(0)
         rare_hits += part["rare_hits"].sum(0)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 @register("relative_position")
-def relative_position(store: Store, *, run, examples=None, average: str = "example") -> pd.DataFrame:
+def relative_position(store: Store, *, run, examples=None, average: str = "example", weights: str = "attention") -> pd.DataFrame:
     """Mean attention per head from each token to the previous, the same and the next token.
 
     Columns: layer, head, to_previous, to_self, to_next.
@@ -29,6 +29,8 @@ def relative_position(store: Store, *, run, examples=None, average: str = "examp
     All tokens count, special tokens included (as in the paper).
     Causal models (models.causal): to_next is NaN, since no token can attend to the next one
     (it would be 0 by construction); frame.attrs["note"] says so.
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     check_average(average)
     info = store.run_info(run)
@@ -36,7 +38,7 @@ def relative_position(store: Store, *, run, examples=None, average: str = "examp
     shape = (info.n_layers, info.n_heads)
     prev, same, nxt = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     n_tokens = n_pairs = n_examples = 0
-    for part in summary_parts(store, info, CLARK, examples):  # per-example sums (queries/summary.py), part by part
+    for part in summary_parts(store, info, CLARK, examples, weights=weights):  # per-example sums (queries/summary.py), part by part
         length = part["length"][:, None, None].astype(np.float64)
         scale = length if average == "example" else 1.0
         prev += (part["to_previous"] / scale).sum(0)

@@ -87,7 +87,7 @@ ROLLOUT = register_kind(SummaryKind("rollout", 1, _prepare, _reduce, defaults={"
 
 
 @register("rollout", per_head=False)
-def rollout_query(store: Store, *, run, punct: str = DEFAULT_PUNCT, examples=None) -> pd.DataFrame:
+def rollout_query(store: Store, *, run, punct: str = DEFAULT_PUNCT, examples=None, weights: str = "attention") -> pd.DataFrame:
     """Attention rollout (Abnar & Zuidema 2020) per layer: from the first special token to [CLS], [SEP], punctuation, the rest.
 
     Per layer l, the rollout Ã_l ... Ã_0 of the head-averaged maps with the residual added
@@ -96,11 +96,13 @@ def rollout_query(store: Store, *, run, punct: str = DEFAULT_PUNCT, examples=Non
     Columns: layer, to_cls, to_sep, to_punct, to_other (the four sum to 1), n_examples
     (examples with a source token). Per example, then the mean over examples. `punct`: the
     characters that count as punctuation, as in special_tokens.
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     info = store.run_info(run)
     total = np.zeros((info.n_layers, len(CLASSES)))
     n = 0
-    for part in summary_parts(store, info, ROLLOUT, examples, punct=punct):
+    for part in summary_parts(store, info, ROLLOUT, examples, punct=punct, weights=weights):
         used = part["has_source"].astype(bool)
         for shares in part["shares"][used]:  # one example at a time, in storage order
             total += shares

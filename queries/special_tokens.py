@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 
 
 @register("special_tokens")
-def special_tokens(store: Store, *, run, punct: str = ".,", examples=None, average: str = "example") -> pd.DataFrame:
+def special_tokens(
+    store: Store, *, run, punct: str = ".,", examples=None, average: str = "example", weights: str = "attention"
+) -> pd.DataFrame:
     """Mean attention per head to [CLS]-like, [SEP]-like and punctuation tokens, and from [SEP] to [SEP].
 
     Columns: layer, head;
@@ -32,10 +34,12 @@ def special_tokens(store: Store, *, run, punct: str = ".,", examples=None, avera
       sep_from_other), then over the examples (those that have such query tokens);
     average="token": pooled over every query token of the run.
     Special tokens are identified by the tokenizer's ids recorded with the model.
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     check_average(average)
     info = store.run_info(run)
-    return _from_summaries(info, summary_parts(store, info, CLARK, examples, punct=punct), average == "example")
+    return _from_summaries(info, summary_parts(store, info, CLARK, examples, punct=punct, weights=weights), average == "example")
 
 
 def _from_summaries(info, parts: Iterable[dict[str, np.ndarray]], per_example: bool) -> pd.DataFrame:

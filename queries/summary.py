@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .common import iter_maps, token_flags
+from .common import check_weights, iter_maps, iter_weighted_maps, token_flags
 from .errors import InvalidArgumentError, NotFoundError
 
 if TYPE_CHECKING:
@@ -73,8 +73,13 @@ class SummaryKind:
     one_run: bool = True  # built for one run with its default parameters (`attnstore summarize`); False: a pair of runs
 
     def bind(self, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Its parameters with the defaults filled in; an unknown one is a programming error."""
+        """Its parameters with the defaults filled in; an unknown one is a programming error. `weights` (every kind that
+        reads one run's maps): "attention" (the maps, left out of the bound parameters so keys stay as they were) or
+        "norm" (the maps weighted by the value norms, rows renormalised: `queries.common.weighted_maps`)."""
         params = dict(params or {})
+        weights = check_weights(params.pop("weights", "attention"))
+        if weights != "attention" and self.read is not None:
+            raise InvalidArgumentError(f"weights={weights!r} is for queries over one run's maps; {self.name!r} reads something else")
         unknown = set(params) - set(self.defaults)
         if unknown:
             raise TypeError(f"summary kind {self.name!r} takes no parameter(s) {sorted(unknown)}; it takes {sorted(self.defaults)}")
@@ -83,6 +88,8 @@ class SummaryKind:
             value = bound[name]
             if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
                 bound[name] = float(value)
+        if weights != "attention":
+            bound["weights"] = weights
         return bound
 
     def key(self, params: Mapping[str, Any]) -> str:
@@ -156,8 +163,9 @@ def summarise_examples(
     params = kind.bind(params)
     if examples is None:
         examples = covered(store, info, kind, params)
+    weights = params.pop("weights", "attention")
     context = kind.prepare(store, info, examples, **params)
-    pairs = kind.read(store, info, examples, context) if kind.read is not None else iter_maps(store, info, examples)
+    pairs = kind.read(store, info, examples, context) if kind.read is not None else iter_weighted_maps(store, info, examples, weights)
     order: list[int] = []
     rows: list[dict[str, np.ndarray]] = []
     for example, maps in pairs:
@@ -245,12 +253,17 @@ def ranged_maps(store: Store, info: RunInfo, examples, prepare: Callable[[np.nda
 
 def covered(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[str, Any]) -> np.ndarray:
     """The examples the kind summarises for `params`, in storage order."""
-    return kind.covers(store, info, dict(params)) if kind.covers is not None else in_storage_order(store, info)
+    return kind.covers(store, info, _unweighted(params)) if kind.covers is not None else in_storage_order(store, info)
+
+
+def _unweighted(params: Mapping[str, Any]) -> dict:
+    """The kind's own parameters (what its hooks take), without the framework's `weights`."""
+    return {k: v for k, v in params.items() if k != "weights"}
 
 
 def committed_state(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[str, Any]) -> dict:
     """The committed state of the run(s) the kind's values depend on, part of its fingerprint."""
-    return kind.state(store, info, dict(params)) if kind.state is not None else {"n_examples": int(store.n_committed(info.id))}
+    return kind.state(store, info, _unweighted(params)) if kind.state is not None else {"n_examples": int(store.n_committed(info.id))}
 
 
 def _summarise_range(store: Store, examples: list[int], run_id: int, kind_name: str, params: dict) -> dict[str, np.ndarray]:

@@ -171,13 +171,13 @@ HEAD_TREES = register_kind(
 )
 
 
-def tree_counts(store: Store, run, examples=None, specials: str = "exclude") -> tuple[RunInfo, dict]:
+def tree_counts(store: Store, run, examples=None, specials: str = "exclude", weights: str = "attention") -> tuple[RunInfo, dict]:
     """Per relation: gold edges, MAX and MST hits per head (method, layer, head), chain hits."""
     if specials not in SPECIALS:
         raise InvalidArgumentError(f"specials={specials!r}: use 'exclude' (words only) or 'include' ([CLS]/[SEP] as nodes)")
     info = store.run_info(run)
     counts: dict[str, list] = {}
-    for part in summary_parts(store, info, HEAD_TREES, examples, specials=specials):
+    for part in summary_parts(store, info, HEAD_TREES, examples, specials=specials, weights=weights):
         if "hits" not in part or not len(part["hits"]):
             continue
         ends = np.cumsum(part["relation_bytes"])
@@ -195,7 +195,9 @@ def tree_counts(store: Store, run, examples=None, specials: str = "exclude") -> 
 
 
 @register("head_trees")
-def head_trees(store: Store, *, run, examples=None, specials: str = "exclude", min_count: int = 100) -> pd.DataFrame:
+def head_trees(
+    store: Store, *, run, examples=None, specials: str = "exclude", min_count: int = 100, weights: str = "attention"
+) -> pd.DataFrame:
     """Trees from heads (Htut et al. 2019): undirected attachment accuracy of each head's MAX links and MST.
 
     Columns: layer, head, uuas_max, uuas_mst (over every gold non-root edge), then
@@ -204,8 +206,10 @@ def head_trees(store: Store, *, run, examples=None, specials: str = "exclude", m
     the word-level map rooted at the gold root (edge head -> dependent scored by the
     dependent's attention to the head). specials="exclude": words only; "include": [CLS]/[SEP]
     as nodes too. The adjacent-word baseline is in frame.attrs["chain_uuas"].
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    info, counts = tree_counts(store, run, examples, specials)
+    info, counts = tree_counts(store, run, examples, specials, weights)
     n = sum(c[0] for c in counts.values())
     total = sum(c[1] for c in counts.values())
     columns = {"uuas_max": total[0] / n, "uuas_mst": total[1] / n}
@@ -219,14 +223,18 @@ def head_trees(store: Store, *, run, examples=None, specials: str = "exclude", m
 
 
 @register("head_trees_summary", per_head=False)
-def head_trees_summary(store: Store, *, run, examples=None, specials: str = "exclude", min_count: int = 100) -> pd.DataFrame:
+def head_trees_summary(
+    store: Store, *, run, examples=None, specials: str = "exclude", min_count: int = 100, weights: str = "attention"
+) -> pd.DataFrame:
     """Per relation (and `all`): the best head's MAX and MST undirected accuracy against the adjacent-word baseline.
 
     Columns: relation, n (gold edges), max_layer, max_head, max_uuas, mst_layer, mst_head,
     mst_uuas, chain_uuas (a chain of adjacent words). Relations with fewer than min_count
     edges are left out; ties go to the lowest layer and head.
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    info, counts = tree_counts(store, run, examples, specials)
+    info, counts = tree_counts(store, run, examples, specials, weights)
     n = sum(c[0] for c in counts.values())
     entries = [("all", n, sum(c[1] for c in counts.values()), sum(c[2] for c in counts.values()))]
     entries += [(r, e, h, ch) for r, (e, h, ch) in sorted(counts.items(), key=lambda kv: -kv[1][0]) if e >= min_count]

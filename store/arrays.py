@@ -89,6 +89,11 @@ TOKEN_IDS = "token_id"
 INDEX_CHUNK = 1 << 16  # entries per chunk of the index arrays
 TOKEN_CHUNK = 1 << 18
 INDEX_CODEC = {"name": "blosc", "cname": "zstd", "clevel": 3, "shuffle": "shuffle", "checksum": "crc32c"}
+# Per (token, layer, head): the norm of that token's value vector through the head's slice of the output projection
+# (Kobayashi et al. 2020), float16, the tokens back to back in storage order like token_id. Small chunks: the part
+# a commit writes is rewritten whole, and a commit adds a batch's tokens (~1k).
+VALUE_NORMS = "value_norm"
+NORM_CHUNK_TOKENS = 1 << 12
 
 
 DRAIN_TIMEOUT_S = 2.0
@@ -230,8 +235,11 @@ def create_run_array(root: str, path: str, *, dtype: str, chunk_cells: int, code
     )
 
 
-def create_run_group(root: str, run_name: str, *, dtype: str, chunk_cells: int, codec: dict, attributes: dict) -> str:
-    """Create (or replace an orphan of) a run's group with empty cells and index arrays; returns the cells path.
+def create_run_group(
+    root: str, run_name: str, *, dtype: str, chunk_cells: int, codec: dict, attributes: dict, value_norms: bool = False
+) -> str:
+    """Create (or replace an orphan of) a run's group with empty cells and index arrays (and an empty `value_norm`
+    array where `value_norms`); returns the cells path.
 
     Called only while holding the run's name in SQL, so any group already at this path is
     left over from an attempt whose row was never committed.
@@ -246,6 +254,19 @@ def create_run_group(root: str, run_name: str, *, dtype: str, chunk_cells: int, 
     for name, index_dtype in INDEX_DTYPES.items():
         _create_index(store, f"{path}/{name}", index_dtype, INDEX_CHUNK, "example")
     _create_index(store, f"{path}/{TOKEN_IDS}", "int32", TOKEN_CHUNK, "token")
+    if value_norms:
+        zarr.create_array(
+            store=store,
+            name=f"{path}/{VALUE_NORMS}",
+            shape=(0, attributes["n_layers"], attributes["n_heads"]),
+            chunks=(NORM_CHUNK_TOKENS, attributes["n_layers"], attributes["n_heads"]),
+            dtype="float16",
+            compressors=make_codec(INDEX_CODEC, "float16"),
+            fill_value=0,
+            config=ARRAY_CONFIG,
+            dimension_names=("token", "layer", "head"),
+            overwrite=True,
+        )
     return cells.path
 
 
@@ -545,6 +566,43 @@ class RunIndex:
                 array.resize((wanted,))
         if self.group.attrs.get(INDEX_PENDING):
             self.group.attrs.update({INDEX_PENDING: False})
+
+
+class ValueNorms:
+    """A layout-2 run's `value_norm` array: (token, layer, head) float16, its tokens in storage order.
+
+    Written like the index arrays, but before the rows of its examples commit (it cannot be rebuilt from SQL):
+    `write(start, values)` replaces everything from `start` (the committed token count), so norms written before a
+    crash and never committed are overwritten by the resumed run.
+    """
+
+    def __init__(self, root: str, array_path: str, read_only: bool = True):
+        group = group_path_of(array_path)
+        if group is None:
+            raise InvalidArgumentError(f"{array_path} is a layout-1 array: it has no value norms")
+        mode: Literal["r", "r+"] = "r" if read_only else "r+"
+        self.array = _open_node(zarr.open_array, root, open_root(root, read_only=read_only), f"{group}/{VALUE_NORMS}", mode)
+
+    @staticmethod
+    def exists(root: str, array_path: str) -> bool:
+        group = group_path_of(array_path)
+        if group is None:
+            return False
+        return sync(open_root(root, read_only=True).exists(f"{group}/{VALUE_NORMS}/zarr.json"))
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        stop = start + len(values)
+        if self.array.shape[0] != stop:
+            self.array.resize((stop, *self.array.shape[1:]))
+        if len(values):
+            self.array[start:stop] = values.astype(np.float16, copy=False)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop): (token, layer, head) float16."""
+        return np.asarray(self.array[start:stop])
+
+    def length(self) -> int:
+        return int(self.array.shape[0])
 
 
 INDEX_PENDING = "index_pending"  # group attribute: a distributed ingest writes the index arrays when the run completes

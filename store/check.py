@@ -207,7 +207,9 @@ def check_run(store, run, repair: bool = False) -> RunReport:
             report.add(str(exc), chunk=f"{info.array_path}/zarr.json")
         blocks = None if array is None else _BlockCheck(report, array, info.n_layers, info.n_heads, arrays.quantize_step(info.codec))
         index = _IndexCheck.open(report, store, info, n_stored, complete=state == "complete") if array is not None else None
+        n_tokens = 0
         for seqs, token_ids in store.writer.block_steps(info.id):
+            n_tokens += int(seqs["length"].sum())
             for ex, length, ids in zip(seqs["example"], seqs["length"], token_ids):
                 if len(ids) != length:
                     report.add(f"{len(ids)} tokens in SQL for a block of length {length}", example=int(ex))
@@ -217,7 +219,46 @@ def check_run(store, run, repair: bool = False) -> RunReport:
                 index = index.step(seqs, token_ids)
         if blocks is not None:
             blocks.finish()
+        if info.has_value_norms:
+            _check_value_norms(report, store, info, n_tokens, complete=state == "complete")
     return report
+
+
+NORM_CHECK_TOKENS = 1 << 16
+
+
+def _check_value_norms(report: RunReport, store, info, n_tokens: int, complete: bool) -> None:
+    """The run's value_norm array holds a finite, non-negative norm for every committed token (checksums verified as
+    each chunk decodes); exactly those once the run is complete."""
+    where = f"{arrays.run_node_path(info.array_path)}/{arrays.VALUE_NORMS}"
+    try:
+        norms = arrays.ValueNorms(store.locations.array_root, info.array_path)
+        length = norms.length()
+    except DamagedDataError as exc:
+        report.add(str(exc))
+        return
+    except Exception as exc:
+        if remote.is_remote(store.locations.array_root) and remote.is_storage_failure(exc):
+            raise
+        report.add(f"{where} cannot be opened ({_first_line(exc)}); the run's value norms are lost: ingest it again")
+        return
+    if length < n_tokens or (complete and length != n_tokens):
+        report.add(f"{where} holds {length} tokens, the committed examples {n_tokens}; ingest the run again for its value norms")
+        return
+    for start in range(0, n_tokens, NORM_CHECK_TOKENS):
+        stop = min(start + NORM_CHECK_TOKENS, n_tokens)
+        try:
+            values = norms.read(start, stop)
+        except Exception as exc:
+            if remote.is_remote(store.locations.array_root) and remote.is_storage_failure(exc):
+                raise
+            report.add(f"{where}: tokens {start}..{stop} cannot be read ({_first_line(exc)})", chunk=where)
+            return
+        bad = ~np.isfinite(values) | (values < 0)
+        if bad.any():
+            token = start + int(np.argwhere(bad)[0][0])
+            report.add(f"{where}: the norm of token {token} (in storage order) is not finite (or negative)", chunk=where)
+            return
 
 
 class _IndexCheck:

@@ -89,6 +89,10 @@ class RunHandle:
         """Stream (example, maps) over the run with bounded memory (see `Store.iter_attention`)."""
         return self.store.iter_attention(self.info.id, examples)
 
+    def value_norms(self, example: int) -> np.ndarray:
+        """One example's value norms as a (layer, head, key) array (see `Store.value_norms`)."""
+        return self.store.value_norms(self.info.id, example)
+
     def head_metrics(self, metric: str | None = None) -> pd.DataFrame:
         """Saved per-head values of this run (see `Store.head_metrics`)."""
         return self.store.head_metrics(self.info.id, metric)

@@ -24,10 +24,12 @@ from sqlalchemy.orm import sessionmaker
 from . import arrays, progress, remote
 from .config import Locations
 from .db import check_connection, create_engine, session_scope, sql_write_denied, sqlite_path, sqlite_writable
-from .errors import InvalidArgumentError, NotFoundError
+from .errors import DamagedDataError, InvalidArgumentError, NotFoundError
 from .migrate import upgrade_command, verify_schema
 from .records import RunInfo
 from .schema import AblationResult, Dataset, Example, HeadMatch, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token, Word
+
+NORM_READ_TOKENS = 1 << 16  # value norms read at once (x layers x heads float16 values)
 
 RunRef = str | int
 
@@ -559,6 +561,58 @@ class StoreReader:
         for key, maps in arrays.iter_blocks(self._array(info), refs, info.n_layers, info.n_heads, describe=describe, ordered=True):
             yield int(key), maps  # type: ignore[call-overload]  # keys are the example positions given above
             progress.advance()  # a progress bar listens only where a command asked for one (store/progress.py)
+
+    def has_value_norms(self, run: RunRef) -> bool:
+        """Whether the run keeps its value norms (`value_norms`, queries' weights="norm")."""
+        return self.run_info(run).has_value_norms
+
+    def require_value_norms(self, run: RunRef) -> None:
+        """Refuse, in one line naming the run, a run that keeps no value norms."""
+        info = self.run_info(run)
+        if not info.has_value_norms:
+            raise InvalidArgumentError(
+                f"run {info.name!r} has no value norms (ingested before attnstore kept them, with --no-norms, on a Dask "
+                f"scheduler, or its model's value and output projections were not found): ingest it again under a new "
+                f"--name to use them"
+            )
+
+    def value_norms(self, run: RunRef, example: int) -> np.ndarray:
+        """One example's value norms as a (layer, head, key) float32 array: ||f_h(x_j)||, the norm of token j's value
+        vector through head h's slice of the output projection (value bias included, output bias not; Kobayashi et
+        al. 2020), stored as float16. Weighting the maps by them, a[l, h, i, j] * n[l, h, j] = ||a_ij f_h(x_j)||."""
+        return next(self.iter_value_norms(run, [example]))[1]
+
+    def iter_value_norms(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """(example, (layer, head, key) float32 value norms) over the run's committed examples (or `examples`), in
+        storage order, as `iter_attention` gives their maps."""
+        info = self.run_info(run)
+        self.require_value_norms(info.id)
+        positions, lengths = self._in_storage_order(info, Example.position, Sequence.length)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        if examples is not None:
+            wanted = np.unique(np.fromiter((int(e) for e in examples), dtype=np.int64))
+            missing = np.setdiff1d(wanted, positions)
+            if missing.size:
+                raise NotFoundError(f"run {info.name!r} has no stored example(s) {missing[:10].tolist()}")
+            keep = np.isin(positions, wanted)
+            positions, lengths, starts = positions[keep], lengths[keep], starts[keep]
+        norms = arrays.ValueNorms(self.locations.array_root, info.array_path)
+        i = 0
+        while i < len(positions):  # one read per window of nearby examples
+            j = i + 1
+            while j < len(positions) and starts[j] + lengths[j] - starts[i] <= NORM_READ_TOKENS:
+                j += 1
+            first, last = int(starts[i]), int(starts[j - 1] + lengths[j - 1])
+            window = norms.read(first, last)
+            if len(window) != last - first:
+                raise DamagedDataError(
+                    f"run {info.name!r}: its value_norm array holds {norms.length()} tokens, fewer than its committed "
+                    f"examples need ({last}); run `attnstore check`"
+                )
+            for k in range(i, j):
+                a = int(starts[k]) - first
+                yield int(positions[k]), np.ascontiguousarray(window[a : a + int(lengths[k])].transpose(1, 2, 0), dtype=np.float32)
+            i = j
 
     # ------------------------------------------------------------------ saved results and models
 

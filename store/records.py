@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The manifest flag of a run that keeps its value norms (store/arrays.py VALUE_NORMS): set when the run is started.
+VALUE_NORMS_FLAG = "value_norms"
+
 
 @dataclass(frozen=True)
 class RunInfo:
@@ -30,6 +33,11 @@ class RunInfo:
     n_skipped: int
     manifest: dict = field(default_factory=dict)
     tokenization: str = "words"
+
+    @property
+    def has_value_norms(self) -> bool:
+        """Whether the run keeps each token's value norm per (layer, head) beside its maps (weights="norm" queries)."""
+        return bool((self.manifest or {}).get(VALUE_NORMS_FLAG)) and self.array_path.endswith("/cells")
 
 
 @dataclass(frozen=True)

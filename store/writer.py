@@ -25,7 +25,7 @@ from . import arrays, leases, remote
 from .errors import AttnStoreError, ConflictError, InvalidArgumentError, ReadOnlyStoreError, StorageIOError
 from .identity import dataset_identity
 from .reader import RunRef, StoreReader
-from .records import ExampleInput, RunInfo, StoredExample
+from .records import VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
 from .schema import (
     AblationResult,
     Dataset,
@@ -324,7 +324,13 @@ class StoreWriter:
             attributes = run_attributes(s, run)
             try:
                 arrays.create_run_group(
-                    self.store.locations.array_root, name, dtype=dtype, chunk_cells=chunk_cells, codec=codec, attributes=attributes
+                    self.store.locations.array_root,
+                    name,
+                    dtype=dtype,
+                    chunk_cells=chunk_cells,
+                    codec=codec,
+                    attributes=attributes,
+                    value_norms=bool(fields["manifest"].get(VALUE_NORMS_FLAG)),
                 )
             except OSError as exc:
                 raise StorageIOError(
@@ -512,6 +518,12 @@ class RunWriter:
                 # alone, so a writer that was cut off (a killed process, a distributed part) cannot overwrite new data.
                 start = arrays.resume_offset(max(int(end or 0), array.shape[0]), info.chunk_cells)
             self.blocks = arrays.BlockWriter(array, start)
+            # Value norms (when the run keeps them) go to their array before their examples' rows commit, from the
+            # committed token count on: norms written before a crash and never committed are overwritten.
+            self.norms = None
+            self._norm_tokens = int(n_tokens or 0)
+            if part is None and info.has_value_norms:
+                self.norms = arrays.ValueNorms(store.locations.array_root, info.array_path, read_only=False)
             # Layout 2 mirrors the committed index in Zarr; layout-1 runs (resumed after an upgrade of attnstore) have none.
             self.index = None
             if part is None and arrays.group_path_of(info.array_path):
@@ -527,16 +539,25 @@ class RunWriter:
                     f"then run the same ingest command to resume"
                 ) from None
             raise
-        self._pending: list[tuple[int, dict, list[tuple], np.ndarray]] = []  # (end offset, sequence row, token rows, token ids)
+        # (end offset, sequence row, token rows, token ids, value norms (token, layer, head) or None)
+        self._pending: list[tuple[int, dict, list[tuple], np.ndarray, np.ndarray | None]] = []
         # Index entries committed in SQL, not yet in the Zarr index: written every INDEX_FLUSH_TOKENS tokens and at the end.
         self._index_queue: list[tuple[int, int, int, np.ndarray]] = []  # (example position, offset, length, token ids)
         self._index_tokens = 0
         self._lag_marked = False
 
-    def add(self, example_id: int, maps: np.ndarray, tokens: list[dict], truncated: bool = False) -> None:
+    def add(self, example_id: int, maps: np.ndarray, tokens: list[dict], truncated: bool = False, norms: np.ndarray | None = None) -> None:
+        """`norms`: the example's value norms, (token, layer, head), required where the run keeps them (and only there)."""
         expected = (self.info.n_layers, self.info.n_heads)
         if maps.ndim != 4 or maps.shape[:2] != expected or maps.shape[2] != maps.shape[3] or maps.shape[2] != len(tokens):
             raise InvalidArgumentError(f"maps of shape {maps.shape} do not fit {len(tokens)} tokens and {expected} (layer, head)")
+        if (norms is None) != (self.norms is None) and self.part is None:
+            raise InvalidArgumentError(
+                f"run {self.info.name!r} {'keeps' if self.norms is not None else 'does not keep'} value norms: "
+                f"example {example_id} was given {'none' if norms is None else 'some'}"
+            )
+        if norms is not None and norms.shape != (len(tokens), *expected):
+            raise InvalidArgumentError(f"value norms of shape {norms.shape} do not fit {len(tokens)} tokens and {expected} (layer, head)")
         if self.part is not None and self.blocks.next_offset + maps.size > self.part[1]:
             raise InvalidArgumentError(
                 f"example {example_id}'s maps do not fit the cells {self.part[0]}..{self.part[1]} "
@@ -547,11 +568,12 @@ class RunWriter:
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=offset, truncated=truncated, skipped=False)
         run_id = self.info.id
         toks = [(run_id, example_id, i, *token_values(t)) for i, t in enumerate(tokens)]
-        self._pending.append((offset + maps.size, seq, toks, np.fromiter((t["token_id"] for t in tokens), np.int64, len(tokens))))
+        ids = np.fromiter((t["token_id"] for t in tokens), np.int64, len(tokens))
+        self._pending.append((offset + maps.size, seq, toks, ids, norms))
 
     def add_skipped(self, example_id: int, length: int) -> None:
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=None, truncated=False, skipped=True)
-        self._pending.append((0, seq, [], np.empty(0, np.int64)))
+        self._pending.append((0, seq, [], np.empty(0, np.int64), None))
 
     def _flush_blocks(self, final: bool, wait: bool) -> int:
         self.lease.check()
@@ -581,6 +603,7 @@ class RunWriter:
         seqs = [p[1] for p in ready]
         toks = [t for p in ready for t in p[2]]
         n_stored = sum(1 for q in seqs if not q["skipped"])
+        self._write_norms([p[4] for p in ready if p[4] is not None])
         with self.store.session() as s:
             self.lease.check(s.connection())
             if self.index is not None:
@@ -607,6 +630,23 @@ class RunWriter:
                 )
             )
         return len(ready)
+
+    def _write_norms(self, norms: list[np.ndarray]) -> None:
+        """The value norms of examples about to commit, after those committed (before their rows: a committed example
+        never lacks its norms)."""
+        if self.norms is None or not norms:
+            return
+        self.lease.check()
+        values = np.concatenate(norms)
+        try:
+            self.norms.write(self._norm_tokens, values)
+        except OSError as exc:
+            raise StorageIOError(
+                f"cannot write the value norms of run {self.info.name!r} under {self.store.locations.array_root}: "
+                f"{exc.strerror or exc}; the run is kept as interrupted: free space or fix permissions, "
+                f"then run the same ingest command to resume"
+            ) from None
+        self._norm_tokens += len(values)
 
     def _flush_index(self) -> None:
         assert self.index is not None

@@ -243,8 +243,10 @@ def make_run():
         finish=True,
         codec=None,
         write=None,
+        norms_list=None,
     ):
-        """write: how many of the examples to store (default all; the rest are only in the dataset).
+        """norms_list: per example, its value norms (layer, head, L); the run then keeps value norms.
+        write: how many of the examples to store (default all; the rest are only in the dataset).
         words_list: per example, word dicts (form, head, deprel, upos, ...) replacing one word per
         non-special token; token_words: per example, each token's word position (None for specials);
         mentions_list: per example, mention dicts (word_start, word_end, head, entity, kind, doc_order)."""
@@ -306,6 +308,7 @@ def make_run():
             specials=specials,
             chunk_cells=chunk_cells,
             codec=codec,
+            value_norms=norms_list is not None,
         )
         ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
         writer = store.writer.run_writer(info.id)
@@ -330,7 +333,8 @@ def make_run():
                     )
                 )
                 word += 0 if special else 1
-            writer.add(ids[position], np.asarray(maps), rows)
+            norms = None if norms_list is None else np.asarray(norms_list[position]).transpose(2, 0, 1)  # (token, layer, head)
+            writer.add(ids[position], np.asarray(maps), rows, norms=norms)
             writer.commit()
         if finish:
             writer.finish(0.0)

@@ -111,7 +111,17 @@ def check_read_only_and_grown_rebuilt(store, run: str, query: str, kind: str, ze
 
 
 def hand_run(
-    store, name: str, *, dataset_id: int, n_layers: int, n_heads: int, dtype: str, specials: dict, chunk_cells: int = 64, codec=None
+    store,
+    name: str,
+    *,
+    dataset_id: int,
+    n_layers: int,
+    n_heads: int,
+    dtype: str,
+    specials: dict,
+    chunk_cells: int = 64,
+    codec=None,
+    value_norms: bool = False,
 ):
     """A hand-made model's run over `dataset_id`, started as ingest starts one (chunks of 64 cells by default); returns its
     RunInfo. Also what conftest's `make_run` starts its runs with."""
@@ -139,7 +149,7 @@ def hand_run(
         batch_size=1,
         code_version="test",
         corpus_checksum="x",
-        manifest={},
+        manifest={"value_norms": True} if value_norms else {},
     )
 
 

@@ -43,10 +43,24 @@ def _groups(frame: pd.DataFrame) -> dict[int, pd.DataFrame]:
     return {int(k): g for k, g in frame.groupby("example", sort=False)}
 
 
-def _maps(store, info, examples=None):
-    """(example, maps) of the run's stored examples (or `examples`) in storage order."""
+def _maps(store, info, examples=None, weights: str = "attention"):
+    """(example, maps) of the run's stored examples (or `examples`) in storage order; weights="norm": each map weighted
+    by its keys' value norms (read one example at a time) and every row renormalised, written out with loops."""
     order = [int(e) for part in storage_ranges(store, info, examples) for e in part]
-    return store.iter_attention(info.id, order)
+    if weights == "attention":
+        return store.iter_attention(info.id, order)
+    return ((example, _norm_weighted(maps, store.value_norms(info.id, example))) for example, maps in store.iter_attention(info.id, order))
+
+
+def _norm_weighted(maps: np.ndarray, norms: np.ndarray) -> np.ndarray:
+    out = np.zeros(maps.shape, dtype=np.float64)
+    for layer in range(maps.shape[0]):
+        for head in range(maps.shape[1]):
+            for i in range(maps.shape[2]):
+                row = maps[layer, head, i].astype(np.float64) * norms[layer, head].astype(np.float64)
+                if row.sum() > 0:
+                    out[layer, head, i] = row / row.sum()
+    return out.astype(np.float32)
 
 
 def row_entropy(maps: np.ndarray) -> np.ndarray:
@@ -57,12 +71,12 @@ def row_entropy(maps: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- Clark C1, C2, C4
 
 
-def relative_position(store, *, run, examples=None, average: str = "example"):
+def relative_position(store, *, run, examples=None, average: str = "example", weights: str = "attention"):
     info = store.run_info(run)
     shape = (info.n_layers, info.n_heads)
     prev, same, nxt = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     n_tokens = n_pairs = n_examples = 0
-    for _, maps in _maps(store, info, examples):
+    for _, maps in _maps(store, info, examples, weights):
         length = maps.shape[-1]
         sums = [np.diagonal(maps, offset=k, axis1=2, axis2=3).sum(-1, dtype=np.float64) for k in (-1, 0, 1)]
         if average == "example":
@@ -82,7 +96,7 @@ def relative_position(store, *, run, examples=None, average: str = "example"):
     return frame
 
 
-def special_tokens(store, *, run, punct: str = ".,", examples=None, average: str = "example"):
+def special_tokens(store, *, run, punct: str = ".,", examples=None, average: str = "example", weights: str = "attention"):
     per_example = average == "example"
     info = store.run_info(run)
     flags = token_flags(store, info, punct)
@@ -90,7 +104,7 @@ def special_tokens(store, *, run, punct: str = ".,", examples=None, average: str
     to = {k: np.zeros(shape) for k in ("cls", "sep", "punct", "other")}
     sep_from_sep, sep_from_other = np.zeros(shape), np.zeros(shape)
     n_queries = n_sep = n_non_sep = 0
-    for example, maps in _maps(store, info, examples):
+    for example, maps in _maps(store, info, examples, weights):
         f = flags[example]
         received = maps.sum(axis=2, dtype=np.float64)
         other = ~(f.cls | f.sep | f.punct)
@@ -113,7 +127,7 @@ def special_tokens(store, *, run, punct: str = ".,", examples=None, average: str
     )
 
 
-def entropy(store, *, run, examples=None, average: str = "example"):
+def entropy(store, *, run, examples=None, average: str = "example", weights: str = "attention"):
     per_example = average == "example"
     info = store.run_info(run)
     causal = is_causal(store, info)
@@ -122,7 +136,7 @@ def entropy(store, *, run, examples=None, average: str = "example"):
     total, from_cls = np.zeros(shape), np.zeros(shape)
     n_queries = n_cls = 0
     uniform = uniform_cls = 0.0
-    for example, maps in _maps(store, info, examples):
+    for example, maps in _maps(store, info, examples, weights):
         h = row_entropy(maps.astype(np.float32)).astype(np.float64)  # per row in float32, as the query (documented)
         cls_mask = flags[example].cls
         length, cls = maps.shape[-1], int(cls_mask.sum())
@@ -153,12 +167,12 @@ def entropy(store, *, run, examples=None, average: str = "example"):
 # ---------------------------------------------------------------- Clark C9
 
 
-def head_distance_sum(store, run, examples=None, smoothing: float = 0.001):
+def head_distance_sum(store, run, examples=None, smoothing: float = 0.001, weights: str = "attention"):
     info = store.run_info(run)
     n = info.n_layers * info.n_heads
     upper = np.zeros(n * (n - 1) // 2)
     n_tokens = 0
-    for _, maps in _maps(store, info, examples):
+    for _, maps in _maps(store, info, examples, weights):
         heads = maps.reshape(-1, *maps.shape[2:]).astype(np.float64)
         upper += js_upper(smoothing / heads.shape[-1] + (1 - smoothing) * heads, threads=1)
         n_tokens += maps.shape[-1]
@@ -260,13 +274,13 @@ def pattern_scores_of(store, info, kind, chosen):
     return out
 
 
-def dependency_counts(store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True):
+def dependency_counts(store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True, weights: str = "attention"):
     """The counts from every example's maps, decoded and made word-level one example at a time, and the word table,
     read range by range (SUMMARY_RANGE examples in storage order)."""
     info = store.run_info(run)
     counts = _empty_counts(info, [])
     for part in storage_ranges(store, info, examples):
-        counts = _add_counts(counts, _dependency_range(store, info, part, head2dep, poss_apostrophe))
+        counts = _add_counts(counts, _dependency_range(store, info, part, head2dep, poss_apostrophe, weights))
     if examples is not None:  # the relations of every stored example, as without `examples`
         for part in storage_ranges(store, info):
             words = store.word_table(info.id, part)
@@ -275,7 +289,7 @@ def dependency_counts(store, run, examples=None, head2dep: str = "transpose", po
     return counts
 
 
-def _dependency_range(store, info, examples, head2dep, poss_apostrophe):
+def _dependency_range(store, info, examples, head2dep, poss_apostrophe, weights="attention"):
     """`dependency_counts` of one range of committed examples: its relations, hits and baseline."""
     all_words = store.word_table(info.id, examples)
     words = all_words[all_words["deprel"].notna()]
@@ -286,7 +300,7 @@ def _dependency_range(store, info, examples, head2dep, poss_apostrophe):
     forms = {int(k): dict(zip(g["position"], g["form"])) for k, g in all_words.groupby("example", sort=False)}
     tokens = _groups(store.token_table(info.id, examples)[["example", "word_position"]])
     edges = _groups(words)
-    for example, maps in store.iter_attention(info.id, examples):
+    for example, maps in _maps(store, info, examples, weights):
         if example not in edges:
             continue
         by_row, by_col, unit_words = word_predictions(maps, units_of(tokens[example]["word_position"]))
@@ -418,9 +432,9 @@ def _most_attended(wmap: np.ndarray) -> np.ndarray:
     return out
 
 
-def _predictions(store, info, examples, wanted):
+def _predictions(store, info, examples, wanted, weights="attention"):
     tokens = _groups(store.token_table(info.id, examples)[["example", "word_position"]])
-    for example, maps in _maps(store, info, examples):
+    for example, maps in _maps(store, info, examples, weights):
         if wanted(example):
             units = units_of(tokens[example]["word_position"])
             keep = np.flatnonzero(units.is_word)
@@ -445,14 +459,14 @@ def frame_head_scores(store, run, examples=None, filters: FrameFilters | None = 
     return info, total / n, n, counts
 
 
-def coreference_counts(store, run, examples=None, baselines: bool = True):
+def coreference_counts(store, run, examples=None, baselines: bool = True, weights: str = "attention"):
     info = store.run_info(run)
     ranges = storage_ranges(store, info, examples)
     tables = _RangeTables(store, info, ranges, baselines)
     heads = np.zeros((len(KINDS), info.n_layers, info.n_heads))
     base = np.zeros((len(KINDS), len(BASELINES)))
     totals = np.zeros(len(KINDS))
-    for example, ids, rows, pred in _predictions(store, info, examples, tables.has_mentions):
+    for example, ids, rows, pred in _predictions(store, info, examples, tables.has_mentions, weights):
         if baselines:
             forms, feats = tables.forms[tables.word_rows[example]], tables.feats[tables.word_rows[example]]
         found: list[dict] = []

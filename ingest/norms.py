@@ -1,0 +1,124 @@
+"""Value norms (Kobayashi et al. 2020, "Attention is not only a weight"): per (layer, head, key token) the norm
+||f_h(x_j)|| of token j's value vector transformed by head h's slice of the attention output projection.
+
+A head's output for query i is sum_j a_ij f_h(x_j) with f_h(x) = (x W_V^h + b_V^h) W_O^h (value bias included, the
+output bias added once after the heads, not), so ||a_ij f_h(x_j)|| = a_ij ||f_h(x_j)||: one number per key token and
+head is enough to weight every map (queries' weights="norm"). The reference code (gorokoba560/norm-analysis-of-
+transformer, `BertSelfAttention` returning `transformed_norm`) computes f_h(x_j) as a (query, key, hidden) tensor and
+takes its norm; here ||v W_O^h||^2 = v^T (W_O^h W_O^h^T) v with the (head_dim x head_dim) Gram matrix of each head's
+slice, computed once per model, so the extra work per token is head_dim^2 per head instead of head_dim x hidden.
+
+The value vectors are caught by forward hooks on each layer's value projection (it runs before the layer's map, so
+the shortened pass of ingest/capture.py still computes it). Found by module names for the encoders this project runs
+(BERT/RoBERTa/ELECTRA-style `value` + the sibling `output.dense`, MPNet's `v` + `o`, `v_proj` + `out_proj`/`o_proj`);
+a model where they are not found, one per layer, gets no value norms (`find_value_projections` -> None).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+VALUE_NAMES = ("value", "v", "v_proj", "value_proj")
+OUTPUT_NAMES = ("o", "out_proj", "o_proj")  # inside the self-attention module; else its parent's `output.dense`
+
+
+@dataclass(frozen=True)
+class ValueProjections:
+    """Per layer, in forward order: the value projection module and the Gram matrices of its heads' output slices."""
+
+    values: tuple[Any, ...]  # torch.nn.Linear, one per layer
+    grams: tuple[Any, ...]  # torch tensors (head, head_dim, head_dim), float32
+    n_heads: int
+
+
+def _linear(module) -> bool:
+    weight = getattr(module, "weight", None)
+    return weight is not None and getattr(weight, "ndim", 0) == 2 and type(module).__name__ == "Linear"
+
+
+def find_value_projections(model, n_layers: int, n_heads: int) -> ValueProjections | None:
+    """The value and output projections of each attention layer, or None if not exactly one per layer is found."""
+    import torch
+
+    modules = dict(model.named_modules())
+    values, grams = [], []
+    for name, module in modules.items():
+        value = next((getattr(module, v) for v in VALUE_NAMES if _linear(getattr(module, v, None))), None)
+        if value is None:
+            continue
+        output = next((getattr(module, o) for o in OUTPUT_NAMES if _linear(getattr(module, o, None))), None)
+        if output is None:  # BERT: BertAttention holds .self (query, key, value) and .output (dense, LayerNorm)
+            parent = modules.get(name.rsplit(".", 1)[0]) if "." in name else None
+            dense = getattr(getattr(parent, "output", None), "dense", None)
+            output = dense if _linear(dense) else None
+        if output is None:
+            return None
+        hidden = value.weight.shape[0]
+        if hidden % n_heads or output.weight.shape[1] != hidden:
+            return None
+        head_dim = hidden // n_heads
+        with torch.no_grad():
+            # nn.Linear computes y = v W^T: head h's slice of the output projection is weight[:, h*d:(h+1)*d]
+            w = output.weight.detach().float().reshape(output.weight.shape[0], n_heads, head_dim).permute(1, 0, 2)
+            grams.append(torch.einsum("hod,hoe->hde", w, w).contiguous())
+        values.append(value)
+    if len(values) != n_layers:
+        return None
+    return ValueProjections(tuple(values), tuple(grams), n_heads)
+
+
+_collecting = threading.local()  # .values: this thread's pass's value outputs so far
+_install_lock = threading.Lock()
+
+
+def _catch(_module, _args, output):
+    caught = getattr(_collecting, "values", None)
+    if caught is not None:
+        caught.append(output)
+
+
+def install(projections: ValueProjections) -> None:
+    """The catching hooks, once per module (as ingest/capture.py does: a hook per pass would change a module's hook
+    dict while another thread's pass iterates over it)."""
+    with _install_lock:
+        for module in projections.values:
+            if getattr(module, "_attnstore_value_hook", None) is None:
+                module._attnstore_value_hook = module.register_forward_hook(_catch)
+
+
+class collecting:
+    """`with collecting(projections) as values:` around a forward pass on this thread: `values` gets each layer's value
+    projection output (batch, token, hidden) in forward order."""
+
+    def __init__(self, projections: ValueProjections | None):
+        self.projections = projections
+        self.values: list = []
+
+    def __enter__(self) -> list:
+        if self.projections is not None:
+            install(self.projections)
+            _collecting.values = self.values
+        return self.values
+
+    def __exit__(self, *exc) -> None:
+        _collecting.values = None
+
+
+def value_norms(projections: ValueProjections, values: list, lengths: list[int]) -> list[np.ndarray]:
+    """Per example, its (token, layer, head) value norms, float32, for its first `length` tokens."""
+    import torch
+
+    if len(values) != len(projections.grams):
+        raise RuntimeError(f"caught {len(values)} value projections, expected {len(projections.grams)} (one per layer)")
+    per_layer = []
+    for v, gram in zip(values, projections.grams):
+        b, t, hidden = v.shape
+        heads = v.float().reshape(b, t, projections.n_heads, hidden // projections.n_heads)
+        squared = torch.einsum("bthd,hde,bthe->bth", heads, gram, heads)
+        per_layer.append(squared.clamp_min_(0).sqrt_())
+    norms = torch.stack(per_layer, dim=2).numpy()  # (batch, token, layer, head)
+    return [norms[k, :n] for k, n in enumerate(lengths)]
