@@ -254,12 +254,19 @@ def kovaleva_report(
         lambda: figure_features(store, runs, folder, "fig6_features", "Fig. 6: normalised attention to feature tokens (pre-trained)"),
         "fig6_features",
     )
-    section("Fig. 7: attention from [CLS] in the last layer", lambda: figure_cls(store, runs, folder), "fig7_cls_attention")
+    section(
+        "Fig. 7: attention from [CLS] in the last layer",
+        lambda: figure_cls(store, runs, folder),
+        "fig7_cls_attention",
+        "Per head, the largest weight from [CLS] among the feature's tokens (pool=max, the paper's Sec. 4.4 rule), averaged "
+        "over the examples with the feature; each bar is the mean over the layer's heads.",
+    )
     section(
         "Token-to-token attention (Sec. 4.5)",
         lambda: ([], pd.concat([run_query(store, "token_to_token", run=r).assign(task=t) for t, r in runs.items()], ignore_index=True)),
         "token_to_token",
-        "Per head: verb→subject, subject→verb, noun→pronoun, pronoun→noun (word-level maps).",
+        "Per head: verb→subject, subject→verb, noun→pronoun, pronoun→noun; per example the largest token-to-token weight over "
+        "the linked pairs (statistic=token_max, the authors' notebook), averaged over the examples with a pair.",
     )
     path = folder / "README.md"
     path.write_text("\n".join(lines), encoding="utf-8")
