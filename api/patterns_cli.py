@@ -98,7 +98,7 @@ def calibrate(locations, source, test_fraction, seed):
     train = data[~held_out]
     best, train_f1 = calibrate(train, train["label"])
     for name, thresholds in (("module constants", THRESHOLDS), ("grid optimum", best)):
-        predicted = labels_from_scores(data["vertical"], data["diagonal"], data["block"], thresholds)
+        predicted = labels_from_scores(data, thresholds)
         tr = evaluate(data["label"][~held_out], predicted[~held_out])
         te = evaluate(data["label"][held_out], predicted[held_out])
         shown = ", ".join(f"{k}={v:g}" for k, v in thresholds.items())

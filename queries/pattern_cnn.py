@@ -226,7 +226,7 @@ def train_from_store(
     seconds = time.perf_counter() - started
     cnn_test, _ = predict(model, features[held_out])
     cnn_train, _ = predict(model, features[~held_out])
-    rules = labels_from_scores(frame["vertical"], frame["diagonal"], frame["block"])
+    rules = labels_from_scores(frame)
     true = frame["label"].to_numpy(object)
     names = np.array(CLASSES, dtype=object)
     report = dict(

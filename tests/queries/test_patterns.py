@@ -119,7 +119,7 @@ def test_scores_exact_on_a_tiny_map():
     [
         (lambda: (vertical_map(), *one_segment()), "vertical"),
         (lambda: (previous_map(), *one_segment()), "diagonal"),
-        (lambda: (0.5 * vertical_map() + 0.5 * previous_map(), *one_segment()), "vertical+diagonal"),
+        (lambda: (0.6 * vertical_map() + 0.4 * previous_map(), *one_segment()), "vertical+diagonal"),
         (block_map, "block"),
         (lambda: (far_map(), *one_segment()), "heterogeneous"),
         (cross_map, "heterogeneous"),
@@ -140,7 +140,7 @@ def test_next_token_is_diagonal_but_self_is_not():
 
 def test_classify_maps_is_classify_map_per_head():
     special, segment = one_segment()
-    maps = np.stack([np.stack([vertical_map(), previous_map()]), np.stack([far_map(), 0.5 * vertical_map() + 0.5 * previous_map()])])
+    maps = np.stack([np.stack([vertical_map(), previous_map()]), np.stack([far_map(), 0.6 * vertical_map() + 0.4 * previous_map()])])
     labels = P.classify_maps(maps, special, segment)
     assert labels.shape == (2, 2)
     assert labels.tolist() == [["vertical", "diagonal"], ["heterogeneous", "vertical+diagonal"]]
@@ -153,35 +153,133 @@ def below(x):
     return np.nextafter(x, -np.inf)
 
 
+def lab(vertical, diagonal, block, thresholds=None, vertical_seg=None, diagonal_seg=None):
+    """labels_from_scores of lists of normalised scores (vertical_seg, diagonal_seg NaN unless given)."""
+    nan = [np.nan] * len(vertical)
+    scores = dict(
+        vertical_norm=vertical,
+        diagonal_norm=diagonal,
+        block_norm=block,
+        vertical_seg=nan if vertical_seg is None else vertical_seg,
+        diagonal_seg=nan if diagonal_seg is None else diagonal_seg,
+    )
+    return P.labels_from_scores(scores, thresholds)
+
+
 def test_threshold_edges():
     t = P.THRESHOLDS
-    lab = P.labels_from_scores
     nan = np.nan
-    # vertical: at the threshold it is vertical, just below it is not
+    # vertical: at the threshold it is vertical (margin 1), just below it is not
     assert lab([t["vertical_min"]], [0.0], [nan])[0] == "vertical"
     assert lab([below(t["vertical_min"])], [0.0], [nan])[0] == "heterogeneous"
     # diagonal
     assert lab([0.0], [t["diagonal_min"]], [nan])[0] == "diagonal"
     assert lab([0.0], [below(t["diagonal_min"])], [nan])[0] == "heterogeneous"
-    # the mix needs both of its thresholds; it wins over vertical and diagonal
+    # the mix needs both of its thresholds and wins where its margin (the smaller of its two) is the largest
     mv, md = t["mix_vertical_min"], t["mix_diagonal_min"]
-    assert lab([mv], [md], [nan])[0] == "vertical+diagonal"
-    assert lab([max(mv, t["vertical_min"])], [md], [nan])[0] == "vertical+diagonal"
-    assert lab([below(mv)], [md], [nan])[0] == ("diagonal" if md >= t["diagonal_min"] else "heterogeneous")
-    assert lab([mv], [below(md)], [nan])[0] == ("vertical" if mv >= t["vertical_min"] else "heterogeneous")
-    # block: two segments only, at the threshold, and only when neither vertical nor diagonal
+    assert lab([t["vertical_min"]], [t["diagonal_min"]], [nan])[0] == "vertical+diagonal"
+    assert lab([below(mv)], [t["diagonal_min"]], [nan])[0] == "diagonal"
+    assert lab([t["vertical_min"]], [below(md)], [nan])[0] == "vertical"
+    # a dominant score wins over the mix: the margins decide, not a fixed order
+    assert lab([mv], [10 * t["diagonal_min"]], [nan])[0] == "diagonal"
+    assert lab([10 * t["vertical_min"]], [md], [nan])[0] == "vertical"
+    # block: two segments only, at the threshold, and only where no stripe or diagonal holds (local attention stays
+    # in its segment too, so a diagonal map's block score is high: it cannot compete on margins)
     assert lab([0.0], [0.0], [t["block_min"]])[0] == "block"
     assert lab([0.0], [0.0], [below(t["block_min"])])[0] == "heterogeneous"
     assert lab([t["vertical_min"]], [0.0], [1.0])[0] == "vertical"
     assert lab([0.0], [t["diagonal_min"]], [1.0])[0] == "diagonal"
     assert lab([0.0], [0.0], [nan])[0] == "heterogeneous"
+    # ... unless the segments explain the stripe and the diagonal: then block whatever the margins
+    mv, md = t["mix_vertical_min"], t["mix_diagonal_min"]
+    assert lab([0.2], [0.3], [t["block_min"]], vertical_seg=[below(mv)], diagonal_seg=[below(md)])[0] == "block"
+    assert lab([0.2], [0.3], [t["block_min"]], vertical_seg=[below(mv)], diagonal_seg=[md])[0] != "block"
+    assert lab([0.2], [0.3], [below(t["block_min"])], vertical_seg=[0.0], diagonal_seg=[0.0])[0] != "block"
+
+
+def test_margins_are_the_scores_over_their_thresholds():
+    t = dict(vertical_min=0.2, diagonal_min=0.4, mix_vertical_min=0.1, mix_diagonal_min=0.2, block_min=0.5)
+    m = P.rule_margins([0.3, 0.05, 0.3], [0.1, 0.8, 0.3], t)
+    np.testing.assert_allclose(m[0], [min(3.0, 0.5), 1.5, 0.25])
+    np.testing.assert_allclose(m[1], [min(0.5, 4.0), 0.25, 2.0])
+    np.testing.assert_allclose(m[2], [1.5, 1.5, 0.75])  # a tie goes to the earlier class: the mix
+    assert lab([0.3, 0.05, 0.3], [0.1, 0.8, 0.3], [np.nan, 0.25, np.nan], t).tolist() == [
+        "vertical",
+        "diagonal",
+        "vertical+diagonal",
+    ]
+    with pytest.raises(InvalidArgumentError, match="positive"):
+        P.rule_margins([0.1], [0.1], dict(vertical_min=0.0))
+
+
+# ---------------------------------------------------------------- the rules at every length (issue 26 K1)
+
+LENGTHS = (6, 8, 10, 12, 32, 64, 128)
+
+
+def uniform_map(length):
+    return np.full((length, length), 1.0 / length)
+
+
+def cls_map(length, column=0):
+    m = np.zeros((length, length))
+    m[:, column] = 1
+    return m
+
+
+def two_segments_of(length):
+    """[CLS] a.. [SEP] b.. [SEP] of `length` tokens (a gets the odd one)."""
+    a = (length - 2) // 2
+    return two_segments(a, length - 3 - a)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_uniform_maps_score_zero_and_are_heterogeneous_at_every_length(length):
+    for special, segment in (one_segment(length), two_segments_of(length)):
+        s = P.pattern_scores(uniform_map(length), special, segment)
+        for key in ("vertical_norm", "diagonal_norm"):
+            assert s[key] == pytest.approx(0.0, abs=1e-12)
+        assert np.isnan(s["block_norm"]) if np.isnan(s["block"]) else s["block_norm"] == pytest.approx(0.0, abs=1e-12)
+        assert P.classify_map(uniform_map(length), special, segment) == "heterogeneous"
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_pure_patterns_score_one_and_get_their_class_at_every_length(length):
+    special, segment = one_segment(length)
+    cases = {
+        "diagonal": previous_map(length),
+        "vertical": cls_map(length),
+        "vertical+diagonal": 0.6 * cls_map(length) + 0.4 * previous_map(length),
+    }
+    for expected, attn in cases.items():
+        np.testing.assert_allclose(attn.sum(1), 1)
+        assert P.classify_map(attn, special, segment) == expected, (length, expected)
+    assert P.pattern_scores(previous_map(length), special, segment)["diagonal_norm"] == pytest.approx(1.0)
+    assert P.pattern_scores(cls_map(length), special, segment)["vertical_norm"] == pytest.approx(1.0)
+    assert P.classify_map(next_map(length), special, segment) == "diagonal"
+    attn, two_special, two_segment = block_map((length - 2) // 2, length - 3 - (length - 2) // 2)
+    assert P.pattern_scores(attn, two_special, two_segment)["block_norm"] == pytest.approx(1.0)
+    assert P.classify_map(attn, two_special, two_segment) == "block"
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_the_cases_the_fixed_order_got_wrong(length):
+    special, segment = one_segment(length)
+    # a clearly diagonal map with a [CLS] share of 0.25 or more: diagonal, not vertical+diagonal
+    assert P.classify_map(0.25 * cls_map(length) + 0.75 * previous_map(length), special, segment) == "diagonal"
+    # a stripe on an ordinary token: vertical
+    assert P.classify_map(cls_map(length, column=length // 2), special, segment) == "vertical"
+    # a modest [CLS] share over diffuse attention, far above what a uniform map gives it: vertical
+    assert P.classify_map(0.3 * cls_map(length) + 0.7 * uniform_map(length), special, segment) == "vertical"
+    # ... and a faint one, within noise of uniform, is not
+    assert P.classify_map(0.05 * cls_map(length) + 0.95 * uniform_map(length), special, segment) == "heterogeneous"
 
 
 def test_thresholds_can_be_overridden_and_are_checked():
     special, segment = one_segment()
     assert P.classify_map(vertical_map(), special, segment, thresholds=dict(vertical_min=1.01, mix_vertical_min=1.01)) == "heterogeneous"
     with pytest.raises(InvalidArgumentError, match="unknown thresholds"):
-        P.labels_from_scores([0.1], [0.1], [np.nan], dict(vertical=0.5))
+        lab([0.1], [0.1], [np.nan], dict(vertical=0.5))
 
 
 def test_bad_shapes_raise():
@@ -241,20 +339,20 @@ def test_calibrate_recovers_separating_thresholds():
     rng = np.random.default_rng(0)
     rows, labels = [], []
     for _ in range(20):
-        rows.append((rng.uniform(0.72, 0.95), rng.uniform(0.0, 0.1), np.nan))
+        rows.append((rng.uniform(0.72, 0.95), rng.uniform(0.0, 0.1), np.nan, np.nan, np.nan))
         labels.append("vertical")
-        rows.append((rng.uniform(0.0, 0.1), rng.uniform(0.62, 0.9), np.nan))
+        rows.append((rng.uniform(0.0, 0.1), rng.uniform(0.62, 0.9), np.nan, np.nan, np.nan))
         labels.append("diagonal")
-        rows.append((rng.uniform(0.0, 0.2), rng.uniform(0.0, 0.2), rng.uniform(0.0, 0.5)))
+        rows.append((rng.uniform(0.0, 0.2), rng.uniform(0.0, 0.2), rng.uniform(0.0, 0.4), 0.0, 0.0))
         labels.append("heterogeneous")
-        rows.append((rng.uniform(0.0, 0.2), rng.uniform(0.0, 0.2), rng.uniform(0.83, 1.0)))
+        rows.append((rng.uniform(0.0, 0.2), rng.uniform(0.0, 0.2), rng.uniform(0.83, 1.0), 0.0, 0.0))
         labels.append("block")
-        rows.append((rng.uniform(0.42, 0.55), rng.uniform(0.33, 0.45), np.nan))
+        rows.append((rng.uniform(0.42, 0.55), rng.uniform(0.33, 0.45), np.nan, np.nan, np.nan))
         labels.append("vertical+diagonal")
-    scores = pd.DataFrame(rows, columns=["vertical", "diagonal", "block"])
+    scores = pd.DataFrame(rows, columns=list(P.NORMALISED))
     best, f1 = P.calibrate(scores, labels, grid=np.round(np.arange(0.1, 0.91, 0.1), 2))
     assert f1 == pytest.approx(1.0)
-    predicted = P.labels_from_scores(scores["vertical"], scores["diagonal"], scores["block"], best)
+    predicted = P.labels_from_scores(scores, best)
     assert list(predicted) == labels
 
 
@@ -290,7 +388,7 @@ def pattern_run(store, make_run):
 
 def test_pattern_classes_query_and_save(store, pattern_run):
     frame = run_query(store, "pattern_classes", run=pattern_run)
-    assert list(frame.columns) == ["example", "layer", "head", "label", "vertical", "diagonal", "self", "block"]
+    assert list(frame.columns) == ["example", "layer", "head", "label", *P.SCORES]
     assert frame["label"].tolist() == ["vertical", "diagonal", "heterogeneous", "block", "vertical+diagonal", "vertical"]
     assert frame["block"].isna().tolist() == [True] * 3 + [False] * 3
     assert store.pattern_labels(pattern_run).empty
