@@ -238,6 +238,7 @@ def main() -> None:
     # the command records, start-up and model load left out.
     bares = [bare_forward(loaded, batches)]
     ingest_times: list[float] = []
+    plain_times: list[float] = []  # the same ingest without value norms (--no-norms): what keeping them costs
     cli_runs: list[float] = []
     cli_walls: list[float] = []
     for r in range(args.ingest_rounds):
@@ -245,6 +246,7 @@ def main() -> None:
         ingest_times.append(seconds)
         if r == 0:
             result = done
+        plain_times.append(timed_ingest(store, loaded, args, name=f"no-norms-{r}", value_norms=False)[1])
         bares.append(bare_forward(loaded, batches))
         t = time.perf_counter()
         cli = subprocess.run(
@@ -287,6 +289,7 @@ def main() -> None:
     frame = store.examples(run.name)
     cells = int((run.n_layers * run.n_heads * frame["length"] ** 2).sum())
     stored_bytes = dir_bytes(home / "attention.zarr" / run.array_path)
+    norm_bytes = dir_bytes(home / "attention.zarr" / run.array_path.rsplit("/", 1)[0] / "value_norm")
 
     recompute_seconds, recomputed = recompute_relative_position(loaded, batches)
     # relative_position, special_tokens and entropy read per-example sums kept with the run (queries/summary.py),
@@ -385,6 +388,13 @@ def main() -> None:
             "with start-up and model load)",
         ),
         ("stored bytes per attention cell", stored_bytes / cells, "<= 1.7", f"{stored_bytes:,} bytes; raw float16 = 2.0"),
+        (
+            "ingest with value norms / without",
+            statistics.median(t / p for t, p in zip(ingest_times, plain_times)),
+            "<= 1.05",
+            f"with {' '.join(f'{x:.2f}s' for x in ingest_times)}, --no-norms {' '.join(f'{x:.2f}s' for x in plain_times)} "
+            f"(rounds paired); value_norm array {norm_bytes:,} bytes = {norm_bytes / stored_bytes:.1%} of the maps'",
+        ),
         (
             "recompute / stored query (relative_position)",
             recompute_seconds / query_seconds,

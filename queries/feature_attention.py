@@ -202,9 +202,9 @@ def _features_reduce(fm: FeatureMasks, example: int, maps: np.ndarray) -> dict[s
 KOVALEVA_FEATURES = register_kind(SummaryKind("kovaleva_features", 2, _features_prepare, _features_reduce))
 
 
-def feature_summaries(store: Store, info: RunInfo, examples=None) -> Iterable[dict[str, np.ndarray]]:
+def feature_summaries(store: Store, info: RunInfo, examples=None, weights: str = "attention") -> Iterable[dict[str, np.ndarray]]:
     """The K5 per-example numbers of the run's committed examples (or of `examples`), in storage order, part by part."""
-    return summary_parts(store, info, KOVALEVA_FEATURES, examples)
+    return summary_parts(store, info, KOVALEVA_FEATURES, examples, weights=weights)
 
 
 def add_over_examples(total: np.ndarray, values: np.ndarray, used: np.ndarray) -> None:
@@ -214,7 +214,7 @@ def add_over_examples(total: np.ndarray, values: np.ndarray, used: np.ndarray) -
 
 
 @register("feature_attention", per_head=False)
-def feature_attention(store: Store, *, run, features: str | None = None, examples=None) -> pd.DataFrame:
+def feature_attention(store: Store, *, run, features: str | None = None, examples=None, weights: str = "attention") -> pd.DataFrame:
     """Kovaleva K5: per head, normalised attention received by nouns, verbs, ... negation, [CLS], [SEP] (long format).
 
     For each example and head, a token's score is the sum over all query tokens of the
@@ -223,13 +223,15 @@ def feature_attention(store: Store, *, run, features: str | None = None, example
     skipped; the result is the mean over the remaining examples.
     Columns: layer, head, feature, value, n_examples (examples that had the feature).
     `features`: comma-separated subset of noun, verb, pronoun, subject, object, negation, cls, sep.
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     names = parse_features(features)
     info = store.run_info(run)
     shape = (info.n_layers, info.n_heads)
     total = {f: np.zeros(shape) for f in names}
     count = dict.fromkeys(names, 0)
-    for part in feature_summaries(store, info, examples):  # per-example numbers (queries/summary.py), part by part
+    for part in feature_summaries(store, info, examples, weights):  # per-example numbers (queries/summary.py), part by part
         for f in names:
             i = FEATURES.index(f)
             used = part["feature_tokens"][:, i] > 0

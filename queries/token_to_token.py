@@ -147,7 +147,9 @@ KOVALEVA_RELATIONS = register_kind(SummaryKind("kovaleva_relations", 2, _relatio
 
 
 @register("token_to_token", per_head=False)
-def token_to_token(store: Store, *, run, relations: str | None = None, statistic: str = "token_max", examples=None) -> pd.DataFrame:
+def token_to_token(
+    store: Store, *, run, relations: str | None = None, statistic: str = "token_max", examples=None, weights: str = "attention"
+) -> pd.DataFrame:
     """Kovaleva K6: per head, attention between linked words: verb->subject, subject->verb, noun->pronoun, pronoun->noun.
 
     statistic="token_max" (default, the authors' notebook): per example, the largest
@@ -158,6 +160,8 @@ def token_to_token(store: Store, *, run, relations: str | None = None, statistic
     of that relation.
     Columns: layer, head, relation, value, n_examples, n_pairs.
     `relations`: comma-separated subset of verb_to_subject, subject_to_verb, noun_to_pronoun, pronoun_to_noun.
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     if statistic not in STATISTICS:
         raise InvalidArgumentError(
@@ -171,7 +175,7 @@ def token_to_token(store: Store, *, run, relations: str | None = None, statistic
     total = {r: np.zeros(shape) for r in names}
     count = dict.fromkeys(names, 0)
     n_pairs = dict.fromkeys(names, 0)
-    for part in summary_parts(store, info, KOVALEVA_RELATIONS, examples):  # per-example means (queries/summary.py)
+    for part in summary_parts(store, info, KOVALEVA_RELATIONS, examples, weights=weights):  # per-example means (queries/summary.py)
         for r in names:
             pairs = part["relation_pairs"][:, RELATIONS.index(r)]
             add_over_examples(total[r], part[field][:, RELATIONS.index(r)], pairs > 0)
@@ -184,7 +188,14 @@ def token_to_token(store: Store, *, run, relations: str | None = None, statistic
 
 @register("cls_feature_attention", per_head=False)
 def cls_feature_attention(
-    store: Store, *, run, layer: int | None = None, features: str | None = None, pool: str = "max", examples=None
+    store: Store,
+    *,
+    run,
+    layer: int | None = None,
+    features: str | None = None,
+    pool: str = "max",
+    examples=None,
+    weights: str = "attention",
 ) -> pd.DataFrame:
     """Kovaleva K6 (Fig. 7): attention from the first special token ([CLS]-like) to each K5 feature, in one layer.
 
@@ -194,6 +205,8 @@ def cls_feature_attention(
     averaged over the examples that contain the feature (and a [CLS]-like token).
     Columns: layer, head, feature, value, mean_over_heads (the feature's value averaged over
     the layer's heads), n_examples.
+    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
+      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     if pool not in POOLS:
         raise InvalidArgumentError(
@@ -208,7 +221,7 @@ def cls_feature_attention(
         raise InvalidArgumentError(f"layer {layer!r} is out of range: the model has {info.n_layers} layers (0..{info.n_layers - 1})")
     total = {f: np.zeros((1, info.n_heads)) for f in names}
     count = dict.fromkeys(names, 0)
-    for part in feature_summaries(store, info, examples):  # per-example sums, every layer (queries/summary.py)
+    for part in feature_summaries(store, info, examples, weights):  # per-example sums, every layer (queries/summary.py)
         has_cls = part["cls_position"] >= 0
         for f in names:
             i = FEATURES.index(f)

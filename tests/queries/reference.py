@@ -182,13 +182,13 @@ def head_distance_sum(store, run, examples=None, smoothing: float = 0.001, weigh
 # ---------------------------------------------------------------- Kovaleva K5, K6, K3, K1
 
 
-def feature_attention(store, *, run, features=None, examples=None):
+def feature_attention(store, *, run, features=None, examples=None, weights: str = "attention"):
     names = parse_features(features)
     info = store.run_info(run)
     fm = feature_masks(store, info, names)
     total = {f: np.zeros((info.n_layers, info.n_heads)) for f in names}
     count = dict.fromkeys(names, 0)
-    for example, maps in _maps(store, info, examples):
+    for example, maps in _maps(store, info, examples, weights):
         received = maps.sum(axis=2, dtype=np.float64) / maps.shape[-1]
         for f in names:
             mask = fm.masks[example][f]
@@ -198,13 +198,13 @@ def feature_attention(store, *, run, features=None, examples=None):
     return long_frame(range(info.n_layers), info.n_heads, names, total, count, "feature")
 
 
-def token_to_token(store, *, run, relations=None, statistic: str = "token_max", examples=None):
+def token_to_token(store, *, run, relations=None, statistic: str = "token_max", examples=None, weights: str = "attention"):
     names = parse_relations(relations)
     info = store.run_info(run)
     linked = relation_units(store, info, names)
     total = {r: np.zeros((info.n_layers, info.n_heads)) for r in names}
     count, n_pairs = dict.fromkeys(names, 0), dict.fromkeys(names, 0)
-    for example, maps in _maps(store, info, examples):
+    for example, maps in _maps(store, info, examples, weights):
         if example not in linked:
             continue
         word_positions, wanted = linked[example]
@@ -227,14 +227,14 @@ def token_to_token(store, *, run, relations=None, statistic: str = "token_max", 
     return frame
 
 
-def cls_feature_attention(store, *, run, layer=None, features=None, pool: str = "max", examples=None):
+def cls_feature_attention(store, *, run, layer=None, features=None, pool: str = "max", examples=None, weights: str = "attention"):
     names = parse_features(features)
     info = store.run_info(run)
     layer = info.n_layers - 1 if layer is None else layer
     fm = feature_masks(store, info, names)
     total = {f: np.zeros((1, info.n_heads)) for f in names}
     count = dict.fromkeys(names, 0)
-    for example, maps in _maps(store, info, examples):
+    for example, maps in _maps(store, info, examples, weights):
         cls = np.flatnonzero(fm.flags[example].cls)
         if not len(cls):
             continue
@@ -399,11 +399,13 @@ def _word_positions(store, info, examples) -> dict[int, np.ndarray]:
     return {int(k): g["word_position"].to_numpy(dtype=float) for k, g in table.groupby("example")}
 
 
-def _frame_scores(store, info, examples, f: FrameFilters) -> tuple[np.ndarray, int, dict]:
+def _frame_scores(store, info, examples, f: FrameFilters, weights: str = "attention") -> tuple[np.ndarray, int, dict]:
     kept_sets, counts = select_sentences(store, info, examples, f)
     total = np.zeros((info.n_layers, info.n_heads))
     n = 0
     for example, maps, tokens in ranged_maps(store, info, sorted(kept_sets), lambda part: _word_positions(store, info, part)):
+        if weights != "attention":
+            maps = _norm_weighted(maps, store.value_norms(info.id, example))
         words = tokens[example]
         for lu, core_spans in kept_sets[example]:
             lu_tok = np.flatnonzero((words >= lu[0]) & (words < lu[1]))
@@ -445,11 +447,11 @@ def _predictions(store, info, examples, wanted, weights="attention"):
             yield example, unit_of, unit_of, np.moveaxis(pred, -1, 0)
 
 
-def frame_head_scores(store, run, examples=None, filters: FrameFilters | None = None):
+def frame_head_scores(store, run, examples=None, filters: FrameFilters | None = None, weights: str = "attention"):
     f = filters or FrameFilters()
     info = store.run_info(run)
     check_frames(store, info, f)
-    total, n, counts = _frame_scores(store, info, examples, f)
+    total, n, counts = _frame_scores(store, info, examples, f, weights)
     counts["with_tokens"] = n
     if n == 0:
         steps = ", ".join(f"{k}: {v}" for k, v in counts.items())

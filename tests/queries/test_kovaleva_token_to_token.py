@@ -7,7 +7,14 @@ import pytest
 
 from attnstore.queries import run_query, summary
 from attnstore.store.errors import InvalidArgumentError
-from attnstore.tests.queries.helpers import check_kept_frames, check_read_only_and_grown_rebuilt, random_maps, summary_group
+from attnstore.tests.queries import reference
+from attnstore.tests.queries.helpers import (
+    assert_same_frames_within,
+    check_kept_frames,
+    check_read_only_and_grown_rebuilt,
+    random_maps,
+    summary_group,
+)
 
 # A: "she likes cats" with split "likes" (like ##s) and "cats" (ca ##ts).
 TOKENS_A = ["[CLS]", "she", "like", "##s", "ca", "##ts", "[SEP]"]
@@ -217,3 +224,26 @@ def test_kept_numbers_give_the_naive_results_and_maps_are_not_read_again(store, 
 
 def test_kept_numbers_of_a_grown_run_are_rebuilt_and_read_only_stores_compute_alone(store, random_t2t_run, monkeypatch):
     check_read_only_and_grown_rebuilt(store, random_t2t_run, "token_to_token", "kovaleva_relations", zero=("relation_token_max",))
+
+
+@pytest.mark.parametrize("query", ["token_to_token", "cls_feature_attention", "feature_attention"])
+def test_norm_weighted_numbers_equal_the_naive_reference(store, make_run, query):
+    """weights="norm" (maps weighted by each key's value norm, rows renormalised): the same as the naive reference, which
+    weights each map with loops (tests/queries/reference.py)."""
+    tokens = [TOKENS_A, TOKENS_B, TOKENS_C]
+    rng = np.random.default_rng(7)
+    norms = [(rng.random((3, 2, len(t))) * 3 + 0.1).astype(np.float16).astype(np.float32) for t in tokens]
+    run = make_run(
+        store,
+        [random_maps(len(t), i, 3, 2) for i, t in enumerate(tokens)],
+        tokens,
+        name="normed-relations",
+        dtype="float16",
+        words_list=[WORDS_A, WORDS_B, WORDS_C],
+        token_words=[TW_A, TW_B, TW_C],
+        norms_list=norms,
+    )
+    got = run_query(store, query, run=run, weights="norm")
+    expected = reference.query(store, query, run=run, weights="norm")
+    assert_same_frames_within(got, expected, 2e-6)
+    assert not np.allclose(got["value"], run_query(store, query, run=run)["value"], equal_nan=True)

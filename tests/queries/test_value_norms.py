@@ -12,7 +12,7 @@ import zarr
 
 from attnstore.queries import run_query
 from attnstore.store.errors import InvalidArgumentError
-from attnstore.tests.queries.helpers import read_only_store
+from attnstore.tests.queries.helpers import assert_same_frames_within, read_only_store
 
 TOKENS = [["[CLS]", "a", "[SEP]"], ["[CLS]", "bb", "c", "[SEP]"]]
 
@@ -172,8 +172,28 @@ def test_weighted_queries_equal_the_naive_reference(store, make_run, query):
         norms.append((rng.random((2, 3, len(toks))) * 4).astype(np.float16).astype(np.float32))
     run = make_run(store, maps, tokens, name="random", norms_list=norms)
     got = run_query(store, query, run=run, weights="norm")
-    expected = reference.query(store, query, run=run, weights="norm")
-    assert list(got.columns) == list(expected.columns)
-    np.testing.assert_allclose(got.to_numpy(float), expected.to_numpy(float), rtol=2e-6, atol=1e-7)
+    assert_same_frames_within(got, reference.query(store, query, run=run, weights="norm"), 2e-6)
     plain = run_query(store, query, run=run)
     assert not np.allclose(got.to_numpy(float), plain.to_numpy(float))  # the weights change the answer
+
+
+def test_norm_attention_by_hand(store, normed):
+    frame = run_query(store, "norm_attention", run=normed).set_index("head")
+    h = frame.loc[1]  # example 0: uniform 1/3 rows, norms (1, 2, 1); example 1: uniform 1/4 rows, norms (1, 2, 2, 1)
+    assert h["weight_cls"] == pytest.approx((1 / 3 + 1 / 4) / 2)
+    assert h["weight_other"] == pytest.approx((1 / 3 + 1 / 2) / 2)
+    assert h["norm_cls"] == pytest.approx(1.0) and h["norm_other"] == pytest.approx(2.0)
+    assert h["contribution_cls"] == pytest.approx((1 / 3 + 1 / 4) / 2)
+    assert h["contribution_other"] == pytest.approx((2 / 3 + 1) / 2)
+    assert h["share_cls"] == pytest.approx((1 / 4 + 1 / 6) / 2)
+    assert np.isnan(h["norm_punct"]) and h["weight_punct"] == 0  # no punctuation: no norm, no weight
+    shares = frame[["share_cls", "share_sep", "share_punct", "share_other"]].sum(axis=1)
+    np.testing.assert_allclose(shares, 1.0)
+    weighted = run_query(store, "special_tokens", run=normed, weights="norm").set_index("head")
+    np.testing.assert_allclose(frame["share_other"], weighted["to_other"], rtol=1e-6)  # the same shares, two ways
+
+
+def test_norm_attention_refuses_a_run_without_norms(store, make_run):
+    run = make_run(store, [uniform(3)], TOKENS[:1], name="plain2")
+    with pytest.raises(InvalidArgumentError, match="run 'plain2' has no value norms"):
+        run_query(store, "norm_attention", run=run)
