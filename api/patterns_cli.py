@@ -8,6 +8,7 @@ queries/pattern_cnn.py.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -120,12 +121,16 @@ def calibrate(locations, source, test_fraction, seed):
 @friendly_errors
 def train_cnn(locations, out, source, test_fraction, seed, epochs, size, masks):
     """Train the pattern CNN on stored labels (CPU); report held-out F1 of the CNN and of the rules on the same maps."""
+    import time
+
     from ..queries.pattern_cnn import format_report, train_from_store
 
+    started = time.perf_counter()
     report = train_from_store(
         open_store(locations), out, source=source, test_fraction=test_fraction, seed=seed, epochs=epochs, size=size, masks=masks
     )
     click.echo(format_report(report))
+    click.echo(f"({time.perf_counter() - started:.0f} s; weights {out}, report {Path(out).with_suffix('.json')})", err=True)
 
 
 @patterns.command("classify", short_help="Classify maps into pattern classes per run.")

@@ -22,7 +22,6 @@ torch is imported lazily (only these functions need it); the store and the queri
 from __future__ import annotations
 
 import json
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,6 +63,24 @@ def one_thread():
         torch.set_num_threads(before)
 
 
+@contextmanager
+def deterministic(seed: int):
+    """Inside the block torch is reproducible for `seed`: one thread, deterministic algorithms only, the global
+    generator seeded (it initialises the network's weights); the caller's generator state, thread count and
+    deterministic setting are restored after it."""
+    import torch
+
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    with one_thread(), torch.random.fork_rng(devices=[]):
+        torch.use_deterministic_algorithms(True)
+        torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(was_deterministic, warn_only=warn_only)
+
+
 def map_features(maps: np.ndarray, special: np.ndarray, segment: np.ndarray, size: int = SIZE, masks: bool = False) -> np.ndarray:
     """Maps (N, L, L) of one example -> network input (N, 1 or 3, size, size) float32 (see the module docstring)."""
     import torch
@@ -77,13 +94,14 @@ def map_features(maps: np.ndarray, special: np.ndarray, segment: np.ndarray, siz
     two_segments = plain.any() and np.unique(segment[plain]).size >= 2
     special_cols = np.broadcast_to(special[None, :], (length, length)).astype(np.float32)
     own = ((segment[:, None] == segment[None, :]) & two_segments).astype(np.float32)
-    pooled = F.adaptive_avg_pool2d(torch.from_numpy(maps)[:, None], size)[:, 0]  # (N, size, size)
-    peak = pooled.amax(dim=(1, 2), keepdim=True).clamp_min(1e-12)
-    picture = (pooled / peak)[:, None]
-    if not masks:
-        return picture.numpy().astype(np.float32)
-    pooled_masks = F.adaptive_avg_pool2d(torch.from_numpy(np.stack([special_cols, own]))[None], size)[0]  # (2, size, size)
-    return torch.cat([picture, pooled_masks[None].expand(n, -1, -1, -1)], dim=1).numpy().astype(np.float32)
+    with one_thread():  # the same bits whatever the machine's thread count
+        pooled = F.adaptive_avg_pool2d(torch.from_numpy(maps)[:, None], size)[:, 0]  # (N, size, size)
+        peak = pooled.amax(dim=(1, 2), keepdim=True).clamp_min(1e-12)
+        picture = (pooled / peak)[:, None]
+        if not masks:
+            return picture.numpy().astype(np.float32)
+        pooled_masks = F.adaptive_avg_pool2d(torch.from_numpy(np.stack([special_cols, own]))[None], size)[0]  # (2, size, size)
+        return torch.cat([picture, pooled_masks[None].expand(n, -1, -1, -1)], dim=1).numpy().astype(np.float32)
 
 
 def build_model(n_classes: int = len(CLASSES), size: int = SIZE, width: int = WIDTH, channels: int = 1):
@@ -114,22 +132,23 @@ def train_model(
     size: int = SIZE,
     width: int = WIDTH,
 ):
-    """Train a fresh network on features (N, C, size, size) and integer labels (N,) (indices into CLASSES)."""
+    """Train a fresh network on features (N, C, size, size) and integer labels (N,) (indices into CLASSES).
+
+    Deterministic for a seed (`deterministic`): the same features, labels and seed give bit-identical weights."""
     import torch
     import torch.nn.functional as F
 
     if len(features) == 0:
         raise InvalidArgumentError("no training maps")
-    torch.manual_seed(seed)
-    generator = torch.Generator().manual_seed(seed)
-    model = build_model(size=size, width=width, channels=features.shape[1])
-    x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
-    y = torch.from_numpy(np.asarray(labels, dtype=np.int64))
-    counts = torch.bincount(y, minlength=len(CLASSES)).float()
-    weights = torch.where(counts > 0, counts.sum() / (len(CLASSES) * counts.clamp_min(1)), torch.zeros_like(counts))
-    optimiser = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-    model.train()
-    with one_thread():
+    with deterministic(seed):
+        generator = torch.Generator().manual_seed(seed)  # the batches' order: a generator of its own
+        model = build_model(size=size, width=width, channels=features.shape[1])  # initialised from the seeded global one
+        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
+        y = torch.from_numpy(np.asarray(labels, dtype=np.int64))
+        counts = torch.bincount(y, minlength=len(CLASSES)).float()
+        weights = torch.where(counts > 0, counts.sum() / (len(CLASSES) * counts.clamp_min(1)), torch.zeros_like(counts))
+        optimiser = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+        model.train()
         for _ in range(epochs):
             order = torch.randperm(len(x), generator=generator)
             for start in range(0, len(x), batch_size):
@@ -216,14 +235,15 @@ def train_from_store(
 ) -> dict:
     """Train on the stored labels of `source` with a seeded stratified held-out part; evaluate the CNN and the
     rules (module thresholds) on the same held-out maps. Writes the weights + split to `out` and the report
-    to `out` with suffix .json; returns the report."""
+    to `out` with suffix .json; returns the report. Deterministic: the same labels, store and seed give the
+    same weights, bit for bit, and the same report (it holds no timing)."""
+    import torch
+
     frame, maps = labelled_maps(store, source)
     held_out = stratified_split(frame["label"], test_fraction, seed)
     features = np.concatenate([map_features(attn[None], special, segment, size, masks) for attn, special, segment in maps])
     y = np.array([CLASSES.index(label) for label in frame["label"]])
-    started = time.perf_counter()
     model = train_model(features[~held_out], y[~held_out], seed=seed, epochs=epochs, size=size, width=width)
-    seconds = time.perf_counter() - started
     cnn_test, _ = predict(model, features[held_out])
     cnn_train, _ = predict(model, features[~held_out])
     rules = labels_from_scores(frame)
@@ -240,7 +260,7 @@ def train_from_store(
         n_labels=len(frame),
         n_train=int((~held_out).sum()),
         n_test=int(held_out.sum()),
-        train_seconds=round(seconds, 1),
+        torch=torch.__version__,
         label_counts={c: int((true == c).sum()) for c in CLASSES},
         classes=list(CLASSES),
         thresholds=dict(THRESHOLDS),
@@ -273,7 +293,7 @@ def format_report(report: dict) -> str:
     """The held-out comparison as plain text: macro-F1, per-class F1 and confusion matrices."""
     lines = [
         f"{report['n_labels']} labelled maps ({report['source']}): {report['n_train']} train, {report['n_test']} held out "
-        f"(seed {report['seed']}); CNN trained {report['epochs']} epochs in {report['train_seconds']}s"
+        f"(seed {report['seed']}); CNN trained {report['epochs']} epochs"
     ]
     for name in ("cnn", "rules"):
         r = report[name]

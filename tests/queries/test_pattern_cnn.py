@@ -109,3 +109,34 @@ def test_train_from_store_then_classify_a_run(store, make_run, tmp_path):
     assert len(labels) == 24 and set(labels["label"]) <= set(CLASSES)
     stored = store.pattern_labels(run, source="cnn")
     assert len(stored) == 24 and stored["confidence"].between(0, 1).all()
+
+
+@pytest.mark.one_backend
+def test_training_twice_with_one_seed_gives_bit_identical_weights_and_report(store, make_run, tmp_path):
+    rng = np.random.default_rng(5)
+    kinds = ["vertical", "diagonal", "vertical+diagonal", "heterogeneous"]
+    maps = [np.stack([synthetic_map(k, len(TOKENS), rng)[0] for k in kinds])[None].astype(np.float32) for _ in range(4)]
+    run = make_run(store, maps, [TOKENS] * 4, name="det")
+    rows = pd.DataFrame([dict(run=run, example=e, layer=0, head=h, label=k) for e in range(4) for h, k in enumerate(kinds)])
+    store.save_pattern_labels(rows, source="human")
+    torch.manual_seed(123)
+    caller_state = torch.random.get_rng_state()
+    threads = torch.get_num_threads()
+    first = C.train_from_store(store, tmp_path / "a.pt", epochs=4, size=16, width=8, seed=0)
+    torch.set_num_threads(2)  # the caller's thread count does not matter
+    try:
+        second = C.train_from_store(store, tmp_path / "b.pt", epochs=4, size=16, width=8, seed=0)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(torch.random.get_rng_state(), caller_state)  # the caller's generator is left as it was
+    assert not torch.are_deterministic_algorithms_enabled()  # ... and so is the deterministic setting
+    a, b = (torch.load(str(tmp_path / name), weights_only=True)["state_dict"] for name in ("a.pt", "b.pt"))
+    assert list(a) == list(b)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key  # bit for bit
+    assert first == second
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    third = C.train_from_store(store, tmp_path / "c.pt", epochs=4, size=16, width=8, seed=1)
+    c = torch.load(str(tmp_path / "c.pt"), weights_only=True)["state_dict"]
+    assert not all(torch.equal(a[key], c[key]) for key in a)  # another seed, other weights
+    assert third["seed"] == 1
