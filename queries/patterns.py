@@ -64,13 +64,12 @@ import numpy as np
 import pandas as pd
 
 from .errors import InvalidArgumentError
+from .pattern_metrics import CLASSES, _macro_f1_rows, confusion_matrix, evaluate, f1_scores, stratified_split
 from .registry import register
 from .summary import SummaryKind, register_kind, summary
 
 if TYPE_CHECKING:
     from ..store import Store
-
-CLASSES = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
 
 # Thresholds on the normalised scores (0: what a uniform map of the same length scores, 1: the pure pattern),
 # calibrated on the training part of the hand labels (see the module docstring and docs/QUERIES.md).
@@ -215,72 +214,7 @@ def classify_map(attn: np.ndarray, special: np.ndarray, segment: np.ndarray, thr
     return str(classify_maps(attn[None, None], special, segment, thresholds)[0, 0])
 
 
-# ---------------------------------------------------------------- evaluation and calibration
-
-
-# Hand-written on purpose (this and f1_scores): scikit-learn is no dependency; f1_scores follows its zero_division=0.
-def confusion_matrix(true, predicted, classes=CLASSES) -> np.ndarray:
-    """Counts (len(classes), len(classes)): rows the true class, columns the predicted one."""
-    index = {c: i for i, c in enumerate(classes)}
-    out = np.zeros((len(classes), len(classes)), dtype=np.int64)
-    for t, p in zip(true, predicted):
-        if t not in index or p not in index:
-            raise InvalidArgumentError(f"unknown class {t if t not in index else p!r}; classes: {', '.join(classes)}")
-        out[index[t], index[p]] += 1
-    return out
-
-
-def f1_scores(matrix: np.ndarray) -> dict[str, np.ndarray | float]:
-    """Per-class precision, recall, F1 and support from a confusion matrix (rows true), and their averages.
-
-    As scikit-learn with zero_division=0: a class never predicted has precision 0, one never
-    true recall 0. `macro_f1` averages F1 over the classes that are true or predicted at least
-    once (scikit-learn's default label set); `weighted_f1` weights by support; `accuracy`.
-    """
-    m = np.asarray(matrix, dtype=np.float64)
-    tp = np.diag(m)
-    predicted, support = m.sum(0), m.sum(1)
-    precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
-    recall = np.divide(tp, support, out=np.zeros_like(tp), where=support > 0)
-    total = precision + recall
-    f1 = np.divide(2 * precision * recall, total, out=np.zeros_like(tp), where=total > 0)
-    present = (predicted > 0) | (support > 0)
-    n = m.sum()
-    return dict(
-        precision=precision,
-        recall=recall,
-        f1=f1,
-        support=support.astype(np.int64),
-        macro_f1=float(f1[present].mean()) if present.any() else 0.0,
-        weighted_f1=float((f1 * support).sum() / n) if n else 0.0,
-        accuracy=float(tp.sum() / n) if n else 0.0,
-    )
-
-
-def evaluate(true, predicted, classes=CLASSES) -> dict:
-    """Confusion matrix and F1 scores of predicted against true labels."""
-    matrix = confusion_matrix(true, predicted, classes)
-    return dict(confusion=matrix, classes=tuple(classes), n=int(matrix.sum()), **f1_scores(matrix))
-
-
-def stratified_split(labels, test_fraction: float = 0.25, seed: int = 0) -> np.ndarray:
-    """Boolean mask of the held-out part: per class, round(n * test_fraction) items drawn with default_rng(seed).
-
-    A class with at least two items keeps at least one on each side. Give labels in a fixed
-    order (e.g. sorted by run, example, layer, head) for a split that does not depend on the database.
-    """
-    if not 0 < test_fraction < 1:
-        raise InvalidArgumentError(f"test_fraction must be between 0 and 1, not {test_fraction}")
-    labels = np.asarray(labels, dtype=object)
-    rng = np.random.default_rng(seed)
-    held_out = np.zeros(len(labels), dtype=bool)
-    for cls in sorted(set(labels.tolist())):
-        members = np.flatnonzero(labels == cls)
-        k = int(round(len(members) * test_fraction))
-        if len(members) >= 2:
-            k = min(max(k, 1), len(members) - 1)
-        held_out[rng.permutation(members)[:k]] = True
-    return held_out
+# ---------------------------------------------------------------- calibration (the metrics: pattern_metrics.py)
 
 
 # Normalised scores of the labelled classes sit low (a vertical+diagonal map's diagonal_norm is ~0.12), so the grid is finer there.
@@ -326,19 +260,6 @@ def calibrate(scores: pd.DataFrame, labels, grid=CALIBRATION_GRID) -> tuple[dict
                 )
     assert best_t is not None
     return best_t, best
-
-
-def _macro_f1_rows(true: np.ndarray, preds: np.ndarray, k: int) -> np.ndarray:
-    """Macro-F1 (classes true or predicted) of each row of preds (m, n) against true (n,)."""
-    m = preds.shape[0]
-    cells = (true[None, :] * k + preds + (np.arange(m) * k * k)[:, None]).ravel()
-    conf = np.bincount(cells, minlength=m * k * k).reshape(m, k, k).astype(np.float64)
-    tp = np.diagonal(conf, axis1=1, axis2=2)
-    predicted, support = conf.sum(1), conf.sum(2)
-    denom = predicted + support
-    f1 = np.divide(2 * tp, denom, out=np.zeros_like(tp), where=denom > 0)  # = 2PR/(P+R)
-    present = denom > 0
-    return (f1 * present).sum(1) / np.maximum(present.sum(1), 1)
 
 
 # ---------------------------------------------------------------- reading a run
