@@ -37,6 +37,7 @@ LAZY_COMMANDS = {
     "ablate": (".models_cli:ablate", "Score a fine-tuned model with attention heads disabled."),
     "importance": (".models_cli:importance", "Head importance of a fine-tuned model (Michel et al. 2019)."),
     "prune": (".models_cli:prune", "Prune heads by importance, 10 % at a time (Michel et al. 2019)."),
+    "saliency": (".models_cli:saliency", "Gradient x input saliency per token of a fine-tuned model's run."),
     "models": (".models_cli:list_models", "List the store's base and fine-tuned models."),
     "export": (".bundle_cli:export_cmd", "Write runs to one checksummed bundle (zip, folder, s3)."),
     "import": (".bundle_cli:import_cmd", "Load a bundle written by `attnstore export`."),

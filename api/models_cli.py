@@ -159,6 +159,29 @@ def importance(locations, model, task, max_examples, save_to_run, data_dir, fmt,
         click.echo(f"saved {n} values to head_metrics of run {save_to_run!r} (metric 'importance.*')", err=True)
 
 
+@click.command("saliency", short_help="Gradient x input saliency per token of a fine-tuned model's run (Jain & Wallace 2019).")
+@click.option("--run", "run_name", required=True, help="A run of a classifier fine-tuned in this store (ingest --model <its name>).")
+@click.option("--batch-size", default=16, show_default=True, type=int)
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@store_options
+@friendly_errors
+def saliency(locations, run_name, batch_size, progress):
+    """Keep, per stored token of RUN, |grad x input| of its classifier's predicted logit (docs/QUERIES.md).
+
+    The gradient is taken at the word embeddings of the run's own token ids and segments; the values go beside the
+    run's maps (the `saliency` array of its group) for the `attention_attribution` query. Interrupted, the same
+    command resumes; run again on a finished run, it does nothing.
+    """
+    require_extra("ingest")
+    from ..ingest.saliency import compute_saliency
+
+    store = open_store(locations, write=True)
+    if batch_size < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--batch-size")
+    meta = compute_saliency(store, run_name, batch_size=batch_size, progress=progress)
+    click.echo(f"run {run_name!r}: saliency of {meta['n_examples']} examples ({meta['n_tokens']} tokens), model {meta['model']!r}")
+
+
 @click.command("prune", short_help="Prune heads by importance, 10 % at a time (Michel et al. 2019).")
 @click.option("--model", required=True, help="A fine-tuned model of the store.")
 @click.option("--task", required=True, help="GLUE task whose dev set scores each step (and gives the importance).")

@@ -8,6 +8,11 @@ A label file is JSON Lines, one map per line, keyed independently of any store's
 `source_row` is the example's row in the original corpus (examples.source_index where the corpus
 numbers its rows, else the example's position). Importing writes pattern_labels rows with
 source "human" for every run of the store over that model, dataset and split.
+
+Who labelled is kept in the source: `human:NAME` holds NAME's labels (`labeller_source`), so several
+people can label the same map; `human` holds the project's first 480 labels. Every human label,
+imported or given in the web viewer's labelling page (`attnstore serve --allow-save`, /label), is
+written by `save_labels`. `next_map` picks the map a labeller should label next.
 """
 
 from __future__ import annotations
@@ -27,6 +32,33 @@ if TYPE_CHECKING:
 
 KEY = ("model", "dataset", "split", "source_row", "layer", "head")
 FIELDS = (*KEY, "label", "labeller")
+HUMAN = "human"
+LABELLER_MAX = 64 - len(HUMAN) - 1  # pattern_labels.source is 64 characters
+
+
+# ---------------------------------------------------------------- who labelled, and writing labels
+
+
+def labeller_source(labeller: str) -> str:
+    """The pattern_labels source of a labeller's labels: "human:NAME" (NAME stripped; 1 to 58 printable characters)."""
+    name = (labeller or "").strip()
+    if not name or len(name) > LABELLER_MAX or not name.isprintable():
+        raise InvalidArgumentError(f"a labeller's name is 1 to {LABELLER_MAX} printable characters, not {labeller!r}")
+    return f"{HUMAN}:{name}"
+
+
+def labeller_of(source: str) -> str | None:
+    """NAME for a source "human:NAME", else None."""
+    return source.split(":", 1)[1] if source.startswith(HUMAN + ":") else None
+
+
+def save_labels(store: Store, rows: pd.DataFrame, source: str = HUMAN) -> int:
+    """Write pattern labels (columns run, example, layer, head, label) given by people: each label must be one of
+    CLASSES; then all rows or none (Store.save_pattern_labels checks every row first). Returns the rows written."""
+    unknown = sorted(set(rows["label"]) - set(CLASSES))
+    if unknown:
+        raise InvalidArgumentError(f"unknown label(s) {unknown}; expected one of {', '.join(CLASSES)}")
+    return store.save_pattern_labels(rows[["run", "example", "layer", "head", "label"]], source=source)
 
 
 # ---------------------------------------------------------------- sample and render
@@ -226,7 +258,7 @@ def import_labels(store: Store, path: str | Path, source: str = "human") -> pd.D
     """Check every line of a label file, then save all of it (or nothing) to pattern_labels; returns the rows saved."""
     items = read_label_file(path)
     rows = match_labels(store, items, Path(path).name)
-    store.save_pattern_labels(rows.drop(columns="line"), source=source)
+    save_labels(store, rows, source=source)
     return rows
 
 
@@ -234,12 +266,11 @@ def export_labels(store: Store, source: str = "human", labeller: str | None = No
     """Stored labels of `source` as label-file records (one per map: a map stored by several runs of the same
     model, dataset and split is written once), sorted by model, dataset, split, source_row, layer, head.
 
-    The store does not record who labelled a map: `labeller` names them (default "unknown"
-    for human labels, else the source)."""
+    `labeller` names who labelled (default: NAME for a source "human:NAME", "unknown" for "human", else the source)."""
     frame = store.pattern_labels(run, source=source)
     if frame.empty:
         return []
-    who = labeller or ("unknown" if source == "human" else source)
+    who = labeller or labeller_of(source) or ("unknown" if source == HUMAN else source)
     frame = frame.drop_duplicates(subset=list(KEY)).sort_values(list(KEY))
     return [
         dict(
@@ -254,6 +285,108 @@ def export_labels(store: Store, source: str = "human", labeller: str | None = No
         )
         for r in frame.itertuples()
     ]
+
+
+# ---------------------------------------------------------------- the next map to label
+
+
+def labellers(store: Store) -> pd.DataFrame:
+    """Every human label source with its labeller and count: columns source, labeller, n_labels."""
+    frame = store.pattern_labels()
+    frame = frame[(frame["source"] == HUMAN) | frame["source"].str.startswith(HUMAN + ":")]
+    counts = frame.groupby("source").size()
+    return pd.DataFrame(
+        dict(source=counts.index, labeller=[labeller_of(s) or "(first labeller)" for s in counts.index], n_labels=counts.to_numpy())
+    )
+
+
+def next_map(
+    store: Store,
+    labeller: str,
+    *,
+    run: str | None = None,
+    skip: set[tuple[str, int, int, int]] | frozenset = frozenset(),
+    max_length: int = 512,
+    max_examples: int = 200,
+    seed: int = 0,
+) -> dict | None:
+    """The next map for `labeller`: one they have not labelled (nor `skip`: (run, example, layer, head)), of `run` or
+    of any complete run, no longer than `max_length` tokens; None when there is none.
+
+    Where a run has CNN labels (source "cnn", from `attnstore patterns classify --classifier cnn --save`), maps
+    whose CNN label differs from the rules' come first: the labels most worth having. Order: runs by id, examples
+    in a default_rng(seed) permutation (the same for every labeller, so that their labels overlap), heads in
+    layer-head order; at most `max_examples` examples are read per run looking for a disagreement.
+    Returns run, example, layer, head, length, tokens, special, attention (L x L float64), rules, cnn (None
+    where the run has no CNN label), cnn_confidence, disagree and why ("rules and CNN disagree" or "unlabelled").
+    """
+    from ..queries.patterns import classify_maps, token_layout
+
+    source = labeller_source(labeller)
+    runs = store.runs()
+    if run is not None:
+        runs = runs[runs["run_id"] == store.run_info(run).id]
+    else:
+        runs = runs[runs["status"] == "complete"]
+    for row in runs.sort_values("run_id").itertuples():
+        info = store.run_info(int(row.run_id))
+        stored = store.example_rows(info.id)
+        stored = stored[~stored["skipped"] & (stored["length"] <= max_length)]
+        if stored.empty:
+            continue
+        done = store.pattern_labels(info.id, source=source)
+        taken = set(zip(done["example"].astype(int), done["layer"].astype(int), done["head"].astype(int)))
+        taken |= {(e, la, h) for r, e, la, h in skip if r == info.name}
+        order = stored["example"].to_numpy(np.int64)[np.random.default_rng(seed).permutation(len(stored))]
+        cnn = store.pattern_labels(info.id, source="cnn")
+        heads = [(la, h) for la in range(info.n_layers) for h in range(info.n_heads)]
+        if not cnn.empty:
+            by_example = {int(e): part for e, part in cnn.groupby("example")}
+            layouts = None
+            for example in [int(e) for e in order if int(e) in by_example][:max_examples]:
+                if all((example, la, h) in taken for la, h in heads):
+                    continue
+                layouts = layouts or token_layout(store, info)
+                maps = store.attention(info.id, example)
+                rules = classify_maps(maps, *layouts[example])
+                for item in by_example[example].itertuples():
+                    key = (example, int(item.layer), int(item.head))
+                    if key not in taken and item.label != rules[key[1], key[2]]:
+                        rule = str(rules[key[1], key[2]])
+                        return _map_item(store, info, example, key[1], key[2], maps[key[1], key[2]], rule, item, "rules and CNN disagree")
+        for example in (int(e) for e in order):
+            for la, h in heads:
+                if (example, la, h) not in taken:
+                    maps = store.attention(info.id, example, layer=la, head=h)
+                    special, segment = token_layout(store, info, [example])[example]
+                    rules = classify_maps(maps, special, segment)[0, 0]
+                    item = None
+                    if not cnn.empty:
+                        match = cnn[(cnn["example"] == example) & (cnn["layer"] == la) & (cnn["head"] == h)]
+                        item = next(match.itertuples(), None)
+                    return _map_item(store, info, example, la, h, maps[0, 0], str(rules), item, "unlabelled")
+    return None
+
+
+def _map_item(store: Store, info, example: int, layer: int, head: int, attn: np.ndarray, rules: str, cnn_row, why: str) -> dict:
+    tokens = store.tokens(info.id, example)
+    cnn = None if cnn_row is None else str(cnn_row.label)
+    return dict(
+        run=info.name,
+        run_id=info.id,
+        example=int(example),
+        layer=int(layer),
+        head=int(head),
+        length=int(attn.shape[-1]),
+        tokens=[str(t) for t in tokens["token"]],
+        special=[bool(x) for x in tokens["is_special"]],
+        attention=np.asarray(attn, dtype=np.float64),
+        rules=rules,
+        cnn=cnn,
+        cnn_confidence=None if cnn_row is None or pd.isna(cnn_row.confidence) else float(cnn_row.confidence),
+        disagree=cnn is not None and cnn != rules,
+        why=why,
+    )
 
 
 # ---------------------------------------------------------------- Fig 2

@@ -94,6 +94,10 @@ INDEX_CODEC = {"name": "blosc", "cname": "zstd", "clevel": 3, "shuffle": "shuffl
 # a commit writes is rewritten whole, and a commit adds a batch's tokens (~1k).
 VALUE_NORMS = "value_norm"
 NORM_CHUNK_TOKENS = 1 << 12
+# Per token: gradient x input saliency of a fine-tuned classifier's prediction (ingest/saliency.py), float32; what it
+# holds is the run group's attribute "saliency".
+SALIENCY = "saliency"
+SALIENCY_CHUNK_TOKENS = 1 << 16
 
 
 DRAIN_TIMEOUT_S = 2.0
@@ -255,18 +259,8 @@ def create_run_group(
         _create_index(store, f"{path}/{name}", index_dtype, INDEX_CHUNK, "example")
     _create_index(store, f"{path}/{TOKEN_IDS}", "int32", TOKEN_CHUNK, "token")
     if value_norms:
-        zarr.create_array(
-            store=store,
-            name=f"{path}/{VALUE_NORMS}",
-            shape=(0, attributes["n_layers"], attributes["n_heads"]),
-            chunks=(NORM_CHUNK_TOKENS, attributes["n_layers"], attributes["n_heads"]),
-            dtype="float16",
-            compressors=make_codec(INDEX_CODEC, "float16"),
-            fill_value=0,
-            config=ARRAY_CONFIG,
-            dimension_names=("token", "layer", "head"),
-            overwrite=True,
-        )
+        trailing = (attributes["n_layers"], attributes["n_heads"])
+        create_token_array(root, cells.path, VALUE_NORMS, trailing, "float16", NORM_CHUNK_TOKENS, {})
     return cells.path
 
 
@@ -568,41 +562,74 @@ class RunIndex:
             self.group.attrs.update({INDEX_PENDING: False})
 
 
-class ValueNorms:
-    """A layout-2 run's `value_norm` array: (token, layer, head) float16, its tokens in storage order.
+class TokenArray:
+    """A layout-2 run's per-token array `name` (value_norm, saliency): its first axis the run's tokens in storage
+    order, as token_id's. `write(start, values)` replaces everything from `start`, so values written past the committed
+    tokens (before a crash) are overwritten by the resumed writer."""
 
-    Written like the index arrays, but before the rows of its examples commit (it cannot be rebuilt from SQL):
-    `write(start, values)` replaces everything from `start` (the committed token count), so norms written before a
-    crash and never committed are overwritten by the resumed run.
-    """
-
-    def __init__(self, root: str, array_path: str, read_only: bool = True):
+    def __init__(self, root: str, array_path: str, name: str, read_only: bool = True):
         group = group_path_of(array_path)
         if group is None:
-            raise InvalidArgumentError(f"{array_path} is a layout-1 array: it has no value norms")
+            raise InvalidArgumentError(f"{array_path} is a layout-1 array: it has no per-token arrays ({name})")
         mode: Literal["r", "r+"] = "r" if read_only else "r+"
-        self.array = _open_node(zarr.open_array, root, open_root(root, read_only=read_only), f"{group}/{VALUE_NORMS}", mode)
-
-    @staticmethod
-    def exists(root: str, array_path: str) -> bool:
-        group = group_path_of(array_path)
-        if group is None:
-            return False
-        return sync(open_root(root, read_only=True).exists(f"{group}/{VALUE_NORMS}/zarr.json"))
+        self.array = _open_node(zarr.open_array, root, open_root(root, read_only=read_only), f"{group}/{name}", mode)
 
     def write(self, start: int, values: np.ndarray) -> None:
         stop = start + len(values)
         if self.array.shape[0] != stop:
             self.array.resize((stop, *self.array.shape[1:]))
         if len(values):
-            self.array[start:stop] = values.astype(np.float16, copy=False)
+            self.array[start:stop] = values.astype(self.array.dtype, copy=False)
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        """Tokens [start, stop): (token, layer, head) float16."""
+        """Tokens [start, stop), as stored."""
         return np.asarray(self.array[start:stop])
 
     def length(self) -> int:
         return int(self.array.shape[0])
+
+
+class ValueNorms(TokenArray):
+    """A run's `value_norm` array: (token, layer, head) float16. Written like the index arrays, but before the rows of
+    its examples commit (it cannot be rebuilt from SQL), from the committed token count on."""
+
+    def __init__(self, root: str, array_path: str, read_only: bool = True):
+        super().__init__(root, array_path, VALUE_NORMS, read_only)
+
+
+def run_group_attribute(root: str, array_path: str, name: str):
+    """Attribute `name` of a layout-2 run's group (None if absent)."""
+    group = group_path_of(array_path)
+    if group is None:
+        return None
+    return zarr.open_group(store=open_root(root, read_only=True), path=group, mode="r").attrs.get(name)
+
+
+def set_run_group_attribute(root: str, array_path: str, name: str, value) -> None:
+    group = group_path_of(array_path)
+    if group is None:
+        raise InvalidArgumentError(f"{array_path} is a layout-1 array: it has no group attributes")
+    zarr.open_group(store=open_root(root, read_only=False), path=group, mode="r+").attrs.update({name: value})
+
+
+def create_token_array(root: str, array_path: str, name: str, trailing: tuple[int, ...], dtype: str, chunk_tokens: int, attributes: dict):
+    """An empty per-token array `name` in a layout-2 run's group (replacing one there), checksummed like the index."""
+    group = group_path_of(array_path)
+    if group is None:
+        raise InvalidArgumentError(f"{array_path} is a layout-1 array: it cannot hold per-token arrays ({name})")
+    return zarr.create_array(
+        store=open_root(root, read_only=False),
+        name=f"{group}/{name}",
+        shape=(0, *trailing),
+        chunks=(chunk_tokens, *trailing),
+        dtype=dtype,
+        compressors=make_codec(INDEX_CODEC, dtype),
+        fill_value=0,
+        config=ARRAY_CONFIG,
+        dimension_names=("token", *AXES[: len(trailing)]),
+        attributes=attributes,
+        overwrite=True,
+    )
 
 
 INDEX_PENDING = "index_pending"  # group attribute: a distributed ingest writes the index arrays when the run completes

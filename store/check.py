@@ -221,6 +221,9 @@ def check_run(store, run, repair: bool = False) -> RunReport:
             blocks.finish()
         if info.has_value_norms:
             _check_value_norms(report, store, info, n_tokens, complete=state == "complete")
+        saliency = arrays.run_group_attribute(store.locations.array_root, info.array_path, arrays.SALIENCY)
+        if saliency and saliency.get("complete"):
+            _check_token_array(report, store, info, arrays.SALIENCY, n_tokens, "run `attnstore saliency` again", signed=True)
     return report
 
 
@@ -230,34 +233,42 @@ NORM_CHECK_TOKENS = 1 << 16
 def _check_value_norms(report: RunReport, store, info, n_tokens: int, complete: bool) -> None:
     """The run's value_norm array holds a finite, non-negative norm for every committed token (checksums verified as
     each chunk decodes); exactly those once the run is complete."""
-    where = f"{arrays.run_node_path(info.array_path)}/{arrays.VALUE_NORMS}"
+    _check_token_array(report, store, info, arrays.VALUE_NORMS, n_tokens, "ingest the run again for its value norms", exact=complete)
+
+
+def _check_token_array(
+    report: RunReport, store, info, name: str, n_tokens: int, fix: str, exact: bool = True, signed: bool = False
+) -> None:
+    """A per-token array (value_norm, saliency) holds a finite value (non-negative unless `signed`) for each of the
+    `n_tokens` committed tokens (exactly those where `exact`); chunks' checksums are verified as they decode."""
+    where = f"{arrays.run_node_path(info.array_path)}/{name}"
     try:
-        norms = arrays.ValueNorms(store.locations.array_root, info.array_path)
-        length = norms.length()
+        values = arrays.TokenArray(store.locations.array_root, info.array_path, name)
+        length = values.length()
     except DamagedDataError as exc:
         report.add(str(exc))
         return
     except Exception as exc:
         if remote.is_remote(store.locations.array_root) and remote.is_storage_failure(exc):
             raise
-        report.add(f"{where} cannot be opened ({_first_line(exc)}); the run's value norms are lost: ingest it again")
+        report.add(f"{where} cannot be opened ({_first_line(exc)}); {fix}")
         return
-    if length < n_tokens or (complete and length != n_tokens):
-        report.add(f"{where} holds {length} tokens, the committed examples {n_tokens}; ingest the run again for its value norms")
+    if length < n_tokens or (exact and length != n_tokens):
+        report.add(f"{where} holds {length} tokens, the committed examples {n_tokens}; {fix}")
         return
     for start in range(0, n_tokens, NORM_CHECK_TOKENS):
         stop = min(start + NORM_CHECK_TOKENS, n_tokens)
         try:
-            values = norms.read(start, stop)
+            part = values.read(start, stop)
         except Exception as exc:
             if remote.is_remote(store.locations.array_root) and remote.is_storage_failure(exc):
                 raise
-            report.add(f"{where}: tokens {start}..{stop} cannot be read ({_first_line(exc)})", chunk=where)
+            report.add(f"{where}: tokens {start}..{stop} cannot be read ({_first_line(exc)}); {fix}", chunk=where)
             return
-        bad = ~np.isfinite(values) | (values < 0)
+        bad = ~np.isfinite(part) | ((part < 0) if not signed else False)
         if bad.any():
             token = start + int(np.argwhere(bad)[0][0])
-            report.add(f"{where}: the norm of token {token} (in storage order) is not finite (or negative)", chunk=where)
+            report.add(f"{where}: the value of token {token} (in storage order) is not finite (or negative); {fix}", chunk=where)
             return
 
 

@@ -587,6 +587,33 @@ class StoreReader:
         storage order, as `iter_attention` gives their maps."""
         info = self.run_info(run)
         self.require_value_norms(info.id)
+        norms = arrays.ValueNorms(self.locations.array_root, info.array_path)
+        for example, values in self._iter_token_values(info, norms, examples):
+            yield example, np.ascontiguousarray(values.transpose(1, 2, 0), dtype=np.float32)
+
+    def saliency_info(self, run: RunRef) -> dict | None:
+        """What the run's saliency array holds (model, method, target, n_tokens, complete), or None without one."""
+        info = self.run_info(run)
+        if not arrays.group_path_of(info.array_path):
+            return None
+        return arrays.run_group_attribute(self.locations.array_root, info.array_path, arrays.SALIENCY)
+
+    def iter_saliency(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """(example, (token,) float32 saliency) over the run's committed examples (or `examples`), in storage order:
+        gradient x input of its fine-tuned model's prediction per token (`attnstore saliency`, ingest/saliency.py)."""
+        info = self.run_info(run)
+        meta = self.saliency_info(info.id)
+        if not meta or not meta.get("complete"):
+            raise InvalidArgumentError(
+                f"run {info.name!r} has no saliency{' (its computation was cut off)' if meta else ''}: "
+                f"run `attnstore saliency --run {info.name}` (its model must be a classifier fine-tuned in this store)"
+            )
+        values = arrays.TokenArray(self.locations.array_root, info.array_path, arrays.SALIENCY)
+        for example, row in self._iter_token_values(info, values, examples):
+            yield example, row.astype(np.float32)
+
+    def _iter_token_values(self, info: RunInfo, array: arrays.TokenArray, examples) -> Iterator[tuple[int, np.ndarray]]:
+        """(example, its rows of a per-token array) in storage order, one read per window of nearby examples."""
         positions, lengths = self._in_storage_order(info, Example.position, Sequence.length)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         if examples is not None:
@@ -596,22 +623,21 @@ class StoreReader:
                 raise NotFoundError(f"run {info.name!r} has no stored example(s) {missing[:10].tolist()}")
             keep = np.isin(positions, wanted)
             positions, lengths, starts = positions[keep], lengths[keep], starts[keep]
-        norms = arrays.ValueNorms(self.locations.array_root, info.array_path)
         i = 0
-        while i < len(positions):  # one read per window of nearby examples
+        while i < len(positions):
             j = i + 1
             while j < len(positions) and starts[j] + lengths[j] - starts[i] <= NORM_READ_TOKENS:
                 j += 1
             first, last = int(starts[i]), int(starts[j - 1] + lengths[j - 1])
-            window = norms.read(first, last)
+            window = array.read(first, last)
             if len(window) != last - first:
                 raise DamagedDataError(
-                    f"run {info.name!r}: its value_norm array holds {norms.length()} tokens, fewer than its committed "
-                    f"examples need ({last}); run `attnstore check`"
+                    f"run {info.name!r}: its {array.array.basename} array holds {array.length()} tokens, fewer than its "
+                    f"committed examples need ({last}); run `attnstore check`"
                 )
             for k in range(i, j):
                 a = int(starts[k]) - first
-                yield int(positions[k]), np.ascontiguousarray(window[a : a + int(lengths[k])].transpose(1, 2, 0), dtype=np.float32)
+                yield int(positions[k]), window[a : a + int(lengths[k])]
             i = j
 
     # ------------------------------------------------------------------ saved results and models

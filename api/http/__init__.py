@@ -4,10 +4,12 @@
 one example's tokens and maps (JSON for small slices, `.npy` for binary), per-head metrics
 (saved, or computed on request for a few cheap queries), the registered queries, a corpus
 search over tokens, words, POS and dependency relations, and read-only SQL; plus the viewer
-(api/web/, static files, no build step) at `/` and a local API reference at `/docs`.
+(api/web/, static files, no build step) at `/`, a page to label attention-pattern classes at `/label`,
+and a local API reference at `/docs`.
 
 Everything is read through the Store API; nothing is written unless the app was made with
-`allow_save` (then `POST .../save` stores a query's per-head results). Every response is
+`allow_save` (then `POST .../save` stores a query's per-head results and `POST /api/label` a
+labeller's pattern class). Every response is
 bounded (ServeSettings): page sizes, cells per maps response, rows per table, examples per
 computed query, a time limit and a byte limit per SQL statement. Errors are JSON `{"error": "..."}`
 with a 4xx status for bad input (attnstore's NotFoundError 404, InvalidArgumentError 400, a slice
@@ -34,7 +36,7 @@ The package, along its seams:
 | `state.py` | `Server`: the store, its caches, the heavy-request slots; `MapsReading` (409 / progress of a query's map reads) |
 | `middleware.py` | `AllowedHosts` (the Host header), `RunSegment` (a run's path segment kept encoded) |
 | `responses.py` | JSON answers, `{"error": ...}` for every error, the error answers of the OpenAPI schema |
-| `routes/` | one `APIRouter` per resource: runs, maps, metrics, queries, search, sql, web |
+| `routes/` | one `APIRouter` per resource: runs, maps, metrics, queries, search, sql, labels (the labelling page's), web |
 
 The corpus search's SQL is the store's (store/search.py); the `attnstore serve` command is api/serve.py.
 Importing this package does not import FastAPI (the command's `--help` works without the extra):
@@ -81,7 +83,7 @@ def create_app(
     from ...store import Store
     from .middleware import AllowedHosts, RunSegment
     from .responses import add_error_handlers, answers, without_validation_answers
-    from .routes import maps, metrics, queries, runs, search, sql, web
+    from .routes import labels, maps, metrics, queries, runs, search, sql, web
 
     settings = settings or ServeSettings()
     if allowed_hosts is not None:
@@ -130,7 +132,7 @@ def create_app(
             return response
 
     # ---- API (in this order: the schema lists the paths as they are added)
-    for resource in (runs, maps, metrics, queries, search, sql):
+    for resource in (runs, maps, metrics, queries, search, sql, labels):
         app.include_router(resource.router(settings))
 
     # ---- the viewer and the API reference (static files, no build step, nothing from outside)

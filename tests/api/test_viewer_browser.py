@@ -85,14 +85,15 @@ def browser():
 
 
 @contextlib.contextmanager
-def live_server(store):
+def live_server(store, settings=None):
     """The app under uvicorn on a free 127.0.0.1 port, in a background thread."""
     import uvicorn
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(store), host="127.0.0.1", port=port, log_level="warning", access_log=False))
+    app = create_app(store, settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -468,3 +469,65 @@ def test_a_head_is_shown_beside_its_match_in_another_run(browser, hand_store, tm
             ready(browser, "match", "swapped|0|0|2", "the match read from the maps")
     finally:
         reader.close()
+
+
+def label_pixel(driver, i: int, j: int) -> list[int]:
+    """The colour drawn at the centre of the labelling page's cell (query i, key j)."""
+    return driver.execute_script(
+        """const fig = document.getElementById('label-map'), c = document.getElementById('label-canvas');
+        const cell = Number(fig.dataset.cell), margin = Number(fig.dataset.margin), r = c.width / c.clientWidth;
+        const x = Math.floor((margin + arguments[1] * cell + cell / 2) * r), y = Math.floor((margin + arguments[0] * cell + cell / 2) * r);
+        return Array.from(c.getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3));""",
+        i,
+        j,
+    )
+
+
+BLACK, WHITE = [0, 0, 0], [255, 255, 255]
+
+
+def test_labelling_page_writes_the_labellers_labels(browser, hand_store, tmp_path):
+    from selenium.webdriver.common.keys import Keys
+
+    from attnstore.api.serve import ServeSettings
+
+    store, maps = hand_store
+    run_id = store.run_info("hand").id
+    first = int(np.random.default_rng(0).permutation(2)[0])  # next_map's order: examples by default_rng(0), then heads
+    with live_server(store, ServeSettings(allow_save=True)) as base:
+        browser.get(base + "label")
+        browser.execute_script("localStorage.clear(); sessionStorage.clear();")
+        browser.get(base + "label")
+        browser.find_element("id", "labeller").send_keys("tester", Keys.TAB)
+        ready(browser, "label-map", f"{run_id}.{first}.0.0", "the first map")
+        n = len(TOKENS[first])
+        assert browser.find_element("id", "label-map").get_attribute("data-length") == str(n)
+        assert label_pixel(browser, 1, 1) == BLACK  # uniform: every cell at the maximum
+        browser.save_screenshot(str(screenshot_dir(tmp_path) / "label-page-hand.png"))
+        body = browser.find_element("tag name", "body")
+        body.send_keys("1")  # vertical, then the next head: L0-H1 attends to [CLS]
+        ready(browser, "label-map", f"{run_id}.{first}.0.1", "the second map")
+        assert label_pixel(browser, 2, 0) == BLACK and label_pixel(browser, 2, 3) == WHITE
+        body.send_keys("s")  # skipped: not labelled
+        ready(browser, "label-map", f"{run_id}.{first}.0.2", "the third map")
+        body.send_keys("h")
+        ready(browser, "label-map", f"{run_id}.{first}.1.0", "the fourth map")
+        browser.find_element("css selector", '.label-button[data-label="vertical+diagonal"]').click()
+        ready(browser, "label-map", f"{run_id}.{first}.1.1", "the fifth map")
+        wait_for(browser, lambda d: "3 labelled by tester" in d.find_element("id", "label-count").text, "the count")
+    saved = store.pattern_labels("hand", source="human:tester")
+    assert sorted(zip(saved["example"], saved["layer"], saved["head"], saved["label"])) == [
+        (first, 0, 0, "vertical"),
+        (first, 0, 2, "heterogeneous"),
+        (first, 1, 0, "vertical+diagonal"),
+    ]
+    with live_server(store.locations) as base:  # read-only, as `attnstore serve` opens it without --allow-save
+        browser.get(base + "label")  # another port: another origin, so the name is asked again
+        browser.find_element("id", "labeller").send_keys("tester", Keys.TAB)
+        ready(browser, "label-map", f"{run_id}.{first}.0.1", "the first map tester has not labelled, read-only")
+        assert "read-only server" in browser.find_element("id", "status").text
+        browser.find_element("tag name", "body").send_keys("2")
+        wait_for(browser, lambda d: "error" in (d.find_element("id", "status").get_attribute("class") or ""), "the refusal")
+        message = browser.find_element("id", "status").text
+        assert "read-only" in message and "--allow-save" in message and "\n" not in message
+    assert len(store.pattern_labels("hand", source="human:tester")) == 3

@@ -16,6 +16,10 @@ def router() -> APIRouter:
     def index() -> FileResponse:
         return FileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
+    @api.get("/label", include_in_schema=False)
+    def label() -> FileResponse:
+        return FileResponse(WEB_DIR / "label.html", headers={"Cache-Control": "no-cache"})
+
     @api.get("/docs", include_in_schema=False)
     def docs() -> FileResponse:
         return FileResponse(WEB_DIR / "docs.html", headers={"Cache-Control": "no-cache"})
