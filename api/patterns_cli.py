@@ -176,13 +176,57 @@ def classify(locations, runs, classifier, model_file, max_examples, seed, save, 
 @click.option("--max-examples", default=1000, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option(
+    "--report",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="A train-cnn report (.json): also draw the shares with per-class 95% intervals from the held-out confusion matrix "
+    "of the source (cnn or rules).",
+)
+@click.option("--stem", default=None, help="File name stem (default fig2_pattern_classes; _rules for source rules with --report).")
 @store_options
 @friendly_errors
-def figure(locations, runs, source, max_examples, seed, out):
-    """Fig 2 of Kovaleva et al (2019): stacked bars of the pattern classes per task, as PNG, SVG and CSV."""
+def figure(locations, runs, source, max_examples, seed, out, report, stem):
+    """Fig 2 of Kovaleva et al (2019): stacked bars of the pattern classes per task, as PNG, SVG and CSV; with --report,
+    also per class the shares corrected by the classifier's held-out confusion matrix with bootstrap intervals."""
     _need_matplotlib()
     from .pattern_labels import figure_proportions, proportions_table
 
     table = proportions_table(open_store(locations), list(runs), source, max_examples=max_examples, seed=seed)
-    names = figure_proportions(table, out, source, max_examples)
+    stem = stem or ("fig2_pattern_classes_rules" if source == "rules" and report else "fig2_pattern_classes")
+    names = figure_proportions(table, out, source, max_examples, stem=stem)
+    if report:
+        from .pattern_report import figure_uncertainty, held_out_confusion, uncertainty_table
+
+        matrix = held_out_confusion(report, source)
+        models = ", ".join(sorted(set(table["model"])))
+        long = uncertainty_table(table, matrix, seed=seed)
+        names += figure_uncertainty(long, out, source, max_examples, int(matrix.sum()), models, stem=f"{stem}_uncertainty")
     click.echo(f"wrote {', '.join(names)} to {out}")
+
+
+@patterns.command("evaluate", short_help="Score the classifiers per labeller; agreement between labellers.")
+@click.option("--model-file", default=None, type=click.Path(dir_okay=False), help="CNN weights (`patterns train-cnn`): score it too.")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@click.option("--output", default=None, type=click.Path(dir_okay=False), help="Also write everything as JSON to this file.")
+@store_options
+@friendly_errors
+def evaluate(locations, model_file, fmt, output):
+    """Score the rules (and the CNN) against every labeller's labels (sources human, human:NAME), leaving out the maps
+    the CNN was trained on; then the agreement between each pair of labellers on the maps both labelled (Cohen's kappa)."""
+    from .pattern_report import evaluate_labellers
+
+    result = evaluate_labellers(open_store(locations), model_file)
+    shown = result["per_labeller"].drop(columns=["confusion"]) if not result["per_labeller"].empty else result["per_labeller"]
+    click.echo("# per labeller (maps the CNN was not trained on)")
+    emit(shown, fmt)
+    click.echo("# agreement between labellers (maps both labelled)")
+    emit(result["agreement"], fmt)
+    if output:
+        payload = dict(
+            per_labeller=result["per_labeller"].to_dict("records"),
+            agreement=result["agreement"].to_dict("records"),
+            cnn_trained_on=result["cnn_trained_on"],
+        )
+        Path(output).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+        click.echo(f"wrote {output}", err=True)

@@ -91,3 +91,61 @@ def _macro_f1_rows(true: np.ndarray, preds: np.ndarray, k: int) -> np.ndarray:
     f1 = np.divide(2 * tp, denom, out=np.zeros_like(tp), where=denom > 0)  # = 2PR/(P+R)
     present = denom > 0
     return (f1 * present).sum(1) / np.maximum(present.sum(1), 1)
+
+
+def cohen_kappa(first, second, classes=CLASSES) -> float:
+    """Cohen's kappa of two labellers' labels of the same maps: (p_o - p_e) / (1 - p_e), p_o the share of maps they
+    agree on, p_e the agreement expected from their marginals. scikit-learn's cohen_kappa_score where it is installed,
+    else the same arithmetic here (NaN where p_e is 1: both gave one and the same class throughout)."""
+    first, second = list(first), list(second)
+    if len(first) != len(second):
+        raise InvalidArgumentError(f"kappa needs the same maps from both labellers: {len(first)} and {len(second)} labels")
+    if not first:
+        return float("nan")
+    try:
+        from sklearn.metrics import cohen_kappa_score
+    except ImportError:
+        return _kappa(confusion_matrix(first, second, classes))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float(cohen_kappa_score(first, second, labels=list(classes)))
+
+
+def _kappa(matrix: np.ndarray) -> float:
+    m = np.asarray(matrix, dtype=np.float64)
+    n = m.sum()
+    observed = np.trace(m) / n
+    expected = float((m.sum(0) * m.sum(1)).sum() / n**2)
+    return float("nan") if expected == 1 else float((observed - expected) / (1 - expected))
+
+
+def corrected_shares(predicted: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+    """Class shares (..., K) a classifier predicted, corrected by its confusion matrix (rows true, columns predicted):
+    share of true class i = sum_j P(true i | predicted j) * predicted share j. A class never predicted in `matrix`
+    keeps its predicted share (its column is taken as the identity)."""
+    m = np.asarray(matrix, dtype=np.float64)
+    column = m.sum(0)
+    given = np.where(column > 0, m / np.where(column > 0, column, 1), np.eye(len(m)))  # P(true i | predicted j)
+    return np.asarray(predicted, dtype=np.float64) @ given.T
+
+
+def share_intervals(predicted: np.ndarray, matrix: np.ndarray, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """Per-class uncertainty of class shares from a classifier's held-out confusion matrix: the held-out (true,
+    predicted) pairs are resampled with replacement (default_rng(seed), n_boot times) and the predicted shares
+    (T, K) corrected by each resample (`corrected_shares`). Returns corrected (T, K) from the matrix itself, and
+    low, high (T, K): the central `level` interval of the resampled corrections."""
+    m = np.asarray(matrix, dtype=np.int64)
+    k = len(m)
+    pairs = np.repeat(np.arange(k * k), m.ravel())
+    if len(pairs) == 0:
+        raise InvalidArgumentError("the confusion matrix is empty: no held-out maps to resample")
+    rng = np.random.default_rng(seed)
+    draws = np.empty((n_boot, *np.shape(predicted)))
+    for b in range(n_boot):
+        sample = np.bincount(rng.choice(pairs, size=len(pairs)), minlength=k * k).reshape(k, k)
+        draws[b] = corrected_shares(predicted, sample)
+    tail = (1 - level) / 2 * 100
+    return dict(
+        corrected=corrected_shares(predicted, m),
+        low=np.percentile(draws, tail, axis=0),
+        high=np.percentile(draws, 100 - tail, axis=0),
+    )

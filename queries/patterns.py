@@ -64,7 +64,14 @@ import numpy as np
 import pandas as pd
 
 from .errors import InvalidArgumentError
-from .pattern_metrics import CLASSES, _macro_f1_rows, confusion_matrix, evaluate, f1_scores, stratified_split
+from .pattern_metrics import (  # noqa: F401  (the metrics' names are re-exported here, where callers have imported them)
+    CLASSES,
+    _macro_f1_rows,
+    confusion_matrix,
+    evaluate,
+    f1_scores,
+    stratified_split,
+)
 from .registry import register
 from .summary import SummaryKind, register_kind, summary
 
