@@ -555,5 +555,47 @@ def report_head_match(locations, run, other, metric, specials, out):
     click.echo(f"wrote {path} and its tables and figures")
 
 
+@report.command("primer", short_help="Write the Primer's analyses: norms, rollout, roles, trees, attribution, pruning.")
+@click.option("--run", required=True, help="The run for norm-based attention, rollout and head roles.")
+@click.option("--tree-run", default=None, help="A run over a corpus with gold trees (e.g. ud/en_ewt:dev) for trees from heads.")
+@click.option("--random-tree-run", default=None, help="The same corpus through a randomly initialised model (the trees' baseline).")
+@click.option("--attribution-run", default=None, help="A fine-tuned model's run with saliency (attnstore saliency).")
+@click.option("--prune", "prune_spec", default=None, metavar="MODEL:TASK", help="Draw the stored pruning steps of MODEL on TASK.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@store_options
+@friendly_errors
+def report_primer(locations, run, tree_run, random_tree_run, attribution_run, prune_spec, out):
+    """The analyses "A Primer in BERTology" weighs Clark's and Kovaleva's findings against (docs/QUERIES.md): value
+    norms (Kobayashi et al.), rollout (Abnar & Zuidema), head roles (Voita et al.), trees from heads (Htut et al.),
+    attention vs gradient attribution (Jain & Wallace) and pruning by importance (Michel et al.), as tables and
+    figures naming model and data. Sections whose input is not given are left out; one whose data is not stored says
+    so in its place."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise click.ClickException("figures need matplotlib: pip install 'attnstore[report]'") from None
+    from .primer_report import primer_report
+
+    prune = None
+    if prune_spec is not None:
+        model, sep, task = prune_spec.rpartition(":")
+        if not sep or not model or not task:
+            raise click.BadParameter(
+                f"{prune_spec!r}: give MODEL:TASK, e.g. all-MiniLM-L6-v2-MRPC-pretrained-seed0:MRPC", param_hint="--prune"
+            )
+        prune = (model, task)
+    with reading_progress("report primer: examples read"):
+        path = primer_report(
+            open_store(locations),
+            run,
+            out,
+            tree_run=tree_run,
+            random_tree_run=random_tree_run,
+            attribution_run=attribution_run,
+            prune=prune,
+        )
+    click.echo(f"wrote {path} and its tables and figures")
+
+
 if __name__ == "__main__":
     main()

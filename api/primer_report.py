@@ -1,0 +1,290 @@
+"""`attnstore report primer`: the analyses "A Primer in BERTology" weighs Clark's and Kovaleva's findings against.
+
+Thin, as the other reports: every number comes from a registered query (norm_attention, rollout, head_roles,
+head_trees_summary, attention_attribution) or a stored table (the pruning steps of `attnstore prune` in
+ablation_results); this module lays them out as CSV + Markdown tables and PNG/SVG figures, each naming model and
+data, in one folder with a README.md. A section whose input is not given (or not stored: a run without value norms,
+without saliency) says so in one line instead of failing the report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from ..queries import run_query
+from ..store.errors import AttnStoreError
+from ..store.plot import new_figure
+from .ablation_report import draw_pruning
+from .report import _caption, _layer_axis, _legend_beside, _save, _table
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+CLASSES = {"cls": "[CLS]-like", "sep": "[SEP]-like", "punct": ". or ,"}
+COLOURS = {"cls": "tab:red", "sep": "tab:blue", "punct": "tab:green", "other": "tab:grey"}
+
+
+def draw_norms(by_layer: pd.DataFrame, n_layers: int, caption: str):
+    """Per layer and class: the attention weight (solid) against the norm-weighted share (hatched), as Kobayashi et
+    al.'s Fig. 2 compares alpha and ||alpha f(x)||."""
+    fig = new_figure(figsize=(9, 4))
+    ax = fig.add_subplot()
+    width = 0.13
+    for k, (c, label) in enumerate(CLASSES.items()):
+        x = by_layer.index.to_numpy() + (k - 1) * 2.2 * width
+        ax.bar(x - width / 2, by_layer[f"weight_{c}"], width, color=COLOURS[c], label=f"{label}: attention weight")
+        ax.bar(
+            x + width / 2,
+            by_layer[f"share_{c}"],
+            width,
+            color="white",
+            edgecolor=COLOURS[c],
+            hatch="///",
+            label=f"{label}: norm-weighted share",
+        )
+    ax.set_ylabel("mean over heads (share of a query's row)")
+    _layer_axis(ax, n_layers)
+    _legend_beside(ax, fontsize=7)
+    ax.set_title("Attention weight vs norm-weighted share ||a f(x)|| (Kobayashi et al. 2020)", fontsize=9)
+    fig.suptitle(caption, fontsize=8)
+    return fig
+
+
+def draw_rollout(frame: pd.DataFrame, n_layers: int, caption: str):
+    fig = new_figure(figsize=(7, 3.8))
+    ax = fig.add_subplot()
+    for c, label in {**CLASSES, "other": "other tokens"}.items():
+        ax.plot(frame["layer"], frame[f"to_{c}"], marker="o", color=COLOURS[c], label=label)
+    ax.set_ylabel("rolled-out attention from the source token")
+    _layer_axis(ax, n_layers)
+    _legend_beside(ax, fontsize=8)
+    ax.set_title("Attention rollout (Abnar & Zuidema 2020)", fontsize=9)
+    fig.suptitle(caption, fontsize=8)
+    return fig
+
+
+def draw_confidence(frame: pd.DataFrame, n_layers: int, n_heads: int, caption: str):
+    grid = frame.pivot(index="layer", columns="head", values="confidence").to_numpy()
+    fig = new_figure(figsize=(7, 3.6))
+    ax = fig.add_subplot()
+    image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    positional = frame[frame["positional"].astype(bool)]
+    ax.scatter(positional["head"], positional["layer"], marker="s", s=60, facecolors="none", edgecolors="red", label="positional (>= 90 %)")
+    ax.set_xticks(range(n_heads))
+    ax.set_yticks(range(n_layers))
+    ax.set_xlabel("head (0-based)")
+    ax.set_ylabel("layer (0-based)")
+    ax.set_title("Head confidence (Voita et al. 2019)", fontsize=9)
+    fig.colorbar(image, ax=ax, label="confidence")
+    _legend_beside(ax, fontsize=7)
+    fig.suptitle(caption, fontsize=8)
+    return fig
+
+
+def draw_trees(frame: pd.DataFrame, random: pd.DataFrame | None, caption: str):
+    rows = frame.sort_values("n", ascending=False)
+    fig = new_figure(figsize=(max(7, 0.45 * len(rows)), 4))
+    ax = fig.add_subplot()
+    x = np.arange(len(rows))
+    ax.bar(x - 0.3, rows["max_uuas"], 0.2, label="best head, MAX", color="tab:blue")
+    ax.bar(x - 0.1, rows["mst_uuas"], 0.2, label="best head, MST", color="tab:orange")
+    ax.bar(x + 0.1, rows["chain_uuas"], 0.2, label="adjacent words (chain)", color="tab:grey")
+    if random is not None:
+        other = random.set_index("relation").reindex(rows["relation"])
+        ax.bar(x + 0.3, other["mst_uuas"], 0.2, label="random-init model, best head MST", color="tab:olive")
+    ax.set_xticks(x, rows["relation"], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("undirected attachment accuracy")
+    ax.set_title("Trees from single heads (Htut et al. 2019)", fontsize=9)
+    _legend_beside(ax, fontsize=7)
+    fig.suptitle(caption, fontsize=8)
+    return fig
+
+
+def draw_attribution(signed: pd.DataFrame, absolute: pd.DataFrame, n_layers: int, caption: str):
+    fig = new_figure(figsize=(10, 3.8))
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, frame, title in ((axes[0], signed, "signed saliency (the authors')"), (axes[1], absolute, "|saliency|")):
+        by_layer = frame.groupby("layer")[["tau", "tau_norm", "tau_rollout", "tau_random"]].mean()
+        best = frame.groupby("layer")["tau"].max()
+        ax.plot(by_layer.index, by_layer["tau"], marker="o", label="attention (mean over heads)")
+        ax.plot(best.index, best, marker="^", linestyle=":", label="attention (best head)")
+        ax.plot(by_layer.index, by_layer["tau_norm"], marker="s", label="norm-weighted")
+        ax.plot(by_layer.index, by_layer["tau_rollout"], marker="d", label="rollout")
+        ax.plot(by_layer.index, by_layer["tau_random"], color="grey", linestyle="--", label="random row (chance)")
+        ax.set_title(title, fontsize=9)
+        _layer_axis(ax, n_layers)
+    axes[0].set_ylabel("mean Kendall tau with the saliency")
+    _legend_beside(axes[1], fontsize=7)
+    fig.suptitle(f"Attention vs gradient x input (Jain & Wallace 2019) — {caption}", fontsize=8)
+    return fig
+
+
+def _section(title: str, lines: list[str]) -> list[str]:
+    return [f"## {title}", "", *lines, ""]
+
+
+def primer_report(
+    store: Store,
+    run: str,
+    out: str | Path,
+    *,
+    tree_run: str | None = None,
+    random_tree_run: str | None = None,
+    attribution_run: str | None = None,
+    prune: tuple[str, str] | None = None,
+) -> Path:
+    """Write the report into `out` (created); returns its README.md."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    info = store.run_info(run)
+    caption = _caption(store, run)
+    lines = [
+        "# The Primer's analyses of attention heads",
+        "",
+        "Written by `attnstore report primer`; definitions, conventions and the reference code read are in docs/QUERIES.md. "
+        "Layers and heads are 0-based.",
+        "",
+    ]
+
+    try:
+        norms = run_query(store, "norm_attention", run=run)
+    except AttnStoreError as exc:
+        lines += _section("Norm-based attention (Kobayashi et al. 2020)", [f"Not drawn: {exc}"])
+    else:
+        columns = [f"{kind}_{c}" for c in ("cls", "sep", "punct", "other") for kind in ("weight", "norm", "contribution", "share")]
+        by_layer = norms.groupby("layer")[columns].mean()
+        _save(draw_norms(by_layer, info.n_layers, caption), folder, "norms")
+        table = _table(by_layer.reset_index(), folder, "norms_by_layer")
+        norms.to_csv(folder / "norms_per_head.csv", index=False)
+        lines += _section(
+            "Norm-based attention (Kobayashi et al. 2020)",
+            [
+                f"{caption}. Per layer, means over heads: `weight_c` the attention a query gives class c, `norm_c` the mean "
+                "value norm ||f(x)|| of its tokens, `contribution_c` the norm-weighted sum ||a f(x)||, `share_c` that "
+                "contribution's share of the row (query `norm_attention`; per head in norms_per_head.csv).",
+                "",
+                table,
+                "",
+                "![weights vs norm-weighted shares](norms.png)",
+            ],
+        )
+
+    rollout = run_query(store, "rollout", run=run)
+    _save(draw_rollout(rollout, info.n_layers, caption), folder, "rollout")
+    lines += _section(
+        "Attention rollout (Abnar & Zuidema 2020)",
+        [
+            f"{caption}. Query `rollout`: per layer, the rolled-out attention of the source token.",
+            "",
+            _table(rollout, folder, "rollout"),
+            "",
+            "![rollout](rollout.png)",
+        ],
+    )
+
+    roles = run_query(store, "head_roles", run=run)
+    _save(draw_confidence(roles, info.n_layers, info.n_heads, caption), folder, "head_roles")
+    roles.to_csv(folder / "head_roles.csv", index=False)
+    top = roles.sort_values("offset_share", ascending=False).head(5)[
+        ["layer", "head", "confidence", "top_offset", "offset_share", "rare_share", "rare_chance"]
+    ]
+    lines += _section(
+        "Head confidence and roles (Voita et al. 2019)",
+        [
+            f"{caption}. Query `head_roles`; the five heads with the largest share of rows on one relative offset "
+            f"({int(roles['positional'].astype(bool).sum())} positional by the 90 % rule); all heads in head_roles.csv.",
+            "",
+            _table(top, folder, "head_roles_top"),
+            "",
+            "![confidence](head_roles.png)",
+        ],
+    )
+
+    if tree_run is not None:
+        trees = run_query(store, "head_trees_summary", run=tree_run)
+        random = run_query(store, "head_trees_summary", run=random_tree_run) if random_tree_run is not None else None
+        _save(draw_trees(trees, random, _caption(store, tree_run)), folder, "trees")
+        body = [
+            f"{_caption(store, tree_run)}. Query `head_trees_summary`: per relation the best head's MAX and MST undirected "
+            "attachment accuracy and the adjacent-word chain.",
+            "",
+            _table(trees, folder, "trees"),
+        ]
+        if random is not None:
+            body += ["", f"Random-init baseline: {_caption(store, random_tree_run)}.", "", _table(random, folder, "trees_random_init")]
+        lines += _section("Trees from heads (Htut et al. 2019)", [*body, "", "![trees](trees.png)"])
+
+    if attribution_run is not None:
+        try:
+            signed = run_query(store, "attention_attribution", run=attribution_run)
+            absolute = run_query(store, "attention_attribution", run=attribution_run, saliency="absolute")
+        except AttnStoreError as exc:
+            lines += _section("Attention vs attribution (Jain & Wallace 2019)", [f"Not drawn: {exc}"])
+        else:
+            a_info = store.run_info(attribution_run)
+            _save(draw_attribution(signed, absolute, a_info.n_layers, _caption(store, attribution_run)), folder, "attribution")
+            signed.to_csv(folder / "attribution_signed.csv", index=False)
+            absolute.to_csv(folder / "attribution_absolute.csv", index=False)
+            summary = pd.DataFrame(
+                {
+                    "saliency": ["signed", "absolute"],
+                    "mean_tau": [signed["tau"].mean(), absolute["tau"].mean()],
+                    "best_head": [_best(signed), _best(absolute)],
+                    "best_tau": [signed["tau"].max(), absolute["tau"].max()],
+                    "mean_tau_norm": [signed["tau_norm"].mean(), absolute["tau_norm"].mean()],
+                    "mean_tau_random": [signed["tau_random"].mean(), absolute["tau_random"].mean()],
+                    "tau_sd": [signed["tau_sd"].mean(), absolute["tau_sd"].mean()],
+                }
+            )
+            lines += _section(
+                "Attention vs attribution (Jain & Wallace 2019)",
+                [
+                    f"{_caption(store, attribution_run)}. Query `attention_attribution`: Kendall tau between each head's "
+                    "[CLS] row and the run's gradient x input saliency (`attnstore saliency`), per example, then averaged.",
+                    "",
+                    _table(summary, folder, "attribution_summary"),
+                    "",
+                    "![attention vs attribution](attribution.png)",
+                ],
+            )
+
+    if prune is not None:
+        model, task = prune
+        frame = store.ablation_results(model=model, task=task)
+        steps = frame[frame["config"].str.startswith("prune:") | (frame["config"] == "none")]
+        if steps[steps["config"] != "none"].empty:
+            lines += _section(
+                "Head importance and pruning (Michel et al. 2019)",
+                [f"Not drawn: no pruning steps of {model!r} on {task} are stored (run `attnstore prune`)."],
+            )
+        else:
+            for mode, rows in steps[steps["config"] != "none"].groupby("mode"):
+                base = steps[steps["config"] == "none"].assign(mode=mode)
+                curve = pd.concat([base, rows]).assign(
+                    n_pruned=lambda f: f["config"].str.replace("none", "prune:0").str.slice(len("prune:")).astype(int)
+                )
+                _save(draw_pruning(curve, model, task, mode), folder, f"pruning_{mode}")
+                shown = curve.pivot_table(index="n_pruned", columns="metric", values="score").reset_index()
+                lines += _section(
+                    f"Head importance and pruning (Michel et al. 2019): mask {mode}",
+                    [
+                        f"{model} on {task} dev (`attnstore prune`).",
+                        "",
+                        _table(shown, folder, f"pruning_{mode}"),
+                        "",
+                        f"![pruning](pruning_{mode}.png)",
+                    ],
+                )
+
+    path = folder / "README.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def _best(frame: pd.DataFrame) -> str:
+    row = frame.loc[frame["tau"].idxmax()]
+    return f"L{int(row['layer'])}-H{int(row['head'])}"
