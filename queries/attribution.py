@@ -113,13 +113,43 @@ def _state(store: Store, info: RunInfo, params: dict) -> dict:
     return {"n_examples": int(store.n_committed(info.id)), "saliency": {k: meta.get(k) for k in ("model", "method", "target", "n_tokens")}}
 
 
+def seed_agreement(store: Store, info: RunInfo, seed_run: str, specials: str, saliency: str, examples=None) -> float:
+    """Mean Kendall tau-b between the saliencies of `info`'s run and `seed_run` over their shared examples (the same
+    keys as the heads are compared on); refused in one line where an example's tokens differ."""
+    other = store.run_info(seed_run)
+    if other.dataset_id != info.dataset_id:
+        raise InvalidArgumentError(
+            f"seed_run {other.name!r} is over another dataset than run {info.name!r}: give a run over the same examples"
+        )
+    flags = token_flags(store, info, ".,", examples)
+    mine = dict(store.iter_saliency(info.id, examples))
+    taus = []
+    ids = store.token_table(info.id, examples)
+    theirs_ids = store.token_table(other.id, examples)
+    for example, values in store.iter_saliency(other.id, [e for e in mine]):
+        a, b = ids[ids["example"] == example]["token_id"].to_numpy(), theirs_ids[theirs_ids["example"] == example]["token_id"].to_numpy()
+        if not np.array_equal(a, b):
+            raise InvalidArgumentError(
+                f"example {example} has other tokens in run {other.name!r} than in {info.name!r}: the seed run must tokenise alike"
+            )
+        keys = np.arange(len(a)) if specials == "include" else np.flatnonzero(~flags[example].special)
+        x, y = mine[example][keys].astype(np.float64), values[keys].astype(np.float64)
+        if saliency == "absolute":
+            x, y = np.abs(x), np.abs(y)
+        taus.append(kendall_tau_b(x[None], y)[0])
+    taus_array = np.asarray(taus, dtype=np.float64)
+    return float(np.nanmean(taus_array)) if np.isfinite(taus_array).any() else float("nan")
+
+
 ATTRIBUTION_TAU = register_kind(
     SummaryKind("attribution_tau", 1, _prepare, _reduce, read=_read, state=_state, defaults={"specials": "exclude", "saliency": "signed"})
 )
 
 
 @register("attention_attribution")
-def attention_attribution(store: Store, *, run, specials: str = "exclude", saliency: str = "signed", examples=None) -> pd.DataFrame:
+def attention_attribution(
+    store: Store, *, run, specials: str = "exclude", saliency: str = "signed", seed_run: str | None = None, examples=None
+) -> pd.DataFrame:
     """Jain & Wallace 2019: per head, mean Kendall tau between the [CLS] row's attention and gradient x input saliency.
 
     Columns: layer, head;
@@ -129,7 +159,10 @@ def attention_attribution(store: Store, *, run, specials: str = "exclude", salie
     tau_norm: the same for the norm-weighted row (weights="norm"; NaN without value norms);
     tau_rollout: the same for the attention rollout up to the head's layer (one value per layer);
     tau_random: a random row (seeded per example) against the same saliency: the chance level;
-    tau_sd: the standard deviation of tau over the examples.
+    tau_sd: the standard deviation of tau over the examples;
+    tau_seed (with `seed_run`, a run of the same task's classifier fine-tuned with another seed,
+      over the same examples and tokens): the mean tau between the two runs' saliencies, the
+      same for every head: how far two equally trained models' attributions agree.
     Keys: the non-special tokens (specials="include": all), as the authors' code drops the first
     and last token. saliency="signed" (default, the authors' gradient x input) or "absolute"
     (ranked by magnitude, either direction). Needs the run's saliency (`attnstore
@@ -156,8 +189,12 @@ def attention_attribution(store: Store, *, run, specials: str = "exclude", salie
             counts["tau"] > 1, (sums["tau_sq"] - counts["tau"] * means["tau"] ** 2) / np.maximum(counts["tau"] - 1, 1), np.nan
         )
         rolled = np.where(rollout_count > 0, rollout_sum / np.maximum(rollout_count, 1), np.nan)
+    columns = {}
+    if seed_run is not None:
+        columns["tau_seed"] = np.full(shape, seed_agreement(store, info, seed_run, specials, saliency, examples))
     return per_head_frame(
         info,
+        **columns,
         tau=means["tau"],
         tau_norm=means["tau_norm"],
         tau_rollout=np.repeat(rolled[:, None], info.n_heads, axis=1),

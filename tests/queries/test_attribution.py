@@ -4,6 +4,7 @@ saliency is written as `attnstore saliency` writes it (the run group's `saliency
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from attnstore.queries import run_query
@@ -144,3 +145,29 @@ def test_kept_taus_follow_a_recomputed_saliency(store, make_run):
         store.locations.array_root, info.array_path, arrays.SALIENCY, {**store.saliency_info(run), "method": "other"}
     )
     assert run_query(store, "attention_attribution", run=run).set_index("head").loc[0, "tau"] == pytest.approx(-1.0)
+
+
+def test_seed_run_gives_the_agreement_of_two_saliencies(store, make_run):
+    from attnstore.tests.queries.helpers import hand_run
+
+    run = make_run(store, designed(), TOKENS, name="attr-seed0")
+    saliency_of(store, run, SALIENCY)
+    info = store.run_info(run)
+    other = hand_run(store, "attr-seed1", dataset_id=info.dataset_id, n_layers=1, n_heads=3, dtype="float32", specials=info.special_tokens)
+    writer = store.writer.run_writer(other.id)
+    ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": info.dataset_id}).values.tolist())
+    for example, maps in enumerate(designed()):
+        rows = store.tokens(run, example)[["token", "token_id", "word_position", "segment", "is_special"]].to_dict("records")
+        rows = [
+            dict(r, word_position=None if pd.isna(r["word_position"]) else int(r["word_position"]), char_start=None, char_end=None)
+            for r in rows
+        ]
+        writer.add(ids[example], maps, rows)
+        writer.commit()
+    writer.finish(0.0)
+    # seed 1 ranks example 0's words a > c > bb (tau with a > bb > c: 1/3) and example 1's e > dd (tau -1)
+    saliency_of(store, "attr-seed1", [[9.0, 3.0, 1.0, 2.0, 9.0], [9.0, 1.0, 2.0, 9.0]])
+    frame = run_query(store, "attention_attribution", run=run, seed_run="attr-seed1")
+    assert frame["tau_seed"].to_numpy() == pytest.approx(np.full(3, (1 / 3 - 1) / 2))
+    with pytest.raises(InvalidArgumentError, match="over another dataset"):
+        run_query(store, "attention_attribution", run=run, seed_run=make_run(store, designed(), TOKENS, name="elsewhere"))
