@@ -215,9 +215,12 @@ def tokens(locations, run, example, fmt, columns):
     emit(open_store(locations).tokens(run, example), fmt, columns=columns, constant=("annotator",))
 
 
-@main.command(short_help="Draw one example's attention maps as heatmaps.")
-@click.option("--run", required=True, help="Run name or id (see `attnstore runs`).")
-@click.option("--example", required=True, type=int, help="Example position in the corpus (0-based).")
+@main.command(short_help="Draw one example's attention maps as heatmaps (or a typed sentence's: --text).")
+@click.option("--run", default=None, help="Run name or id (see `attnstore runs`); with --text, the run whose model and settings are used.")
+@click.option("--example", default=None, type=int, help="Example position in the corpus (0-based).")
+@click.option("--text", default=None, help="Draw this sentence's maps instead of a stored example: the model is run on it (not stored).")
+@click.option("--text-b", default=None, help="With --text: the pair's second segment.")
+@click.option("--model", default=None, help="With --text and no --run: the model (name or directory; default all-MiniLM-L6-v2).")
 @click.option("--layer", default=None, type=int, help="Only this layer (0-based); default: every layer.")
 @click.option("--head", default=None, type=int, help="Only this head of --layer (0-based).")
 @click.option(
@@ -230,11 +233,37 @@ def tokens(locations, run, example, fmt, columns):
 @click.option("--rollout", is_flag=True, help="Draw the attention rollout through the layers (Abnar & Zuidema 2020) instead.")
 @store_options
 @friendly_errors
-def view(locations, run, example, layer, head, out, bertviz, rollout):
-    """Draw one example's attention as token x token heatmaps: one head, a layer's heads, or every head (or its rollout)."""
+def view(locations, run, example, text, text_b, model, layer, head, out, bertviz, rollout):
+    """Draw one example's attention as token x token heatmaps: one head, a layer's heads, or every head (or its rollout).
+
+    With --text "..." (and --text-b for a pair) the model is run on that sentence instead, exactly as ingest would
+    (tokenizer, forward pass, stored dtype), and nothing is stored: the model of --run with its settings, or --model.
+    """
     for option, value in (("--layer", layer), ("--head", head)):
         if value is not None and value < 0:
             raise click.ClickException(f"{option} {value}: {option[2:]}s are numbered from 0; give 0 or more (-1 is not the last)")
+    if text is not None:
+        if example is not None or bertviz or rollout:
+            raise click.ClickException("--text draws a typed sentence: leave out --example, --bertviz and --rollout")
+        if run is not None and model is not None:
+            raise click.ClickException("--text uses the model of --run, or --model: give one of them")
+        require_extra("report")
+        from ..ingest.scratch import attention_for_run, attention_for_text
+        from .view import save_scratch_view
+
+        if run is not None:
+            maps = attention_for_run(open_store(locations), run, text, text_b)
+        else:
+            from ..ingest.model import DEFAULT_MODEL
+
+            maps = attention_for_text(model or DEFAULT_MODEL, text, text_b)
+        path = save_scratch_view(maps, out, layer=layer, head=head)
+        click.echo(f"wrote {path} ({maps.model}, {len(maps.tokens)} tokens{', truncated' if maps.truncated else ''})")
+        return
+    if text_b is not None or model is not None:
+        raise click.ClickException("--text-b and --model go with --text")
+    if run is None or example is None:
+        raise click.ClickException("give --run and --example (a stored example), or --text (a typed sentence)")
     store = open_store(locations)
     if bertviz:
         from .view import save_bertviz

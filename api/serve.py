@@ -77,6 +77,19 @@ def show_server_log() -> None:
     help="SQL, query, maps and search requests served at once (more answer 503 with Retry-After).",
 )
 @click.option(
+    "--scratch/--no-scratch",
+    default=True,
+    show_default=True,
+    help="Run the run's model on text typed in the viewer (POST /api/runs/RUN/scratch; needs the ingest extra).",
+)
+@click.option(
+    "--max-scratch-tokens",
+    default=ServeSettings.max_scratch_tokens,
+    show_default=True,
+    type=click.IntRange(3, 4096),
+    help="Tokens of a typed text the model is run on (more: 413).",
+)
+@click.option(
     "--allowed-host",
     "allowed_hosts",
     multiple=True,
@@ -96,6 +109,8 @@ def serve(
     max_query_examples: int,
     threads: int,
     max_heavy_requests: int,
+    scratch: bool,
+    max_scratch_tokens: int,
     allowed_hosts: tuple[str, ...],
     access_log: bool,
 ):
@@ -112,6 +127,8 @@ def serve(
         max_query_examples=max_query_examples,
         threads=threads,
         max_heavy_requests=max_heavy_requests,
+        scratch=scratch,
+        max_scratch_tokens=max_scratch_tokens,
         allowed_hosts=allowed_hosts_for(host, allowed_hosts),
     )
     locations = dataclasses.replace(locations, read_only=locations.read_only or not allow_save)

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..store.errors import InvalidArgumentError
-from ..store.plot import plot_attention
+from ..store.plot import plot_attention, plot_maps
 
 if TYPE_CHECKING:
+    from ..ingest.scratch import ScratchMaps
     from ..store import Store
 
 FIGURE_SUFFIXES = (".png", ".svg")
@@ -29,6 +30,35 @@ def save_view(store: Store, run: str, example: int, out: str, layer: int | None 
     if path.suffix.lower() not in FIGURE_SUFFIXES:
         raise InvalidArgumentError(f"--out {out}: give a file ending in .png or .svg")
     fig = plot_attention(store, run, example, layer=layer, head=head)  # a Figure of its own: no pyplot, backend untouched
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
+    return path
+
+
+def plot_scratch(maps: ScratchMaps, layer: int | None = None, head: int | None = None):
+    """`plot_attention`'s Figure for a typed sentence (ingest/scratch.py `attention_for_text`): one head, a layer's
+    heads, or every head as a layers x heads grid."""
+    n_layers, n_heads = maps.attention.shape[:2]
+    if head is not None and layer is None:
+        raise InvalidArgumentError("--head needs --layer (a head is named by its layer and head, both 0-based)")
+    for option, value, size in (("--layer", layer, n_layers), ("--head", head, n_heads)):
+        if value is not None and not 0 <= value < size:
+            raise InvalidArgumentError(f"{option} {value} is out of range: the model has {size} {option[2:]}s (0..{size - 1})")
+    layers = list(range(n_layers)) if layer is None else [layer]
+    heads = list(range(n_heads)) if head is None else [head]
+    chosen = maps.attention[np.ix_(layers, heads)]
+    typed = repr(maps.text) + (f" / {maps.text_b!r}" if maps.text_b else "")
+    shown = typed if len(typed) <= 90 else typed[:87] + "..."
+    title = f"{maps.model} on typed text {shown}" + (" (truncated)" if maps.truncated else "")
+    return plot_maps(chosen, maps.token_texts, maps.special, layers, heads, title)
+
+
+def save_scratch_view(maps: ScratchMaps, out: str, layer: int | None = None, head: int | None = None) -> Path:
+    """Draw `plot_scratch` into `out` (.png or .svg)."""
+    path = Path(out)
+    if path.suffix.lower() not in FIGURE_SUFFIXES:
+        raise InvalidArgumentError(f"--out {out}: give a file ending in .png or .svg")
+    fig = plot_scratch(maps, layer=layer, head=head)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=150, bbox_inches="tight")
     return path

@@ -86,6 +86,13 @@ def plot_attention(store: StoreReader, run: str, example: int, layer: int | None
     layers = list(range(info.n_layers)) if layer is None else [layer]
     heads = list(range(info.n_heads)) if head is None else [head]
     title = f"{info.model} on {info.dataset}:{info.split}, run {info.name!r}, example {example}"
+    return plot_maps(maps, tokens, special, layers, heads, title)
+
+
+def plot_maps(maps: Any, tokens: list[str], special: list[bool], layers: list[int], heads: list[int], title: str):
+    """`plot_attention`'s Figure from the maps themselves: `maps` (len(layers), len(heads), L, L) of the 0-based
+    `layers` and `heads` named in the panels, over `tokens` (`special` in red); also what `attnstore view --text`
+    draws for a typed sentence (ingest/scratch.py)."""
     if len(layers) == 1 and len(heads) == 1:
         side = min(MAX_FIGURE_INCHES, max(3.5, 0.22 * len(tokens) + 1.5))  # long examples: small labels, bounded picture
         fig = new_figure(figsize=(side + 1.0, side + 0.4))

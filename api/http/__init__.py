@@ -1,7 +1,8 @@
 """`attnstore serve`'s app: an HTTP API and a web viewer over one store (FastAPI + uvicorn: the `serve` extra).
 
 `create_app(store_locations, settings)` builds the app: runs, examples (paginated, filtered),
-one example's tokens and maps (JSON for small slices, `.npy` for binary), per-head metrics
+one example's tokens and maps (JSON for small slices, `.npy` for binary), a typed sentence's tokens and maps
+(the run's model run on it at once, the ingest extra needed: routes/scratch.py), per-head metrics
 (saved, or computed on request for a few cheap queries), the registered queries, a corpus
 search over tokens, words, POS and dependency relations, and read-only SQL; plus the viewer
 (api/web/, static files, no build step) at `/`, a page to label attention-pattern classes at `/label`,
@@ -36,7 +37,7 @@ The package, along its seams:
 | `state.py` | `Server`: the store, its caches, the heavy-request slots; `MapsReading` (409 / progress of a query's map reads) |
 | `middleware.py` | `AllowedHosts` (the Host header), `RunSegment` (a run's path segment kept encoded) |
 | `responses.py` | JSON answers, `{"error": ...}` for every error, the error answers of the OpenAPI schema |
-| `routes/` | one `APIRouter` per resource: runs, maps, metrics, queries, search, sql, labels (the labelling page's), web |
+| `routes/` | one `APIRouter` per resource: runs, maps, scratch (typed text), metrics, queries, search, sql, labels, web |
 
 The corpus search's SQL is the store's (store/search.py); the `attnstore serve` command is api/serve.py.
 Importing this package does not import FastAPI (the command's `--help` works without the extra):
@@ -83,7 +84,7 @@ def create_app(
     from ...store import Store
     from .middleware import AllowedHosts, RunSegment
     from .responses import add_error_handlers, answers, without_validation_answers
-    from .routes import labels, maps, metrics, queries, runs, search, sql, web
+    from .routes import labels, maps, metrics, queries, runs, scratch, search, sql, web
 
     settings = settings or ServeSettings()
     if allowed_hosts is not None:
@@ -132,7 +133,7 @@ def create_app(
             return response
 
     # ---- API (in this order: the schema lists the paths as they are added)
-    for resource in (runs, maps, metrics, queries, search, sql, labels):
+    for resource in (runs, maps, scratch, metrics, queries, search, sql, labels):
         app.include_router(resource.router(settings))
 
     # ---- the viewer and the API reference (static files, no build step, nothing from outside)

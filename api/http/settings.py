@@ -52,12 +52,19 @@ class ServeSettings:
     max_sql_value_bytes: int = 1_000_000  # bytes of one value in an SQL result
     max_heavy_requests: int = 2  # SQL, queries, maps and search served at once; more answer 503 with Retry-After
     heavy_wait_s: float = 2.0  # how long a heavy request waits for a free slot before that 503
+    scratch: bool = True  # POST /api/runs/RUN/scratch runs the run's model on typed text (needs the ingest extra)
+    max_scratch_tokens: int = 128  # tokens of a typed text the model is run on (more: 413)
+    max_scratch_chars: int = 2000  # characters of a typed text (each segment)
     # Host headers answered (the rest: 400), against DNS rebinding; "*" answers any. `attnstore serve` sets the
     # bound host's names (plus --allowed-host); the default is the loopback names, with or without a port.
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
 
     def public(self) -> dict:
         return dataclasses.asdict(self)
+
+
+class NotAvailableError(AttnStoreError):
+    """What this server cannot do as installed or started (typed text without the ingest extra): answered 501."""
 
 
 class ServerBusyError(AttnStoreError):
@@ -118,6 +125,8 @@ def status_for(exc: BaseException) -> int:
     """The HTTP status of an attnstore error."""
     if isinstance(exc, ServerBusyError):
         return 503
+    if isinstance(exc, NotAvailableError):
+        return 501
     if isinstance(exc, TooLargeError):
         return 413
     if isinstance(exc, NotFoundError):
@@ -144,6 +153,8 @@ ERROR_STATUS = {
     "scan=1, or prepare the store: docs/SERVE.md); or, for a save, the run is incomplete",
     413: "Over a bound: cells per maps response, examples per query, SQL statement length or result size",
     500: "Damaged stored data (the message names the run, example, chunk), or an unexpected error (in the server's log)",
+    501: "Not available on this server: running a model on typed text needs the ingest extra (torch, transformers), "
+    "or the server was started with --no-scratch",
     503: "The store is not open or its storage failed; or, with a Retry-After header, every heavy-request slot is taken",
 }
 

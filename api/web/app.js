@@ -1,7 +1,10 @@
 /* attnstore viewer and API reference: plain JavaScript, no build step, nothing loaded from outside.
  *
  * The viewer (index.html) reads the JSON API of `attnstore serve` (api/serve.py):
- *   Example tab: the head view (token-to-token lines, SVG) and the matrix view (canvas) of one layer/head;
+ *   Example tab: the head view (token-to-token lines, SVG) and the matrix view (canvas) of one layer/head, and the
+ *                model view (every layer and head as a grid of small heatmaps, from one .npy request; hover a head
+ *                to see it large); a sentence typed in its text box is run through the run's model (POST
+ *                .../scratch) and shown in the same views;
  *   Heads tab:   a layers x heads heatmap of a per-head metric (saved, or computed on request);
  *   Search tab:  tokens by word / token / POS / relation, with where they attend in a chosen head.
  * The state (run, example, layer, head, tab) lives in the URL's hash, so a view can be linked.
@@ -54,13 +57,16 @@ async function api(path, params = {}, options = {}) {
   for (const [k, v] of Object.entries(params)) {
     if (v !== null && v !== undefined && v !== "") url.searchParams.set(k, v);
   }
-  let response = await fetch(url, options);
+  const { binary, ...init } = options; // binary: answer the body as an ArrayBuffer (a .npy file)
+  options = { ...init, binary };
+  let response = await fetch(url, init);
   for (let attempt = 1; response.status === 503 && response.headers.has("Retry-After") && attempt <= BUSY_RETRIES; attempt++) {
     const seconds = Math.min(30, Math.max(1, parseInt(response.headers.get("Retry-After"), 10) || 1));
     status(`server busy: retrying in ${seconds} s (${attempt} of ${BUSY_RETRIES})`);
     await new Promise((resolve) => setTimeout(resolve, seconds * 1000));
-    response = await fetch(url, options);
+    response = await fetch(url, init);
   }
+  if (options.binary && response.ok) return response.arrayBuffer();
   let body;
   try {
     body = await response.json();
@@ -142,6 +148,8 @@ async function selectRun(name, keepPosition = false) {
   fillCompare(run);
   mapsCache.clear();
   exampleCache.clear();
+  fullCache.clear();
+  leaveTyped();
   examplesPage.offset = 0;
   metricsLoaded = false;
   facetsLoaded = false;
@@ -243,23 +251,25 @@ async function getMaps(example, layer, head) {
 
 async function selectExample(example) {
   state.example = example;
+  leaveTyped();
   for (const li of $("examples").children) li.classList.toggle("selected", Number(li.dataset.example) === example);
   writeHash();
   await drawExample();
 }
 
 async function drawExample() {
-  if (state.example === null || !state.run) return;
+  if (!typed && (state.example === null || !state.run)) return;
   const token = ++drawToken;
   $("headview").dataset.state = "loading";
   $("matrix").dataset.state = "loading";
   try {
-    const detail = await getExample(state.example);
-    const maps = await getMaps(state.example, state.layer, state.head);
+    const detail = typed ? typedDetail() : await getExample(state.example);
+    const maps = typed ? layerMaps(typed.full, state.layer) : await getMaps(state.example, state.layer, state.head);
     if (token !== drawToken) return; // a newer choice was made meanwhile
     const row = detail.example;
+    const label = typed ? "typed" : `#${row.example}`;
     $("example-text").replaceChildren(
-      el("p", {}, el("span", { class: "seg", text: `#${row.example} A` }), row.text_a || ""),
+      el("p", {}, el("span", { class: "seg", text: `${label} A` }), row.text_a || ""),
       ...(row.text_b ? [el("p", {}, el("span", { class: "seg", text: "B" }), row.text_b)] : []),
       el("p", { class: "muted", text: `${detail.tokens.length} tokens` + (row.label !== null ? `, label ${row.label}` : "") + (row.truncated ? ", truncated" : "") }),
     );
@@ -268,11 +278,17 @@ async function drawExample() {
     const heads = state.head === "all" ? maps.heads : [state.head];
     const missing = heads.filter((h) => !maps.heads.includes(h));
     if (missing.length) throw new Error("this example is too long to show every head at once: pick one head");
-    const key = `${state.run}|${state.example}|${state.layer}|${state.head}`;
+    const key = `${state.run}|${typed ? "typed" : state.example}|${state.layer}|${state.head}`;
     drawHeadView(tokens, special, maps, heads, key);
     drawMatrix(tokens, special, maps, heads, key);
-    status(`example ${state.example}, layer ${state.layer}, ${state.head === "all" ? "every head" : "head " + state.head}`);
-    await drawMatch(token);
+    status(typed
+      ? `typed sentence, layer ${state.layer}, ${state.head === "all" ? "every head" : "head " + state.head} (not stored${typed.body.saved ? "; saved as run " + typed.body.saved.run : ""})`
+      : `example ${state.example}, layer ${state.layer}, ${state.head === "all" ? "every head" : "head " + state.head}`);
+    await drawModelView(token, tokens, special);
+    if (typed) {
+      $("match").hidden = true;
+      $("match").dataset.state = "empty";
+    } else await drawMatch(token);
   } catch (error) {
     if (token === drawToken) {
       $("headview").dataset.state = "error";
@@ -280,6 +296,251 @@ async function drawExample() {
       showError(error);
     }
   }
+}
+
+/* ------------------------------------------------------------------ every map of an example: .npy, the model view */
+
+const fullCache = new Map(); // example -> {shape: [layers, heads, L, L], data: Float32Array}
+let HALF = null; // float16 bits -> value, for .npy answers of float16 runs
+
+function halfTable() {
+  if (HALF) return HALF;
+  HALF = new Float32Array(65536);
+  for (let i = 0; i < 65536; i++) {
+    const sign = i & 0x8000 ? -1 : 1, e = (i >> 10) & 31, f = i & 1023;
+    HALF[i] = e === 0 ? sign * 2 ** -14 * (f / 1024) : e === 31 ? (f ? NaN : sign * Infinity) : sign * 2 ** (e - 15) * (1 + f / 1024);
+  }
+  return HALF;
+}
+
+// numpy's .npy file (what the maps endpoint answers with format=npy) -> {shape, data: Float32Array, dtype}.
+function parseNpy(buffer) {
+  const bytes = new Uint8Array(buffer);
+  if (bytes[0] !== 0x93 || String.fromCharCode(...bytes.subarray(1, 6)) !== "NUMPY") throw new Error("the answer is not a .npy file");
+  const view = new DataView(buffer);
+  const start = bytes[6] === 1 ? 10 : 12;
+  const length = bytes[6] === 1 ? view.getUint16(8, true) : view.getUint32(8, true);
+  const header = new TextDecoder("latin1").decode(bytes.subarray(start, start + length));
+  const descr = /'descr':\s*'([^']+)'/.exec(header)[1];
+  if (/'fortran_order':\s*True/.test(header)) throw new Error("a Fortran-ordered .npy answer is not expected");
+  const shape = /'shape':\s*\(([^)]*)\)/.exec(header)[1].split(",").map((x) => x.trim()).filter(Boolean).map(Number);
+  const count = shape.reduce((a, b) => a * b, 1);
+  const offset = start + length;
+  let data;
+  if (descr === "<f2") {
+    const raw = new Uint16Array(buffer.slice(offset, offset + 2 * count));
+    const table = halfTable();
+    data = new Float32Array(count);
+    for (let i = 0; i < count; i++) data[i] = table[raw[i]];
+  } else if (descr === "<f4") data = new Float32Array(buffer.slice(offset, offset + 4 * count));
+  else if (descr === "<f8") data = Float32Array.from(new Float64Array(buffer.slice(offset, offset + 8 * count)));
+  else throw new Error(`unexpected dtype ${descr} in a .npy answer`);
+  return { shape, data, dtype: descr };
+}
+
+function base64Buffer(text) {
+  const binary = atob(text);
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+  return bytes.buffer;
+}
+
+// One head's map as rows (views into the array): a[i][j] as the JSON maps.
+function headOf(full, layer, head) {
+  const [, nh, n] = full.shape;
+  const base = (layer * nh + head) * n * n;
+  const rows = [];
+  for (let i = 0; i < n; i++) rows.push(full.data.subarray(base + i * n, base + (i + 1) * n));
+  return rows;
+}
+
+function layerMaps(full, layer) {
+  const heads = [...Array(full.shape[1]).keys()];
+  return { heads, attention: heads.map((h) => headOf(full, layer, h)) };
+}
+
+// Every map of a stored example in one request (.npy); one request per layer when the whole is over the server's cell budget.
+async function getFull(example) {
+  if (fullCache.has(example)) return fullCache.get(example);
+  const path = runPath(`/examples/${example}/attention`);
+  let full;
+  try {
+    full = parseNpy(await api(path, { format: "npy" }, { binary: true }));
+  } catch (error) {
+    if (error.status !== 413) throw error;
+    const parts = [];
+    for (let layer = 0; layer < runInfo.n_layers; layer++) parts.push(parseNpy(await api(path, { format: "npy", layer }, { binary: true })));
+    const [, nh, n] = parts[0].shape;
+    const data = new Float32Array(parts.length * nh * n * n);
+    parts.forEach((p, l) => data.set(p.data, l * nh * n * n));
+    full = { shape: [parts.length, nh, n, n], data, dtype: parts[0].dtype, requests: parts.length };
+  }
+  fullCache.set(example, full);
+  if (fullCache.size > 8) fullCache.delete(fullCache.keys().next().value);
+  return full;
+}
+
+let VIRIDIS_LUT = null; // 256 colours, value k/255
+
+function viridisLut() {
+  if (!VIRIDIS_LUT) VIRIDIS_LUT = Array.from({ length: 256 }, (_, k) => viridis(k / 255));
+  return VIRIDIS_LUT;
+}
+
+async function drawModelView(token, tokens, special) {
+  const fig = $("modelview");
+  fig.dataset.state = "loading";
+  let full;
+  const started = performance.now();
+  try {
+    full = typed ? typed.full : await getFull(state.example);
+  } catch (error) {
+    if (token === drawToken) {
+      fig.dataset.state = "error";
+      $("modelview-caption").textContent = `(${error.message})`;
+    }
+    return;
+  }
+  if (token !== drawToken) return;
+  const [nl, nh, n] = full.shape;
+  const gap = 4, left = 30, top = 18;
+  const cell = Math.max(24, Math.min(72, Math.floor(760 / nh) - gap));
+  const width = left + nh * (cell + gap), height = top + nl * (cell + gap);
+  const canvas = $("modelview-canvas");
+  const ratio = window.devicePixelRatio || 1;
+  canvas.width = Math.ceil(width * ratio);
+  canvas.height = Math.ceil(height * ratio);
+  canvas.style.width = `${width}px`;
+  canvas.style.height = `${height}px`;
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, width, height);
+  ctx.font = "11px DejaVu Sans, sans-serif";
+  ctx.fillStyle = "#667085";
+  ctx.textBaseline = "middle";
+  ctx.textAlign = "center";
+  for (let h = 0; h < nh; h++) ctx.fillText(`H${h}`, left + h * (cell + gap) + cell / 2, top / 2);
+  ctx.textAlign = "right";
+  for (let l = 0; l < nl; l++) ctx.fillText(`L${l}`, left - 6, top + l * (cell + gap) + cell / 2);
+  // each map at its own pixel size, scaled into its cell without smoothing
+  const tile = document.createElement("canvas");
+  tile.width = n;
+  tile.height = n;
+  const tctx = tile.getContext("2d");
+  const image = tctx.createImageData(n, n);
+  const lut = viridisLut();
+  ctx.imageSmoothingEnabled = false;
+  for (let l = 0; l < nl; l++) {
+    for (let h = 0; h < nh; h++) {
+      const base = (l * nh + h) * n * n;
+      for (let k = 0; k < n * n; k++) {
+        const v = full.data[base + k];
+        const c = lut[Number.isFinite(v) ? Math.round(Math.min(1, Math.max(0, v)) * 255) : 0];
+        image.data[4 * k] = c[0];
+        image.data[4 * k + 1] = c[1];
+        image.data[4 * k + 2] = c[2];
+        image.data[4 * k + 3] = 255;
+      }
+      tctx.putImageData(image, 0, 0);
+      ctx.drawImage(tile, left + h * (cell + gap), top + l * (cell + gap), cell, cell);
+    }
+  }
+  const key = `${state.run}|${typed ? "typed" : state.example}`;
+  const shown = { l: -1, h: -1 };
+  const zoom = (l, h) => {
+    if (l === shown.l && h === shown.h) return;
+    Object.assign(shown, { l, h });
+    fig.dataset.hover = `${l},${h}`;
+    paintMatrix("zoom", tokens, special, headOf(full, l, h), `(layer ${l}, head ${h})`, `${key}|${l}|${h}`);
+  };
+  const headAt = (event) => {
+    const box = canvas.getBoundingClientRect();
+    const x = event.clientX - box.left - left, y = event.clientY - box.top - top;
+    const h = Math.floor(x / (cell + gap)), l = Math.floor(y / (cell + gap));
+    const inside = x >= 0 && y >= 0 && h < nh && l < nl && x - h * (cell + gap) < cell && y - l * (cell + gap) < cell;
+    return inside ? [l, h] : null;
+  };
+  canvas.onmousemove = (event) => {
+    const at = headAt(event);
+    if (at) zoom(...at);
+  };
+  canvas.onclick = (event) => {
+    const at = headAt(event);
+    if (!at) return;
+    [state.layer, state.head] = at;
+    $("layer-select").value = String(state.layer);
+    $("head-select").value = String(state.head);
+    writeHash();
+    drawExample();
+  };
+  zoom(state.layer, state.head === "all" ? 0 : state.head);
+  const ms = performance.now() - started;
+  $("modelview-caption").textContent = `(${nl} layers x ${nh} heads of ${typed ? "the typed sentence" : "example " + state.example}` +
+    `${full.requests ? `, read in ${full.requests} requests` : ""}; rows layers, columns heads, 0-based; hover a head to see it large, click it to pick it)`;
+  Object.assign(fig.dataset, { key, layers: String(nl), heads: String(nh), tokens: String(n), cell: String(cell), gap: String(gap),
+    left: String(left), top: String(top), ms: ms.toFixed(1), state: "ready" });
+}
+
+/* ------------------------------------------------------------------ a typed sentence (POST .../scratch) */
+
+let typed = null; // {body, full}: the typed sentence shown instead of a stored example
+
+function typedDetail() {
+  const b = typed.body;
+  return { example: { example: null, text_a: b.text, text_b: b.text_b, label: null, truncated: b.truncated }, tokens: b.tokens };
+}
+
+function leaveTyped() {
+  if (!typed) return;
+  typed = null;
+  $("typed-back").hidden = true;
+  $("typed-form").dataset.state = "empty";
+  $("typed-about").textContent = "";
+}
+
+async function runTyped() {
+  const text = $("typed-text").value, textB = $("typed-text-b").value;
+  const form = $("typed-form");
+  if (!text.trim()) {
+    status("type a sentence first", true);
+    return;
+  }
+  form.dataset.state = "loading";
+  status("running the model on the typed sentence…");
+  const started = performance.now();
+  try {
+    const body = await api(runPath("/scratch"), {}, {
+      method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ text, text_b: textB.trim() ? textB : null, maps: "npy", save: $("typed-save").checked }),
+    });
+    const full = parseNpy(base64Buffer(body.attention_npy));
+    const ms = performance.now() - started;
+    typed = { body, full };
+    for (const li of $("examples").children) li.classList.remove("selected");
+    $("typed-back").hidden = state.example === null;
+    $("typed-about").textContent = `${body.length} tokens through ${body.model} in ${Math.round(ms)} ms` +
+      (body.truncated ? `, cut to ${body.length} of ${body.full_length}` : "") +
+      (body.weights_match === false ? "; these weights differ from the run's" : "") +
+      (body.saved ? `; saved as run ${body.saved.run}` : "; not stored");
+    Object.assign(form.dataset, { state: "ready", ms: ms.toFixed(1), tokens: String(body.length), saved: body.saved ? body.saved.run : "" });
+    await drawExample();
+  } catch (error) {
+    form.dataset.state = "error";
+    $("typed-about").textContent = error.message;
+    showError(error);
+  }
+}
+
+// Whether this server runs models on typed text (GET /api/info), and may save it as a run.
+async function setupTyped() {
+  const info = await api("info");
+  const scratch = info.scratch || { available: false, why: "this server does not run models on typed text" };
+  $("typed-save-label").hidden = info.read_only || !scratch.available;
+  for (const id of ["typed-text", "typed-text-b", "typed-go"]) $(id).disabled = !scratch.available;
+  $("typed-form").dataset.available = String(scratch.available);
+  if (!scratch.available) $("typed-about").textContent = `typing a sentence is not available: ${scratch.why}`;
+  else $("typed-text").title = `at most ${scratch.max_tokens} tokens`;
 }
 
 /* ------------------------------------------------------------------ the matched head in another run (head_match) */
@@ -682,6 +943,15 @@ function initViewer() {
     examplesPage.offset += examplesPage.limit;
     loadExamples().catch(showError);
   });
+  $("typed-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    runTyped();
+  });
+  $("typed-back").addEventListener("click", () => {
+    leaveTyped();
+    if (state.example !== null) selectExample(state.example).catch(showError);
+  });
+  setupTyped().catch(showError);
   $("metric-select").addEventListener("change", () => drawSummary());
   $("search-form").addEventListener("submit", (e) => {
     e.preventDefault();

@@ -115,3 +115,65 @@ def test_the_rollout_view_draws_every_layer_or_one(hand_store, tmp_path):
         ["view", "--run", "view", "--example", "0", "--rollout", "--head", "1", "--layer", "0", "--out", str(tmp_path / "x.png"), *where],
     )
     assert refused.exit_code != 0 and "--rollout averages every head of a layer" in refused.output
+
+
+@pytest.mark.one_backend
+def test_view_text_draws_a_typed_sentence_as_ingest_would_store_it(store, tmp_path, tiny_bert):
+    """`attnstore view --text "..." --model M --layer L --head H --out FILE.png` (issue 29): the typed sentence's map,
+    equal to `attention_for_text`'s; `--run RUN --text` uses the run's model; the errors are one line each."""
+    pytest.importorskip("torch")
+    from PIL import Image
+
+    from attnstore.api.cli import main
+    from attnstore.api.view import plot_scratch
+    from attnstore.ingest.runner import ingest
+    from attnstore.ingest.scratch import attention_for_text
+
+    runner = CliRunner()
+    out = tmp_path / "typed.png"
+    result = runner.invoke(
+        main,
+        [
+            "view",
+            "--text",
+            "the cat sat.",
+            "--text-b",
+            "a dog ran.",
+            "--model",
+            tiny_bert,
+            "--layer",
+            "1",
+            "--head",
+            "2",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"wrote {out} (") and "tokens" in result.output
+    assert Image.open(out).size[0] > 100
+    typed = attention_for_text(tiny_bert, "the cat sat.", "a dog ran.")
+    fig = plot_scratch(typed, layer=1, head=2)
+    np.testing.assert_array_equal(fig.axes[0].images[0].get_array(), typed.attention[1, 2])
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == typed.token_texts
+    grid = plot_scratch(typed)
+    assert len([ax for ax in grid.axes if ax.get_label() != "<colorbar>"]) == 2 * 4
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat.\n", encoding="utf-8")
+    ingest(store, corpus=str(corpus), fmt="text", model=tiny_bert, annotator="whitespace", name="typed", progress=False)
+    where = ["--db", store.locations.db_url, "--root", store.locations.array_root]
+    result = runner.invoke(
+        main, ["view", "--run", "typed", "--text", "the cat sat.", "--layer", "0", "--out", str(tmp_path / "r.svg"), *where]
+    )
+    assert result.exit_code == 0, result.output
+    for args, message in (
+        (["--text", "x", "--example", "0", "--run", "typed"], "leave out --example"),
+        (["--text", "x", "--run", "typed", "--model", tiny_bert], "give one of them"),
+        (["--text", "x", "--model", tiny_bert, "--layer", "9"], "--layer 9 is out of range: the model has 2 layers"),
+        (["--text", "   ", "--model", tiny_bert], "the text is empty"),
+        (["--text-b", "x", "--run", "typed", "--example", "0"], "--text-b and --model go with --text"),
+        (["--run", "typed"], "give --run and --example"),
+    ):
+        bad = runner.invoke(main, ["view", *args, "--out", str(tmp_path / "bad.png"), *where])
+        assert bad.exit_code == 1 and message in bad.output and "Traceback" not in bad.output, bad.output
+        assert len(bad.output.strip().splitlines()) == 1

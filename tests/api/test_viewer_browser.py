@@ -308,6 +308,35 @@ def test_viewer_on_a_real_ingest(browser, tmp_path, loaded_model):
             assert len(lines) == int((np.round(weights, 4) >= 0.02).sum())
             assert ready(browser, "matrix", f"{run}|0|2|3").get_attribute("data-cells") == str(len(tokens) ** 2)
             browser.save_screenshot(str(shots / "viewer-example.png"))
+            # the model view: all 72 heads of the example from one request; hovering shows a head large
+            view = ready(browser, "modelview", f"{run}|0", "the model view")
+            assert (view.get_attribute("data-layers"), view.get_attribute("data-heads")) == ("6", "12")
+            stored = store.attention(run, 0)
+            for layer, head, i, j in ((0, 0, 0, 0), (2, 3, 5, 7), (5, 11, len(tokens) - 1, 0)):
+                expected = browser.execute_script("return viridis(Math.round(arguments[0] * 255) / 255);", float(stored[layer, head, i, j]))
+                assert model_view_pixel(browser, layer, head, i, j) == expected
+            browser.execute_script("document.getElementById('modelview').scrollIntoView();")
+            hover_head(browser, 4, 6)
+            ready(browser, "zoom", f"{run}|0|4|6", "the hovered head")
+            browser.save_screenshot(str(shots / "viewer-model-view.png"))
+            browser.execute_script("window.scrollTo(0, 0);")
+            # a typed sentence: the run's model on it at once, shown in the same views
+            from attnstore.ingest.scratch import attention_for_text
+
+            typed_text = "The cat sat on the mat because it was tired."
+            want = attention_for_text(loaded_model, typed_text)
+            type_sentence(browser, typed_text)
+            ready(browser, "typed-form", what="the typed sentence")
+            ready(browser, "headview", f"{run}|typed|2|3", "the typed sentence's head view")
+            assert texts(browser, "#headview-svg text.tok-left") == want.token_texts
+            ready(browser, "modelview", f"{run}|typed", "the typed sentence's model view")
+            for layer, head, i, j in ((0, 0, 0, 0), (3, 9, 4, 6), (5, 11, len(want.tokens) - 1, 0)):
+                value = float(want.attention[layer, head, i, j])
+                expected = browser.execute_script("return viridis(Math.round(arguments[0] * 255) / 255);", value)
+                assert model_view_pixel(browser, layer, head, i, j) == expected
+            browser.save_screenshot(str(shots / "viewer-typed.png"))
+            browser.find_element("id", "typed-back").click()
+            ready(browser, "headview", f"{run}|0|2|3", "the stored example again")
 
             browser.find_element("id", "tab-heads").click()
             assert ready(browser, "summary").get_attribute("data-metric") == "entropy.entropy"  # the default
@@ -531,3 +560,166 @@ def test_labelling_page_writes_the_labellers_labels(browser, hand_store, tmp_pat
         message = browser.find_element("id", "status").text
         assert "read-only" in message and "--allow-save" in message and "\n" not in message
     assert len(store.pattern_labels("hand", source="human:tester")) == 3
+
+
+# ------------------------------------------------------------------ the model view and a typed sentence (issue 29)
+
+
+def pixel_of(driver, canvas_id: str, x: float, y: float) -> list[int]:
+    """The colour drawn at CSS pixel (x, y) of a canvas."""
+    return driver.execute_script(
+        """const c = document.getElementById(arguments[0]), r = c.width / c.clientWidth;
+        const x = Math.floor(arguments[1] * r), y = Math.floor(arguments[2] * r);
+        return Array.from(c.getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3));""",
+        canvas_id,
+        x,
+        y,
+    )
+
+
+def model_view_pixel(driver, layer: int, head: int, i: int, j: int) -> list[int]:
+    """The colour at the centre of token cell (query i, key j) of head (layer, head) in the model view's grid."""
+    d = driver.find_element("id", "modelview").get_attribute
+    cell, gap, left, top, n = (float(d(k)) for k in ("data-cell", "data-gap", "data-left", "data-top", "data-tokens"))
+    x = left + head * (cell + gap) + (j + 0.5) * cell / n
+    y = top + layer * (cell + gap) + (i + 0.5) * cell / n
+    return pixel_of(driver, "modelview-canvas", x, y)
+
+
+def zoom_pixel(driver, i: int, j: int) -> list[int]:
+    d = driver.find_element("id", "zoom").get_attribute
+    cell, margin = float(d("data-cell")), float(d("data-margin"))
+    return pixel_of(driver, "zoom-canvas", margin + j * cell + cell / 2, margin + i * cell + cell / 2)
+
+
+def hover_head(driver, layer: int, head: int, click: bool = False) -> None:
+    """Move the pointer over head (layer, head) of the model view (and click it)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    canvas = driver.find_element("id", "modelview-canvas")
+    d = driver.find_element("id", "modelview").get_attribute
+    cell, gap, left, top = (float(d(k)) for k in ("data-cell", "data-gap", "data-left", "data-top"))
+    x = left + head * (cell + gap) + cell / 2 - canvas.size["width"] / 2
+    y = top + layer * (cell + gap) + cell / 2 - canvas.size["height"] / 2
+    chain = ActionChains(driver).move_to_element_with_offset(canvas, int(x), int(y))
+    (chain.click() if click else chain).perform()
+
+
+def npy_requests(driver) -> list[str]:
+    return driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name).filter(n => n.includes('format=npy'));")
+
+
+def test_the_model_view_shows_every_head_and_hovering_shows_one_large(browser, hand_store, tmp_path):
+    store, maps = hand_store
+    with live_server(store) as base:
+        browser.get(base + "#run=hand&example=0&layer=0&head=0")
+        view = ready(browser, "modelview", "hand|0", "the model view")
+        assert (view.get_attribute("data-layers"), view.get_attribute("data-heads"), view.get_attribute("data-tokens")) == ("2", "3", "5")
+        assert len(npy_requests(browser)) == 1  # every map of the example in one request
+        # L1-H2 attends to itself, L0-H1 to [CLS]: bright diagonal, bright first column; the rest uniform (0.2)
+        assert model_view_pixel(browser, 1, 2, 3, 3) == YELLOW and model_view_pixel(browser, 1, 2, 3, 1) == PURPLE
+        assert model_view_pixel(browser, 0, 1, 4, 0) == YELLOW and model_view_pixel(browser, 0, 1, 4, 4) == PURPLE
+        uniform = browser.execute_script("return viridis(Math.round(0.2 * 255) / 255);")
+        assert model_view_pixel(browser, 0, 0, 2, 3) == uniform and model_view_pixel(browser, 1, 1, 0, 4) == uniform
+        # hovering a head shows it large, with its values under the pointer
+        hover_head(browser, 1, 2)
+        ready(browser, "zoom", "hand|0|1|2", "the hovered head, large")
+        assert browser.find_element("id", "zoom-caption").text == "(layer 1, head 2)"
+        assert zoom_pixel(browser, 2, 2) == YELLOW and zoom_pixel(browser, 2, 1) == PURPLE
+        hover_head(browser, 0, 1)
+        ready(browser, "zoom", "hand|0|0|1", "another hovered head")
+        assert zoom_pixel(browser, 3, 0) == YELLOW and zoom_pixel(browser, 3, 3) == PURPLE
+        browser.save_screenshot(str(screenshot_dir(tmp_path) / "viewer-model-view-hand.png"))
+        # clicking a head picks it for the head view and the matrix
+        hover_head(browser, 1, 2, click=True)
+        ready(browser, "headview", "hand|0|1|2", "the clicked head in the head view")
+        assert browser.find_element("id", "head-select").get_attribute("value") == "2"
+        # another example: its own single request; back to the first: from memory
+        browser.find_element("css selector", '#examples li[data-example="1"]').click()
+        ready(browser, "modelview", "hand|1", "the second example's model view")
+        assert browser.find_element("id", "modelview").get_attribute("data-tokens") == "6"
+        assert model_view_pixel(browser, 0, 1, 5, 0) == YELLOW
+        assert len(npy_requests(browser)) == 2
+
+
+@pytest.fixture
+def tiny_store(tmp_path, tiny_bert):
+    pytest.importorskip("torch")
+    from attnstore.ingest.runner import ingest
+    from attnstore.store import migrate, open_store
+
+    url = f"sqlite:///{tmp_path / 'meta.sqlite'}"
+    migrate.upgrade(url)
+    store = open_store(db=url, root=str(tmp_path / "attention.zarr"))
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("the cat sat on the mat.\na dog ran.\n", encoding="utf-8")
+    ingest(store, corpus=str(corpus), fmt="text", model=tiny_bert, annotator="whitespace", name="tiny", progress=False)
+    yield store
+    store.close()
+
+
+def type_sentence(driver, text: str, text_b: str = "") -> None:
+    for field, value in (("typed-text", text), ("typed-text-b", text_b)):
+        box = driver.find_element("id", field)
+        box.clear()
+        box.send_keys(value)
+    driver.find_element("id", "typed-go").click()
+
+
+def test_a_typed_sentence_is_run_and_shown_at_once(browser, tiny_store, tiny_bert, tmp_path):
+    from attnstore.api.serve import ServeSettings
+    from attnstore.ingest.scratch import attention_for_text
+
+    text, text_b = "dogs bark.", "cats hiss!"
+    want = attention_for_text(tiny_bert, text, text_b)
+    with live_server(tiny_store) as base:
+        browser.get(base + "#run=tiny&example=0&layer=1&head=2")
+        ready(browser, "modelview", "tiny|0", "the stored example's model view")
+        assert browser.find_element("id", "typed-save-label").get_attribute("hidden")  # read-only: no saving
+        type_sentence(browser, text, text_b)
+        form = ready(browser, "typed-form", what="the typed sentence")
+        ready(browser, "headview", "tiny|typed|1|2", "the typed sentence's head view")
+        assert texts(browser, "#headview-svg text.tok-left") == want.token_texts
+        assert "typed A" in browser.find_element("id", "example-text").text and text_b in browser.find_element("id", "example-text").text
+        assert "not stored" in browser.find_element("id", "typed-about").text
+        view = ready(browser, "modelview", "tiny|typed", "the typed sentence's model view")
+        assert (view.get_attribute("data-layers"), view.get_attribute("data-heads")) == ("2", "4")
+        assert int(view.get_attribute("data-tokens")) == len(want.tokens)
+        for layer, head, i, j in ((0, 0, 0, 0), (1, 3, 2, 5), (1, 2, len(want.tokens) - 1, 1)):
+            value = float(want.attention[layer, head, i, j])
+            expected = browser.execute_script("return viridis(Math.round(arguments[0] * 255) / 255);", value)
+            assert model_view_pixel(browser, layer, head, i, j) == expected, (layer, head, i, j)
+        hover_head(browser, 0, 3)
+        ready(browser, "zoom", "tiny|typed|0|3", "the typed sentence's hovered head")
+        for i, j in ((0, 0), (3, 4)):
+            expected = browser.execute_script("return viridis(arguments[0]);", float(want.attention[0, 3, i, j]))
+            assert zoom_pixel(browser, i, j) == expected
+        ms = float(form.get_attribute("data-ms"))
+        browser.save_screenshot(str(screenshot_dir(tmp_path) / "viewer-typed-tiny.png"))
+        # back to the stored example
+        browser.find_element("id", "typed-back").click()
+        ready(browser, "headview", "tiny|0|1|2", "the stored example again")
+        assert ms < 10_000
+    assert tiny_store.runs()["run"].tolist() == ["tiny"]  # nothing was kept
+    # a server that may write: "save as a run" keeps it as a run of its own
+    with live_server(tiny_store, ServeSettings(allow_save=True, allowed_hosts=("127.0.0.1",))) as base:
+        browser.get(base + "#run=tiny&example=0")
+        ready(browser, "modelview", "tiny|0", "the stored example's model view")
+        assert not browser.find_element("id", "typed-save-label").get_attribute("hidden")
+        browser.find_element("id", "typed-save").click()
+        type_sentence(browser, text, text_b)
+        saved = wait_for(browser, lambda d: d.find_element("id", "typed-form").get_attribute("data-saved") or None, "the saved sentence")
+        assert saved.startswith("scratch/tiny/") and "saved as run" in browser.find_element("id", "typed-about").text
+    np.testing.assert_array_equal(tiny_store.attention(saved, 0), want.attention)
+
+
+def test_without_the_ingest_extra_the_text_box_says_so(browser, tiny_store, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # as if torch were not installed
+    with live_server(tiny_store) as base:
+        browser.get(base + "#run=tiny&example=0")
+        ready(browser, "modelview", "tiny|0", "the stored example's model view")  # the rest of the viewer works
+        about = wait_for(browser, lambda d: d.find_element("id", "typed-about").text or None, "the text box's note")
+        assert about.startswith("typing a sentence is not available: the ingest extra is not installed (torch is missing)")
+        assert browser.find_element("id", "typed-go").get_attribute("disabled") and browser.find_element("id", "typed-text").get_attribute(
+            "disabled"
+        )

@@ -1,5 +1,5 @@
 """The API's endpoints, one module per resource, each a `router(settings)` that `create_app` includes in this order:
-runs (and /api/info), maps, head metrics, queries, search, SQL, labels (the labelling page), and the viewer's pages (web).
+runs (and /api/info), maps, typed text, head metrics, queries, search, SQL, labels (the labelling page), and the viewer's pages (web).
 
 A router is made per app since the bounds of its parameters (page sizes, rows, top k) come from that app's
 ServeSettings. Its endpoints are plain `def`s (FastAPI runs them in its thread pool) that get the app's `Server`

@@ -12,6 +12,7 @@ from ..responses import answers, ok
 from ..settings import ServeSettings, server_version
 from ..state import Server
 from . import Example, Offset, Run, Srv
+from .scratch import scratch_available
 
 # ------------------------------------------------------------------ the endpoints' work, one function each
 
@@ -86,6 +87,7 @@ def router(settings: ServeSettings) -> APIRouter:
                 "read_only": not settings.allow_save,
                 "version": server_version(),
                 "limits": settings.public(),
+                "scratch": scratch_available(settings),
             }
         )
 
