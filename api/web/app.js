@@ -452,6 +452,9 @@ async function drawModelView(token, tokens, special) {
     if (l === shown.l && h === shown.h) return;
     Object.assign(shown, { l, h });
     fig.dataset.hover = `${l},${h}`;
+    Object.assign($("modelview-mark").style, { left: `${left + h * (cell + gap) - 2}px`, top: `${top + l * (cell + gap) - 2}px`,
+      width: `${cell + 4}px`, height: `${cell + 4}px` });
+    $("modelview-mark").hidden = false;
     paintMatrix("zoom", tokens, special, headOf(full, l, h), `(layer ${l}, head ${h})`, `${key}|${l}|${h}`);
   };
   const headAt = (event) => {
@@ -507,7 +510,7 @@ async function runTyped() {
     return;
   }
   form.dataset.state = "loading";
-  status("running the model on the typed sentence…");
+  status("running the run's model on the typed sentence… (a server's first one loads the model: seconds)");
   const started = performance.now();
   try {
     const body = await api(runPath("/scratch"), {}, {

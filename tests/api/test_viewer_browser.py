@@ -625,6 +625,7 @@ def test_the_model_view_shows_every_head_and_hovering_shows_one_large(browser, h
         hover_head(browser, 1, 2)
         ready(browser, "zoom", "hand|0|1|2", "the hovered head, large")
         assert browser.find_element("id", "zoom-caption").text == "(layer 1, head 2)"
+        assert view.get_attribute("data-hover") == "1,2" and browser.find_element("id", "modelview-mark").is_displayed()
         assert zoom_pixel(browser, 2, 2) == YELLOW and zoom_pixel(browser, 2, 1) == PURPLE
         hover_head(browser, 0, 1)
         ready(browser, "zoom", "hand|0|0|1", "another hovered head")
