@@ -589,11 +589,12 @@ def report_head_match(locations, run, other, metric, specials, out):
 @click.option("--tree-run", default=None, help="A run over a corpus with gold trees (e.g. ud/en_ewt:dev) for trees from heads.")
 @click.option("--random-tree-run", default=None, help="The same corpus through a randomly initialised model (the trees' baseline).")
 @click.option("--attribution-run", default=None, help="A fine-tuned model's run with saliency (attnstore saliency).")
+@click.option("--seed-run", default=None, help="The same task fine-tuned with another seed, over the same examples, with saliency.")
 @click.option("--prune", "prune_spec", default=None, metavar="MODEL:TASK", help="Draw the stored pruning steps of MODEL on TASK.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @store_options
 @friendly_errors
-def report_primer(locations, run, tree_run, random_tree_run, attribution_run, prune_spec, out):
+def report_primer(locations, run, tree_run, random_tree_run, attribution_run, seed_run, prune_spec, out):
     """The analyses "A Primer in BERTology" weighs Clark's and Kovaleva's findings against (docs/QUERIES.md): value
     norms (Kobayashi et al.), rollout (Abnar & Zuidema), head roles (Voita et al.), trees from heads (Htut et al.),
     attention vs gradient attribution (Jain & Wallace) and pruning by importance (Michel et al.), as tables and
@@ -621,6 +622,7 @@ def report_primer(locations, run, tree_run, random_tree_run, attribution_run, pr
             tree_run=tree_run,
             random_tree_run=random_tree_run,
             attribution_run=attribution_run,
+            seed_run=seed_run,
             prune=prune,
         )
     click.echo(f"wrote {path} and its tables and figures")

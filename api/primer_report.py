@@ -135,6 +135,7 @@ def primer_report(
     tree_run: str | None = None,
     random_tree_run: str | None = None,
     attribution_run: str | None = None,
+    seed_run: str | None = None,
     prune: tuple[str, str] | None = None,
 ) -> Path:
     """Write the report into `out` (created); returns its README.md."""
@@ -220,8 +221,8 @@ def primer_report(
 
     if attribution_run is not None:
         try:
-            signed = run_query(store, "attention_attribution", run=attribution_run)
-            absolute = run_query(store, "attention_attribution", run=attribution_run, saliency="absolute")
+            signed = run_query(store, "attention_attribution", run=attribution_run, seed_run=seed_run)
+            absolute = run_query(store, "attention_attribution", run=attribution_run, saliency="absolute", seed_run=seed_run)
         except AttnStoreError as exc:
             lines += _section("Attention vs attribution (Jain & Wallace 2019)", [f"Not drawn: {exc}"])
         else:
@@ -240,6 +241,8 @@ def primer_report(
                     "tau_sd": [signed["tau_sd"].mean(), absolute["tau_sd"].mean()],
                 }
             )
+            if seed_run is not None:  # how far two fine-tunes' saliencies agree: the yardstick for the heads' taus
+                summary["tau_seed"] = [signed["tau_seed"].iloc[0], absolute["tau_seed"].iloc[0]]
             lines += _section(
                 "Attention vs attribution (Jain & Wallace 2019)",
                 [
