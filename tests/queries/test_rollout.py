@@ -107,3 +107,15 @@ def test_long_examples_are_refused_and_causal_models_read_the_last_token(store, 
     # the last token's row: 0.5 x 1/4 each + 0.5 on itself ([SEP])
     np.testing.assert_allclose(frame[["to_cls", "to_sep", "to_punct", "to_other"]].to_numpy(), [[0.125, 0.625, 0.125, 0.125]])
     assert "last token" in frame.attrs["note"]
+
+
+def test_scipy_flow_equals_networkx_exact_flow():
+    pytest.importorskip("scipy")
+    pytest.importorskip("networkx")
+    from attnstore.queries.rollout import _flow_networkx, flow_from, residual_maps
+
+    rng = np.random.default_rng(1)
+    raw = rng.random((3, 2, 9, 9))
+    aug = residual_maps(raw / raw.sum(-1, keepdims=True))
+    for source in (0, 4):
+        np.testing.assert_allclose(flow_from(aug, source), _flow_networkx(aug, source), atol=1e-8)
