@@ -208,6 +208,24 @@ def test_interrupted_run_resumes_without_duplicates_or_loss(store, loaded_model,
     assert sorted(examples["example"]) == list(range(12))
     for example in range(12):
         assert_matches_model(store, "resumed", loaded_model, example)
+    # the value norms of the resumed run are those of an uninterrupted one (the same batches), and check finds nothing
+    from attnstore.store.check import check_run
+
+    ingest(
+        store,
+        corpus=str(MRPC),
+        fmt="pairs-tsv",
+        annotator="whitespace",
+        loaded=loaded_model,
+        batch_size=2,
+        chunk_cells=4096,
+        name="clean",
+        progress=False,
+    )
+    clean = dict(store.iter_value_norms("clean"))
+    for example, norms in store.iter_value_norms("resumed"):
+        assert np.array_equal(norms, clean[example]), example
+    assert not check_run(store, "resumed").problems
 
 
 def test_kill_9_mid_run_then_resume(tmp_path, loaded_model):
