@@ -221,7 +221,12 @@ def check_run(store, run, repair: bool = False) -> RunReport:
             blocks.finish()
         if info.has_value_norms:
             _check_value_norms(report, store, info, n_tokens, complete=state == "complete")
-        saliency = arrays.run_group_attribute(store.locations.array_root, info.array_path, arrays.SALIENCY)
+        try:
+            saliency = arrays.run_group_attribute(store.locations.array_root, info.array_path, arrays.SALIENCY)
+        except Exception as exc:  # the group's zarr.json cannot be read: the index check above reports that once
+            if remote.is_remote(store.locations.array_root) and remote.is_storage_failure(exc):
+                raise
+            saliency = None
         if saliency and saliency.get("complete"):
             _check_token_array(report, store, info, arrays.SALIENCY, n_tokens, "run `attnstore saliency` again", signed=True)
     return report

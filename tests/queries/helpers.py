@@ -160,6 +160,20 @@ def hand_run(
     )
 
 
+def write_saliency(store, run: str, values: list, meta: dict | None = None) -> None:
+    """Give a hand-made run a saliency, as `attnstore saliency` stores it: per example its tokens' values, in storage
+    order, in the run group's `saliency` array, and the group attribute saying it is complete."""
+    from attnstore.store import arrays
+
+    info = store.run_info(run)
+    root = store.locations.array_root
+    arrays.create_token_array(root, info.array_path, arrays.SALIENCY, (), "float32", arrays.SALIENCY_CHUNK_TOKENS, {})
+    arrays.TokenArray(root, info.array_path, arrays.SALIENCY, read_only=False).write(0, np.concatenate(values).astype(np.float32))
+    tokens = sum(len(v) for v in values)
+    described = dict(model=info.model, method="grad_x_input", target="test", n_tokens=tokens, n_examples=len(values), complete=True)
+    arrays.set_run_group_attribute(root, info.array_path, arrays.SALIENCY, {**described, **(meta or {})})
+
+
 def write_blocks(store, run_id: int, blocks: Iterable[tuple[int, np.ndarray, list[dict]]]) -> None:
     """Store (example id, maps, token rows) in the given order, one commit each, and complete the run."""
     writer = store.writer.run_writer(run_id)

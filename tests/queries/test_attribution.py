@@ -11,6 +11,7 @@ from attnstore.queries import run_query
 from attnstore.queries.attribution import kendall_tau_b
 from attnstore.store import arrays
 from attnstore.store.errors import InvalidArgumentError
+from attnstore.tests.queries.helpers import write_saliency
 
 TOKENS = [["[CLS]", "a", "bb", "c", "[SEP]"], ["[CLS]", "dd", "e", "[SEP]"]]
 
@@ -29,14 +30,7 @@ def test_tau_b_equals_scipy_with_and_without_ties():
 
 
 def saliency_of(store, run: str, values: list[list[float]]) -> None:
-    info = store.run_info(run)
-    root = store.locations.array_root
-    arrays.create_token_array(root, info.array_path, arrays.SALIENCY, (), "float32", arrays.SALIENCY_CHUNK_TOKENS, {})
-    arrays.TokenArray(root, info.array_path, arrays.SALIENCY, read_only=False).write(0, np.concatenate(values).astype(np.float32))
-    meta = dict(
-        model=info.model, method="grad_x_input", target="test", n_tokens=sum(map(len, values)), n_examples=len(values), complete=True
-    )
-    arrays.set_run_group_attribute(root, info.array_path, arrays.SALIENCY, meta)
+    write_saliency(store, run, [np.asarray(v) for v in values])
 
 
 def designed() -> list[np.ndarray]:

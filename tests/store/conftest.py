@@ -7,6 +7,8 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
+from attnstore.tests.queries.helpers import write_saliency
+
 # Three sentences with gold words (UPOS, heads, relations) and two coreference mentions:
 # enough for the dependency, coreference and Kovaleva feature queries to find something.
 SENTENCES = [
@@ -60,8 +62,10 @@ def annotated_run(make_run):
         tokens = [["[CLS]", *(w for w, *_ in s), "[SEP]"] for s in SENTENCES]
         words = [[dict(form=w, lemma=w, upos=u, head=h, deprel=d) for w, u, h, d in s] for s in SENTENCES]
         maps = [random_maps(rng, 2, 3, len(t)) for t in tokens]
-        run = make_run(store, maps, tokens, name=name, words_list=words, mentions_list=MENTIONS)
+        norms = [rng.random((2, 3, len(t))).astype(np.float16).astype(np.float32) + 0.5 for t in tokens]  # weights=norm
+        run = make_run(store, maps, tokens, name=name, words_list=words, mentions_list=MENTIONS, norms_list=norms)
         add_frame(store, run)
+        write_saliency(store, run, [rng.normal(size=len(t)) for t in tokens])  # attention_attribution
         return run
 
     return build

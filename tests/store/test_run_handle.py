@@ -108,6 +108,8 @@ STORE_METHODS = {
     "head_metrics",
     "iter_attention",
     "iter_value_norms",
+    "iter_saliency",
+    "saliency_info",
     "has_value_norms",
     "require_value_norms",
     "value_norms",
