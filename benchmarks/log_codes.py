@@ -1,0 +1,69 @@
+"""How small a log-domain code of a run's maps compresses (issue 29's lossy target), before building one.
+
+A log-domain code keeps relative precision for small probabilities: q = round(-s log2 a) in one byte (0..254; 255 for
+a < floor, decoded as 0), decoded as 2^(-q/s), so every value >= floor is within 2^(1/(2s)) - 1 of itself. The script
+reads the first --cells cells of a stored run, codes them for several steps s and floors, and prints bytes per cell
+after blosc-zstd (level 1 as the store uses, and level 9) with the largest relative error and what the floor drops;
+for comparison, float16 with its mantissa rounded to k bits (another relative-precision code that plain zarr reads).
+
+    python benchmarks/log_codes.py --root attnstore-data/attention.zarr --run MRPC-dev-all-MiniLM-L6-v2
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import zarr
+from numcodecs import Blosc
+
+
+def log_code(a: np.ndarray, step: float, floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, decoded values) of the one-byte log code."""
+    with np.errstate(divide="ignore"):
+        q = np.where(a < floor, 255, np.clip(np.rint(-np.log2(a) * step), 0, 254)).astype(np.uint8)
+    return q, np.where(q == 255, 0.0, 2.0 ** (-q.astype(np.float64) / step))
+
+
+def mantissa_rounded(a16: np.ndarray, keep: int) -> np.ndarray:
+    """float16 with its 10-bit mantissa rounded (half to even) to `keep` bits."""
+    u = a16.view(np.uint16).astype(np.uint32)
+    drop = 10 - keep
+    u = (u + (1 << (drop - 1)) - 1 + ((u >> drop) & 1)) >> drop << drop
+    return u.astype(np.uint16).view(np.float16)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--run", required=True, help="The run's group name under runs/ (its slug).")
+    parser.add_argument("--cells", type=int, default=20_000_000)
+    args = parser.parse_args()
+    cells16 = np.asarray(zarr.open_group(args.root, path=f"runs/{args.run}", mode="r")["cells"][: args.cells]).astype(np.float16)
+    cells = cells16.astype(np.float64)
+    fast, strong = (Blosc(cname="zstd", clevel=level, shuffle=Blosc.NOSHUFFLE, blocksize=1 << 18) for level in (1, 9))
+    shuffled = Blosc(cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, blocksize=1 << 18)
+    lossless = len(shuffled.encode(cells16)) / len(cells)
+    print(f"{len(cells):,} cells of run {args.run!r}; lossless float16 (the store's codec): {lossless:.3f} B/cell")
+    print(f"{'code':34s} {'B/cell zstd1':>12s} {'zstd9':>7s} {'max rel err':>11s} {'largest dropped':>15s} {'dropped':>8s}")
+    for step in (2, 3, 4, 6, 8):
+        for floor_exp in (12, 16, 20):
+            floor = 2.0**-floor_exp
+            q, decoded = log_code(cells, step, floor)
+            kept = cells >= floor
+            rel = np.abs(decoded - cells)[kept] / cells[kept]
+            dropped = cells[~kept].max() if (~kept).any() else 0.0
+            sizes = len(fast.encode(q)) / len(q), len(strong.encode(q)) / len(q)
+            print(
+                f"log, step 1/{step} octave, floor 2^-{floor_exp:<4d} {sizes[0]:12.3f} {sizes[1]:7.3f} "
+                f"{rel.max():11.3f} {dropped:15.2e} {1 - kept.mean():8.3f}"
+            )
+    for keep in (0, 1, 2, 3, 4):
+        r = mantissa_rounded(cells16, keep)
+        big = cells >= 2.0**-14  # normal float16 numbers
+        rel = np.abs(r.astype(np.float64) - cells)[big] / cells[big]
+        print(f"float16, mantissa kept {keep} bits          {len(shuffled.encode(r)) / len(r):12.3f} {'':>7s} {rel.max():11.3f}")
+
+
+if __name__ == "__main__":
+    main()
