@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .common import is_causal, iter_maps, per_head_frame, token_flags, weighted_maps
+from .common import is_causal, iter_maps, iter_maps_with_norms, per_head_frame, token_flags, weighted_maps
 from .errors import InvalidArgumentError
 from .registry import register
 from .rollout import rollout, source_token
@@ -64,14 +64,10 @@ def _prepare(store: Store, info: RunInfo, examples=None, specials: str = "exclud
 
 def _read(store: Store, info: RunInfo, examples, context) -> Iterator[tuple[int, tuple]]:
     """(example, (maps, saliency, value norms or None)), all in storage order."""
-    norms = store.iter_value_norms(info.id, examples) if context[2] else None
-    for (example, maps), (same, saliency) in zip(iter_maps(store, info, examples), store.iter_saliency(info.id, examples)):
+    with_norms = iter_maps_with_norms(store, info, examples) if context[2] else ((e, m, None) for e, m in iter_maps(store, info, examples))
+    for (example, maps, norms), (same, saliency) in zip(with_norms, store.iter_saliency(info.id, examples)):
         assert example == same, (example, same)
-        value_norms = None
-        if norms is not None:
-            other, value_norms = next(norms)
-            assert other == example, (other, example)
-        yield example, (maps, saliency, value_norms)
+        yield example, (maps, saliency, norms)
 
 
 def _reduce(context, example: int, data: tuple) -> dict[str, np.ndarray]:
@@ -124,10 +120,15 @@ def seed_agreement(store: Store, info: RunInfo, seed_run: str, specials: str, sa
     flags = token_flags(store, info, ".,", examples)
     mine = dict(store.iter_saliency(info.id, examples))
     taus = []
-    ids = store.token_table(info.id, examples)
-    theirs_ids = store.token_table(other.id, examples)
-    for example, values in store.iter_saliency(other.id, [e for e in mine]):
-        a, b = ids[ids["example"] == example]["token_id"].to_numpy(), theirs_ids[theirs_ids["example"] == example]["token_id"].to_numpy()
+
+    def token_ids(run_id: int) -> dict[int, np.ndarray]:  # grouped once: one pass over each run's token table
+        return {
+            int(e): g["token_id"].to_numpy() for e, g in store.token_table(run_id, list(mine))[["example", "token_id"]].groupby("example")
+        }
+
+    ours, theirs = token_ids(info.id), token_ids(other.id)
+    for example, values in store.iter_saliency(other.id, list(mine)):
+        a, b = ours[example], theirs.get(example, np.empty(0))
         if not np.array_equal(a, b):
             raise InvalidArgumentError(
                 f"example {example} has other tokens in run {other.name!r} than in {info.name!r}: the seed run must tokenise alike"

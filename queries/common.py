@@ -109,10 +109,16 @@ def iter_weighted_maps(store: Store, info: RunInfo, examples=None, weights: str 
     if check_weights(weights) == "attention":
         yield from iter_maps(store, info, examples)
         return
+    for example, maps, norms in iter_maps_with_norms(store, info, examples):
+        yield example, weighted_maps(maps, norms)
+
+
+def iter_maps_with_norms(store: Store, info: RunInfo, examples=None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(example, maps, value norms) in storage order; a run without value norms is refused in one line."""
     store.require_value_norms(info.id)
     for (example, maps), (same, norms) in zip(iter_maps(store, info, examples), store.iter_value_norms(info.id, examples)):
         assert example == same, (example, same)  # both in storage order
-        yield example, weighted_maps(maps, norms)
+        yield example, maps, norms
 
 
 def per_head_frame(info: RunInfo, **columns: np.ndarray) -> pd.DataFrame:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .common import iter_maps, per_head_frame, safe_divide, token_flags
+from .common import iter_maps_with_norms, per_head_frame, safe_divide, token_flags
 from .registry import register
 from .summary import DEFAULT_PUNCT, SummaryKind, register_kind, summary_parts
 
@@ -35,8 +35,7 @@ def _prepare(store: Store, info: RunInfo, examples=None, punct: str = DEFAULT_PU
 
 def _read(store: Store, info: RunInfo, examples, context) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray]]]:
     """(example, (maps, value norms)): both in storage order."""
-    for (example, maps), (same, norms) in zip(iter_maps(store, info, examples), store.iter_value_norms(info.id, examples)):
-        assert example == same, (example, same)
+    for example, maps, norms in iter_maps_with_norms(store, info, examples):
         yield example, (maps, norms)
 
 
