@@ -8,7 +8,9 @@ works without the extra and the command fails in one line naming it.
 """
 
 import dataclasses
+import json
 import logging
+import os
 
 import click
 
@@ -16,7 +18,33 @@ from .common import friendly_errors, open_store, require_extra, store_options
 from .http import LOOPBACK, WILDCARD, ServeSettings, allowed_hosts_for, create_app
 from .http.settings import log
 
-__all__ = ["ServeSettings", "allowed_hosts_for", "create_app", "serve"]
+__all__ = ["ServeSettings", "allowed_hosts_for", "create_app", "serve", "worker_app"]
+
+# `attnstore serve --workers N` (N > 1) hands each uvicorn worker process its store and settings in this variable (JSON).
+WORKER_ENV = "ATTNSTORE_SERVE_WORKER"
+MAX_DEFAULT_WORKERS = 8
+NODELAY_PROTOCOL = "attnstore.api.http.protocol:NoDelayProtocol"
+
+
+def default_workers() -> int:
+    """The CPUs this process may run on, at most MAX_DEFAULT_WORKERS: one worker process per core."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_DEFAULT_WORKERS))
+
+
+def worker_app():
+    """The app of one of `attnstore serve --workers N`'s processes (uvicorn's factory): its store and settings are the
+    command's, from WORKER_ENV; the store is opened at startup, read-only unless --allow-save, as with one process."""
+    from ..store.config import Locations
+
+    given = json.loads(os.environ[WORKER_ENV])
+    settings = given["settings"]
+    settings["allowed_hosts"] = tuple(settings["allowed_hosts"])
+    show_server_log()
+    return create_app(Locations(**given["locations"]), ServeSettings(**settings))
 
 
 # ------------------------------------------------------------------ the command
@@ -67,7 +95,14 @@ def show_server_log() -> None:
     default=ServeSettings.threads,
     show_default=True,
     type=click.IntRange(1, 64),
-    help="Requests served at once (the rest wait).",
+    help="Requests served at once by each worker process (the rest wait).",
+)
+@click.option(
+    "--workers",
+    default=None,
+    type=click.IntRange(1, 64),
+    help="Server processes, each with its own --threads, caches and --max-heavy-requests (Python runs one thread at a "
+    f"time per process). Default: the number of CPUs, at most {MAX_DEFAULT_WORKERS}.",
 )
 @click.option(
     "--max-heavy-requests",
@@ -108,6 +143,7 @@ def serve(
     sql_timeout: float,
     max_query_examples: int,
     threads: int,
+    workers: int | None,
     max_heavy_requests: int,
     scratch: bool,
     max_scratch_tokens: int,
@@ -133,7 +169,7 @@ def serve(
     )
     locations = dataclasses.replace(locations, read_only=locations.read_only or not allow_save)
     store = open_store(locations, write=allow_save)  # a missing or out-of-date store fails here, in one line
-    app = create_app(store, settings)
+    workers = workers or default_workers()
     show_server_log()
     if host not in LOOPBACK:
         click.echo(f"warning: listening on {host}: anyone who can reach it can read the store (no authentication)", err=True)
@@ -146,10 +182,27 @@ def serve(
     shown = f"[{host}]" if ":" in host else host
     click.echo(
         f"attnstore serve: {store.locations.describe()} ({'writable: --allow-save' if allow_save else 'read-only'}) "
-        f"at http://{shown}:{port}/ (API reference: /docs); Ctrl-C stops it",
+        f"at http://{shown}:{port}/ (API reference: /docs), {workers} worker process{'es' if workers > 1 else ''} "
+        f"of {threads} thread{'s' if threads > 1 else ''}; Ctrl-C stops it",
         err=True,
     )
-    try:
-        uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
-    finally:
-        store.close()
+    if workers == 1:
+        try:
+            uvicorn.run(create_app(store, settings), host=host, port=port, log_level="info", access_log=access_log)
+        finally:
+            store.close()
+        return
+    # Several processes: uvicorn starts each from an import path; each opens the store itself (a pool of connections
+    # and file handles per process), and they share the listening socket.
+    store.close()
+    os.environ[WORKER_ENV] = json.dumps({"locations": dataclasses.asdict(locations), "settings": settings.public()})
+    uvicorn.run(
+        "attnstore.api.serve:worker_app",
+        factory=True,
+        workers=workers,
+        http=NODELAY_PROTOCOL,  # connections without Nagle's 40 ms waits (api/http/protocol.py)
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=access_log,
+    )

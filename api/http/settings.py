@@ -46,6 +46,7 @@ class ServeSettings:
     max_search_page: int = 100  # hits per page of a corpus search (each reads one head of its example)
     max_top_k: int = 20
     cache_entries: int = 32  # computed query results kept in memory
+    info_ttl_s: float = 1.0  # a server database's runs, tokens, hits are read again at most this late (SQLite: on change)
     threads: int = 4  # requests served at once (the rest wait in line): more only contend for the GIL on 2 cores
     allow_save: bool = False  # POST .../save writes a query's per-head results to head_metrics
     max_sql_bytes: int = 8_000_000  # bytes of one SQL result (store/readonly.py stops a statement past it: 413)

@@ -6,6 +6,7 @@ time, and at most `max_heavy_requests` heavy requests (SQL, queries, maps, searc
 """
 
 import json
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -38,6 +39,14 @@ class Server:
         self._examples: OrderedDict[tuple, pd.DataFrame] = OrderedDict()
         self._results: OrderedDict[tuple, pd.DataFrame] = OrderedDict()
         self._facets: OrderedDict[tuple, dict] = OrderedDict()
+        self._example_rows: OrderedDict[tuple, tuple[list[dict], dict[int, int]]] = OrderedDict()
+        # Kept between requests while the store's metadata is unchanged (`version`): runs' info, the rows of the
+        # examples' table as JSON values, examples' tokens, search hits, encoded answers of cached queries and metrics.
+        self._infos: OrderedDict[str, tuple[tuple, RunInfo]] = OrderedDict()
+        self._kept: dict[str, OrderedDict[tuple, Any]] = {}
+        url = store.locations.db_url
+        path = url[len("sqlite:///") :].split("?", 1)[0] if url.startswith("sqlite:///") else ""
+        self._db_files = (path, path + "-wal") if path and path != ":memory:" else ()
 
     # ---- caches keyed by the run's state, so a run still being written is read afresh as it grows
 
@@ -56,6 +65,30 @@ class Server:
             while len(cache) > size:
                 cache.popitem(last=False)
         return value
+
+    def version(self) -> tuple:
+        """What changes whenever the store's metadata may have changed, so what was read from it can be kept until then:
+        for a SQLite file, its and its write-ahead log's size, modification time and inode (every commit, by any
+        process, changes one of them); for a server database, the current period of `info_ttl_s` seconds (what is kept
+        is read again at most that much later)."""
+        if not self._db_files:
+            return ("period", int(time.monotonic() / self.settings.info_ttl_s))
+        out: list = []
+        for path in self._db_files:
+            try:
+                st = os.stat(path)
+                out.append((st.st_size, st.st_mtime_ns, st.st_ino))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def kept(self, kind: str, key: tuple, make: Callable[[], Any], size: int = 1024) -> Any:
+        """`make()`, kept per `kind` and `key` while the store's metadata is unchanged (`version`), `size` entries."""
+        cache = self._kept.get(kind)
+        if cache is None:
+            with self._lock:
+                cache = self._kept.setdefault(kind, OrderedDict())
+        return self._cached(cache, (self.version(), *key), make, size)
 
     @contextmanager
     def heavy(self) -> Iterator[None]:
@@ -79,18 +112,42 @@ class Server:
         return not self.store.read_only and self.store.can_keep_summaries(info.id)
 
     def info(self, run: str) -> "RunInfo":
-        return self.store.run_info(run)
+        """The run's info (`store.run_info`), kept while the store's metadata is unchanged (`version`)."""
+        version = self.version()
+        with self._lock:
+            hit = self._infos.get(run)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        info = self.store.run_info(run)
+        with self._lock:
+            self._infos[run] = (version, info)
+            self._infos.move_to_end(run)
+            while len(self._infos) > 256:
+                self._infos.popitem(last=False)
+        return info
 
     def examples(self, info: "RunInfo") -> "pd.DataFrame":
         """The run's examples (store.examples), cached while the run does not change."""
         return self._cached(self._examples, self._state(info), lambda: self.store.examples(info.id), 8)
 
+    def example_records(self, info: "RunInfo") -> tuple[list[dict], dict[int, int]]:
+        """The run's examples as JSON records (`records(examples)`), with each example's row, kept like `examples`."""
+
+        def make() -> tuple[list[dict], dict[int, int]]:
+            frame = self.examples(info)
+            rows = records(frame)
+            where: dict[int, int] = {}
+            for i, e in enumerate(frame["example"].tolist()):
+                where.setdefault(int(e), i)
+            return rows, where
+
+        return self._cached(self._example_rows, self._state(info), make, 4)
+
     def example_row(self, info: "RunInfo", example: int) -> dict:
-        frame = self.examples(info)
-        rows = frame[frame["example"] == example]
-        if rows.empty:
+        rows, where = self.example_records(info)
+        if example not in where:
             raise NotFoundError(f"run {info.name!r} has no example {example} (it stores {info.n_stored} examples)")
-        row = records(rows.head(1))[0]
+        row = dict(rows[where[example]])
         if row["skipped"]:
             raise NotFoundError(f"example {example} of run {info.name!r} was skipped (longer than {info.max_length} tokens)")
         return row

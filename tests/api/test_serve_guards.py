@@ -126,7 +126,7 @@ def test_the_command_answers_the_bound_host_and_allowed_hosts(named, monkeypatch
     import uvicorn
     from click.testing import CliRunner
 
-    from attnstore.api.serve import serve
+    from attnstore.api.serve import WORKER_ENV, serve, worker_app
 
     assert (
         allowed_hosts_for("127.0.0.1") == allowed_hosts_for("localhost") == allowed_hosts_for("::1") == ("127.0.0.1", "localhost", "[::1]")
@@ -140,7 +140,8 @@ def test_the_command_answers_the_bound_host_and_allowed_hosts(named, monkeypatch
             allowed_hosts_for("127.0.0.1", (bad,))
     store, _ = named
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: apps.append((app, kw)))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: apps.append((worker_app() if kw.get("factory") else app, kw)))
+    monkeypatch.setenv(WORKER_ENV, "")  # --workers N > 1 (the default on a machine of several cores) sets it; put back after
     where = ["--db", store.locations.db_url, "--root", store.locations.array_root]
     result = CliRunner().invoke(serve, [*where, "--allowed-host", "attn.lab", "--allowed-host", "other.lab"])
     assert result.exit_code == 0, result.output
@@ -236,6 +237,7 @@ def test_openapi_lists_every_error_answer_with_its_body(named):
     error_schema = spec["components"]["schemas"]["ApiError"]
     assert error_schema["required"] == ["error"] and error_schema["properties"]["error"]["type"] == "string"
     expected = {
+        ("get", "/api/health"): set(),
         ("get", "/api/info"): set(),
         ("get", "/api/runs"): set(),
         ("get", "/api/queries"): set(),

@@ -39,6 +39,16 @@ def list_examples(
     skipped: bool | None,
 ) -> dict:
     info = srv.info(run)
+    if all(v is None for v in (label, min_length, max_length, truncated, skipped)) and not q:  # a page of the kept rows
+        rows, _ = srv.example_records(info)
+        return {
+            "run": info.name,
+            "n_examples": len(rows),
+            "total": len(rows),
+            "offset": offset,
+            "limit": limit,
+            "items": rows[offset : offset + limit],
+        }
     frame = srv.examples(info)
     keep = np.ones(len(frame), dtype=bool)
     if q:
@@ -68,8 +78,8 @@ def list_examples(
 def example_detail(srv: Server, run: str, example: int) -> dict:
     info = srv.info(run)
     row = srv.example_row(info, example)
-    tokens = srv.store.tokens(info.id, example)
-    return {"run": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads, "example": row, "tokens": records(tokens)}
+    tokens = srv.kept("tokens", (info.id, example), lambda: records(srv.store.tokens(info.id, example)), 4096)
+    return {"run": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads, "example": row, "tokens": tokens}
 
 
 # ------------------------------------------------------------------ the endpoints
@@ -77,6 +87,12 @@ def example_detail(srv: Server, run: str, example: int) -> dict:
 
 def router(settings: ServeSettings) -> APIRouter:
     api = APIRouter()
+
+    @api.get("/api/health", tags=["store"])
+    async def health() -> Response:
+        """Whether the server answers: `{"status": "ok"}`, with no store read (the cheapest request; the load bench's
+        ceiling)."""
+        return Response(b'{"status":"ok"}', media_type="application/json")
 
     @api.get("/api/info", tags=["store"])
     def info(s: Server = Srv) -> Response:
