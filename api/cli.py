@@ -546,10 +546,16 @@ def _task_runs(ctx, _param, values) -> dict[str, str]:
 )
 @click.option("--frame-run", default=None, help="A run over FrameNet exemplars (framenet/1.5:exemplars) for Fig. 3.")
 @click.option("--max-examples", default=1000, show_default=True, type=int, help="Examples per task for Fig. 2 and Fig. 5.")
+@click.option(
+    "--pattern-model",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="CNN weights from `patterns train-cnn`: draw Fig. 2 with the CNN (the rules' figure beside it).",
+)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @store_options
 @friendly_errors
-def report_kovaleva(locations, runs_, finetuned, frame_run, max_examples, out):
+def report_kovaleva(locations, runs_, finetuned, frame_run, max_examples, pattern_model, out):
     """Kovaleva et al. 2019: Fig. 2, 3, 5, 6, 7 and the token-to-token table from stored runs."""
     try:
         import matplotlib  # noqa: F401
@@ -558,7 +564,7 @@ def report_kovaleva(locations, runs_, finetuned, frame_run, max_examples, out):
     from .kovaleva_report import kovaleva_report
 
     with reading_progress("report kovaleva: examples read"):
-        path = kovaleva_report(open_store(locations), out, runs_, finetuned, frame_run, max_examples)
+        path = kovaleva_report(open_store(locations), out, runs_, finetuned, frame_run, max_examples, pattern_model)
     click.echo(f"wrote {path} and its tables and figures")
 
 

@@ -52,7 +52,7 @@ def _describe(store: Store, run) -> str:
     return f"{info.model} on {info.dataset}:{info.split} ({info.n_stored} examples)"
 
 
-def draw_patterns(table: pd.DataFrame, tasks: list[str], model: str, max_examples: int):
+def draw_patterns(table: pd.DataFrame, tasks: list[str], model: str, max_examples: int, classifier: str = "rule classifier"):
     """Fig. 2 from `pattern_proportions` rows of each task (a `task` column)."""
     wide = table.pivot_table(index="task", columns="label", values="fraction", aggfunc="sum").fillna(0.0)
     wide = wide.reindex(tasks)
@@ -66,18 +66,52 @@ def draw_patterns(table: pd.DataFrame, tasks: list[str], model: str, max_example
     ax.set_xlabel("task (dev set)")
     handles, labels = ax.get_legend_handles_labels()  # listed top to bottom, as the classes are stacked
     ax.legend(handles[::-1], labels[::-1], fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0.0)
-    fig.suptitle(f"Fig. 2: attention pattern classes (rule classifier)\n{model}, ≤ {max_examples} dev examples per task", fontsize=9)
+    fig.suptitle(f"Fig. 2: attention pattern classes ({classifier})\n{model}, ≤ {max_examples} dev examples per task", fontsize=9)
     return fig
 
 
-def figure_patterns(store: Store, runs: dict[str, str], out: Path, max_examples: int) -> tuple[list[str], pd.DataFrame]:
+def figure_patterns(
+    store: Store, runs: dict[str, str], out: Path, max_examples: int, stem: str = "fig2_pattern_classes"
+) -> tuple[list[str], pd.DataFrame]:
     frames = []
     for task, run in runs.items():
         frame = run_query(store, "pattern_proportions", run=run, max_examples=max_examples)
         frames.append(frame.assign(task=task))
     table = pd.concat(frames, ignore_index=True)
     fig = draw_patterns(table, list(runs), store.run_info(next(iter(runs.values()))).model, max_examples)
-    return _save(fig, out, "fig2_pattern_classes"), table
+    return _save(fig, out, stem), table
+
+
+def figure_patterns_cnn(
+    store: Store, runs: dict[str, str], out: Path, max_examples: int, model_file: str | Path
+) -> tuple[list[str], pd.DataFrame]:
+    """Fig. 2 with the CNN of `model_file` (`patterns train-cnn`): stacked shares as predicted, and per class the
+    shares corrected by its held-out confusion matrix with 95% bootstrap intervals (as `patterns figure --report`)."""
+    from ..queries.pattern_cnn import classify_run, load_model
+    from ..queries.patterns import CLASSES
+    from .pattern_report import figure_uncertainty, uncertainty_table
+
+    _, saved = load_model(model_file)
+    frames, wide = [], []
+    model = store.run_info(next(iter(runs.values()))).model
+    for task, run in runs.items():
+        labels = classify_run(store, run, model_file, max_examples=max_examples)
+        counts = labels["label"].value_counts().reindex(list(CLASSES), fill_value=0)
+        shares = counts.to_numpy(np.float64) / max(int(counts.sum()), 1)
+        n_examples = labels["example"].nunique()
+        frames.append(pd.DataFrame(dict(label=list(CLASSES), n_maps=counts.to_numpy(), fraction=shares, n_examples=n_examples, task=task)))
+        wide.append(dict(task=task, run=store.run_info(run).name, **dict(zip(CLASSES, shares))))
+    table = pd.concat(frames, ignore_index=True)
+    report = saved.get("report", {})
+    members = report.get("members", 1)
+    classifier = f"CNN, {members} network(s), trained on {report.get('source', '?')}"
+    fig = draw_patterns(table, list(runs), model, max_examples, classifier=classifier)
+    names = _save(fig, out, "fig2_pattern_classes")
+    matrix = np.asarray(report.get("cnn", {}).get("confusion", []), dtype=np.int64)
+    if matrix.shape == (len(CLASSES), len(CLASSES)) and matrix.sum():
+        long = uncertainty_table(pd.DataFrame(wide), matrix)
+        names += figure_uncertainty(long, out, "cnn", max_examples, int(matrix.sum()), model, stem="fig2_pattern_classes_uncertainty")
+    return names, table
 
 
 def draw_frame_heads(frame: pd.DataFrame, n_layers: int, n_heads: int, description: str):
@@ -191,9 +225,11 @@ def kovaleva_report(
     finetuned: dict[str, str] | None = None,
     frame_run: str | None = None,
     max_examples: int = 1000,
+    pattern_model: str | Path | None = None,
 ) -> Path:
     """Write the figures and tables for `runs` (task -> pre-trained dev run), `finetuned` (task -> a run of the
-    fine-tuned model on the same examples) and `frame_run` (a FrameNet exemplar run); return the Markdown index."""
+    fine-tuned model on the same examples) and `frame_run` (a FrameNet exemplar run); return the Markdown index.
+    With `pattern_model` (weights from `patterns train-cnn`) Fig. 2 is drawn with that CNN, the rules' beside it."""
     load_all()
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -223,9 +259,24 @@ def kovaleva_report(
             ]
         )
 
-    if "pattern_proportions" in QUERIES:
+    if pattern_model is not None:
         section(
-            "Fig. 2: attention pattern classes per task", lambda: figure_patterns(store, runs, folder, max_examples), "fig2_pattern_classes"
+            "Fig. 2: attention pattern classes per task (CNN)",
+            lambda: figure_patterns_cnn(store, runs, folder, max_examples, pattern_model),
+            "fig2_pattern_classes",
+            f"Classifier: the CNN of `{Path(pattern_model).name}`; the uncertainty figure corrects each share by its held-out "
+            "confusion matrix (whiskers: 95% bootstrap interval, dots: as predicted).",
+        )
+    if "pattern_proportions" in QUERIES:
+        stem = "fig2_pattern_classes_rules" if pattern_model is not None else "fig2_pattern_classes"
+        section(
+            "Fig. 2: attention pattern classes per task (rules)",
+            lambda: figure_patterns(store, runs, folder, max_examples, stem),
+            stem,
+            ""
+            if pattern_model is not None
+            else "Classifier: the length-normalised rules; pass --pattern-model FILE.pt "
+            "(`attnstore patterns train-cnn`) to draw it with the CNN, which scores higher on labels it was not trained on.",
         )
     if frame_run:
         section(

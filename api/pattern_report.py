@@ -64,10 +64,10 @@ def evaluate_labellers(store: Store, model_file: str | Path | None = None) -> di
         true = frame["label"].to_numpy(object)
         predictions = {"rules": labels_from_scores(frame)}
         if model is not None and saved is not None:
-            from ..queries.pattern_cnn import map_features, predict
+            from ..queries.pattern_cnn import inputs_for, predict, stack_inputs
 
-            features = np.concatenate([map_features(a[None], s, g, saved["size"], saved["masks"]) for a, s, g in maps])
-            predictions["cnn"] = np.array(CLASSES, dtype=object)[predict(model, features)[0]]
+            inputs = stack_inputs([inputs_for(saved, a[None], s, g) for a, s, g in maps])
+            predictions["cnn"] = np.array(CLASSES, dtype=object)[predict(model, *inputs)[0]]
         for name, predicted in predictions.items():
             if fresh.any():
                 rows.append(

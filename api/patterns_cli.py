@@ -111,15 +111,32 @@ def calibrate(locations, source, test_fraction, seed):
 
 @patterns.command("train-cnn", short_help="Train the pattern CNN on stored labels.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Weights file to write (.pt); a .json report beside it.")
-@click.option("--source", default="human", show_default=True, help="Labels to train on.")
+@click.option(
+    "--source",
+    "sources",
+    multiple=True,
+    default=("human",),
+    show_default=True,
+    help="Labels to train on: human, human:NAME (repeatable: several labellers' labels together).",
+)
 @click.option("--test-fraction", default=0.25, show_default=True, type=float)
 @click.option("--seed", default=0, show_default=True, type=int, help="Seeds the split, the initialisation and the batches.")
 @click.option("--epochs", default=60, show_default=True, type=int)
 @click.option("--size", default=32, show_default=True, type=int, help="Maps are pooled to SIZE x SIZE (a multiple of 8).")
 @click.option("--masks/--no-masks", default=False, show_default=True, help="Also give the network special-token and own-segment channels.")
+@click.option(
+    "--scalars/--no-scalars", default=True, show_default=True, help="Also give the network each map's rule scores, length and peak."
+)
+@click.option(
+    "--members",
+    default=5,
+    show_default=True,
+    type=click.IntRange(1, 50),
+    help="Networks trained (seeds SEED, SEED+1, ...) and averaged.",
+)
 @store_options
 @friendly_errors
-def train_cnn(locations, out, source, test_fraction, seed, epochs, size, masks):
+def train_cnn(locations, out, sources, test_fraction, seed, epochs, size, masks, scalars, members):
     """Train the pattern CNN on stored labels (CPU); report held-out F1 of the CNN and of the rules on the same maps."""
     import time
 
@@ -127,7 +144,16 @@ def train_cnn(locations, out, source, test_fraction, seed, epochs, size, masks):
 
     started = time.perf_counter()
     report = train_from_store(
-        open_store(locations), out, source=source, test_fraction=test_fraction, seed=seed, epochs=epochs, size=size, masks=masks
+        open_store(locations),
+        out,
+        sources=sources,
+        test_fraction=test_fraction,
+        seed=seed,
+        epochs=epochs,
+        size=size,
+        masks=masks,
+        scalars=scalars,
+        members=members,
     )
     click.echo(format_report(report))
     click.echo(f"({time.perf_counter() - started:.0f} s; weights {out}, report {Path(out).with_suffix('.json')})", err=True)

@@ -7,14 +7,22 @@ Here, on CPU in seconds to minutes:
 - input: each (L, L) map pooled to SIZE x SIZE by adaptive average pooling and divided by its
   maximum: a picture, as the paper's network saw. With masks=True two more channels give the
   share of each pooled cell lying on special tokens' columns (the tokenizer's [CLS]/[SEP]-like
-  roles) and in the query's own segment (zeros for one-segment inputs), what the rules are told;
-  4-fold cross-validation on the training part of the hand labels preferred the picture alone
-  (macro-F1 0.70 vs 0.67 at 60 epochs; 0.69 / 0.66 at 30 / 120 epochs), so that is the default;
+  roles) and in the query's own segment (zeros for one-segment inputs), what the rules are told.
+  With scalars=True (the default) the network also gets the map's SCALARS: the rules' scores
+  (normalised against a uniform map of the same length, and raw), the length, the map's maximum,
+  its rows' entropy and its first column's mass. Pooling to 32 x 32 loses what people see at
+  once: how long the input is, a one-pixel [CLS] column beside a diagonal, how faint the map is;
 - network: six 3x3 convolutions with ReLU in three blocks (16, 32, 64 channels), each block
-  ending in 2x2 max pooling, then a 64-unit ReLU layer and a linear layer to the five classes;
+  ending in 2x2 max pooling, then (with the standardised scalars beside the flattened picture
+  features) a 64-unit ReLU layer and a linear layer to the five classes;
 - training: Adam (lr 1e-3, weight decay 1e-4), cross-entropy weighted by inverse class
   frequency, EPOCHS passes over the training part in seeded random batches of 32; the held-out
-  part is never seen.
+  part is never seen. MEMBERS networks (seeds seed, seed + 1, ...) are trained and their softmax
+  probabilities averaged: one network's held-out macro-F1 moves by ±0.1 with the seed on a few
+  hundred labels, the average of five much less (docs/results/all-MiniLM-L6-v2/pattern_classifiers.md).
+
+Labels of several labellers can be trained on together (sources); a map labelled by more than one
+is held out, or trained on, with all its labels.
 
 torch is imported lazily (only these functions need it); the store and the queries do not.
 """
@@ -36,6 +44,7 @@ from .patterns import (
     evaluate,
     labelled_maps,
     labels_from_scores,
+    pattern_scores,
     sample_examples,
     stratified_split,
     token_layout,
@@ -47,6 +56,24 @@ if TYPE_CHECKING:
 SIZE = 32
 WIDTH = 16
 EPOCHS = 60  # chosen by 4-fold cross-validation on the training part (30, 60, 120 tried)
+MEMBERS = 5  # networks averaged
+FORMAT = 2  # of the saved file: 1 (no "format" key) held one network without scalars
+# The map's numbers given to the network beside its picture (map_scalars).
+SCALARS = (
+    "vertical_norm",
+    "diagonal_norm",
+    "vertical",
+    "diagonal",
+    "self",
+    "stripe",
+    "block_norm",
+    "two_segments",
+    "log_length",
+    "peak",
+    "row_entropy",
+    "first_column",
+)
+MAP_KEY = ["model", "dataset", "split", "source_row", "layer", "head"]  # one map, whichever store holds it
 
 
 @contextmanager
@@ -82,7 +109,7 @@ def deterministic(seed: int):
 
 
 def map_features(maps: np.ndarray, special: np.ndarray, segment: np.ndarray, size: int = SIZE, masks: bool = False) -> np.ndarray:
-    """Maps (N, L, L) of one example -> network input (N, 1 or 3, size, size) float32 (see the module docstring)."""
+    """Maps (N, L, L) of one example -> the network's picture input (N, 1 or 3, size, size) float32 (module docstring)."""
     import torch
     import torch.nn.functional as F
 
@@ -104,24 +131,83 @@ def map_features(maps: np.ndarray, special: np.ndarray, segment: np.ndarray, siz
         return torch.cat([picture, pooled_masks[None].expand(n, -1, -1, -1)], dim=1).numpy().astype(np.float32)
 
 
-def build_model(n_classes: int = len(CLASSES), size: int = SIZE, width: int = WIDTH, channels: int = 1):
-    """The network (see the module docstring); size must be divisible by 8."""
+def map_scalars(maps: np.ndarray, special: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """Maps (N, L, L) of one example -> (N, len(SCALARS)) float32: the rule scores (patterns.pattern_scores; block_norm
+    0 for one segment, with two_segments 0/1 beside it), log(L) / log(512), the map's maximum, the mean entropy of
+    its rows over log(L), and the mean attention to the first token (the [CLS]-like one)."""
+    maps = np.asarray(maps, dtype=np.float64)
+    n, length = maps.shape[0], maps.shape[-1]
+    scores = pattern_scores(maps, special, segment)
+    block = np.asarray(scores["block_norm"], dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        entropy = -np.where(maps > 0, maps * np.log(np.where(maps > 0, maps, 1.0)), 0.0).sum(-1).mean(-1)
+    columns = dict(
+        scores,
+        block_norm=np.nan_to_num(block, nan=0.0),
+        two_segments=(~np.isnan(block)).astype(np.float64),
+        log_length=np.full(n, np.log(length) / np.log(512)),
+        peak=maps.max(axis=(-2, -1)),
+        row_entropy=entropy / np.log(max(length, 2)),
+        first_column=maps[..., 0].mean(-1),
+    )
+    return np.stack([np.broadcast_to(np.asarray(columns[name], dtype=np.float64), (n,)) for name in SCALARS], axis=1).astype(np.float32)
+
+
+def map_inputs(
+    maps: np.ndarray, special: np.ndarray, segment: np.ndarray, size: int = SIZE, masks: bool = False, scalars: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Maps (N, L, L) of one example -> (pictures (N, C, size, size), scalars (N, len(SCALARS) or 0)), both float32."""
+    pictures = map_features(maps, special, segment, size, masks)
+    numbers = map_scalars(maps, special, segment) if scalars else np.zeros((len(pictures), 0), dtype=np.float32)
+    return pictures, numbers
+
+
+def stack_inputs(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate map_inputs results."""
+    return np.concatenate([p for p, _ in parts]), np.concatenate([s for _, s in parts])
+
+
+def build_model(n_classes: int = len(CLASSES), size: int = SIZE, width: int = WIDTH, channels: int = 1, n_scalars: int = 0):
+    """The network (see the module docstring); size must be divisible by 8. Called as model(pictures, scalars);
+    the scalars are standardised inside by the buffers scalar_mean and scalar_scale that training sets."""
+    import torch
     import torch.nn as nn
 
     if size % 8:
         raise InvalidArgumentError(f"size must be a multiple of 8, not {size}")
-    layers: list = []
-    c_in = channels
-    for c_out in (width, 2 * width, 4 * width):
-        layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(), nn.Conv2d(c_out, c_out, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
-        c_in = c_out
-    cells = (size // 8) ** 2
-    layers += [nn.Flatten(), nn.Linear(4 * width * cells, 64), nn.ReLU(), nn.Linear(64, n_classes)]
-    return nn.Sequential(*layers)
+
+    class PatternNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            layers: list = []
+            c_in = channels
+            for c_out in (width, 2 * width, 4 * width):
+                layers += [
+                    nn.Conv2d(c_in, c_out, 3, padding=1),
+                    nn.ReLU(),
+                    nn.Conv2d(c_out, c_out, 3, padding=1),
+                    nn.ReLU(),
+                    nn.MaxPool2d(2),
+                ]
+                c_in = c_out
+            self.conv = nn.Sequential(*layers, nn.Flatten())
+            self.register_buffer("scalar_mean", torch.zeros(n_scalars))
+            self.register_buffer("scalar_scale", torch.ones(n_scalars))
+            cells = (size // 8) ** 2
+            self.head = nn.Sequential(nn.Linear(4 * width * cells + n_scalars, 64), nn.ReLU(), nn.Linear(64, n_classes))
+
+        def forward(self, pictures, scalars):
+            features = self.conv(pictures)
+            if n_scalars:
+                features = torch.cat([features, (scalars - self.scalar_mean) / self.scalar_scale], dim=1)
+            return self.head(features)
+
+    return PatternNet()
 
 
 def train_model(
-    features: np.ndarray,
+    pictures: np.ndarray,
+    scalars: np.ndarray,
     labels: np.ndarray,
     *,
     seed: int = 0,
@@ -132,18 +218,21 @@ def train_model(
     size: int = SIZE,
     width: int = WIDTH,
 ):
-    """Train a fresh network on features (N, C, size, size) and integer labels (N,) (indices into CLASSES).
-
-    Deterministic for a seed (`deterministic`): the same features, labels and seed give bit-identical weights."""
+    """Train a fresh network on pictures (N, C, size, size), scalars (N, K; K may be 0) and integer labels (N,)
+    (indices into CLASSES). Deterministic for a seed (`deterministic`): the same inputs and seed give bit-identical weights."""
     import torch
     import torch.nn.functional as F
 
-    if len(features) == 0:
+    if len(pictures) == 0:
         raise InvalidArgumentError("no training maps")
     with deterministic(seed):
         generator = torch.Generator().manual_seed(seed)  # the batches' order: a generator of its own
-        model = build_model(size=size, width=width, channels=features.shape[1])  # initialised from the seeded global one
-        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
+        model = build_model(size=size, width=width, channels=pictures.shape[1], n_scalars=scalars.shape[1])  # seeded init
+        x = torch.from_numpy(np.ascontiguousarray(pictures, dtype=np.float32))
+        s = torch.from_numpy(np.ascontiguousarray(scalars, dtype=np.float32))
+        if s.shape[1]:
+            model.scalar_mean.copy_(s.mean(0))
+            model.scalar_scale.copy_(s.std(0, unbiased=False).clamp_min(1e-6))
         y = torch.from_numpy(np.asarray(labels, dtype=np.int64))
         counts = torch.bincount(y, minlength=len(CLASSES)).float()
         weights = torch.where(counts > 0, counts.sum() / (len(CLASSES) * counts.clamp_min(1)), torch.zeros_like(counts))
@@ -154,43 +243,74 @@ def train_model(
             for start in range(0, len(x), batch_size):
                 batch = order[start : start + batch_size]
                 optimiser.zero_grad()
-                loss = F.cross_entropy(model(x[batch]), y[batch], weight=weights)
+                loss = F.cross_entropy(model(x[batch], s[batch]), y[batch], weight=weights)
                 loss.backward()
                 optimiser.step()
     model.eval()
     return model
 
 
-def predict(model, features: np.ndarray, batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """(class indices, probability of the chosen class) for features (N, C, size, size)."""
+def train_ensemble(
+    pictures: np.ndarray, scalars: np.ndarray, labels: np.ndarray, *, seed: int = 0, members: int = MEMBERS, **options
+) -> list:
+    """`members` networks trained by train_model with seeds seed, seed + 1, ...; predict averages them."""
+    if members < 1:
+        raise InvalidArgumentError(f"members must be at least 1, not {members}")
+    return [train_model(pictures, scalars, labels, seed=seed + i, **options) for i in range(members)]
+
+
+def predict_proba(models, pictures: np.ndarray, scalars: np.ndarray, batch_size: int = 4096) -> np.ndarray:
+    """Class probabilities (N, len(CLASSES)): the softmax of each network (one, or a list) averaged."""
     import torch
 
-    out_idx, out_p = [], []
+    members = models if isinstance(models, (list, tuple)) else [models]
+    out = []
     with torch.no_grad(), one_thread():
-        for start in range(0, len(features), batch_size):
-            logits = model(torch.from_numpy(np.ascontiguousarray(features[start : start + batch_size], dtype=np.float32)))
-            p = torch.softmax(logits, dim=1)
-            best = p.argmax(1)
-            out_idx.append(best.numpy())
-            out_p.append(p.gather(1, best[:, None])[:, 0].numpy())
-    if not out_idx:
-        return np.zeros(0, dtype=np.int64), np.zeros(0)
-    return np.concatenate(out_idx), np.concatenate(out_p).astype(np.float64)
+        for start in range(0, len(pictures), batch_size):
+            x = torch.from_numpy(np.ascontiguousarray(pictures[start : start + batch_size], dtype=np.float32))
+            s = torch.from_numpy(np.ascontiguousarray(scalars[start : start + batch_size], dtype=np.float32))
+            out.append(torch.stack([torch.softmax(m(x, s), dim=1) for m in members]).mean(0).numpy())
+    return np.concatenate(out).astype(np.float64) if out else np.zeros((0, len(CLASSES)))
 
 
-def save_model(model, path: str | Path, *, size: int, width: int, masks: bool, extra: dict) -> None:
+def predict(models, pictures: np.ndarray, scalars: np.ndarray, batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """(class indices, probability of the chosen class) for the inputs (see predict_proba)."""
+    p = predict_proba(models, pictures, scalars, batch_size)
+    best = p.argmax(1) if len(p) else np.zeros(0, dtype=np.int64)
+    return best, p[np.arange(len(p)), best]
+
+
+def save_model(models, path: str | Path, *, size: int, width: int, masks: bool, scalars: bool, extra: dict) -> None:
     import torch
 
     torch.save(
         dict(
-            state_dict=model.state_dict(), size=size, width=width, masks=masks, channels=3 if masks else 1, classes=list(CLASSES), **extra
+            format=FORMAT,
+            state_dicts=[m.state_dict() for m in models],
+            size=size,
+            width=width,
+            masks=masks,
+            channels=3 if masks else 1,
+            scalars=list(SCALARS) if scalars else [],
+            classes=list(CLASSES),
+            **extra,
         ),
         str(path),
     )
 
 
+def _format_1(state_dict: dict) -> dict:
+    """A format-1 file's one nn.Sequential state dict under PatternNet's names (its conv layers 0-14, linear 16 and 18)."""
+    renamed = {}
+    for key, value in state_dict.items():
+        index, rest = key.split(".", 1)
+        i = int(index)
+        renamed[f"conv.{i}.{rest}" if i < 15 else f"head.{i - 16}.{rest}"] = value
+    return renamed
+
+
 def load_model(path: str | Path):
-    """(model, saved dict) from a file written by train_from_store."""
+    """(list of networks, saved dict) from a file written by train_from_store (saved["scalars"]: the SCALARS it takes)."""
     import torch
 
     try:
@@ -199,12 +319,29 @@ def load_model(path: str | Path):
         raise NotFoundError(f"no CNN weights at {path}; train them with `attnstore patterns train-cnn --out {path}`") from None
     except Exception as exc:  # not a torch file, or a damaged one
         raise InvalidArgumentError(f"{path} is not a pattern CNN file ({type(exc).__name__}: {exc})") from None
-    if not isinstance(saved, dict) or "state_dict" not in saved or list(saved.get("classes", [])) != list(CLASSES):
+    if not isinstance(saved, dict) or list(saved.get("classes", [])) != list(CLASSES):
         raise InvalidArgumentError(f"{path} is not a pattern CNN file written by `attnstore patterns train-cnn`")
-    model = build_model(size=saved["size"], width=saved["width"], channels=saved["channels"])
-    model.load_state_dict(saved["state_dict"])
-    model.eval()
-    return model, saved
+    if "format" not in saved and "state_dict" in saved:  # format 1: one network, the picture only
+        saved = dict(saved, format=1, state_dicts=[_format_1(saved["state_dict"])], scalars=[])
+    if saved.get("format") not in (1, FORMAT) or "state_dicts" not in saved:
+        raise InvalidArgumentError(f"{path} is not a pattern CNN file this attnstore reads (format {saved.get('format')!r})")
+    names = list(saved.get("scalars", []))
+    if names and names != list(SCALARS):
+        raise InvalidArgumentError(f"{path} takes other map scalars ({names}); retrain it with `attnstore patterns train-cnn`")
+    models = []
+    for state in saved["state_dicts"]:
+        model = build_model(size=saved["size"], width=saved["width"], channels=saved["channels"], n_scalars=len(names))
+        if "scalar_mean" not in state:
+            state = dict(state, scalar_mean=torch.zeros(0), scalar_scale=torch.ones(0))
+        model.load_state_dict(state)
+        model.eval()
+        models.append(model)
+    return models, saved
+
+
+def inputs_for(saved: dict, maps: np.ndarray, special: np.ndarray, segment: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """map_inputs as the saved networks were trained on them."""
+    return map_inputs(maps, special, segment, saved["size"], saved["masks"], scalars=bool(saved.get("scalars")))
 
 
 def _summary(result: dict) -> dict:
@@ -221,43 +358,78 @@ def _summary(result: dict) -> dict:
     )
 
 
+def labelled_sources(store: Store, sources) -> tuple[pd.DataFrame, list]:
+    """labelled_maps of every source, in the order given, with a `source` column; a map may appear once per source."""
+    frames, maps = [], []
+    for source in sources:
+        frame, these = labelled_maps(store, source)
+        frames.append(frame.assign(source=source))
+        maps += these
+    return pd.concat(frames, ignore_index=True), maps
+
+
+def split_by_map(frame: pd.DataFrame, test_fraction: float, seed: int) -> np.ndarray:
+    """Held-out mask over the rows: stratified_split over the distinct maps (by MAP_KEY, each with its first
+    label), so a map labelled by several labellers is wholly held out or wholly trained on. With one label per
+    map it is stratified_split over the rows."""
+    keys = list(map(tuple, frame[MAP_KEY].itertuples(index=False)))
+    first: dict[tuple, int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    distinct = list(first)
+    held = stratified_split(frame["label"].to_numpy(object)[[first[k] for k in distinct]], test_fraction, seed)
+    held_keys = {k for k, h in zip(distinct, held) if h}
+    return np.array([k in held_keys for k in keys], dtype=bool)
+
+
 def train_from_store(
     store: Store,
     out: str | Path,
     *,
-    source: str = "human",
+    sources=("human",),
     test_fraction: float = 0.25,
     seed: int = 0,
     epochs: int = EPOCHS,
     size: int = SIZE,
     width: int = WIDTH,
     masks: bool = False,
+    scalars: bool = True,
+    members: int = MEMBERS,
 ) -> dict:
-    """Train on the stored labels of `source` with a seeded stratified held-out part; evaluate the CNN and the
-    rules (module thresholds) on the same held-out maps. Writes the weights + split to `out` and the report
-    to `out` with suffix .json; returns the report. Deterministic: the same labels, store and seed give the
-    same weights, bit for bit, and the same report (it holds no timing)."""
+    """Train on the stored labels of `sources` (one or more) with a seeded stratified held-out part (split_by_map);
+    evaluate the CNN and the rules (module thresholds) on the same held-out maps. Writes the networks + split to
+    `out` and the report to `out` with suffix .json; returns the report. Deterministic: the same labels, store and
+    seed give the same weights, bit for bit, and the same report (it holds no timing)."""
     import torch
 
-    frame, maps = labelled_maps(store, source)
-    held_out = stratified_split(frame["label"], test_fraction, seed)
-    features = np.concatenate([map_features(attn[None], special, segment, size, masks) for attn, special, segment in maps])
+    sources = [sources] if isinstance(sources, str) else list(dict.fromkeys(sources))
+    if not sources:
+        raise InvalidArgumentError("give at least one label source")
+    frame, maps = labelled_sources(store, sources)
+    held_out = split_by_map(frame, test_fraction, seed)
+    pictures, numbers = stack_inputs([map_inputs(attn[None], special, segment, size, masks, scalars) for attn, special, segment in maps])
     y = np.array([CLASSES.index(label) for label in frame["label"]])
-    model = train_model(features[~held_out], y[~held_out], seed=seed, epochs=epochs, size=size, width=width)
-    cnn_test, _ = predict(model, features[held_out])
-    cnn_train, _ = predict(model, features[~held_out])
+    models = train_ensemble(
+        pictures[~held_out], numbers[~held_out], y[~held_out], seed=seed, members=members, epochs=epochs, size=size, width=width
+    )
+    cnn_test, _ = predict(models, pictures[held_out], numbers[held_out])
+    cnn_train, _ = predict(models, pictures[~held_out], numbers[~held_out])
     rules = labels_from_scores(frame)
     true = frame["label"].to_numpy(object)
     names = np.array(CLASSES, dtype=object)
     report = dict(
-        source=source,
+        source="+".join(sources),
+        sources=sources,
         seed=seed,
         test_fraction=test_fraction,
         epochs=epochs,
         size=size,
         width=width,
         masks=masks,
+        scalars=list(SCALARS) if scalars else [],
+        members=members,
         n_labels=len(frame),
+        n_maps=int(frame[MAP_KEY].drop_duplicates().shape[0]),
         n_train=int((~held_out).sum()),
         n_test=int(held_out.sum()),
         torch=torch.__version__,
@@ -269,17 +441,18 @@ def train_from_store(
         rules=_summary(evaluate(true[held_out], rules[held_out])),
         rules_train=_summary(evaluate(true[~held_out], rules[~held_out])),
     )
-    split = frame[["run", "model", "dataset", "split", "example", "source_row", "layer", "head", "label"]].assign(
+    split = frame[["source", "run", "model", "dataset", "split", "example", "source_row", "layer", "head", "label"]].assign(
         part=np.where(held_out, "test", "train")
     )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_model(
-        model,
+        models,
         out,
         size=size,
         width=width,
         masks=masks,
+        scalars=scalars,
         extra=dict(
             split=split.astype({"example": int, "source_row": int, "layer": int, "head": int}).to_dict("list"),
             report=json.loads(json.dumps(report)),
@@ -291,9 +464,11 @@ def train_from_store(
 
 def format_report(report: dict) -> str:
     """The held-out comparison as plain text: macro-F1, per-class F1 and confusion matrices."""
+    members = report.get("members", 1)
+    inputs = "picture" + (" + masks" if report.get("masks") else "") + (" + map scalars" if report.get("scalars") else "")
     lines = [
-        f"{report['n_labels']} labelled maps ({report['source']}): {report['n_train']} train, {report['n_test']} held out "
-        f"(seed {report['seed']}); CNN trained {report['epochs']} epochs"
+        f"{report['n_labels']} labels ({report['source']}): {report['n_train']} train, {report['n_test']} held out "
+        f"(seed {report['seed']}); CNN: {members} network(s) averaged, {inputs}, trained {report['epochs']} epochs"
     ]
     for name in ("cnn", "rules"):
         r = report[name]
@@ -312,10 +487,10 @@ def classify_run(
 ) -> pd.DataFrame:
     """CNN class of every (example, layer, head) map of up to max_examples examples (default_rng(seed) sample).
 
-    Columns: example, layer, head, label, confidence (the softmax probability of the label).
+    Columns: example, layer, head, label, confidence (the averaged softmax probability of the label).
     save=True stores them in pattern_labels with source "cnn".
     """
-    model, saved = load_model(model_file)
+    models, saved = load_model(model_file)
     info = store.run_info(run)
     chosen = sample_examples(store, info, examples, max_examples, seed)
     layout = token_layout(store, info)
@@ -324,7 +499,7 @@ def classify_run(
     for example, maps in store.iter_attention(info.id, chosen):
         special, segment = layout[example]
         flat = maps.reshape(-1, *maps.shape[-2:])
-        idx, p = predict(model, map_features(flat, special, segment, saved["size"], saved["masks"]))
+        idx, p = predict(models, *inputs_for(saved, flat, special, segment))
         parts.append(
             pd.DataFrame(
                 dict(

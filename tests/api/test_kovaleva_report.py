@@ -1,11 +1,14 @@
 """`attnstore report kovaleva` on real maps of a few fixture examples: every section is written."""
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
 from attnstore.api.cli import main
 
 pytestmark = pytest.mark.model
+PATTERN_CNN = Path(__file__).parents[2] / "docs" / "results" / "all-MiniLM-L6-v2" / "pattern_cnn.pt"  # the published weights
 
 
 def test_kovaleva_report_writes_every_figure(tmp_path, real_runs, monkeypatch):
@@ -29,6 +32,8 @@ def test_kovaleva_report_writes_every_figure(tmp_path, real_runs, monkeypatch):
             "MRPC=mrpc-again",
             "--frame-run",
             "frames",
+            "--pattern-model",
+            str(PATTERN_CNN),
             "--out",
             str(out),
             "--db",
@@ -40,6 +45,9 @@ def test_kovaleva_report_writes_every_figure(tmp_path, real_runs, monkeypatch):
     assert result.exit_code == 0, result.output
     index = (out / "README.md").read_text()
     assert "Not produced" not in index, index
-    for stem in ("fig3_frame_heads", "fig5_similarity", "fig6_features", "fig6_features_finetuned", "fig7_cls_attention"):
+    pytest.importorskip("torch")
+    assert "Fig. 2: attention pattern classes per task (CNN)" in index and "(rules)" in index
+    stems = ("fig2_pattern_classes", "fig2_pattern_classes_uncertainty", "fig2_pattern_classes_rules", "fig3_frame_heads")
+    for stem in (*stems, "fig5_similarity", "fig6_features", "fig6_features_finetuned", "fig7_cls_attention"):
         assert (out / f"{stem}.png").exists() and (out / f"{stem}.svg").exists() and (out / f"{stem}.csv").exists(), stem
     assert (out / "token_to_token.csv").exists()

@@ -101,7 +101,7 @@ def test_cnn_scored_without_its_training_maps_and_the_commands(two_labellers, tm
 
     store, run = two_labellers
     weights = tmp_path / "cnn.pt"
-    report = train_from_store(store, weights, epochs=3, size=16, width=8, seed=0)
+    report = train_from_store(store, weights, epochs=3, size=16, width=8, seed=0, members=1)
     result = evaluate_labellers(store, weights)
     table = result["per_labeller"].set_index(["source", "classifier"])
     assert table.loc[("human", "cnn"), "n"] == report["n_test"] == table.loc[("human", "rules"), "n"]  # the held-out maps only
@@ -114,6 +114,13 @@ def test_cnn_scored_without_its_training_maps_and_the_commands(two_labellers, tm
     assert "agreement between labellers" in done.output and "human:bob" in done.output
     saved = json.loads(out.read_text())
     assert {(r["source"], r["classifier"]) for r in saved["per_labeller"]} == set(table.index)
+    both = tmp_path / "both.pt"  # the command, trained on both labellers' labels
+    command = ["patterns", "train-cnn", "--out", str(both), "--source", "human", "--source", "human:bob", "--members", "2", "--epochs", "2"]
+    done = CliRunner().invoke(main, [*command, "--size", "16", *args])
+    assert done.exit_code == 0, done.output
+    assert "labels (human+human:bob)" in done.output and "2 network(s) averaged, picture + map scalars" in done.output
+    assert json.loads(both.with_suffix(".json").read_text())["sources"] == ["human", "human:bob"]
+    assert evaluate_labellers(store, both)["cnn_trained_on"] == "human+human:bob"
     store.save_pattern_labels(
         pd.DataFrame([dict(run=run, example=e, layer=0, head=h, label=k) for e in range(8) for h, k in enumerate(KINDS)]), source="cnn"
     )
