@@ -9,7 +9,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import Response
 
 from ....store.errors import NotFoundError
-from ..encoding import json_value
+from ..encoding import dumps, json_value
 from ..responses import answers, ok
 from ..settings import ServeSettings
 from ..state import Server
@@ -114,6 +114,9 @@ def router(settings: ServeSettings) -> APIRouter:
         s: Server = Srv,
     ) -> Response:
         """One metric as a layers x heads matrix: saved, else computed now (entropy, special_tokens, relative_position)."""
-        return ok(head_metric_matrix(s, run, metric, params, scan))
+        info = s.info(run)
+        key = (info.id, info.status, info.n_stored, info.n_skipped, metric, params)  # scan=1 changes how, not what
+        body = s.kept("metric answers", key, lambda: dumps(head_metric_matrix(s, run, metric, params, scan)), 256)
+        return Response(body, media_type="application/json")
 
     return api

@@ -1,6 +1,7 @@
 """The registered queries (queries/registry.py): listed with their parameters, run over a run on request (cached per
 run state and parameters, bounded in examples read and rows returned), and saved to head_metrics (`--allow-save`)."""
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -8,7 +9,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import Response
 
 from ....store.errors import ConflictError, InvalidArgumentError, ReadOnlyStoreError
-from ..encoding import json_value, table
+from ..encoding import dumps, json_value, table
 from ..responses import answers, ok
 from ..settings import ServeSettings
 from ..state import Server
@@ -73,6 +74,13 @@ def run_query_table(srv: Server, run: str, name: str, raw: dict[str, str], max_r
     }
 
 
+def query_answer(srv: Server, run: str, name: str, raw: dict[str, str], max_rows: int, scan: bool = False) -> str:
+    """`run_query_table`'s answer as JSON text, kept (like the result it encodes) while the store is unchanged."""
+    info = srv.info(run)
+    key = (info.id, info.status, info.n_stored, info.n_skipped, name, json.dumps(raw, sort_keys=True), max_rows)
+    return srv.kept("query answers", key, lambda: dumps(run_query_table(srv, run, name, raw, max_rows, scan)), 64)
+
+
 def save_query(srv: Server, run: str, name: str, raw: dict[str, str], scan: bool = False) -> dict:
     if not srv.settings.allow_save:
         raise ReadOnlyStoreError("this server is read-only; start it with `attnstore serve --allow-save` to save query results")
@@ -119,7 +127,7 @@ def router(settings: ServeSettings) -> APIRouter:
         `max_query_examples` examples read and `max_query_rows` rows returned (`max_rows` to return fewer)."""
         raw, max_rows = query_params(request)
         with s.heavy():
-            return ok(run_query_table(s, run, name, raw, max_rows, scan))
+            return Response(query_answer(s, run, name, raw, max_rows, scan), media_type="application/json")
 
     @api.post("/api/runs/{run}/queries/{name}/save", tags=["queries"], responses=answers(403, 404, 409, 413))
     def save(

@@ -50,32 +50,38 @@ def search(
     if head is not None and not 0 <= head < info.n_heads:
         raise InvalidArgumentError(f"head {head} is out of range: the model has {info.n_heads} heads (0..{info.n_heads - 1})")
     first = pieces == "first" and not token
-    found, total = corpus.find_tokens(srv.sql, info.id, word, token, upos, deprel, first, limit, offset)
-    hits: list[dict[str, Any]] = [{column: json_value(value) for column, value in hit.items()} for hit in found]
-    for hit in hits:
-        hit["is_special"] = bool(hit["is_special"])
-    examples = sorted({h["example"] for h in hits})
-    contexts: dict[int, dict] = {e: {"tokens": [], "is_special": [], "word_position": []} for e in examples}
-    if examples:  # every listed example's tokens in one statement
-        for example, tok, special, word_position in corpus.example_tokens(srv.sql, info.id, info.dataset_id, examples):
-            context = contexts[example]
-            context["tokens"].append(str(tok))
-            context["is_special"].append(bool(special))
-            context["word_position"].append(json_value(word_position))
+
+    def find() -> tuple[list[dict[str, Any]], int, dict[int, dict]]:
+        """The hits and their examples' tokens (SQL), kept while the store is unchanged: the same for every head."""
+        found, total = corpus.find_tokens(srv.sql, info.id, word, token, upos, deprel, first, limit, offset)
+        hits: list[dict[str, Any]] = [{column: json_value(value) for column, value in hit.items()} for hit in found]
+        for hit in hits:
+            hit["is_special"] = bool(hit["is_special"])
+        examples = sorted({h["example"] for h in hits})
+        contexts: dict[int, dict] = {e: {"tokens": [], "is_special": [], "word_position": []} for e in examples}
+        if examples:  # every listed example's tokens in one statement
+            for example, tok, special, word_position in corpus.example_tokens(srv.sql, info.id, info.dataset_id, examples):
+                context = contexts[example]
+                context["tokens"].append(str(tok))
+                context["is_special"].append(bool(special))
+                context["word_position"].append(json_value(word_position))
+        for hit in hits:
+            head_word = hit.get("head")
+            positions = contexts[hit["example"]]["word_position"]
+            hit["head_positions"] = [] if head_word is None else [i for i, w in enumerate(positions) if w == head_word]
+        return hits, total, contexts
+
+    key = (info.id, info.n_stored, word, token, upos, deprel, first, limit, offset)
+    kept_hits, total, contexts = srv.kept("search hits", key, find, 256)
+    hits = [dict(hit) for hit in kept_hits]  # this answer's own: the attention below is added to them
     if layer is not None:
-        for example in examples:
-            contexts[example]["_maps"] = srv.store.attention(info.id, example, layer=[layer], head=[head])[0, 0]
-    for hit in hits:
-        context = contexts[hit["example"]]
-        head_word = hit.get("head")
-        hit["head_positions"] = [] if head_word is None else [i for i, w in enumerate(context["word_position"]) if w == head_word]
-        if layer is not None:
-            row = context["_maps"][hit["position"]].astype(np.float64)
+        maps = {e: srv.store.attention(info.id, e, layer=[layer], head=[head])[0, 0] for e in contexts}
+        for hit in hits:
+            context = contexts[hit["example"]]
+            row = maps[hit["example"]][hit["position"]].astype(np.float64)
             top = np.argsort(-row, kind="stable")[:k]
             hit["attention"] = np.round(row, 4).tolist()
             hit["top"] = [{"position": int(j), "token": context["tokens"][j], "weight": round(float(row[j]), 4)} for j in top]
-    for context in contexts.values():
-        context.pop("_maps", None)
     return {
         "run": info.name,
         "layer": layer,
