@@ -130,6 +130,17 @@ def endpoints(base: str, run: str, info: dict, examples: list[int], rng: random.
             "maps, one layer (JSON)",
             lambda: (f"{r}/examples/{rng.choice(examples)}/attention", {"layer": rng.randrange(layers), "digits": 4}),
         ),
+        (
+            "maps, one head (.npy)",
+            lambda: (
+                f"{r}/examples/{rng.choice(examples)}/attention",
+                {"layer": rng.randrange(layers), "head": rng.randrange(heads), "format": "npy"},
+            ),
+        ),
+        (
+            "maps, one layer (.npy)",
+            lambda: (f"{r}/examples/{rng.choice(examples)}/attention", {"layer": rng.randrange(layers), "format": "npy"}),
+        ),
         ("maps, every head (.npy)", lambda: (f"{r}/examples/{rng.choice(examples)}/attention", {"format": "npy"})),
         ("query relative_position", lambda: (f"{r}/queries/relative_position", {})),
         ("head metric entropy", lambda: (f"{r}/head_metrics/entropy.entropy", {})),
