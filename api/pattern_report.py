@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..queries.pattern_cnn import MAP_KEY  # a map, whatever the store and run (torch is imported lazily there)
 from ..queries.pattern_metrics import CLASSES, cohen_kappa, evaluate, share_intervals
 from ..queries.patterns import labelled_maps, labels_from_scores
 from ..store.errors import InvalidArgumentError, NotFoundError
@@ -21,11 +22,11 @@ from .pattern_labels import COLOURS, labellers
 if TYPE_CHECKING:
     from ..store import Store
 
-MAP_KEY = ["model", "dataset", "split", "source_row", "layer", "head"]  # a map, whatever the store and run
+
 FOUR = tuple(c for c in CLASSES if c != "block")
 
 
-def _scores(true: np.ndarray, predicted: np.ndarray) -> dict:
+def labeller_scores(true: np.ndarray, predicted: np.ndarray) -> dict:
     r = evaluate(true, predicted)
     used = r["support"] > 0
     return dict(
@@ -71,7 +72,13 @@ def evaluate_labellers(store: Store, model_file: str | Path | None = None) -> di
         for name, predicted in predictions.items():
             if fresh.any():
                 rows.append(
-                    dict(source=source, labeller=who, classifier=name, n_labels=len(frame), **_scores(true[fresh], predicted[fresh]))
+                    dict(
+                        source=source,
+                        labeller=who,
+                        classifier=name,
+                        n_labels=len(frame),
+                        **labeller_scores(true[fresh], predicted[fresh]),
+                    )
                 )
     agreement = []
     for a, b in itertools.combinations(frames, 2):
