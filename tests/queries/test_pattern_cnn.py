@@ -213,3 +213,37 @@ def test_two_labellers_train_together_and_a_map_both_labelled_stays_on_one_side(
     assert set(split["source"]) == {"human", "human:b"}
     with pytest.raises(InvalidArgumentError, match="no pattern labels from source 'human:nobody'"):
         C.train_from_store(store, tmp_path / "x.pt", sources=["human", "human:nobody"], epochs=1, size=16, width=8, members=1)
+
+
+@pytest.mark.one_backend
+def test_the_crossfit_script_scores_held_out_maps_of_a_labeller_who_did_not_train_it(store, make_run, tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "scripts" / "pattern_crossfit.py"
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rng = np.random.default_rng(11)
+    kinds = ["vertical", "diagonal", "vertical+diagonal", "heterogeneous"]
+    maps = [np.stack([synthetic_map(k, len(TOKENS), rng)[0] for k in kinds])[None].astype(np.float32) for _ in range(8)]
+    run = make_run(store, maps, [TOKENS] * 8, name="pair")
+    rows = pd.DataFrame([dict(run=run, example=e, layer=0, head=h, label=k) for e in range(8) for h, k in enumerate(kinds)])
+    store.save_pattern_labels(rows[rows["example"] < 4], source="human")  # the first labeller: other maps
+    store.save_pattern_labels(rows[rows["example"] >= 4], source="human:c")  # a pair labels the same 16 maps
+    other = rows[rows["example"] >= 4].copy()
+    other.loc[other.index[:2], "label"] = "heterogeneous"  # ... and disagrees on two of them
+    store.save_pattern_labels(other, source="human:d")
+    out = tmp_path / "crossfit.json"
+    where = ["--db", store.locations.db_url, "--root", store.locations.array_root]
+    args = [*where, "--source", "human", "--pair", "human:c", "human:d", "--members", "1", "--epochs", "2", "--output", str(out)]
+    assert script.main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["n_shared_maps"] == 16 and [(d["train"], d["test"]) for d in result["directions"]] == [
+        ("human:c", "human:d"),
+        ("human:d", "human:c"),
+    ]
+    for direction in result["directions"]:
+        assert direction["n"] == 16  # every shared map tested once, in one of the two halves
+        assert np.array(direction["cnn"]["confusion"]).sum() == 16
+        assert direction["labeller " + direction["train"]]["accuracy"] == pytest.approx(14 / 16)  # the pair agree on 14 of 16
