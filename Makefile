@@ -37,7 +37,7 @@ lint: install
 PYTEST_WORKERS ?= 2
 
 test: install lint
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --durations=30
 	bash scripts/check_wheel.sh
 
 # The edit loop: no real model, no whole corpora, no servers or fault-injection processes, SQLite only

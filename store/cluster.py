@@ -55,6 +55,9 @@ def use_scheduler(spec: str | None) -> Iterator[None]:
         _SCHEDULER.reset(token)
 
 
+CONNECT_TIMEOUT_S = 10  # how long to try a tcp:// scheduler before the one-line error
+
+
 @contextlib.contextmanager
 def client_for(spec: str) -> Iterator:
     """A dask.distributed Client for the spec; a `local` cluster lives as long as the block."""
@@ -64,7 +67,7 @@ def client_for(spec: str) -> Iterator:
         raise InvalidArgumentError(f"scheduler {spec!r} needs Dask distributed: pip install 'attnstore[dask]'") from None
     if spec.startswith("tcp://"):
         try:
-            client = Client(spec, timeout="10s")
+            client = Client(spec, timeout=f"{CONNECT_TIMEOUT_S}s")
         except OSError as exc:
             raise InvalidArgumentError(f"cannot reach the Dask scheduler at {spec} ({exc}); start one with `dask scheduler`") from None
         with client:

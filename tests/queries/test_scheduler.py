@@ -91,7 +91,11 @@ def test_bad_scheduler_specs_are_one_line_errors(store, run):
     assert result.exit_code != 0 and "no summary kind 'nope'; kinds: " in result.output and "clark" in result.output
 
 
+@pytest.mark.one_backend
 def test_an_unreachable_scheduler_is_a_bounded_one_line_error(store, run, monkeypatch):
+    from attnstore.store import cluster
+
+    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT_S", 2)  # the bound, shortened: the test waits it out
     monkeypatch.setenv("ATTNSTORE_SCHEDULER", "tcp://127.0.0.1:9")  # nothing listens on the discard port
     info = store.run_info(run)
     with pytest.raises(InvalidArgumentError, match=r"cannot reach the Dask scheduler at tcp://127.0.0.1:9"):
