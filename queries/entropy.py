@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from math import lgamma
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -10,7 +9,7 @@ import pandas as pd
 
 from .common import CAUSAL_NOTE, check_average, is_causal, per_head_frame, safe_divide
 from .registry import register
-from .summary import CLARK, row_entropy, summary_parts
+from .summary import CLARK, row_entropy, summary_totals, totals_or_zeros
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -42,31 +41,20 @@ def entropy(store: Store, *, run, examples=None, average: str = "example", weigh
     per_example = average == "example"
     info = store.run_info(run)
     causal = is_causal(store, info)
-    shape = (info.n_layers, info.n_heads)
-    total, from_cls = np.zeros(shape), np.zeros(shape)
-    n_queries = n_cls = 0
-    uniform = uniform_cls = 0.0
-    for part in summary_parts(store, info, CLARK, examples, weights=weights):  # per-example sums (queries/summary.py), part by part
-        for length, cls, h_sum, h_cls_sum in zip(
-            part["length"].tolist(), part["n_cls"].tolist(), part["entropy"], part["entropy_from_cls"]
-        ):
-            # Uniform attention over the keys a query sees: all L, or (causal) the i + 1 up to itself.
-            uniform_sum = lgamma(length + 1) if causal else length * np.log(length)  # sum over the L queries
-            if per_example:  # this example's means, counted once
-                total += h_sum / length
-                uniform += uniform_sum / length
-                n_queries += 1
-                if cls:
-                    from_cls += h_cls_sum / cls
-                    uniform_cls += np.log(length)
-                    n_cls += 1
-            else:
-                total += h_sum
-                from_cls += h_cls_sum
-                uniform += uniform_sum
-                uniform_cls += cls * np.log(length)
-                n_queries += length
-                n_cls += cls
+    # the Clark summary's totals (queries/summary.py): kept per range for the whole run, else from each example's sums
+    t = totals_or_zeros(summary_totals(store, info, CLARK, examples, weights=weights), (info.n_layers, info.n_heads))
+    # Uniform attention over the keys a query sees: all L (sum over the L queries: L log L), or (causal) the i + 1 up
+    # to itself (log L!).
+    if per_example:  # each example's means, counted once
+        total, from_cls = t["mean_entropy"], t["mean_entropy_from_cls"]
+        n_queries, n_cls = int(t["examples"]), int(t["examples_cls"])
+        uniform = float(t["lgamma_per_length"] if causal else t["log_length"])
+        uniform_cls = float(t["log_length_with_cls"])
+    else:
+        total, from_cls = t["entropy"], t["entropy_from_cls"]
+        n_queries, n_cls = int(t["n_tokens"]), int(t["n_cls"])
+        uniform = float(t["lgamma_length"] if causal else t["length_log_length"])
+        uniform_cls = float(t["cls_log_length"])
     frame = per_head_frame(info, entropy=safe_divide(total, n_queries), entropy_from_cls=safe_divide(from_cls, n_cls))
     frame["uniform_entropy"] = safe_divide(uniform, n_queries)
     frame["uniform_entropy_from_cls"] = safe_divide(uniform_cls, n_cls)

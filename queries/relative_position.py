@@ -9,7 +9,7 @@ import pandas as pd
 
 from .common import CAUSAL_NOTE, check_average, is_causal, per_head_frame, safe_divide
 from .registry import register
-from .summary import CLARK, summary_parts
+from .summary import CLARK, summary_totals, totals_or_zeros
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -35,25 +35,18 @@ def relative_position(store: Store, *, run, examples=None, average: str = "examp
     check_average(average)
     info = store.run_info(run)
     causal = is_causal(store, info)
-    shape = (info.n_layers, info.n_heads)
-    prev, same, nxt = np.zeros(shape), np.zeros(shape), np.zeros(shape)
-    n_tokens = n_pairs = n_examples = 0
-    for part in summary_parts(store, info, CLARK, examples, weights=weights):  # per-example sums (queries/summary.py), part by part
-        length = part["length"][:, None, None].astype(np.float64)
-        scale = length if average == "example" else 1.0
-        prev += (part["to_previous"] / scale).sum(0)
-        same += (part["to_self"] / scale).sum(0)
-        nxt += (part["to_next"] / scale).sum(0)
-        n_examples += len(length)
-        n_tokens += int(part["length"].sum())
-        n_pairs += int(part["length"].sum()) - len(length)
-    if average == "example":
+    # the Clark summary's totals (queries/summary.py): kept per range for the whole run, else from each example's sums
+    t = totals_or_zeros(summary_totals(store, info, CLARK, examples, weights=weights), (info.n_layers, info.n_heads))
+    names = ("to_previous", "to_self", "to_next")
+    if average == "example":  # each example's mean over its L query tokens, then the mean over examples
+        frame = per_head_frame(info, **{name: safe_divide(t[f"mean_{name}"], int(t["examples"])) for name in names})
+    else:  # pooled: to_previous over the tokens that have a previous token (i >= 1), to_next likewise
+        n_pairs = int(t["n_tokens"]) - int(t["examples"])
         frame = per_head_frame(
-            info, to_previous=safe_divide(prev, n_examples), to_self=safe_divide(same, n_examples), to_next=safe_divide(nxt, n_examples)
-        )
-    else:
-        frame = per_head_frame(
-            info, to_previous=safe_divide(prev, n_pairs), to_self=safe_divide(same, n_tokens), to_next=safe_divide(nxt, n_pairs)
+            info,
+            to_previous=safe_divide(t["to_previous"], n_pairs),
+            to_self=safe_divide(t["to_self"], int(t["n_tokens"])),
+            to_next=safe_divide(t["to_next"], n_pairs),
         )
     if causal:
         frame["to_next"] = np.nan

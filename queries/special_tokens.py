@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -10,7 +9,7 @@ import pandas as pd
 
 from .common import check_average, per_head_frame, safe_divide
 from .registry import register
-from .summary import CLARK, summary_parts
+from .summary import CLARK, CLARK_UNITS, summary_totals, totals_or_zeros
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -39,29 +38,22 @@ def special_tokens(
     """
     check_average(average)
     info = store.run_info(run)
-    return _from_summaries(info, summary_parts(store, info, CLARK, examples, punct=punct, weights=weights), average == "example")
+    # the Clark summary's totals (queries/summary.py): kept per range for the whole run, else from each example's sums
+    t = summary_totals(store, info, CLARK, examples, punct=punct, weights=weights)
+    return _from_totals(info, totals_or_zeros(t, (info.n_layers, info.n_heads)), average == "example")
 
 
-def _from_summaries(info, parts: Iterable[dict[str, np.ndarray]], per_example: bool) -> pd.DataFrame:
-    """The means from each example's sums (the Clark summary, queries/summary.py), part by part."""
-    shape = (info.n_layers, info.n_heads)
-    names = (*(f"received_{k}" for k in ("cls", "sep", "punct", "other")), "sep_from_sep", "sep_from_other")
-    totals = {name: np.zeros(shape) for name in names}
-    of_field = {name: "length" for name in names} | {"sep_from_sep": "n_sep", "sep_from_other": "others"}  # its query tokens
-    counts = {"length": 0.0, "n_sep": 0.0, "others": 0.0}
-    for part in parts:
-        length = part["length"].astype(np.float64)
-        per_query = {"length": length, "n_sep": part["n_sep"].astype(np.float64), "others": length - part["n_sep"]}
-        for name in totals:
-            values, n = part[name], per_query[of_field[name]]
-            used = n > 0
-            # per example: each example's mean, over the examples that have such query tokens
-            totals[name] += (values[used] / n[used][:, None, None]).sum(0) if per_example else values.sum(0)
-        for key, n in per_query.items():
-            counts[key] += float((n > 0).sum()) if per_example else float(n.sum())
+def _from_totals(info, t: dict[str, np.ndarray], per_example: bool) -> pd.DataFrame:
+    """The means from the Clark totals: per example, the sum of each example's mean over the examples that have such
+    query tokens divided by their number; pooled, the sum over the run's query tokens divided by theirs."""
+    prefix, count = ("mean_", "examples_") if per_example else ("", "n_")
+
+    def mean(name: str) -> np.ndarray:
+        return safe_divide(t[f"{prefix}{name}"], int(t[f"{count}{CLARK_UNITS[name]}"]))
+
     return per_head_frame(
         info,
-        **{f"to_{k}": safe_divide(totals[f"received_{k}"], counts["length"]) for k in ("cls", "sep", "punct", "other")},
-        sep_from_sep=safe_divide(totals["sep_from_sep"], counts["n_sep"]),
-        sep_from_other=safe_divide(totals["sep_from_other"], counts["others"]),
+        **{f"to_{k}": mean(f"received_{k}") for k in ("cls", "sep", "punct", "other")},
+        sep_from_sep=mean("sep_from_sep"),
+        sep_from_other=mean("sep_from_other"),
     )

@@ -21,13 +21,26 @@ does not depend on which was taken (the values are those of the same float64 ari
 same maps, combined in the same storage order). The key of a kind's summary is its name for its
 default parameters (`clark`), else the name and a digest of the parameters (`clark.3f1c...`).
 
+**Range reductions.** A kind may also declare `totals(part)`: a range's reduction, sums over the part's examples of
+what its queries combine (sums of fields, sums of each example's means, counts), derived from the per-example fields
+alone, so that adding consecutive ranges' totals gives the totals of them all. Where a kind declares one, each part of
+its summary is kept reduced too when the summary is kept (`summary/<key>/ranges/`, a row per range of SUMMARY_RANGE
+examples, stamped like the summary and before it; a summary kept without them gets them derived from its per-example
+fields on the first whole-run query of a writable store). `summary_totals` is then what its queries read: for the
+whole run it adds the kept ranges' rows (O(ranges), a block of RANGE_BLOCK ranges at a time), else (`examples=`, a
+read-only store with nothing kept, no ranges) it adds `totals` of each part `summary_parts` hands over. Both add the
+same per-range totals in the same storage order, so they agree to float64 rounding (tested at relative 1e-12; equal in
+every test and benchmark so far). The query's combine is written once, over the totals.
+
 Fields whose first axis is a per-example unit (words of a sentence) are `ragged`: concatenated
 over the examples, with `<field>_start` (n + 1 offsets) to find each example's rows.
 
 The Clark kind (`CLARK`) backs `relative_position`, `special_tokens` and `entropy`: attention
 on the three diagonals, attention received by [CLS]-like / separator / punctuation / other
 keys, separator-to-separator mass and row entropies, with each example's counts (L,
-separators, [CLS]-like tokens); its parameter is the punctuation set.
+separators, [CLS]-like tokens); its parameter is the punctuation set. Its `totals` (`_clark_totals`) are what the
+three queries divide: the pooled sums (average="token"), the sums of each example's means (average="example"), the
+query-token counts and the uniform-entropy sums.
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from math import lgamma
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,7 +59,7 @@ from .errors import InvalidArgumentError, NotFoundError
 
 if TYPE_CHECKING:
     from ..store import Store
-    from ..store.arrays import SummaryParts
+    from ..store.arrays import SummaryParts, SummaryRanges
     from ..store.records import RunInfo
 
 
@@ -71,6 +85,10 @@ class SummaryKind:
     read: Callable[[Store, RunInfo, np.ndarray, Any], Iterator[tuple[int, Any]]] | None = None
     state: Callable[[Store, RunInfo, dict], dict] | None = None
     one_run: bool = True  # built for one run with its default parameters (`attnstore summarize`); False: a pair of runs
+    # A range's reduction: `totals(part)` -> {field: array of a fixed shape}, sums over the part's examples of what the
+    # kind's queries combine, derived from its per-example fields alone, so that adding the totals of consecutive
+    # ranges gives those of all of them. Kept per range beside the summary; `summary_totals` adds them.
+    totals: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
 
     def bind(self, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Its parameters with the defaults filled in; an unknown one is a programming error. `weights` (every kind that
@@ -324,8 +342,9 @@ def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryPar
         if committed_state(store, info, kind, params) != state:
             raise _Changed
 
+    ranged = {} if kind.totals is None else {"totals": kind.totals}  # each part kept reduced too (range reductions)
     try:
-        if not store.save_run_summary_parts(info.id, key, parts(), stamp, n_examples=len(order)):
+        if not store.save_run_summary_parts(info.id, key, parts(), stamp, n_examples=len(order), **ranged):
             return None
     except (_Changed, InvalidArgumentError):
         return None  # written without a stamp: never read back
@@ -352,6 +371,63 @@ def summary_parts(
 def summary(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None, **params) -> dict[str, np.ndarray]:
     """`summary_parts` as one summary (for queries that need every example's numbers at once)."""
     return concatenate(kind, summary_parts(store, info, kind, examples, **params))
+
+
+# ---------------------------------------------------------------- range reductions
+
+# False: `summary_totals` always adds the per-example parts' totals, never the kept ranges' (benchmarks/range_summaries.py
+# times the two paths in one store; the tests compare them).
+USE_RANGES = True
+RANGE_BLOCK = 128  # kept ranges added a block (a chunk) at a time (SummaryRanges.block): ~2 MB for `clark`, whatever the run
+
+
+def kept_ranges(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryRanges | None:
+    """The kept range reductions of the kind's summary of the whole run (built with the summary where it is built;
+    derived from a summary kept without them, once, on a writable store). None where the kind declares none or no
+    summary can be kept (then `summary_totals` goes through the per-example fields)."""
+    if kind.totals is None:
+        return None
+    params = kind.bind(params)
+    saved = keep(store, info, kind, **params)
+    if saved is None:
+        return None
+    stamp, key = kind.stamp(committed_state(store, info, kind, params), params), kind.key(params)
+    kept = store.run_summary_ranges(info.id, key, stamp)
+    if kept is not None or store.read_only:
+        return kept
+    totals = kind.totals
+    store.save_run_summary_ranges(info.id, key, ((len(p["example"]), totals(p)) for p in _saved_parts(kind, saved, None)), stamp)
+    return store.run_summary_ranges(info.id, key, stamp)
+
+
+def add_totals(a: dict[str, np.ndarray] | None, b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Two consecutive ranges' totals -> theirs together (a None: b)."""
+    return dict(b) if a is None else {name: a[name] + b[name] for name in a}
+
+
+def summary_totals(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None, **params) -> dict[str, np.ndarray]:
+    """The kind's `totals` of the examples it covers (or those of `examples`): what a query that only adds per-example
+    numbers combines. The whole run (no `examples`), where the kind declares `totals` and its summary is kept: the
+    kept ranges' totals added in storage order, O(ranges) (`kept_ranges`); otherwise the totals of each part
+    `summary_parts` hands over, added in the same order. The two agree to float64 rounding (the same per-range totals
+    added in the same order; tests/queries/test_range_totals.py: relative 1e-12). Empty: no examples."""
+    if kind.totals is None:
+        raise InvalidArgumentError(f"summary kind {kind.name!r} declares no range reduction (totals)")
+    out: dict[str, np.ndarray] | None = None
+    kept = kept_ranges(store, info, kind, **params) if examples is None and USE_RANGES else None
+    if kept is not None:
+        for start in range(0, kept.n, RANGE_BLOCK):
+            block = kept.block(start, min(start + RANGE_BLOCK, kept.n))
+            block.pop("range_examples")  # each range's count of examples (store/arrays.py; the totals carry their own)
+            # range after range, as the parts' totals are added below: out + t0 + t1 + ... (accumulate is sequential)
+            out = {
+                name: np.add.accumulate(values if out is None else np.concatenate([out[name][None], values]), axis=0)[-1]
+                for name, values in block.items()
+            }
+        return out or {}
+    for part in summary_parts(store, info, kind, examples, **params):
+        out = add_totals(out, kind.totals(part))
+    return out or {}
 
 
 # ---------------------------------------------------------------- Clark et al.'s standard statistics
@@ -398,5 +474,60 @@ def _clark_reduce(flags, example: int, maps: np.ndarray) -> dict[str, np.ndarray
     return {**counts, **example_sums(maps, f.cls, f.sep, f.punct)}
 
 
+# Each (layer, head) field's query tokens: an example's mean of the field is its sum over them divided by their count.
+CLARK_UNITS = {
+    **{name: "tokens" for name in ("to_previous", "to_self", "to_next", "entropy")},
+    **{f"received_{k}": "tokens" for k in ("cls", "sep", "punct", "other")},
+    "sep_from_sep": "sep",
+    "sep_from_other": "others",
+    "entropy_from_cls": "cls",
+}
+
+
+def _clark_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A range's reduction of the Clark fields, what `relative_position`, `special_tokens` and `entropy` combine:
+
+    `<field>`: its sum over the range's examples (the pooled average, average="token");
+    `mean_<field>`: the sum over the examples that have such query tokens of the example's mean (average="example");
+    `n_<unit>`: the query tokens of each unit (tokens, sep, others: non-separators, cls); `examples_<unit>`: the examples
+    that have any; `examples`: all of them;
+    `log_length` / `length_log_length` / `lgamma_length` / `lgamma_per_length`: sums of log L, L log L, log L!, log L! / L
+    (the uniform-attention entropies, L keys or a causal query's i + 1), and `cls_log_length` / `log_length_with_cls`: of
+    n_cls log L and of log L over the examples with a [CLS]-like token."""
+    length = part["length"].astype(np.int64)
+    counts = {"tokens": length, "sep": part["n_sep"].astype(np.int64), "cls": part["n_cls"].astype(np.int64)}
+    counts["others"] = length - counts["sep"]
+    out: dict[str, np.ndarray] = {"examples": np.asarray(len(length), np.int64)}
+    for unit, n in counts.items():
+        out[f"n_{unit}"] = n.sum()
+        out[f"examples_{unit}"] = np.asarray((n > 0).sum(), np.int64)
+    for name, unit in CLARK_UNITS.items():
+        values, n = part[name], counts[unit].astype(np.float64)
+        used = n > 0
+        out[name] = values.sum(0)
+        out[f"mean_{name}"] = (values[used] / n[used][:, None, None]).sum(0)
+    as_float = length.astype(np.float64)
+    log_l = np.log(as_float)
+    log_factorial = np.fromiter((lgamma(x + 1) for x in length.tolist()), dtype=np.float64, count=len(length))
+    out["log_length"] = log_l.sum()
+    out["length_log_length"] = (as_float * log_l).sum()
+    out["lgamma_length"] = log_factorial.sum()
+    out["lgamma_per_length"] = (log_factorial / as_float).sum()
+    out["cls_log_length"] = (counts["cls"] * log_l).sum()
+    out["log_length_with_cls"] = log_l[counts["cls"] > 0].sum()
+    return out
+
+
+def totals_or_zeros(totals: dict[str, np.ndarray], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """The Clark totals, or those of no examples (every sum 0: fields of `shape`, the rest scalars)."""
+    if totals:
+        return totals
+    fields = {name for base in CLARK_UNITS for name in (base, f"mean_{base}")}
+    names = ("examples", "log_length", "length_log_length", "lgamma_length", "lgamma_per_length", "cls_log_length", "log_length_with_cls")
+    units = ("tokens", "sep", "cls", "others")
+    scalars = {name: np.zeros(()) for name in names} | {f"{p}_{u}": np.zeros(()) for p in ("n", "examples") for u in units}
+    return {name: np.zeros(shape) for name in fields} | scalars
+
+
 # punct: the characters counted as punctuation keys (special_tokens' parameter); the default's summary is `clark`.
-CLARK = register_kind(SummaryKind("clark", 2, _clark_prepare, _clark_reduce, defaults={"punct": DEFAULT_PUNCT}))
+CLARK = register_kind(SummaryKind("clark", 2, _clark_prepare, _clark_reduce, defaults={"punct": DEFAULT_PUNCT}, totals=_clark_totals))

@@ -341,6 +341,87 @@ def summary_parts(root: str, array_path: str, name: str, stamp: dict) -> Summary
     return None if node is None else SummaryParts(node)
 
 
+# A kept summary's range reductions: `summary/<name>/ranges/`, one row per range of examples (the parts the summary was
+# written in, SUMMARY_CHUNK_ROWS examples each when built), each field the reduction the kind declares (its `totals`)
+# of that range's per-example fields, and `examples` (how many the range holds). A whole-run query adds these rows
+# instead of reading every example's (queries/summary.py). Stamped like the summary, before it.
+SUMMARY_RANGES = "ranges"
+RANGE_CHUNK_ROWS = 128  # ranges per chunk (~74 KB of float64 per (layer, head) field): a query adds a block of them at a time
+RANGE_EXAMPLES = "range_examples"  # how many examples each range holds
+
+
+class SummaryRanges:
+    """A kept summary's range reductions, read back a block of ranges at a time."""
+
+    def __init__(self, node) -> None:
+        self.arrays = dict(node.arrays())
+        self.n = int(self.arrays[RANGE_EXAMPLES].shape[0]) if RANGE_EXAMPLES in self.arrays else 0  # none: a run of no examples
+
+    def block(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Ranges start..stop-1, every field with a leading axis of one row per range (the fields read at once)."""
+        keys = list(self.arrays)
+
+        async def read_all():
+            return await asyncio.gather(*(self.arrays[key]._async_array.getitem(slice(start, stop)) for key in keys))
+
+        return {key: np.asarray(value) for key, value in zip(keys, sync(read_all()))}
+
+
+def summary_ranges(root: str, array_path: str, name: str, stamp: dict) -> SummaryRanges | None:
+    """A run's saved summary `name`'s range reductions, if both the summary's stamp and theirs match."""
+    node = _open_summary(root, array_path, name, stamp)
+    if node is None:
+        return None
+    try:
+        ranges = zarr.open_group(store=node.store_path.store, path=f"{node.path}/{SUMMARY_RANGES}", mode="r")
+    except (FileNotFoundError, KeyError, ValueError, zarr.errors.NodeNotFoundError):
+        return None
+    if ranges.attrs.get("stamp") != stamp:
+        return None
+    return SummaryRanges(ranges)
+
+
+class SummaryRangesWriter:
+    """Saves range reductions under `summary/<name>/ranges/` one range at a time; `finish` stamps them, last."""
+
+    def __init__(self, root: str, array_path: str, name: str) -> None:
+        group = group_path_of(array_path)
+        if group is None:
+            raise InvalidArgumentError(f"{array_path} is a layout-1 array: run `attnstore db upgrade-arrays` to keep summaries")
+        self.node = zarr.create_group(
+            store=open_root(root, read_only=False),
+            path=f"{group}/summary/{name}/{SUMMARY_RANGES}",
+            overwrite=True,
+            attributes={"stamp": None},
+        )
+        self.arrays: dict[str, zarr.Array] = {}
+
+    def append(self, n_examples: int, totals: dict[str, np.ndarray]) -> None:
+        """Add the next range's reduction (`totals`: fields of any fixed shape) of its `n_examples` examples."""
+        if n_examples:
+            self.extend(np.asarray([n_examples], np.int64), {key: np.asarray(value)[None] for key, value in totals.items()})
+
+    def extend(self, n_examples: np.ndarray, totals: dict[str, np.ndarray]) -> None:
+        """Add the next ranges' reductions at once: `n_examples` (one count per range), `totals` (one row per range)."""
+        for key, rows in {RANGE_EXAMPLES: np.asarray(n_examples, np.int64), **totals}.items():
+            rows = np.asarray(rows)
+            target = self.arrays.get(key)
+            if target is None:
+                target = self.arrays[key] = self.node.create_array(
+                    key,
+                    shape=(0, *rows.shape[1:]),
+                    dtype=rows.dtype,
+                    chunks=(RANGE_CHUNK_ROWS, *(max(1, n) for n in rows.shape[1:])),
+                    compressors=make_codec(INDEX_CODEC, str(rows.dtype)),
+                )
+            at = target.shape[0]
+            target.resize((at + len(rows), *rows.shape[1:]))
+            target[at:] = rows
+
+    def finish(self, stamp: dict) -> None:
+        self.node.attrs["stamp"] = stamp
+
+
 SUMMARY_CHUNK_BYTES = 8 << 20
 SUMMARY_CHUNK_ROWS = 4096  # examples per chunk at most: queries read a summary back 4,096 examples at a time
 
@@ -360,7 +441,9 @@ class SummaryWriter:
     the whole summary is never held at once. The stamp is written by `finish`, last: a summary cut off part-way
     (an error, a killed process) has none and is never read."""
 
-    def __init__(self, root: str, array_path: str, name: str) -> None:
+    def __init__(
+        self, root: str, array_path: str, name: str, totals: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+    ) -> None:
         group = group_path_of(array_path)
         if group is None:
             raise InvalidArgumentError(f"{array_path} is a layout-1 array: run `attnstore db upgrade-arrays` to keep summaries")
@@ -369,11 +452,16 @@ class SummaryWriter:
         )
         self.arrays: dict[str, zarr.Array] = {}
         self.ragged_rows: dict[str, int] = {}  # per `<field>_start`: the ragged field's rows saved so far
+        # totals: the kind's range reduction; each appended part (a range of examples) is then also kept reduced
+        self.totals = totals
+        self.ranges = SummaryRangesWriter(root, array_path, name) if totals is not None else None
 
     def append(self, values: dict[str, np.ndarray]) -> None:
         """Add the next examples' fields; a ragged field's `<field>_start` is that part's own (n + 1, from 0)."""
         if not len(values["example"]) and self.arrays:
             return
+        if self.ranges is not None and self.totals is not None and len(values["example"]):
+            self.ranges.append(len(values["example"]), self.totals(values))
         for key, array in values.items():
             array = np.asarray(array)
             if is_ragged_start(key, values):
@@ -395,6 +483,8 @@ class SummaryWriter:
                 target[at:] = array
 
     def finish(self, stamp: dict) -> None:
+        if self.ranges is not None:
+            self.ranges.finish(stamp)  # before the summary's own: a stamped summary's ranges are complete
         self.node.attrs["stamp"] = stamp
 
 

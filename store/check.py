@@ -193,7 +193,7 @@ def check_run(store, run, repair: bool = False) -> RunReport:
         with store.engine.connect() as conn:
             skipped = sa.select(sa.func.count()).select_from(Sequence).where(store._visible(info), Sequence.skipped)
             n_skipped = int(conn.scalar(skipped) or 0)
-        n_stored = store.n_committed(info.id)
+        n_stored = store.n_committed(info.id, counted=True)  # the rows themselves, not the runs row's count
         if state == "complete" and (n_stored != info.n_stored or n_skipped != info.n_skipped):
             report.add(f"runs row says {info.n_stored} stored / {info.n_skipped} skipped, sequences hold {n_stored} / {n_skipped}")
         if n_stored == 0:

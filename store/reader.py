@@ -244,15 +244,17 @@ class StoreReader:
             values = np.fromiter((tuple(row) for row in conn.execute(q)), dtype=fields)
         return [values[f"c{k}"] for k in range(len(columns))]
 
-    def n_committed(self, run: RunRef) -> int:
-        """How many of the run's examples have maps stored (skipped ones not counted), as `examples` sees them."""
+    def n_committed(self, run: RunRef, counted: bool = False) -> int:
+        """How many of the run's examples have maps stored (skipped ones not counted), as `examples` sees them. Pinned
+        (`pinned`): the run's `n_stored` read with the pin, unless `counted` (the rows counted: `attnstore check`
+        compares the two)."""
         info = self.run_info(run)
-        if info.id in self._pinned_count:
+        if info.id in self._pinned_count and not counted:
             return self._pinned_count[info.id]
         with self.engine.connect() as conn:
             q = sa.select(sa.func.count()).select_from(Sequence).where(self._visible(info), sa.not_(Sequence.skipped))
             n = int(conn.execute(q).scalar() or 0)
-        if info.id in self._pins:
+        if info.id in self._pins and not counted:
             self._pinned_count[info.id] = n
         return n
 
@@ -277,9 +279,15 @@ class StoreReader:
         if info.id in self._pins:
             yield info
             return
+        # One statement, one snapshot: the last committed offset and the run's count of stored examples, which its
+        # writer updates in the transaction that commits their rows (store/writer.py), so it is the number of
+        # sequences the pin makes visible; `n_committed` then needs no count over the run's rows (seconds at millions).
+        last_offset = sa.select(sa.func.max(Sequence.offset)).where(Sequence.run_id == info.id).scalar_subquery()
+        stored = sa.select(Run.n_stored).where(Run.id == info.id).scalar_subquery()
         with self.engine.connect() as conn:
-            last = conn.scalar(sa.select(sa.func.max(Sequence.offset)).where(Sequence.run_id == info.id))
+            last, n_stored = conn.execute(sa.select(last_offset, stored)).one()
         self._pins[info.id] = -1 if last is None else int(last)
+        self._pinned_count[info.id] = int(n_stored or 0)
         self._pinned_info[info.id] = self._pinned_info[info.name] = info
         try:
             yield info
@@ -632,6 +640,11 @@ class StoreReader:
         """A saved per-example summary to read range by range (`.n` examples, `.part(start, stop)`), if its stamp matches."""
         info = self.run_info(run)
         return arrays.summary_parts(self.locations.array_root, info.array_path, name, stamp)
+
+    def run_summary_ranges(self, run: RunRef, name: str, stamp: dict) -> arrays.SummaryRanges | None:
+        """A saved summary's range reductions (`.n` ranges, `.block(start, stop)`), if its stamp and theirs match."""
+        info = self.run_info(run)
+        return arrays.summary_ranges(self.locations.array_root, info.array_path, name, stamp)
 
     def can_keep_summaries(self, run: RunRef) -> bool:
         """Whether summaries can be saved with this run's maps (its arrays are in layout 2)."""

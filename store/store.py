@@ -9,7 +9,7 @@ store/handle.py.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cached_property
 
 import numpy as np
@@ -135,15 +135,22 @@ class Store(StoreReader):
         self.save_run_summary_parts(run, name, [values], stamp)
 
     def save_run_summary_parts(
-        self, run: RunRef, name: str, parts: Iterable[dict[str, np.ndarray]], stamp: dict, n_examples: int | None = None
+        self,
+        run: RunRef,
+        name: str,
+        parts: Iterable[dict[str, np.ndarray]],
+        stamp: dict,
+        n_examples: int | None = None,
+        totals: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
     ) -> bool:
         """Keep a summary given as consecutive parts (ranges of examples in order, each as one would be given
         whole), holding one part at a time. It is stamped, and so read back, unless the parts do not cover
-        `n_examples` examples (a run that grew while it was read); returns whether it was."""
+        `n_examples` examples (a run that grew while it was read); returns whether it was. `totals`: the kind's
+        range reduction; each part's is kept too (`run_summary_ranges`)."""
         self.writer.require_writable()
         info = self.run_info(run)
         try:
-            writer = arrays.SummaryWriter(self.locations.array_root, info.array_path, name)
+            writer = arrays.SummaryWriter(self.locations.array_root, info.array_path, name, totals)
             n = 0
             for part in parts:
                 writer.append(part)
@@ -152,6 +159,19 @@ class Store(StoreReader):
                 return False
             writer.finish(stamp)
             return True
+        except OSError as exc:
+            raise StorageIOError(f"cannot save the summary of run {info.name!r}: {exc.strerror or exc}") from None
+
+    def save_run_summary_ranges(self, run: RunRef, name: str, ranges: Iterable[tuple[int, dict[str, np.ndarray]]], stamp: dict) -> None:
+        """Keep the range reductions of a summary kept without them ((examples, totals) per range, in order), stamped
+        with the summary's stamp."""
+        self.writer.require_writable()
+        info = self.run_info(run)
+        try:
+            writer = arrays.SummaryRangesWriter(self.locations.array_root, info.array_path, name)
+            for n, totals in ranges:
+                writer.append(n, totals)
+            writer.finish(stamp)
         except OSError as exc:
             raise StorageIOError(f"cannot save the summary of run {info.name!r}: {exc.strerror or exc}") from None
 

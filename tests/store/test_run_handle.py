@@ -101,6 +101,8 @@ STORE_METHODS = {
     "attention",
     "dependency_relations",
     "can_keep_summaries",
+    "run_summary_ranges",
+    "save_run_summary_ranges",
     "close",
     "example_rows",
     "examples",

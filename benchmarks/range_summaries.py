@@ -1,0 +1,352 @@
+"""Benchmark: whole-run `relative_position`, `special_tokens` and `entropy` on kept range reductions against the
+per-example path, from a real run to millions of examples (issue 29: < 1 s at 8 M examples, peak memory flat).
+
+    python benchmarks/range_summaries.py --source /work/stores/range/data --run MRPC-dev \\
+        --factors 1 16 256 4096 20000 --home /work/stores/range/bench [--plot docs/img/range_summaries]
+
+The source is a real store with a real run (e.g. `ATTNSTORE_HOME=... attnstore ingest --dataset glue/MRPC:dev
+--name MRPC-dev`); its Clark summary (per example) and range reductions are built there first, from the real maps.
+For each factor F a store of N = F x (the run's examples) is made SYNTHETICALLY from it:
+
+  SQL      a copy of the source's SQLite file, with (F - 1) x n more examples registered in the run's dataset and as
+           the run's stored sequences (rows of `examples` and `sequences`, empty texts, each copy's length that of the
+           real example it repeats, offsets past the real cells) and `runs.n_stored` = N: what a query's snapshot,
+           committed count and stamp read. No token rows are added (the queries read kept summaries, not tokens).
+  maps     the real run's array group hard-linked (its 408 real examples' cells and index; the copies have none:
+           nothing here reads maps).
+  summary  `summary/clark/`: the real run's per-example Clark fields repeated under the new example ids (the copy
+           k of storage slot s is example k * n + s), in chunks of 4,096 examples as the framework writes them; since
+           the rows repeat with period n, chunk j holds what chunk j mod (n / gcd(n, 4096)) holds, and is a hard link
+           to it: the per-example path reads and decodes every one of the N examples' rows, from few distinct files
+           (so mostly from the page cache: a store of real, distinct examples would read more from disk).
+  ranges   `summary/clark/ranges/`: each range's reduction, computed by the kind's own `totals` from those rows.
+
+Each (size, path) runs in a child process of its own (`run_query` of the three queries, whole run, best of
+--repeats; peak RSS: the child's VmHWM, its own since exec): "per-example" sets queries.summary.USE_RANGES = False, "range" leaves it on.
+The range path's results are checked against the per-example path's (relative 1e-12).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+QUERIES = ("relative_position", "special_tokens", "entropy")
+
+CHILD = r"""
+import json, sys, time
+from attnstore.api.cli import bound_heap_growth
+bound_heap_growth()
+from attnstore.queries import run_query, summary
+from attnstore.store import open_store
+home, run, path, repeats, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+summary.USE_RANGES = path == "range"
+store = open_store(home=home, read_only=True)
+times, frames = {}, {}
+for name in sys.argv[6:]:
+    best = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        frame = run_query(store, name, run=run)
+        best.append(time.perf_counter() - t)
+    times[name] = best
+    frames[name] = frame.drop(columns=["layer", "head"]).to_numpy(float).tolist()
+# this process's own peak RSS (VmHWM: of its address space since exec; ru_maxrss from wait4 would include the
+# parent's at the fork)
+peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) / 1024
+json.dump({"times": times, "frames": frames, "peak_mib": peak}, open(out, "w"))
+"""
+
+
+def child(args: list[str], env: dict) -> float:
+    """Run a command to completion: its wall seconds."""
+    with tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        proc = subprocess.run(args, env=env, stderr=err, text=True, check=False)
+        wall = time.perf_counter() - t
+        if proc.returncode != 0:
+            err.seek(0)
+            raise SystemExit(f"failed: {' '.join(args[:4])}\n{err.read()[-3000:]}")
+    return wall
+
+
+def measure(home: Path, run: str, path: str, repeats: int, env: dict) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    wall = child([sys.executable, "-c", CHILD, str(home), run, path, str(repeats), out, *QUERIES], env)
+    result = json.loads(Path(out).read_text())
+    os.unlink(out)
+    return dict(times={k: min(v) for k, v in result["times"].items()}, frames=result["frames"], rss=result["peak_mib"], wall=wall)
+
+
+def prepare_source(source: Path, run: str):
+    """The source run's Clark summary (storage order, whole) and its range reductions, built from the real maps."""
+    from attnstore.queries import load_all, run_query
+    from attnstore.queries.summary import CLARK, kept_ranges, summary
+    from attnstore.store import open_store
+
+    load_all()
+    store = open_store(home=str(source))
+    info = store.run_info(run)
+    run_query(store, "relative_position", run=run)  # keeps the summary and its ranges if they are not
+    assert kept_ranges(store, info, CLARK) is not None
+    rows = summary(store, info, CLARK)
+    lengths = store.examples(run, texts=False).set_index("example").loc[rows["example"], ["length", "offset"]]
+    store.close()
+    return info, rows, lengths["offset"].to_numpy(np.int64)
+
+
+def build(source: Path, home: Path, info, rows: dict, offsets: np.ndarray, factor: int) -> float:
+    """The synthetic store of `factor` copies of the source run (see the module docstring); returns seconds."""
+    from attnstore.queries.summary import CLARK, SUMMARY_RANGE, ranges
+    from attnstore.store import arrays
+
+    t0 = time.perf_counter()
+    n = len(rows["example"])
+    total = n * factor
+    if home.exists():
+        shutil.rmtree(home)
+    (home / "attention.zarr").mkdir(parents=True)
+    shutil.copy(source / "meta.sqlite", home / "meta.sqlite")
+    src_root, dst_root = source / "attention.zarr", home / "attention.zarr"
+    group = arrays.group_path_of(info.array_path)
+    for path in src_root.rglob("*"):  # the real run's arrays and the root's metadata, hard-linked; no summary
+        rel = path.relative_to(src_root)
+        if "summary" in rel.parts or path.is_dir():
+            continue
+        (dst_root / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.link(path, dst_root / rel)
+
+    # SQL: the copies' examples and sequences
+    db = sqlite3.connect(home / "meta.sqlite")
+    dataset_id, cells_end = db.execute(
+        "SELECT r.dataset_id, max(s.offset + ? * s.length * s.length) FROM runs r JOIN sequences s ON s.run_id = r.id WHERE r.id = ?",
+        (info.n_layers * info.n_heads, info.id),
+    ).fetchone()
+    if factor > 1:
+        db.execute("CREATE TEMP TABLE slot (s INTEGER PRIMARY KEY, length INTEGER, offset INTEGER)")
+        db.executemany("INSERT INTO slot VALUES (?, ?, ?)", zip(range(n), rows["length"].tolist(), offsets.tolist()))
+        first_id = db.execute("SELECT coalesce(max(id), 0) + 1 FROM examples").fetchone()[0]
+        db.execute(
+            "WITH RECURSIVE k(x) AS (SELECT ? UNION ALL SELECT x + 1 FROM k WHERE x < ?) "
+            "INSERT INTO examples (id, dataset_id, position, text_a) SELECT ? + x - ?, ?, x, '' FROM k",
+            (n, total - 1, first_id, n, dataset_id),
+        )
+        db.execute(
+            "INSERT INTO sequences (run_id, example_id, length, offset, truncated, skipped) "
+            "SELECT ?, e.id, slot.length, (e.position / ?) * ? + slot.offset, 0, 0 FROM examples e JOIN slot ON slot.s = e.position % ? "
+            "WHERE e.dataset_id = ? AND e.position >= ?",
+            (info.id, n, cells_end, n, dataset_id, n),
+        )
+        db.execute("UPDATE runs SET n_stored = ? WHERE id = ?", (total, info.id))
+        db.commit()
+    db.close()
+
+    # the per-example summary: rows repeated with period n; chunks beyond the first distinct ones hard-linked
+    def tiled(start: int, stop: int) -> dict:
+        idx = np.arange(start, stop) % n
+        part = {k: v[idx] for k, v in rows.items() if k != "example"}
+        return {"example": synthetic_examples(rows["example"], n, start, stop), **part}
+
+    period = n // math.gcd(n, SUMMARY_RANGE)  # chunks (and ranges) repeat with this period
+    real_rows = min(total, period * SUMMARY_RANGE)
+    writer = arrays.SummaryWriter(str(dst_root), info.array_path, "clark")
+    for start in range(0, real_rows, SUMMARY_RANGE):
+        writer.append(tiled(start, min(start + SUMMARY_RANGE, real_rows)))
+    node = dst_root / group / "summary" / "clark"
+    n_chunks = -(-total // SUMMARY_RANGE)
+    for key, array in writer.arrays.items():
+        array.resize((total, *array.shape[1:]))
+        if key == "example":
+            continue
+        chunk_dir = node / key / "c"
+        for j in range(period, n_chunks):
+            source_chunk = chunk_dir / str(j % period)  # c/<j> (1-D arrays) or c/<j>/0/0
+            files = [source_chunk] if source_chunk.is_file() else [p for p in source_chunk.rglob("*") if p.is_file()]
+            for path in files:
+                target = chunk_dir / str(j) / path.relative_to(source_chunk)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.link(path, target)
+    example = writer.arrays["example"]
+    for start in range(real_rows, total, 1 << 20):
+        stop = min(start + (1 << 20), total)
+        example[start:stop] = synthetic_examples(rows["example"], n, start, stop)
+
+    # the ranges: each the kind's totals of its rows (period distinct full ranges, and the last, partial one)
+    assert CLARK.totals is not None
+    bounds = ranges(np.arange(total))
+    distinct = {j: CLARK.totals(tiled(int(b[0]), int(b[-1]) + 1)) for j, b in enumerate(bounds[:period])}
+    last = len(bounds) - 1
+    if len(bounds[last]) != SUMMARY_RANGE or last < period:
+        distinct[last] = CLARK.totals(tiled(int(bounds[last][0]), int(bounds[last][-1]) + 1))
+    which = [j if j == last and j in distinct else j % period for j in range(len(bounds))]
+    ranges_writer = arrays.SummaryRangesWriter(str(dst_root), info.array_path, "clark")
+    for start in range(0, len(bounds), 4096):
+        block = which[start : start + 4096]
+        ranges_writer.extend(
+            np.array([len(bounds[j]) for j in range(start, start + len(block))], np.int64),
+            {key: np.stack([distinct[j][key] for j in block]) for key in distinct[0]},
+        )
+    stamp = CLARK.stamp(total)
+    ranges_writer.finish(stamp)
+    writer.finish(stamp)
+    return time.perf_counter() - t0
+
+
+def synthetic_examples(real: np.ndarray, n: int, start: int, stop: int) -> np.ndarray:
+    """Storage slots start..stop-1 -> example positions: the real run's first, then copy k's slot s is k * n + s."""
+    slots = np.arange(start, stop, dtype=np.int64)
+    return np.where(slots < n, real[np.minimum(slots, n - 1)], slots)
+
+
+def relative_difference(a: list, b: list) -> float:
+    """The largest |a - b| / |b| over the values where b is a nonzero number (0 where a and b are equal)."""
+    x, y = np.array(a, float), np.array(b, float)
+    mask = np.isfinite(y) & (y != 0)
+    return float((np.abs(x - y)[mask] / np.abs(y[mask])).max(initial=0.0))
+
+
+def disk_bytes(home: Path, info) -> int:
+    """Bytes on disk of what the synthetic store adds: its SQLite file and its summary (each hard-linked file once; the
+    real run's cells, hard-linked from the source, are not counted)."""
+    from attnstore.store import arrays
+
+    seen, size = set(), (home / "meta.sqlite").stat().st_blocks * 512
+    for f in (home / "attention.zarr" / str(arrays.group_path_of(info.array_path)) / "summary").rglob("*"):
+        if f.is_file():
+            st = f.stat()
+            if st.st_ino not in seen:
+                seen.add(st.st_ino)
+                size += st.st_blocks * 512
+    return size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", required=True, help="home of a store with the real run (meta.sqlite, attention.zarr)")
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--factors", type=int, nargs="+", default=[1, 16, 256, 4096, 20000])
+    parser.add_argument("--home", required=True, help="folder for the synthetic stores (each replaced by the next size's)")
+    parser.add_argument("--repeats", type=int, default=3, help="calls of each query per child; the best is reported")
+    parser.add_argument("--per-example-repeats", type=int, default=1)
+    parser.add_argument("--per-example-up-to", type=int, default=None, help="largest factor timed on the per-example path too")
+    parser.add_argument("--keep", action="store_true", help="keep every size's store (default: only the last)")
+    parser.add_argument("--max-free-gb", type=float, default=30.0, help="stop before a size whose store would pass this")
+    parser.add_argument("--json", default=None, help="write the rows here too")
+    parser.add_argument("--plot", default="", help="writes PLOT.png and PLOT.svg")
+    args = parser.parse_args()
+    source, base = Path(args.source), Path(args.home)
+    base.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ}
+    env.pop("ATTNSTORE_HOME", None)
+    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    info, rows, offsets = prepare_source(source, args.run)
+    n = len(rows["example"])
+    out, stopped = [], None
+    previous: Path | None = None
+    for factor in sorted(args.factors):
+        total = n * factor
+        home = base / f"x{factor}"
+        free = shutil.disk_usage(base).free
+        estimate = total * 400 + 200e6  # SQL rows and indexes, the example ids, hard links
+        if estimate > min(free - 10e9, args.max_free_gb * 1e9):
+            stopped = f"{factor}x ({total:,} examples): about {estimate / 1e9:.0f} GB needed, {free / 1e9:.0f} GB free"
+            break
+        build_s = build(source, home, info, rows, offsets, factor)
+        ranged = measure(home, args.run, "range", args.repeats, env)
+        if args.per_example_up_to is None or factor <= args.per_example_up_to:
+            per_example = measure(home, args.run, "per-example", args.per_example_repeats, env)
+            diff = max(relative_difference(ranged["frames"][q], per_example["frames"][q]) for q in QUERIES)
+        else:  # not timed (minutes per query): NaN in the table
+            per_example = dict(times={q: math.nan for q in QUERIES}, rss=math.nan)
+            diff = math.nan
+        row = dict(
+            factor=factor, examples=total, build_s=build_s, disk=disk_bytes(home, info), load=os.getloadavg()[0],
+            range={q: ranged["times"][q] for q in QUERIES}, per_example={q: per_example["times"][q] for q in QUERIES},
+            range_rss=ranged["rss"], per_example_rss=per_example["rss"], max_rel_diff=diff,
+        )  # fmt: skip
+        out.append(row)
+        print(
+            f"  {factor}x ({total:,}): built in {build_s:.0f}s; range "
+            + ", ".join(f"{q} {row['range'][q]:.3f}s" for q in QUERIES)
+            + "; per-example "
+            + ", ".join(f"{q} {row['per_example'][q]:.2f}s" for q in QUERIES)
+            + f"; rss {ranged['rss']:.0f} / {per_example['rss']:.0f} MiB; max rel diff {diff:.1e}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if previous is not None and not args.keep:
+            shutil.rmtree(previous, ignore_errors=True)
+        previous = home
+    print(f"source run {args.run!r} ({n} real examples, {info.n_layers} x {info.n_heads} heads); {os.cpu_count()} CPUs")
+    print(f"load average (1/5/15 min): start {load_start}, end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print()
+    header = "  ".join(f"{q[:12]:>12s}" for q in QUERIES)
+    print(
+        f"{'factor':>6s} {'examples':>10s} {'disk MB':>8s}  range s: {header}  per-example s: {header}  "
+        f"{'MiB range':>9s} {'MiB p-e':>8s} {'rel diff':>8s} {'load':>5s}"
+    )
+    for r in out:
+        print(
+            f"{r['factor']:>6d} {r['examples']:>10,d} {r['disk'] / 1e6:8.0f}  {'':9s}"
+            + "  ".join(f"{r['range'][q]:12.3f}" for q in QUERIES)
+            + f"  {'':15s}"
+            + "  ".join(f"{r['per_example'][q]:12.2f}" for q in QUERIES)
+            + f"  {r['range_rss']:9.0f} {r['per_example_rss']:8.0f} {r['max_rel_diff']:8.1e} {r['load']:5.2f}"
+        )
+    print("  seconds: best of the repeats of run_query over the whole run in a fresh read-only process; MiB: that process's peak RSS")
+    if stopped:
+        print(f"  stopped at {stopped}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(rows=out, stopped=stopped, load_start=load_start), indent=1))
+    if args.plot and out:
+        plot(Path(args.plot), out)
+
+
+def plot(stem: Path, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r["examples"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
+    for q, color in zip(QUERIES, ("C0", "C1", "C2")):
+        left.plot(sizes, [r["per_example"][q] for r in rows], "o--", color=color, label=f"{q}: per-example path")
+        left.plot(sizes, [r["range"][q] for r in rows], "s-", color=color, label=f"{q}: kept ranges")
+    left.axhline(1.0, color="gray", linewidth=1, linestyle=":", label="1 s")
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("examples (a real run repeated; synthetic beyond 1x)")
+    left.set_ylabel("whole-run query time (s)")
+    left.legend(fontsize=7.5)
+    left.grid(True, alpha=0.3)
+    right.plot(sizes, [r["per_example_rss"] for r in rows], "o--", color="C3", label="per-example path")
+    right.plot(sizes, [r["range_rss"] for r in rows], "s-", color="C4", label="kept ranges")
+    right.set_xscale("log")
+    right.set_ylim(0, np.nanmax([[r["per_example_rss"], r["range_rss"]] for r in rows]) * 1.2)
+    right.set_xlabel("examples")
+    right.set_ylabel("peak RSS of the query process (MiB)")
+    right.legend()
+    right.grid(True, alpha=0.3)
+    fig.tight_layout()
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for ext in ("png", "svg"):
+        fig.savefig(stem.with_suffix(f".{ext}"), dpi=120)
+    print(f"plot written to {stem}.png and {stem}.svg", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Range reductions (queries/summary.py `summary_totals`, store/arrays.py `SummaryRanges`): a whole-run
+`relative_position`, `special_tokens` or `entropy` adds the Clark totals kept per range of examples instead of every
+example's fields. Exact values on hand-built maps, and the range path against the per-example path (relative 1e-12)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnstore.queries import load_all, run_query, summary
+from attnstore.queries.summary import CLARK, kept_ranges
+from attnstore.store import arrays
+
+DATA = str(Path(__file__).parents[1] / "fixtures" / "data")
+QUERIES = ("relative_position", "special_tokens", "entropy")
+RTOL = 1e-12  # the documented tolerance between the two paths (they add the same per-range totals in the same order)
+
+
+def hand_run(store, make_run):
+    """Two examples: [CLS] a [SEP] attending to itself only, [CLS] a . [SEP] attending uniformly; 1 layer, 2 heads."""
+    one = np.broadcast_to(np.eye(3, dtype=np.float32), (1, 2, 3, 3)).copy()
+    two = np.full((1, 2, 4, 4), 0.25, dtype=np.float32)
+    return make_run(store, [one, two], [["[CLS]", "a", "[SEP]"], ["[CLS]", "a", ".", "[SEP]"]], name="ranges", dtype="float32")
+
+
+def random_maps(tokens, seed):
+    rng = np.random.default_rng(seed)
+    raw = rng.random((3, 2, len(tokens), len(tokens)), dtype=np.float32) ** 3 + 1e-3
+    return (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+
+
+TOKENS = [["[CLS]", *(["a", ",", "b", "."] * (1 + i % 3))[: 2 + i % 5], "[SEP]"] for i in range(9)]
+
+
+def both_paths(store, run, monkeypatch, **params) -> dict[str, tuple]:
+    """Each query's frame by the range path and by the per-example path."""
+    out = {}
+    for name in QUERIES:
+        ranged = run_query(store, name, run=run, **params)
+        with monkeypatch.context() as m:
+            m.setattr(summary, "USE_RANGES", False)
+            per_example = run_query(store, name, run=run, **params)
+        out[name] = (ranged, per_example)
+    return out
+
+
+@pytest.mark.parametrize("average", ["example", "token"])
+def test_exact_values_from_kept_ranges(store, make_run, monkeypatch, average):
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 1)  # one range per example: the query adds two kept ranges
+    run = hand_run(store, make_run)
+    first = {name: run_query(store, name, run=run, average=average) for name in QUERIES}  # builds summary and ranges
+    info = store.run_info(run)
+    kept = kept_ranges(store, info, CLARK)
+    assert kept is not None and kept.n == 2
+    assert kept.block(0, 2)["range_examples"].tolist() == [1, 1]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a whole-run query read per-example fields although ranges are kept")
+
+    monkeypatch.setattr(summary, "summary_parts", refuse)
+    frames = {name: run_query(store, name, run=run, average=average) for name in QUERIES}
+    for name in QUERIES:
+        np.testing.assert_array_equal(frames[name].to_numpy(), first[name].to_numpy())
+    rp, st, en = frames["relative_position"], frames["special_tokens"], frames["entropy"]
+    log3, log4 = math.log(3), math.log(4)
+    if average == "example":  # each example's mean, then the mean of the two
+        expect_rp = dict(to_previous=(0 + 3 / 16) / 2, to_self=(1 + 1 / 4) / 2, to_next=(0 + 3 / 16) / 2)
+        expect_st = dict(
+            to_cls=(1 / 3 + 1 / 4) / 2, to_sep=(1 / 3 + 1 / 4) / 2, to_punct=(0 + 1 / 4) / 2, to_other=(1 / 3 + 1 / 4) / 2,
+            sep_from_sep=(1 + 1 / 4) / 2, sep_from_other=(0 + 1 / 4) / 2,
+        )  # fmt: skip
+        expect_en = dict(
+            entropy=log4 / 2, entropy_from_cls=log4 / 2, uniform_entropy=(log3 + log4) / 2, uniform_entropy_from_cls=(log3 + log4) / 2
+        )
+    else:  # pooled over the 7 query tokens (5 with a previous token)
+        expect_rp = dict(to_previous=(3 / 4) / 5, to_self=(3 + 1) / 7, to_next=(3 / 4) / 5)
+        expect_st = dict(
+            to_cls=2 / 7, to_sep=2 / 7, to_punct=1 / 7, to_other=2 / 7, sep_from_sep=(1 + 1 / 4) / 2, sep_from_other=(0 + 3 / 4) / 5
+        )
+        expect_en = dict(
+            entropy=4 * log4 / 7,
+            entropy_from_cls=log4 / 2,
+            uniform_entropy=(3 * log3 + 4 * log4) / 7,
+            uniform_entropy_from_cls=(log3 + log4) / 2,
+        )
+    for frame, expect in ((rp, expect_rp), (st, expect_st), (en, expect_en)):
+        assert len(frame) == 2
+        for column, value in expect.items():
+            rtol = 1e-6 if column in ("entropy", "entropy_from_cls") else 1e-15  # row entropies are float32 (row_entropy)
+            np.testing.assert_allclose(frame[column].to_numpy(), value, rtol=rtol, atol=1e-15, err_msg=column)
+
+
+def test_range_path_equals_per_example_path(store, make_run, monkeypatch):
+    load_all()
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 2)  # 9 examples: 5 ranges, the last of one
+    run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="ranged", dtype="float16")
+    for average in ("example", "token"):
+        for name, (ranged, per_example) in both_paths(store, run, monkeypatch, average=average).items():
+            np.testing.assert_allclose(ranged.to_numpy(float), per_example.to_numpy(float), rtol=RTOL, atol=0, err_msg=name)
+    assert kept_ranges(store, store.run_info(run), CLARK).n == 5
+    # a subset (examples=) takes the per-example path: the same numbers as a run of those examples alone
+    sub = run_query(store, "special_tokens", run=run, examples=[0, 4, 7])
+    alone = make_run(store, [random_maps(TOKENS[i], i) for i in (0, 4, 7)], [TOKENS[i] for i in (0, 4, 7)], name="alone", dtype="float16")
+    np.testing.assert_allclose(sub.to_numpy(float), run_query(store, "special_tokens", run=alone).to_numpy(float), rtol=RTOL)
+
+
+def test_a_summary_kept_without_ranges_gets_them(store, make_run, monkeypatch):
+    """A summary kept before range reductions existed: the first whole-run query derives them from it, once."""
+    import shutil
+
+    run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="old", dtype="float16")
+    info = store.run_info(run)
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 4)
+    before = run_query(store, "entropy", run=run)
+    group = Path(store.locations.array_root) / arrays.group_path_of(info.array_path) / "summary" / "clark"
+    shutil.rmtree(group / "ranges")
+    stamp = CLARK.stamp(store.n_committed(info.id))
+    assert store.run_summary_ranges(info.id, "clark", stamp) is None and store.run_summary_parts(info.id, "clark", stamp) is not None
+    after = run_query(store, "entropy", run=run)
+    assert store.run_summary_ranges(info.id, "clark", stamp).n == 3  # 9 examples in ranges of 4
+    np.testing.assert_allclose(after.to_numpy(float), before.to_numpy(float), rtol=RTOL, atol=0)
+
+
+@pytest.mark.model
+@pytest.mark.one_backend
+def test_real_run_range_path_equals_per_example_path(store, loaded_model, monkeypatch):
+    """The real model's maps of the UD excerpt, in ranges of 7 examples."""
+    from attnstore.ingest import ingest
+
+    load_all()
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 7)
+    run = ingest(store, dataset="ud/en_ewt:dev", data_dir=DATA, loaded=loaded_model, progress=False).run.name
+    for average in ("example", "token"):
+        for name, (ranged, per_example) in both_paths(store, run, monkeypatch, average=average).items():
+            np.testing.assert_allclose(ranged.to_numpy(float), per_example.to_numpy(float), rtol=RTOL, atol=0, err_msg=name)
+    info = store.run_info(run)
+    assert kept_ranges(store, info, CLARK).n == -(-store.n_committed(info.id) // 7)
+
+
+def test_a_pinned_run_counts_its_examples_from_the_runs_row(store, make_run):
+    """`n_committed` of a pinned run (every query's) is `runs.n_stored` read with the pin, not a count over the rows
+    (seconds at millions of examples); `attnstore check` still counts the rows and reports a runs row that disagrees."""
+    import sqlalchemy as sa
+
+    from attnstore.store.check import check_run
+
+    run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="counted", dtype="float16")
+    info = store.run_info(run)
+    with store.pinned(info.id):
+        assert store.n_committed(info.id) == store.n_committed(info.id, counted=True) == 9
+    assert check_run(store, run).problems == []
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE runs SET n_stored = 7 WHERE id = :r"), {"r": info.id})
+    with store.pinned(info.id):
+        assert (store.n_committed(info.id), store.n_committed(info.id, counted=True)) == (7, 9)
+    problems = [p["problem"] for p in check_run(store, run).problems]
+    assert any("runs row says 7 stored" in p for p in problems), problems
