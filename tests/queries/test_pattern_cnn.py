@@ -133,14 +133,20 @@ def test_a_format_1_file_one_network_without_scalars_still_loads(tmp_path):
 TOKENS = ["[CLS]", *[f"a{i}" for i in range(8)], "[SEP]", *[f"b{i}" for i in range(8)], "[SEP]"]
 
 
+KINDS = ["vertical", "diagonal", "vertical+diagonal", "heterogeneous"]
+
+
+def labelled_run(store, make_run, n_examples: int, seed: int, name: str) -> tuple[str, pd.DataFrame]:
+    """A run of n_examples x (1 layer, 4 heads), head h a synthetic map of KINDS[h], and those labels (not saved)."""
+    rng = np.random.default_rng(seed)
+    maps = [np.stack([synthetic_map(k, len(TOKENS), rng)[0] for k in KINDS])[None].astype(np.float32) for _ in range(n_examples)]
+    run = make_run(store, maps, [TOKENS] * n_examples, name=name)
+    rows = pd.DataFrame([dict(run=run, example=e, layer=0, head=h, label=k) for e in range(n_examples) for h, k in enumerate(KINDS)])
+    return run, rows
+
+
 def test_train_from_store_then_classify_a_run(store, make_run, tmp_path):
-    rng = np.random.default_rng(2)
-    kinds = ["vertical", "diagonal", "vertical+diagonal", "heterogeneous"]
-    runs_maps = []
-    for _ in range(6):  # 6 examples x (1 layer, 4 heads): each head one class
-        runs_maps.append(np.stack([synthetic_map(k, len(TOKENS), rng)[0] for k in kinds])[None].astype(np.float32))
-    run = make_run(store, runs_maps, [TOKENS] * 6, name="cnn")
-    rows = pd.DataFrame([dict(run=run, example=e, layer=0, head=h, label=k) for e in range(6) for h, k in enumerate(kinds)])
+    run, rows = labelled_run(store, make_run, 6, seed=2, name="cnn")
     store.save_pattern_labels(rows, source="human")
     out = tmp_path / "cnn" / "weights.pt"
     report = C.train_from_store(store, out, epochs=15, size=16, width=8, seed=0, members=2)
@@ -161,11 +167,7 @@ def test_train_from_store_then_classify_a_run(store, make_run, tmp_path):
 
 @pytest.mark.one_backend
 def test_training_twice_with_one_seed_gives_bit_identical_weights_and_report(store, make_run, tmp_path):
-    rng = np.random.default_rng(5)
-    kinds = ["vertical", "diagonal", "vertical+diagonal", "heterogeneous"]
-    maps = [np.stack([synthetic_map(k, len(TOKENS), rng)[0] for k in kinds])[None].astype(np.float32) for _ in range(4)]
-    run = make_run(store, maps, [TOKENS] * 4, name="det")
-    rows = pd.DataFrame([dict(run=run, example=e, layer=0, head=h, label=k) for e in range(4) for h, k in enumerate(kinds)])
+    _, rows = labelled_run(store, make_run, 4, seed=5, name="det")
     store.save_pattern_labels(rows, source="human")
     torch.manual_seed(123)
     caller_state = torch.random.get_rng_state()
@@ -195,11 +197,7 @@ def test_training_twice_with_one_seed_gives_bit_identical_weights_and_report(sto
 
 
 def test_two_labellers_train_together_and_a_map_both_labelled_stays_on_one_side(store, make_run, tmp_path):
-    rng = np.random.default_rng(7)
-    kinds = ["vertical", "diagonal", "vertical+diagonal", "heterogeneous"]
-    maps = [np.stack([synthetic_map(k, len(TOKENS), rng)[0] for k in kinds])[None].astype(np.float32) for _ in range(8)]
-    run = make_run(store, maps, [TOKENS] * 8, name="two")
-    first = pd.DataFrame([dict(run=run, example=e, layer=0, head=h, label=k) for e in range(8) for h, k in enumerate(kinds)])
+    _, first = labelled_run(store, make_run, 8, seed=7, name="two")
     store.save_pattern_labels(first, source="human")
     second = first[first["example"] >= 4].copy()  # the second labeller labels half the maps again, one of them otherwise
     second.loc[second.index[0], "label"] = "heterogeneous"
@@ -224,11 +222,7 @@ def test_the_crossfit_script_scores_held_out_maps_of_a_labeller_who_did_not_trai
     spec = importlib.util.spec_from_file_location(path.stem, path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    rng = np.random.default_rng(11)
-    kinds = ["vertical", "diagonal", "vertical+diagonal", "heterogeneous"]
-    maps = [np.stack([synthetic_map(k, len(TOKENS), rng)[0] for k in kinds])[None].astype(np.float32) for _ in range(8)]
-    run = make_run(store, maps, [TOKENS] * 8, name="pair")
-    rows = pd.DataFrame([dict(run=run, example=e, layer=0, head=h, label=k) for e in range(8) for h, k in enumerate(kinds)])
+    _, rows = labelled_run(store, make_run, 8, seed=11, name="pair")
     store.save_pattern_labels(rows[rows["example"] < 4], source="human")  # the first labeller: other maps
     store.save_pattern_labels(rows[rows["example"] >= 4], source="human:c")  # a pair labels the same 16 maps
     other = rows[rows["example"] >= 4].copy()
