@@ -2,7 +2,8 @@
 per-example path, from a real run to millions of examples (issue 29: < 1 s at 8 M examples, peak memory flat).
 
     python benchmarks/range_summaries.py --source /work/stores/range/data --run MRPC-dev \\
-        --factors 1 16 256 4096 20000 --home /work/stores/range/bench [--plot docs/img/range_summaries]
+        --factors 1 16 256 4096 20000 65536 --per-example-up-to 20000 --home /work/stores/range/bench \\
+        [--plot docs/img/range_summaries]  (docs/PERFORMANCE.md, "Range reductions")
 
 The source is a real store with a real run (e.g. `ATTNSTORE_HOME=... attnstore ingest --dataset glue/MRPC:dev
 --name MRPC-dev`); its Clark summary (per example) and range reductions are built there first, from the real maps.
@@ -22,8 +23,8 @@ For each factor F a store of N = F x (the run's examples) is made SYNTHETICALLY 
   ranges   `summary/clark/ranges/`: each range's reduction, computed by the kind's own `totals` from those rows.
 
 Each (size, path) runs in a child process of its own (`run_query` of the three queries, whole run, best of
---repeats; peak RSS: the child's VmHWM, its own since exec): "per-example" sets queries.summary.USE_RANGES = False, "range" leaves it on.
-The range path's results are checked against the per-example path's (relative 1e-12).
+--repeats; peak RSS: the child's VmHWM, its own since exec): "per-example" sets queries.summary.USE_RANGES = False,
+"range" leaves it on. The table gives the largest relative difference between the two paths' frames.
 """
 
 from __future__ import annotations
