@@ -392,12 +392,20 @@ def kept_ranges(store: Store, info: RunInfo, kind: SummaryKind, **params) -> Sum
     if saved is None:
         return None
     stamp, key = kind.stamp(committed_state(store, info, kind, params), params), kind.key(params)
-    kept = store.run_summary_ranges(info.id, key, stamp)
+    kept = _whole(store.run_summary_ranges(info.id, key, stamp), saved.n)
     if kept is not None or store.read_only:
         return kept
     totals = kind.totals
     store.save_run_summary_ranges(info.id, key, ((len(p["example"]), totals(p)) for p in _saved_parts(kind, saved, None)), stamp)
-    return store.run_summary_ranges(info.id, key, stamp)
+    return _whole(store.run_summary_ranges(info.id, key, stamp), saved.n)
+
+
+def _whole(kept: SummaryRanges | None, n_examples: int) -> SummaryRanges | None:
+    """The kept ranges if they cover the summary's `n_examples` examples (their counts read: O(ranges)), else None: a
+    group that two writers overwrote at once is never added up."""
+    if kept is None or kept.n_examples() != n_examples:
+        return None
+    return kept
 
 
 def add_totals(a: dict[str, np.ndarray] | None, b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -357,6 +357,10 @@ class SummaryRanges:
         self.arrays = dict(node.arrays())
         self.n = int(self.arrays[RANGE_EXAMPLES].shape[0]) if RANGE_EXAMPLES in self.arrays else 0  # none: a run of no examples
 
+    def n_examples(self) -> int:
+        """The examples the ranges hold, all together."""
+        return int(np.asarray(self.arrays[RANGE_EXAMPLES][:]).sum()) if self.n else 0
+
     def block(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """Ranges start..stop-1, every field with a leading axis of one row per range (the fields read at once)."""
         keys = list(self.arrays)

@@ -158,3 +158,43 @@ def test_a_pinned_run_counts_its_examples_from_the_runs_row(store, make_run):
         assert (store.n_committed(info.id), store.n_committed(info.id, counted=True)) == (7, 9)
     problems = [p["problem"] for p in check_run(store, run).problems]
     assert any("runs row says 7 stored" in p for p in problems), problems
+
+
+def test_ranges_that_do_not_cover_the_summary_are_not_added(store, make_run, monkeypatch):
+    """Ranges under the right stamp that hold fewer examples than the summary (two writers overwriting one group) are
+    not used: the writable store derives them again, and the result is the per-example path's."""
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 4)
+    run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="short", dtype="float16")
+    info = store.run_info(run)
+    want = run_query(store, "special_tokens", run=run)
+    stamp = CLARK.stamp(9)
+    kept = store.run_summary_ranges(info.id, "clark", stamp)
+    first = {k: v[:1] for k, v in kept.block(0, 1).items()}
+    writer = arrays.SummaryRangesWriter(store.locations.array_root, info.array_path, "clark")
+    writer.extend(first.pop("range_examples"), first)  # one range of 4 examples, stamped
+    writer.finish(stamp)
+    assert store.run_summary_ranges(info.id, "clark", stamp).n_examples() == 4
+    np.testing.assert_allclose(run_query(store, "special_tokens", run=run).to_numpy(float), want.to_numpy(float), rtol=RTOL, atol=0)
+    assert store.run_summary_ranges(info.id, "clark", stamp).n_examples() == 9  # derived again from the summary
+
+
+def test_a_read_only_store_adds_the_kept_ranges(store, make_run, monkeypatch):
+    """A collaborator's read-only store reads the ranges a writable one kept; with none kept it takes the per-example
+    path, computed for the call alone, and gets the same numbers."""
+    from attnstore.store import open_store
+
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 4)
+    run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="shared", dtype="float16")
+    reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
+    try:
+        computed = run_query(reader, "entropy", run=run)  # nothing kept yet: computed from the maps for this call
+        assert kept_ranges(reader, reader.run_info(run), CLARK) is None
+        kept = run_query(store, "entropy", run=run)  # the writable store keeps summary and ranges
+        assert kept_ranges(reader, reader.run_info(run), CLARK).n == 3
+        with monkeypatch.context() as m:
+            m.setattr(summary, "summary_parts", lambda *a, **k: (_ for _ in ()).throw(AssertionError("per-example path")))
+            ranged = run_query(reader, "entropy", run=run)
+    finally:
+        reader.close()
+    for frame in (computed, kept):
+        np.testing.assert_allclose(ranged.to_numpy(float), frame.to_numpy(float), rtol=RTOL, atol=0)
