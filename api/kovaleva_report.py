@@ -87,7 +87,8 @@ def figure_patterns_cnn(
 ) -> tuple[list[str], pd.DataFrame]:
     """Fig. 2 with the CNN of `model_file` (`patterns train-cnn`): stacked shares as predicted, and per class the
     shares corrected by its held-out confusion matrix with 95% bootstrap intervals (as `patterns figure --report`)."""
-    from ..queries.pattern_cnn import classify_run, load_model
+    from ..queries.pattern_cnn import load_model
+    from ..queries.pattern_cnn_store import classify_run
     from ..queries.patterns import CLASSES
     from .pattern_report import figure_uncertainty, uncertainty_table
 

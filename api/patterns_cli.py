@@ -140,7 +140,7 @@ def train_cnn(locations, out, sources, test_fraction, seed, epochs, size, masks,
     """Train the pattern CNN on stored labels (CPU); report held-out F1 of the CNN and of the rules on the same maps."""
     import time
 
-    from ..queries.pattern_cnn import format_report, train_from_store
+    from ..queries.pattern_cnn_store import format_report, train_from_store
 
     started = time.perf_counter()
     report = train_from_store(
@@ -186,7 +186,7 @@ def classify(locations, runs, classifier, model_file, max_examples, seed, save, 
         if classifier == "rules":
             labels = pattern_classes(store, run=run, max_examples=max_examples, seed=seed, save=save)
         else:
-            from ..queries.pattern_cnn import classify_run
+            from ..queries.pattern_cnn_store import classify_run
 
             labels = classify_run(store, run, model_file, max_examples=max_examples, seed=seed, save=save)
         shares = labels["label"].value_counts(normalize=True).reindex(list(CLASSES), fill_value=0.0)

@@ -1,5 +1,9 @@
 """The query framework: a query is a per-example reduction (a `SummaryKind`) plus a combine step, with one code path.
 
+Longer than ~500 lines on purpose: the one code path every query's values come through (kept, built and kept, or
+computed for the call; per example or per range of examples) is read and changed as one; the Clark kind at its end
+is the framework's own reference kind. Split it when a second framework-level concern joins it.
+
 A query that reduces every example's maps to a few numbers per (layer, head) names those
 numbers as a `SummaryKind`: `prepare(store, info, examples, **params)` builds the run-level
 inputs once per range of examples, `reduce(context, example, maps)` gives one example's

@@ -97,7 +97,7 @@ def test_each_labeller_scored_and_their_agreement(two_labellers):
 @pytest.mark.one_backend
 def test_cnn_scored_without_its_training_maps_and_the_commands(two_labellers, tmp_path):
     pytest.importorskip("torch")
-    from attnstore.queries.pattern_cnn import train_from_store
+    from attnstore.queries.pattern_cnn_store import train_from_store
 
     store, run = two_labellers
     weights = tmp_path / "cnn.pt"

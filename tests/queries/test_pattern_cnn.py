@@ -12,6 +12,7 @@ from attnstore.store.errors import InvalidArgumentError, NotFoundError
 torch = pytest.importorskip("torch")
 
 from attnstore.queries import pattern_cnn as C  # noqa: E402  (after the torch check)
+from attnstore.queries import pattern_cnn_store as S  # noqa: E402
 
 
 def synthetic_map(label: str, length: int, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -149,17 +150,17 @@ def test_train_from_store_then_classify_a_run(store, make_run, tmp_path):
     run, rows = labelled_run(store, make_run, 6, seed=2, name="cnn")
     store.save_pattern_labels(rows, source="human")
     out = tmp_path / "cnn" / "weights.pt"
-    report = C.train_from_store(store, out, epochs=15, size=16, width=8, seed=0, members=2)
+    report = S.train_from_store(store, out, epochs=15, size=16, width=8, seed=0, members=2)
     assert report["n_labels"] == 24 and report["n_test"] == 8 and report["n_train"] == 16  # round(6 x 0.25) = 2 per class
     assert set(report) >= {"cnn", "rules", "cnn_train", "rules_train", "label_counts", "thresholds"}
     assert np.array(report["cnn"]["confusion"]).sum() == 8
     assert json.loads(out.with_suffix(".json").read_text())["n_labels"] == 24
-    text = C.format_report(report)
+    text = S.format_report(report)
     assert "cnn: held-out macro-F1" in text and "rules: held-out macro-F1" in text
     models, saved = C.load_model(out)
     assert saved["split"]["part"].count("test") == 8 and saved["size"] == 16
     assert len(models) == 2 and saved["scalars"] == list(C.SCALARS) and report["members"] == 2
-    labels = C.classify_run(store, run, out, save=True)
+    labels = S.classify_run(store, run, out, save=True)
     assert len(labels) == 24 and set(labels["label"]) <= set(CLASSES)
     stored = store.pattern_labels(run, source="cnn")
     assert len(stored) == 24 and stored["confidence"].between(0, 1).all()
@@ -172,10 +173,10 @@ def test_training_twice_with_one_seed_gives_bit_identical_weights_and_report(sto
     torch.manual_seed(123)
     caller_state = torch.random.get_rng_state()
     threads = torch.get_num_threads()
-    first = C.train_from_store(store, tmp_path / "a.pt", epochs=4, size=16, width=8, seed=0, members=2)
+    first = S.train_from_store(store, tmp_path / "a.pt", epochs=4, size=16, width=8, seed=0, members=2)
     torch.set_num_threads(2)  # the caller's thread count does not matter
     try:
-        second = C.train_from_store(store, tmp_path / "b.pt", epochs=4, size=16, width=8, seed=0, members=2)
+        second = S.train_from_store(store, tmp_path / "b.pt", epochs=4, size=16, width=8, seed=0, members=2)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(torch.random.get_rng_state(), caller_state)  # the caller's generator is left as it was
@@ -190,7 +191,7 @@ def test_training_twice_with_one_seed_gives_bit_identical_weights_and_report(sto
     assert not all(torch.equal(a[key], a_all[1][key]) for key in a)  # the two members: two seeds
     assert first == second
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
-    third = C.train_from_store(store, tmp_path / "c.pt", epochs=4, size=16, width=8, seed=1, members=1)
+    third = S.train_from_store(store, tmp_path / "c.pt", epochs=4, size=16, width=8, seed=1, members=1)
     c = torch.load(str(tmp_path / "c.pt"), weights_only=True)["state_dicts"][0]
     assert not all(torch.equal(a[key], c[key]) for key in a)  # another seed, other weights
     assert third["seed"] == 1
@@ -202,7 +203,7 @@ def test_two_labellers_train_together_and_a_map_both_labelled_stays_on_one_side(
     second = first[first["example"] >= 4].copy()  # the second labeller labels half the maps again, one of them otherwise
     second.loc[second.index[0], "label"] = "heterogeneous"
     store.save_pattern_labels(second, source="human:b")
-    report = C.train_from_store(store, tmp_path / "two.pt", sources=["human", "human:b"], epochs=3, size=16, width=8, members=1)
+    report = S.train_from_store(store, tmp_path / "two.pt", sources=["human", "human:b"], epochs=3, size=16, width=8, members=1)
     assert report["sources"] == ["human", "human:b"] and report["n_labels"] == 48 and report["n_maps"] == 32
     _, saved = C.load_model(tmp_path / "two.pt")
     split = pd.DataFrame(saved["split"])
@@ -210,7 +211,7 @@ def test_two_labellers_train_together_and_a_map_both_labelled_stays_on_one_side(
     assert (parts == 1).all()  # both labels of a map on the same side
     assert set(split["source"]) == {"human", "human:b"}
     with pytest.raises(InvalidArgumentError, match="no pattern labels from source 'human:nobody'"):
-        C.train_from_store(store, tmp_path / "x.pt", sources=["human", "human:nobody"], epochs=1, size=16, width=8, members=1)
+        S.train_from_store(store, tmp_path / "x.pt", sources=["human", "human:nobody"], epochs=1, size=16, width=8, members=1)
 
 
 @pytest.mark.one_backend
