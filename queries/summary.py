@@ -531,14 +531,11 @@ def _clark_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def totals_or_zeros(totals: dict[str, np.ndarray], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """The Clark totals, or those of no examples (every sum 0: fields of `shape`, the rest scalars)."""
+    """The Clark totals, or those of no examples: `_clark_totals` of an empty part (every sum 0, fields of `shape`)."""
     if totals:
         return totals
-    fields = {name for base in CLARK_UNITS for name in (base, f"mean_{base}")}
-    names = ("examples", "log_length", "length_log_length", "lgamma_length", "lgamma_per_length", "cls_log_length", "log_length_with_cls")
-    units = ("tokens", "sep", "cls", "others")
-    scalars = {name: np.zeros(()) for name in names} | {f"{p}_{u}": np.zeros(()) for p in ("n", "examples") for u in units}
-    return {name: np.zeros(shape) for name in fields} | scalars
+    empty = {"length": np.zeros(0, np.int64), "n_sep": np.zeros(0, np.int64), "n_cls": np.zeros(0, np.int64)}
+    return _clark_totals(empty | {name: np.zeros((0, *shape)) for name in CLARK_UNITS})
 
 
 # punct: the characters counted as punctuation keys (special_tokens' parameter); the default's summary is `clark`.

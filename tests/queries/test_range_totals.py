@@ -198,3 +198,15 @@ def test_a_read_only_store_adds_the_kept_ranges(store, make_run, monkeypatch):
         reader.close()
     for frame in (computed, kept):
         np.testing.assert_allclose(ranged.to_numpy(float), frame.to_numpy(float), rtol=RTOL, atol=0)
+
+
+def test_no_examples_give_zero_totals_of_every_field():
+    from attnstore.queries.summary import CLARK_UNITS, totals_or_zeros
+
+    zeros = totals_or_zeros({}, (1, 2))
+    assert set(zeros) >= set(CLARK_UNITS) | {f"mean_{name}" for name in CLARK_UNITS} | {"examples", "n_tokens", "log_length"}
+    for name, value in zeros.items():
+        assert np.shape(value) == ((1, 2) if name.removeprefix("mean_") in CLARK_UNITS else ()), name
+        assert not np.any(value), name
+    kept = {"examples": np.asarray(3)}
+    assert totals_or_zeros(kept, (1, 2)) is kept  # totals of some examples pass through
