@@ -4,8 +4,8 @@ With several workers, uvicorn binds the listening socket itself (`socket.socket(
 asyncio sets TCP_NODELAY only on sockets whose protocol is IPPROTO_TCP, so every connection the workers accept keeps
 Nagle's algorithm: a response written in two parts (headers, body) waits for the client's delayed ACK, 40 ms per
 request on Linux (issue 29: 450 requests/s instead of 6000 for /api/health). One process (`uvicorn.run(app)`) binds
-through asyncio and is not affected. uvicorn takes this class by its import path (`http=`), so its worker processes,
-started with `spawn`, import it themselves.
+through asyncio and is not affected. uvicorn takes this class by its import path (`http=`: api/serve.py's
+NODELAY_PROTOCOL), so its worker processes, started with `spawn`, import it themselves.
 """
 
 import socket
@@ -14,8 +14,6 @@ try:  # what uvicorn's `http="auto"` picks: httptools where installed, else h11
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Protocol
 except ImportError:
     from uvicorn.protocols.http.h11_impl import H11Protocol as _Protocol  # type: ignore[assignment]
-
-IMPORT_PATH = "attnstore.api.http.protocol:NoDelayProtocol"
 
 
 class NoDelayProtocol(_Protocol):
