@@ -563,6 +563,10 @@ def report_kovaleva(locations, runs_, finetuned, frame_run, max_examples, patter
         raise click.ClickException("figures need matplotlib: pip install 'attnstore[report]'") from None
     from .kovaleva_report import kovaleva_report
 
+    if pattern_model is not None:  # a wrong file fails now, in one line, not as a missing section after the report
+        from ..queries.pattern_cnn import load_model
+
+        load_model(pattern_model)
     with reading_progress("report kovaleva: examples read"):
         path = kovaleva_report(open_store(locations), out, runs_, finetuned, frame_run, max_examples, pattern_model)
     click.echo(f"wrote {path} and its tables and figures")

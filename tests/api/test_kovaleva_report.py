@@ -51,3 +51,15 @@ def test_kovaleva_report_writes_every_figure(tmp_path, real_runs, monkeypatch):
     for stem in (*stems, "fig5_similarity", "fig6_features", "fig6_features_finetuned", "fig7_cls_attention"):
         assert (out / f"{stem}.png").exists() and (out / f"{stem}.svg").exists() and (out / f"{stem}.csv").exists(), stem
     assert (out / "token_to_token.csv").exists()
+
+
+def test_a_missing_or_wrong_pattern_model_is_one_line_before_any_work(tmp_path, store):
+    pytest.importorskip("torch")
+    where = ["--db", store.locations.db_url, "--root", store.locations.array_root]
+    command = ["report", "kovaleva", "--run", "MRPC=nope", "--out", str(tmp_path / "out"), *where]
+    missing = CliRunner().invoke(main, [*command, "--pattern-model", str(tmp_path / "none.pt")])
+    assert missing.exit_code != 0 and "no CNN weights at" in missing.output and "patterns train-cnn" in missing.output
+    (tmp_path / "bad.pt").write_bytes(b"not weights")
+    bad = CliRunner().invoke(main, [*command, "--pattern-model", str(tmp_path / "bad.pt")])
+    assert bad.exit_code != 0 and "is not a pattern CNN file" in bad.output and "Traceback" not in bad.output
+    assert not (tmp_path / "out").exists()  # nothing written
