@@ -27,6 +27,7 @@ from attnstore.api.common import open_store, resolve_locations
 from attnstore.api.pattern_report import labeller_scores
 from attnstore.queries import pattern_cnn as cnn
 from attnstore.queries.patterns import CLASSES, labelled_maps, labels_from_scores, stratified_split
+from attnstore.store.errors import AttnStoreError
 
 
 def load(store, source: str):
@@ -48,9 +49,14 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=cnn.EPOCHS)
     parser.add_argument("--output")
     args = parser.parse_args(argv)
-    store = open_store(resolve_locations(db=args.db, root=args.root, home=args.home))
-    data = {s: load(store, s) for s in [*args.source, *args.pair]}
     a, b = args.pair
+    if a == b or {a, b} & set(args.source):
+        raise SystemExit(f"--pair needs two labellers other than each other and the --source ones, not {a} and {b}")
+    store = open_store(resolve_locations(db=args.db, root=args.root, home=args.home))
+    try:
+        data = {s: load(store, s) for s in [*args.source, *args.pair]}
+    except AttnStoreError as exc:  # e.g. a source with no labels: one line, not a traceback
+        raise SystemExit(f"error: {exc}") from None
     shared = set(data[a]["keys"]) & set(data[b]["keys"])
     if not shared:
         raise SystemExit(f"{a} and {b} labelled no map in common")

@@ -232,6 +232,9 @@ def test_the_crossfit_script_scores_held_out_maps_of_a_labeller_who_did_not_trai
     out = tmp_path / "crossfit.json"
     where = ["--db", store.locations.db_url, "--root", store.locations.array_root]
     args = [*where, "--source", "human", "--pair", "human:c", "human:d", "--members", "1", "--epochs", "2", "--output", str(out)]
+    for pair, message in ((["human:c", "human:c"], "two labellers other than"), (["human:c", "human:nobody"], "no pattern labels")):
+        with pytest.raises(SystemExit, match=message):
+            script.main([*where, "--source", "human", "--pair", *pair, "--members", "1", "--epochs", "1"])
     assert script.main(args) == 0
     result = json.loads(out.read_text())
     assert result["n_shared_maps"] == 16 and [(d["train"], d["test"]) for d in result["directions"]] == [
