@@ -10,6 +10,14 @@ bytes before the first one (the checksum is already checked; the buffer is this 
 decompresses and unshuffles them. Blosc 1's frame (c-blosc's README_HEADER.rst): a 16-byte header (version, flags,
 type size, decompressed size, block size, compressed size), the start of each block, then the blocks' streams.
 
+Reads for one example (`store.attention`, `keep=True`) keep the blocks they decode a second time in a process-wide
+cache of decoded blocks (`BlockCache`, least recently used first out, `ATTNSTORE_READ_CACHE_MB` megabytes, default
+256; 0 turns it off), so the viewer's and the HTTP API's repeated reads of one example (head by head, layer by layer)
+cost a copy, while a first read costs what it did (a block is copied into the cache only when read again). A
+kept block is used only while its chunk file has the same inode, size and modification time (one `stat` per chunk
+and read), and only chunks unchanged for `SETTLED_SECONDS` are kept: a file rewritten within the same timestamp tick
+cannot be mistaken for the one kept. Whole-run passes (`iter_attention`) do not fill it.
+
 Anything else (a remote root, the lossy u8 filter, no checksum, a chunk that is missing, fails its checksum, or whose
 header is not a whole blosc frame of the chunk) returns None: the caller then reads through zarr (`arrays.read_cells`),
 which names the damage (DamagedDataError with run, example and chunk) exactly as before.
@@ -20,6 +28,8 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
+from collections import OrderedDict
 
 import google_crc32c
 import numpy as np
@@ -63,6 +73,94 @@ def _give_buffers(buffers: Buffers) -> None:
             _FREE.append(buffers)
 
 
+READ_CACHE_ENV = "ATTNSTORE_READ_CACHE_MB"
+DEFAULT_READ_CACHE_MB = 256
+SETTLED_SECONDS = 2.0  # a chunk file modified more recently than this is read but not kept
+SEEN_KEPT = 1 << 16  # blocks remembered as decoded once (~100 bytes each)
+
+Stamp = tuple[int, int, int]  # a chunk file's (inode, size, modification time in ns)
+BlockKey = tuple[str, int, int, int]  # (cells folder, chunk, block, cells per block)
+
+
+class BlockCache:
+    """Decoded blosc blocks, least recently used out first, within a byte budget; safe across threads."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.used = 0
+        self.hits = self.misses = 0
+        self.blocks: OrderedDict[BlockKey, tuple[Stamp, np.ndarray]] = OrderedDict()
+        self.seen: OrderedDict[BlockKey, Stamp] = OrderedDict()  # blocks decoded once, not kept (yet)
+        self.lock = threading.Lock()
+
+    def get(self, key: BlockKey, stamp: Stamp) -> np.ndarray | None:
+        with self.lock:
+            kept = self.blocks.get(key)
+            if kept is None or kept[0] != stamp:
+                self.misses += 1
+                return None
+            self.blocks.move_to_end(key)
+            self.hits += 1
+            return kept[1]
+
+    def admit(self, key: BlockKey, stamp: Stamp) -> bool:
+        """Whether a block just decoded is kept: only one decoded before (as the same file). A block read once is
+        remembered (a key, not its bytes), so a first read costs no copy and a pass of one-off reads evicts nothing."""
+        with self.lock:
+            if self.seen.pop(key, None) == stamp:
+                return True
+            self.seen[key] = stamp
+            if len(self.seen) > SEEN_KEPT:
+                self.seen.popitem(last=False)
+            return False
+
+    def put(self, key: BlockKey, stamp: Stamp, values: np.ndarray) -> None:
+        if values.nbytes > self.budget:
+            return
+        with self.lock:
+            old = self.blocks.pop(key, None)
+            if old is not None:
+                self.used -= old[1].nbytes
+            self.blocks[key] = (stamp, values)
+            self.used += values.nbytes
+            while self.used > self.budget:
+                _, (_, dropped) = self.blocks.popitem(last=False)
+                self.used -= dropped.nbytes
+
+    def clear(self) -> None:
+        with self.lock:
+            self.blocks.clear()
+            self.seen.clear()
+            self.used = self.hits = self.misses = 0
+
+
+_CACHE: BlockCache | None = None
+
+
+def block_cache() -> BlockCache:
+    """The process's cache of decoded blocks, its budget read from ATTNSTORE_READ_CACHE_MB at first use."""
+    global _CACHE
+    if _CACHE is None:
+        text = os.environ.get(READ_CACHE_ENV, "").strip()
+        try:
+            megabytes = float(text) if text else DEFAULT_READ_CACHE_MB
+        except ValueError:
+            raise ValueError(f"{READ_CACHE_ENV}={text!r}: give a number of megabytes (0 turns the read cache off)") from None
+        _CACHE = BlockCache(max(0, int(megabytes * (1 << 20))))
+    return _CACHE
+
+
+def set_block_cache_budget(megabytes: float) -> BlockCache:
+    """A fresh, empty cache of this budget for the process (benchmarks, tests)."""
+    global _CACHE
+    _CACHE = BlockCache(max(0, int(megabytes * (1 << 20))))
+    return _CACHE
+
+
+def _stamp(st: os.stat_result) -> Stamp:
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def direct_reader(array) -> DirectCells | None:
     """A direct reader of a run's cells array, or None where zarr must read it (see the module's docstring)."""
     store = array.store_path.store
@@ -87,40 +185,72 @@ class DirectCells:
         self.itemsize = self.dtype.itemsize
         self.folder = os.path.join(root, *array.path.split("/"))
         self.encode_key = array.metadata.encode_chunk_key  # (12,) -> "c/12"
+        self.block_cells = 0  # cells per blosc block, learned from the first chunk decoded (0: not yet)
 
     def chunk_file(self, index: int) -> str:
         return os.path.join(self.folder, *self.encode_key((index,)).split("/"))
 
-    def read(self, start: int, stop: int) -> np.ndarray | None:
+    def read(self, start: int, stop: int, keep: bool = False) -> np.ndarray | None:
+        """Cells [start, stop), or None where zarr must read them. `keep`: use and fill the cache of decoded blocks
+        (one example's read; not a whole-run pass, which would only push out what readers come back to)."""
+        cache = block_cache() if keep else None
+        if cache is not None and cache.budget == 0:
+            cache = None
         buffers = _take_buffers()
         try:
-            return self._read(start, stop, buffers)
+            return self._read(start, stop, buffers, cache)
         finally:
             _give_buffers(buffers)
 
-    def _read(self, start: int, stop: int, buffers: Buffers) -> np.ndarray | None:
+    def _read(self, start: int, stop: int, buffers: Buffers, cache: BlockCache | None = None) -> np.ndarray | None:
         out = np.empty(stop - start, dtype=self.dtype)
         parts = []  # (chunk, its cells [first, last), where they go in `out`)
         at = start
         while at < stop:
             index = at // self.chunk
             end = min(stop, (index + 1) * self.chunk)
-            parts.append((index, at - index * self.chunk, end - index * self.chunk, out[at - start : end - start], buffers))
+            parts.append((index, at - index * self.chunk, end - index * self.chunk, out[at - start : end - start], buffers, cache))
             at = end
         return out if all(self._chunk(*part) for part in parts) else None
 
-    def _chunk(self, index: int, first: int, last: int, out: np.ndarray, buffers: Buffers) -> bool:
+    def _chunk(self, index: int, first: int, last: int, out: np.ndarray, buffers: Buffers, cache: BlockCache | None) -> bool:
+        path = self.chunk_file(index)
+        if cache is not None and self.block_cells and self._from_cache(cache, path, index, first, last, out):
+            return True
         try:
-            with open(self.chunk_file(index), "rb", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
+            with open(path, "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
+                size = st.st_size
                 raw = buffers.get("chunk", size + 1)
                 if f.readinto(raw.data) != size:  # one byte more asked: a file that grew meanwhile fails too
                     return False
         except OSError:
             return False  # missing or unreadable: zarr's read names it
-        return self._cells(raw[:size], first, last, out, buffers)
+        settled = st.st_mtime_ns < (time.time() - SETTLED_SECONDS) * 1e9
+        keep = (cache, path, index, _stamp(st)) if cache is not None and settled else None
+        return self._cells(raw[:size], first, last, out, buffers, keep)
 
-    def _cells(self, raw: np.ndarray, first: int, last: int, out: np.ndarray, buffers: Buffers) -> bool:
+    def _from_cache(self, cache: BlockCache, path: str, index: int, first: int, last: int, out: np.ndarray) -> bool:
+        """Cells [first, last) of chunk `index` copied from kept blocks, if every block they lie in is kept for the
+        chunk file as it is now."""
+        try:
+            stamp = _stamp(os.stat(path))
+        except OSError:
+            return False
+        per_block = self.block_cells
+        b0, b1 = first // per_block, (last - 1) // per_block
+        blocks = []
+        for b in range(b0, b1 + 1):
+            values = cache.get((self.folder, index, b, per_block), stamp)
+            if values is None:
+                return False
+            blocks.append(values)
+        for b, values in zip(range(b0, b1 + 1), blocks):
+            lo, hi = max(first, b * per_block), min(last, b * per_block + len(values))
+            out[lo - first : hi - first] = values[lo - b * per_block : hi - b * per_block]
+        return True
+
+    def _cells(self, raw: np.ndarray, first: int, last: int, out: np.ndarray, buffers: Buffers, keep: tuple | None = None) -> bool:
         """Decode cells [first, last) of one chunk's bytes into `out`; False when anything is off.
 
         Only the blosc blocks holding them are decompressed: a blosc frame of just those blocks is written over the
@@ -164,4 +294,11 @@ class DirectCells:
             return False
         if not aligned:
             out[:] = dest[first - b0 * per_block : last - b0 * per_block]
+        self.block_cells = per_block
+        if keep is not None:  # blocks read before are kept now, each a copy (`dest` is reused, `out` the caller's)
+            cache, path, index, stamp = keep
+            for i, b in enumerate(range(b0, b1 + 1)):
+                key = (self.folder, index, b, per_block)
+                if cache.admit(key, stamp):
+                    cache.put(key, stamp, dest[i * per_block : (i + 1) * per_block].copy())
         return True

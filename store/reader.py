@@ -596,7 +596,7 @@ class StoreReader:
         whenever that finds anything off, through zarr on a freshly opened array (`arrays.read_cells`), which names
         damage as it always did."""
         reader = None if remote.is_remote(self.locations.array_root) else self._direct_reader(info)
-        if reader is not None and (cells := reader.read(start, stop)) is not None:
+        if reader is not None and (cells := reader.read(start, stop, keep=True)) is not None:
             return cells
         return arrays.read_cells(self._array(info), start, stop, describe)
 

@@ -210,3 +210,31 @@ def test_no_examples_give_zero_totals_of_every_field():
         assert not np.any(value), name
     kept = {"examples": np.asarray(3)}
     assert totals_or_zeros(kept, (1, 2)) is kept  # totals of some examples pass through
+
+
+def test_ranges_are_packed_one_array_per_dtype_and_an_older_group_is_derived_again(store, make_run, monkeypatch):
+    """The ranges' fields are kept in one array per dtype (a first query creates 2 arrays, not ~40); a group written
+    before packing (one array per field, no `fields` attribute) is not read: the writable store derives it again."""
+    import zarr
+
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 4)
+    run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="packed", dtype="float16")
+    info = store.run_info(run)
+    want = run_query(store, "entropy", run=run)
+    path = f"{arrays.group_path_of(info.array_path)}/summary/clark/ranges"
+    group = zarr.open_group(store.locations.array_root, path=path, mode="r")
+    assert sorted(name for name, _ in group.arrays()) == ["packed_float64", "packed_int64"]
+    kept = store.run_summary_ranges(info.id, "clark", CLARK.stamp(9))
+    block = kept.block(0, kept.n)
+    assert block["range_examples"].tolist() == [4, 4, 1] and block["entropy"].shape == (3, 3, 2)
+    totals = {name: value.sum(0) for name, value in block.items()}
+    parts = list(summary.summary_parts(store, info, CLARK))
+    direct = [summary._clark_totals(p) for p in parts]
+    for name in direct[0]:
+        np.testing.assert_allclose(totals[name], sum(d[name] for d in direct), rtol=RTOL, atol=0, err_msg=name)
+
+    old = zarr.create_group(store.locations.array_root, path=path, overwrite=True, attributes={"stamp": CLARK.stamp(9)})
+    old.create_array("range_examples", data=np.asarray([9], np.int64))
+    assert store.run_summary_ranges(info.id, "clark", CLARK.stamp(9)) is None
+    np.testing.assert_allclose(run_query(store, "entropy", run=run).to_numpy(float), want.to_numpy(float), rtol=RTOL, atol=0)
+    assert store.run_summary_ranges(info.id, "clark", CLARK.stamp(9)).n_examples() == 9

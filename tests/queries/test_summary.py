@@ -110,3 +110,50 @@ def test_large_summaries_are_chunked_by_example_and_read_back_whole(store, run, 
     assert group["entropy"].chunks == (2, 3, 2) and group["entropy"].shape == (4, 3, 2)
     same(run_query(store, "entropy", run=run), first)
     same(first, reference.query(store, "entropy", run=run))
+
+
+def test_a_small_run_s_summary_is_not_padded_to_a_full_range(store, run):
+    """4 examples: chunks of 4 rows (the next power of two), not 4,096 that zarr would encode and compare per field."""
+    run_query(store, "entropy", run=run)
+    group = zarr.open_group(store.locations.array_root, path="runs/sums/summary/clark", mode="r")
+    assert group["entropy"].chunks == (4, 3, 2) and group["example"].chunks == (4,)
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_the_reduce_on_a_pool_gives_the_one_thread_sums_exactly(store, run, monkeypatch, threads):
+    """The Clark kind reduces on a pool of threads while the reading thread decodes (ATTNSTORE_REDUCE_THREADS: 1 keeps
+    it on the reading thread); the sums are bit for bit those of the one-thread pass, in storage order."""
+    info = store.run_info(run)
+    monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, "1")
+    one = summary_module.summarise_examples(store, info, summary_module.CLARK)
+    monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, threads)
+    assert (summary_module._reduce_pool() is None) == (threads == "1")
+    pooled = summary_module.summarise_examples(store, info, summary_module.CLARK)
+    assert list(pooled) == list(one)
+    for field in one:
+        np.testing.assert_array_equal(pooled[field], one[field], err_msg=field)
+
+
+def test_an_error_in_a_pooled_pass_is_raised_and_a_bad_thread_count_is_named(store, run, monkeypatch):
+    from attnstore.queries.errors import InvalidArgumentError
+
+    info = store.run_info(run)
+    monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, "2")
+
+    def failing_prepare(*args, **kwargs):
+        raise RuntimeError("token table unreadable")
+
+    def failing_reduce(context, example, maps):
+        raise RuntimeError(f"example {example} failed")
+
+    broken = summary_module.SummaryKind("broken", 1, failing_prepare, summary_module._clark_reduce, threads=True)
+    with pytest.raises(RuntimeError, match="token table unreadable"):
+        summary_module.summarise_examples(store, info, broken)
+    with pytest.raises(RuntimeError, match="token table unreadable"):  # no example to reduce: still raised
+        summary_module.summarise_examples(store, info, broken, examples=[])
+    broken = summary_module.SummaryKind("broken", 1, summary_module._clark_prepare, failing_reduce, threads=True)
+    with pytest.raises(RuntimeError, match="example 0 failed"):
+        summary_module.summarise_examples(store, info, broken)
+    monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, "many")
+    with pytest.raises(InvalidArgumentError, match="ATTNSTORE_REDUCE_THREADS='many': give a whole number of threads"):
+        summary_module.reduce_threads()

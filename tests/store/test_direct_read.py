@@ -8,6 +8,7 @@ seen; a zarr.json changed after the first read is opened again.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -157,3 +158,95 @@ def test_a_chunk_damaged_after_the_first_read_is_named(store, make_run):
     damage(Path(store.locations.array_root) / info.array_path / "c" / str(offset // info.chunk_cells), "flipped")
     with pytest.raises(DamagedDataError, match=r"run 'flipped', example 2: chunk .* is damaged"):
         store.attention(run, 2)
+
+
+# ------------------------------------------------------------------ the cache of decoded blocks (one example's reads)
+
+
+def settle(folder: Path) -> None:
+    """Every chunk file of `folder` as if written a minute ago (the cache keeps only chunks unchanged for a while)."""
+    for path in folder.rglob("c/*"):
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 60 * 10**9))
+
+
+@pytest.fixture
+def cache():
+    kept = direct.set_block_cache_budget(64)
+    yield kept
+    direct.set_block_cache_budget(direct.DEFAULT_READ_CACHE_MB)
+
+
+def test_a_kept_read_is_served_from_the_cache_and_equal(tmp_path, cache):
+    chunk = 1 << 14
+    array, values = cells_array(tmp_path, "float16", CODECS["small-blocks"], chunk, 3 * chunk + 1000)
+    settle(tmp_path / "runs" / "x" / "cells")
+    reader = direct.direct_reader(array)
+    for a, b in [(5, 900), (chunk - 7, chunk + 2000), (3 * chunk, 3 * chunk + 1000)]:
+        first = reader.read(a, b, keep=True)
+        assert cache.used == 0 or a > 5, "a block read once was kept"
+        second = reader.read(a, b, keep=True)  # read again: now kept
+        hits = cache.hits
+        third = reader.read(a, b, keep=True)
+        assert cache.hits > hits, f"cells {a}..{b} were decoded again"
+        for got in (first, second, third):
+            np.testing.assert_array_equal(got, values[a:b])
+    third[:] = 0  # the caller's array: changing it changes nothing kept
+    np.testing.assert_array_equal(reader.read(3 * chunk, 3 * chunk + 1000, keep=True), values[3 * chunk : 3 * chunk + 1000])
+    # cells inside blocks already kept come from the cache too; a whole-run pass neither uses nor fills it
+    hits, used = cache.hits, cache.used
+    np.testing.assert_array_equal(reader.read(10, 20, keep=True), values[10:20])
+    assert cache.hits > hits
+    np.testing.assert_array_equal(reader.read(0, len(values)), values)
+    assert cache.used == used
+
+
+def test_a_chunk_changed_after_it_was_kept_is_read_again(tmp_path, cache):
+    chunk = 1 << 14
+    array, values = cells_array(tmp_path, "float16", CODECS["small-blocks"], chunk, 2 * chunk)
+    folder = tmp_path / "runs" / "x" / "cells"
+    settle(folder)
+    reader = direct.direct_reader(array)
+    reader.read(100, 200, keep=True)
+    reader.read(100, 200, keep=True)
+    assert cache.used > 0
+    damage(folder / "c" / "0", "flipped")  # the file's stamp changes: its kept blocks are not used
+    assert reader.read(100, 200, keep=True) is None  # left to zarr, which names the damage
+    with pytest.raises(DamagedDataError):
+        arrays.read_cells(array, 100, 200, lambda a, b: "cells")
+
+
+def test_a_chunk_written_moments_ago_is_not_kept(tmp_path, cache):
+    """A file rewritten within one timestamp tick keeps its modification time: only settled chunks are kept."""
+    array, values = cells_array(tmp_path, "float16", CODECS["small-blocks"], 1 << 14, 1 << 14)
+    reader = direct.direct_reader(array)
+    for _ in range(3):
+        np.testing.assert_array_equal(reader.read(0, 500, keep=True), values[:500])
+    assert cache.used == 0
+
+
+def test_the_cache_stays_within_its_budget(tmp_path):
+    chunk = 1 << 14
+    array, values = cells_array(tmp_path, "float32", CODECS["small-blocks"], chunk, 8 * chunk)
+    settle(tmp_path / "runs" / "x" / "cells")
+    kept = direct.set_block_cache_budget(0.02)  # 20 KiB: a few 4 KiB blocks
+    try:
+        reader = direct.direct_reader(array)
+        for a in range(0, len(values) - 3000, 2500):
+            for _ in range(2):
+                np.testing.assert_array_equal(reader.read(a, a + 3000, keep=True), values[a : a + 3000])
+                assert kept.used <= kept.budget
+        assert 0 < len(kept.blocks) <= kept.budget // 4096
+    finally:
+        direct.set_block_cache_budget(direct.DEFAULT_READ_CACHE_MB)
+
+
+def test_the_cache_budget_comes_from_the_environment(monkeypatch):
+    monkeypatch.setattr(direct, "_CACHE", None)
+    monkeypatch.setenv(direct.READ_CACHE_ENV, "0")
+    assert direct.block_cache().budget == 0
+    monkeypatch.setattr(direct, "_CACHE", None)
+    monkeypatch.setenv(direct.READ_CACHE_ENV, "lots")
+    with pytest.raises(ValueError, match="ATTNSTORE_READ_CACHE_MB='lots': give a number of megabytes"):
+        direct.block_cache()
+    monkeypatch.setattr(direct, "_CACHE", None)
