@@ -3,6 +3,12 @@ on request does as it reads maps (`MapsReading`: refuse where nothing read is ke
 
 Endpoints run in FastAPI's thread pool: the caches below sit behind a lock, queries computed on request run one at a
 time, and at most `max_heavy_requests` heavy requests (SQL, queries, maps, search) at once: past that, 503.
+
+The endpoints that are asked most (maps, examples, cached queries and metrics) first try to answer on the event loop
+from what is kept (`answer_here_or_on_a_thread`): inside `inline()` a cache miss, a heavy slot not free at once, or
+a read the endpoint deems too large raises `NeedsThread`, and the request is answered on the thread pool as before.
+The hop to a thread and back cost more than the answer itself (py-spy, one head's maps as .npy: 16 % of the server's
+GIL time in `run_in_threadpool`, the endpoint's own work 5 %).
 """
 
 import json
@@ -12,10 +18,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ...store import search
 from ...store.errors import NotFoundError, TooLargeError
+from ...store.remote import is_remote
 from .encoding import records
 from .settings import PREPARING, RETRY_AFTER_S, ScanNeededError, ServerBusyError, ServeSettings, log
 
@@ -24,6 +32,26 @@ if TYPE_CHECKING:
 
     from ...store import Store
     from ...store.records import RunInfo
+
+
+class NeedsThread(Exception):
+    """What the server keeps does not answer this request on the event loop: answer it on the thread pool."""
+
+
+# True while an endpoint tries to answer on the event loop (`Server.inline`): nothing there may wait for SQL, a lock
+# held by a thread, or a read of unknown size.
+INLINE: ContextVar[bool] = ContextVar("attnstore_inline", default=False)
+
+
+def inline_only() -> None:
+    """Raise NeedsThread when called on the event loop's try (before SQL, a computation, a read that may be large)."""
+    if INLINE.get():
+        raise NeedsThread
+
+
+# Cells of maps read on the event loop at most (2 MiB of float16: about 1 ms where no block of them is cached); more,
+# or any read of a remote store, is done on the thread pool.
+INLINE_READ_CELLS = 1 << 20
 
 
 class Server:
@@ -59,6 +87,7 @@ class Server:
             if key in cache:
                 cache.move_to_end(key)
                 return cache[key]
+        inline_only()
         value = make()
         with self._lock:
             cache[key] = value
@@ -91,10 +120,23 @@ class Server:
         return self._cached(cache, (self.version(), *key), make, size)
 
     @contextmanager
+    def inline(self) -> Iterator[None]:
+        """The event loop's try at a request (`INLINE`): what is not kept raises NeedsThread instead of being read."""
+        token = INLINE.set(True)
+        try:
+            yield
+        finally:
+            INLINE.reset(token)
+
+    @contextmanager
     def heavy(self) -> Iterator[None]:
         """One of `max_heavy_requests` slots for a request that may read much (SQL, a query, maps), waited for at most
-        `heavy_wait_s`; ServerBusyError (503, Retry-After) when none frees up."""
-        if not self._heavy.acquire(timeout=self.settings.heavy_wait_s):
+        `heavy_wait_s`; ServerBusyError (503, Retry-After) when none frees up. On the event loop's try, a slot that is
+        not free at once raises NeedsThread (the loop never waits for one)."""
+        if INLINE.get():
+            if not self._heavy.acquire(blocking=False):
+                raise NeedsThread
+        elif not self._heavy.acquire(timeout=self.settings.heavy_wait_s):
             with self._lock:
                 running = self._heavy_running
             raise ServerBusyError(f"server busy: {running} heavy requests running; retry in {RETRY_AFTER_S} s")
@@ -107,6 +149,12 @@ class Server:
                 self._heavy_running -= 1
             self._heavy.release()
 
+    def reading(self, cells: int) -> None:
+        """Before reading `cells` cells of maps: on the event loop's try, NeedsThread where the read may take long (a
+        remote store, more than INLINE_READ_CELLS)."""
+        if INLINE.get() and (cells > INLINE_READ_CELLS or is_remote(self.store.locations.array_root)):
+            raise NeedsThread
+
     def can_keep(self, info: "RunInfo") -> bool:
         """Whether what a query reads of this run's maps is kept (summaries beside the run) for the next time."""
         return not self.store.read_only and self.store.can_keep_summaries(info.id)
@@ -118,6 +166,7 @@ class Server:
             hit = self._infos.get(run)
         if hit is not None and hit[0] == version:
             return hit[1]
+        inline_only()
         info = self.store.run_info(run)
         with self._lock:
             self._infos[run] = (version, info)
@@ -166,6 +215,7 @@ class Server:
         (TooLargeError, 413, past `max_sql_bytes` in all or `max_sql_value_bytes` in one value)."""
         from ...store.readonly import run_readonly_sql
 
+        inline_only()
         store = self.store
         target = store.locations.db_url if store.engine.dialect.name == "sqlite" else store.engine
         columns, rows = run_readonly_sql(
@@ -195,6 +245,7 @@ class Server:
             if key in self._results:
                 self._results.move_to_end(key)
                 return self._results[key]
+        inline_only()
         with self._compute:
             with self._lock:
                 if key in self._results:

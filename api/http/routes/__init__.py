@@ -3,18 +3,23 @@ runs (and /api/info), maps, typed text, head metrics, queries, search, SQL, labe
 
 A router is made per app since the bounds of its parameters (page sizes, rows, top k) come from that app's
 ServeSettings. Its endpoints are plain `def`s (FastAPI runs them in its thread pool) that get the app's `Server`
-through the `Srv` dependency, and each does its work in a function of its module that takes the Server. Below, the
-parameters several endpoints share.
+through the `Srv` dependency, and each does its work in a function of its module that takes the Server. The most
+asked ones are `async def`s that answer through `answer_here_or_on_a_thread`: on the event loop from what is kept,
+else on the thread pool (state.py). Below, the parameters several endpoints share.
 
 No `from __future__ import annotations` in these modules: FastAPI reads the endpoints' annotations.
 """
 
+from collections.abc import Callable
+
 from fastapi import Depends, Query, Request
 from fastapi import Path as PathParam
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from ....store.errors import StorageIOError
 from ..middleware import run_name
-from ..state import Server
+from ..state import NeedsThread, Server
 
 
 async def current_server(request: Request) -> Server:
@@ -25,7 +30,17 @@ async def current_server(request: Request) -> Server:
     return server
 
 
-def run_param(
+async def answer_here_or_on_a_thread(s: Server, work: Callable[[], Response]) -> Response:
+    """`work()` on the event loop where what the server keeps answers it (`Server.inline`), else on the thread pool."""
+    try:
+        with s.inline():
+            return work()
+    except NeedsThread:
+        pass
+    return await run_in_threadpool(work)
+
+
+async def run_param(
     run: str = PathParam(description="Run id (`attnstore runs`), or its name with any `/` in it sent as `%2F`."),
 ) -> str:
     return run_name(run)

@@ -13,7 +13,7 @@ from ..encoding import dumps, float16_json
 from ..responses import answers, ok
 from ..settings import ServeSettings
 from ..state import Server
-from . import Example, Heads, Layers, Run, Srv
+from . import Example, Heads, Layers, Run, Srv, answer_here_or_on_a_thread
 
 
 def parse_indices(text: str | None, name: str, size: int) -> list[int]:
@@ -55,9 +55,17 @@ def attention_slice(srv: Server, run: str, example: int, layer: str | None, head
             f"budget of {budget} cells per {'.npy' if binary else 'JSON'} response; ask for a slice: layer=L&head=H"
             + ("" if binary else f", or format=npy (budget {srv.settings.max_cells})")
         )
+    srv.reading(read_span(layers, heads, info.n_heads, length))
     maps = srv.store.attention(info.id, example, layer=layers, head=heads)
     about = {"run": info.name, "example": example, "layers": layers, "heads": heads, "shape": list(maps.shape), "dtype": str(maps.dtype)}
     return about, maps
+
+
+def read_span(layers: list[int], heads: list[int], n_heads: int, length: int) -> int:
+    """The cells `store.attention` reads for them: the span of the layers, and of the heads within one layer."""
+    n_layers = max(layers) - min(layers) + 1
+    span_heads = max(heads) - min(heads) + 1 if n_layers == 1 else n_heads
+    return n_layers * span_heads * length * length
 
 
 def maps_response(s: Server, run: str, example: int, layer: str | None, head: str | None, format: str, digits: int | None) -> Response:
@@ -94,7 +102,7 @@ def router(settings: ServeSettings) -> APIRouter:
         tags=["examples"],
         responses={200: {"content": {"application/json": {}, "application/octet-stream": {}}}, **answers(404, 413)},
     )
-    def attention(
+    async def attention(
         run: str = Run,
         example: int = Example,
         layer: str | None = Layers,
@@ -104,7 +112,11 @@ def router(settings: ServeSettings) -> APIRouter:
         s: Server = Srv,
     ) -> Response:
         """One example's maps (layer, head, query, key), as JSON or .npy, within the cell budget."""
-        with s.heavy():
-            return maps_response(s, run, example, layer, head, format, digits)
+
+        def work() -> Response:
+            with s.heavy():
+                return maps_response(s, run, example, layer, head, format, digits)
+
+        return await answer_here_or_on_a_thread(s, work)
 
     return api

@@ -13,7 +13,7 @@ from ..encoding import dumps, json_value
 from ..responses import answers, ok
 from ..settings import ServeSettings
 from ..state import Server
-from . import Run, Scan, Srv
+from . import Run, Scan, Srv, answer_here_or_on_a_thread
 
 # Per-head metrics the server computes on request when none are saved (cheap, one pass over the maps).
 COMPUTABLE: dict[str, tuple[str, ...]] = {
@@ -106,7 +106,7 @@ def router(settings: ServeSettings) -> APIRouter:
         return ok(head_metric_list(s, run))
 
     @api.get("/api/runs/{run}/head_metrics/{metric}", tags=["head metrics"], responses=answers(404, 409))
-    def head_metric(
+    async def head_metric(
         run: str = Run,
         metric: str = PathParam(description="query.column, e.g. entropy.entropy", max_length=200),
         params: str | None = Query(None, max_length=2000, description="The saved parameters (JSON text) when several were saved."),
@@ -114,9 +114,13 @@ def router(settings: ServeSettings) -> APIRouter:
         s: Server = Srv,
     ) -> Response:
         """One metric as a layers x heads matrix: saved, else computed now (entropy, special_tokens, relative_position)."""
-        info = s.info(run)
-        key = (info.id, info.status, info.n_stored, info.n_skipped, metric, params)  # scan=1 changes how, not what
-        body = s.kept("metric answers", key, lambda: dumps(head_metric_matrix(s, run, metric, params, scan)), 256)
-        return Response(body, media_type="application/json")
+
+        def work() -> Response:
+            info = s.info(run)
+            key = (info.id, info.status, info.n_stored, info.n_skipped, metric, params)  # scan=1 changes how, not what
+            body = s.kept("metric answers", key, lambda: dumps(head_metric_matrix(s, run, metric, params, scan)), 256)
+            return Response(body, media_type="application/json")
+
+        return await answer_here_or_on_a_thread(s, work)
 
     return api

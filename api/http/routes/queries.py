@@ -13,7 +13,7 @@ from ..encoding import dumps, json_value, table
 from ..responses import answers, ok
 from ..settings import ServeSettings
 from ..state import Server
-from . import Run, Scan, Srv
+from . import Run, Scan, Srv, answer_here_or_on_a_thread
 
 if TYPE_CHECKING:
     from ....store.records import RunInfo
@@ -120,14 +120,18 @@ def router(settings: ServeSettings) -> APIRouter:
         return raw, max_rows
 
     @api.get("/api/runs/{run}/queries/{name}", tags=["queries"], responses=answers(404, 409, 413))
-    def query(
+    async def query(
         request: Request, run: str = Run, name: str = PathParam(description="A query of /api/queries."), scan: bool = Scan, s: Server = Srv
     ) -> Response:
         """Run a registered query (its parameters as query-string values, e.g. ?average=token); cached; at most
         `max_query_examples` examples read and `max_query_rows` rows returned (`max_rows` to return fewer)."""
         raw, max_rows = query_params(request)
-        with s.heavy():
-            return Response(query_answer(s, run, name, raw, max_rows, scan), media_type="application/json")
+
+        def work() -> Response:
+            with s.heavy():
+                return Response(query_answer(s, run, name, raw, max_rows, scan), media_type="application/json")
+
+        return await answer_here_or_on_a_thread(s, work)
 
     @api.post("/api/runs/{run}/queries/{name}/save", tags=["queries"], responses=answers(403, 404, 409, 413))
     def save(

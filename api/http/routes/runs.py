@@ -10,8 +10,8 @@ from fastapi.responses import Response
 from ..encoding import json_value, records
 from ..responses import answers, ok
 from ..settings import ServeSettings, server_version
-from ..state import Server
-from . import Example, Offset, Run, Srv
+from ..state import Server, inline_only
+from . import Example, Offset, Run, Srv, answer_here_or_on_a_thread
 from .scratch import scratch_available
 
 # ------------------------------------------------------------------ the endpoints' work, one function each
@@ -49,6 +49,7 @@ def list_examples(
             "limit": limit,
             "items": rows[offset : offset + limit],
         }
+    inline_only()  # filtering scans the run's rows: on the thread pool
     frame = srv.examples(info)
     keep = np.ones(len(frame), dtype=bool)
     if q:
@@ -118,7 +119,7 @@ def router(settings: ServeSettings) -> APIRouter:
         return ok(run_detail(s, run))
 
     @api.get("/api/runs/{run}/examples", tags=["examples"], responses=answers(404))
-    def examples(
+    async def examples(
         run: str = Run,
         offset: int = Offset,
         limit: int = Query(settings.default_page, ge=1, le=settings.max_page, description="Rows per page."),
@@ -131,11 +132,13 @@ def router(settings: ServeSettings) -> APIRouter:
         s: Server = Srv,
     ) -> Response:
         """A page of the run's examples (position, texts, label, length, flags), filtered."""
-        return ok(list_examples(s, run, offset, limit, q, label, min_length, max_length, truncated, skipped))
+        return await answer_here_or_on_a_thread(
+            s, lambda: ok(list_examples(s, run, offset, limit, q, label, min_length, max_length, truncated, skipped))
+        )
 
     @api.get("/api/runs/{run}/examples/{example}", tags=["examples"], responses=answers(404))
-    def example(run: str = Run, example: int = Example, s: Server = Srv) -> Response:
+    async def example(run: str = Run, example: int = Example, s: Server = Srv) -> Response:
         """One example and its tokens with word alignment, POS, dependency head and relation."""
-        return ok(example_detail(s, run, example))
+        return await answer_here_or_on_a_thread(s, lambda: ok(example_detail(s, run, example)))
 
     return api

@@ -14,7 +14,7 @@ from ..encoding import json_value
 from ..responses import answers, ok
 from ..settings import ServeSettings
 from ..state import Server
-from . import Offset, Run, Srv
+from . import Offset, Run, Srv, answer_here_or_on_a_thread
 
 
 def annotation_values(srv: Server, run: str) -> dict:
@@ -75,6 +75,7 @@ def search(
     kept_hits, total, contexts = srv.kept("search hits", key, find, 256)
     hits = [dict(hit) for hit in kept_hits]  # this answer's own: the attention below is added to them
     if layer is not None:
+        srv.reading(sum(len(c["tokens"]) ** 2 for c in contexts.values()))
         maps = {e: srv.store.attention(info.id, e, layer=[layer], head=[head])[0, 0] for e in contexts}
         for hit in hits:
             context = contexts[hit["example"]]
@@ -105,7 +106,7 @@ def router(settings: ServeSettings) -> APIRouter:
             return ok(annotation_values(s, run))
 
     @api.get("/api/runs/{run}/search", tags=["search"], responses=answers(404))
-    def search_tokens(
+    async def search_tokens(
         run: str = Run,
         word: str | None = Query(None, max_length=200, description="Word form (case-insensitive)."),
         token: str | None = Query(None, max_length=200, description="Token (wordpiece) text (case-insensitive)."),
@@ -121,7 +122,11 @@ def router(settings: ServeSettings) -> APIRouter:
     ) -> Response:
         """Corpus search: tokens by word, token, POS or relation, by example; with layer and head, each hit's
         attention row and its top-k attended tokens."""
-        with s.heavy():
-            return ok(search(s, run, word, token, upos, deprel, pieces, layer, head, k, offset, limit))
+
+        def work() -> Response:
+            with s.heavy():
+                return ok(search(s, run, word, token, upos, deprel, pieces, layer, head, k, offset, limit))
+
+        return await answer_here_or_on_a_thread(s, work)
 
     return api

@@ -1,0 +1,111 @@
+"""Answers from what the server keeps are given on the event loop (api/http/state.py `Server.inline`,
+routes `answer_here_or_on_a_thread`): the second request for a page, an example, a slice of maps, a cached query or
+metric, or a search never hops to the thread pool; a cache miss, a large or remote read, or a heavy slot not free at
+once goes to the thread pool as before, with the same answer."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from urllib.parse import quote
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=".*httpx2")
+    from fastapi.testclient import TestClient
+
+from attnstore.api.http import routes, state  # noqa: E402
+from attnstore.api.serve import ServeSettings, create_app  # noqa: E402
+
+from .test_serve_guards import NAMES, TOKEN_WORDS, TOKENS, WORDS, maps_for  # noqa: E402
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How many requests went to the thread pool."""
+    calls = []
+    real = routes.run_in_threadpool
+
+    async def counting(work, *args, **kwargs):
+        calls.append(work)
+        return await real(work, *args, **kwargs)
+
+    monkeypatch.setattr(routes, "run_in_threadpool", counting)
+    return calls
+
+
+@pytest.fixture
+def one_run(store, make_run):
+    maps = maps_for(0)
+    make_run(store, maps, TOKENS, name=NAMES[0], words_list=WORDS, token_words=TOKEN_WORDS)
+    return store, maps
+
+
+def test_a_kept_answer_is_given_on_the_event_loop(one_run, counted):
+    store, maps = one_run
+    r = f"/api/runs/{quote(NAMES[0], safe='')}"
+    urls = [
+        (f"{r}/examples", {"limit": 5}),
+        (f"{r}/examples/1", {}),
+        (f"{r}/examples/1/attention", {"layer": 1, "head": 2}),
+        (f"{r}/examples/1/attention", {"layer": 1, "format": "npy"}),
+        (f"{r}/queries/entropy", {}),
+        (f"{r}/head_metrics/entropy.entropy", {}),
+        (f"{r}/search", {"upos": "NOUN", "layer": 0, "head": 1}),
+    ]
+    settings = ServeSettings(info_ttl_s=3600)  # on PostgreSQL what is kept is read again after info_ttl_s
+    with TestClient(create_app(store, settings, allowed_hosts=["testserver"])) as c:
+        for url, params in urls:
+            before = len(counted)
+            first = c.get(url, params=params)
+            assert first.status_code == 200, first.text
+            if url.endswith("/examples") or "queries" in url:  # nothing kept yet: SQL, or the query computed
+                assert len(counted) == before + 1, f"{url} {params}: the first answer is read on the thread pool"
+            hops = len(counted)
+            again = c.get(url, params=params)
+            assert again.status_code == 200 and again.content == first.content
+            assert len(counted) == hops, f"{url} {params}: a kept answer hopped to the thread pool"
+        np.testing.assert_allclose(
+            c.get(f"{r}/examples/1/attention", params={"layer": 1, "head": 2}).json()["attention"], maps[1][1:2, 2:3], atol=1e-6
+        )
+        # a filtered page scans the rows: always on the thread pool
+        before = len(counted)
+        assert c.get(f"{r}/examples", params={"q": "dog"}).json()["total"] == 1  # "a dog barked"
+        assert len(counted) == before + 1
+
+
+def test_a_large_or_remote_read_goes_to_the_thread_pool(one_run, counted, monkeypatch):
+    store, maps = one_run
+    url = f"/api/runs/{quote(NAMES[0], safe='')}/examples/1/attention"
+    with TestClient(create_app(store, ServeSettings(info_ttl_s=3600), allowed_hosts=["testserver"])) as c:
+        c.get(url, params={"layer": 0, "head": 0})  # the run's info and rows kept
+        before = len(counted)
+        monkeypatch.setattr(state, "INLINE_READ_CELLS", 35)  # one head of example 1 is 36 cells
+        got = c.get(url, params={"layer": 0, "head": 0}).json()["attention"]
+        assert len(counted) == before + 1
+        np.testing.assert_allclose(got, maps[1][0:1, 0:1], atol=1e-6)
+        monkeypatch.setattr(state, "INLINE_READ_CELLS", 1 << 20)
+        monkeypatch.setattr(state, "is_remote", lambda root: True)
+        c.get(url, params={"layer": 0, "head": 1})
+        assert len(counted) == before + 2
+
+
+def test_the_event_loop_never_waits_for_a_heavy_slot(one_run):
+    store, _ = one_run
+    srv = state.Server(store, ServeSettings(max_heavy_requests=1, heavy_wait_s=5))
+    with srv.heavy():  # the only slot, held by a thread's request
+        started = time.monotonic()
+        with pytest.raises(state.NeedsThread), srv.inline(), srv.heavy():
+            pass
+        assert time.monotonic() - started < 1
+    with srv.inline(), srv.heavy():  # free again: taken at once
+        pass
+    with pytest.raises(state.NeedsThread), srv.inline():
+        srv.info(NAMES[0])  # not kept yet: SQL only on a thread
+    assert srv.info(NAMES[0]).name == NAMES[0]
+    with srv.inline():
+        assert srv.info(NAMES[0]).name == NAMES[0]
+    assert not state.INLINE.get()
