@@ -100,7 +100,7 @@ def _mention_argmax_reduce(context, example: int, maps: np.ndarray) -> dict[str,
 
 # version 2: a tie or a row of zeros predicts nothing (-1), the rule `dependency` follows; version 1 took the first index
 MENTION_ARGMAX = register_kind(
-    SummaryKind("mention_argmax", 2, _mention_argmax_prepare, _mention_argmax_reduce, ragged=("word", "attended"))
+    SummaryKind("mention_argmax", 2, _mention_argmax_prepare, _mention_argmax_reduce, ragged=("word", "attended"), threads=True)
 )
 
 # A source of predictions yields, per example with mentions: (example, ids, rows, predictions): `ids` maps the

@@ -175,7 +175,7 @@ def _word_argmax_reduce(context, example: int, maps: np.ndarray) -> dict[str, np
 
 # version 2: the gold tree (`edge`, `edge_label`) kept beside the predictions
 WORD_ARGMAX = register_kind(
-    SummaryKind("word_argmax", 2, _word_argmax_prepare, _word_argmax_reduce, ragged=("word", "argmax", "edge", "edge_label"))
+    SummaryKind("word_argmax", 2, _word_argmax_prepare, _word_argmax_reduce, ragged=("word", "argmax", "edge", "edge_label"), threads=True)
 )
 
 

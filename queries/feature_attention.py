@@ -199,7 +199,7 @@ def _features_reduce(fm: FeatureMasks, example: int, maps: np.ndarray) -> dict[s
 # feature_max / cls_to_feature / cls_to_feature_max: (feature in FEATURES order, layer, head), 0 where the example lacks
 # the feature (feature_tokens 0) or, for cls_to_feature*, a [CLS]-like token (cls_position -1): the [CLS] row's sum
 # and largest weight over the feature's tokens. Version 2: cls_to_feature_max.
-KOVALEVA_FEATURES = register_kind(SummaryKind("kovaleva_features", 2, _features_prepare, _features_reduce))
+KOVALEVA_FEATURES = register_kind(SummaryKind("kovaleva_features", 2, _features_prepare, _features_reduce, threads=True))
 
 
 def feature_summaries(store: Store, info: RunInfo, examples=None, weights: str = "attention") -> Iterable[dict[str, np.ndarray]]:

@@ -178,7 +178,7 @@ def _lu_fe_max_reduce(context, example: int, maps: np.ndarray) -> dict[str, np.n
     }
 
 
-LU_FE_MAX = register_kind(SummaryKind("lu_fe_max", 1, _lu_fe_max_prepare, _lu_fe_max_reduce, ragged=("lu", "fe", "fe_max")))
+LU_FE_MAX = register_kind(SummaryKind("lu_fe_max", 1, _lu_fe_max_prepare, _lu_fe_max_reduce, ragged=("lu", "fe", "fe_max"), threads=True))
 
 
 def _any_per_set(fe_set: np.ndarray, mask: np.ndarray, n_sets: int) -> np.ndarray:

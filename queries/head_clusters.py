@@ -150,7 +150,7 @@ def _head_js_reduce(smoothing: float, example: int, maps: np.ndarray) -> dict[st
 
 # js: (example, n_pairs) float64, pair (a, b) with a < b over layer * n_heads + head in np.triu_indices order.
 # version 2: the maps are smoothed first (the authors'), by default
-HEAD_JS = register_kind(SummaryKind("head_js", 2, _head_js_prepare, _head_js_reduce, defaults={"smoothing": SMOOTHING}))
+HEAD_JS = register_kind(SummaryKind("head_js", 2, _head_js_prepare, _head_js_reduce, defaults={"smoothing": SMOOTHING}, threads=True))
 
 
 # Hand-written around np.linalg.eigh on purpose: scikit-learn is no dependency, and its MDS is iterative SMACOF, not classical.

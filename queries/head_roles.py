@@ -71,7 +71,7 @@ def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-HEAD_ROLES = register_kind(SummaryKind("head_roles", 1, _prepare, _reduce))
+HEAD_ROLES = register_kind(SummaryKind("head_roles", 1, _prepare, _reduce, threads=True))
 
 
 @register("head_roles")

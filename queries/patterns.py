@@ -292,7 +292,7 @@ def _scores_reduce(layout, example: int, maps: np.ndarray) -> dict[str, np.ndarr
 
 # Each example's rule scores per (layer, head), kept with the run (queries/summary.py): pattern_classes,
 # pattern_proportions and pattern_heads (source "rules") then classify without decoding a map.
-PATTERN_SCORES = register_kind(SummaryKind("pattern_scores", 2, _scores_prepare, _scores_reduce))
+PATTERN_SCORES = register_kind(SummaryKind("pattern_scores", 2, _scores_prepare, _scores_reduce, threads=True))
 
 
 def sample_examples(store: Store, info, examples=None, max_examples: int = 1000, seed: int = 0) -> list[int]:

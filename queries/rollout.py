@@ -85,7 +85,7 @@ def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
 
 
 # shares: (layer, class in CLASSES order): the source token's rollout mass on each class; has_source false: no source
-ROLLOUT = register_kind(SummaryKind("rollout", 1, _prepare, _reduce, defaults={"punct": DEFAULT_PUNCT}))
+ROLLOUT = register_kind(SummaryKind("rollout", 1, _prepare, _reduce, defaults={"punct": DEFAULT_PUNCT}, threads=True))
 
 
 @register("rollout", per_head=False)

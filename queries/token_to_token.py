@@ -143,7 +143,7 @@ def _relations_reduce(linked, example: int, maps: np.ndarray) -> dict[str, np.nd
 
 # relation_mean / relation_token_max: (relation in RELATIONS order, layer, head), 0 where the example has no pair
 # (relation_pairs 0). Version 2: relation_token_max.
-KOVALEVA_RELATIONS = register_kind(SummaryKind("kovaleva_relations", 2, _relations_prepare, _relations_reduce))
+KOVALEVA_RELATIONS = register_kind(SummaryKind("kovaleva_relations", 2, _relations_prepare, _relations_reduce, threads=True))
 
 
 @register("token_to_token", per_head=False)

@@ -166,7 +166,13 @@ def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
 # UTF-8 bytes, concatenated, with their lengths in relation_bytes (both ragged).
 HEAD_TREES = register_kind(
     SummaryKind(
-        "head_trees", 1, _prepare, _reduce, ragged=("hits", "chain", "relation", "relation_bytes"), defaults={"specials": "exclude"}
+        "head_trees",
+        1,
+        _prepare,
+        _reduce,
+        ragged=("hits", "chain", "relation", "relation_bytes"),
+        defaults={"specials": "exclude"},
+        threads=True,
     )
 )
 

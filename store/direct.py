@@ -37,6 +37,8 @@ from numcodecs import blosc
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 from zarr.storage import LocalStore
 
+from .errors import InvalidArgumentError
+
 HEADER = 16
 BYTE_SHUFFLE, MEMCPYED, BIT_SHUFFLE, DONT_SPLIT = 0x01, 0x02, 0x04, 0x10
 
@@ -145,7 +147,7 @@ def block_cache() -> BlockCache:
         try:
             megabytes = float(text) if text else DEFAULT_READ_CACHE_MB
         except ValueError:
-            raise ValueError(f"{READ_CACHE_ENV}={text!r}: give a number of megabytes (0 turns the read cache off)") from None
+            raise InvalidArgumentError(f"{READ_CACHE_ENV}={text!r}: give a number of megabytes (0 turns the read cache off)") from None
         _CACHE = BlockCache(max(0, int(megabytes * (1 << 20))))
     return _CACHE
 

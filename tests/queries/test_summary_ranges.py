@@ -41,12 +41,33 @@ def compare_kinds(store, run: str) -> list[str]:
     return compared
 
 
+def compare_threads(store, run: str, monkeypatch) -> list[str]:
+    """Each kind's one pass with its reduce on a pool of 3 threads against on the reading thread: exactly equal."""
+    info = store.run_info(run)
+    compared = []
+    for name, kind in run_kinds().items():
+        monkeypatch.setenv(summary.REDUCE_THREADS_ENV, "1")
+        try:
+            one = summarise_examples(store, info, kind)
+        except AttnStoreError:
+            continue
+        monkeypatch.setenv(summary.REDUCE_THREADS_ENV, "3")
+        pooled = summarise_examples(store, info, kind)
+        assert pooled.keys() == one.keys(), name
+        for field in one:
+            np.testing.assert_array_equal(pooled[field], one[field], err_msg=f"{name}.{field} on 3 threads")
+        compared.append(name)
+    monkeypatch.delenv(summary.REDUCE_THREADS_ENV)
+    return compared
+
+
 def test_a_summary_built_in_ranges_equals_one_pass(store, make_run, monkeypatch):
     load_all()
     run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="ranged", dtype="float16")
     monkeypatch.setattr(summary, "SUMMARY_RANGE", 2)  # 9 examples: 5 ranges, the last of one
     compared = compare_kinds(store, run)
     assert "clark" in compared and len(compared) >= 4, compared
+    assert compare_threads(store, run, monkeypatch) == compared
 
 
 @pytest.mark.model
@@ -62,6 +83,9 @@ def test_ranges_of_real_runs_with_words_and_mentions_equal_one_pass(store, loade
     assert len(store.examples(ud)) > 3 and len(store.examples(gum)) > 3
     assert {"word_argmax", "kovaleva_features", "kovaleva_relations", "clark"} <= set(compare_kinds(store, ud))
     assert "mention_argmax" in compare_kinds(store, gum)
+    threaded = set(compare_threads(store, ud, monkeypatch))
+    assert {"word_argmax", "kovaleva_features", "kovaleva_relations", "head_trees", "clark"} <= threaded, threaded
+    assert "mention_argmax" in compare_threads(store, gum, monkeypatch)
 
 
 def test_a_summary_is_kept_part_by_part_and_read_back_in_parts(store, make_run, monkeypatch):

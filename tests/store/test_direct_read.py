@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from attnstore.store import arrays, direct
-from attnstore.store.errors import DamagedDataError, NotFoundError
+from attnstore.store.errors import DamagedDataError, InvalidArgumentError, NotFoundError
 
 from .test_integrity import TOKENS, damage, maps_for
 
@@ -247,6 +247,6 @@ def test_the_cache_budget_comes_from_the_environment(monkeypatch):
     assert direct.block_cache().budget == 0
     monkeypatch.setattr(direct, "_CACHE", None)
     monkeypatch.setenv(direct.READ_CACHE_ENV, "lots")
-    with pytest.raises(ValueError, match="ATTNSTORE_READ_CACHE_MB='lots': give a number of megabytes"):
+    with pytest.raises(InvalidArgumentError, match="ATTNSTORE_READ_CACHE_MB='lots': give a number of megabytes"):
         direct.block_cache()
     monkeypatch.setattr(direct, "_CACHE", None)
