@@ -47,6 +47,7 @@ from typing import Literal
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, FixedScaleOffset
+from zarr.core.array import AsyncArray
 from zarr.core.array_spec import ArrayConfigParams
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
@@ -507,7 +508,7 @@ class SummaryWriter:
         self.node = zarr.create_group(
             store=open_root(root, read_only=False), path=f"{group}/summary/{name}", overwrite=True, attributes={"stamp": None}
         )
-        self.arrays: dict[str, zarr.Array] = {}
+        self.arrays: dict[str, AsyncArray] = {}
         self.ragged_rows: dict[str, int] = {}  # per `<field>_start`: the ragged field's rows saved so far
         # totals: the kind's range reduction; each appended part (a range of examples) is then also kept reduced
         self.totals = totals
@@ -519,25 +520,37 @@ class SummaryWriter:
             return
         if self.ranges is not None and self.totals is not None and len(values["example"]):
             self.ranges.append(len(values["example"]), self.totals(values))
+        parts = {}
         for key, array in values.items():
             array = np.asarray(array)
             if is_ragged_start(key, values):
                 if key in self.arrays:  # continue the saved offsets: drop the part's leading 0, shift by the rows so far
                     array = array[1:] + self.ragged_rows[key]
                 self.ragged_rows[key] = int(array[-1])
+            parts[key] = array
+        whole = len(values["example"]) < SUMMARY_CHUNK_ROWS
+
+        async def write(key: str, array: np.ndarray) -> None:
             target = self.arrays.get(key)
-            if target is None:
-                target = self.arrays[key] = self.node.create_array(
+            if target is None:  # created at the part's size: no resize, one metadata write
+                target = self.arrays[key] = await self.node._async_group.create_array(
                     key,
-                    shape=(0, *array.shape[1:]),
+                    shape=array.shape,
                     dtype=array.dtype,
-                    chunks=_summary_chunks(array, ragged=f"{key}_start" in values, whole=len(values["example"]) < SUMMARY_CHUNK_ROWS),
+                    chunks=_summary_chunks(array, ragged=f"{key}_start" in values, whole=whole),
                     compressors=make_codec(INDEX_CODEC, str(array.dtype)),
                 )
-            at = target.shape[0]
-            target.resize((at + array.shape[0], *array.shape[1:]))
+                at = 0
+            else:
+                at = target.shape[0]
+                await target.resize((at + array.shape[0], *array.shape[1:]))
             if array.shape[0]:
-                target[at:] = array
+                await target.setitem(slice(at, at + array.shape[0]), array)
+
+        async def write_all() -> None:  # the fields' arrays at once: each is a few metadata and chunk writes through zarr
+            await asyncio.gather(*(write(key, array) for key, array in parts.items()))
+
+        sync(write_all())
 
     def finish(self, stamp: dict) -> None:
         if self.ranges is not None:
