@@ -9,7 +9,8 @@
   whose id is least frequent in the run, ties to the first), against the uniform chance of hitting it.
 
 Each example's counts are the `head_roles` summary kind, kept with the run (token frequencies are the run's, so the
-kind's fingerprint includes the run's committed state, as every kind's does).
+kind's fingerprint includes the run's committed state, as every kind's does), and their sums per range of examples
+(the kind's `totals`), which a whole-run query adds instead of every example's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pandas as pd
 
 from .common import CAUSAL_NOTE, is_causal, per_head_frame, safe_divide, token_flags
 from .registry import register
-from .summary import SummaryKind, register_kind, summary_parts
+from .summary import SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -71,7 +72,20 @@ def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-HEAD_ROLES = register_kind(SummaryKind("head_roles", 1, _prepare, _reduce, threads=True))
+def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A range's reduction, what `head_roles` adds: every count and sum over its examples, and `rare_examples` (those
+    with a rarest token: each adds L x 1/L to the uniform chance)."""
+    return {
+        "confidence_sum": part["confidence_sum"].sum(0),
+        "offset_counts": part["offset_counts"].sum(0),
+        "rare_hits": part["rare_hits"].sum(0),
+        "rows": part["rows"].sum(dtype=np.int64),
+        "rare_rows": part["rare_rows"].sum(dtype=np.int64),
+        "rare_examples": np.asarray((part["rare_rows"] > 0).sum(), dtype=np.int64),
+    }
+
+
+HEAD_ROLES = register_kind(SummaryKind("head_roles", 1, _prepare, _reduce, totals=_totals, threads=True))
 
 
 @register("head_roles")
@@ -89,17 +103,15 @@ def head_roles(store: Store, *, run, examples=None, weights: str = "attention") 
     """
     info = store.run_info(run)
     shape = (info.n_layers, info.n_heads)
-    confidence, rare_hits = np.zeros(shape), np.zeros(shape)
-    offsets = np.zeros((*shape, len(OFFSETS)))
-    rows = rare_rows = 0
-    rare_chance = 0.0
-    for part in summary_parts(store, info, HEAD_ROLES, examples, weights=weights):
-        confidence += part["confidence_sum"].sum(0)
-        offsets += part["offset_counts"].sum(0)
-        rare_hits += part["rare_hits"].sum(0)
-        rows += int(part["rows"].sum())
-        rare_rows += int(part["rare_rows"].sum())
-        rare_chance += float((part["rare_rows"] > 0).sum())  # each counted example's rows: L x 1/L
+    # the whole run adds its kept range reductions (O(ranges)); a subset adds each part's
+    totals = summary_totals(store, info, HEAD_ROLES, examples, weights=weights)
+    if totals:
+        confidence, offsets, rare_hits = (totals[k].astype(np.float64) for k in ("confidence_sum", "offset_counts", "rare_hits"))
+        rows, rare_rows, rare_chance = int(totals["rows"]), int(totals["rare_rows"]), float(totals["rare_examples"])
+    else:  # no examples
+        confidence, rare_hits, offsets = np.zeros(shape), np.zeros(shape), np.zeros((*shape, len(OFFSETS)))
+        rows = rare_rows = 0
+        rare_chance = 0.0
     share = safe_divide(offsets, rows)
     top = share.argmax(-1)
     frame = per_head_frame(info, confidence=safe_divide(confidence, rows))

@@ -29,7 +29,7 @@ import pandas as pd
 from .common import CAUSAL_NOTE, is_causal, token_flags
 from .errors import InvalidArgumentError
 from .registry import register
-from .summary import SummaryKind, register_kind, summary_parts
+from .summary import SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -85,7 +85,16 @@ def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
 
 
 # shares: (layer, class in CLASSES order): the source token's rollout mass on each class; has_source false: no source
-ROLLOUT = register_kind(SummaryKind("rollout", 1, _prepare, _reduce, defaults={"punct": DEFAULT_PUNCT}, threads=True))
+def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A range's reduction: the shares of its examples with a source token, added one example at a time in storage
+    order (as the query did), and how many there are."""
+    used = part["has_source"].astype(bool)
+    shares = part["shares"][used]
+    total = np.add.accumulate(shares, axis=0)[-1] if len(shares) else np.zeros(part["shares"].shape[1:])
+    return {"shares": total, "n_examples": np.asarray(int(used.sum()), dtype=np.int64)}
+
+
+ROLLOUT = register_kind(SummaryKind("rollout", 1, _prepare, _reduce, defaults={"punct": DEFAULT_PUNCT}, totals=_totals, threads=True))
 
 
 @register("rollout", per_head=False)
@@ -102,13 +111,10 @@ def rollout_query(store: Store, *, run, punct: str = DEFAULT_PUNCT, examples=Non
       (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     info = store.run_info(run)
-    total = np.zeros((info.n_layers, len(CLASSES)))
-    n = 0
-    for part in summary_parts(store, info, ROLLOUT, examples, punct=punct, weights=weights):
-        used = part["has_source"].astype(bool)
-        for shares in part["shares"][used]:  # one example at a time, in storage order
-            total += shares
-        n += int(used.sum())
+    # the whole run adds its kept range reductions (O(ranges)); a subset adds each part's
+    totals = summary_totals(store, info, ROLLOUT, examples, punct=punct, weights=weights)
+    total = totals["shares"] if totals else np.zeros((info.n_layers, len(CLASSES)))
+    n = int(totals["n_examples"]) if totals else 0
     mean = total / n if n else np.full_like(total, np.nan)
     frame = pd.DataFrame({"layer": np.arange(info.n_layers), **{f"to_{c}": mean[:, k] for k, c in enumerate(CLASSES)}, "n_examples": n})
     if is_causal(store, info):

@@ -238,3 +238,24 @@ def test_ranges_are_packed_one_array_per_dtype_and_an_older_group_is_derived_aga
     assert store.run_summary_ranges(info.id, "clark", CLARK.stamp(9)) is None
     np.testing.assert_allclose(run_query(store, "entropy", run=run).to_numpy(float), want.to_numpy(float), rtol=RTOL, atol=0)
     assert store.run_summary_ranges(info.id, "clark", CLARK.stamp(9)).n_examples() == 9
+
+
+@pytest.mark.parametrize("query", ["head_roles", "rollout"])
+def test_other_kinds_add_their_kept_ranges_as_their_parts(store, make_run, monkeypatch, query):
+    """`head_roles` and `rollout` declare range reductions too: the whole run adds the kept ranges, equal to adding
+    every part's per-example fields (relative 1e-12), and to what a subset of every example gives."""
+    load_all()
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 2)  # 9 examples: 5 ranges
+    run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name=f"{query}-ranges", dtype="float16")
+    kind = summary.KINDS[query]
+    ranged = run_query(store, query, run=run)
+    kept = kept_ranges(store, store.run_info(run), kind)
+    assert kept is not None and kept.n == 5 and kept.block(0, 5)["range_examples"].tolist() == [2, 2, 2, 2, 1]
+    with monkeypatch.context() as m:
+        m.setattr(summary, "USE_RANGES", False)
+        per_example = run_query(store, query, run=run)
+    subset = run_query(store, query, run=run, examples=list(range(9)))
+    for frame in (per_example, subset):
+        assert list(frame.columns) == list(ranged.columns)
+        for column in ranged.columns:
+            np.testing.assert_allclose(frame[column].to_numpy(float), ranged[column].to_numpy(float), rtol=RTOL, atol=0, err_msg=column)
