@@ -16,7 +16,11 @@ cache of decoded blocks (`BlockCache`, least recently used first out, `ATTNSTORE
 cost a copy, while a first read costs what it did (a block is copied into the cache only when read again). A
 kept block is used only while its chunk file has the same inode, size and modification time (one `stat` per chunk
 and read), and only chunks unchanged for `SETTLED_SECONDS` are kept: a file rewritten within the same timestamp tick
-cannot be mistaken for the one kept. Whole-run passes (`iter_attention`) do not fill it.
+cannot be mistaken for the one kept. Whole-run passes (`iter_attention`) do not fill it. The cache also remembers
+which settled chunk files had their checksum checked over all their bytes, by the same stamp: a later read of other
+cells of such a file reads its header, its block starts and the wanted blocks' bytes only (two `pread`s and one
+`preadv`), without reading and checking the whole chunk again. So a chunk is checked once per process and file
+version, not once per read; `attnstore check` checks every chunk whenever it is run.
 
 Anything else (a remote root, the lossy u8 filter, no checksum, a chunk that is missing, fails its checksum, or whose
 header is not a whole blosc frame of the chunk) returns None: the caller then reads through zarr (`arrays.read_cells`),
@@ -79,6 +83,7 @@ READ_CACHE_ENV = "ATTNSTORE_READ_CACHE_MB"
 DEFAULT_READ_CACHE_MB = 256
 SETTLED_SECONDS = 2.0  # a chunk file modified more recently than this is read but not kept
 SEEN_KEPT = 1 << 16  # blocks remembered as decoded once (~100 bytes each)
+VERIFIED_KEPT = 1 << 16  # chunk files remembered as checked whole (~150 bytes each)
 
 Stamp = tuple[int, int, int]  # a chunk file's (inode, size, modification time in ns)
 BlockKey = tuple[str, int, int, int]  # (cells folder, chunk, block, cells per block)
@@ -93,6 +98,7 @@ class BlockCache:
         self.hits = self.misses = 0
         self.blocks: OrderedDict[BlockKey, tuple[Stamp, np.ndarray]] = OrderedDict()
         self.seen: OrderedDict[BlockKey, Stamp] = OrderedDict()  # blocks decoded once, not kept (yet)
+        self.verified: OrderedDict[str, Stamp] = OrderedDict()  # chunk files whose whole checksum was checked
         self.lock = threading.Lock()
 
     def get(self, key: BlockKey, stamp: Stamp) -> np.ndarray | None:
@@ -116,6 +122,18 @@ class BlockCache:
                 self.seen.popitem(last=False)
             return False
 
+    def is_verified(self, path: str, stamp: Stamp) -> bool:
+        """Whether this chunk file, as `stamp` says it is now, had its checksum checked over all its bytes here."""
+        with self.lock:
+            return self.verified.get(path) == stamp
+
+    def mark_verified(self, path: str, stamp: Stamp) -> None:
+        with self.lock:
+            self.verified[path] = stamp
+            self.verified.move_to_end(path)
+            if len(self.verified) > VERIFIED_KEPT:
+                self.verified.popitem(last=False)
+
     def put(self, key: BlockKey, stamp: Stamp, values: np.ndarray) -> None:
         if values.nbytes > self.budget:
             return
@@ -133,6 +151,7 @@ class BlockCache:
         with self.lock:
             self.blocks.clear()
             self.seen.clear()
+            self.verified.clear()
             self.used = self.hits = self.misses = 0
 
 
@@ -217,8 +236,18 @@ class DirectCells:
 
     def _chunk(self, index: int, first: int, last: int, out: np.ndarray, buffers: Buffers, cache: BlockCache | None) -> bool:
         path = self.chunk_file(index)
-        if cache is not None and self.block_cells and self._from_cache(cache, path, index, first, last, out):
-            return True
+        if cache is not None and self.block_cells:
+            try:
+                st = os.stat(path)
+            except OSError:
+                return False
+            stamp = _stamp(st)
+            if self._from_cache(cache, index, first, last, out, stamp):
+                return True
+            if cache.is_verified(path, stamp):  # checked whole before, unchanged since: read only the wanted blocks
+                done = self._verified_blocks(path, st.st_size, first, last, out, buffers, (cache, path, index, stamp))
+                if done is not None:
+                    return done
         try:
             with open(path, "rb", buffering=0) as f:
                 st = os.fstat(f.fileno())
@@ -232,13 +261,9 @@ class DirectCells:
         keep = (cache, path, index, _stamp(st)) if cache is not None and settled else None
         return self._cells(raw[:size], first, last, out, buffers, keep)
 
-    def _from_cache(self, cache: BlockCache, path: str, index: int, first: int, last: int, out: np.ndarray) -> bool:
+    def _from_cache(self, cache: BlockCache, index: int, first: int, last: int, out: np.ndarray, stamp: Stamp) -> bool:
         """Cells [first, last) of chunk `index` copied from kept blocks, if every block they lie in is kept for the
-        chunk file as it is now."""
-        try:
-            stamp = _stamp(os.stat(path))
-        except OSError:
-            return False
+        chunk file as it is now (`stamp`)."""
         per_block = self.block_cells
         b0, b1 = first // per_block, (last - 1) // per_block
         blocks = []
@@ -252,6 +277,15 @@ class DirectCells:
             out[lo - first : hi - first] = values[lo - b * per_block : hi - b * per_block]
         return True
 
+    def _header(self, view) -> tuple | None:
+        """A chunk's blosc header (version, version_lz, flags, typesize, nbytes, blocksize, cbytes), None if it is not
+        one of this array's whole chunks."""
+        header = struct.unpack_from("<BBBBiii", view)
+        nbytes, blocksize = header[4], header[5]
+        if nbytes != self.chunk * self.itemsize or blocksize <= 0 or blocksize % self.itemsize:
+            return None
+        return header
+
     def _cells(self, raw: np.ndarray, first: int, last: int, out: np.ndarray, buffers: Buffers, keep: tuple | None = None) -> bool:
         """Decode cells [first, last) of one chunk's bytes into `out`; False when anything is off.
 
@@ -262,20 +296,23 @@ class DirectCells:
             return False
         if google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
             return False
+        if keep is not None:
+            keep[0].mark_verified(keep[1], keep[3])
         body = raw[:-4]
         view = body.data  # for struct: a writable memoryview of the same bytes
-        version, version_lz, flags, typesize, nbytes, blocksize, cbytes = struct.unpack_from("<BBBBiii", view)
-        isz = self.itemsize
-        if cbytes != len(body) or nbytes != self.chunk * isz or blocksize <= 0 or blocksize % isz:
+        header = self._header(view)
+        if header is None or header[6] != len(body):
             return False
+        version, version_lz, flags, typesize, nbytes, blocksize, _ = header
+        isz = self.itemsize
         if flags & MEMCPYED:  # stored as it is after the header
-            if cbytes != HEADER + nbytes:
+            if len(body) != HEADER + nbytes:
                 return False
             out[:] = np.frombuffer(body, dtype=self.dtype, count=last - first, offset=HEADER + first * isz)
             return True
         n_blocks = -(-nbytes // blocksize)
         starts = struct.unpack_from(f"<{n_blocks}i", view, HEADER)
-        if starts[0] < HEADER + 4 * n_blocks or starts[-1] >= len(body) or any(a >= b for a, b in zip(starts, starts[1:])):
+        if not _valid_starts(starts, n_blocks, len(body)):
             return False
         per_block = blocksize // isz
         b0, b1 = first // per_block, (last - 1) // per_block
@@ -288,10 +325,53 @@ class DirectCells:
             struct.pack_into(f"<{k}i", view, at + HEADER, *(start - at for start in starts[b0 : b1 + 1]))
         else:
             at = 0
+        return self._decode(body[at:end], size, b0, b1, per_block, first, last, out, buffers, keep)
+
+    def _verified_blocks(self, path: str, size: int, first: int, last: int, out: np.ndarray, buffers: Buffers, keep: tuple) -> bool | None:
+        """Cells [first, last) of a chunk whose file was checked whole in this process and is unchanged since: its
+        header and block starts, then only the wanted blocks' bytes, read (`os.preadv`) into a frame of their own.
+        None where the file is not what was checked (the caller then reads and checks it whole)."""
+        try:
+            with open(path, "rb", buffering=0) as f:
+                fd = f.fileno()
+                head = os.pread(fd, HEADER, 0)
+                if len(head) != HEADER:
+                    return None
+                header = self._header(head)
+                if header is None or header[6] != size - 4 or header[2] & MEMCPYED:
+                    return None
+                version, version_lz, flags, typesize, nbytes, blocksize, cbytes = header
+                n_blocks = -(-nbytes // blocksize)
+                table = os.pread(fd, 4 * n_blocks, HEADER)
+                if len(table) != 4 * n_blocks:
+                    return None
+                starts = struct.unpack(f"<{n_blocks}i", table)
+                if not _valid_starts(starts, n_blocks, cbytes):
+                    return None
+                per_block = blocksize // self.itemsize
+                b0, b1 = first // per_block, (last - 1) // per_block
+                k = b1 - b0 + 1
+                end = starts[b1 + 1] if b1 + 1 < n_blocks else cbytes
+                prefix = HEADER + 4 * k
+                frame = buffers.get("frame", prefix + end - starts[b0])
+                if os.preadv(fd, [frame[prefix:].data], starts[b0]) != end - starts[b0]:
+                    return None
+        except OSError:
+            return None
+        decoded = min(nbytes, (b1 + 1) * blocksize) - b0 * blocksize
+        struct.pack_into("<BBBBiii", frame.data, 0, version, version_lz, flags, typesize, decoded, blocksize, len(frame))
+        struct.pack_into(f"<{k}i", frame.data, HEADER, *(prefix + start - starts[b0] for start in starts[b0 : b1 + 1]))
+        return self._decode(frame, decoded, b0, b1, per_block, first, last, out, buffers, keep)
+
+    def _decode(
+        self, frame: np.ndarray, size: int, b0: int, b1: int, per_block: int, first: int, last: int, out: np.ndarray, buffers: Buffers, keep
+    ) -> bool:
+        """Decompress a blosc frame of blocks b0..b1 (`size` bytes decoded) and put cells [first, last) in `out`."""
+        isz = self.itemsize
         aligned = first == b0 * per_block and last == b0 * per_block + size // isz
         dest = out if aligned else buffers.get("blocks", size).view(self.dtype)
         try:
-            blosc.decompress(body[at:end], dest)
+            blosc.decompress(frame, dest)
         except Exception:
             return False
         if not aligned:
@@ -304,3 +384,8 @@ class DirectCells:
                 if cache.admit(key, stamp):
                     cache.put(key, stamp, dest[i * per_block : (i + 1) * per_block].copy())
         return True
+
+
+def _valid_starts(starts: tuple[int, ...], n_blocks: int, body: int) -> bool:
+    """Block starts that lie after the header and its table, in order, inside the body."""
+    return starts[0] >= HEADER + 4 * n_blocks and starts[-1] < body and all(a < b for a, b in zip(starts, starts[1:]))

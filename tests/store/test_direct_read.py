@@ -250,3 +250,29 @@ def test_the_cache_budget_comes_from_the_environment(monkeypatch):
     with pytest.raises(InvalidArgumentError, match="ATTNSTORE_READ_CACHE_MB='lots': give a number of megabytes"):
         direct.block_cache()
     monkeypatch.setattr(direct, "_CACHE", None)
+
+
+def test_a_chunk_checked_whole_once_is_then_read_block_by_block(tmp_path, cache, monkeypatch):
+    """After one read checked a settled chunk's CRC32C over all its bytes, reads of other cells of the same unchanged
+    file read only their blocks (no second checksum); a file changed since is read and checked whole again."""
+    chunk = 1 << 14
+    array, values = cells_array(tmp_path, "float16", CODECS["small-blocks"], chunk, 2 * chunk)
+    folder = tmp_path / "runs" / "x" / "cells"
+    settle(folder)
+    reader = direct.direct_reader(array)
+    checked = []
+    real = direct.google_crc32c.value
+    monkeypatch.setattr(direct.google_crc32c, "value", lambda data: checked.append(len(data)) or real(data))
+    np.testing.assert_array_equal(reader.read(10, 900, keep=True), values[10:900])
+    assert len(checked) == 1
+    for a, b in [(5000, 7000), (chunk - 100, chunk - 1), (0, chunk)]:  # other blocks of chunk 0, and all of it
+        np.testing.assert_array_equal(reader.read(a, b, keep=True), values[a:b])
+    assert len(checked) == 1, "an unchanged chunk was checked again"
+    np.testing.assert_array_equal(reader.read(chunk + 5, chunk + 50, keep=True), values[chunk + 5 : chunk + 50])
+    assert len(checked) == 2  # chunk 1: checked on its first read
+    damage(folder / "c" / "0", "flipped")
+    settle(folder)  # even an old-looking file: its stamp (size, time, inode) changed
+    assert reader.read(3000, 3500, keep=True) is None and len(checked) == 3  # read whole, checked, refused
+    direct.set_block_cache_budget(0)
+    np.testing.assert_array_equal(reader.read(chunk + 60, chunk + 90, keep=True), values[chunk + 60 : chunk + 90])
+    assert len(checked) == 4  # no cache: every read checks its chunk
