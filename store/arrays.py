@@ -47,7 +47,6 @@ from typing import Literal
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, FixedScaleOffset
-from zarr.core.array import AsyncArray
 from zarr.core.array_spec import ArrayConfigParams
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
@@ -508,7 +507,7 @@ class SummaryWriter:
         self.node = zarr.create_group(
             store=open_root(root, read_only=False), path=f"{group}/summary/{name}", overwrite=True, attributes={"stamp": None}
         )
-        self.arrays: dict[str, AsyncArray] = {}
+        self.arrays: dict[str, zarr.Array] = {}
         self.ragged_rows: dict[str, int] = {}  # per `<field>_start`: the ragged field's rows saved so far
         # totals: the kind's range reduction; each appended part (a range of examples) is then also kept reduced
         self.totals = totals
@@ -531,17 +530,19 @@ class SummaryWriter:
         whole = len(values["example"]) < SUMMARY_CHUNK_ROWS
 
         async def write(key: str, array: np.ndarray) -> None:
-            target = self.arrays.get(key)
-            if target is None:  # created at the part's size: no resize, one metadata write
-                target = self.arrays[key] = await self.node._async_group.create_array(
+            kept = self.arrays.get(key)
+            if kept is None:  # created at the part's size: no resize, one metadata write
+                target = await self.node._async_group.create_array(
                     key,
                     shape=array.shape,
                     dtype=array.dtype,
                     chunks=_summary_chunks(array, ragged=f"{key}_start" in values, whole=whole),
                     compressors=make_codec(INDEX_CODEC, str(array.dtype)),
                 )
+                self.arrays[key] = zarr.Array(target)
                 at = 0
             else:
+                target = kept._async_array
                 at = target.shape[0]
                 await target.resize((at + array.shape[0], *array.shape[1:]))
             if array.shape[0]:
