@@ -1,12 +1,13 @@
-"""Benchmark: whole-run `relative_position`, `special_tokens` and `entropy` on kept range reductions against the
-per-example path, from a real run to millions of examples (issue 29: < 1 s at 8 M examples, peak memory flat).
+"""Benchmark: whole-run `relative_position`, `special_tokens` and `entropy` (and with --kinds, `head_roles` and
+`rollout`) on kept range reductions against the per-example path, from a real run to millions of examples (issue 29:
+< 1 s at 8 M examples, peak memory flat).
 
     python benchmarks/range_summaries.py --source /work/stores/range/data --run MRPC-dev \\
         --factors 1 16 256 4096 20000 65536 --per-example-up-to 20000 --home /work/stores/range/bench \\
-        [--plot docs/img/range_summaries]  (docs/PERFORMANCE.md, "Range reductions")
+        [--kinds clark head_roles rollout] [--plot docs/img/range_summaries]  (docs/PERFORMANCE.md, "Range reductions")
 
 The source is a real store with a real run (e.g. `ATTNSTORE_HOME=... attnstore ingest --dataset glue/MRPC:dev
---name MRPC-dev`); its Clark summary (per example) and range reductions are built there first, from the real maps.
+--name MRPC-dev`); each kind's summary (per example) and range reductions are built there first, from the real maps.
 For each factor F a store of N = F x (the run's examples) is made SYNTHETICALLY from it:
 
   SQL      a copy of the source's SQLite file, with (F - 1) x n more examples registered in the run's dataset and as
@@ -15,12 +16,12 @@ For each factor F a store of N = F x (the run's examples) is made SYNTHETICALLY 
            committed count and stamp read. No token rows are added (the queries read kept summaries, not tokens).
   maps     the real run's array group hard-linked (its 408 real examples' cells and index; the copies have none:
            nothing here reads maps).
-  summary  `summary/clark/`: the real run's per-example Clark fields repeated under the new example ids (the copy
+  summary  `summary/<kind>/`: the real run's per-example fields of the kind repeated under the new example ids (the copy
            k of storage slot s is example k * n + s), in chunks of 4,096 examples as the framework writes them; since
            the rows repeat with period n, chunk j holds what chunk j mod (n / gcd(n, 4096)) holds, and is a hard link
            to it: the per-example path reads and decodes every one of the N examples' rows, from few distinct files
            (so mostly from the page cache: a store of real, distinct examples would read more from disk).
-  ranges   `summary/clark/ranges/`: each range's reduction, computed by the kind's own `totals` from those rows.
+  ranges   `summary/<kind>/ranges/`: each range's reduction, computed by the kind's own `totals` from those rows.
 
 Each (size, path) runs in a child process of its own (`run_query` of the three queries, whole run, best of
 --repeats; peak RSS: the child's VmHWM, its own since exec): "per-example" sets queries.summary.USE_RANGES = False,
@@ -44,7 +45,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-QUERIES = ("relative_position", "special_tokens", "entropy")
+# The kinds that declare range reductions and the whole-run queries that add them.
+KIND_QUERIES = {"clark": ("relative_position", "special_tokens", "entropy"), "head_roles": ("head_roles",), "rollout": ("rollout",)}
+QUERIES = KIND_QUERIES["clark"]  # set from --kinds in main()
 
 CHILD = r"""
 import json, sys, time
@@ -63,7 +66,7 @@ for name in sys.argv[6:]:
         frame = run_query(store, name, run=run)
         best.append(time.perf_counter() - t)
     times[name] = best
-    frames[name] = frame.drop(columns=["layer", "head"]).to_numpy(float).tolist()
+    frames[name] = frame.drop(columns=["layer", "head"], errors="ignore").to_numpy(float).tolist()
 # this process's own peak RSS (VmHWM: of its address space since exec; ru_maxrss from wait4 would include the
 # parent's at the fork)
 peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) / 1024
@@ -92,37 +95,37 @@ def measure(home: Path, run: str, path: str, repeats: int, env: dict) -> dict:
     return dict(times={k: min(v) for k, v in result["times"].items()}, frames=result["frames"], rss=result["peak_mib"], wall=wall)
 
 
-def prepare_source(source: Path, run: str):
-    """The source run's Clark summary (storage order, whole) and its range reductions, built from the real maps."""
+def prepare_source(source: Path, run: str, kinds: list[str]):
+    """Each kind's summary of the source run (storage order, whole) and its range reductions, built from the real maps."""
     from attnstore.queries import load_all, run_query
-    from attnstore.queries.summary import CLARK, kept_ranges, summary
+    from attnstore.queries.summary import KINDS, kept_ranges, summary
     from attnstore.store import open_store
 
     load_all()
     store = open_store(home=str(source))
     info = store.run_info(run)
-    run_query(store, "relative_position", run=run)  # keeps the summary and its ranges if they are not
-    assert kept_ranges(store, info, CLARK) is not None
-    rows = summary(store, info, CLARK)
-    lengths = store.examples(run, texts=False).set_index("example").loc[rows["example"], ["length", "offset"]]
+    rows = {}
+    for name in kinds:
+        run_query(store, KIND_QUERIES[name][0], run=run)  # keeps the summary and its ranges if they are not
+        assert kept_ranges(store, info, KINDS[name]) is not None, name
+        rows[name] = summary(store, info, KINDS[name])
+    order = rows[kinds[0]]["example"]
+    assert all(np.array_equal(r["example"], order) for r in rows.values())
+    lengths = store.examples(run, texts=False).set_index("example").loc[order, ["length", "offset"]]
     store.close()
-    return info, rows, lengths["offset"].to_numpy(np.int64)
+    return info, rows, lengths["length"].to_numpy(np.int64), lengths["offset"].to_numpy(np.int64)
 
 
-def build(source: Path, home: Path, info, rows: dict, offsets: np.ndarray, factor: int) -> float:
+def build(source: Path, home: Path, info, rows: dict[str, dict], lengths: np.ndarray, offsets: np.ndarray, factor: int) -> float:
     """The synthetic store of `factor` copies of the source run (see the module docstring); returns seconds."""
-    from attnstore.queries.summary import CLARK, SUMMARY_RANGE, ranges
-    from attnstore.store import arrays
-
     t0 = time.perf_counter()
-    n = len(rows["example"])
+    n = len(lengths)
     total = n * factor
     if home.exists():
         shutil.rmtree(home)
     (home / "attention.zarr").mkdir(parents=True)
     shutil.copy(source / "meta.sqlite", home / "meta.sqlite")
     src_root, dst_root = source / "attention.zarr", home / "attention.zarr"
-    group = arrays.group_path_of(info.array_path)
     for path in src_root.rglob("*"):  # the real run's arrays and the root's metadata, hard-linked; no summary
         rel = path.relative_to(src_root)
         if "summary" in rel.parts or path.is_dir():
@@ -138,7 +141,7 @@ def build(source: Path, home: Path, info, rows: dict, offsets: np.ndarray, facto
     ).fetchone()
     if factor > 1:
         db.execute("CREATE TEMP TABLE slot (s INTEGER PRIMARY KEY, length INTEGER, offset INTEGER)")
-        db.executemany("INSERT INTO slot VALUES (?, ?, ?)", zip(range(n), rows["length"].tolist(), offsets.tolist()))
+        db.executemany("INSERT INTO slot VALUES (?, ?, ?)", zip(range(n), lengths.tolist(), offsets.tolist()))
         first_id = db.execute("SELECT coalesce(max(id), 0) + 1 FROM examples").fetchone()[0]
         db.execute(
             "WITH RECURSIVE k(x) AS (SELECT ? UNION ALL SELECT x + 1 FROM k WHERE x < ?) "
@@ -154,6 +157,19 @@ def build(source: Path, home: Path, info, rows: dict, offsets: np.ndarray, facto
         db.execute("UPDATE runs SET n_stored = ? WHERE id = ?", (total, info.id))
         db.commit()
     db.close()
+    for name, kind_rows in rows.items():
+        write_kind(dst_root, info, name, kind_rows, total)
+    return time.perf_counter() - t0
+
+
+def write_kind(dst_root: Path, info, name: str, rows: dict, total: int) -> None:
+    """The kind's per-example summary of `total` examples (the real rows repeated) and its range reductions."""
+    from attnstore.queries.summary import KINDS, SUMMARY_RANGE, ranges
+    from attnstore.store import arrays
+
+    kind = KINDS[name]
+    n = len(rows["example"])
+    group = arrays.group_path_of(info.array_path)
 
     # the per-example summary: rows repeated with period n; chunks beyond the first distinct ones hard-linked
     def tiled(start: int, stop: int) -> dict:
@@ -163,10 +179,10 @@ def build(source: Path, home: Path, info, rows: dict, offsets: np.ndarray, facto
 
     period = n // math.gcd(n, SUMMARY_RANGE)  # chunks (and ranges) repeat with this period
     real_rows = min(total, period * SUMMARY_RANGE)
-    writer = arrays.SummaryWriter(str(dst_root), info.array_path, "clark")
+    writer = arrays.SummaryWriter(str(dst_root), info.array_path, name)
     for start in range(0, real_rows, SUMMARY_RANGE):
         writer.append(tiled(start, min(start + SUMMARY_RANGE, real_rows)))
-    node = dst_root / group / "summary" / "clark"
+    node = dst_root / group / "summary" / name
     n_chunks = -(-total // SUMMARY_RANGE)
     for key, array in writer.arrays.items():
         array.resize((total, *array.shape[1:]))
@@ -186,24 +202,23 @@ def build(source: Path, home: Path, info, rows: dict, offsets: np.ndarray, facto
         example[start:stop] = synthetic_examples(rows["example"], n, start, stop)
 
     # the ranges: each the kind's totals of its rows (period distinct full ranges, and the last, partial one)
-    assert CLARK.totals is not None
+    assert kind.totals is not None
     bounds = ranges(np.arange(total))
-    distinct = {j: CLARK.totals(tiled(int(b[0]), int(b[-1]) + 1)) for j, b in enumerate(bounds[:period])}
+    distinct = {j: kind.totals(tiled(int(b[0]), int(b[-1]) + 1)) for j, b in enumerate(bounds[:period])}
     last = len(bounds) - 1
     if len(bounds[last]) != SUMMARY_RANGE or last < period:
-        distinct[last] = CLARK.totals(tiled(int(bounds[last][0]), int(bounds[last][-1]) + 1))
+        distinct[last] = kind.totals(tiled(int(bounds[last][0]), int(bounds[last][-1]) + 1))
     which = [j if j == last and j in distinct else j % period for j in range(len(bounds))]
-    ranges_writer = arrays.SummaryRangesWriter(str(dst_root), info.array_path, "clark")
+    ranges_writer = arrays.SummaryRangesWriter(str(dst_root), info.array_path, name)
     for start in range(0, len(bounds), 4096):
         block = which[start : start + 4096]
         ranges_writer.extend(
             np.array([len(bounds[j]) for j in range(start, start + len(block))], np.int64),
             {key: np.stack([distinct[j][key] for j in block]) for key in distinct[0]},
         )
-    stamp = CLARK.stamp(total)
+    stamp = kind.stamp(total)
     ranges_writer.finish(stamp)
     writer.finish(stamp)
-    return time.perf_counter() - t0
 
 
 def synthetic_examples(real: np.ndarray, n: int, start: int, stop: int) -> np.ndarray:
@@ -239,6 +254,7 @@ def main() -> None:
     parser.add_argument("--source", required=True, help="home of a store with the real run (meta.sqlite, attention.zarr)")
     parser.add_argument("--run", required=True)
     parser.add_argument("--factors", type=int, nargs="+", default=[1, 16, 256, 4096, 20000])
+    parser.add_argument("--kinds", nargs="+", default=["clark"], choices=sorted(KIND_QUERIES), help="kinds (and their queries) timed")
     parser.add_argument("--home", required=True, help="folder for the synthetic stores (each replaced by the next size's)")
     parser.add_argument("--repeats", type=int, default=3, help="calls of each query per child; the best is reported")
     parser.add_argument("--per-example-repeats", type=int, default=1)
@@ -253,8 +269,10 @@ def main() -> None:
     env = {**os.environ}
     env.pop("ATTNSTORE_HOME", None)
     load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    info, rows, offsets = prepare_source(source, args.run)
-    n = len(rows["example"])
+    global QUERIES
+    QUERIES = tuple(q for kind in args.kinds for q in KIND_QUERIES[kind])
+    info, rows, lengths, offsets = prepare_source(source, args.run, args.kinds)
+    n = len(lengths)
     out, stopped = [], None
     previous: Path | None = None
     for factor in sorted(args.factors):
@@ -265,7 +283,7 @@ def main() -> None:
         if estimate > min(free - 10e9, args.max_free_gb * 1e9):
             stopped = f"{factor}x ({total:,} examples): about {estimate / 1e9:.0f} GB needed, {free / 1e9:.0f} GB free"
             break
-        build_s = build(source, home, info, rows, offsets, factor)
+        build_s = build(source, home, info, rows, lengths, offsets, factor)
         ranged = measure(home, args.run, "range", args.repeats, env)
         if args.per_example_up_to is None or factor <= args.per_example_up_to:
             per_example = measure(home, args.run, "per-example", args.per_example_repeats, env)
@@ -324,7 +342,7 @@ def plot(stem: Path, rows: list[dict]) -> None:
 
     sizes = [r["examples"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
-    for q, color in zip(QUERIES, ("C0", "C1", "C2")):
+    for q, color in zip(QUERIES, ("C0", "C1", "C2", "C3", "C4")):
         left.plot(sizes, [r["per_example"][q] for r in rows], "o--", color=color, label=f"{q}: per-example path")
         left.plot(sizes, [r["range"][q] for r in rows], "s-", color=color, label=f"{q}: kept ranges")
     left.axhline(1.0, color="gray", linewidth=1, linestyle=":", label="1 s")
