@@ -183,14 +183,18 @@ def write_kind(dst_root: Path, info, name: str, rows: dict, total: int) -> None:
     for start in range(0, real_rows, SUMMARY_RANGE):
         writer.append(tiled(start, min(start + SUMMARY_RANGE, real_rows)))
     node = dst_root / group / "summary" / name
-    n_chunks = -(-total // SUMMARY_RANGE)
     for key, array in writer.arrays.items():
         array.resize((total, *array.shape[1:]))
-        if key == "example":
+        if key == "example" or real_rows >= total:  # every row written: nothing to link
             continue
+        # a field's chunks hold a power of two of rows up to 4,096 (fewer where a row is large), so real_rows (a
+        # multiple of n and of 4,096) is a whole number of them, and chunk j repeats chunk j mod that number
+        rows_per_chunk = array.chunks[0]
+        assert real_rows % rows_per_chunk == 0, (key, rows_per_chunk)
+        distinct_chunks = real_rows // rows_per_chunk
         chunk_dir = node / key / "c"
-        for j in range(period, n_chunks):
-            source_chunk = chunk_dir / str(j % period)  # c/<j> (1-D arrays) or c/<j>/0/0
+        for j in range(distinct_chunks, -(-total // rows_per_chunk)):
+            source_chunk = chunk_dir / str(j % distinct_chunks)  # c/<j> (1-D arrays) or c/<j>/0/0
             files = [source_chunk] if source_chunk.is_file() else [p for p in source_chunk.rglob("*") if p.is_file()]
             for path in files:
                 target = chunk_dir / str(j) / path.relative_to(source_chunk)
