@@ -232,6 +232,15 @@ _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
 
+def _forget_pool() -> None:
+    """In a forked child: the parent's pool threads do not exist there, so a new pool is made on first use."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _reduce_pool() -> ThreadPoolExecutor | None:
     """The process's pool of `reduce_threads()` threads (None on one core)."""
     global _POOL

@@ -157,3 +157,28 @@ def test_an_error_in_a_pooled_pass_is_raised_and_a_bad_thread_count_is_named(sto
     monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, "many")
     with pytest.raises(InvalidArgumentError, match="ATTNSTORE_REDUCE_THREADS='many': give a whole number of threads"):
         summary_module.reduce_threads()
+
+
+@pytest.mark.one_backend
+def test_a_forked_child_reduces_on_a_pool_of_its_own(store, run, monkeypatch):
+    """The parent's pool threads do not exist in a forked child: its pass makes a new pool instead of waiting forever."""
+    import multiprocessing
+
+    info = store.run_info(run)
+    monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, "2")
+    parent = summary_module.summarise_examples(store, info, summary_module.CLARK)  # the parent's pool exists now
+    assert summary_module._POOL is not None
+    store.engine.dispose()  # a forked child must not share the parent's database connections
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        child = pool.apply_async(_child_pass, (store.locations.db_url, store.locations.array_root, run)).get(timeout=60)
+    for field in parent:
+        np.testing.assert_array_equal(child[field], parent[field], err_msg=field)
+
+
+def _child_pass(db: str, root: str, run: str) -> dict:
+    store = open_store(db=db, root=root, read_only=True)
+    try:
+        return summary_module.summarise_examples(store, store.run_info(run), summary_module.CLARK)
+    finally:
+        store.close()
