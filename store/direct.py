@@ -171,6 +171,17 @@ def block_cache() -> BlockCache:
     return _CACHE
 
 
+def _forget_after_fork() -> None:
+    """In a forked child: a lock another thread of the parent held would stay held; start with fresh ones (and an
+    empty cache, read again as needed)."""
+    global _CACHE, _FREE_LOCK
+    _CACHE, _FREE_LOCK = None, threading.Lock()
+    _FREE.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def set_block_cache_budget(megabytes: float) -> BlockCache:
     """A fresh, empty cache of this budget for the process (benchmarks, tests)."""
     global _CACHE
