@@ -229,13 +229,14 @@ def reduce_threads() -> int:
 
 
 _POOL: ThreadPoolExecutor | None = None
+_POOL_WORKERS = 0
 _POOL_LOCK = threading.Lock()
 
 
 def _forget_pool() -> None:
     """In a forked child: the parent's pool threads do not exist there, so a new pool is made on first use."""
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
+    global _POOL, _POOL_WORKERS, _POOL_LOCK
+    _POOL, _POOL_WORKERS, _POOL_LOCK = None, 0, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_pool)
@@ -243,13 +244,13 @@ os.register_at_fork(after_in_child=_forget_pool)
 
 def _reduce_pool() -> ThreadPoolExecutor | None:
     """The process's pool of `reduce_threads()` threads (None on one core)."""
-    global _POOL
+    global _POOL, _POOL_WORKERS
     workers = reduce_threads()
     if workers < 2:
         return None
     with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers != workers:
-            _POOL = ThreadPoolExecutor(workers, thread_name_prefix="attnstore-reduce")
+        if _POOL is None or _POOL_WORKERS != workers:
+            _POOL, _POOL_WORKERS = ThreadPoolExecutor(workers, thread_name_prefix="attnstore-reduce"), workers
         return _POOL
 
 

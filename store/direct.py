@@ -345,6 +345,8 @@ class DirectCells:
         try:
             with open(path, "rb", buffering=0) as f:
                 fd = f.fileno()
+                if _stamp(os.fstat(fd)) != keep[3]:  # replaced between the stat and the open: not the file checked
+                    return None
                 head = os.pread(fd, HEADER, 0)
                 if len(head) != HEADER:
                     return None

@@ -4,7 +4,7 @@ on request does as it reads maps (`MapsReading`: refuse where nothing read is ke
 Endpoints run in FastAPI's thread pool: the caches below sit behind a lock, queries computed on request run one at a
 time, and at most `max_heavy_requests` heavy requests (SQL, queries, maps, search) at once: past that, 503.
 
-The endpoints that are asked most (maps, examples, cached queries and metrics) first try to answer on the event loop
+The endpoints that are asked most (maps, examples, cached queries and metrics, search) first try to answer on the event loop
 from what is kept (`answer_here_or_on_a_thread`): inside `inline()` a cache miss, a heavy slot not free at once, or
 a read the endpoint deems too large raises `NeedsThread`, and the request is answered on the thread pool as before.
 The hop to a thread and back cost more than the answer itself (py-spy, one head's maps as .npy: 16 % of the server's
