@@ -133,6 +133,13 @@ def show_server_log() -> None:
     "(127.0.0.1, localhost, [::1] for a loopback host), against DNS rebinding.",
 )
 @click.option("--access-log/--no-access-log", default=True, show_default=True, help="Log every request.")
+@click.option(
+    "--fast-lane/--no-fast-lane",
+    default=True,
+    show_default=True,
+    help="Answer the most asked GET requests (maps, examples, search) from what is kept before FastAPI's routing "
+    "(the same answers; docs/SERVE.md).",
+)
 @store_options
 @friendly_errors
 def serve(
@@ -149,6 +156,7 @@ def serve(
     max_scratch_tokens: int,
     allowed_hosts: tuple[str, ...],
     access_log: bool,
+    fast_lane: bool,
 ):
     """Serve the store over HTTP: a JSON API (reference at /docs) and a web viewer at /.
 
@@ -156,6 +164,8 @@ def serve(
     """
     require_extra("serve")
     import uvicorn
+
+    from .http import protocol
 
     settings = ServeSettings(
         allow_save=allow_save,
@@ -166,6 +176,7 @@ def serve(
         scratch=scratch,
         max_scratch_tokens=max_scratch_tokens,
         allowed_hosts=allowed_hosts_for(host, allowed_hosts),
+        fast_lane=fast_lane,
     )
     locations = dataclasses.replace(locations, read_only=locations.read_only or not allow_save)
     store = open_store(locations, write=allow_save)  # a missing or out-of-date store fails here, in one line
@@ -193,16 +204,19 @@ def serve(
             store.close()
         return
     # Several processes: uvicorn starts each from an import path; each opens the store itself (a pool of connections
-    # and file handles per process), and they share the listening socket.
+    # and file handles per process) and listens on its own socket of the port (api/http/protocol.py).
     store.close()
     os.environ[WORKER_ENV] = json.dumps({"locations": dataclasses.asdict(locations), "settings": settings.public()})
-    uvicorn.run(
-        "attnstore.api.serve:worker_app",
-        factory=True,
-        workers=workers,
-        http=NODELAY_PROTOCOL,  # connections without Nagle's 40 ms waits (api/http/protocol.py)
-        host=host,
-        port=port,
-        log_level="info",
-        access_log=access_log,
-    )
+    try:
+        protocol.run_workers(
+            "attnstore.api.serve:worker_app",
+            workers,
+            host,
+            port,
+            factory=True,
+            http=NODELAY_PROTOCOL,  # connections without Nagle's 40 ms waits (api/http/protocol.py)
+            log_level="info",
+            access_log=access_log,
+        )
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {shown}:{port}: {exc.strerror or exc}; pick another --port") from None

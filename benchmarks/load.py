@@ -93,6 +93,8 @@ def start_server(args, port: int) -> subprocess.Popen:
         command += ["--threads", str(args.threads)]
     if args.workers:
         command += ["--workers", str(args.workers)]
+    if args.no_fast_lane:
+        command.append("--no-fast-lane")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     log = open(args.server_log, "w", encoding="utf-8") if args.server_log else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(command, env=env, stdout=log, stderr=log, text=True)
@@ -367,6 +369,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="The server's --threads (default: its own).")
     parser.add_argument("--workers", type=int, default=None, help="The server's --workers (default: its own).")
+    parser.add_argument("--no-fast-lane", action="store_true", help="Start the server with --no-fast-lane (FastAPI answers all).")
     parser.add_argument("--server-log", default=None, help="Write the server's output to this file.")
     args = parser.parse_args()
     if args.seconds is None:

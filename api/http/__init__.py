@@ -36,6 +36,8 @@ The package, along its seams:
 | `encoding.py` | pandas / numpy / SQL values as JSON |
 | `state.py` | `Server`: the store, its caches, the heavy-request slots; `MapsReading` (409 / progress of a query's map reads) |
 | `middleware.py` | `AllowedHosts` (the Host header), `RunSegment` (a run's path segment kept encoded) |
+| `lane.py` | `FastLane`: plain GET requests of maps, examples and search answered before FastAPI's routing |
+| `protocol.py` | `serve --workers N`: TCP_NODELAY on every connection, a listening socket per worker |
 | `responses.py` | JSON answers, `{"error": ...}` for every error, the error answers of the OpenAPI schema |
 | `routes/` | one `APIRouter` per resource: runs, maps, scratch (typed text), metrics, queries, search, sql, labels, web |
 
@@ -82,6 +84,7 @@ def create_app(
     from fastapi import FastAPI, Request
 
     from ...store import Store
+    from .lane import FastLane
     from .middleware import AllowedHosts, RunSegment
     from .responses import add_error_handlers, answers, without_validation_answers
     from .routes import labels, maps, metrics, queries, runs, scratch, search, sql, web
@@ -119,6 +122,8 @@ def create_app(
         redoc_url=None,
         responses=answers(400, 500, 503),
     )
+    if settings.fast_lane:  # inside RunSegment and AllowedHosts (lane.py)
+        app.add_middleware(FastLane, lanes=[lane for resource in (runs, maps, search) for lane in resource.lanes(settings)])
     app.add_middleware(RunSegment)
     app.add_middleware(AllowedHosts, allowed_hosts=list(settings.allowed_hosts), www_redirect=False)  # outermost: first
     without_validation_answers(app)

@@ -126,6 +126,7 @@ def test_the_command_answers_the_bound_host_and_allowed_hosts(named, monkeypatch
     import uvicorn
     from click.testing import CliRunner
 
+    from attnstore.api.http import protocol
     from attnstore.api.serve import WORKER_ENV, serve, worker_app
 
     assert (
@@ -140,7 +141,8 @@ def test_the_command_answers_the_bound_host_and_allowed_hosts(named, monkeypatch
             allowed_hosts_for("127.0.0.1", (bad,))
     store, _ = named
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: apps.append((worker_app() if kw.get("factory") else app, kw)))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: apps.append((app, kw)))  # one worker
+    monkeypatch.setattr(protocol, "run_workers", lambda app, workers, host, port, **kw: apps.append((worker_app(), {"host": host, **kw})))
     monkeypatch.setenv(WORKER_ENV, "")  # --workers N > 1 (the default on a machine of several cores) sets it; put back after
     where = ["--db", store.locations.db_url, "--root", store.locations.array_root]
     result = CliRunner().invoke(serve, [*where, "--allowed-host", "attn.lab", "--allowed-host", "other.lab"])

@@ -10,6 +10,7 @@ from fastapi.responses import Response
 
 from ....store.errors import InvalidArgumentError, TooLargeError
 from ..encoding import dumps, float16_json
+from ..lane import EXAMPLE, RUN, Lane, choice, integer, text
 from ..responses import answers, ok
 from ..settings import ServeSettings
 from ..state import Server
@@ -94,6 +95,20 @@ def maps_response(s: Server, run: str, example: int, layer: str | None, head: st
     return ok({**about, "attention": values.tolist()})
 
 
+def maps_answer(
+    s: Server, run: str, example: int, layer: str | None = None, head: str | None = None, format: str = "json", digits: int | None = None
+) -> Response:
+    """The maps endpoint's answer (its parameters' defaults are the endpoint's), in one of the heavy slots."""
+    with s.heavy():
+        return maps_response(s, run, example, layer, head, format, digits)
+
+
+def lanes(settings: ServeSettings) -> list[Lane]:
+    """The maps endpoint's plain requests, for the fast lane (lane.py): the parameters as the endpoint bounds them."""
+    params = {"layer": text(200), "head": text(200), "format": choice("json", "npy"), "digits": integer(1, 8)}
+    return [Lane(rf"/api/runs/{RUN}/examples/{EXAMPLE}/attention", params, maps_answer)]
+
+
 def router(settings: ServeSettings) -> APIRouter:
     api = APIRouter()
 
@@ -113,10 +128,6 @@ def router(settings: ServeSettings) -> APIRouter:
     ) -> Response:
         """One example's maps (layer, head, query, key), as JSON or .npy, within the cell budget."""
 
-        def work() -> Response:
-            with s.heavy():
-                return maps_response(s, run, example, layer, head, format, digits)
-
-        return await answer_here_or_on_a_thread(s, work)
+        return await answer_here_or_on_a_thread(s, lambda: maps_answer(s, run, example, layer, head, format, digits))
 
     return api

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from ..encoding import dumps, json_value, records
+from ..lane import EXAMPLE, RUN, Lane, flag, integer, text
 from ..responses import answers, ok
 from ..settings import ServeSettings, server_version
 from ..state import Server, inline_only
@@ -91,6 +92,42 @@ def example_answer(srv: Server, run: str, example: int) -> bytes:
     return srv.kept("example answers", key, lambda: dumps(example_detail(srv, run, example)).encode(), 4096)
 
 
+def examples_answer(
+    srv: Server,
+    run: str,
+    offset: int = 0,
+    limit: int | None = None,
+    q: str | None = None,
+    label: str | None = None,
+    min_length: int | None = None,
+    max_length: int | None = None,
+    truncated: bool | None = None,
+    skipped: bool | None = None,
+) -> Response:
+    """The examples endpoint's answer (its parameters' defaults are the endpoint's; limit: the server's page)."""
+    limit = srv.settings.default_page if limit is None else limit
+    return ok(list_examples(srv, run, offset, limit, q, label, min_length, max_length, truncated, skipped))
+
+
+def example_response(srv: Server, run: str, example: int) -> Response:
+    return Response(example_answer(srv, run, example), media_type="application/json")
+
+
+def lanes(settings: ServeSettings) -> list[Lane]:
+    """The examples page's and one example's plain requests, for the fast lane (lane.py), bounded as the endpoints."""
+    page = {
+        "offset": integer(0),
+        "limit": integer(1, settings.max_page),
+        "q": text(500),
+        "label": text(200),
+        "min_length": integer(0),
+        "max_length": integer(0),
+        "truncated": flag,
+        "skipped": flag,
+    }
+    return [Lane(rf"/api/runs/{RUN}/examples", page, examples_answer), Lane(rf"/api/runs/{RUN}/examples/{EXAMPLE}", {}, example_response)]
+
+
 # ------------------------------------------------------------------ the endpoints
 
 
@@ -141,12 +178,12 @@ def router(settings: ServeSettings) -> APIRouter:
     ) -> Response:
         """A page of the run's examples (position, texts, label, length, flags), filtered."""
         return await answer_here_or_on_a_thread(
-            s, lambda: ok(list_examples(s, run, offset, limit, q, label, min_length, max_length, truncated, skipped))
+            s, lambda: examples_answer(s, run, offset, limit, q, label, min_length, max_length, truncated, skipped)
         )
 
     @api.get("/api/runs/{run}/examples/{example}", tags=["examples"], responses=answers(404))
     async def example(run: str = Run, example: int = Example, s: Server = Srv) -> Response:
         """One example and its tokens with word alignment, POS, dependency head and relation."""
-        return await answer_here_or_on_a_thread(s, lambda: Response(example_answer(s, run, example), media_type="application/json"))
+        return await answer_here_or_on_a_thread(s, lambda: example_response(s, run, example))
 
     return api

@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from ....store import search as corpus
 from ....store.errors import InvalidArgumentError
 from ..encoding import json_value
+from ..lane import RUN, Lane, choice, integer, text
 from ..responses import answers, ok
 from ..settings import ServeSettings
 from ..state import Server
@@ -96,6 +97,42 @@ def search(
     }
 
 
+def search_answer(
+    s: Server,
+    run: str,
+    word: str | None = None,
+    token: str | None = None,
+    upos: str | None = None,
+    deprel: str | None = None,
+    pieces: str = "first",
+    layer: int | None = None,
+    head: int | None = None,
+    k: int = 5,
+    offset: int = 0,
+    limit: int = 20,
+) -> Response:
+    """The search endpoint's answer (its parameters' defaults are the endpoint's), in one of the heavy slots."""
+    with s.heavy():
+        return ok(search(s, run, word, token, upos, deprel, pieces, layer, head, k, offset, limit))
+
+
+def lanes(settings: ServeSettings) -> list[Lane]:
+    """The search's plain requests, for the fast lane (lane.py), bounded as the endpoint bounds them."""
+    params = {
+        "word": text(200),
+        "token": text(200),
+        "upos": text(32),
+        "deprel": text(64),
+        "pieces": choice("first", "all"),
+        "layer": integer(0),
+        "head": integer(0),
+        "k": integer(1, settings.max_top_k),
+        "offset": integer(0),
+        "limit": integer(1, settings.max_search_page),
+    }
+    return [Lane(rf"/api/runs/{RUN}/search", params, search_answer)]
+
+
 def router(settings: ServeSettings) -> APIRouter:
     api = APIRouter()
 
@@ -122,11 +159,8 @@ def router(settings: ServeSettings) -> APIRouter:
     ) -> Response:
         """Corpus search: tokens by word, token, POS or relation, by example; with layer and head, each hit's
         attention row and its top-k attended tokens."""
-
-        def work() -> Response:
-            with s.heavy():
-                return ok(search(s, run, word, token, upos, deprel, pieces, layer, head, k, offset, limit))
-
-        return await answer_here_or_on_a_thread(s, work)
+        return await answer_here_or_on_a_thread(
+            s, lambda: search_answer(s, run, word, token, upos, deprel, pieces, layer, head, k, offset, limit)
+        )
 
     return api
