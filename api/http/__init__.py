@@ -36,7 +36,7 @@ The package, along its seams:
 | `encoding.py` | pandas / numpy / SQL values as JSON |
 | `state.py` | `Server`: the store, its caches, the heavy-request slots; `MapsReading` (409 / progress of a query's map reads) |
 | `middleware.py` | `AllowedHosts` (the Host header), `RunSegment` (a run's path segment kept encoded) |
-| `lane.py` | `FastLane`: plain GET requests of maps, examples and search answered before FastAPI's routing |
+| `lane.py` | `FastLane`: plain GET requests of maps, examples, search, queries and metrics answered before FastAPI's routing |
 | `protocol.py` | `serve --workers N`: TCP_NODELAY on every connection, a listening socket per worker |
 | `responses.py` | JSON answers, `{"error": ...}` for every error, the error answers of the OpenAPI schema |
 | `routes/` | one `APIRouter` per resource: runs, maps, scratch (typed text), metrics, queries, search, sql, labels, web |
@@ -123,7 +123,8 @@ def create_app(
         responses=answers(400, 500, 503),
     )
     if settings.fast_lane:  # inside RunSegment and AllowedHosts (lane.py)
-        app.add_middleware(FastLane, lanes=[lane for resource in (runs, maps, search) for lane in resource.lanes(settings)])
+        lanes = [lane for resource in (runs, maps, metrics, queries, search) for lane in resource.lanes(settings)]
+        app.add_middleware(FastLane, lanes=lanes)
     app.add_middleware(RunSegment)
     app.add_middleware(AllowedHosts, allowed_hosts=list(settings.allowed_hosts), www_redirect=False)  # outermost: first
     without_validation_answers(app)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ...store import search
 from ...store.errors import NotFoundError, TooLargeError
 from ...store.remote import is_remote
-from .encoding import records
+from .encoding import dumps, records
 from .settings import PREPARING, RETRY_AFTER_S, ScanNeededError, ServerBusyError, ServeSettings, log
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ class Server:
         self._results: OrderedDict[tuple, pd.DataFrame] = OrderedDict()
         self._facets: OrderedDict[tuple, dict] = OrderedDict()
         self._example_rows: OrderedDict[tuple, tuple[list[dict], dict[int, int]]] = OrderedDict()
+        self._example_texts: OrderedDict[tuple, list[str]] = OrderedDict()
         # Kept between requests while the store's metadata is unchanged (`version`): runs' info, the rows of the
         # examples' table as JSON values, examples' tokens, search hits, encoded answers of cached queries and metrics.
         self._infos: OrderedDict[str, tuple[tuple, RunInfo]] = OrderedDict()
@@ -191,6 +192,11 @@ class Server:
             return rows, where
 
         return self._cached(self._example_rows, self._state(info), make, 4)
+
+    def example_texts(self, info: "RunInfo") -> list[str]:
+        """Each of `example_records`' rows as its JSON text (`dumps`), kept like them: a page of examples is a join of
+        kept texts, not an encoding of its rows (a page of 50: ~0.1 ms of the json module per request)."""
+        return self._cached(self._example_texts, self._state(info), lambda: [dumps(row) for row in self.example_records(info)[0]], 4)
 
     def example_row(self, info: "RunInfo", example: int) -> dict:
         rows, where = self.example_records(info)

@@ -84,9 +84,9 @@ def test_a_large_or_remote_read_goes_to_the_thread_pool(one_run, counted, monkey
         c.get(url, params={"layer": 0, "head": 0})  # the run's info and rows kept
         before = len(counted)
         monkeypatch.setattr(state, "INLINE_READ_CELLS", 35)  # one head of example 1 is 36 cells
-        got = c.get(url, params={"layer": 0, "head": 0}).json()["attention"]
+        got = c.get(url, params={"layer": 0, "head": 2}).json()["attention"]  # another head: not a kept answer
         assert len(counted) == before + 1
-        np.testing.assert_allclose(got, maps[1][0:1, 0:1], atol=1e-6)
+        np.testing.assert_allclose(got, maps[1][0:1, 2:3], atol=1e-6)
         monkeypatch.setattr(state, "INLINE_READ_CELLS", 1 << 20)
         monkeypatch.setattr(state, "is_remote", lambda root: True)
         c.get(url, params={"layer": 0, "head": 1})
@@ -109,3 +109,26 @@ def test_the_event_loop_never_waits_for_a_heavy_slot(one_run):
     with srv.inline():
         assert srv.info(NAMES[0]).name == NAMES[0]
     assert not state.INLINE.get()
+
+
+def test_a_small_json_answer_of_maps_is_kept_a_larger_one_is_written_each_time(one_run, monkeypatch):
+    from attnstore.api.http.routes import maps as maps_route
+
+    store, maps = one_run
+    url = f"/api/runs/{quote(NAMES[0], safe='')}/examples/1/attention"
+    reads = []
+    real = store.attention
+    monkeypatch.setattr(store, "attention", lambda *a, **k: reads.append(a) or real(*a, **k))
+    monkeypatch.setattr(maps_route, "KEPT_JSON_CELLS", 50)  # one head of example 1: 36 cells; one layer: 108
+    with TestClient(create_app(store, ServeSettings(info_ttl_s=3600), allowed_hosts=["testserver"])) as c:
+        first = c.get(url, params={"layer": 1, "head": 2, "digits": 3})
+        assert len(reads) == 1
+        again = c.get(url, params={"layer": 1, "head": 2, "digits": 3})
+        assert len(reads) == 1 and again.content == first.content
+        np.testing.assert_allclose(again.json()["attention"], np.round(maps[1][1:2, 2:3], 3), atol=1e-6)
+        assert c.get(url, params={"layer": 1, "head": 2}).json()["attention"] != first.json()["attention"]  # digits: another answer
+        assert len(reads) == 2
+        for _ in range(2):
+            layer = c.get(url, params={"layer": 1})
+            np.testing.assert_allclose(layer.json()["attention"], maps[1][1:2], atol=1e-6)
+        assert len(reads) == 4

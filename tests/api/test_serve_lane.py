@@ -1,4 +1,4 @@
-"""The fast lane (api/http/lane.py): a plain GET request of the maps, examples and search endpoints is answered before
+"""The fast lane (api/http/lane.py): a plain GET request of the maps, examples, search, query and metric endpoints is answered before
 FastAPI's routing, with FastAPI's own answer byte for byte; anything else (an error, an odd or unknown parameter,
 another method, a refused Host) is FastAPI's. And `serve --workers N`'s sockets (api/http/protocol.py): one per worker
 on one port, new connections spread over all of them."""
@@ -39,6 +39,8 @@ PLAIN = [
     f"{RUN}/search?upos=NOUN",
     f"{RUN}/search?upos=NOUN&layer=0&head=1&k=2",
     f"{RUN}/search?word=dog&pieces=all&limit=1&offset=0",
+    f"{RUN}/queries/entropy",
+    f"{RUN}/head_metrics/entropy.entropy",
 ]
 
 # Requests the lane leaves to FastAPI: errors, and forms its strict parsers do not take (answered all the same).
@@ -64,6 +66,10 @@ ELSEWHERE = [
     f"{RUN}/search?upos=NOUN&layer=0",  # 400: a layer without a head
     f"{RUN}/search?upos=NOUN&pieces=some",  # 400
     f"{RUN}/search?upos=NOUN&k=0",  # 400: fails validation
+    f"{RUN}/queries/entropy?max_rows=5",  # a query's parameters: FastAPI's
+    f"{RUN}/queries/no_such_query",  # 404
+    f"{RUN}/head_metrics/no_such.metric",  # 404
+    f"{RUN}/head_metrics/entropy.entropy?params=%7B%7D",
     "/api/runs/no-such-run/examples",  # 404
     "/api/runs/no-such-run/examples/0/attention",  # 404
     "/api/runs/glue/MRPC-dev-x/examples",  # a "/" not encoded: no such route

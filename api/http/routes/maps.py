@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from ....store.errors import InvalidArgumentError, TooLargeError
 from ..encoding import dumps, float16_json
 from ..lane import EXAMPLE, RUN, Lane, choice, integer, text
-from ..responses import answers, ok
+from ..responses import answers
 from ..settings import ServeSettings
 from ..state import Server
 from . import Example, Heads, Layers, Run, Srv, answer_here_or_on_a_thread
@@ -42,8 +42,8 @@ def parse_indices(text: str | None, name: str, size: int) -> list[int]:
     return out
 
 
-def attention_slice(srv: Server, run: str, example: int, layer: str | None, head: str | None, binary: bool) -> tuple[dict, np.ndarray]:
-    """Checked layers and heads, then the maps: (description, array (layer, head, query, key))."""
+def checked_slice(srv: Server, run: str, example: int, layer: str | None, head: str | None, binary: bool) -> tuple:
+    """The run's info, the checked layers and heads and the example's length, within the cell budget of the format."""
     info = srv.info(run)
     layers = parse_indices(layer, "layer", info.n_layers)
     heads = parse_indices(head, "head", info.n_heads)
@@ -56,6 +56,12 @@ def attention_slice(srv: Server, run: str, example: int, layer: str | None, head
             f"budget of {budget} cells per {'.npy' if binary else 'JSON'} response; ask for a slice: layer=L&head=H"
             + ("" if binary else f", or format=npy (budget {srv.settings.max_cells})")
         )
+    return info, layers, heads, length
+
+
+def attention_slice(srv: Server, run: str, example: int, layer: str | None, head: str | None, binary: bool) -> tuple[dict, np.ndarray]:
+    """Checked layers and heads, then the maps: (description, array (layer, head, query, key))."""
+    info, layers, heads, length = checked_slice(srv, run, example, layer, head, binary)
     srv.reading(read_span(layers, heads, info.n_heads, length))
     maps = srv.store.attention(info.id, example, layer=layers, head=heads)
     about = {"run": info.name, "example": example, "layers": layers, "heads": heads, "shape": list(maps.shape), "dtype": str(maps.dtype)}
@@ -84,15 +90,39 @@ def maps_response(s: Server, run: str, example: int, layer: str | None, head: st
                 "X-Attnstore-Heads": ",".join(map(str, about["heads"])),
             },
         )
+    return Response(maps_json(about, maps, digits), media_type="application/json")
+
+
+def maps_json(about: dict, maps: np.ndarray, digits: int | None) -> str:
     text = float16_json(maps, digits)  # the same bytes as below, without a float conversion per value
     if text is not None:
         head = dumps({**about, "attention": None})
         assert head.endswith('"attention":null}')
-        return Response(head[: -len("null}")] + text + "}", media_type="application/json")
+        return head[: -len("null}")] + text + "}"
     values = maps.astype(np.float64)
     if digits is not None:
         values = np.round(values, digits)
-    return ok({**about, "attention": values.tolist()})
+    return dumps({**about, "attention": values.tolist()})
+
+
+# JSON answers of at most this many cells (one head of up to 90 tokens: <= ~60 KB of text) are kept, 1,024 of them:
+# the viewer asks for one head after another and back; the text costs ~0.06 ms per 2,500 cells to write.
+KEPT_JSON_CELLS = 8192
+
+
+def kept_maps_json(s: Server, run: str, example: int, layer: str | None, head: str | None, digits: int | None) -> Response | None:
+    """A small JSON answer of maps, kept while the store's metadata is unchanged (as the example answers); None for a
+    larger one (written per request)."""
+    info, layers, heads, length = checked_slice(s, run, example, layer, head, binary=False)
+    if len(layers) * len(heads) * length * length > KEPT_JSON_CELLS:
+        return None
+    key = (info.id, info.status, info.n_stored, example, tuple(layers), tuple(heads), digits)
+
+    def make() -> bytes:
+        about, maps = attention_slice(s, run, example, layer, head, binary=False)
+        return maps_json(about, maps, digits).encode()
+
+    return Response(s.kept("maps answers", key, make, 1024), media_type="application/json")
 
 
 def maps_answer(
@@ -100,7 +130,8 @@ def maps_answer(
 ) -> Response:
     """The maps endpoint's answer (its parameters' defaults are the endpoint's), in one of the heavy slots."""
     with s.heavy():
-        return maps_response(s, run, example, layer, head, format, digits)
+        kept = kept_maps_json(s, run, example, layer, head, digits) if format == "json" else None
+        return kept if kept is not None else maps_response(s, run, example, layer, head, format, digits)
 
 
 def lanes(settings: ServeSettings) -> list[Lane]:

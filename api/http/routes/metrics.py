@@ -10,6 +10,7 @@ from fastapi.responses import Response
 
 from ....store.errors import NotFoundError
 from ..encoding import dumps, json_value
+from ..lane import RUN, Lane
 from ..responses import answers, ok
 from ..settings import ServeSettings
 from ..state import Server
@@ -97,6 +98,19 @@ def head_metric_matrix(srv: Server, run: str, metric: str, params: str | None, s
     return out
 
 
+def metric_answer(s: Server, run: str, metric: str, params: str | None = None, scan: bool = False) -> Response:
+    """The head metric endpoint's answer: its JSON text kept while the run is unchanged."""
+    info = s.info(run)
+    key = (info.id, info.status, info.n_stored, info.n_skipped, metric, params)  # scan=1 changes how, not what
+    body = s.kept("metric answers", key, lambda: dumps(head_metric_matrix(s, run, metric, params, scan)), 256)
+    return Response(body, media_type="application/json")
+
+
+def lanes(settings: ServeSettings) -> list[Lane]:
+    """A head metric asked without parameters, for the fast lane (lane.py)."""
+    return [Lane(rf"/api/runs/{RUN}/head_metrics/(?P<metric>[^/]{{1,200}})", {}, metric_answer)]
+
+
 def router(settings: ServeSettings) -> APIRouter:
     api = APIRouter()
 
@@ -114,13 +128,6 @@ def router(settings: ServeSettings) -> APIRouter:
         s: Server = Srv,
     ) -> Response:
         """One metric as a layers x heads matrix: saved, else computed now (entropy, special_tokens, relative_position)."""
-
-        def work() -> Response:
-            info = s.info(run)
-            key = (info.id, info.status, info.n_stored, info.n_skipped, metric, params)  # scan=1 changes how, not what
-            body = s.kept("metric answers", key, lambda: dumps(head_metric_matrix(s, run, metric, params, scan)), 256)
-            return Response(body, media_type="application/json")
-
-        return await answer_here_or_on_a_thread(s, work)
+        return await answer_here_or_on_a_thread(s, lambda: metric_answer(s, run, metric, params, scan))
 
     return api

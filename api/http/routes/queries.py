@@ -10,6 +10,7 @@ from fastapi.responses import Response
 
 from ....store.errors import ConflictError, InvalidArgumentError, ReadOnlyStoreError
 from ..encoding import dumps, json_value, table
+from ..lane import RUN, Lane
 from ..responses import answers, ok
 from ..settings import ServeSettings
 from ..state import Server
@@ -94,6 +95,16 @@ def save_query(srv: Server, run: str, name: str, raw: dict[str, str], scan: bool
         return {"query": name, "run": info.name, "saved": len(frame), "message": spec.save(srv.store, info.name, frame, kwargs)}
     n = srv.store.save_head_metrics(info.id, frame, prefix=name, params=kwargs)
     return {"query": name, "run": info.name, "saved": n, "metric_prefix": f"{name}."}
+
+
+def lanes(settings: ServeSettings) -> list[Lane]:
+    """A query asked with no parameters (its defaults), for the fast lane (lane.py); with any, FastAPI parses them."""
+
+    def plain_query(s: Server, run: str, name: str) -> Response:
+        with s.heavy():
+            return Response(query_answer(s, run, name, {}, settings.max_query_rows, False), media_type="application/json")
+
+    return [Lane(rf"/api/runs/{RUN}/queries/(?P<name>[^/]+)", {}, plain_query)]
 
 
 def router(settings: ServeSettings) -> APIRouter:
