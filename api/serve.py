@@ -137,7 +137,7 @@ def show_server_log() -> None:
     "--fast-lane/--no-fast-lane",
     default=True,
     show_default=True,
-    help="Answer the most asked GET requests (maps, examples, search) from what is kept before FastAPI's routing "
+    help="Answer the most asked GET requests (maps, examples, search, queries, metrics) from what is kept before FastAPI's routing "
     "(the same answers; docs/SERVE.md).",
 )
 @store_options
