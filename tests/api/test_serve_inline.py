@@ -5,6 +5,7 @@ once goes to the thread pool as before, with the same answer."""
 
 from __future__ import annotations
 
+import io
 import time
 import warnings
 from urllib.parse import quote
@@ -111,7 +112,7 @@ def test_the_event_loop_never_waits_for_a_heavy_slot(one_run):
     assert not state.INLINE.get()
 
 
-def test_a_small_json_answer_of_maps_is_kept_a_larger_one_is_written_each_time(one_run, monkeypatch):
+def test_a_small_answer_of_maps_is_kept_a_larger_one_is_written_each_time(one_run, monkeypatch):
     from attnstore.api.http.routes import maps as maps_route
 
     store, maps = one_run
@@ -119,7 +120,7 @@ def test_a_small_json_answer_of_maps_is_kept_a_larger_one_is_written_each_time(o
     reads = []
     real = store.attention
     monkeypatch.setattr(store, "attention", lambda *a, **k: reads.append(a) or real(*a, **k))
-    monkeypatch.setattr(maps_route, "KEPT_JSON_CELLS", 50)  # one head of example 1: 36 cells; one layer: 108
+    monkeypatch.setattr(maps_route, "KEPT_CELLS", 50)  # one head of example 1: 36 cells; one layer: 108
     with TestClient(create_app(store, ServeSettings(info_ttl_s=3600), allowed_hosts=["testserver"])) as c:
         first = c.get(url, params={"layer": 1, "head": 2, "digits": 3})
         assert len(reads) == 1
@@ -132,3 +133,6 @@ def test_a_small_json_answer_of_maps_is_kept_a_larger_one_is_written_each_time(o
             layer = c.get(url, params={"layer": 1})
             np.testing.assert_allclose(layer.json()["attention"], maps[1][1:2], atol=1e-6)
         assert len(reads) == 4
+        npy = [c.get(url, params={"layer": 1, "head": 2, "format": "npy"}) for _ in range(2)]
+        assert npy[0].content == npy[1].content and npy[0].headers == npy[1].headers and len(reads) == 5
+        np.testing.assert_array_equal(np.load(io.BytesIO(npy[1].content)), maps[1][1:2, 2:3].astype(np.float32))

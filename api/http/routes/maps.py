@@ -105,24 +105,20 @@ def maps_json(about: dict, maps: np.ndarray, digits: int | None) -> str:
     return dumps({**about, "attention": values.tolist()})
 
 
-# JSON answers of at most this many cells (one head of up to 90 tokens: <= ~60 KB of text) are kept, 1,024 of them:
-# the viewer asks for one head after another and back; the text costs ~0.06 ms per 2,500 cells to write.
-KEPT_JSON_CELLS = 8192
+# Answers (JSON or .npy) of at most this many cells (one head of up to 90 tokens: <= ~60 KB of JSON, 16 KB of .npy)
+# are kept, 1,024 of them: the viewer asks for one head after another and back, and writing one costs more than
+# FastAPI's routing of it (~0.06 ms for 2,500 cells of JSON).
+KEPT_CELLS = 8192
 
 
-def kept_maps_json(s: Server, run: str, example: int, layer: str | None, head: str | None, digits: int | None) -> Response | None:
-    """A small JSON answer of maps, kept while the store's metadata is unchanged (as the example answers); None for a
+def kept_maps(s: Server, run: str, example: int, layer: str | None, head: str | None, format: str, digits: int | None) -> Response | None:
+    """A small answer of maps, kept while the store's metadata is unchanged (as the example answers); None for a
     larger one (written per request)."""
-    info, layers, heads, length = checked_slice(s, run, example, layer, head, binary=False)
-    if len(layers) * len(heads) * length * length > KEPT_JSON_CELLS:
+    info, layers, heads, length = checked_slice(s, run, example, layer, head, binary=format == "npy")
+    if len(layers) * len(heads) * length * length > KEPT_CELLS:
         return None
-    key = (info.id, info.status, info.n_stored, example, tuple(layers), tuple(heads), digits)
-
-    def make() -> bytes:
-        about, maps = attention_slice(s, run, example, layer, head, binary=False)
-        return maps_json(about, maps, digits).encode()
-
-    return Response(s.kept("maps answers", key, make, 1024), media_type="application/json")
+    key = (info.id, info.status, info.n_stored, example, tuple(layers), tuple(heads), format, digits)
+    return s.kept("maps answers", key, lambda: maps_response(s, run, example, layer, head, format, digits), 1024)
 
 
 def maps_answer(
@@ -130,7 +126,7 @@ def maps_answer(
 ) -> Response:
     """The maps endpoint's answer (its parameters' defaults are the endpoint's), in one of the heavy slots."""
     with s.heavy():
-        kept = kept_maps_json(s, run, example, layer, head, digits) if format == "json" else None
+        kept = kept_maps(s, run, example, layer, head, format, digits)
         return kept if kept is not None else maps_response(s, run, example, layer, head, format, digits)
 
 
