@@ -531,6 +531,12 @@ class StoreReader:
         block = block.reshape(shape)
         rows = [v - first for v in wanted] if not isinstance(layers, slice) else slice(None)
         cols = slice(None) if isinstance(heads, slice) else [v % info.n_heads - (h0 if first == last else 0) for v in heads]
+        # every layer / head of the block asked for in order: the block itself, not a copy by fancy indexing (every map
+        # of an example: 1.4 MB copied twice per read)
+        if isinstance(rows, list) and rows == list(range(n_layers)):
+            rows = slice(None)
+        if isinstance(cols, list) and cols == list(range(n_heads)):
+            cols = slice(None)
         return block[rows][:, cols]
 
     def _maps_info(self, run: RunRef) -> RunInfo:

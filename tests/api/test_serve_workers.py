@@ -22,7 +22,7 @@ with warnings.catch_warnings():  # starlette's TestClient asks for httpx2; httpx
     warnings.filterwarnings("ignore", message=".*httpx2")
     from fastapi.testclient import TestClient
 
-from attnstore.api.http.encoding import dumps, float16_json  # noqa: E402
+from attnstore.api.http.encoding import dumps, float16_json, npy_bytes  # noqa: E402
 from attnstore.api.serve import ServeSettings, create_app, default_workers  # noqa: E402
 
 TOKENS = [["[CLS]", "a", "b", "c", "[SEP]"], ["[CLS]", "d", "e", "f", "g", "h", "[SEP]"]]
@@ -70,6 +70,20 @@ def test_npy_of_one_head_and_one_layer_equals_the_json(fast):
                 assert np.array_equal(array, store.attention("fast", example, layer=layer, head=head))
             rounded = c.get(f"/api/runs/fast/examples/{example}/attention", params={"layer": 1, "digits": 3}).json()
             assert rounded["attention"] == np.round(store.attention("fast", example, layer=1).astype(np.float64), 3).tolist()
+
+
+def test_npy_bytes_are_np_saves():
+    """The `.npy` answers' bytes (`npy_bytes`, one copy of the data) equal `np.save`'s, for several dtypes and shapes,
+    a strided view and a 0-d array."""
+    import io
+
+    rng = np.random.default_rng(0)
+    for dtype in (np.float16, np.float32, np.float64, np.uint8):
+        strided = np.arange(24, dtype=dtype).reshape(2, 3, 4)[:, ::2]
+        for values in [rng.random(shape).astype(dtype) for shape in ((1, 1, 3, 3), (6, 12, 57, 57), (0,), (2, 3), ())] + [strided]:
+            saved = io.BytesIO()
+            np.save(saved, values, allow_pickle=False)
+            assert npy_bytes(values) == saved.getvalue(), (dtype, values.shape)
 
 
 def test_float16_json_is_the_bytes_of_json_dumps():

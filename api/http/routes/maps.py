@@ -1,7 +1,6 @@
 """One example's attention maps (layer, head, query, key): JSON for small slices, numpy's `.npy` for binary, within
 the cell budget of each format."""
 
-import io
 import re
 
 import numpy as np
@@ -9,7 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from ....store.errors import InvalidArgumentError, TooLargeError
-from ..encoding import dumps, float16_json
+from ..encoding import dumps, float16_json, npy_bytes
 from ..lane import EXAMPLE, RUN, Lane, choice, integer, text
 from ..responses import answers
 from ..settings import ServeSettings
@@ -78,11 +77,9 @@ def read_span(layers: list[int], heads: list[int], n_heads: int, length: int) ->
 def maps_response(s: Server, run: str, example: int, layer: str | None, head: str | None, format: str, digits: int | None) -> Response:
     about, maps = attention_slice(s, run, example, layer, head, binary=format == "npy")
     if format == "npy":
-        buffer = io.BytesIO()
-        np.save(buffer, maps, allow_pickle=False)
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", about["run"])[:80]
         return Response(
-            buffer.getvalue(),
+            npy_bytes(maps),
             media_type="application/octet-stream",
             headers={
                 "Content-Disposition": f'attachment; filename="{name}-example{example}.npy"',
