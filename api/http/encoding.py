@@ -60,7 +60,7 @@ def npy_bytes(values: np.ndarray) -> bytes:
     values = values if values.flags.c_contiguous else values.copy(order="C")
     head = io.BytesIO()
     np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(values))
-    return b"".join((head.getvalue(), memoryview(values.reshape(-1)).cast("B")))
+    return b"".join((head.getvalue(), values.reshape(-1).view(np.uint8).data))
 
 
 def dumps(payload: Any) -> str:
