@@ -5,6 +5,9 @@ a < floor, decoded as 0), decoded as 2^(-q/s), so every value >= floor is within
 reads the first --cells cells of a stored run, codes them for several steps s and floors, and prints bytes per cell
 after blosc-zstd (level 1 as the store uses, and level 9) with the largest relative error and what the floor drops;
 for comparison, float16 with its mantissa rounded to k bits (another relative-precision code that plain zarr reads).
+With --contexts, also what an entropy coder with a context model could reach (the bound such a coder, e.g. rANS,
+approaches, before the cost of its model): the empirical entropy of the codes in bits per cell, alone and given the
+code before it in its row, and given that and the code above it (same key, the query before).
 
     python benchmarks/log_codes.py --root attnstore-data/attention.zarr --run MRPC-dev-all-MiniLM-L6-v2
 """
@@ -33,13 +36,51 @@ def mantissa_rounded(a16: np.ndarray, keep: int) -> np.ndarray:
     return u.astype(np.uint16).view(np.float16)
 
 
+def conditional_entropy(codes: np.ndarray, *contexts: np.ndarray) -> float:
+    """H(codes | contexts) in bits per code, from the counts of (context, code) and of context."""
+    key = np.zeros(len(codes), dtype=np.int64)
+    for c in contexts:
+        key = key * 256 + c
+    joint = np.unique(key * 256 + codes, return_counts=True)[1]
+    given = np.unique(key, return_counts=True)[1] if contexts else np.array([len(codes)])
+    n = len(codes)
+    return float(-(joint * np.log2(joint / n)).sum() / n + (given * np.log2(given / n)).sum() / n)
+
+
+def context_table(g, cells: np.ndarray, floors_steps: list[tuple[int, float]]) -> None:
+    """Bits per cell of each code alone, given the code on its left, and given the left and the one above."""
+    lengths, offsets = np.asarray(g["length"][:]), np.asarray(g["offset"][:])
+    maps_per_example = (offsets[1] - offsets[0]) // (int(lengths[0]) ** 2)  # layers x heads
+    left = np.full(len(cells), -1, dtype=np.int64)  # index of the cell before in the row, -1 at a row's start
+    above = np.full(len(cells), -1, dtype=np.int64)  # index of the cell one row up in the same map, -1 in row 0
+    for length, offset in zip(lengths.tolist(), offsets.tolist()):
+        if offset >= len(cells):
+            break
+        idx = np.arange(offset, min(offset + maps_per_example * length * length, len(cells)))
+        within = (idx - offset) % (length * length)
+        col, row = within % length, within // length
+        left[idx[col > 0]] = idx[col > 0] - 1
+        above[idx[row > 0]] = idx[row > 0] - length
+    print(f"\n{'code':34s} {'bits/cell: alone':>16s} {'| left':>8s} {'| left, above':>13s} {'as B/cell':>10s}")
+    for step, floor_exp in floors_steps:
+        q, _ = log_code(cells, step, 2.0**-floor_exp)
+        q = q.astype(np.int64)
+        start = 256  # a context value for "none" (row start / first row)
+        lq = np.where(left >= 0, q[np.maximum(left, 0)], start)
+        aq = np.where(above >= 0, q[np.maximum(above, 0)], start)
+        h0, h1, h2 = conditional_entropy(q), conditional_entropy(q, lq), conditional_entropy(q, lq, aq)
+        print(f"log, step 1/{step} octave, floor 2^-{floor_exp:<4d} {h0:16.2f} {h1:8.2f} {h2:13.2f} {h2 / 8:10.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", required=True)
     parser.add_argument("--run", required=True, help="The run's group name under runs/ (its slug).")
     parser.add_argument("--cells", type=int, default=20_000_000)
+    parser.add_argument("--contexts", action="store_true", help="Also the entropy bound of a context-modelling coder.")
     args = parser.parse_args()
-    cells16 = np.asarray(zarr.open_group(args.root, path=f"runs/{args.run}", mode="r")["cells"][: args.cells]).astype(np.float16)
+    group = zarr.open_group(args.root, path=f"runs/{args.run}", mode="r")
+    cells16 = np.asarray(group["cells"][: args.cells]).astype(np.float16)
     cells = cells16.astype(np.float64)
     fast, strong = (Blosc(cname="zstd", clevel=level, shuffle=Blosc.NOSHUFFLE, blocksize=1 << 18) for level in (1, 9))
     shuffled = Blosc(cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, blocksize=1 << 18)
@@ -63,6 +104,8 @@ def main() -> None:
         big = cells >= 2.0**-14  # normal float16 numbers
         rel = np.abs(r.astype(np.float64) - cells)[big] / cells[big]
         print(f"float16, mantissa kept {keep} bits          {len(shuffled.encode(r)) / len(r):12.3f} {'':>7s} {rel.max():11.3f}")
+    if args.contexts:
+        context_table(group, cells, [(2, 12), (3, 16), (4, 16), (8, 16)])
 
 
 if __name__ == "__main__":
