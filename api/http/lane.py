@@ -75,6 +75,7 @@ def flag(value: str) -> bool:
 
 RUN = r"(?P<run>[^/]+)"  # still percent-encoded (RunSegment): decoded with run_name
 EXAMPLE = r"(?P<example>[0-9]{1,12})"
+EXAMPLE_INDEX = integer(0)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class Lane:
                 args["run"] = run_name(value)
             elif name == "example":
                 try:
-                    args["example"] = integer(0)(value)
+                    args["example"] = EXAMPLE_INDEX(value)
                 except ValueError:
                     return None
             else:

@@ -70,7 +70,8 @@ class Server:
         self._example_rows: OrderedDict[tuple, tuple[list[dict], dict[int, int]]] = OrderedDict()
         self._example_texts: OrderedDict[tuple, list[str]] = OrderedDict()
         # Kept between requests while the store's metadata is unchanged (`version`): runs' info, the rows of the
-        # examples' table as JSON values, examples' tokens, search hits, encoded answers of cached queries and metrics.
+        # examples' table as JSON values and texts, and (`kept`) encoded answers: examples with their tokens, search
+        # hits and answers, small answers of maps, cached queries and metrics.
         self._infos: OrderedDict[str, tuple[tuple, RunInfo]] = OrderedDict()
         self._kept: dict[str, OrderedDict[tuple, Any]] = {}
         url = store.locations.db_url

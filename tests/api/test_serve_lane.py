@@ -191,3 +191,24 @@ def test_each_worker_has_its_own_socket_and_connections_reach_every_one():
             c.close()
         for sock in sockets:
             sock.close()
+
+
+@pytest.mark.one_backend
+def test_serve_with_workers_on_a_taken_port_fails_in_one_line(store):
+    """`serve --workers 2` where another program holds the port: one line naming it and what to do, no worker started."""
+    from click.testing import CliRunner
+
+    from attnstore.api.serve import serve
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    port = held.getsockname()[1]
+    try:
+        where = ["--db", store.locations.db_url, "--root", store.locations.array_root]
+        result = CliRunner().invoke(serve, [*where, "--workers", "2", "--port", str(port), "--no-access-log"])
+    finally:
+        held.close()
+    assert result.exit_code == 1, result.output
+    error = [line for line in result.output.strip().splitlines() if line.startswith("Error")]
+    assert error == [f"Error: cannot listen on 127.0.0.1:{port}: Address already in use; pick another --port"], result.output

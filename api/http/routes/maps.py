@@ -58,9 +58,9 @@ def checked_slice(srv: Server, run: str, example: int, layer: str | None, head: 
     return info, layers, heads, length
 
 
-def attention_slice(srv: Server, run: str, example: int, layer: str | None, head: str | None, binary: bool) -> tuple[dict, np.ndarray]:
-    """Checked layers and heads, then the maps: (description, array (layer, head, query, key))."""
-    info, layers, heads, length = checked_slice(srv, run, example, layer, head, binary)
+def read_slice(srv: Server, example: int, checked: tuple) -> tuple[dict, np.ndarray]:
+    """The maps of a checked slice (`checked_slice`): (description, array (layer, head, query, key))."""
+    info, layers, heads, length = checked
     srv.reading(read_span(layers, heads, info.n_heads, length))
     maps = srv.store.attention(info.id, example, layer=layers, head=heads)
     about = {"run": info.name, "example": example, "layers": layers, "heads": heads, "shape": list(maps.shape), "dtype": str(maps.dtype)}
@@ -74,8 +74,8 @@ def read_span(layers: list[int], heads: list[int], n_heads: int, length: int) ->
     return n_layers * span_heads * length * length
 
 
-def maps_response(s: Server, run: str, example: int, layer: str | None, head: str | None, format: str, digits: int | None) -> Response:
-    about, maps = attention_slice(s, run, example, layer, head, binary=format == "npy")
+def maps_response(s: Server, example: int, checked: tuple, format: str, digits: int | None) -> Response:
+    about, maps = read_slice(s, example, checked)
     if format == "npy":
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", about["run"])[:80]
         return Response(
@@ -108,23 +108,18 @@ def maps_json(about: dict, maps: np.ndarray, digits: int | None) -> str:
 KEPT_CELLS = 8192
 
 
-def kept_maps(s: Server, run: str, example: int, layer: str | None, head: str | None, format: str, digits: int | None) -> Response | None:
-    """A small answer of maps, kept while the store's metadata is unchanged (as the example answers); None for a
-    larger one (written per request)."""
-    info, layers, heads, length = checked_slice(s, run, example, layer, head, binary=format == "npy")
-    if len(layers) * len(heads) * length * length > KEPT_CELLS:
-        return None
-    key = (info.id, info.status, info.n_stored, example, tuple(layers), tuple(heads), format, digits)
-    return s.kept("maps answers", key, lambda: maps_response(s, run, example, layer, head, format, digits), 1024)
-
-
 def maps_answer(
     s: Server, run: str, example: int, layer: str | None = None, head: str | None = None, format: str = "json", digits: int | None = None
 ) -> Response:
-    """The maps endpoint's answer (its parameters' defaults are the endpoint's), in one of the heavy slots."""
+    """The maps endpoint's answer (its parameters' defaults are the endpoint's), in one of the heavy slots; a small one
+    kept while the store's metadata is unchanged (as the example answers), a larger one written per request."""
     with s.heavy():
-        kept = kept_maps(s, run, example, layer, head, format, digits)
-        return kept if kept is not None else maps_response(s, run, example, layer, head, format, digits)
+        checked = checked_slice(s, run, example, layer, head, binary=format == "npy")
+        info, layers, heads, length = checked
+        if len(layers) * len(heads) * length * length > KEPT_CELLS:
+            return maps_response(s, example, checked, format, digits)
+        key = (info.id, info.status, info.n_stored, example, tuple(layers), tuple(heads), format, digits)
+        return s.kept("maps answers", key, lambda: maps_response(s, example, checked, format, digits), 1024)
 
 
 def lanes(settings: ServeSettings) -> list[Lane]:

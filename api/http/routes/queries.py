@@ -97,12 +97,17 @@ def save_query(srv: Server, run: str, name: str, raw: dict[str, str], scan: bool
     return {"query": name, "run": info.name, "saved": n, "metric_prefix": f"{name}."}
 
 
+def query_response(s: Server, run: str, name: str, raw: dict[str, str], max_rows: int, scan: bool = False) -> Response:
+    """The query endpoint's answer, in one of the heavy slots."""
+    with s.heavy():
+        return Response(query_answer(s, run, name, raw, max_rows, scan), media_type="application/json")
+
+
 def lanes(settings: ServeSettings) -> list[Lane]:
     """A query asked with no parameters (its defaults), for the fast lane (lane.py); with any, FastAPI parses them."""
 
     def plain_query(s: Server, run: str, name: str) -> Response:
-        with s.heavy():
-            return Response(query_answer(s, run, name, {}, settings.max_query_rows, False), media_type="application/json")
+        return query_response(s, run, name, {}, settings.max_query_rows)
 
     return [Lane(rf"/api/runs/{RUN}/queries/(?P<name>[^/]+)", {}, plain_query)]
 
@@ -137,12 +142,7 @@ def router(settings: ServeSettings) -> APIRouter:
         """Run a registered query (its parameters as query-string values, e.g. ?average=token); cached; at most
         `max_query_examples` examples read and `max_query_rows` rows returned (`max_rows` to return fewer)."""
         raw, max_rows = query_params(request)
-
-        def work() -> Response:
-            with s.heavy():
-                return Response(query_answer(s, run, name, raw, max_rows, scan), media_type="application/json")
-
-        return await answer_here_or_on_a_thread(s, work)
+        return await answer_here_or_on_a_thread(s, lambda: query_response(s, run, name, raw, max_rows, scan))
 
     @api.post("/api/runs/{run}/queries/{name}/save", tags=["queries"], responses=answers(403, 404, 409, 413))
     def save(
