@@ -65,11 +65,12 @@ def token_flags(store: Store, info: RunInfo, punct: str = ".,", examples=None) -
 
     Roles come from the tokenizer recorded with the model (cls/sep, else bos/eos), never from strings.
     """
-    table = store.token_table(info.id, examples)
+    table = store.token_roles(info.id, examples)
     special = table["is_special"].to_numpy(bool)
     is_cls, is_sep = special_role_masks(info, table)
-    stripped = table["token"].str.replace(r"^(##|Ġ|▁)", "", regex=True)
-    is_punct = ~special & stripped.isin(list(punct)).to_numpy(bool)
+    codes, texts = pd.factorize(table["token"])  # each distinct token's text stripped once, not every token's
+    punct_text = pd.Series(texts).str.replace(r"^(##|Ġ|▁)", "", regex=True).isin(list(punct)).to_numpy(bool)
+    is_punct = ~special & (codes >= 0) & punct_text[codes]
     bounds = np.flatnonzero(np.diff(table["example"].to_numpy())) + 1
     starts = np.r_[0, bounds]
     ends = np.r_[bounds, len(table)]

@@ -378,6 +378,12 @@ class StoreReader:
         info = self.run_info(run)
         return self._frame_of(self._token_query(info), examples)
 
+    def token_roles(self, run: RunRef, examples: Iterable[int] | None = None) -> pd.DataFrame:
+        """What a token's role is read from, for all tokens of a run or of `examples`: example, token, token_id,
+        is_special (token_table's columns a query's token flags need, read as one narrower query)."""
+        info = self.run_info(run)
+        return self._frame_of(self._token_query(info, (Token.token, Token.token_id, Token.is_special)), examples)
+
     def _frame_of(self, query, examples: Iterable[int] | None) -> pd.DataFrame:
         """`query`'s rows (its `example` column is Example.position), or those of `examples` only."""
         if examples is None:
@@ -389,17 +395,10 @@ class StoreReader:
         frame = self._frame(query.where(Example.position.between(wanted[0], wanted[-1])))
         return frame[frame["example"].isin(wanted)].reset_index(drop=True)
 
-    def _token_query(self, info: RunInfo):
+    def _token_query(self, info: RunInfo, columns: tuple | None = None):
+        columns = columns or (Token.position, Token.token, Token.token_id, Token.word_position, Token.segment, Token.is_special)
         return (
-            sa.select(
-                Example.position.label("example"),
-                Token.position,
-                Token.token,
-                Token.token_id,
-                Token.word_position,
-                Token.segment,
-                Token.is_special,
-            )
+            sa.select(Example.position.label("example"), *columns)
             .join(Example, Example.id == Token.example_id)
             .join(Sequence, sa.and_(Sequence.example_id == Token.example_id, Sequence.run_id == Token.run_id))
             .where(Token.run_id == info.id, self._visible(info))

@@ -205,7 +205,7 @@ def test_mentions_words_and_tokens_are_read_one_range_at_a_time(store, kept_run,
     expected = coreference_counts(store, kept_run)
     monkeypatch.setattr(summary, "SUMMARY_RANGE", 3)  # 8 examples: ranges of 3, 3 and 2
     asked = []
-    for table in ("word_table", "mention_table", "token_table"):
+    for table in ("word_table", "mention_table", "token_table", "token_roles"):
         original = getattr(type(store), table)
 
         def recording(self, run, examples=None, original=original):

@@ -342,7 +342,7 @@ def test_predictions_and_trees_are_kept_with_the_run_read_without_maps_or_words_
     assert (edge[:, EDGE_FLAGS] & ROOT_FLAG).sum() == 6 and (edge[:, EDGE_FLAGS] & POSSESSIVE_NEXT_FLAG).any()
     assert group["edge_label"][:].tobytes() == "".join(w["deprel"] for e in words[:6] for _, w in e).encode()
     with monkeypatch.context() as m:
-        forbid_map_reads(m, store, "word_table", "token_table")
+        forbid_map_reads(m, store, "word_table", "token_table", "token_roles")
         pd.testing.assert_frame_equal(run_query(store, "dependency", run=kept_run, min_count=1), first, check_exact=True)
         run_query(store, "dependency_summary", run=kept_run, min_count=1, head2dep="direct", examples=[3])
     check_rebuilt_once_grown(

@@ -182,3 +182,34 @@ def _child_pass(db: str, root: str, run: str) -> dict:
         return summary_module.summarise_examples(store, store.run_info(run), summary_module.CLARK)
     finally:
         store.close()
+
+
+def test_maps_are_read_ahead_while_the_prepare_runs_and_within_the_budget(monkeypatch):
+    """While the kind's `prepare` runs on the pool, the reading thread reads on (up to READ_AHEAD_CELLS cells) instead
+    of waiting at two examples per thread; once it is done, at most two per thread are in flight again."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, "2")
+    monkeypatch.setattr(summary_module, "READ_AHEAD_CELLS", 100)
+    read, seen_by_prepare = [], []
+    six_read = threading.Event()
+
+    def pairs():
+        for example in range(12):
+            read.append(example)
+            if len(read) == 6:
+                six_read.set()
+            yield example, np.zeros(10)  # 10 cells each: the budget holds 10 examples
+
+    def prepare():
+        six_read.wait(timeout=10)  # past the 4 examples in flight of a pool of 2: only the read-ahead gets there
+        seen_by_prepare.append(len(read))
+        return "context"
+
+    kind = summary_module.SummaryKind("probe", 1, None, lambda context, example, maps: {"x": np.asarray(example)}, threads=True)
+    with ThreadPoolExecutor(2) as pool:
+        context = pool.submit(prepare)
+        out = [(e, int(r["x"])) for e, r in summary_module.reduced(kind, context, pairs(), pool)]
+    assert out == [(e, e) for e in range(12)]
+    assert 6 <= seen_by_prepare[0] <= 11  # read on while it ran, within the budget (10 examples, the 11th over it)

@@ -140,6 +140,7 @@ STORE_METHODS = {
     "session",
     "sql",
     "storage_order",
+    "token_roles",
     "token_table",
     "tokens",
     "word_counts",
