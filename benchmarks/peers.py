@@ -20,13 +20,15 @@ Printed, each measured in this run on the same maps:
                        and attnstore's third read of the same examples (the second keeps them in its read cache)
   whole-run entropy    first call and again (s): attnstore's run_query("entropy") (the first call builds the run's Clark
                        summary); the peers read every example and compute the same numpy entropy (queries.summary's
-                       row_entropy, per example means then over examples)
+                       row_entropy of the maps cast to float32 by numpy, per example means then over examples; their
+                       pass with attnstore's float16 tables instead of numpy's cast is printed on the last line)
 and attnstore / peer ratios (below 1: attnstore is faster or smaller). Files are read from the page cache (each is
 written then read on this machine; nothing drops caches), so reads measure decoding and copying, not a disk.
 Beside them: the run ingested again with --small-chunks N cells per chunk (default 131072: one 256 KiB blosc block per
 chunk; 0: not), one example read as `store.attention` read it before session 26 (through zarr: the run's info and the
 example's row from SQL, the array opened, its chunks checked and read by zarr), and where attnstore's first pass goes
-(the maps read and decoded, the row entropies of them, the query computed for the call alone on a read-only view).
+(the maps read and decoded, the row entropies of them as the reduce computes them, the query computed for the call
+alone on a read-only view).
 The peers' files are removed at the end; the store is left (its folder is printed).
 """
 
@@ -54,10 +56,11 @@ from attnstore.queries.summary import row_entropy
 from attnstore.store import arrays, migrate, open_store
 
 DEFAULT_CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue" / "MRPC" / "dev.tsv"
-EXBERT_KEY = "{:012}"
+EXBERT_KEY = "{:012}"  # exBERT's group names: the sentence's index, zero-padded to 12 digits
 SMALL = "attnstore, small chunks"
 BEFORE = "attnstore, read as before (zarr)"
-AGAIN = "attnstore, read again (read cache)"  # exBERT's group names: the sentence's index, zero-padded to 12 digits
+AGAIN = "attnstore, read again (read cache)"
+PEERS = ("Clark pickle", "exBERT HDF5")
 
 
 def ingest_runs(args) -> tuple[object, str, str | None, Path]:
@@ -107,13 +110,15 @@ def write_exbert_hdf5(path: Path, store, run: str, tokens: dict[int, list[str]])
     return time.perf_counter() - start
 
 
-def entropies(items) -> tuple[np.ndarray, np.ndarray]:
+def entropies(items, tables: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(entropy, entropy_from_cls) per (layer, head): per-example means over the queries (and of the first token's
-    row), then over the examples, as the `entropy` query's default (average="example") computes them."""
+    row), then over the examples, as the `entropy` query's default (average="example") computes them. The maps are
+    cast to float32 by numpy, as a user of the peer's files would write it; `tables`: as attnstore's reduce computes
+    them since session 30 (row_entropy of the float16 maps: each summand looked up, store/float16.py)."""
     total = from_cls = None
     n = 0
     for maps in items:
-        h = row_entropy(maps.astype(np.float32, copy=False))  # (layer, head, query)
+        h = row_entropy(maps if tables else maps.astype(np.float32, copy=False))  # (layer, head, query)
         part = h.sum(-1, dtype=np.float64) / h.shape[-1]
         total = part if total is None else total + part
         from_cls = h[..., 0].astype(np.float64) if from_cls is None else from_cls + h[..., 0]
@@ -122,15 +127,15 @@ def entropies(items) -> tuple[np.ndarray, np.ndarray]:
     return total / n, from_cls / n
 
 
-def pickle_entropy(path: Path):
+def pickle_entropy(path: Path, tables: bool = False):
     with open(path, "rb") as f:
         data = pickle.load(f)
-    return entropies(d["attns"] for d in data)
+    return entropies((d["attns"] for d in data), tables)
 
 
-def hdf5_entropy(path: Path):
+def hdf5_entropy(path: Path, tables: bool = False):
     with h5py.File(path, "r") as f:
-        return entropies(f[key]["attentions"][()] for key in f)
+        return entropies((f[key]["attentions"][()] for key in f), tables)
 
 
 def zarr_read(store, run: str, example: int) -> np.ndarray:
@@ -153,7 +158,7 @@ def first_pass_split(store, run: str) -> dict[str, float]:
     read = time.perf_counter() - t
     t = time.perf_counter()
     for m in maps:
-        row_entropy(m.astype(np.float32, copy=False))
+        row_entropy(m)
     reduce = time.perf_counter() - t
     del maps
     t = time.perf_counter()
@@ -289,6 +294,8 @@ def main() -> None:
             np.abs(h.ravel() - ours_frame["entropy"].to_numpy()).max(),
             np.abs(h_cls.ravel() - ours_frame["entropy_from_cls"].to_numpy()).max(),
         )
+        tabled, _ = timed(fn, path, tables=True)  # the same pass with attnstore's float16 tables, for honesty's sake
+        passes[f"{name} + tables"] = (tabled, tabled)
 
     print(f"corpus: {args.corpus}; run {run!r}: {len(frame)} examples, {cells:,} cells ({info.n_layers} x {info.n_heads} heads)")
     print(f"peer files written from the run's maps in {pickle_write:.1f}s (pickle), {hdf5_write:.1f}s (HDF5); removed at the end")
@@ -328,6 +335,8 @@ def main() -> None:
         f"thread(s) (the Clark kind's whole reduce: {split['cells'] / split['query'] / 1e6:.0f} M cells/s), "
         f"{split['one_thread']:.3f}s on one ({split['cells'] / split['one_thread'] / 1e6:.0f} M cells/s); the peers' first passes: "
         + ", ".join(f"{name} {split['cells'] / passes[name][0] / 1e6:.0f} M cells/s" for name in ("Clark pickle", "exBERT HDF5"))
+        + "; with attnstore's float16 tables in their loop: "
+        + ", ".join(f"{name} {split['cells'] / passes[f'{name} + tables'][0] / 1e6:.0f} M cells/s" for name in PEERS)
     )
     shutil.rmtree(folder)  # the peers' files: twice the maps' raw size, made again by the next run
     print(f"store left at {home}", file=sys.stderr)

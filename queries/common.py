@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..store.float16 import as_float32
 from ..store.records import RunInfo
 from .errors import InvalidArgumentError, NotFoundError
 
@@ -100,7 +101,7 @@ def check_weights(weights: str) -> str:
 
 def weighted_maps(maps: np.ndarray, norms: np.ndarray) -> np.ndarray:
     """(layer, head, query, key) maps weighted by (layer, head, key) value norms, rows renormalised; float32."""
-    w = maps.astype(np.float32) * norms.astype(np.float32, copy=False)[:, :, None, :]
+    w = as_float32(maps) * norms.astype(np.float32, copy=False)[:, :, None, :]  # float16 by table (store/float16.py)
     total = w.sum(-1, keepdims=True)
     return np.divide(w, total, out=np.zeros_like(w), where=total > 0)
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..store.float16 import as_float32
 from .common import unique_argmax
 from .registry import register
 
@@ -55,7 +56,7 @@ def units_of(word_positions: np.ndarray) -> Units:
 def word_level(maps: np.ndarray, units: Units) -> np.ndarray:
     """(..., L, L) token maps -> (..., U, U) unit maps: columns summed, rows averaged."""
     mean_rows = units.assign / units.assign.sum(axis=1, keepdims=True)
-    return mean_rows @ maps.astype(np.float32, copy=False) @ units.assign.T
+    return mean_rows @ as_float32(maps) @ units.assign.T  # float16 by table (store/float16.py)
 
 
 def most_attended_words(maps: np.ndarray, units: Units, transpose: bool = False) -> tuple[np.ndarray, np.ndarray]:

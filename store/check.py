@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from . import arrays, remote
 from .errors import AttnStoreError, BusyError, DamagedDataError, NotFoundError
+from .float16 import as_float32
 from .schema import Sequence
 
 ROW_SUM_TOLERANCE = 2e-3  # ingest refuses maps off by more than 1e-3; float16 storage adds < 2**-11
@@ -124,7 +125,7 @@ class _BlockCheck:
                         example=int(examples[m]),
                     )
                     continue
-                maps = block.reshape(n_layers, n_heads, length, length).astype(np.float32)
+                maps = as_float32(block.reshape(n_layers, n_heads, length, length))  # float16 by table, as numpy casts
                 sums = maps.sum(-1)
                 err = float(np.nanmax(np.abs(sums - 1))) if sums.size else 0.0
                 if not np.isfinite(maps).all() or (maps < 0).any() or err > ROW_SUM_TOLERANCE + length * self.step:
