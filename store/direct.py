@@ -3,11 +3,12 @@
 Through zarr, one example's maps cost event-loop hops (zarr's I/O runs on its own thread: each call, and each chunk's
 existence check, is a thread wake-up, milliseconds on a busy machine), the array's zarr.json read and parsed, and the
 decode of the whole 2 MiB chunk (~1 ms) for the ~0.4 MiB an MRPC example holds. Here, for a local root and a blosc +
-CRC32C codec (what attnstore writes, lossless): each chunk file the cells lie in is read in the calling thread into a
-buffer it keeps, its CRC32C checked over all its bytes (as zarr's crc32c codec does, google_crc32c), and only the blosc
-blocks (256 KiB) holding the wanted cells are decompressed: a blosc frame of just those blocks is written over the
-bytes before the first one (the checksum is already checked; the buffer is this read's) and handed to blosc, which
-decompresses and unshuffles them. Blosc 1's frame (c-blosc's README_HEADER.rst): a 16-byte header (version, flags,
+CRC32C codec (what attnstore writes, lossless): each chunk file the cells lie in is mapped in the calling thread
+(`mmap`, private: since session 30; a read into a buffer copied 2 MiB, 3x the cost of the checksum over the mapped
+pages), its CRC32C checked over all its bytes (as zarr's crc32c codec does, google_crc32c), and only the blosc blocks
+(256 KiB) holding the wanted cells are decompressed: a blosc frame of just those blocks is written over the bytes
+before the first one (the checksum is already checked; the mapping is private to this read, so the write copies one
+page and never reaches the file) and handed to blosc, which decompresses and unshuffles them. Blosc 1's frame (c-blosc's README_HEADER.rst): a 16-byte header (version, flags,
 type size, decompressed size, block size, compressed size), the start of each block, then the blocks' streams.
 
 Reads for one example (`store.attention`, `keep=True`) keep the blocks they decode a second time in a process-wide
@@ -29,6 +30,7 @@ which names the damage (DamagedDataError with run, example and chunk) exactly as
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import threading
@@ -48,8 +50,8 @@ BYTE_SHUFFLE, MEMCPYED, BIT_SHUFFLE, DONT_SPLIT = 0x01, 0x02, 0x04, 0x10
 
 
 class Buffers:
-    """A chunk's bytes and some blocks' decompressed bytes, reused from one read to the next (fresh megabytes per read
-    cost page faults: ~0.1 ms)."""
+    """Some blocks' bytes, compressed (a frame of them) and decompressed, reused from one read to the next (fresh
+    megabytes per read cost page faults: ~0.1 ms)."""
 
     def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
@@ -263,14 +265,24 @@ class DirectCells:
             with open(path, "rb", buffering=0) as f:
                 st = os.fstat(f.fileno())
                 size = st.st_size
-                raw = buffers.get("chunk", size + 1)
-                if f.readinto(raw.data) != size:  # one byte more asked: a file that grew meanwhile fails too
+                if size < HEADER + 4:
                     return False
-        except OSError:
+                # Mapped, not copied: the checksum and the decode read the page cache's pages (a 2 MiB read into a
+                # buffer cost 3x the whole check). Private: the frame written over the bytes before the first block
+                # copies one page, never the file. zarr replaces a chunk by renaming a new file over it, so the
+                # mapped file is never cut short under this read (a file truncated in place meanwhile would be).
+                mapped = mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ValueError):
             return False  # missing or unreadable: zarr's read names it
         settled = st.st_mtime_ns < (time.time() - SETTLED_SECONDS) * 1e9
         keep = (cache, path, index, _stamp(st)) if cache is not None and settled else None
-        return self._cells(raw[:size], first, last, out, buffers, keep)
+        try:
+            return self._cells(np.frombuffer(mapped, dtype=np.uint8), first, last, out, buffers, keep)
+        finally:
+            try:
+                mapped.close()
+            except BufferError:  # a view of it still alive: unmapped when that goes
+                pass
 
     def _from_cache(self, cache: BlockCache, index: int, first: int, last: int, out: np.ndarray, stamp: Stamp) -> bool:
         """Cells [first, last) of chunk `index` copied from kept blocks, if every block they lie in is kept for the
