@@ -8,8 +8,9 @@ CRC32C codec (what attnstore writes, lossless): each chunk file the cells lie in
 pages), its CRC32C checked over all its bytes (as zarr's crc32c codec does, google_crc32c), and only the blosc blocks
 (256 KiB) holding the wanted cells are decompressed: a blosc frame of just those blocks is written over the bytes
 before the first one (the checksum is already checked; the mapping is private to this read, so the write copies one
-page and never reaches the file) and handed to blosc, which decompresses and unshuffles them. Blosc 1's frame (c-blosc's README_HEADER.rst): a 16-byte header (version, flags,
-type size, decompressed size, block size, compressed size), the start of each block, then the blocks' streams.
+page and never reaches the file) and handed to blosc, which decompresses and unshuffles them. Blosc 1's frame
+(c-blosc's README_HEADER.rst): a 16-byte header (version, flags, type size, decompressed size, block size, compressed
+size), the start of each block, then the blocks' streams.
 
 Reads for one example (`store.attention`, `keep=True`) keep the blocks they decode a second time in a process-wide
 cache of decoded blocks (`BlockCache`, least recently used first out, `ATTNSTORE_READ_CACHE_MB` megabytes, default
@@ -270,7 +271,8 @@ class DirectCells:
                 # Mapped, not copied: the checksum and the decode read the page cache's pages (a 2 MiB read into a
                 # buffer cost 3x the whole check). Private: the frame written over the bytes before the first block
                 # copies one page, never the file. zarr replaces a chunk by renaming a new file over it, so the
-                # mapped file is never cut short under this read (a file truncated in place meanwhile would be).
+                # mapped file is never cut short under this read (another program truncating a chunk file in place
+                # during the read would stop the process with SIGBUS; attnstore never writes chunks in place).
                 mapped = mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except (OSError, ValueError):
             return False  # missing or unreadable: zarr's read names it
