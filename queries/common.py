@@ -71,7 +71,7 @@ def token_flags(store: Store, info: RunInfo, punct: str = ".,", examples=None) -
     is_cls, is_sep = special_role_masks(info, table)
     codes, texts = pd.factorize(table["token"])  # each distinct token's text stripped once, not every token's
     punct_text = pd.Series(texts).str.replace(r"^(##|Ġ|▁)", "", regex=True).isin(list(punct)).to_numpy(bool)
-    is_punct = ~special & (codes >= 0) & punct_text[codes]
+    is_punct = ~special & np.append(punct_text, False)[codes]  # code -1 (no text) takes the appended False
     bounds = np.flatnonzero(np.diff(table["example"].to_numpy())) + 1
     starts = np.r_[0, bounds]
     ends = np.r_[bounds, len(table)]

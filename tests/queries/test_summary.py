@@ -213,3 +213,19 @@ def test_maps_are_read_ahead_while_the_prepare_runs_and_within_the_budget(monkey
         out = [(e, int(r["x"])) for e, r in summary_module.reduced(kind, context, pairs(), pool)]
     assert out == [(e, e) for e in range(12)]
     assert 6 <= seen_by_prepare[0] <= 11  # read on while it ran, within the budget (10 examples, the 11th over it)
+
+
+def test_token_flags_strip_subword_marks_and_mark_punctuation_per_distinct_token(store, make_run):
+    """token_flags reads its four columns (`token_roles`) and decides punctuation once per distinct token text, after
+    stripping a WordPiece "##", byte-level "Ġ" or SentencePiece "▁" mark; roles come from the recorded special ids."""
+    from attnstore.queries.common import token_flags
+
+    tokens = [["[CLS]", "Ġ,", "##.", ".", "a", ",", "▁.", "[SEP]"], ["[CLS]", "Ġ,", "b", "[SEP]"]]
+    run = make_run(store, [random_maps(t, i) for i, t in enumerate(tokens)], tokens, name="flags", dtype="float16")
+    info = store.run_info(run)
+    flags = token_flags(store, info, ".,")
+    assert flags[0].punct.tolist() == [False, True, True, True, False, True, True, False]
+    assert flags[1].punct.tolist() == [False, True, False, False]
+    assert flags[0].cls.tolist() == [True] + [False] * 7 and flags[0].sep.tolist() == [False] * 7 + [True]
+    assert token_flags(store, info, ",")[0].punct.tolist() == [False, True, False, False, False, True, False, False]
+    assert list(token_flags(store, info, ".,", examples=[1])) == [1]
