@@ -18,6 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from attnstore.queries import summary
 from attnstore.store import open_store
+from attnstore.store.errors import AttnStoreError
 
 
 def main() -> None:
@@ -27,16 +28,23 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=["clark"], help="summary kinds (queries/summary.py's KINDS)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    known = summary.run_kinds()
+    unknown = [name for name in args.kinds if name not in known]
+    if unknown or args.repeats < 1:
+        parser.error(f"unknown kind(s) {', '.join(unknown)}: give some of {', '.join(known)}" if unknown else "--repeats: give 1 or more")
     store = open_store(home=args.home, read_only=True)
-    info = store.run_info(args.run)
+    try:
+        info = store.run_info(args.run)
+    except AttnStoreError as exc:
+        parser.error(str(exc))
     maps = list(store.iter_attention(args.run))
     cells = sum(m.size for _, m in maps)
     examples = [e for e, _ in maps]
     print(f"run {args.run!r}: {len(maps)} examples, {cells:,} cells read into memory")
     for name in args.kinds:
-        kind = summary.kind_named(name)
-        if kind.read is not None or not kind.one_run:
-            print(f"{name:22s} skipped: it reads more than one run's maps")
+        kind = known[name]
+        if kind.read is not None:
+            print(f"{name:22s} skipped: it reads its own inputs (a `read` of its own), not the maps alone")
             continue
         params = kind.bind({})
         params.pop("weights", None)
