@@ -25,7 +25,7 @@ from .common import is_causal, iter_maps, iter_maps_with_norms, per_head_frame, 
 from .errors import InvalidArgumentError
 from .registry import register
 from .rollout import rollout, source_token
-from .summary import SummaryKind, register_kind, summary_parts
+from .summary import SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -142,8 +142,31 @@ def seed_agreement(store: Store, info: RunInfo, seed_run: str, specials: str, sa
     return float(np.nanmean(taus_array)) if np.isfinite(taus_array).any() else float("nan")
 
 
+def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A range's reduction, what `attention_attribution` adds: per head, the taus summed over the examples where each is
+    defined (not NaN) and those counts (`n_<tau>`), the squares of `tau` (for its standard deviation); per layer the
+    same for `tau_rollout`."""
+    out: dict[str, np.ndarray] = {}
+    for k in ("tau", "tau_norm", "tau_random", "tau_rollout"):
+        values = part[k]
+        defined = ~np.isnan(values)
+        out[k] = np.where(defined, values, 0).sum(0)
+        out[f"n_{k}"] = defined.sum(0).astype(np.int64)
+    out["tau_sq"] = np.nan_to_num(part["tau"] ** 2).sum(0)
+    return out
+
+
 ATTRIBUTION_TAU = register_kind(
-    SummaryKind("attribution_tau", 1, _prepare, _reduce, read=_read, state=_state, defaults={"specials": "exclude", "saliency": "signed"})
+    SummaryKind(
+        "attribution_tau",
+        1,
+        _prepare,
+        _reduce,
+        read=_read,
+        state=_state,
+        defaults={"specials": "exclude", "saliency": "signed"},
+        totals=_totals,
+    )
 )
 
 
@@ -171,19 +194,12 @@ def attention_attribution(
     """
     info = store.run_info(run)
     shape = (info.n_layers, info.n_heads)
-    sums = {k: np.zeros(shape) for k in ("tau", "tau_norm", "tau_random", "tau_sq")}
-    counts = {k: np.zeros(shape) for k in ("tau", "tau_norm", "tau_random")}
-    rollout_sum, rollout_count = np.zeros(info.n_layers), np.zeros(info.n_layers)
-    for part in summary_parts(store, info, ATTRIBUTION_TAU, examples, specials=specials, saliency=saliency):
-        for k in ("tau", "tau_norm", "tau_random"):
-            values = part[k]
-            defined = ~np.isnan(values)
-            sums[k] += np.where(defined, values, 0).sum(0)
-            counts[k] += defined.sum(0)
-        sums["tau_sq"] += np.nan_to_num(part["tau"] ** 2).sum(0)
-        defined = ~np.isnan(part["tau_rollout"])
-        rollout_sum += np.where(defined, part["tau_rollout"], 0).sum(0)
-        rollout_count += defined.sum(0)
+    # the whole run adds its kept range reductions (O(ranges)); a subset adds each part's
+    totals = summary_totals(store, info, ATTRIBUTION_TAU, examples, specials=specials, saliency=saliency)
+    sums = {k: totals.get(k, np.zeros(shape)) for k in ("tau", "tau_norm", "tau_random", "tau_sq")}
+    counts = {k: totals.get(f"n_{k}", np.zeros(shape)).astype(np.float64) for k in ("tau", "tau_norm", "tau_random")}
+    rollout_sum = totals.get("tau_rollout", np.zeros(info.n_layers))
+    rollout_count = totals.get("n_tau_rollout", np.zeros(info.n_layers)).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         means = {k: np.where(counts[k] > 0, sums[k] / np.maximum(counts[k], 1), np.nan) for k in counts}
         variance = np.where(

@@ -13,7 +13,6 @@ them instead of decoding the maps.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,7 +21,7 @@ import pandas as pd
 
 from .common import TokenFlags, parse_choices, token_flags
 from .registry import register
-from .summary import SummaryKind, register_kind, summary_parts
+from .summary import SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -199,18 +198,41 @@ def _features_reduce(fm: FeatureMasks, example: int, maps: np.ndarray) -> dict[s
 # feature_max / cls_to_feature / cls_to_feature_max: (feature in FEATURES order, layer, head), 0 where the example lacks
 # the feature (feature_tokens 0) or, for cls_to_feature*, a [CLS]-like token (cls_position -1): the [CLS] row's sum
 # and largest weight over the feature's tokens. Version 2: cls_to_feature_max.
-KOVALEVA_FEATURES = register_kind(SummaryKind("kovaleva_features", 2, _features_prepare, _features_reduce, threads=True))
+def _features_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A range's reduction, what `feature_attention` and `cls_feature_attention` add: each field summed over the examples
+    that count for it (with the feature; and a [CLS]-like token, for cls_to_feature*), (feature, layer, head), and those
+    examples' counts per feature (`n_feature`, `n_cls_feature`)."""
+    used = part["feature_tokens"] > 0  # (example, feature)
+    with_cls = used & (part["cls_position"] >= 0)[:, None]
+    out = {name: masked_sum(part[name], used) for name in ("feature_max",)}
+    out.update({name: masked_sum(part[name], with_cls) for name in ("cls_to_feature", "cls_to_feature_max")})
+    out["n_feature"] = used.sum(0).astype(np.int64)
+    out["n_cls_feature"] = with_cls.sum(0).astype(np.int64)
+    return out
 
 
-def feature_summaries(store: Store, info: RunInfo, examples=None, weights: str = "attention") -> Iterable[dict[str, np.ndarray]]:
-    """The K5 per-example numbers of the run's committed examples (or of `examples`), in storage order, part by part."""
-    return summary_parts(store, info, KOVALEVA_FEATURES, examples, weights=weights)
+def masked_sum(values: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """values (example, k, ...) summed over the examples where used (example, k), one example after another."""
+    total = np.zeros(values.shape[1:])
+    for value, mask in zip(values, used):
+        total[mask] += value[mask]
+    return total
 
 
-def add_over_examples(total: np.ndarray, values: np.ndarray, used: np.ndarray) -> None:
-    """Add values[used] to `total` one example after another, in storage order."""
-    for value in values[used]:
-        total += value
+KOVALEVA_FEATURES = register_kind(
+    SummaryKind("kovaleva_features", 2, _features_prepare, _features_reduce, totals=_features_totals, threads=True)
+)
+
+
+def feature_totals(store: Store, info: RunInfo, examples=None, weights: str = "attention") -> dict[str, np.ndarray]:
+    """The K5 totals (`_features_totals`) of the run's committed examples (or of `examples`): the whole run adds its
+    kept range reductions (O(ranges), queries/summary.py `summary_totals`), a subset each part's."""
+    totals = summary_totals(store, info, KOVALEVA_FEATURES, examples, weights=weights)
+    if totals:
+        return totals
+    shape = (len(FEATURES), info.n_layers, info.n_heads)  # no examples: every sum and count 0
+    zeros = {name: np.zeros(shape) for name in ("feature_max", "cls_to_feature", "cls_to_feature_max")}
+    return {**zeros, "n_feature": np.zeros(len(FEATURES), np.int64), "n_cls_feature": np.zeros(len(FEATURES), np.int64)}
 
 
 @register("feature_attention", per_head=False)
@@ -228,15 +250,9 @@ def feature_attention(store: Store, *, run, features: str | None = None, example
     """
     names = parse_features(features)
     info = store.run_info(run)
-    shape = (info.n_layers, info.n_heads)
-    total = {f: np.zeros(shape) for f in names}
-    count = dict.fromkeys(names, 0)
-    for part in feature_summaries(store, info, examples, weights):  # per-example numbers (queries/summary.py), part by part
-        for f in names:
-            i = FEATURES.index(f)
-            used = part["feature_tokens"][:, i] > 0
-            add_over_examples(total[f], part["feature_max"][:, i], used)
-            count[f] += int(used.sum())
+    totals = feature_totals(store, info, examples, weights)
+    total = {f: totals["feature_max"][FEATURES.index(f)] for f in names}
+    count = {f: int(totals["n_feature"][FEATURES.index(f)]) for f in names}
     return long_frame(range(info.n_layers), info.n_heads, names, total, count, "feature")
 
 

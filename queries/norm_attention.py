@@ -19,7 +19,7 @@ import pandas as pd
 
 from .common import iter_maps_with_norms, per_head_frame, safe_divide, token_flags
 from .registry import register
-from .summary import DEFAULT_PUNCT, SummaryKind, register_kind, summary_parts
+from .summary import DEFAULT_PUNCT, SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -60,8 +60,23 @@ def _reduce(flags, example: int, pair: tuple[np.ndarray, np.ndarray]) -> dict[st
     return out
 
 
+def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A range's reduction, what `norm_attention` adds: per class, the weight, contribution and share averaged over
+    each example's query tokens and summed over the examples; the mean norm of the class's keys summed over the examples
+    that have one (`norm_<c>`) and their count (`with_<c>`); and the examples (`examples`)."""
+    length = part["length"].astype(np.float64)[:, None, None]
+    out = {"examples": np.asarray(len(part["length"]), np.int64)}
+    for c in CLASSES:
+        for kind in ("weight", "contribution", "share"):
+            out[f"{kind}_{c}"] = (part[f"{kind}_{c}"] / length).sum(0)
+        has = part[f"n_{c}"] > 0
+        out[f"norm_{c}"] = (part[f"norm_{c}"][has] / part[f"n_{c}"][has][:, None, None]).sum(0)
+        out[f"with_{c}"] = np.asarray(has.sum(), np.int64)
+    return out
+
+
 NORM_CLASSES = register_kind(
-    SummaryKind("norm_classes", 1, _prepare, _reduce, read=_read, defaults={"punct": DEFAULT_PUNCT}),
+    SummaryKind("norm_classes", 1, _prepare, _reduce, read=_read, defaults={"punct": DEFAULT_PUNCT}, totals=_totals),
 )
 
 
@@ -83,18 +98,12 @@ def norm_attention(store: Store, *, run, punct: str = DEFAULT_PUNCT, examples=No
     """
     info = store.run_info(run)
     shape = (info.n_layers, info.n_heads)
-    sums = {f"{kind}_{c}": np.zeros(shape) for kind in ("weight", "contribution", "share", "norm") for c in CLASSES}
-    n_examples = 0
-    with_class = dict.fromkeys(CLASSES, 0)
-    for part in summary_parts(store, info, NORM_CLASSES, examples, punct=punct):
-        length = part["length"].astype(np.float64)[:, None, None]
-        for c in CLASSES:
-            for kind in ("weight", "contribution", "share"):
-                sums[f"{kind}_{c}"] += (part[f"{kind}_{c}"] / length).sum(0)
-            has = part[f"n_{c}"] > 0
-            sums[f"norm_{c}"] += (part[f"norm_{c}"][has] / part[f"n_{c}"][has][:, None, None]).sum(0)
-            with_class[c] += int(has.sum())
-        n_examples += len(part["example"])
+    # the whole run adds its kept range reductions (O(ranges)); a subset adds each part's
+    sums = summary_totals(store, info, NORM_CLASSES, examples, punct=punct)
+    if not sums:  # no examples
+        sums = {f"{kind}_{c}": np.zeros(shape) for kind in ("weight", "contribution", "share", "norm") for c in CLASSES}
+    n_examples = int(sums.get("examples", 0))
+    with_class = {c: int(sums.get(f"with_{c}", 0)) for c in CLASSES}
     columns = {}
     for c in CLASSES:
         columns[f"weight_{c}"] = safe_divide(sums[f"weight_{c}"], n_examples)

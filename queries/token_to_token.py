@@ -29,13 +29,13 @@ from .feature_attention import (
     PRONOUN_UPOS,
     SUBJECT_DEPRELS,
     VERB_UPOS,
-    add_over_examples,
-    feature_summaries,
+    feature_totals,
     long_frame,
+    masked_sum,
     parse_features,
 )
 from .registry import register
-from .summary import SummaryKind, register_kind, summary_parts
+from .summary import SummaryKind, register_kind, summary_totals
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:
@@ -143,7 +143,20 @@ def _relations_reduce(linked, example: int, maps: np.ndarray) -> dict[str, np.nd
 
 # relation_mean / relation_token_max: (relation in RELATIONS order, layer, head), 0 where the example has no pair
 # (relation_pairs 0). Version 2: relation_token_max.
-KOVALEVA_RELATIONS = register_kind(SummaryKind("kovaleva_relations", 2, _relations_prepare, _relations_reduce, threads=True))
+def _relations_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A range's reduction, what `token_to_token` adds: both statistics summed over the examples with a pair of the
+    relation, (relation, layer, head), those examples' count and their pairs' per relation."""
+    pairs = part["relation_pairs"]  # (example, relation)
+    used = pairs > 0
+    out = {name: masked_sum(part[name], used) for name in ("relation_mean", "relation_token_max")}
+    out["n_examples"] = used.sum(0).astype(np.int64)
+    out["n_pairs"] = pairs.sum(0, dtype=np.int64)
+    return out
+
+
+KOVALEVA_RELATIONS = register_kind(
+    SummaryKind("kovaleva_relations", 2, _relations_prepare, _relations_reduce, totals=_relations_totals, threads=True)
+)
 
 
 @register("token_to_token", per_head=False)
@@ -171,16 +184,14 @@ def token_to_token(
     field = "relation_token_max" if statistic == "token_max" else "relation_mean"
     names = parse_relations(relations)
     info = store.run_info(run)
-    shape = (info.n_layers, info.n_heads)
-    total = {r: np.zeros(shape) for r in names}
-    count = dict.fromkeys(names, 0)
-    n_pairs = dict.fromkeys(names, 0)
-    for part in summary_parts(store, info, KOVALEVA_RELATIONS, examples, weights=weights):  # per-example means (queries/summary.py)
-        for r in names:
-            pairs = part["relation_pairs"][:, RELATIONS.index(r)]
-            add_over_examples(total[r], part[field][:, RELATIONS.index(r)], pairs > 0)
-            count[r] += int((pairs > 0).sum())
-            n_pairs[r] += int(pairs.sum())
+    # per-example numbers kept with the run (queries/summary.py); the whole run adds their kept range reductions
+    totals = summary_totals(store, info, KOVALEVA_RELATIONS, examples, weights=weights)
+    if not totals:  # no examples
+        shape = (len(RELATIONS), info.n_layers, info.n_heads)
+        totals = {field: np.zeros(shape), "n_examples": np.zeros(len(RELATIONS), np.int64), "n_pairs": np.zeros(len(RELATIONS), np.int64)}
+    total = {r: totals[field][RELATIONS.index(r)] for r in names}
+    count = {r: int(totals["n_examples"][RELATIONS.index(r)]) for r in names}
+    n_pairs = {r: int(totals["n_pairs"][RELATIONS.index(r)]) for r in names}
     frame = long_frame(range(info.n_layers), info.n_heads, names, total, count, "relation")
     frame["n_pairs"] = frame["relation"].map(n_pairs).astype(int)
     return frame
@@ -219,15 +230,9 @@ def cls_feature_attention(
         layer = info.n_layers - 1
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < info.n_layers:
         raise InvalidArgumentError(f"layer {layer!r} is out of range: the model has {info.n_layers} layers (0..{info.n_layers - 1})")
-    total = {f: np.zeros((1, info.n_heads)) for f in names}
-    count = dict.fromkeys(names, 0)
-    for part in feature_summaries(store, info, examples, weights):  # per-example sums, every layer (queries/summary.py)
-        has_cls = part["cls_position"] >= 0
-        for f in names:
-            i = FEATURES.index(f)
-            used = has_cls & (part["feature_tokens"][:, i] > 0)
-            add_over_examples(total[f], part[field][:, i, layer][:, None], used)
-            count[f] += int(used.sum())
+    totals = feature_totals(store, info, examples, weights)  # per-example sums, every layer (queries/feature_attention.py)
+    total = {f: totals[field][FEATURES.index(f), layer][None] for f in names}
+    count = {f: int(totals["n_cls_feature"][FEATURES.index(f)]) for f in names}
     frame = long_frame([int(layer)], info.n_heads, names, total, count, "feature")
     frame.insert(frame.columns.get_loc("value") + 1, "mean_over_heads", frame.groupby("feature", sort=False)["value"].transform("mean"))
     return frame
