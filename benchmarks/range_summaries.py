@@ -1,10 +1,12 @@
-"""Benchmark: whole-run `relative_position`, `special_tokens` and `entropy` (and with --kinds, `head_roles` and
-`rollout`) on kept range reductions against the per-example path, from a real run to millions of examples (issue 29:
-< 1 s at 8 M examples, peak memory flat).
+"""Benchmark: whole-run `relative_position`, `special_tokens` and `entropy` (and with --kinds, the queries of the other
+kinds with range reductions: `head_roles`, `rollout`, `feature_attention`, `cls_feature_attention`, `token_to_token`,
+`norm_attention`, `head_distances`) on kept range reductions against the per-example path, from a real run to millions
+of examples (issue 29: < 1 s at 8 M examples, peak memory flat).
 
     python benchmarks/range_summaries.py --source /work/stores/range/data --run MRPC-dev \\
         --factors 1 16 256 4096 20000 65536 --per-example-up-to 20000 --home /work/stores/range/bench \\
-        [--kinds clark head_roles rollout] [--plot docs/img/range_summaries]  (docs/PERFORMANCE.md, "Range reductions")
+        [--kinds clark kovaleva_features kovaleva_relations norm_classes head_js] [--plot docs/img/range_summaries]
+        (docs/PERFORMANCE.md, "Range reductions")
 
 The source is a real store with a real run (e.g. `ATTNSTORE_HOME=... attnstore ingest --dataset glue/MRPC:dev
 --name MRPC-dev`); each kind's summary (per example) and range reductions are built there first, from the real maps.
@@ -46,7 +48,15 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 # The kinds that declare range reductions and the whole-run queries that add them.
-KIND_QUERIES = {"clark": ("relative_position", "special_tokens", "entropy"), "head_roles": ("head_roles",), "rollout": ("rollout",)}
+KIND_QUERIES = {
+    "clark": ("relative_position", "special_tokens", "entropy"),
+    "head_roles": ("head_roles",),
+    "rollout": ("rollout",),
+    "kovaleva_features": ("feature_attention", "cls_feature_attention"),
+    "kovaleva_relations": ("token_to_token",),
+    "norm_classes": ("norm_attention",),
+    "head_js": ("head_distances",),
+}  # attribution_tau (attention_attribution) has ranges too, but needs a fine-tuned classifier's run and its saliency
 QUERIES = KIND_QUERIES["clark"]  # set from --kinds in main()
 
 CHILD = r"""
@@ -66,7 +76,7 @@ for name in sys.argv[6:]:
         frame = run_query(store, name, run=run)
         best.append(time.perf_counter() - t)
     times[name] = best
-    frames[name] = frame.drop(columns=["layer", "head"], errors="ignore").to_numpy(float).tolist()
+    frames[name] = frame.select_dtypes("number").drop(columns=["layer", "head"], errors="ignore").to_numpy(float).tolist()
 # this process's own peak RSS (VmHWM: of its address space since exec; ru_maxrss from wait4 would include the
 # parent's at the fork)
 peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) / 1024

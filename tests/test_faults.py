@@ -349,27 +349,12 @@ def tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
-def test_full_disk_is_one_line_interrupted_and_resumable(fresh, corpus, tiny_model, clean, tmpfs):
-    url, _ = fresh
-    root = tmpfs("small", "256k") / "attention.zarr"
-    cmd = ingest_cmd(url, root, corpus, tiny_model)
-    full = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert full.returncode == 1
-    message = full.stderr.strip().splitlines()
-    assert len(message) == 1 and "No space left on device" in message[0] and "resume" in message[0], full.stderr
-    store = open_store(db=url, root=str(root))
-    assert store.run_state("k")[0] == "interrupted" and store.run_info("k").status == "interrupted"
-    assert 0 < store.run_info("k").n_stored < N_EXAMPLES
-    subprocess.run(["mount", "-o", "remount,size=64m", str(root.parent)], check=True)
-    again = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert_same_as_clean(open_store(db=url, root=str(root)), clean)
-
-
-def test_a_second_attempt_on_a_still_full_disk_is_the_error_line_only(fresh, corpus, tiny_model, clean, tmpfs):
-    """Issue 24 item 10: the same ingest again before space is freed (its resumed writer first rewrites the index
+def test_full_disk_is_one_line_interrupted_and_resumable_after_a_second_attempt(fresh, corpus, tiny_model, clean, tmpfs):
+    """A full disk is one error line naming it and saying the run resumes; the run is left interrupted with some examples
+    stored. Issue 24 item 10: the same ingest again before space is freed (its resumed writer first rewrites the index
     arrays, on the full disk) prints the one error line on stderr and nothing else: no traceback, no asyncio noise
-    ("Task was destroyed but it is pending!", "Exception ignored in"). Then it resumes as before."""
+    ("Task was destroyed but it is pending!", "Exception ignored in"). Once there is space it resumes to what one clean
+    ingest stores. (One test for both attempts: each ingest here is a fresh process with torch, ~5 s.)"""
     url, _ = fresh
     root = tmpfs("small", "256k") / "attention.zarr"
     cmd = ingest_cmd(url, root, corpus, tiny_model)
@@ -379,7 +364,8 @@ def test_a_second_attempt_on_a_still_full_disk_is_the_error_line_only(fresh, cor
         assert full.returncode == 1 and len(lines) == 1, (attempt, full.stderr[-3000:])
         assert lines[0].startswith("Error: cannot write the ") and "No space left on device" in lines[0] and "resume" in lines[0]
         store = open_store(db=url, root=str(root))
-        assert store.run_state("k")[0] == "interrupted" and 0 < store.run_info("k").n_stored < N_EXAMPLES
+        assert store.run_state("k")[0] == "interrupted" and store.run_info("k").status == "interrupted"
+        assert 0 < store.run_info("k").n_stored < N_EXAMPLES
         store.close()
     subprocess.run(["mount", "-o", "remount,size=64m", str(root.parent)], check=True)
     again = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
