@@ -5,6 +5,8 @@ every endpoint (so a query's first computation, in each worker, is not timed). T
 where `wrk` is on PATH: a C load generator, so the client is not the bottleneck), it runs
 `wrk -t2 -cN -dTs --latency` against each endpoint of the mix in turn, each rotating over `--paths` URLs with random
 examples, layers and heads (a Lua script), and against the trivial endpoint `GET /api/health` before and after them.
+wrk sends `Accept-Encoding: gzip` (as browsers, requests and httpx do), so large JSON answers come compressed;
+`--no-gzip` sends none.
 It prints, per endpoint, requests/s, its ratio to the trivial endpoint's in the same run, p50/p99 latency, non-2xx
 answers and socket errors, and pass / fail against issue 29's targets (ratio >= 0.5, p99 < 100 ms); plus the
 machine's load average before and after, and the server's resident memory (all its processes).
@@ -163,6 +165,7 @@ def endpoints(base: str, run: str, info: dict, examples: list[int], rng: random.
 
 
 WRK_SCRIPT = """
+%s
 local paths = {%s}
 local threads = 0
 function setup(thread)
@@ -190,7 +193,8 @@ def lua_string(text: str) -> str:
 def wrk(base: str, paths: list[str], args, seconds: float) -> dict:
     """One wrk run over `paths` (rotating; each of its threads from another place): its summary as a dict."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False, encoding="utf-8") as fh:
-        fh.write(WRK_SCRIPT % ",\n".join(lua_string(p) for p in paths))
+        accept = 'wrk.headers["Accept-Encoding"] = "gzip"' if args.gzip else ""  # as browsers, requests and httpx send
+        fh.write(WRK_SCRIPT % (accept, ",\n".join(lua_string(p) for p in paths)))
         script = fh.name
     try:
         command = [
@@ -232,7 +236,8 @@ def run_wrk(args, base: str, server: subprocess.Popen, warm: list, kinds: list) 
     rss_end = tree_rss_mib(server.pid)
     ceiling = (results[0][1]["rps"] + results[-1][1]["rps"]) / 2
     print(
-        f"wrk -t{args.wrk_threads} -c{args.clients} -d{args.seconds:.0f}s per endpoint on 127.0.0.1; "
+        f"wrk -t{args.wrk_threads} -c{args.clients} -d{args.seconds:.0f}s per endpoint on 127.0.0.1, "
+        f"{'Accept-Encoding: gzip' if args.gzip else 'no Accept-Encoding'}; "
         f"server: {args.workers or 'default'} worker(s), {args.threads or 'default'} thread(s) each; "
         f"trivial endpoint {results[0][1]['rps']:.0f} requests/s before the mix, {results[-1][1]['rps']:.0f} after, "
         f"ratios against their mean {ceiling:.0f}"
@@ -365,6 +370,13 @@ def main() -> None:
     parser.add_argument("--paths", type=int, default=256, help="wrk: distinct URLs per endpoint (random examples, layers, heads).")
     parser.add_argument("--wrk", default="wrk", help="The wrk executable.")
     parser.add_argument("--wrk-threads", type=int, default=2)
+    parser.add_argument(
+        "--no-gzip",
+        dest="gzip",
+        action="store_false",
+        help="wrk: send no Accept-Encoding (by default it sends gzip, as browsers, requests and httpx do: large JSON "
+        "answers then come compressed)",
+    )
     parser.add_argument("--max-requests", type=int, default=500_000, help="python: stop after this many requests in all.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="The server's --threads (default: its own).")

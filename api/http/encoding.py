@@ -103,3 +103,21 @@ def float16_json(values: np.ndarray, digits: int | None = None) -> str | None:
     for size in reversed(values.shape[:-1]):
         parts = ["[" + ",".join(parts[i : i + size]) + "]" for i in range(0, len(parts), size)]
     return parts[0] if len(parts) == 1 else "[" + ",".join(parts) + "]"
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header admits gzip (RFC 9110 12.5.3: `gzip` or `*`, with a q-value above 0 unless
+    given as 0; browsers, requests and httpx all send `gzip`)."""
+    for part in accept_encoding.split(","):
+        name, _, params = part.strip().partition(";")
+        if name.strip().lower() not in ("gzip", "*"):
+            continue
+        q = params.strip().lower()
+        if q.startswith("q="):
+            try:
+                if float(q[2:]) <= 0:
+                    continue
+            except ValueError:
+                continue
+        return True
+    return False

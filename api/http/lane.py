@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl
 
 from fastapi.responses import Response
 
+from .encoding import accepts_gzip
 from .middleware import run_name
 from .state import NeedsThread, Server
 
@@ -87,6 +88,7 @@ class Lane:
     path: str
     params: dict[str, Parser]
     answer: Callable[..., Response]
+    gzip: bool = False  # the answer also takes `gzip`: whether the request's Accept-Encoding admits it
 
     def arguments(self, match: re.Match, query: bytes) -> dict[str, Any] | None:
         """The answer's arguments from the path and query, or None where FastAPI must parse them."""
@@ -117,6 +119,12 @@ class Lane:
         return args
 
 
+def header(scope, name: bytes) -> str:
+    """A request header's value (the repeated ones joined with commas, as RFC 9110 allows); "" where absent."""
+    values = [value.decode("latin-1") for key, value in scope.get("headers", ()) if key.lower() == name]
+    return ", ".join(values)
+
+
 class FastLane:
     """ASGI middleware: a GET request a lane takes is answered here from what the server keeps; the rest go on."""
 
@@ -144,6 +152,8 @@ class FastLane:
             args = lane.arguments(match, scope.get("query_string", b""))
             if args is None:
                 return None
+            if lane.gzip:
+                args["gzip"] = accepts_gzip(header(scope, b"accept-encoding"))
             try:
                 with server.inline():
                     return lane.answer(server, **args)

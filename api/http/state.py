@@ -84,7 +84,9 @@ class Server:
     def _state(info: "RunInfo") -> tuple:
         return (info.id, info.status, info.n_stored, info.n_skipped)
 
-    def _cached(self, cache: OrderedDict, key: tuple, make: Callable[[], Any], size: int) -> Any:
+    def _cached(self, cache: OrderedDict, key: tuple, make: Callable[[], Any], size: int, max_bytes: int | None = None) -> Any:
+        """`make()` kept in `cache` under `key`, least recently used out first beyond `size` entries (and, with
+        `max_bytes`, beyond that many bytes of the values' `body`: answers kept whole)."""
         with self._lock:
             if key in cache:
                 cache.move_to_end(key)
@@ -93,8 +95,9 @@ class Server:
         value = make()
         with self._lock:
             cache[key] = value
-            while len(cache) > size:
-                cache.popitem(last=False)
+            held = _bytes(cache) if max_bytes is not None else 0
+            while len(cache) > size or (max_bytes is not None and len(cache) > 1 and held > max_bytes):
+                held -= _bytes({None: cache.popitem(last=False)[1]})
         return value
 
     def version(self) -> tuple:
@@ -113,13 +116,14 @@ class Server:
                 out.append(None)
         return tuple(out)
 
-    def kept(self, kind: str, key: tuple, make: Callable[[], Any], size: int = 1024) -> Any:
-        """`make()`, kept per `kind` and `key` while the store's metadata is unchanged (`version`), `size` entries."""
+    def kept(self, kind: str, key: tuple, make: Callable[[], Any], size: int = 1024, max_bytes: int | None = None) -> Any:
+        """`make()`, kept per `kind` and `key` while the store's metadata is unchanged (`version`), `size` entries (and
+        at most `max_bytes` of answers' bodies)."""
         cache = self._kept.get(kind)
         if cache is None:
             with self._lock:
                 cache = self._kept.setdefault(kind, OrderedDict())
-        return self._cached(cache, (self.version(), *key), make, size)
+        return self._cached(cache, (self.version(), *key), make, size, max_bytes)
 
     @contextmanager
     def inline(self) -> Iterator[None]:
@@ -333,3 +337,8 @@ def scan_message(srv: Server, info: "RunInfo", name: str, n: int | None) -> str:
         f"so nothing read now would be kept and every restart would read them again; {prepare} ({PREPARING}), "
         "or ask again with scan=1 to read them now"
     )
+
+
+def _bytes(cache: dict) -> int:
+    """The bytes of the kept answers' bodies (summed when one is added: a miss costs milliseconds anyway)."""
+    return sum(len(getattr(value, "body", b"")) for value in cache.values())

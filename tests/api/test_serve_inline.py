@@ -120,7 +120,9 @@ def test_a_small_answer_of_maps_is_kept_a_larger_one_is_written_each_time(one_ru
     reads = []
     real = store.attention
     monkeypatch.setattr(store, "attention", lambda *a, **k: reads.append(a) or real(*a, **k))
-    monkeypatch.setattr(maps_route, "KEPT_CELLS", 50)  # one head of example 1: 36 cells; one layer: 108
+    monkeypatch.setattr(maps_route, "KEPT_CELLS", 50)  # one head of example 1: 36 cells; two: 72; one layer: 108
+    monkeypatch.setattr(maps_route, "KEPT_LARGE_CELLS", 100)
+    monkeypatch.setattr(maps_route, "KEPT_GZIP_CELLS", 100)
     with TestClient(create_app(store, ServeSettings(info_ttl_s=3600), allowed_hosts=["testserver"])) as c:
         first = c.get(url, params={"layer": 1, "head": 2, "digits": 3})
         assert len(reads) == 1
@@ -129,10 +131,72 @@ def test_a_small_answer_of_maps_is_kept_a_larger_one_is_written_each_time(one_ru
         np.testing.assert_allclose(again.json()["attention"], np.round(maps[1][1:2, 2:3], 3), atol=1e-6)
         assert c.get(url, params={"layer": 1, "head": 2}).json()["attention"] != first.json()["attention"]  # digits: another answer
         assert len(reads) == 2
-        for _ in range(2):
-            layer = c.get(url, params={"layer": 1})
-            np.testing.assert_allclose(layer.json()["attention"], maps[1][1:2], atol=1e-6)
-        assert len(reads) == 4
+        for accept in ("identity", "gzip"):  # a layer, over KEPT_LARGE_CELLS / KEPT_GZIP_CELLS: written each time
+            for _ in range(2):
+                layer = c.get(url, params={"layer": 1}, headers={"Accept-Encoding": accept})
+                np.testing.assert_allclose(layer.json()["attention"], maps[1][1:2], atol=1e-6)
+        assert len(reads) == 6
+        for format in ("json", "npy"):  # two heads, over KEPT_CELLS and within KEPT_*_CELLS: kept (within their bytes)
+            pair = [c.get(url, params={"layer": 1, "head": "0-1", "format": format}) for _ in range(2)]
+            assert pair[0].content == pair[1].content
+        assert len(reads) == 8
         npy = [c.get(url, params={"layer": 1, "head": 2, "format": "npy"}) for _ in range(2)]
-        assert npy[0].content == npy[1].content and npy[0].headers == npy[1].headers and len(reads) == 5
+        assert npy[0].content == npy[1].content and npy[0].headers == npy[1].headers and len(reads) == 9
         np.testing.assert_array_equal(np.load(io.BytesIO(npy[1].content)), maps[1][1:2, 2:3].astype(np.float32))
+
+
+@pytest.mark.parametrize("fast_lane", [True, False])
+def test_a_large_json_answer_goes_gzip_compressed_to_a_client_that_takes_it(one_run, monkeypatch, fast_lane):
+    """Accept-Encoding admitting gzip: a JSON answer of GZIP_MIN_BYTES or more is sent compressed (Content-Encoding,
+    Vary), the same JSON once decoded, by the fast lane and by FastAPI alike; .npy and small answers never are."""
+    from attnstore.api.http.routes import maps as maps_route
+
+    store, maps = one_run
+    url = f"/api/runs/{quote(NAMES[0], safe='')}/examples/1/attention"
+    monkeypatch.setattr(maps_route, "GZIP_MIN_BYTES", 400)  # the fixture's maps are small: one layer's JSON ~2 KB
+    with TestClient(create_app(store, ServeSettings(fast_lane=fast_lane), allowed_hosts=["testserver"])) as c:
+        plain = c.get(url, params={"layer": 1}, headers={"Accept-Encoding": "identity"})
+        assert plain.status_code == 200 and "content-encoding" not in plain.headers
+        for accept in ("gzip", "gzip, deflate, br", "br;q=1.0, gzip;q=0.5", "*"):
+            packed = c.get(url, params={"layer": 1}, headers={"Accept-Encoding": accept})
+            assert packed.headers["content-encoding"] == "gzip" and packed.headers["vary"] == "Accept-Encoding", accept
+            assert packed.content == plain.content  # httpx decodes it
+            assert int(packed.headers["content-length"]) < len(plain.content)
+        for accept in ("identity", "gzip;q=0", "deflate", ""):
+            assert "content-encoding" not in c.get(url, params={"layer": 1}, headers={"Accept-Encoding": accept}).headers, accept
+        small = c.get(url, params={"layer": 1, "head": 2, "digits": 2}, headers={"Accept-Encoding": "gzip"})
+        assert "content-encoding" not in small.headers and small.headers["vary"] == "Accept-Encoding"
+        npy = c.get(url, params={"layer": 1, "format": "npy"}, headers={"Accept-Encoding": "gzip"})
+        assert "content-encoding" not in npy.headers
+        np.testing.assert_array_equal(np.load(io.BytesIO(npy.content)), maps[1][1:2].astype(np.float32))
+        monkeypatch.setattr(maps_route, "KEPT_GZIP_CELLS", 10)  # over both: compressed per request, the same JSON
+        monkeypatch.setattr(maps_route, "KEPT_CELLS", 10)
+        fresh = c.get(url, params={"layer": 0}, headers={"Accept-Encoding": "gzip"})
+        assert fresh.headers["content-encoding"] == "gzip"
+        assert fresh.content == c.get(url, params={"layer": 0}, headers={"Accept-Encoding": "identity"}).content
+
+
+def test_kept_answers_stay_within_their_byte_budget(one_run):
+    """`Server.kept` with max_bytes: the least recently used answers go first once their bodies pass the budget (the
+    large maps answers' KEPT_LARGE_BYTES); an answer alone over it is still kept (the one just made)."""
+    from fastapi.responses import Response
+
+    store, _ = one_run
+    s = state.Server(store, ServeSettings())
+    made = []
+
+    def answer(n: int):
+        def make():
+            made.append(n)
+            return Response(b"x" * n)
+
+        return make
+
+    for key, size in (("a", 400), ("b", 400), ("c", 400)):
+        s.kept("test answers", (key,), answer(size), 10, max_bytes=1000)
+    assert [k[-1] for k in s._kept["test answers"]] == ["b", "c"]  # a (oldest) out: 1,200 bytes > 1,000
+    s.kept("test answers", ("b",), answer(400), 10, max_bytes=1000)  # a hit: b now the most recent
+    s.kept("test answers", ("d",), answer(300), 10, max_bytes=1000)
+    assert [k[-1] for k in s._kept["test answers"]] == ["b", "d"]
+    s.kept("test answers", ("e",), answer(5000), 10, max_bytes=1000)
+    assert [k[-1] for k in s._kept["test answers"]] == ["e"] and made == [400, 400, 400, 300, 5000]

@@ -1,14 +1,15 @@
 """One example's attention maps (layer, head, query, key): JSON for small slices, numpy's `.npy` for binary, within
 the cell budget of each format."""
 
+import gzip
 import re
 
 import numpy as np
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response
 
 from ....store.errors import InvalidArgumentError, TooLargeError
-from ..encoding import dumps, float16_json, npy_bytes
+from ..encoding import accepts_gzip, dumps, float16_json, npy_bytes
 from ..lane import EXAMPLE, RUN, Lane, choice, integer, text
 from ..responses import answers
 from ..settings import ServeSettings
@@ -106,26 +107,67 @@ def maps_json(about: dict, maps: np.ndarray, digits: int | None) -> str:
 # are kept, 1,024 of them: the viewer asks for one head after another and back, and writing one costs more than
 # FastAPI's routing of it (~0.06 ms for 2,500 cells of JSON).
 KEPT_CELLS = 8192
+# Larger answers are kept too, up to KEPT_LARGE_BYTES of bodies per process, least recently used out first (a client
+# asks for a layer again as it asks for a head again): `.npy` ones of up to KEPT_LARGE_CELLS cells (one layer of 12
+# heads up to 73 tokens, 55 KB for a layer of MRPC; every head of an example, 72 maps, is written per request: kept, a
+# few hundred of them would push every layer out), compressed JSON ones of up to KEPT_GZIP_CELLS (a layer up to 147
+# tokens; ~160 KB for a layer of MRPC, where compressing it costs ~22 ms). The rest is written per request.
+KEPT_LARGE_CELLS = 1 << 16
+KEPT_GZIP_CELLS = 1 << 18
+KEPT_LARGE_BYTES = 64 << 20
+# JSON answers of at least GZIP_MIN_BYTES go gzip-compressed to a client whose Accept-Encoding admits it (browsers,
+# requests and httpx do): float JSON text shrinks ~3.6x at level GZIP_LEVEL (one layer of MRPC: 565 KB -> 157 KB, 22 ms,
+# once for a kept answer); an answer written per request is compressed at level 1 (2.8x, ~10 ms per MB of JSON).
+GZIP_MIN_BYTES = 16 * 1024
+GZIP_LEVEL = 6
 
 
 def maps_answer(
-    s: Server, run: str, example: int, layer: str | None = None, head: str | None = None, format: str = "json", digits: int | None = None
+    s: Server,
+    run: str,
+    example: int,
+    layer: str | None = None,
+    head: str | None = None,
+    format: str = "json",
+    digits: int | None = None,
+    gzip: bool = False,
 ) -> Response:
     """The maps endpoint's answer (its parameters' defaults are the endpoint's), in one of the heavy slots; a small one
-    kept while the store's metadata is unchanged (as the example answers), a larger one written per request."""
+    kept while the store's metadata is unchanged (as the example answers), a larger one written per request. `gzip`:
+    the client accepts gzip, so a large JSON answer goes compressed (`compressed`)."""
     with s.heavy():
         checked = checked_slice(s, run, example, layer, head, binary=format == "npy")
         info, layers, heads, length = checked
-        if len(layers) * len(heads) * length * length > KEPT_CELLS:
-            return maps_response(s, example, checked, format, digits)
-        key = (info.id, info.status, info.n_stored, example, tuple(layers), tuple(heads), format, digits)
-        return s.kept("maps answers", key, lambda: maps_response(s, example, checked, format, digits), 1024)
+        cells = len(layers) * len(heads) * length * length
+        packed = format == "json" and gzip
+
+        def answer(level: int) -> Response:
+            plain = maps_response(s, example, checked, format, digits)
+            return compressed(plain, level) if packed else plain
+
+        key = (info.id, info.status, info.n_stored, example, tuple(layers), tuple(heads), format, digits, packed)
+        if cells <= KEPT_CELLS:
+            return s.kept("maps answers", key, lambda: answer(GZIP_LEVEL), 1024)
+        if cells <= (KEPT_GZIP_CELLS if packed else KEPT_LARGE_CELLS):
+            return s.kept("maps answers (large)", key, lambda: answer(GZIP_LEVEL), 4096, KEPT_LARGE_BYTES)
+        return answer(1)
+
+
+def compressed(answer: Response, level: int) -> Response:
+    """A JSON answer gzip-compressed (Content-Encoding: gzip) if it is at least GZIP_MIN_BYTES, else as it is; either
+    way marked `Vary: Accept-Encoding` (a cache between keeps the two forms apart)."""
+    body = bytes(answer.body)
+    if len(body) < GZIP_MIN_BYTES:
+        answer.headers["Vary"] = "Accept-Encoding"
+        return answer
+    headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
+    return Response(gzip.compress(body, level, mtime=0), media_type="application/json", headers=headers)
 
 
 def lanes(settings: ServeSettings) -> list[Lane]:
     """The maps endpoint's plain requests, for the fast lane (lane.py): the parameters as the endpoint bounds them."""
     params = {"layer": text(200), "head": text(200), "format": choice("json", "npy"), "digits": integer(1, 8)}
-    return [Lane(rf"/api/runs/{RUN}/examples/{EXAMPLE}/attention", params, maps_answer)]
+    return [Lane(rf"/api/runs/{RUN}/examples/{EXAMPLE}/attention", params, maps_answer, gzip=True)]
 
 
 def router(settings: ServeSettings) -> APIRouter:
@@ -143,10 +185,12 @@ def router(settings: ServeSettings) -> APIRouter:
         head: str | None = Heads,
         format: str = Query("json", pattern="^(json|npy)$", description="json (nested lists) or npy (numpy's binary file)."),
         digits: int | None = Query(None, ge=1, le=8, description="JSON only: round to this many decimals."),
+        accept_encoding: str = Header("", include_in_schema=False),
         s: Server = Srv,
     ) -> Response:
-        """One example's maps (layer, head, query, key), as JSON or .npy, within the cell budget."""
-
-        return await answer_here_or_on_a_thread(s, lambda: maps_answer(s, run, example, layer, head, format, digits))
+        """One example's maps (layer, head, query, key), as JSON or .npy, within the cell budget. A JSON answer of 16 KB
+        or more goes gzip-compressed to a client that accepts it (Accept-Encoding: gzip)."""
+        gz = accepts_gzip(accept_encoding)
+        return await answer_here_or_on_a_thread(s, lambda: maps_answer(s, run, example, layer, head, format, digits, gz))
 
     return api
