@@ -111,15 +111,16 @@ KEPT_CELLS = 8192
 # asks for a layer again as it asks for a head again): `.npy` ones of up to KEPT_LARGE_CELLS cells (one layer of 12
 # heads up to 73 tokens, 55 KB for a layer of MRPC; every head of an example, 72 maps, is written per request: kept, a
 # few hundred of them would push every layer out), compressed JSON ones of up to KEPT_GZIP_CELLS (a layer up to 147
-# tokens; ~160 KB for a layer of MRPC, where compressing it costs ~22 ms). The rest is written per request.
+# tokens; ~200 KB for a layer of MRPC, where compressing it costs ~6 ms). The rest is written per request.
 KEPT_LARGE_CELLS = 1 << 16
 KEPT_GZIP_CELLS = 1 << 18
 KEPT_LARGE_BYTES = 64 << 20
 # JSON answers of at least GZIP_MIN_BYTES go gzip-compressed to a client whose Accept-Encoding admits it (browsers,
-# requests and httpx do): float JSON text shrinks ~3.6x at level GZIP_LEVEL (one layer of MRPC: 565 KB -> 157 KB, 22 ms,
-# once for a kept answer); an answer written per request is compressed at level 1 (2.8x, ~10 ms per MB of JSON).
+# requests and httpx do), at level 1 (nginx's default): float JSON text shrinks 2.8x (one layer of MRPC: 565 KB -> 202
+# KB in 5.5 ms); level 6 gives 3.6x (157 KB) but takes 22 ms, and under load a layer's first answers then took most of
+# the load bench's warm-up (docs/PERFORMANCE.md, session 31).
 GZIP_MIN_BYTES = 16 * 1024
-GZIP_LEVEL = 6
+GZIP_LEVEL = 1
 
 
 def maps_answer(
@@ -141,19 +142,19 @@ def maps_answer(
         cells = len(layers) * len(heads) * length * length
         packed = format == "json" and gzip
 
-        def answer(level: int) -> Response:
+        def answer() -> Response:
             plain = maps_response(s, example, checked, format, digits)
-            return compressed(plain, level) if packed else plain
+            return compressed(plain) if packed else plain
 
         key = (info.id, info.status, info.n_stored, example, tuple(layers), tuple(heads), format, digits, packed)
         if cells <= KEPT_CELLS:
-            return s.kept("maps answers", key, lambda: answer(GZIP_LEVEL), 1024)
+            return s.kept("maps answers", key, answer, 1024)
         if cells <= (KEPT_GZIP_CELLS if packed else KEPT_LARGE_CELLS):
-            return s.kept("maps answers (large)", key, lambda: answer(GZIP_LEVEL), 4096, KEPT_LARGE_BYTES)
-        return answer(1)
+            return s.kept("maps answers (large)", key, answer, 4096, KEPT_LARGE_BYTES)
+        return answer()
 
 
-def compressed(answer: Response, level: int) -> Response:
+def compressed(answer: Response) -> Response:
     """A JSON answer gzip-compressed (Content-Encoding: gzip) if it is at least GZIP_MIN_BYTES, else as it is; either
     way marked `Vary: Accept-Encoding` (a cache between keeps the two forms apart)."""
     body = bytes(answer.body)
@@ -161,7 +162,7 @@ def compressed(answer: Response, level: int) -> Response:
         answer.headers["Vary"] = "Accept-Encoding"
         return answer
     headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
-    return Response(gzip.compress(body, level, mtime=0), media_type="application/json", headers=headers)
+    return Response(gzip.compress(body, GZIP_LEVEL, mtime=0), media_type="application/json", headers=headers)
 
 
 def lanes(settings: ServeSettings) -> list[Lane]:
