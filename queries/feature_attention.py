@@ -195,9 +195,6 @@ def _features_reduce(fm: FeatureMasks, example: int, maps: np.ndarray) -> dict[s
     }
 
 
-# feature_max / cls_to_feature / cls_to_feature_max: (feature in FEATURES order, layer, head), 0 where the example lacks
-# the feature (feature_tokens 0) or, for cls_to_feature*, a [CLS]-like token (cls_position -1): the [CLS] row's sum
-# and largest weight over the feature's tokens. Version 2: cls_to_feature_max.
 def _features_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A range's reduction, what `feature_attention` and `cls_feature_attention` add: each field summed over the examples
     that count for it (with the feature; and a [CLS]-like token, for cls_to_feature*), (feature, layer, head), and those
@@ -212,13 +209,13 @@ def _features_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def masked_sum(values: np.ndarray, used: np.ndarray) -> np.ndarray:
-    """values (example, k, ...) summed over the examples where used (example, k), one example after another."""
-    total = np.zeros(values.shape[1:])
-    for value, mask in zip(values, used):
-        total[mask] += value[mask]
-    return total
+    """values (example, k, ...) summed over the examples where used (example, k): (k, ...), float64."""
+    return values.sum(0, dtype=np.float64, where=used.reshape(used.shape + (1,) * (values.ndim - used.ndim)))
 
 
+# feature_max / cls_to_feature / cls_to_feature_max: (feature in FEATURES order, layer, head), 0 where the example lacks
+# the feature (feature_tokens 0) or, for cls_to_feature*, a [CLS]-like token (cls_position -1): the [CLS] row's sum
+# and largest weight over the feature's tokens. Version 2: cls_to_feature_max.
 KOVALEVA_FEATURES = register_kind(
     SummaryKind("kovaleva_features", 2, _features_prepare, _features_reduce, totals=_features_totals, threads=True)
 )

@@ -148,17 +148,14 @@ def _head_js_reduce(smoothing: float, example: int, maps: np.ndarray) -> dict[st
     return {"js": js_upper(heads), "length": np.asarray(maps.shape[-1], np.int64)}
 
 
+def _head_js_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A range's reduction, what `head_distances` adds: the JS sums over its examples, and the query tokens. At 8 M
+    examples the per-example rows are ~660 GB (10,296 float64 each for 144 heads); the ranges ~160 MB."""
+    return {"js": part["js"].sum(0), "length": part["length"].sum(dtype=np.int64)}
+
+
 # js: (example, n_pairs) float64, pair (a, b) with a < b over layer * n_heads + head in np.triu_indices order.
 # version 2: the maps are smoothed first (the authors'), by default
-def _head_js_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A range's reduction, what `head_distances` adds: the JS sums added one example after another, and the query
-    tokens. At 8 M examples the per-example rows are ~660 GB (10,296 float64 each for 144 heads); the ranges ~160 MB."""
-    js = np.zeros(part["js"].shape[1:])
-    for row in part["js"]:
-        js += row
-    return {"js": js, "length": part["length"].sum(dtype=np.int64)}
-
-
 HEAD_JS = register_kind(
     SummaryKind("head_js", 2, _head_js_prepare, _head_js_reduce, defaults={"smoothing": SMOOTHING}, totals=_head_js_totals, threads=True)
 )

@@ -141,8 +141,6 @@ def _relations_reduce(linked, example: int, maps: np.ndarray) -> dict[str, np.nd
     return {"relation_pairs": n_pairs, "relation_mean": means, "relation_token_max": token_max}
 
 
-# relation_mean / relation_token_max: (relation in RELATIONS order, layer, head), 0 where the example has no pair
-# (relation_pairs 0). Version 2: relation_token_max.
 def _relations_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A range's reduction, what `token_to_token` adds: both statistics summed over the examples with a pair of the
     relation, (relation, layer, head), those examples' count and their pairs' per relation."""
@@ -154,6 +152,8 @@ def _relations_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+# relation_mean / relation_token_max: (relation in RELATIONS order, layer, head), 0 where the example has no pair
+# (relation_pairs 0). Version 2: relation_token_max.
 KOVALEVA_RELATIONS = register_kind(
     SummaryKind("kovaleva_relations", 2, _relations_prepare, _relations_reduce, totals=_relations_totals, threads=True)
 )

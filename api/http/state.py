@@ -95,9 +95,9 @@ class Server:
         value = make()
         with self._lock:
             cache[key] = value
-            held = _bytes(cache) if max_bytes is not None else 0
+            held = sum(map(_body_bytes, cache.values())) if max_bytes is not None else 0
             while len(cache) > size or (max_bytes is not None and len(cache) > 1 and held > max_bytes):
-                held -= _bytes({None: cache.popitem(last=False)[1]})
+                held -= _body_bytes(cache.popitem(last=False)[1])
         return value
 
     def version(self) -> tuple:
@@ -339,6 +339,7 @@ def scan_message(srv: Server, info: "RunInfo", name: str, n: int | None) -> str:
     )
 
 
-def _bytes(cache: dict) -> int:
-    """The bytes of the kept answers' bodies (summed when one is added: a miss costs milliseconds anyway)."""
-    return sum(len(getattr(value, "body", b"")) for value in cache.values())
+def _body_bytes(value: Any) -> int:
+    """A kept answer's body size (0 for what has none); a byte budget sums them when one is added (a miss costs
+    milliseconds anyway)."""
+    return len(getattr(value, "body", b""))
