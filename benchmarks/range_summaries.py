@@ -1,7 +1,8 @@
 """Benchmark: whole-run `relative_position`, `special_tokens` and `entropy` (and with --kinds, the queries of the other
 kinds with range reductions: `head_roles`, `rollout`, `feature_attention`, `cls_feature_attention`, `token_to_token`,
-`norm_attention`, `head_distances`) on kept range reductions against the per-example path, from a real run to millions
-of examples (issue 29: < 1 s at 8 M examples, peak memory flat).
+`norm_attention`, `head_distances`, and on a treebank run `dependency` and `dependency_summary`) on kept range
+reductions against the per-example path, from a real run to millions of examples (issue 29: < 1 s at 8 M examples, peak
+memory flat).
 
     python benchmarks/range_summaries.py --source /work/stores/range/data --run MRPC-dev \\
         --factors 1 16 256 4096 20000 65536 --per-example-up-to 20000 --home /work/stores/range/bench \\
@@ -23,7 +24,11 @@ For each factor F a store of N = F x (the run's examples) is made SYNTHETICALLY 
            the rows repeat with period n, chunk j holds what chunk j mod (n / gcd(n, 4096)) holds, and is a hard link
            to it: the per-example path reads and decodes every one of the N examples' rows, from few distinct files
            (so mostly from the page cache: a store of real, distinct examples would read more from disk).
-  ranges   `summary/<kind>/ranges/`: each range's reduction, computed by the kind's own `totals` from those rows.
+           A ragged kind (`word_argmax`: rows per word) cannot be linked chunk by chunk: its rows are written whole at
+           the sizes where the per-example path is timed (--per-example-up-to), else only the first distinct ones and
+           the example column (all the range path reads; the per-example path is not timed there).
+  ranges   `summary/<kind>/ranges/`: each range's reduction, computed by the kind's own `totals` from those rows (on
+           the run's relations, for `word_argmax`).
 
 Each (size, path) runs in a child process of its own (`run_query` of the three queries, whole run, best of
 --repeats; peak RSS: the child's VmHWM, its own since exec): "per-example" sets queries.summary.USE_RANGES = False,
@@ -33,6 +38,7 @@ Each (size, path) runs in a child process of its own (`run_query` of the three q
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -56,6 +62,7 @@ KIND_QUERIES = {
     "kovaleva_relations": ("token_to_token",),
     "norm_classes": ("norm_attention",),
     "head_js": ("head_distances",),
+    "word_argmax": ("dependency", "dependency_summary"),  # a treebank run (e.g. --dataset ud/en_ewt:dev)
 }  # attribution_tau (attention_attribution) has ranges too, but needs a fine-tuned classifier's run and its saliency
 QUERIES = KIND_QUERIES["clark"]  # set from --kinds in main()
 
@@ -114,20 +121,24 @@ def prepare_source(source: Path, run: str, kinds: list[str]):
     load_all()
     store = open_store(home=str(source))
     info = store.run_info(run)
-    rows = {}
+    rows, labels = {}, {}
     for name in kinds:
         run_query(store, KIND_QUERIES[name][0], run=run)  # keeps the summary and its ranges if they are not
-        assert kept_ranges(store, info, KINDS[name]) is not None, name
-        rows[name] = summary(store, info, KINDS[name])
+        kept = kept_ranges(store, info, KINDS[name])
+        assert kept is not None, name
+        rows[name], labels[name] = summary(store, info, KINDS[name]), kept.labels
     order = rows[kinds[0]]["example"]
     assert all(np.array_equal(r["example"], order) for r in rows.values())
     lengths = store.examples(run, texts=False).set_index("example").loc[order, ["length", "offset"]]
     store.close()
-    return info, rows, lengths["length"].to_numpy(np.int64), lengths["offset"].to_numpy(np.int64)
+    return info, rows, labels, lengths["length"].to_numpy(np.int64), lengths["offset"].to_numpy(np.int64)
 
 
-def build(source: Path, home: Path, info, rows: dict[str, dict], lengths: np.ndarray, offsets: np.ndarray, factor: int) -> float:
-    """The synthetic store of `factor` copies of the source run (see the module docstring); returns seconds."""
+def build(
+    source: Path, home: Path, info, rows: dict[str, dict], labels: dict, lengths: np.ndarray, offsets: np.ndarray, factor: int, full: bool
+) -> float:
+    """The synthetic store of `factor` copies of the source run (see the module docstring); returns seconds. `full`:
+    the per-example path is timed on it (ragged kinds' rows are then written whole)."""
     t0 = time.perf_counter()
     n = len(lengths)
     total = n * factor
@@ -168,11 +179,11 @@ def build(source: Path, home: Path, info, rows: dict[str, dict], lengths: np.nda
         db.commit()
     db.close()
     for name, kind_rows in rows.items():
-        write_kind(dst_root, info, name, kind_rows, total)
+        write_kind(dst_root, info, name, kind_rows, labels[name], total, full)
     return time.perf_counter() - t0
 
 
-def write_kind(dst_root: Path, info, name: str, rows: dict, total: int) -> None:
+def write_kind(dst_root: Path, info, name: str, rows: dict, labels: list[str] | None, total: int, full: bool) -> None:
     """The kind's per-example summary of `total` examples (the real rows repeated) and its range reductions."""
     from attnstore.queries.summary import KINDS, SUMMARY_RANGE, ranges
     from attnstore.store import arrays
@@ -184,16 +195,29 @@ def write_kind(dst_root: Path, info, name: str, rows: dict, total: int) -> None:
     # the per-example summary: rows repeated with period n; chunks beyond the first distinct ones hard-linked
     def tiled(start: int, stop: int) -> dict:
         idx = np.arange(start, stop) % n
-        part = {k: v[idx] for k, v in rows.items() if k != "example"}
-        return {"example": synthetic_examples(rows["example"], n, start, stop), **part}
+        part = {"example": synthetic_examples(rows["example"], n, start, stop)}
+        for key, values in rows.items():
+            if key in kind.ragged:  # each example's rows, in order, and their offsets from 0
+                offsets = rows[f"{key}_start"]
+                first, sizes = offsets[idx], offsets[idx + 1] - offsets[idx]
+                ends = np.cumsum(sizes)
+                part[key] = values[np.repeat(first - (ends - sizes), sizes) + np.arange(int(ends[-1]) if len(ends) else 0)]
+                part[f"{key}_start"] = np.r_[0, ends].astype(np.int64)
+            elif key != "example" and not (key.endswith("_start") and key[: -len("_start")] in kind.ragged):
+                part[key] = values[idx]
+        return part
 
     period = n // math.gcd(n, SUMMARY_RANGE)  # chunks (and ranges) repeat with this period
-    real_rows = min(total, period * SUMMARY_RANGE)
+    # A ragged kind's chunks hold words, not examples, so they cannot be linked: its rows are written whole where the
+    # per-example path is timed, else only the first period's, with the example column (all the range path reads).
+    real_rows = total if kind.ragged and full else min(total, period * SUMMARY_RANGE)
     writer = arrays.SummaryWriter(str(dst_root), info.array_path, name)
     for start in range(0, real_rows, SUMMARY_RANGE):
         writer.append(tiled(start, min(start + SUMMARY_RANGE, real_rows)))
     node = dst_root / group / "summary" / name
     for key, array in writer.arrays.items():
+        if kind.ragged and key != "example":
+            continue
         array.resize((total, *array.shape[1:]))
         if key == "example" or real_rows >= total:  # every row written: nothing to link
             continue
@@ -217,13 +241,14 @@ def write_kind(dst_root: Path, info, name: str, rows: dict, total: int) -> None:
 
     # the ranges: each the kind's totals of its rows (period distinct full ranges, and the last, partial one)
     assert kind.totals is not None
+    totals = kind.totals if labels is None else functools.partial(kind.totals, labels=labels)
     bounds = ranges(np.arange(total))
-    distinct = {j: kind.totals(tiled(int(b[0]), int(b[-1]) + 1)) for j, b in enumerate(bounds[:period])}
+    distinct = {j: totals(tiled(int(b[0]), int(b[-1]) + 1)) for j, b in enumerate(bounds[:period])}
     last = len(bounds) - 1
     if len(bounds[last]) != SUMMARY_RANGE or last < period:
-        distinct[last] = kind.totals(tiled(int(bounds[last][0]), int(bounds[last][-1]) + 1))
+        distinct[last] = totals(tiled(int(bounds[last][0]), int(bounds[last][-1]) + 1))
     which = [j if j == last and j in distinct else j % period for j in range(len(bounds))]
-    ranges_writer = arrays.SummaryRangesWriter(str(dst_root), info.array_path, name)
+    ranges_writer = arrays.SummaryRangesWriter(str(dst_root), info.array_path, name, labels)
     for start in range(0, len(bounds), 4096):
         block = which[start : start + 4096]
         ranges_writer.extend(
@@ -285,7 +310,7 @@ def main() -> None:
     load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
     global QUERIES
     QUERIES = tuple(q for kind in args.kinds for q in KIND_QUERIES[kind])
-    info, rows, lengths, offsets = prepare_source(source, args.run, args.kinds)
+    info, rows, labels, lengths, offsets = prepare_source(source, args.run, args.kinds)
     n = len(lengths)
     out, stopped = [], None
     previous: Path | None = None
@@ -297,9 +322,10 @@ def main() -> None:
         if estimate > min(free - 10e9, args.max_free_gb * 1e9):
             stopped = f"{factor}x ({total:,} examples): about {estimate / 1e9:.0f} GB needed, {free / 1e9:.0f} GB free"
             break
-        build_s = build(source, home, info, rows, lengths, offsets, factor)
+        full = args.per_example_up_to is None or factor <= args.per_example_up_to
+        build_s = build(source, home, info, rows, labels, lengths, offsets, factor, full)
         ranged = measure(home, args.run, "range", args.repeats, env)
-        if args.per_example_up_to is None or factor <= args.per_example_up_to:
+        if full:
             per_example = measure(home, args.run, "per-example", args.per_example_repeats, env)
             diff = max(relative_difference(ranged["frames"][q], per_example["frames"][q]) for q in QUERIES)
         else:  # not timed (minutes per query): NaN in the table

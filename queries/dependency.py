@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..store.errors import DamagedDataError
 from ..store.records import RunInfo
 from .common import per_head_frame, unique_argmax
 from .errors import InvalidArgumentError
 from .registry import register
-from .summary import SummaryKind, register_kind, summary_parts
+from .summary import SummaryKind, register_kind, summary_totals
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:
@@ -173,12 +174,6 @@ def _word_argmax_reduce(context, example: int, maps: np.ndarray) -> dict[str, np
     return {"word": np.asarray(words, dtype=np.int32), "argmax": argmax.astype(dtype), "edge": edge, "edge_label": edge_label}
 
 
-# version 2: the gold tree (`edge`, `edge_label`) kept beside the predictions
-WORD_ARGMAX = register_kind(
-    SummaryKind("word_argmax", 2, _word_argmax_prepare, _word_argmax_reduce, ragged=("word", "argmax", "edge", "edge_label"), threads=True)
-)
-
-
 def _keys(example: np.ndarray, position: np.ndarray) -> np.ndarray:
     """One int64 per (example, word position >= 0)."""
     return (np.asarray(example, dtype=np.int64) << 32) | np.asarray(position, dtype=np.int64)
@@ -232,34 +227,23 @@ def _empty_counts(info: RunInfo, relations: list[str]) -> DependencyCounts:
     )
 
 
-def _add_counts(total: DependencyCounts, part: DependencyCounts) -> DependencyCounts:
-    """Two sets of counts (of different examples) as one, over the union of their relations (sorted)."""
-    relations = sorted(set(total.relations) | set(part.relations))
-    out = _empty_counts(total.info, relations)
-    index = {r: i for i, r in enumerate(relations)}
-    for counts in (total, part):
-        at = [index[r] for r in counts.relations]
-        out.correct[..., at] += counts.correct
-        out.totals[at] += counts.totals
-        out.baseline[:, at] += counts.baseline
-        out.n_root += counts.n_root
-        out.baseline_root += counts.baseline_root
-        out.no_prediction += counts.no_prediction
-    return out
+# The judged directions a part's counts hold: dep2head, and head2dep both ways (`head2dep` "transpose" or "direct").
+JUDGED = ("dep2head", "transpose", "direct")
 
 
-def _count_kept(info: RunInfo, arrays: dict[str, np.ndarray], head2dep: str, poss_apostrophe: bool) -> DependencyCounts:
-    """The counts from the predictions and gold trees of one part of the run's summary: the part's relations, edges,
-    judged words and hits, its examples at once."""
-    if "edge" not in arrays:  # no example committed
-        return _empty_counts(info, [])
+def _count_kept(arrays: dict[str, np.ndarray], poss_apostrophe: bool) -> tuple[list[str], dict[str, np.ndarray]]:
+    """The counts of one part of the run's summary (its examples at once, from their predictions and gold trees): the
+    part's relations (of its non-root words, sorted) and `correct` (JUDGED, layer, head, relation) hits, `edges`
+    (relation,) edges, `baseline` (offset, relation) baseline hits, `root_words` and `baseline_root` (offset,), and
+    `none` (JUDGED, layer, head) judged words (root included) with no prediction."""
+    n_layers, n_heads = arrays["argmax"].shape[2:]
     n_edges = np.diff(arrays["edge_start"])
     edge = arrays["edge"]
     codes, names = _decode_labels(arrays["edge_label"], edge[:, EDGE_LABEL_BYTES])
     root = (edge[:, EDGE_FLAGS] & ROOT_FLAG) != 0
     relation_codes = np.unique(codes[~root])  # the part's relations (of non-root words), sorted
-    counts = _empty_counts(info, [names[c] for c in relation_codes])
-    n_rel = len(counts.relations)
+    relations = [names[c] for c in relation_codes]
+    n_rel = len(relations)
     example = np.repeat(arrays["example"], n_edges)
     start = arrays["word_start"]
     sizes = np.diff(start)
@@ -297,27 +281,78 @@ def _count_kept(info: RunInfo, arrays: dict[str, np.ndarray], head2dep: str, pos
     has_head = (head >= 0)[:, None, None]
     head_local = np.where(head >= 0, head - unit_first[np.maximum(head, 0)], -1)[:, None, None]
     argmax = arrays["argmax"]
+    hits = np.empty((len(order), len(JUDGED), n_layers, n_heads), dtype=bool)
+    none = np.empty_like(hits)
     of_judged = argmax[judged]  # (edges, direction, layer, head); -1 never matches: `head` is checked >= 0
-    hits = (of_judged == head_local[:, None]) & has_head[:, None]  # dep2head, and head2dep transposed
-    none = of_judged < 0
-    if head2dep == "direct":  # the head word's most-attended word is the (judged) dependent
-        of_head = argmax[np.where(head >= 0, head, judged), 0]
-        hits[:, 1] = (of_head == (judged - unit_first[judged])[:, None, None]) & has_head
-        none[:, 1] = (of_head < 0) | ~has_head
-    correct = _per_bucket(hits, starts, present, n_rel + 1)  # (direction, layer, head, bucket)
-    counts.correct += correct[..., :n_rel]
-    counts.no_prediction += none.sum(0)
-    totals = np.bincount(bucket, minlength=n_rel + 1).astype(np.float64)
-    counts.totals += totals[:n_rel]
-    counts.n_root += int(totals[n_rel])
-    # the fixed-offset baseline, clamped to the sentence
+    hits[:, :2] = (of_judged == head_local[:, None]) & has_head[:, None]  # dep2head, and head2dep transposed
+    none[:, :2] = of_judged < 0
+    # head2dep "direct": the head word's most-attended word is the (judged) dependent
+    of_head = argmax[np.where(head >= 0, head, judged), 0]
+    hits[:, 2] = (of_head == (judged - unit_first[judged])[:, None, None]) & has_head
+    none[:, 2] = (of_head < 0) | ~has_head
+    correct = _per_bucket(hits, starts, present, n_rel + 1)  # (JUDGED, layer, head, bucket)
+    edges = np.bincount(bucket, minlength=n_rel + 1).astype(np.float64)
+    baseline = np.zeros((len(OFFSETS), n_rel + 1))  # the fixed-offset baseline, clamped to the sentence
     for k, off in enumerate(OFFSETS):
         target = judged_pos + off
         pred = np.where(target < first, -1, np.minimum(target, last))
-        hit = np.bincount(bucket, weights=pred == h_pos, minlength=n_rel + 1)
-        counts.baseline[k] += hit[:n_rel]
-        counts.baseline_root[k] += hit[n_rel]
-    return counts
+        baseline[k] = np.bincount(bucket, weights=pred == h_pos, minlength=n_rel + 1)
+    return relations, {
+        "correct": correct[..., :n_rel],
+        "edges": edges[:n_rel],
+        "baseline": baseline[:, :n_rel],
+        "root_words": edges[n_rel],
+        "baseline_root": baseline[:, n_rel],
+        "none": none.sum(0).astype(np.float64),
+    }
+
+
+POSS = {True: "poss", False: "plain"}  # the totals' fields for poss_apostrophe true / false
+
+
+def _word_argmax_totals(part: dict[str, np.ndarray], labels: list[str]) -> dict[str, np.ndarray]:
+    """A range's counts on the run's relations (`labels`, sorted), for both `poss_apostrophe` settings and every judged
+    direction (the counts a dependency query takes, whatever its parameters): `edges` (relation,) and `root_words`, and
+    per setting S `correct.S` (JUDGED, layer, head, relation), `none.S` (JUDGED, layer, head), `baseline.S` (offset,
+    relation), `baseline_root.S` (offset,). The edges, like the root words, do not depend on the setting."""
+    index = {label: i for i, label in enumerate(labels)}
+    out: dict[str, np.ndarray] = {}
+    for poss_apostrophe, setting in POSS.items():
+        relations, counts = _count_kept(part, poss_apostrophe)
+        unknown = sorted(set(relations) - set(index))
+        if unknown:  # the kept trees were read from the same SQL rows as the relations: the words changed in between
+            raise DamagedDataError(
+                f"relation(s) {unknown} of kept dependency trees are not among the run's relations in SQL; re-ingest the run"
+            )
+        at = [index[r] for r in relations]
+        for name in ("correct", "baseline"):
+            spread = np.zeros((*counts[name].shape[:-1], len(labels)))
+            spread[..., at] = counts[name]
+            out[f"{name}.{setting}"] = spread
+        out[f"baseline_root.{setting}"], out[f"none.{setting}"] = counts["baseline_root"], counts["none"]
+        out["edges"] = np.zeros(len(labels))
+        out["edges"][at] = counts["edges"]
+        out["root_words"] = np.asarray(counts["root_words"])
+    return out
+
+
+def _run_relations(store: Store, info: RunInfo) -> list[str]:
+    return store.dependency_relations(info.id)
+
+
+# version 2: the gold tree (`edge`, `edge_label`) kept beside the predictions; its totals count on the run's relations
+WORD_ARGMAX = register_kind(
+    SummaryKind(
+        "word_argmax",
+        2,
+        _word_argmax_prepare,
+        _word_argmax_reduce,
+        ragged=("word", "argmax", "edge", "edge_label"),
+        totals=_word_argmax_totals,
+        labels=_run_relations,
+        threads=True,
+    )
+)
 
 
 def dependency_counts(
@@ -326,17 +361,26 @@ def dependency_counts(
     """Correct predictions per (direction, layer, head, relation), edge counts, baseline hits, root words.
 
     `relations` are those of the non-root words of the run's stored examples (skipped ones not evaluated), whatever
-    `examples`. Counted from the word-level predictions and gold trees of the `WORD_ARGMAX` summary.
+    `examples`. Counted from the word-level predictions and gold trees of the `WORD_ARGMAX` summary: for the whole run
+    its kept ranges' counts added (O(ranges)), else each part's.
     """
     _check("head2dep", head2dep, HEAD2DEP)
     info = store.run_info(run)
-    counts = _empty_counts(info, [])
-    # SUMMARY_RANGE examples at a time: bounded memory
-    for part in summary_parts(store, info, WORD_ARGMAX, examples, weights=weights):
-        counts = _add_counts(counts, _count_kept(info, part, head2dep, poss_apostrophe))
-    if examples is not None:  # the relations of every stored example, as without `examples` (one SQL query)
-        counts = _add_counts(counts, _empty_counts(info, store.dependency_relations(info.id)))
-    return counts
+    totals = summary_totals(store, info, WORD_ARGMAX, examples, weights=weights)
+    relations = totals.pop("labels").tolist()
+    if not totals:  # no example
+        return _empty_counts(info, relations)
+    setting, judged = POSS[poss_apostrophe], [0, JUDGED.index(head2dep)]
+    return DependencyCounts(
+        info,
+        relations,
+        correct=totals[f"correct.{setting}"][judged],
+        totals=totals["edges"],
+        baseline=totals[f"baseline.{setting}"],
+        n_root=int(totals["root_words"]),
+        baseline_root=totals[f"baseline_root.{setting}"],
+        no_prediction=totals[f"none.{setting}"][judged],
+    )
 
 
 @register("dependency")

@@ -49,6 +49,7 @@ query-token counts and the uniform-entropy sums.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -97,7 +98,11 @@ class SummaryKind:
     # A range's reduction: `totals(part)` -> {field: array of a fixed shape}, sums over the part's examples of what the
     # kind's queries combine, derived from its per-example fields alone, so that adding the totals of consecutive
     # ranges gives those of all of them. Kept per range beside the summary; `summary_totals` adds them.
-    totals: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+    totals: Callable[..., dict[str, np.ndarray]] | None = None
+    # Where the totals count on an axis whose entries only the run names (its dependency relations, which differ from
+    # range to range): `labels(store, info)` -> those names, sorted, read once before a pass; `totals(part, labels)`
+    # then counts on that axis, and the labels are kept with the ranges and returned with the totals.
+    labels: Callable[[Store, RunInfo], list[str]] | None = None
     # `reduce` may run on several threads at once (numpy alone, its loops release the GIL, nothing shared is changed):
     # one pass then reads and decodes on its thread while the others reduce (`reduced`), every core busy.
     threads: bool = False
@@ -449,9 +454,9 @@ def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryPar
         if committed_state(store, info, kind, params) != state:
             raise _Changed
 
-    ranged = {} if kind.totals is None else {"totals": kind.totals}  # each part kept reduced too (range reductions)
+    totals, labels = range_reduction(store, info, kind)  # each part kept reduced too (range reductions), if it declares one
     try:
-        if not store.save_run_summary_parts(info.id, key, parts(), stamp, n_examples=len(order), **ranged):
+        if not store.save_run_summary_parts(info.id, key, parts(), stamp, n_examples=len(order), totals=totals, labels=labels):
             return None
     except (_Changed, InvalidArgumentError):
         return None  # written without a stamp: never read back
@@ -488,6 +493,15 @@ USE_RANGES = True
 RANGE_BLOCK = 128  # kept ranges added a block (a chunk) at a time (SummaryRanges.block): ~2 MB for `clark`, whatever the run
 
 
+def range_reduction(store: Store, info: RunInfo, kind: SummaryKind) -> tuple[Callable[[dict], dict] | None, list[str] | None]:
+    """The kind's range reduction for this run (`part` -> its totals; None where it declares none) and its labels
+    (None where its totals have no labelled axis)."""
+    if kind.totals is None or kind.labels is None:
+        return kind.totals, None
+    labels = kind.labels(store, info)
+    return functools.partial(kind.totals, labels=labels), labels
+
+
 def kept_ranges(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryRanges | None:
     """The kept range reductions of the kind's summary of the whole run (built with the summary where it is built;
     derived from a summary kept without them, once, on a writable store). None where the kind declares none or no
@@ -499,18 +513,20 @@ def kept_ranges(store: Store, info: RunInfo, kind: SummaryKind, **params) -> Sum
     if saved is None:
         return None
     stamp, key = kind.stamp(committed_state(store, info, kind, params), params), kind.key(params)
-    kept = _whole(store.run_summary_ranges(info.id, key, stamp), saved.n)
+    kept = _whole(store.run_summary_ranges(info.id, key, stamp), saved.n, kind)
     if kept is not None or store.read_only:
         return kept
-    totals = kind.totals
-    store.save_run_summary_ranges(info.id, key, ((len(p["example"]), totals(p)) for p in _saved_parts(kind, saved, None)), stamp)
-    return _whole(store.run_summary_ranges(info.id, key, stamp), saved.n)
+    totals, labels = range_reduction(store, info, kind)
+    assert totals is not None
+    parts = ((len(p["example"]), totals(p)) for p in _saved_parts(kind, saved, None))
+    store.save_run_summary_ranges(info.id, key, parts, stamp, labels)
+    return _whole(store.run_summary_ranges(info.id, key, stamp), saved.n, kind)
 
 
-def _whole(kept: SummaryRanges | None, n_examples: int) -> SummaryRanges | None:
-    """The kept ranges if they cover the summary's `n_examples` examples (their counts read: O(ranges)), else None: a
-    group that two writers overwrote at once is never added up."""
-    if kept is None or kept.n_examples() != n_examples:
+def _whole(kept: SummaryRanges | None, n_examples: int, kind: SummaryKind) -> SummaryRanges | None:
+    """The kept ranges if they cover the summary's `n_examples` examples (their counts read: O(ranges)) and carry
+    labels where the kind's totals have them, else None: a group that two writers overwrote at once is never added up."""
+    if kept is None or kept.n_examples() != n_examples or (kind.labels is not None and kept.labels is None):
         return None
     return kept
 
@@ -525,24 +541,38 @@ def summary_totals(store: Store, info: RunInfo, kind: SummaryKind, examples: Ite
     numbers combines. The whole run (no `examples`), where the kind declares `totals` and its summary is kept: the
     kept ranges' totals added in storage order, O(ranges) (`kept_ranges`); otherwise the totals of each part
     `summary_parts` hands over, added in the same order. The two agree to float64 rounding (the same per-range totals
-    added in the same order; tests/queries/test_range_totals.py: relative 1e-12). Empty: no examples."""
+    added in the same order; tests/queries/test_range_totals.py: relative 1e-12). Empty: no examples. A kind with
+    `labels` gets them too, as `labels` (an array of str: the kept ranges', else the run's read for the call)."""
     if kind.totals is None:
         raise InvalidArgumentError(f"summary kind {kind.name!r} declares no range reduction (totals)")
-    out: dict[str, np.ndarray] | None = None
     kept = kept_ranges(store, info, kind, **params) if examples is None and USE_RANGES else None
     if kept is not None:
-        for start in range(0, kept.n, RANGE_BLOCK):
-            block = kept.block(start, min(start + RANGE_BLOCK, kept.n))
-            block.pop("range_examples")  # each range's count of examples (store/arrays.py; the totals carry their own)
-            # range after range, as the parts' totals are added below: out + t0 + t1 + ... (accumulate is sequential)
-            out = {
-                name: np.add.accumulate(values if out is None else np.concatenate([out[name][None], values]), axis=0)[-1]
-                for name, values in block.items()
-            }
-        return out or {}
-    for part in summary_parts(store, info, kind, examples, **params):
-        out = add_totals(out, kind.totals(part))
-    return out or {}
+        out = _added_ranges(kept)
+        labels = kept.labels
+    else:
+        totals, labels = range_reduction(store, info, kind)
+        assert totals is not None
+        out = None
+        for part in summary_parts(store, info, kind, examples, **params):
+            out = add_totals(out, totals(part))
+    out = out or {}
+    if labels is not None:
+        out["labels"] = np.asarray(labels, dtype=str)
+    return out
+
+
+def _added_ranges(kept: SummaryRanges) -> dict[str, np.ndarray] | None:
+    """Every kept range's totals added, a block of RANGE_BLOCK ranges at a time, in storage order (None: no range)."""
+    out: dict[str, np.ndarray] | None = None
+    for start in range(0, kept.n, RANGE_BLOCK):
+        block = kept.block(start, min(start + RANGE_BLOCK, kept.n))
+        block.pop("range_examples")  # each range's count of examples (store/arrays.py; the totals carry their own)
+        # range after range, as the parts' totals are added: out + t0 + t1 + ... (accumulate is sequential)
+        out = {
+            name: np.add.accumulate(values if out is None else np.concatenate([out[name][None], values]), axis=0)[-1]
+            for name, values in block.items()
+        }
+    return out
 
 
 # ---------------------------------------------------------------- Clark et al.'s standard statistics

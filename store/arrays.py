@@ -350,6 +350,8 @@ def summary_parts(root: str, array_path: str, name: str, stamp: dict) -> Summary
 # by side), their names, dtypes, shapes and columns in the group's `fields` attribute: a kind's ~40 fields cost a
 # first query two array creations instead of ~40 (about 7 ms each through zarr, 0.25 s of MRPC dev's first `entropy`).
 # A group without `fields` (written before packing) is not read: its ranges are derived again from the summary.
+# `labels`: for a kind whose totals count on an axis only the run names (its dependency relations), the names of that
+# axis's entries, in order (None for every other kind).
 SUMMARY_RANGES = "ranges"
 RANGE_CHUNK_ROWS = 128  # ranges per chunk (~2.6 MB of float64 for `clark`): a query adds a block of them at a time
 RANGE_EXAMPLES = "range_examples"  # how many examples each range holds
@@ -385,8 +387,9 @@ def _packing(rows: dict[str, np.ndarray]) -> list[PackedField]:
 class SummaryRanges:
     """A kept summary's range reductions, read back a block of ranges at a time."""
 
-    def __init__(self, node, fields: list[PackedField]) -> None:
+    def __init__(self, node, fields: list[PackedField], labels: list[str] | None = None) -> None:
         self.fields = fields
+        self.labels = labels
         self.arrays = {dtype: node[PACKED + dtype] for dtype in {f.dtype for f in fields}}
         self.n = int(next(iter(self.arrays.values())).shape[0]) if self.arrays else 0  # none: a run of no examples
 
@@ -403,7 +406,8 @@ class SummaryRanges:
             return await asyncio.gather(*(self.arrays[d]._async_array.getitem(slice(start, stop)) for d in dtypes))
 
         packed = {d: np.asarray(v) for d, v in zip(dtypes, sync(read_all()))}
-        return {f.name: packed[f.dtype][:, f.column : f.column + f.width].reshape(-1, *f.shape) for f in fields}
+        rows = {d: len(v) for d, v in packed.items()}  # explicit: a field of no values (no relation) has width 0
+        return {f.name: packed[f.dtype][:, f.column : f.column + f.width].reshape(rows[f.dtype], *f.shape) for f in fields}
 
 
 def summary_ranges(root: str, array_path: str, name: str, stamp: dict) -> SummaryRanges | None:
@@ -415,19 +419,20 @@ def summary_ranges(root: str, array_path: str, name: str, stamp: dict) -> Summar
         ranges = zarr.open_group(store=node.store_path.store, path=f"{node.path}/{SUMMARY_RANGES}", mode="r")
     except (FileNotFoundError, KeyError, ValueError, zarr.errors.NodeNotFoundError):
         return None
-    fields = ranges.attrs.get("fields")
-    if ranges.attrs.get("stamp") != stamp or not isinstance(fields, list):
+    fields, labels = ranges.attrs.get("fields"), ranges.attrs.get("labels")
+    if ranges.attrs.get("stamp") != stamp or not isinstance(fields, list) or not (labels is None or isinstance(labels, list)):
         return None
     try:
-        return SummaryRanges(ranges, [PackedField(n, d, tuple(shape), int(c)) for n, d, shape, c in fields])
+        return SummaryRanges(ranges, [PackedField(n, d, tuple(shape), int(c)) for n, d, shape, c in fields], labels)
     except (KeyError, ValueError, TypeError):  # a packed array missing, or fields not as written: derived again
         return None
 
 
 class SummaryRangesWriter:
-    """Saves range reductions under `summary/<name>/ranges/` one range at a time; `finish` stamps them, last."""
+    """Saves range reductions under `summary/<name>/ranges/` one range at a time; `finish` stamps them, last. `labels`:
+    the names of the totals' labelled axis, where the kind's totals have one."""
 
-    def __init__(self, root: str, array_path: str, name: str) -> None:
+    def __init__(self, root: str, array_path: str, name: str, labels: list[str] | None = None) -> None:
         group = group_path_of(array_path)
         if group is None:
             raise InvalidArgumentError(f"{array_path} is a layout-1 array: run `attnstore db upgrade-arrays` to keep summaries")
@@ -435,7 +440,7 @@ class SummaryRangesWriter:
             store=open_root(root, read_only=False),
             path=f"{group}/summary/{name}/{SUMMARY_RANGES}",
             overwrite=True,
-            attributes={"stamp": None},
+            attributes={"stamp": None, "labels": labels},
         )
         self.fields: list[PackedField] | None = None
         self.arrays: dict[str, zarr.Array] = {}
@@ -499,7 +504,12 @@ class SummaryWriter:
     (an error, a killed process) has none and is never read."""
 
     def __init__(
-        self, root: str, array_path: str, name: str, totals: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+        self,
+        root: str,
+        array_path: str,
+        name: str,
+        totals: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+        labels: list[str] | None = None,
     ) -> None:
         group = group_path_of(array_path)
         if group is None:
@@ -511,7 +521,7 @@ class SummaryWriter:
         self.ragged_rows: dict[str, int] = {}  # per `<field>_start`: the ragged field's rows saved so far
         # totals: the kind's range reduction; each appended part (a range of examples) is then also kept reduced
         self.totals = totals
-        self.ranges = SummaryRangesWriter(root, array_path, name) if totals is not None else None
+        self.ranges = SummaryRangesWriter(root, array_path, name, labels) if totals is not None else None
 
     def append(self, values: dict[str, np.ndarray]) -> None:
         """Add the next examples' fields; a ragged field's `<field>_start` is that part's own (n + 1, from 0)."""

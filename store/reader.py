@@ -443,13 +443,14 @@ class StoreReader:
             return {int(example): int(n) for example, n in conn.execute(q)}
 
     def dependency_relations(self, run: RunRef) -> list[str]:
-        """The relations of the words with a head (non-root) of a run's stored examples, sorted, found in SQL."""
+        """The relations of the words with a head (non-root) of a run's committed (not skipped) examples, sorted, found
+        in SQL: those a dependency query evaluates."""
         info = self.run_info(run)
         q = (
             sa.select(Word.deprel)
             .distinct()
             .join(Example, Example.id == Word.example_id)
-            .join(Sequence, sa.and_(Sequence.example_id == Example.id, self._visible(info)))
+            .join(Sequence, sa.and_(Sequence.example_id == Example.id, self._visible(info), sa.not_(Sequence.skipped)))
             .where(Word.deprel.is_not(None), Word.head.is_not(None))
         )
         with self.engine.connect() as conn:

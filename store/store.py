@@ -142,15 +142,17 @@ class Store(StoreReader):
         stamp: dict,
         n_examples: int | None = None,
         totals: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+        labels: list[str] | None = None,
     ) -> bool:
         """Keep a summary given as consecutive parts (ranges of examples in order, each as one would be given
         whole), holding one part at a time. It is stamped, and so read back, unless the parts do not cover
         `n_examples` examples (a run that grew while it was read); returns whether it was. `totals`: the kind's
-        range reduction; each part's is kept too (`run_summary_ranges`)."""
+        range reduction; each part's is kept too (`run_summary_ranges`), with `labels` (the names of its labelled axis, if
+        it has one)."""
         self.writer.require_writable()
         info = self.run_info(run)
         try:
-            writer = arrays.SummaryWriter(self.locations.array_root, info.array_path, name, totals)
+            writer = arrays.SummaryWriter(self.locations.array_root, info.array_path, name, totals, labels)
             n = 0
             for part in parts:
                 writer.append(part)
@@ -162,13 +164,15 @@ class Store(StoreReader):
         except OSError as exc:
             raise StorageIOError(f"cannot save the summary of run {info.name!r}: {exc.strerror or exc}") from None
 
-    def save_run_summary_ranges(self, run: RunRef, name: str, ranges: Iterable[tuple[int, dict[str, np.ndarray]]], stamp: dict) -> None:
+    def save_run_summary_ranges(
+        self, run: RunRef, name: str, ranges: Iterable[tuple[int, dict[str, np.ndarray]]], stamp: dict, labels: list[str] | None = None
+    ) -> None:
         """Keep the range reductions of a summary kept without them ((examples, totals) per range, in order), stamped
-        with the summary's stamp."""
+        with the summary's stamp; `labels` as in `save_run_summary_parts`."""
         self.writer.require_writable()
         info = self.run_info(run)
         try:
-            writer = arrays.SummaryRangesWriter(self.locations.array_root, info.array_path, name)
+            writer = arrays.SummaryRangesWriter(self.locations.array_root, info.array_path, name, labels)
             for n, totals in ranges:
                 writer.append(n, totals)
             writer.finish(stamp)

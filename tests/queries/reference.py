@@ -27,7 +27,7 @@ from attnstore.queries import patterns as patterns_module
 from attnstore.queries import run_query
 from attnstore.queries.common import is_causal, per_head_frame, safe_divide, token_flags
 from attnstore.queries.coreference import BASELINES, KINDS, _feats, _RangeTables, baseline_picks
-from attnstore.queries.dependency import OFFSETS, POSS_RELATIONS, POSSESSIVE_MARKERS, _add_counts, _empty_counts, word_predictions
+from attnstore.queries.dependency import OFFSETS, POSS_RELATIONS, POSSESSIVE_MARKERS, DependencyCounts, _empty_counts, word_predictions
 from attnstore.queries.errors import InvalidArgumentError
 from attnstore.queries.feature_attention import feature_masks, long_frame, parse_features
 from attnstore.queries.frame_heads import FILTER_STEPS, FRAMES_SQL, FrameFilters, annotation_sets, check_frames, span_distance
@@ -287,6 +287,22 @@ def dependency_counts(store, run, examples=None, head2dep: str = "transpose", po
             relations = words["deprel"][words["deprel"].notna() & words["head"].notna()].unique()
             counts = _add_counts(counts, _empty_counts(info, sorted(relations)))
     return counts
+
+
+def _add_counts(total: DependencyCounts, part: DependencyCounts) -> DependencyCounts:
+    """Two sets of counts (of different examples) as one, over the union of their relations (sorted)."""
+    relations = sorted(set(total.relations) | set(part.relations))
+    out = _empty_counts(total.info, relations)
+    index = {r: i for i, r in enumerate(relations)}
+    for counts in (total, part):
+        at = [index[r] for r in counts.relations]
+        out.correct[..., at] += counts.correct
+        out.totals[at] += counts.totals
+        out.baseline[:, at] += counts.baseline
+        out.n_root += counts.n_root
+        out.baseline_root += counts.baseline_root
+        out.no_prediction += counts.no_prediction
+    return out
 
 
 def _dependency_range(store, info, examples, head2dep, poss_apostrophe, weights="attention"):

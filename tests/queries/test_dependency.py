@@ -5,9 +5,17 @@ import pytest
 from attnstore.queries import run_query
 from attnstore.queries import summary as summary_module
 from attnstore.queries.common import unique_argmax
-from attnstore.queries.dependency import EDGE_FLAGS, HEAD2DEP, POSSESSIVE_NEXT_FLAG, ROOT_FLAG, _decode_labels, dependency_counts
+from attnstore.queries.dependency import (
+    EDGE_FLAGS,
+    HEAD2DEP,
+    POSSESSIVE_NEXT_FLAG,
+    ROOT_FLAG,
+    WORD_ARGMAX,
+    _decode_labels,
+    dependency_counts,
+)
 from attnstore.queries.errors import InvalidArgumentError
-from attnstore.store.errors import NotFoundError
+from attnstore.store.errors import DamagedDataError, NotFoundError
 from attnstore.tests.queries import reference
 from attnstore.tests.queries.helpers import (
     check_rebuilt_once_grown,
@@ -368,6 +376,47 @@ def test_predictions_kept_by_an_older_version_are_rebuilt_and_passed_by_on_a_rea
     assert summary_group(store, kept_run, "word_argmax").attrs["stamp"] == {"version": 2, "n_examples": 7}
 
 
+def test_counts_are_kept_per_range_on_the_runs_relations_and_derived_for_a_summary_kept_without_them(store, kept_run, monkeypatch):
+    """A whole-run count adds the kept ranges' counts (every parameter setting's, on the run's relations, kept with
+    them); a summary kept before ranges had labels gets its ranges derived once, a read-only store adds its parts."""
+    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", 2)
+    expected = {(h, p): reference.dependency_counts(store, kept_run, None, h, p) for h in HEAD2DEP for p in (True, False)}
+    first = {key: dependency_counts(store, kept_run, None, *key) for key in expected}
+    info = store.run_info(kept_run)
+    kept = summary_module.kept_ranges(store, info, WORD_ARGMAX)
+    assert kept is not None and kept.n == 4 and kept.labels == sorted(KEPT_RELATIONS)
+    assert summary_group(store, kept_run, "word_argmax")["ranges"].attrs["labels"] == sorted(KEPT_RELATIONS)
+    with monkeypatch.context() as m:
+        m.setattr(summary_module, "summary_parts", lambda *a, **k: pytest.fail("read per-example fields"))
+        for key, counts in first.items():
+            assert_same_counts(counts, expected[key])
+            assert_same_counts(dependency_counts(store, kept_run, None, *key), counts)
+    ranges = summary_group(store, kept_run, "word_argmax", "r+")
+    del ranges["ranges"]  # as a store of an earlier version kept it: no ranges
+    with read_only_store(store) as reader:
+        assert_same_counts(dependency_counts(reader, kept_run, None, "direct", False), expected[("direct", False)])
+        assert summary_module.kept_ranges(reader, reader.run_info(kept_run), WORD_ARGMAX) is None
+    assert_same_counts(dependency_counts(store, kept_run, None, "direct", False), expected[("direct", False)])
+    assert summary_module.kept_ranges(store, info, WORD_ARGMAX).labels == sorted(KEPT_RELATIONS)
+
+
+def test_a_run_without_trees_counts_nothing_through_its_kept_ranges(store, make_run):
+    """No relation: the kept ranges' per-relation fields have no values (width 0) and are added as such."""
+    name = make_run(store, [hand_maps()], [TOKENS], name="treeless", token_words=[TOKEN_WORDS])
+    for _ in range(2):  # builds the summary and its ranges, then reads them back
+        counts = dependency_counts(store, name)
+        assert counts.relations == [] and counts.correct.shape == (2, 1, 2, 0) and counts.n_root == 0
+    assert summary_module.kept_ranges(store, store.run_info(name), WORD_ARGMAX).labels == []
+    assert run_query(store, "dependency", run=name, min_count=0).columns.tolist() == ["layer", "head"]
+    assert run_query(store, "dependency_summary", run=name, min_count=0).empty
+
+
+def test_kept_trees_with_a_relation_sql_lacks_are_refused_in_one_line(store, kept_run, monkeypatch):
+    monkeypatch.setattr(type(store), "dependency_relations", lambda self, run: ["det"])
+    with pytest.raises(DamagedDataError, match=r"relation\(s\) \['amod', .*'obj'\] of kept dependency trees .*re-ingest the run"):
+        dependency_counts(store, kept_run)
+
+
 def test_a_skipped_example_is_not_evaluated_and_its_relations_are_not_listed(store, make_run, monkeypatch):
     """A skipped example's words are stored with the run (the word table lists them), but it has no maps: no edge of
     its own is counted, and a relation found only there has no column (the query and its naive reference)."""
@@ -385,7 +434,7 @@ def test_a_skipped_example_is_not_evaluated_and_its_relations_are_not_listed(sto
     finally:
         writer.close()
     assert store.examples(name)["skipped"].tolist() == [False, True] and "only_here" in store.word_table(name)["deprel"].tolist()
-    for counts in (dependency_counts(store, name), reference.dependency_counts(store, name)):
+    for counts in (dependency_counts(store, name), reference.dependency_counts(store, name), dependency_counts(store, name, [0])):
         assert counts.relations == ["det", "nsubj"] and counts.totals.tolist() == [1, 1] and counts.n_root == 1
     assert run_query(store, "dependency", run=name, min_count=0).columns.tolist() == [
         "layer",

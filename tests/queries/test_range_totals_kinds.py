@@ -1,11 +1,11 @@
-"""Range reductions of the Kovaleva, Kobayashi, Jain & Wallace and head-distance kinds (queries/summary.py
+"""Range reductions of the Kovaleva, Kobayashi, Jain & Wallace, head-distance and dependency kinds (queries/summary.py
 `summary_totals`): a whole-run `feature_attention`, `cls_feature_attention`, `token_to_token`, `norm_attention`,
-`head_distances`, `head_clusters` or `attention_attribution` adds its kind's totals kept per range of examples instead
-of every example's fields. The range path against the per-example path (relative 1e-12, the Clark kind's tolerance in
-tests/queries/test_range_totals.py), and no per-example field read once the ranges are kept. The exact values of each
-query on hand-built maps (tests/queries/test_kovaleva_*.py, test_value_norms.py, test_attribution.py,
-test_head_clusters.py) go through the range path too: a whole-run query reads its ranges."""
-
+`head_distances`, `head_clusters`, `attention_attribution`, `dependency` or `dependency_summary` adds its kind's totals
+kept per range of examples instead of every example's fields. The range path against the per-example path (relative
+1e-12, the Clark kind's tolerance in tests/queries/test_range_totals.py), and no per-example field read once the ranges
+are kept. The exact values of each query on hand-built maps (tests/queries/test_kovaleva_*.py, test_value_norms.py,
+test_attribution.py, test_head_clusters.py, test_dependency.py) go through the range path too: a whole-run query reads
+its ranges."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +13,7 @@ import pytest
 
 from attnstore.queries import load_all, run_query, summary
 from attnstore.queries.attribution import ATTRIBUTION_TAU
+from attnstore.queries.dependency import WORD_ARGMAX
 from attnstore.queries.feature_attention import KOVALEVA_FEATURES
 from attnstore.queries.head_clusters import HEAD_JS
 from attnstore.queries.norm_attention import NORM_CLASSES
@@ -42,8 +43,12 @@ CASES = [
     ("head_clusters", {}),
     ("attention_attribution", {}),
     ("attention_attribution", {"specials": "include", "saliency": "absolute"}),
+    ("dependency", {"min_count": 1}),
+    ("dependency", {"min_count": 1, "head2dep": "direct", "poss_apostrophe": False}),
+    ("dependency", {"min_count": 1, "weights": "norm"}),
+    ("dependency_summary", {"min_count": 1, "direction": "each", "root_in_all": False}),
 ]
-KINDS = [(KOVALEVA_FEATURES, {}), (KOVALEVA_RELATIONS, {}), (NORM_CLASSES, {}), (HEAD_JS, {}), (ATTRIBUTION_TAU, {})]
+KINDS = [(KOVALEVA_FEATURES, {}), (KOVALEVA_RELATIONS, {}), (NORM_CLASSES, {}), (HEAD_JS, {}), (ATTRIBUTION_TAU, {}), (WORD_ARGMAX, {})]
 
 
 @pytest.fixture
@@ -117,6 +122,8 @@ def test_range_path_equals_per_example_path_and_reads_no_example_once_kept(store
         m.setattr(summary, "USE_RANGES", False)
         per_example = [run_query(store, name, run=ranged_run, **params) for name, params in CASES]
     for (name, params), a, b in zip(CASES, ranged, per_example):
+        values = a.select_dtypes("number").drop(columns=["layer", "head"], errors="ignore").to_numpy(float)
+        assert values.size and np.nan_to_num(values).any(), f"{name} {params}: nothing to compare"
         frames_close(a, b, f"{name} {params}")
         rtol = NORM_RTOL if params.get("weights") == "norm" else REFERENCE_RTOL
         frames_close(a, naive(store, ranged_run, name, params), f"{name} {params} against the naive reference", rtol)
