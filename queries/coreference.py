@@ -9,14 +9,14 @@ word; none, and so wrong, when there is no such mention) and `sieve` (exact stri
 gender / person agreement of the head words, then the closest). Results are broken down
 by the kind of the mention: pronoun, proper (name) or nominal.
 
-What each mention head word attends to most, per head, is kept with the run (`MENTION_ARGMAX`,
-queries/summary.py) by one pass the first time; later calls read it instead of the maps.
+What each mention head word attends to most, per head, and each example's counts are kept with the run
+(`MENTION_ARGMAX`, queries/summary.py) by one pass the first time; later calls add the counts (per range of examples
+for the whole run) instead of reading the maps.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,7 +24,7 @@ import pandas as pd
 
 from .common import per_head_frame, safe_divide
 from .registry import register
-from .summary import SummaryKind, ragged_rows, register_kind, storage_ranges, summary_parts
+from .summary import SummaryKind, is_kept, register_kind, storage_ranges, summary_totals
 from .word_level import most_attended_words, units_of
 
 if TYPE_CHECKING:
@@ -70,51 +70,93 @@ def choose_antecedent(mention: dict, candidates: list[dict], method: str) -> dic
     return nearest if method == "nearest" else head_match if method == "head_match" else sieve
 
 
-# ---------------------------------------------------------------- predictions kept with the run
+# ---------------------------------------------------------------- predictions and counts kept with the run
 # Per example, for each word that heads a mention and has a unit, in unit (token) order: its position (`word`)
 # and, per (layer, head), the position of the other word it attends to most (`attended`, from
-# `most_attended_words`). One pass over the run computes them (queries/summary.py); a query then reads a few
-# kilobytes per example instead of every map.
+# `most_attended_words`); and the example's counts, what a query adds: `hits` (KINDS, layer, head) mentions whose head
+# word attends most to an antecedent's, `baseline_hits` (KINDS, BASELINES) and `mentions` (KINDS,) the mentions judged
+# (those with an antecedent in the window and a head word with a unit). Antecedents are found within the example (a
+# window), so the counts add over examples. One pass over the run computes them (queries/summary.py); the kind's
+# range reduction adds the counts of each range of examples, so a whole-run query adds ~2,000 rows at 8 M examples.
 
 
 def _mention_argmax_prepare(store: Store, info, examples=None):
     table = store.token_table(info.id, examples)[["example", "word_position"]]
     tokens = {int(k): g["word_position"] for k, g in table.groupby("example")}
-    heads = {int(k): np.unique(g["head"].to_numpy(dtype=np.int64)) for k, g in store.mention_table(info.id, examples).groupby("example")}
-    return tokens, heads, (info.n_layers, info.n_heads)
+    mentions = store.mention_table(info.id, examples).sort_values(["example", "doc_order"], kind="stable")
+    records = [dict(zip(mentions.columns, row)) for row in zip(*(mentions[c].tolist() for c in mentions.columns))]
+    by_example = {e: records[rows] for e, rows in _by_example(mentions).items()}  # per example, in document order
+    words = store.word_table(info.id, sorted(by_example)) if by_example else None  # the baselines compare mention words
+    forms: dict[int, tuple[list[str], list]] = {}
+    if words is not None:
+        lower, feats = words["form"].str.lower().tolist(), words["feats"].tolist()
+        forms = {e: (lower[rows], feats[rows]) for e, rows in _by_example(words).items()}
+    return tokens, by_example, forms, (info.n_layers, info.n_heads)
 
 
 def _mention_argmax_reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
-    tokens, heads, shape = context
+    tokens, mentions, forms, shape = context
     units = units_of(tokens[example])
     words = units.word[units.is_word]
-    rows = np.flatnonzero(np.isin(words, heads.get(example, ())))
+    found = mentions.get(example, [])
+    rows = np.flatnonzero(np.isin(words, [m["head"] for m in found]))
     attended = np.zeros((0, *shape), dtype=np.int32)
     if rows.size:
         pred, unit_words = most_attended_words(maps, units)
         chosen = pred[:, :, rows]
         named = np.where(chosen >= 0, unit_words[np.maximum(chosen, 0)], -1)  # -1: no prediction (a tie, or all 0)
         attended = np.moveaxis(named, -1, 0).astype(np.int32)  # (mention heads, layer, head)
-    return {"word": words[rows].astype(np.int32), "attended": attended}
+    positions = words[rows].astype(np.int32)
+    hits, baseline_hits, judged = _mention_counts(found, forms.get(example), positions, attended, shape)
+    return {"word": positions, "attended": attended, "hits": hits, "baseline_hits": baseline_hits, "mentions": judged}
 
 
-# version 2: a tie or a row of zeros predicts nothing (-1), the rule `dependency` follows; version 1 took the first index
+def _mention_counts(mentions: list[dict], words, positions: np.ndarray, attended: np.ndarray, shape) -> tuple[np.ndarray, ...]:
+    """One example's counts (see above) from its mentions in document order, its words' lowercased forms and features
+    (`words`; the baselines compare them), and the attended word of each mention head word with a unit (`positions`)."""
+    hits = np.zeros((len(KINDS), *shape), dtype=np.int32)
+    baseline_hits = np.zeros((len(KINDS), len(BASELINES)), dtype=np.int32)
+    judged = np.zeros(len(KINDS), dtype=np.int32)
+    row_of = {int(p): r for r, p in enumerate(positions.tolist())}
+    earlier: list[dict] = []  # the mentions so far, in document order
+    orders: list[int] = []
+    for m in mentions:
+        forms, feats = words
+        text = " ".join(forms[m["word_start"] : m["word_end"]])
+        m = dict(m, head_form=forms[m["head"]], text=text, feats=_feats(feats[m["head"]]))
+        before = earlier[: bisect_left(orders, m["doc_order"])]
+        antecedents = [c for c in before if c["entity"] == m["entity"]]
+        earlier.append(m)
+        orders.append(m["doc_order"])
+        if not antecedents or m["head"] not in row_of:
+            continue
+        k = KINDS.index(m["kind"])
+        targets = np.array([a["head"] for a in antecedents if a["head"] in row_of])
+        hits[k] += (attended[row_of[m["head"]]][..., None] == targets).any(-1)  # the head attends most to an antecedent's
+        for b, pick in enumerate(baseline_picks(m, before)):
+            baseline_hits[k, b] += pick is not None and pick["entity"] == m["entity"]
+        judged[k] += 1
+    return hits, baseline_hits, judged
+
+
+def _mention_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A range's counts: the examples' `hits`, `baseline_hits` and `mentions` summed (float64, exact)."""
+    return {name: part[name].sum(0, dtype=np.float64) for name in ("hits", "baseline_hits", "mentions")}
+
+
+# version 2: a tie or a row of zeros predicts nothing (-1), the rule `dependency` follows; version 1 took the first index;
+# version 3: each example's counts kept beside its predictions, and added per range
 MENTION_ARGMAX = register_kind(
-    SummaryKind("mention_argmax", 2, _mention_argmax_prepare, _mention_argmax_reduce, ragged=("word", "attended"), threads=True)
+    SummaryKind(
+        "mention_argmax",
+        3,
+        _mention_argmax_prepare,
+        _mention_argmax_reduce,
+        ragged=("word", "attended"),
+        totals=_mention_totals,
+        threads=True,
+    )
 )
-
-# A source of predictions yields, per example with mentions: (example, ids, rows, predictions): `ids` maps the
-# position of each word with a unit (at least every mention head's) to what `predictions[rows[position]]`, a
-# (layer, head) array, names the attended word by (a unit index, or the word's position when kept).
-Predictions = Iterator[tuple[int, dict[int, int], dict[int, int], np.ndarray]]
-
-
-def _predictions(parts: Iterable[dict[str, np.ndarray]], wanted: Callable[[int], bool]) -> Predictions:
-    for arrays in parts:  # one part of the summary at a time
-        for i, example in enumerate(arrays["example"].tolist()):
-            if wanted(example):
-                positions = ragged_rows(arrays, "word", i).tolist()
-                yield example, {p: p for p in positions}, {p: r for r, p in enumerate(positions)}, ragged_rows(arrays, "attended", i)
 
 
 def _by_example(frame: pd.DataFrame) -> dict[int, slice]:
@@ -125,76 +167,23 @@ def _by_example(frame: pd.DataFrame) -> dict[int, slice]:
     return {int(example[a]): slice(int(a), int(b)) for a, b in zip(starts, ends) if b > a}
 
 
-class _RangeTables:
-    """The mentions (and, for the baselines, the words) of one range of examples at a time, in storage order: loaded
-    when the first example of the next range comes, so a run's tables are never held whole."""
-
-    def __init__(self, store: Store, info, ranges: list[np.ndarray], baselines: bool) -> None:
-        self.store, self.info, self.baselines = store, info, baselines
-        self.pending = iter(ranges)
-        self.members: set[int] = set()
-        self.mentions: dict[int, list[dict]] = {}  # per example, in document order
-        self.forms: list[str] = []
-        self.feats: list = []
-        self.word_rows: dict[int, slice] = {}
-
-    def _reach(self, example: int) -> None:
-        while example not in self.members:
-            part = next(self.pending)  # examples come in storage order, as the ranges do
-            self.members = set(part.tolist())
-            table = self.store.mention_table(self.info.id, part).sort_values(["example", "doc_order"], kind="stable")
-            records = [dict(zip(table.columns, row)) for row in zip(*(table[c].tolist() for c in table.columns))]
-            self.mentions = {e: records[rows] for e, rows in _by_example(table).items()}
-            if self.baselines:  # the baselines compare the mentions' words
-                words = self.store.word_table(self.info.id, part)  # sorted by example, position
-                self.forms, self.feats = words["form"].str.lower().tolist(), words["feats"].tolist()
-                self.word_rows = _by_example(words)
-
-    def has_mentions(self, example: int) -> bool:
-        self._reach(example)
-        return example in self.mentions
-
-
 def coreference_counts(store: Store, run, examples=None, baselines: bool = True, weights: str = "attention"):
     """(info, head hits (kinds, layer, head), baseline hits (kinds, baselines; zeros without `baselines`), mentions per kind).
 
-    The heads' predictions are the `MENTION_ARGMAX` summary (queries/summary.py: kept with the run, built by one
-    pass the first time).
+    Added from the `MENTION_ARGMAX` summary's counts (kept with the run, built by one pass the first time): for the whole
+    run its kept ranges' (O(ranges)), else each part's. A run without mentions is not passed over: nothing to count.
     """
     info = store.run_info(run)
-    ranges = storage_ranges(store, info, examples)  # NotFoundError naming asked-for examples the run lacks
-    any_mention = any(len(store.mention_table(info.id, part)) for part in ranges)  # stops at the first range with one
-    tables = _RangeTables(store, info, ranges, baselines)
     heads = np.zeros((len(KINDS), info.n_layers, info.n_heads))
     base = np.zeros((len(KINDS), len(BASELINES)))
     totals = np.zeros(len(KINDS))
-    # no mention: nothing worth a pass, and no map to read
-    predictions = (
-        _predictions(summary_parts(store, info, MENTION_ARGMAX, examples, weights=weights), tables.has_mentions)
-        if any_mention
-        else iter(())
-    )
-    for example, ids, rows, pred in predictions:
-        if baselines:
-            forms, feats = tables.forms[tables.word_rows[example]], tables.feats[tables.word_rows[example]]
-        found: list[dict] = []  # the mentions so far, in document order
-        orders: list[int] = []
-        for m in tables.mentions[example]:
-            if baselines:
-                text = " ".join(forms[m["word_start"] : m["word_end"]])
-                m = dict(m, head_form=forms[m["head"]], text=text, feats=_feats(feats[m["head"]]))
-            earlier = found[: bisect_left(orders, m["doc_order"])]
-            antecedents = [c for c in earlier if c["entity"] == m["entity"]]
-            found.append(m)
-            orders.append(m["doc_order"])
-            if not antecedents or m["head"] not in ids:
-                continue
-            k = KINDS.index(m["kind"])
-            targets = np.array([ids[a["head"]] for a in antecedents if a["head"] in ids])
-            heads[k] += (pred[rows[m["head"]]][..., None] == targets).any(-1)  # the head attends most to an antecedent's
-            for b, pick in enumerate(baseline_picks(m, earlier) if baselines else ()):
-                base[k, b] += pick is not None and pick["entity"] == m["entity"]
-            totals[k] += 1
+    kept = examples is None and is_kept(store, info, MENTION_ARGMAX, weights=weights)
+    # otherwise stop at the first range with a mention; NotFoundError naming asked-for examples the run lacks
+    if kept or any(len(store.mention_table(info.id, part)) for part in storage_ranges(store, info, examples)):
+        counts = summary_totals(store, info, MENTION_ARGMAX, examples, weights=weights)
+        if counts:
+            heads, totals = counts["hits"], counts["mentions"]
+            base = counts["baseline_hits"] if baselines else base
     return info, heads, base, totals
 
 

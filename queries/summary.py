@@ -410,6 +410,13 @@ def summarise_on(
     yield from map_ranges(spec, store, examples, _summarise_range, (info.id, kind.name, kind.bind(params)), SUMMARY_RANGE)
 
 
+def is_kept(store: Store, info: RunInfo, kind: SummaryKind, **params) -> bool:
+    """Whether the kind's summary of the run is kept and current (its stamp matches): nothing is read but its stamp."""
+    params = kind.bind(params)
+    stamp = kind.stamp(committed_state(store, info, kind, params), params)
+    return store.run_summary_parts(info.id, kind.key(params), stamp) is not None
+
+
 def _built_parts(store: Store, info: RunInfo, kind: SummaryKind, order: np.ndarray, params: dict) -> Iterator[dict]:
     """The kind's summary of `order` (storage order), part by part: on the Dask scheduler in effect, or range by range here."""
     from .scheduler import current_scheduler

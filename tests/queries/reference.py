@@ -26,7 +26,7 @@ from attnstore.queries import head_clusters as head_clusters_module
 from attnstore.queries import patterns as patterns_module
 from attnstore.queries import run_query
 from attnstore.queries.common import is_causal, per_head_frame, safe_divide, token_flags
-from attnstore.queries.coreference import BASELINES, KINDS, _feats, _RangeTables, baseline_picks
+from attnstore.queries.coreference import BASELINES, KINDS, _by_example, _feats, baseline_picks
 from attnstore.queries.dependency import OFFSETS, POSS_RELATIONS, POSSESSIVE_MARKERS, DependencyCounts, _empty_counts, word_predictions
 from attnstore.queries.errors import InvalidArgumentError
 from attnstore.queries.feature_attention import feature_masks, long_frame, parse_features
@@ -475,6 +475,36 @@ def frame_head_scores(store, run, examples=None, filters: FrameFilters | None = 
             f"no FrameNet sentence of run {info.name!r} passes the filters ({f.describe()}); annotation sets left after each step: {steps}"
         )
     return info, total / n, n, counts
+
+
+class _RangeTables:
+    """The mentions (and, for the baselines, the words) of one range of examples at a time, in storage order: loaded
+    when the first example of the next range comes, so a run's tables are never held whole."""
+
+    def __init__(self, store, info, ranges: list[np.ndarray], baselines: bool) -> None:
+        self.store, self.info, self.baselines = store, info, baselines
+        self.pending = iter(ranges)
+        self.members: set[int] = set()
+        self.mentions: dict[int, list[dict]] = {}  # per example, in document order
+        self.forms: list[str] = []
+        self.feats: list = []
+        self.word_rows: dict[int, slice] = {}
+
+    def _reach(self, example: int) -> None:
+        while example not in self.members:
+            part = next(self.pending)  # examples come in storage order, as the ranges do
+            self.members = set(part.tolist())
+            table = self.store.mention_table(self.info.id, part).sort_values(["example", "doc_order"], kind="stable")
+            records = [dict(zip(table.columns, row)) for row in zip(*(table[c].tolist() for c in table.columns))]
+            self.mentions = {e: records[rows] for e, rows in _by_example(table).items()}
+            if self.baselines:  # the baselines compare the mentions' words
+                words = self.store.word_table(self.info.id, part)  # sorted by example, position
+                self.forms, self.feats = words["form"].str.lower().tolist(), words["feats"].tolist()
+                self.word_rows = _by_example(words)
+
+    def has_mentions(self, example: int) -> bool:
+        self._reach(example)
+        return example in self.mentions
 
 
 def coreference_counts(store, run, examples=None, baselines: bool = True, weights: str = "attention"):

@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from attnstore.queries import run_query, summary
-from attnstore.queries.coreference import choose_antecedent, coreference_counts
+from attnstore.queries.coreference import MENTION_ARGMAX, choose_antecedent, coreference_counts
 from attnstore.tests.queries import helpers, reference
 
 TOKENS = ["[CLS]", "anna", "met", "bob", "she", "smiled", "[SEP]"]
@@ -171,7 +171,7 @@ def test_kept_predictions_give_the_naive_counts_exactly(store, kept_run, monkeyp
 def test_predictions_are_kept_with_the_run_read_without_decoding_maps_and_rebuilt_once_it_grew(store, kept_run, monkeypatch):
     first = run_query(store, "coreference_summary", run=kept_run)
     group = helpers.summary_group(store, kept_run, "mention_argmax")
-    assert group.attrs["stamp"] == {"version": 2, "n_examples": 8}
+    assert group.attrs["stamp"] == {"version": 3, "n_examples": 8}
     heads = [{m["head"] for m in e[4]} & set(e[2]) for e in map(kept_example, range(8))]  # mention heads with a piece
     assert group["word"][:].tolist() == [h for e in heads for h in sorted(e)]
     assert group["attended"].shape == (sum(map(len, heads)), 2, 3)
@@ -202,7 +202,8 @@ def test_a_run_without_mentions_reads_no_map(store, make_run, monkeypatch):
 
 
 def test_mentions_words_and_tokens_are_read_one_range_at_a_time(store, kept_run, monkeypatch):
-    expected = coreference_counts(store, kept_run)
+    """The pass that keeps the counts reads each range's rows; once they are kept, a whole-run call reads none."""
+    expected = reference.coreference_counts(store, kept_run)
     monkeypatch.setattr(summary, "SUMMARY_RANGE", 3)  # 8 examples: ranges of 3, 3 and 2
     asked = []
     for table in ("word_table", "mention_table", "token_table", "token_roles"):
@@ -215,3 +216,8 @@ def test_mentions_words_and_tokens_are_read_one_range_at_a_time(store, kept_run,
         monkeypatch.setattr(type(store), table, recording)
     assert_same(coreference_counts(store, kept_run), expected)
     assert asked and None not in asked and max(asked) <= 3  # never the whole run's rows
+    asked.clear()
+    assert summary.kept_ranges(store, store.run_info(kept_run), MENTION_ARGMAX).n == 3
+    monkeypatch.setattr(summary, "summary_parts", lambda *a, **k: pytest.fail("read per-example fields"))
+    assert_same(coreference_counts(store, kept_run), expected)  # the kept ranges' counts added
+    assert asked == []
