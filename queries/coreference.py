@@ -140,8 +140,8 @@ def _mention_counts(mentions: list[dict], words, positions: np.ndarray, attended
 
 
 def _mention_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A range's counts: the examples' `hits`, `baseline_hits` and `mentions` summed (float64, exact)."""
-    return {name: part[name].sum(0, dtype=np.float64) for name in ("hits", "baseline_hits", "mentions")}
+    """A range's counts: the examples' `hits`, `baseline_hits` and `mentions` summed (int64)."""
+    return {name: part[name].sum(0, dtype=np.int64) for name in ("hits", "baseline_hits", "mentions")}
 
 
 # version 2: a tie or a row of zeros predicts nothing (-1), the rule `dependency` follows; version 1 took the first index;

@@ -206,8 +206,8 @@ def _decode_labels(chars: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, 
 
 
 def _per_bucket(hit: np.ndarray, first: np.ndarray, present: np.ndarray, n_buckets: int) -> np.ndarray:
-    """Sums of `hit` (edges sorted by bucket, ...) per bucket, starting at rows `first`, as (..., n_buckets) floats."""
-    out = np.zeros((n_buckets, *hit.shape[1:]))
+    """Sums of `hit` (edges sorted by bucket, ...) per bucket, starting at rows `first`, as (..., n_buckets) counts."""
+    out = np.zeros((n_buckets, *hit.shape[1:]), dtype=np.int64)
     if len(hit):
         out[present] = np.add.reduceat(hit.view(np.uint8), first, axis=0, dtype=np.int32)
     return np.moveaxis(out, 0, -1)
@@ -291,19 +291,19 @@ def _count_kept(arrays: dict[str, np.ndarray], poss_apostrophe: bool) -> tuple[l
     hits[:, 2] = (of_head == (judged - unit_first[judged])[:, None, None]) & has_head
     none[:, 2] = (of_head < 0) | ~has_head
     correct = _per_bucket(hits, starts, present, n_rel + 1)  # (JUDGED, layer, head, bucket)
-    edges = np.bincount(bucket, minlength=n_rel + 1).astype(np.float64)
-    baseline = np.zeros((len(OFFSETS), n_rel + 1))  # the fixed-offset baseline, clamped to the sentence
+    edges = np.bincount(bucket, minlength=n_rel + 1)
+    baseline = np.zeros((len(OFFSETS), n_rel + 1), dtype=np.int64)  # the fixed-offset baseline, clamped to the sentence
     for k, off in enumerate(OFFSETS):
         target = judged_pos + off
         pred = np.where(target < first, -1, np.minimum(target, last))
-        baseline[k] = np.bincount(bucket, weights=pred == h_pos, minlength=n_rel + 1)
+        baseline[k] = np.bincount(bucket[pred == h_pos], minlength=n_rel + 1)
     return relations, {
         "correct": correct[..., :n_rel],
         "edges": edges[:n_rel],
         "baseline": baseline[:, :n_rel],
         "root_words": edges[n_rel],
         "baseline_root": baseline[:, n_rel],
-        "none": none.sum(0).astype(np.float64),
+        "none": none.sum(0),
     }
 
 
@@ -314,7 +314,9 @@ def _word_argmax_totals(part: dict[str, np.ndarray], labels: list[str]) -> dict[
     """A range's counts on the run's relations (`labels`, sorted), for both `poss_apostrophe` settings and every judged
     direction (the counts a dependency query takes, whatever its parameters): `edges` (relation,) and `root_words`, and
     per setting S `correct.S` (JUDGED, layer, head, relation), `none.S` (JUDGED, layer, head), `baseline.S` (offset,
-    relation), `baseline_root.S` (offset,). The edges, like the root words, do not depend on the setting."""
+    relation), `baseline_root.S` (offset,). The edges, like the root words, do not depend on the setting. Counts of
+    one range fit int32 (at most its words): half the bytes a whole-run query reads (`summary_totals` adds them as
+    int64)."""
     index = {label: i for i, label in enumerate(labels)}
     out: dict[str, np.ndarray] = {}
     for poss_apostrophe, setting in POSS.items():
@@ -326,13 +328,14 @@ def _word_argmax_totals(part: dict[str, np.ndarray], labels: list[str]) -> dict[
             )
         at = [index[r] for r in relations]
         for name in ("correct", "baseline"):
-            spread = np.zeros((*counts[name].shape[:-1], len(labels)))
+            spread = np.zeros((*counts[name].shape[:-1], len(labels)), dtype=np.int32)
             spread[..., at] = counts[name]
             out[f"{name}.{setting}"] = spread
-        out[f"baseline_root.{setting}"], out[f"none.{setting}"] = counts["baseline_root"], counts["none"]
-        out["edges"] = np.zeros(len(labels))
+        out[f"baseline_root.{setting}"] = counts["baseline_root"].astype(np.int32)
+        out[f"none.{setting}"] = counts["none"].astype(np.int32)
+        out["edges"] = np.zeros(len(labels), dtype=np.int32)
         out["edges"][at] = counts["edges"]
-        out["root_words"] = np.asarray(counts["root_words"])
+        out["root_words"] = np.asarray(counts["root_words"], dtype=np.int64)
     return out
 
 

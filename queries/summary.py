@@ -538,9 +538,15 @@ def _whole(kept: SummaryRanges | None, n_examples: int, kind: SummaryKind) -> Su
     return kept
 
 
+def _widened(values: np.ndarray) -> np.ndarray:
+    """Integer totals (counts, kept as int32 where a range's fit) added as int64: a whole run's never overflow."""
+    values = np.asarray(values)
+    return values.astype(np.int64) if values.dtype.kind in "iu" and values.dtype != np.int64 else values
+
+
 def add_totals(a: dict[str, np.ndarray] | None, b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Two consecutive ranges' totals -> theirs together (a None: b)."""
-    return dict(b) if a is None else {name: a[name] + b[name] for name in a}
+    """Two consecutive ranges' totals -> theirs together (a None: b); integer ones as int64."""
+    return {name: _widened(v) for name, v in b.items()} if a is None else {name: a[name] + _widened(b[name]) for name in a}
 
 
 def summary_totals(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None, **params) -> dict[str, np.ndarray]:
@@ -574,12 +580,18 @@ def _added_ranges(kept: SummaryRanges) -> dict[str, np.ndarray] | None:
     for start in range(0, kept.n, RANGE_BLOCK):
         block = kept.block(start, min(start + RANGE_BLOCK, kept.n))
         block.pop("range_examples")  # each range's count of examples (store/arrays.py; the totals carry their own)
-        # range after range, as the parts' totals are added: out + t0 + t1 + ... (accumulate is sequential)
-        out = {
-            name: np.add.accumulate(values if out is None else np.concatenate([out[name][None], values]), axis=0)[-1]
-            for name, values in block.items()
-        }
+        out = {name: _block_sum(None if out is None else out[name], values) for name, values in block.items()}
     return out
+
+
+def _block_sum(before: np.ndarray | None, values: np.ndarray) -> np.ndarray:
+    """`before` plus a block of ranges' rows of one field. Floats range after range, as the parts' totals are added:
+    before + t0 + t1 + ... (accumulate is sequential), so both routes round alike; integers (exact in any order) summed
+    at once as int64, ~10x faster for the dependency kind's counts."""
+    if values.dtype.kind in "iu":
+        total = values.sum(0, dtype=np.int64)
+        return total if before is None else before + total
+    return np.add.accumulate(values if before is None else np.concatenate([before[None], values]), axis=0)[-1]
 
 
 # ---------------------------------------------------------------- Clark et al.'s standard statistics
