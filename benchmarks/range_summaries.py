@@ -1,8 +1,8 @@
 """Benchmark: whole-run `relative_position`, `special_tokens` and `entropy` (and with --kinds, the queries of the other
 kinds with range reductions: `head_roles`, `rollout`, `feature_attention`, `cls_feature_attention`, `token_to_token`,
-`norm_attention`, `head_distances`, on a treebank run `dependency` and `dependency_summary`, on a coreference run
-`coreference` and `coreference_summary`) on kept range reductions against the per-example path, from a real run to
-millions of examples (issue 29: < 1 s at 8 M examples, peak memory flat).
+`norm_attention`, `head_distances`; on a treebank run `dependency`, `dependency_summary`, `head_trees` and
+`head_trees_summary`; on a coreference run `coreference` and `coreference_summary`) on kept range reductions against
+the per-example path, from a real run to millions of examples (issue 29: < 1 s at 8 M examples, peak memory flat).
 
     python benchmarks/range_summaries.py --source /work/stores/range/data --run MRPC-dev \\
         --factors 1 16 256 4096 20000 65536 --per-example-up-to 20000 --home /work/stores/range/bench \\
@@ -24,9 +24,10 @@ For each factor F a store of N = F x (the run's examples) is made SYNTHETICALLY 
            the rows repeat with period n, chunk j holds what chunk j mod (n / gcd(n, 4096)) holds, and is a hard link
            to it: the per-example path reads and decodes every one of the N examples' rows, from few distinct files
            (so mostly from the page cache: a store of real, distinct examples would read more from disk).
-           A ragged kind (`word_argmax`, `mention_argmax`: rows per word) cannot be linked chunk by chunk: its rows are written whole at
-           the sizes where the per-example path is timed (--per-example-up-to), else only the first range's and the
-           example column (all the range path reads; the per-example path is not timed there).
+           A ragged kind (`word_argmax`, `mention_argmax`, `head_trees`: rows per word or edge) cannot be linked
+           chunk by chunk: its rows are written whole at the sizes where the per-example path is timed
+           (--per-example-up-to), else only the first range's and the example column (all the range path reads; the
+           per-example path is not timed there).
   ranges   `summary/<kind>/ranges/`: each range's reduction, computed by the kind's own `totals` from those rows (on
            the run's relations, for `word_argmax`).
 
@@ -63,6 +64,7 @@ KIND_QUERIES = {
     "norm_classes": ("norm_attention",),
     "head_js": ("head_distances",),
     "word_argmax": ("dependency", "dependency_summary"),  # a treebank run (e.g. --dataset ud/en_ewt:dev)
+    "head_trees": ("head_trees", "head_trees_summary"),  # a treebank run
     "mention_argmax": ("coreference", "coreference_summary"),  # a coreference run (--dataset gum/ontogum:dev)
 }  # attribution_tau (attention_attribution) has ranges too, but needs a fine-tuned classifier's run and its saliency
 QUERIES = KIND_QUERIES["clark"]  # set from --kinds in main()

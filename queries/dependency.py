@@ -310,6 +310,19 @@ def _count_kept(arrays: dict[str, np.ndarray], poss_apostrophe: bool) -> tuple[l
 POSS = {True: "poss", False: "plain"}  # the totals' fields for poss_apostrophe true / false
 
 
+def relation_columns(labels: list[str], relations: list[str]) -> list[int]:
+    """The column of each of `relations` (kept with a range's trees) among the run's relations in SQL (`labels`, a
+    kind's labels: read from the same SQL rows before the pass); DamagedDataError where one is missing (the words
+    changed in SQL after the trees were kept)."""
+    index = {label: i for i, label in enumerate(labels)}
+    unknown = sorted(set(relations) - set(index))
+    if unknown:
+        raise DamagedDataError(
+            f"relation(s) {unknown} of kept dependency trees are not among the run's relations in SQL; re-ingest the run"
+        )
+    return [index[r] for r in relations]
+
+
 def _word_argmax_totals(part: dict[str, np.ndarray], labels: list[str]) -> dict[str, np.ndarray]:
     """A range's counts on the run's relations (`labels`, sorted), for both `poss_apostrophe` settings and every judged
     direction (the counts a dependency query takes, whatever its parameters): `edges` (relation,) and `root_words`, and
@@ -317,16 +330,10 @@ def _word_argmax_totals(part: dict[str, np.ndarray], labels: list[str]) -> dict[
     relation), `baseline_root.S` (offset,). The edges, like the root words, do not depend on the setting. Counts of
     one range fit int32 (at most its words): half the bytes a whole-run query reads (`summary_totals` adds them as
     int64)."""
-    index = {label: i for i, label in enumerate(labels)}
     out: dict[str, np.ndarray] = {}
     for poss_apostrophe, setting in POSS.items():
         relations, counts = _count_kept(part, poss_apostrophe)
-        unknown = sorted(set(relations) - set(index))
-        if unknown:  # the kept trees were read from the same SQL rows as the relations: the words changed in between
-            raise DamagedDataError(
-                f"relation(s) {unknown} of kept dependency trees are not among the run's relations in SQL; re-ingest the run"
-            )
-        at = [index[r] for r in relations]
+        at = relation_columns(labels, relations)
         for name in ("correct", "baseline"):
             spread = np.zeros((*counts[name].shape[:-1], len(labels)), dtype=np.int32)
             spread[..., at] = counts[name]

@@ -25,6 +25,7 @@ from attnstore.queries import frame_heads as frame_heads_module
 from attnstore.queries import head_clusters as head_clusters_module
 from attnstore.queries import patterns as patterns_module
 from attnstore.queries import run_query
+from attnstore.queries import trees as trees_module
 from attnstore.queries.common import is_causal, per_head_frame, safe_divide, token_flags
 from attnstore.queries.coreference import BASELINES, KINDS, _by_example, _feats, baseline_picks
 from attnstore.queries.dependency import OFFSETS, POSS_RELATIONS, POSSESSIVE_MARKERS, DependencyCounts, _empty_counts, word_predictions
@@ -34,8 +35,9 @@ from attnstore.queries.frame_heads import FILTER_STEPS, FRAMES_SQL, FrameFilters
 from attnstore.queries.head_clusters import js_upper, square
 from attnstore.queries.patterns import SCORES, pattern_scores, token_layout
 from attnstore.queries.run_similarity import cosine, shared_examples
-from attnstore.queries.summary import ranged_maps, storage_ranges
+from attnstore.queries.summary import ranged_maps, storage_ranges, summary
 from attnstore.queries.token_to_token import parse_relations, relation_units
+from attnstore.queries.trees import HEAD_TREES
 from attnstore.queries.word_level import units_of, word_level
 
 
@@ -538,6 +540,27 @@ def coreference_counts(store, run, examples=None, baselines: bool = True, weight
     return info, heads, base, totals
 
 
+def tree_counts(store, run, examples=None, specials: str = "exclude", weights: str = "attention"):
+    """`head_trees`' counts per relation added edge by edge from the kind's per-example fields (read whole), in the
+    order the query added them before its range reduction: its combining step's reference (the per-example fields
+    themselves are checked against networkx and by hand in tests/queries/test_trees.py)."""
+    info = store.run_info(run)
+    fields = summary(store, info, HEAD_TREES, examples, specials=specials, weights=weights)
+    counts: dict[str, list] = {}
+    if "hits" in fields:
+        ends = np.cumsum(fields["relation_bytes"])
+        raw = fields["relation"].tobytes()
+        relations = [raw[e - n : e].decode("utf-8") for e, n in zip(ends, fields["relation_bytes"])]
+        for row, relation in enumerate(relations):
+            entry = counts.setdefault(relation, [0, np.zeros((2, info.n_layers, info.n_heads)), 0])
+            entry[0] += 1
+            entry[1] += fields["hits"][row]
+            entry[2] += int(fields["chain"][row])
+    if not counts:
+        raise InvalidArgumentError(f"run {info.name!r} has no gold dependency trees to score (ingest a treebank such as ud/en_ewt)")
+    return info, dict(sorted(counts.items()))
+
+
 # ---------------------------------------------------------------- any query by name
 
 _FRAMES = {"relative_position": relative_position, "special_tokens": special_tokens, "entropy": entropy}
@@ -553,6 +576,8 @@ _PATCHED = {
     "coreference_summary": [(coreference_module, "coreference_counts", coreference_counts)],
     "frame_heads": [(frame_heads_module, "frame_head_scores", frame_head_scores)],
     "frame_heads_top": [(frame_heads_module, "frame_head_scores", frame_head_scores)],
+    "head_trees": [(trees_module, "tree_counts", tree_counts)],
+    "head_trees_summary": [(trees_module, "tree_counts", tree_counts)],
     "pattern_classes": [(patterns_module, "summary", pattern_scores_of)],
     "pattern_heads": [(patterns_module, "summary", pattern_scores_of)],
     "pattern_proportions": [(patterns_module, "summary", pattern_scores_of)],

@@ -1,11 +1,13 @@
-"""Range reductions of the Kovaleva, Kobayashi, Jain & Wallace, head-distance and dependency kinds (queries/summary.py
-`summary_totals`): a whole-run `feature_attention`, `cls_feature_attention`, `token_to_token`, `norm_attention`,
-`head_distances`, `head_clusters`, `attention_attribution`, `dependency` or `dependency_summary` adds its kind's totals
-kept per range of examples instead of every example's fields. The range path against the per-example path (relative
-1e-12, the Clark kind's tolerance in tests/queries/test_range_totals.py), and no per-example field read once the ranges
-are kept. The exact values of each query on hand-built maps (tests/queries/test_kovaleva_*.py, test_value_norms.py,
-test_attribution.py, test_head_clusters.py, test_dependency.py) go through the range path too: a whole-run query reads
-its ranges."""
+"""Range reductions of the Kovaleva, Kobayashi, Jain & Wallace, head-distance, dependency and tree kinds
+(queries/summary.py `summary_totals`): a whole-run `feature_attention`, `cls_feature_attention`, `token_to_token`,
+`norm_attention`, `head_distances`, `head_clusters`, `attention_attribution`, `dependency`, `dependency_summary`,
+`head_trees` or `head_trees_summary` adds its kind's totals kept per range of examples instead of every example's
+fields. The range path against the per-example path (relative 1e-12, the Clark kind's tolerance in
+tests/queries/test_range_totals.py), and no per-example field read once the ranges are kept. The exact values of each
+query on hand-built maps (tests/queries/test_kovaleva_*.py, test_value_norms.py, test_attribution.py,
+test_head_clusters.py, test_dependency.py, test_trees.py) go through the range path too: a whole-run query reads its
+ranges."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,6 +21,7 @@ from attnstore.queries.head_clusters import HEAD_JS
 from attnstore.queries.norm_attention import NORM_CLASSES
 from attnstore.queries.summary import kept_ranges
 from attnstore.queries.token_to_token import KOVALEVA_RELATIONS
+from attnstore.queries.trees import HEAD_TREES
 from attnstore.tests.queries import reference
 from attnstore.tests.queries.helpers import random_maps, write_saliency
 from attnstore.tests.queries.test_kovaleva_token_to_token import TOKENS_A, TOKENS_B, TOKENS_C, TW_A, TW_B, TW_C, WORDS_A, WORDS_B, WORDS_C
@@ -47,8 +50,14 @@ CASES = [
     ("dependency", {"min_count": 1, "head2dep": "direct", "poss_apostrophe": False}),
     ("dependency", {"min_count": 1, "weights": "norm"}),
     ("dependency_summary", {"min_count": 1, "direction": "each", "root_in_all": False}),
+    ("head_trees", {"min_count": 1}),
+    ("head_trees", {"min_count": 1, "specials": "include", "weights": "norm"}),
+    ("head_trees_summary", {"min_count": 1}),
 ]
-KINDS = [(KOVALEVA_FEATURES, {}), (KOVALEVA_RELATIONS, {}), (NORM_CLASSES, {}), (HEAD_JS, {}), (ATTRIBUTION_TAU, {}), (WORD_ARGMAX, {})]
+KINDS = [
+    *[(kind, {}) for kind in (KOVALEVA_FEATURES, KOVALEVA_RELATIONS, NORM_CLASSES, HEAD_JS, ATTRIBUTION_TAU, WORD_ARGMAX, HEAD_TREES)],
+    (HEAD_TREES, {"specials": "include", "weights": "norm"}),
+]
 
 
 @pytest.fixture
