@@ -346,7 +346,8 @@ def _word_argmax_totals(part: dict[str, np.ndarray], labels: list[str]) -> dict[
     return out
 
 
-def _run_relations(store: Store, info: RunInfo) -> list[str]:
+def run_relations(store: Store, info: RunInfo) -> list[str]:
+    """The labels of the kinds that count per dependency relation: the run's relations, from SQL."""
     return store.dependency_relations(info.id)
 
 
@@ -359,7 +360,7 @@ WORD_ARGMAX = register_kind(
         _word_argmax_reduce,
         ragged=("word", "argmax", "edge", "edge_label"),
         totals=_word_argmax_totals,
-        labels=_run_relations,
+        labels=run_relations,
         threads=True,
     )
 )

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .common import per_head_frame
-from .dependency import _decode_labels, relation_columns
+from .dependency import _decode_labels, relation_columns, run_relations
 from .errors import InvalidArgumentError
 from .registry import register
 from .summary import SummaryKind, register_kind, summary_totals
@@ -182,10 +182,6 @@ def _totals(part: dict[str, np.ndarray], labels: list[str]) -> dict[str, np.ndar
     return out
 
 
-def _run_relations(store: Store, info: RunInfo) -> list[str]:
-    return store.dependency_relations(info.id)
-
-
 # hits: (gold edges, method in METHODS order, layer, head); chain: (gold edges,); relation: the edges' relations as
 # UTF-8 bytes, concatenated, with their lengths in relation_bytes (both ragged). Its range reduction counts them per
 # relation of the run (the kind's labels, as `word_argmax`'s).
@@ -198,7 +194,7 @@ HEAD_TREES = register_kind(
         ragged=("hits", "chain", "relation", "relation_bytes"),
         defaults={"specials": "exclude"},
         totals=_totals,
-        labels=_run_relations,
+        labels=run_relations,
         threads=True,
     )
 )

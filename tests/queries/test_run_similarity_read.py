@@ -207,13 +207,13 @@ def test_the_pair_cache_is_saved_and_read_back_a_part_at_a_time(store, two_runs,
     saved = []
     original = type(store).save_run_summary_parts
 
-    def noting(self, run, name, parts, stamp, n_examples=None):
+    def noting(self, run, name, parts, stamp, n_examples=None, **ranged):
         def counted():
             for part in parts:
                 saved.append(len(part["example"]))
                 yield part
 
-        return original(self, run, name, counted(), stamp, n_examples)
+        return original(self, run, name, counted(), stamp, n_examples, **ranged)
 
     monkeypatch.setattr(type(store), "save_run_summary_parts", noting)
     assert run_query(store, "run_similarity", run=base, other=other, **case).equals(want)  # builds the cache, then reads it
