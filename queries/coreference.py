@@ -120,8 +120,8 @@ def _mention_counts(mentions: list[dict], words, positions: np.ndarray, attended
     row_of = {int(p): r for r, p in enumerate(positions.tolist())}
     earlier: list[dict] = []  # the mentions so far, in document order
     orders: list[int] = []
+    forms, feats = words if mentions else ([], [])  # an example with mentions has words
     for m in mentions:
-        forms, feats = words
         text = " ".join(forms[m["word_start"] : m["word_end"]])
         m = dict(m, head_form=forms[m["head"]], text=text, feats=_feats(feats[m["head"]]))
         before = earlier[: bisect_left(orders, m["doc_order"])]
