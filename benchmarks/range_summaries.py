@@ -1,8 +1,9 @@
 """Benchmark: whole-run `relative_position`, `special_tokens` and `entropy` (and with --kinds, the queries of the other
 kinds with range reductions: `head_roles`, `rollout`, `feature_attention`, `cls_feature_attention`, `token_to_token`,
-`norm_attention`, `head_distances`; on a treebank run `dependency`, `dependency_summary`, `head_trees` and
-`head_trees_summary`; on a coreference run `coreference` and `coreference_summary`) on kept range reductions against
-the per-example path, from a real run to millions of examples (issue 29: < 1 s at 8 M examples, peak memory flat).
+`norm_attention`, `head_distances`, `pattern_proportions` and `pattern_heads` over the whole run; on a treebank run
+`dependency`, `dependency_summary`, `head_trees` and `head_trees_summary`; on a coreference run `coreference` and
+`coreference_summary`) on kept range reductions against the per-example path, from a real run to millions of examples
+(issue 29: < 1 s at 8 M examples, peak memory flat).
 
     python benchmarks/range_summaries.py --source /work/stores/range/data --run MRPC-dev \\
         --factors 1 16 256 4096 20000 65536 --per-example-up-to 20000 --home /work/stores/range/bench \\
@@ -66,8 +67,10 @@ KIND_QUERIES = {
     "word_argmax": ("dependency", "dependency_summary"),  # a treebank run (e.g. --dataset ud/en_ewt:dev)
     "head_trees": ("head_trees", "head_trees_summary"),  # a treebank run
     "mention_argmax": ("coreference", "coreference_summary"),  # a coreference run (--dataset gum/ontogum:dev)
+    "pattern_scores": ("pattern_proportions", "pattern_heads"),  # over the whole run, not their default sample of 1,000
 }  # attribution_tau (attention_attribution) has ranges too, but needs a fine-tuned classifier's run and its saliency
 QUERIES = KIND_QUERIES["clark"]  # set from --kinds in main()
+QUERY_PARAMS = {"pattern_proportions": {"max_examples": None}, "pattern_heads": {"max_examples": None}}
 
 CHILD = r"""
 import json, sys, time
@@ -75,15 +78,15 @@ from attnstore.api.cli import bound_heap_growth
 bound_heap_growth()
 from attnstore.queries import run_query, summary
 from attnstore.store import open_store
-home, run, path, repeats, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+home, run, path, repeats, out, params = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6])
 summary.USE_RANGES = path == "range"
 store = open_store(home=home, read_only=True)
 times, frames = {}, {}
-for name in sys.argv[6:]:
+for name in sys.argv[7:]:
     best = []
     for _ in range(repeats):
         t = time.perf_counter()
-        frame = run_query(store, name, run=run)
+        frame = run_query(store, name, run=run, **params.get(name, {}))
         best.append(time.perf_counter() - t)
     times[name] = best
     frames[name] = frame.select_dtypes("number").drop(columns=["layer", "head"], errors="ignore").to_numpy(float).tolist()
@@ -109,7 +112,7 @@ def child(args: list[str], env: dict) -> float:
 def measure(home: Path, run: str, path: str, repeats: int, env: dict) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
-    wall = child([sys.executable, "-c", CHILD, str(home), run, path, str(repeats), out, *QUERIES], env)
+    wall = child([sys.executable, "-c", CHILD, str(home), run, path, str(repeats), out, json.dumps(QUERY_PARAMS), *QUERIES], env)
     result = json.loads(Path(out).read_text())
     os.unlink(out)
     return dict(times={k: min(v) for k, v in result["times"].items()}, frames=result["frames"], rss=result["peak_mib"], wall=wall)

@@ -73,7 +73,7 @@ from .pattern_metrics import (  # noqa: F401  (the metrics' names are re-exporte
     stratified_split,
 )
 from .registry import register
-from .summary import SummaryKind, register_kind, summary
+from .summary import SummaryKind, register_kind, summary, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -292,10 +292,18 @@ def _scores_reduce(layout, example: int, maps: np.ndarray) -> dict[str, np.ndarr
 
 # Each example's rule scores per (layer, head), kept with the run (queries/summary.py): pattern_classes,
 # pattern_proportions and pattern_heads (source "rules") then classify without decoding a map.
-PATTERN_SCORES = register_kind(SummaryKind("pattern_scores", 2, _scores_prepare, _scores_reduce, threads=True))
+def _scores_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A range's rule labels counted: `label_counts` (layer, head, class in CLASSES' order) and `examples`. Kept per range
+    (queries/summary.py), so pattern_proportions and pattern_heads over a whole run add a row per 4,096 examples."""
+    labels = labels_from_scores(part)  # (examples, layer, head)
+    counts = np.stack([(labels == c).sum(0, dtype=np.int32) for c in CLASSES], axis=-1)
+    return {"label_counts": counts, "examples": np.asarray(len(part["example"]), np.int64)}
 
 
-def sample_examples(store: Store, info, examples=None, max_examples: int = 1000, seed: int = 0) -> list[int]:
+PATTERN_SCORES = register_kind(SummaryKind("pattern_scores", 2, _scores_prepare, _scores_reduce, threads=True, totals=_scores_totals))
+
+
+def sample_examples(store: Store, info, examples=None, max_examples: int | None = 1000, seed: int = 0) -> list[int]:
     """Stored (not skipped) example positions, restricted to `examples`; a default_rng(seed) sample of
     `max_examples` when there are more (sorted)."""
     if max_examples is not None and max_examples < 1:
@@ -310,6 +318,18 @@ def sample_examples(store: Store, info, examples=None, max_examples: int = 1000,
     if max_examples is not None and len(positions) > max_examples:
         positions = np.sort(np.random.default_rng(seed).choice(positions, size=max_examples, replace=False))
     return [int(p) for p in positions]
+
+
+def rule_label_counts(store: Store, info, examples=None, max_examples: int | None = 1000, seed: int = 0) -> tuple[np.ndarray, int]:
+    """(layer, head, class) counts of the rule labels of the examples pattern_classes would label (the same sample), and
+    how many examples: added from the kept range counts when that is the whole run (no `examples`, and no more
+    examples than `max_examples`), else from the sample's kept scores."""
+    whole = examples is None and (max_examples is None or 1 <= max_examples and store.n_committed(info.id) <= max_examples)
+    chosen = None if whole else sample_examples(store, info, examples, max_examples, seed)
+    totals = summary_totals(store, info, PATTERN_SCORES, chosen) if chosen is None or chosen else {}
+    if not totals:
+        return np.zeros((info.n_layers, info.n_heads, len(CLASSES)), np.int64), 0
+    return totals["label_counts"], int(totals["examples"])
 
 
 def _check_source(source: str) -> None:
@@ -384,15 +404,20 @@ def pattern_proportions(
     stored in pattern_labels. At most `max_examples` examples (default_rng(seed) sample).
     """
     info = store.run_info(run)
-    labels = labels_of(store, info, source, examples, max_examples, seed)
-    counts = labels["label"].value_counts().reindex(list(CLASSES), fill_value=0)
+    if source == "rules":
+        by_head, n_examples = rule_label_counts(store, info, examples, max_examples, seed)
+        counts = pd.Series(by_head.sum((0, 1)), index=list(CLASSES))
+    else:
+        labels = labels_of(store, info, source, examples, max_examples, seed)
+        counts = labels["label"].value_counts().reindex(list(CLASSES), fill_value=0)
+        n_examples = labels["example"].nunique()
     total = int(counts.sum())
     return pd.DataFrame(
         dict(
             label=list(CLASSES),
             n_maps=counts.to_numpy(np.int64),
             fraction=counts.to_numpy(np.float64) / total if total else np.nan,
-            n_examples=labels["example"].nunique(),
+            n_examples=n_examples,
         )
     )
 
@@ -406,10 +431,14 @@ def pattern_heads(store: Store, *, run, source: str = "rules", examples=None, ma
     source as in pattern_proportions.
     """
     info = store.run_info(run)
-    labels = labels_of(store, info, source, examples, max_examples, seed)
-    table = pd.crosstab([labels["layer"], labels["head"]], labels["label"]).reindex(columns=list(CLASSES), fill_value=0)
     full = pd.MultiIndex.from_product([range(info.n_layers), range(info.n_heads)], names=["layer", "head"])
-    table = table.reindex(full, fill_value=0)
+    if source == "rules":
+        by_head, _ = rule_label_counts(store, info, examples, max_examples, seed)
+        table = pd.DataFrame(by_head.reshape(-1, len(CLASSES)).astype(np.int64), index=full, columns=list(CLASSES))
+    else:
+        labels = labels_of(store, info, source, examples, max_examples, seed)
+        table = pd.crosstab([labels["layer"], labels["head"]], labels["label"]).reindex(columns=list(CLASSES), fill_value=0)
+        table = table.reindex(full, fill_value=0)
     n = table.sum(axis=1)
     fractions = table.div(n.where(n > 0), axis=0)
     frame = fractions.reset_index()

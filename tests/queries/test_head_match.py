@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from attnstore.queries import run_query
@@ -289,3 +290,40 @@ def test_saved_matches_travel_in_a_bundle_with_both_runs(store, pair, tmp_path):
         assert moved.drop(columns=["run", "other"]).equals(store.head_matches(a).drop(columns=["run", "other"]))
     finally:
         copy.close()
+
+
+def test_whole_run_queries_add_kept_ranges_equal_to_example_by_example_sums(store, pair, monkeypatch):
+    """The pair's totals are kept per range (2 examples here: 4 ranges for 7); a whole-run query adds those rows, equal
+    to the per-example route and to sums taken one example at a time, and reads no example's matrices once they are kept.
+    """
+    from attnstore.queries import summary
+    from attnstore.queries.head_match import HEAD_MATCH
+
+    a, b, _ = pair
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 2)
+    first = [run_query(store, name, run=a, other=b) for name in ("head_match", "head_match_matrix")]
+    info = store.run_info(a)
+    kept = summary.kept_ranges(store, info, HEAD_MATCH, other=b)
+    assert kept is not None and kept.block(0, kept.n)["range_examples"].tolist() == [2, 2, 2, 1]
+    with monkeypatch.context() as m:
+        m.setattr(summary, "USE_RANGES", False)
+        per_example = [run_query(store, name, run=a, other=b) for name in ("head_match", "head_match_matrix")]
+    for got, want in zip(first, per_example):
+        pd.testing.assert_frame_equal(got, want, rtol=1e-12)
+    fields = summary.summary(store, info, HEAD_MATCH, other=b)  # sums one example at a time, as the query once took them
+    real, n_real, null, n_null = (np.zeros(fields["distance"].shape[1:]) for _ in range(4))
+    for r, s in zip(fields["distance"], fields["null"]):
+        seen, both = ~np.isnan(r), ~np.isnan(r) & ~np.isnan(s)
+        real, n_real = real + np.where(seen, r, 0), n_real + seen
+        null, n_null = null + np.where(both, s, 0), n_null + both
+    matrix = first[1]
+    np.testing.assert_allclose(matrix["distance"], (real / n_real).ravel(), rtol=1e-12)
+    np.testing.assert_allclose(matrix["null_mean"], (null / n_null).ravel(), rtol=1e-12)
+    assert len(fields["example"]) == 7 and (matrix["n_examples"] == 7).all()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a whole-run query read per-example fields although ranges are kept")
+
+    monkeypatch.setattr(summary, "summary_parts", refuse)
+    for name, want in zip(("head_match", "head_match_matrix"), first):
+        pd.testing.assert_frame_equal(run_query(store, name, run=a, other=b), want)

@@ -438,3 +438,29 @@ def test_kept_rule_scores_give_the_naive_frame(store, pattern_run, monkeypatch, 
     pd.testing.assert_frame_equal(kept_frame, naive)
     pd.testing.assert_frame_equal(again, naive)
     pd.testing.assert_frame_equal(heads, reference.query(store, "pattern_heads", run=pattern_run, **params))
+
+
+def test_whole_run_proportions_and_heads_add_kept_range_counts(store, pattern_run, monkeypatch):
+    """Over a whole run (no more examples than max_examples) the two queries add the rule labels counted per range (one
+    example per range here); equal to counting pattern_classes' labels, and no example's scores read once kept. A sample
+    (max_examples below the run's size) counts that sample's labels."""
+    from attnstore.queries import summary
+
+    monkeypatch.setattr(summary, "SUMMARY_RANGE", 1)
+    first = [run_query(store, name, run=pattern_run) for name in ("pattern_proportions", "pattern_heads")]
+    kept = summary.kept_ranges(store, store.run_info(pattern_run), P.PATTERN_SCORES)
+    assert kept is not None and kept.n == 2
+    assert kept.block(0, 2)["label_counts"].sum((1, 2)).tolist() == [[1, 1, 0, 0, 1], [1, 0, 1, 1, 0]]  # CLASSES' order
+    pd.testing.assert_frame_equal(first[1], reference.query(store, "pattern_heads", run=pattern_run))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a whole-run query read per-example fields although ranges are kept")
+
+    with monkeypatch.context() as m:
+        m.setattr(summary, "summary_parts", refuse)
+        for name, want in zip(("pattern_proportions", "pattern_heads"), first):
+            pd.testing.assert_frame_equal(run_query(store, name, run=pattern_run, max_examples=None), want)
+    sample = run_query(store, "pattern_classes", run=pattern_run, max_examples=1, seed=3)
+    shares = run_query(store, "pattern_proportions", run=pattern_run, max_examples=1, seed=3)
+    counted = sample["label"].value_counts().reindex(list(P.CLASSES), fill_value=0)
+    assert shares["n_maps"].tolist() == counted.tolist() and set(shares["n_examples"]) == {1}

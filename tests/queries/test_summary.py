@@ -71,6 +71,18 @@ def test_sums_are_kept_with_the_run_and_read_without_decoding_maps(store, run, m
     run_query(store, "relative_position", run=run, examples=[1])
 
 
+def test_examples_read_only_the_kept_parts_that_hold_them(store, run, monkeypatch):
+    """With ranges of 2 examples, `examples=[3]` reads the second part of the kept summary only (the first holds none)."""
+    from attnstore.store.arrays import SummaryParts
+
+    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", 2)
+    run_query(store, "entropy", run=run)  # keeps the summary
+    read, part = [], SummaryParts.part
+    monkeypatch.setattr(SummaryParts, "part", lambda self, start, stop: read.append((start, stop)) or part(self, start, stop))
+    same(run_query(store, "entropy", run=run, examples=[3]), reference.query(store, "entropy", run=run, examples=[3]))
+    assert read == [(2, 4)]
+
+
 def test_sums_of_a_run_that_has_grown_since_are_built_again(store, run, monkeypatch):
     run_query(store, "relative_position", run=run)
     group = zarr.open_group(store.locations.array_root, path="runs/sums/summary/clark", mode="r+")
