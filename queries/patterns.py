@@ -338,7 +338,9 @@ def _check_source(source: str) -> None:
 
 
 @register("pattern_classes", per_head=False)
-def pattern_classes(store: Store, *, run, examples=None, max_examples: int = 1000, seed: int = 0, save: bool = False) -> pd.DataFrame:
+def pattern_classes(
+    store: Store, *, run, examples=None, max_examples: int | None = 1000, seed: int = 0, save: bool = False
+) -> pd.DataFrame:
     """Rule-based attention-pattern class of every (example, layer, head) map (Kovaleva et al. Fig 1).
 
     Columns: example, layer, head, label (vertical, diagonal, vertical+diagonal, block,
@@ -377,7 +379,7 @@ def pattern_classes(store: Store, *, run, examples=None, max_examples: int = 100
     return frame
 
 
-def labels_of(store: Store, info, source: str, examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
+def labels_of(store: Store, info, source: str, examples=None, max_examples: int | None = 1000, seed: int = 0) -> pd.DataFrame:
     """Labels (example, layer, head, label) of a run from `source`: "rules" classifies now, any other
     source reads pattern_labels (over the same example sample)."""
     _check_source(source)
@@ -395,7 +397,7 @@ def labels_of(store: Store, info, source: str, examples=None, max_examples: int 
 
 @register("pattern_proportions", per_head=False)
 def pattern_proportions(
-    store: Store, *, run, source: str = "rules", examples=None, max_examples: int = 1000, seed: int = 0
+    store: Store, *, run, source: str = "rules", examples=None, max_examples: int | None = 1000, seed: int = 0
 ) -> pd.DataFrame:
     """Share of maps in each attention-pattern class over a run (Kovaleva et al. Fig 2's bars).
 
@@ -423,7 +425,9 @@ def pattern_proportions(
 
 
 @register("pattern_heads")
-def pattern_heads(store: Store, *, run, source: str = "rules", examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
+def pattern_heads(
+    store: Store, *, run, source: str = "rules", examples=None, max_examples: int | None = 1000, seed: int = 0
+) -> pd.DataFrame:
     """Per head, the share of its maps in each attention-pattern class, and its most frequent class.
 
     Columns: layer, head, vertical, diagonal, vertical+diagonal, block, heterogeneous (fractions of

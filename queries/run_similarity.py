@@ -19,7 +19,7 @@ import pandas as pd
 from .common import per_head_frame
 from .errors import InvalidArgumentError, NotFoundError
 from .registry import register
-from .summary import SummaryKind, register_kind, summary_parts
+from .summary import SummaryKind, kept_ranges, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -198,6 +198,11 @@ def _pair_reduce(context, example: int, pair: tuple[np.ndarray, np.ndarray]) -> 
     return {"cosine": cosine(*pair)}
 
 
+def _pair_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A range's cosines summed per head and its examples counted: what a whole-run run_similarity divides."""
+    return {"cosine": part["cosine"].sum(0), "examples": np.asarray(len(part["example"]), np.int64)}
+
+
 PAIR_COSINES = register_kind(
     SummaryKind(
         "pair_cosines",
@@ -209,32 +214,36 @@ PAIR_COSINES = register_kind(
         read=_pair_read,
         state=_pair_state,
         one_run=False,
+        totals=_pair_totals,
     )
 )
 
 
 @register("run_similarity")
-def run_similarity(store: Store, *, run, other: str | None = None, examples=None, max_examples: int = 1000, seed: int = 0) -> pd.DataFrame:
+def run_similarity(
+    store: Store, *, run, other: str | None = None, examples=None, max_examples: int | None = 1000, seed: int = 0
+) -> pd.DataFrame:
     """Kovaleva K3: per head, mean cosine similarity between the maps of two runs over the same examples.
 
     `other`: the run to compare with (required). Examples are matched by their stored id (both runs must be over the same dataset, and
     must have tokenised each compared example into the same token ids). At most
     `max_examples` shared examples are compared (a random sample drawn with `seed` when
-    there are more, as the paper sampled 1000 dev examples).
+    there are more, as the paper sampled 1000 dev examples; `None`: all). Over all of them (no `examples`, and no more
+    than `max_examples`) the cosines' sums kept per range of examples are added, without the runs' example rows.
     Columns: layer, head, similarity (mean over examples of the cosine of the two flattened
     L x L maps), n_examples.
     """
     if other is None:
         raise InvalidArgumentError("run_similarity compares two runs: name the other one, e.g. --param other=RUN")
     a, b = store.run_info(run), store.run_info(other)
-    shared = shared_examples(store, a, b, examples, max_examples, seed, check_tokens=False)
-    total = np.zeros((a.n_layers, a.n_heads))
-    n = 0
-    for part in summary_parts(store, a, PAIR_COSINES, shared["example"], other=b.name):  # in a's storage order
-        for row in part["cosine"]:
-            total += row
-            n += 1
-    frame = per_head_frame(a, similarity=total / n)
+    kept = kept_ranges(store, a, PAIR_COSINES, other=b.name) if examples is None else None  # built as before, once
+    if kept is not None and kept.n_examples() and (max_examples is None or kept.n_examples() <= max_examples):
+        totals = summary_totals(store, a, PAIR_COSINES, other=b.name)  # every shared example: the kept ranges added
+    else:
+        shared = shared_examples(store, a, b, examples, max_examples, seed, check_tokens=False)
+        totals = summary_totals(store, a, PAIR_COSINES, shared["example"], other=b.name)  # in a's storage order
+    n = int(totals["examples"])
+    frame = per_head_frame(a, similarity=totals["cosine"] / n)
     frame["n_examples"] = n
     frame.attrs["other"] = b.name
     return frame

@@ -460,6 +460,10 @@ def test_whole_run_proportions_and_heads_add_kept_range_counts(store, pattern_ru
         m.setattr(summary, "summary_parts", refuse)
         for name, want in zip(("pattern_proportions", "pattern_heads"), first):
             pd.testing.assert_frame_equal(run_query(store, name, run=pattern_run, max_examples=None), want)
+    from attnstore.queries.registry import coerce_params, get_query
+
+    for name in ("pattern_classes", "pattern_proportions", "pattern_heads"):  # --param max_examples=none: every example
+        assert coerce_params(get_query(name), {"max_examples": "none"}) == {"max_examples": None}
     sample = run_query(store, "pattern_classes", run=pattern_run, max_examples=1, seed=3)
     shares = run_query(store, "pattern_proportions", run=pattern_run, max_examples=1, seed=3)
     counted = sample["label"].value_counts().reindex(list(P.CLASSES), fill_value=0)
