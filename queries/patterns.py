@@ -73,7 +73,7 @@ from .pattern_metrics import (  # noqa: F401  (the metrics' names are re-exporte
     stratified_split,
 )
 from .registry import register
-from .summary import SummaryKind, register_kind, summary, summary_totals
+from .summary import SummaryKind, kept_order, register_kind, summary, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -305,16 +305,17 @@ PATTERN_SCORES = register_kind(SummaryKind("pattern_scores", 2, _scores_prepare,
 
 def sample_examples(store: Store, info, examples=None, max_examples: int | None = 1000, seed: int = 0) -> list[int]:
     """Stored (not skipped) example positions, restricted to `examples`; a default_rng(seed) sample of
-    `max_examples` when there are more (sorted)."""
+    `max_examples` when there are more (sorted). The positions come from the kept rule scores' example column where
+    they are kept (`kept_order`: no SQL stream of the run's storage order)."""
     if max_examples is not None and max_examples < 1:
         raise InvalidArgumentError(f"max_examples must be at least 1, not {max_examples}")
-    positions = np.sort(store.storage_order(info.id))
+    positions = np.sort(kept_order(store, info, PATTERN_SCORES, {}))
     if examples is not None:
-        wanted = set(int(e) for e in examples)
-        missing = wanted - set(positions.tolist())
-        if missing:
-            raise InvalidArgumentError(f"run {info.name!r} has no stored example(s) {sorted(missing)[:10]}")
-        positions = positions[np.isin(positions, sorted(wanted))]
+        wanted = np.unique(np.fromiter((int(e) for e in examples), dtype=np.int64))
+        missing = wanted[~np.isin(wanted, positions)]
+        if missing.size:
+            raise InvalidArgumentError(f"run {info.name!r} has no stored example(s) {missing[:10].tolist()}")
+        positions = positions[np.isin(positions, wanted)]
     if max_examples is not None and len(positions) > max_examples:
         positions = np.sort(np.random.default_rng(seed).choice(positions, size=max_examples, replace=False))
     return [int(p) for p in positions]

@@ -355,7 +355,7 @@ def only(info: RunInfo, order: np.ndarray, examples) -> np.ndarray:
     """The examples of `order` (storage order) that are in `examples`, in storage order; NotFoundError naming any of
     `examples` that `order` lacks."""
     wanted = np.unique(np.fromiter((int(e) for e in examples), dtype=np.int64))
-    missing = np.setdiff1d(wanted, order)
+    missing = wanted[~np.isin(wanted, order)]  # not setdiff1d: it sorts the whole order (6 s at 8 M examples)
     if missing.size:
         raise NotFoundError(f"run {info.name!r} has no stored example(s) {missing[:10].tolist()}")
     return order[np.isin(order, wanted)]
@@ -429,12 +429,16 @@ def _built_parts(store: Store, info: RunInfo, kind: SummaryKind, order: np.ndarr
             yield summarise_examples(store, info, kind, part, params)
 
 
-def _saved_parts(kind: SummaryKind, saved: SummaryParts, wanted: np.ndarray | None) -> Iterator[dict[str, np.ndarray]]:
+def _saved_parts(
+    kind: SummaryKind, saved: SummaryParts, wanted: np.ndarray | None, order: np.ndarray | None = None
+) -> Iterator[dict[str, np.ndarray]]:
     """A kept summary read back range by range (of `wanted` examples only, if given); ranges with none are skipped
-    unread (found from the summary's example column alone: 8 bytes per example, where a range's fields are KBs each)."""
+    unread, found from the summary's example column alone (8 bytes per example, where a range's fields are KBs each):
+    `order` where the caller has read it, else read here."""
     starts: Iterable[int] = range(0, saved.n, SUMMARY_RANGE)
     if wanted is not None:
-        hit = np.isin(np.asarray(saved.arrays["example"][:]), wanted)
+        examples = order if order is not None and len(order) == saved.n else np.asarray(saved.arrays["example"][:])
+        hit = np.isin(examples, wanted)
         starts = [start for start in starts if hit[start : start + SUMMARY_RANGE].any()]
     for start in starts:
         part = saved.part(start, min(start + SUMMARY_RANGE, saved.n))
@@ -446,6 +450,15 @@ def _saved_parts(kind: SummaryKind, saved: SummaryParts, wanted: np.ndarray | No
 
 class _Changed(Exception):
     """The run's committed state changed while its summary was built: it is not stamped (never read back)."""
+
+
+def kept_order(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[str, Any]) -> np.ndarray:
+    """The examples the kind covers, in storage order: its kept summary's example column where that is current (8 bytes
+    an example from one array, ~0.1 s at 8 M examples), else `covered` (streamed from SQL, ~10 s at 8 M)."""
+    params = kind.bind(params)
+    stamp = kind.stamp(committed_state(store, info, kind, params), params)
+    saved = store.run_summary_parts(info.id, kind.key(params), stamp)
+    return np.asarray(saved.arrays["example"][:], dtype=np.int64) if saved is not None else covered(store, info, kind, params)
 
 
 def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryParts | None:
@@ -484,12 +497,13 @@ def summary_parts(
     call over the asked-for examples only (see the module docstring). NotFoundError names asked-for examples the
     kind does not cover."""
     params = kind.bind(params)
-    wanted = None if examples is None else only(info, covered(store, info, kind, params), examples)
+    order = None if examples is None else kept_order(store, info, kind, params)
+    wanted = None if order is None else only(info, order, examples)
     saved = keep(store, info, kind, **params)
     if saved is not None:
-        return _saved_parts(kind, saved, wanted)
-    order = covered(store, info, kind, params) if wanted is None else wanted
-    return (part for part in _built_parts(store, info, kind, order, params) if len(part["example"]))
+        return _saved_parts(kind, saved, wanted, order)
+    chosen = covered(store, info, kind, params) if wanted is None else wanted
+    return (part for part in _built_parts(store, info, kind, chosen, params) if len(part["example"]))
 
 
 def summary(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None, **params) -> dict[str, np.ndarray]:

@@ -464,7 +464,11 @@ def test_whole_run_proportions_and_heads_add_kept_range_counts(store, pattern_ru
 
     for name in ("pattern_classes", "pattern_proportions", "pattern_heads"):  # --param max_examples=none: every example
         assert coerce_params(get_query(name), {"max_examples": "none"}) == {"max_examples": None}
-    sample = run_query(store, "pattern_classes", run=pattern_run, max_examples=1, seed=3)
-    shares = run_query(store, "pattern_proportions", run=pattern_run, max_examples=1, seed=3)
+    with monkeypatch.context() as m:  # kept scores: a sample is drawn from their example column, not from SQL
+        m.setattr(type(store), "storage_order", refuse)
+        sample = run_query(store, "pattern_classes", run=pattern_run, max_examples=1, seed=3)
+        shares = run_query(store, "pattern_proportions", run=pattern_run, max_examples=1, seed=3)
+        with pytest.raises(InvalidArgumentError, match=r"no stored example\(s\) \[7\]"):
+            run_query(store, "pattern_heads", run=pattern_run, examples=[1, 7])
     counted = sample["label"].value_counts().reindex(list(P.CLASSES), fill_value=0)
     assert shares["n_maps"].tolist() == counted.tolist() and set(shares["n_examples"]) == {1}
