@@ -404,7 +404,8 @@ def pattern_proportions(
 
     Columns: label (the five classes, in order), n_maps, fraction (of all maps read), n_examples.
     source "rules" classifies now with the rules; any other source (cnn, human) reads the labels
-    stored in pattern_labels. At most `max_examples` examples (default_rng(seed) sample).
+    stored in pattern_labels. At most `max_examples` examples (default_rng(seed) sample; `none`: every example).
+    Over a whole run, source "rules" adds the label counts kept per range of examples.
     """
     info = store.run_info(run)
     if source == "rules":
@@ -433,7 +434,7 @@ def pattern_heads(
 
     Columns: layer, head, vertical, diagonal, vertical+diagonal, block, heterogeneous (fractions of
     the head's maps), majority (the most frequent class; ties to the earlier class), n_maps.
-    source as in pattern_proportions.
+    source, max_examples and the whole-run counts as in pattern_proportions.
     """
     info = store.run_info(run)
     full = pd.MultiIndex.from_product([range(info.n_layers), range(info.n_heads)], names=["layer", "head"])

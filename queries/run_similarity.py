@@ -228,7 +228,7 @@ def run_similarity(
     `other`: the run to compare with (required). Examples are matched by their stored id (both runs must be over the same dataset, and
     must have tokenised each compared example into the same token ids). At most
     `max_examples` shared examples are compared (a random sample drawn with `seed` when
-    there are more, as the paper sampled 1000 dev examples; `None`: all). Over all of them (no `examples`, and no more
+    there are more, as the paper sampled 1000 dev examples; `none`: all). Over all of them (no `examples`, and no more
     than `max_examples`) the cosines' sums kept per range of examples are added, without the runs' example rows.
     Columns: layer, head, similarity (mean over examples of the cosine of the two flattened
     L x L maps), n_examples.
