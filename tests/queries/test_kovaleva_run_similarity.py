@@ -106,6 +106,8 @@ def test_the_whole_pair_adds_kept_ranges_without_the_example_rows(store, two_run
             again = run_query(store, "run_similarity", run=base, other=other, max_examples=max_examples)
             np.testing.assert_array_equal(again["similarity"], first["similarity"])
     assert (run_query(store, "run_similarity", run=base, other=other, max_examples=1)["n_examples"] == 1).all()
+    with pytest.raises(InvalidArgumentError, match="max_examples must be at least 1, not 0"):  # kept ranges or not
+        run_query(store, "run_similarity", run=base, other=other, max_examples=0)
 
 
 def test_runs_over_different_datasets_are_refused(store, two_runs, make_run):

@@ -472,3 +472,6 @@ def test_whole_run_proportions_and_heads_add_kept_range_counts(store, pattern_ru
             run_query(store, "pattern_heads", run=pattern_run, examples=[1, 7])
     counted = sample["label"].value_counts().reindex(list(P.CLASSES), fill_value=0)
     assert shares["n_maps"].tolist() == counted.tolist() and set(shares["n_examples"]) == {1}
+    for name in ("pattern_proportions", "pattern_heads"):  # a count below 1 is refused, not read as "the whole run"
+        with pytest.raises(InvalidArgumentError, match="max_examples must be at least 1, not 0"):
+            run_query(store, name, run=pattern_run, max_examples=0)
