@@ -309,7 +309,9 @@ def sample_examples(store: Store, info, examples=None, max_examples: int | None 
     they are kept (`kept_order`: no SQL stream of the run's storage order)."""
     if max_examples is not None and max_examples < 1:
         raise InvalidArgumentError(f"max_examples must be at least 1, not {max_examples}")
-    positions = np.sort(kept_order(store, info, PATTERN_SCORES, {}))
+    positions = kept_order(store, info, PATTERN_SCORES, {})
+    if np.any(positions[1:] < positions[:-1]):  # storage order is ascending unless examples were stored out of order
+        positions = np.sort(positions)
     if examples is not None:
         wanted = np.unique(np.fromiter((int(e) for e in examples), dtype=np.int64))
         missing = wanted[~np.isin(wanted, positions)]

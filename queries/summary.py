@@ -437,8 +437,14 @@ def _saved_parts(
     `order` where the caller has read it, else read here."""
     starts: Iterable[int] = range(0, saved.n, SUMMARY_RANGE)
     if wanted is not None:
-        examples = order if order is not None and len(order) == saved.n else np.asarray(saved.arrays["example"][:])
+        examples = order if order is not None and len(order) == saved.n else saved.column("example")
         hit = np.isin(examples, wanted)
+        if not saved.ragged:  # only the wanted rows read (a sample of 1,000 of 8 M: 1,000 blosc blocks, not 800 chunks)
+            positions = np.flatnonzero(hit)
+            bounds = np.flatnonzero(np.diff(positions // SUMMARY_RANGE)) + 1
+            for chosen in np.split(positions, bounds) if len(positions) else []:
+                yield saved.rows(chosen)
+            return
         starts = [start for start in starts if hit[start : start + SUMMARY_RANGE].any()]
     for start in starts:
         part = saved.part(start, min(start + SUMMARY_RANGE, saved.n))
@@ -458,7 +464,7 @@ def kept_order(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[s
     params = kind.bind(params)
     stamp = kind.stamp(committed_state(store, info, kind, params), params)
     saved = store.run_summary_parts(info.id, kind.key(params), stamp)
-    return np.asarray(saved.arrays["example"][:], dtype=np.int64) if saved is not None else covered(store, info, kind, params)
+    return saved.column("example").astype(np.int64, copy=False) if saved is not None else covered(store, info, kind, params)
 
 
 def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryParts | None:

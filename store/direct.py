@@ -200,7 +200,10 @@ def direct_reader(array) -> DirectCells | None:
     """A direct reader of a run's cells array, or None where zarr must read it (see the module's docstring)."""
     store = array.store_path.store
     codecs = array.metadata.codecs
-    if not isinstance(store, LocalStore) or array.filters or len(codecs) != 3 or array.ndim != 1:
+    if not isinstance(store, LocalStore) or array.filters or len(codecs) != 3 or array.ndim < 1:
+        return None
+    trailing = tuple(int(n) for n in array.shape[1:])
+    if tuple(int(n) for n in array.chunks[1:]) != trailing or 0 in trailing:  # each chunk must hold whole rows
         return None
     serializer, compressor, checksum = codecs
     if not (isinstance(serializer, BytesCodec) and isinstance(compressor, BloscCodec) and isinstance(checksum, Crc32cCodec)):
@@ -212,18 +215,37 @@ def direct_reader(array) -> DirectCells | None:
 
 class DirectCells:
     """Cells [start, stop) of one cells array, read from its chunk files and checked, or None (the caller reads
-    through zarr)."""
+    through zarr). An N-D array whose chunks hold whole rows (a kept summary's field: chunks (rows, *trailing)) is
+    read as its flat cells (`read`) or by rows (`read_rows`): a C-order chunk holds its rows back to back."""
 
     def __init__(self, array, root: str):
-        self.chunk = int(array.chunks[0])
+        self.trailing = tuple(int(n) for n in array.shape[1:])
+        self.width = int(np.prod(self.trailing, dtype=np.int64))  # cells per row (1: a 1-D array)
+        self.chunk = int(array.chunks[0]) * self.width  # cells per chunk
         self.dtype = np.dtype(array.dtype)
         self.itemsize = self.dtype.itemsize
         self.folder = os.path.join(root, *array.path.split("/"))
-        self.encode_key = array.metadata.encode_chunk_key  # (12,) -> "c/12"
+        self.encode_key = array.metadata.encode_chunk_key  # (12,) -> "c/12"; (12, 0, 0) -> "c/12/0/0"
+        self.key_tail = (0,) * len(self.trailing)
         self.block_cells = 0  # cells per blosc block, learned from the first chunk decoded (0: not yet)
 
     def chunk_file(self, index: int) -> str:
-        return os.path.join(self.folder, *self.encode_key((index,)).split("/"))
+        return os.path.join(self.folder, *self.encode_key((index, *self.key_tail)).split("/"))
+
+    def read_rows(self, rows: np.ndarray, keep: bool = False) -> np.ndarray | None:
+        """Rows `rows` (ascending, distinct), shaped (len(rows), *trailing), or None where zarr must read them. Each
+        run of consecutive rows is one read, which decompresses only the blosc blocks it lies in."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows), self.width), dtype=self.dtype)
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        for lo, hi in zip(np.r_[0, breaks].tolist(), np.r_[breaks, len(rows)].tolist()):
+            if hi == lo:
+                continue
+            got = self.read(int(rows[lo]) * self.width, (int(rows[hi - 1]) + 1) * self.width, keep)
+            if got is None:
+                return None
+            out[lo:hi] = got.reshape(hi - lo, self.width)
+        return out.reshape(len(rows), *self.trailing)
 
     def read(self, start: int, stop: int, keep: bool = False) -> np.ndarray | None:
         """Cells [start, stop), or None where zarr must read them. `keep`: use and fill the cache of decoded blocks

@@ -72,21 +72,23 @@ def test_sums_are_kept_with_the_run_and_read_without_decoding_maps(store, run, m
 
 
 def test_examples_read_only_the_kept_parts_that_hold_them(store, run, monkeypatch):
-    """With ranges of 2 examples, `examples=[3]` reads the second part of the kept summary only (the first holds none),
-    and finds the examples in the summary's example column, not in the run's storage order streamed from SQL."""
+    """With ranges of 2 examples, `examples=[3]` reads example 3's row of the kept summary only (no part: the rows of a
+    summary without ragged fields), and finds the examples in the summary's example column, not in the run's storage
+    order streamed from SQL."""
     from attnstore.store.arrays import SummaryParts
 
     monkeypatch.setattr(summary_module, "SUMMARY_RANGE", 2)
     run_query(store, "entropy", run=run)  # keeps the summary
-    read, part = [], SummaryParts.part
-    monkeypatch.setattr(SummaryParts, "part", lambda self, start, stop: read.append((start, stop)) or part(self, start, stop))
+    read, rows = [], SummaryParts.rows
+    monkeypatch.setattr(SummaryParts, "part", lambda *a: (_ for _ in ()).throw(AssertionError("a whole part was read")))
+    monkeypatch.setattr(SummaryParts, "rows", lambda self, positions: read.append(positions.tolist()) or rows(self, positions))
     monkeypatch.setattr(type(store), "storage_order", lambda *a: (_ for _ in ()).throw(AssertionError("read from SQL")))
     with pytest.raises(summary_module.NotFoundError, match=r"no stored example\(s\) \[9\]"):
         run_query(store, "entropy", run=run, examples=[3, 9])
     got = run_query(store, "entropy", run=run, examples=[3])
     monkeypatch.undo()
     same(got, reference.query(store, "entropy", run=run, examples=[3]))
-    assert read == [(2, 4)]
+    assert read == [[3]]
 
 
 def test_sums_of_a_run_that_has_grown_since_are_built_again(store, run, monkeypatch):

@@ -1,0 +1,149 @@
+"""A kept summary read straight from its chunk files (issue 29: a sample's rows without decoding whole chunks).
+
+`DirectCells.read_rows` on N-D arrays whose chunks hold whole rows equals zarr's read for any set of rows; `SummaryParts`
+gives the same `part` and `rows` through the direct reader as through zarr, including a chunk zarr never wrote (all
+zeros) and the last, partial chunk; a damaged chunk still fails as zarr fails; a sample's rows decode blosc blocks,
+not whole chunks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from attnstore.store import arrays, direct
+
+from .test_integrity import damage
+
+
+def summary_fields(n: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    zeros = rng.random((n, 3, 4))
+    zeros[: arrays.SUMMARY_CHUNK_ROWS] = 0  # the first chunk holds only the fill value: zarr does not write it
+    return {
+        "example": np.arange(n, dtype=np.int64) * 3 + 1,
+        "score": rng.random((n, 3, 4)),
+        "flag": rng.random((n, 2)) < 0.5,
+        "count": rng.integers(0, 9, (n, 5), dtype=np.int32),
+        "zeros": zeros,
+    }
+
+
+def write(root: Path, values: dict[str, np.ndarray], parts: int = arrays.SUMMARY_CHUNK_ROWS) -> arrays.SummaryParts:
+    arrays.create_run_group(str(root), "x", dtype="float16", chunk_cells=1 << 12, codec=arrays.DEFAULT_CODEC, attributes={})
+    path = f"{arrays.run_group_path('x')}/cells"
+    writer = arrays.SummaryWriter(str(root), path, "kind")
+    n = len(values["example"])
+    for start in range(0, n, parts):
+        writer.append({k: v[start : start + parts] for k, v in values.items()})
+    writer.finish({"v": 1})
+    saved = arrays.summary_parts(str(root), path, "kind", {"v": 1})
+    assert saved is not None
+    return saved
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory):
+    n = 3 * arrays.SUMMARY_CHUNK_ROWS + 123  # the last chunk partial
+    values = summary_fields(n)
+    return write(tmp_path_factory.mktemp("summary"), values), values
+
+
+def test_every_field_of_a_local_summary_has_a_direct_reader(kept):
+    saved, values = kept
+    assert set(saved.arrays) == set(values) and not saved.ragged
+    for key, reader in saved._direct.items():
+        assert reader is not None, key
+        assert reader.trailing == values[key].shape[1:] and reader.width == int(np.prod(values[key].shape[1:]))
+
+
+def test_rows_and_parts_equal_the_values_written(kept):
+    saved, values = kept
+    n = saved.n
+    rng = np.random.default_rng(1)
+    chunk = arrays.SUMMARY_CHUNK_ROWS
+    samples = [np.array([0]), np.array([n - 1]), np.arange(chunk - 2, chunk + 3), np.sort(rng.choice(n, 50, replace=False))]
+    samples += [np.array([5, 6, 7, 100, 101, n - 3, n - 2])]  # runs of consecutive rows and single ones
+    for positions in samples:
+        got = saved.rows(positions)
+        for key, expected in values.items():
+            assert got[key].dtype == expected.dtype and got[key].shape == expected[positions].shape, key
+            np.testing.assert_array_equal(got[key], expected[positions], err_msg=key)
+    for start, stop in [(0, chunk), (chunk, 2 * chunk), (3 * chunk, n), (10, 20), (chunk - 1, chunk + 1)]:
+        part = saved.part(start, stop)
+        for key, expected in values.items():
+            np.testing.assert_array_equal(part[key], expected[start:stop], err_msg=f"{key} {start}..{stop}")
+    np.testing.assert_array_equal(saved.column("example"), values["example"])
+
+
+def test_direct_rows_equal_zarr_for_random_sets(kept):
+    saved, values = kept
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        positions = np.sort(rng.choice(saved.n, int(rng.integers(1, 300)), replace=False))
+        for key, array in saved.arrays.items():
+            got = saved._direct[key].read_rows(positions)
+            if key == "zeros" and positions[0] < arrays.SUMMARY_CHUNK_ROWS:
+                assert got is None  # its first chunk was never written: left to zarr, which fills it
+                continue
+            np.testing.assert_array_equal(got, np.asarray(array.get_orthogonal_selection((positions,))), err_msg=key)
+
+
+def test_a_sample_decodes_blocks_not_chunks(kept, monkeypatch):
+    """A row of a 4,096-row chunk of (3, 4) float64s (384 KiB) decompresses the blosc block it lies in (smaller)."""
+    saved, values = kept
+    decoded = []
+    real = direct.blosc.decompress
+    monkeypatch.setattr(direct.blosc, "decompress", lambda src, dest: decoded.append(dest.nbytes) or real(src, dest))
+    saved.rows(np.array([arrays.SUMMARY_CHUNK_ROWS + 7]))
+    chunk_bytes = arrays.SUMMARY_CHUNK_ROWS * 12 * 8
+    assert decoded and max(decoded) < chunk_bytes, decoded
+
+
+def test_ragged_summaries_are_read_by_parts(tmp_path):
+    values = {"example": np.arange(3, dtype=np.int64), "word": np.arange(7, dtype=np.int32)}
+    values["word_start"] = np.array([0, 2, 3, 7], dtype=np.int64)
+    saved = write(tmp_path, values)
+    assert saved.ragged
+    with pytest.raises(arrays.InvalidArgumentError, match="ragged"):
+        saved.rows(np.array([1]))
+    part = saved.part(1, 3)
+    assert part["word"].tolist() == [2, 3, 4, 5, 6] and part["word_start"].tolist() == [0, 1, 5]
+
+
+@pytest.mark.parametrize("how", ["flipped", "truncated"])
+def test_a_damaged_summary_chunk_fails_as_zarr_fails(tmp_path, how):
+    values = summary_fields(2 * arrays.SUMMARY_CHUNK_ROWS)
+    saved = write(tmp_path, values)
+    folder = Path(saved.arrays["score"].store_path.store.root) / saved.arrays["score"].path
+    damage(folder / "c" / "1" / "0" / "0", how)
+    with pytest.raises(Exception) as through_zarr:
+        saved.arrays["score"][arrays.SUMMARY_CHUNK_ROWS :]
+    with pytest.raises(type(through_zarr.value)):
+        saved.rows(np.array([arrays.SUMMARY_CHUNK_ROWS + 1]))
+    with pytest.raises(type(through_zarr.value)):
+        saved.part(arrays.SUMMARY_CHUNK_ROWS, 2 * arrays.SUMMARY_CHUNK_ROWS)
+    np.testing.assert_array_equal(saved.rows(np.array([3]))["score"], values["score"][[3]])  # the other chunk reads
+
+
+def test_no_direct_reader_for_chunks_that_split_rows(tmp_path):
+    array = zarr.create_array(
+        store=str(tmp_path / "a"),
+        shape=(64, 6),
+        chunks=(16, 3),
+        dtype="float64",
+        compressors=arrays.make_codec(arrays.INDEX_CODEC, "float64"),
+    )
+    array[:] = 1.0
+    assert direct.direct_reader(array) is None
+    empty = zarr.create_array(
+        store=str(tmp_path / "b"),
+        shape=(64, 0),
+        chunks=(16, 1),
+        dtype="float64",
+        compressors=arrays.make_codec(arrays.INDEX_CODEC, "float64"),
+    )
+    assert direct.direct_reader(empty) is None
