@@ -300,7 +300,9 @@ def _scores_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"label_counts": counts, "examples": np.asarray(len(part["example"]), np.int64)}
 
 
-PATTERN_SCORES = register_kind(SummaryKind("pattern_scores", 2, _scores_prepare, _scores_reduce, threads=True, totals=_scores_totals))
+PATTERN_SCORES = register_kind(
+    SummaryKind("pattern_scores", 2, _scores_prepare, _scores_reduce, threads=True, totals=_scores_totals, totals_fields=NORMALISED)
+)
 
 
 def sample_examples(store: Store, info, examples=None, max_examples: int | None = 1000, seed: int = 0) -> list[int]:

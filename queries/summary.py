@@ -103,6 +103,9 @@ class SummaryKind:
     # range to range): `labels(store, info)` -> those names, sorted, read once before a pass; `totals(part, labels)`
     # then counts on that axis, and the labels are kept with the ranges and returned with the totals.
     labels: Callable[[Store, RunInfo], list[str]] | None = None
+    # The per-example fields `totals` reads (None: all of them): the totals of a sample, or of `examples=`, read only
+    # these from a kept summary (besides the example column).
+    totals_fields: tuple[str, ...] | None = None
     # `reduce` may run on several threads at once (numpy alone, its loops release the GIL, nothing shared is changed):
     # one pass then reads and decodes on its thread while the others reduce (`reduced`), every core busy.
     threads: bool = False
@@ -430,11 +433,11 @@ def _built_parts(store: Store, info: RunInfo, kind: SummaryKind, order: np.ndarr
 
 
 def _saved_parts(
-    kind: SummaryKind, saved: SummaryParts, wanted: np.ndarray | None, order: np.ndarray | None = None
+    kind: SummaryKind, saved: SummaryParts, wanted: np.ndarray | None, order: np.ndarray | None = None, fields=None
 ) -> Iterator[dict[str, np.ndarray]]:
-    """A kept summary read back range by range (of `wanted` examples only, if given); ranges with none are skipped
-    unread, found from the summary's example column alone (8 bytes per example, where a range's fields are KBs each):
-    `order` where the caller has read it, else read here."""
+    """A kept summary read back range by range (of `wanted` examples only, if given; of `fields` and the example
+    column only, if given); ranges with none are skipped unread, found from the summary's example column alone (8 bytes
+    per example, where a range's fields are KBs each): `order` where the caller has read it, else read here."""
     starts: Iterable[int] = range(0, saved.n, SUMMARY_RANGE)
     if wanted is not None:
         examples = order if order is not None and len(order) == saved.n else saved.column("example")
@@ -443,11 +446,11 @@ def _saved_parts(
             positions = np.flatnonzero(hit)
             bounds = np.flatnonzero(np.diff(positions // SUMMARY_RANGE)) + 1
             for chosen in np.split(positions, bounds) if len(positions) else []:
-                yield saved.rows(chosen)
+                yield saved.rows(chosen, fields)
             return
         starts = [start for start in starts if hit[start : start + SUMMARY_RANGE].any()]
     for start in starts:
-        part = saved.part(start, min(start + SUMMARY_RANGE, saved.n))
+        part = saved.part(start, min(start + SUMMARY_RANGE, saved.n), fields)
         if wanted is not None:
             part = select(kind, part, np.isin(part["example"], wanted))
         if len(part["example"]):
@@ -495,19 +498,19 @@ def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryPar
 
 
 def summary_parts(
-    store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None, **params
+    store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None, *, fields=None, **params
 ) -> Iterator[dict[str, np.ndarray]]:
     """The one path: the kind's per-example fields for the examples it covers (or those of `examples`), in storage
     order, as consecutive parts of at most SUMMARY_RANGE examples (each as `summarise_examples` gives it for those
-    alone). Kept ones are read back; else they are built and kept where the store allows; else computed for this
-    call over the asked-for examples only (see the module docstring). NotFoundError names asked-for examples the
-    kind does not cover."""
+    alone). Kept ones are read back (`fields`: only those and the example column, where the caller needs no more);
+    else they are built and kept where the store allows; else computed for this call over the asked-for examples only
+    (see the module docstring). NotFoundError names asked-for examples the kind does not cover."""
     params = kind.bind(params)
     order = None if examples is None else kept_order(store, info, kind, params)
     wanted = None if order is None else only(info, order, examples)
     saved = keep(store, info, kind, **params)
     if saved is not None:
-        return _saved_parts(kind, saved, wanted, order)
+        return _saved_parts(kind, saved, wanted, order, fields)
     chosen = covered(store, info, kind, params) if wanted is None else wanted
     return (part for part in _built_parts(store, info, kind, chosen, params) if len(part["example"]))
 
@@ -591,7 +594,7 @@ def summary_totals(store: Store, info: RunInfo, kind: SummaryKind, examples: Ite
         totals, labels = range_reduction(store, info, kind)
         assert totals is not None
         out = None
-        for part in summary_parts(store, info, kind, examples, **params):
+        for part in summary_parts(store, info, kind, examples, fields=kind.totals_fields, **params):
             out = add_totals(out, totals(part))
     out = out or {}
     if labels is not None:

@@ -342,11 +342,20 @@ class SummaryParts:
         """Field `key` of every example, whole (the example column: 8 bytes an example)."""
         return self._slice(key, 0, self.n)
 
-    def part(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """Examples start..stop-1 (in the summary's order), as `write_summary` was given them for those alone."""
+    def _keys(self, fields: Iterable[str] | None) -> list[str]:
+        """The arrays holding `fields` (None: all) and the example column, with a ragged field's offsets."""
+        if fields is None:
+            return list(self.arrays)
+        wanted = {"example", *fields}
+        wanted |= {f"{f}_start" for f in wanted}
+        return [key for key in self.arrays if key in wanted]
+
+    def part(self, start: int, stop: int, fields: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Examples start..stop-1 (in the summary's order), as `write_summary` was given them for those alone (only
+        `fields` and the example column, if given)."""
         keys = set(self.arrays)
         out: dict[str, np.ndarray] = {}
-        for key in self.arrays:
+        for key in self._keys(fields):
             if is_ragged_start(key, keys):
                 offsets = self._slice(key, start, stop + 1).astype(np.int64, copy=False)
                 out[key] = offsets - offsets[0]
@@ -355,16 +364,16 @@ class SummaryParts:
                 out[key] = self._slice(key, start, stop)
         return out
 
-    def rows(self, positions: np.ndarray) -> dict[str, np.ndarray]:
+    def rows(self, positions: np.ndarray, fields: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         """The examples at `positions` (ascending, distinct, in the summary's order) of a summary without ragged
-        fields, as `write_summary` was given them for those alone: a sample's rows, each decoding one blosc block of
-        its chunk rather than the chunk."""
+        fields, as `write_summary` was given them for those alone (only `fields` and the example column, if given): a
+        sample's rows, each decoding one blosc block of its chunk rather than the chunk."""
         if self.ragged:
             raise InvalidArgumentError("rows() reads summaries without ragged fields; read a ragged one by part()")
         positions = np.asarray(positions, dtype=np.int64)
         out: dict[str, np.ndarray] = {}
-        for key, array in self.arrays.items():
-            reader = self._direct[key]
+        for key in self._keys(fields):
+            array, reader = self.arrays[key], self._direct[key]
             got = None if reader is None or not len(positions) else reader.read_rows(positions, keep=True)
             out[key] = got if got is not None else np.asarray(array.get_orthogonal_selection((positions,)))
         return out

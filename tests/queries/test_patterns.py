@@ -475,3 +475,25 @@ def test_whole_run_proportions_and_heads_add_kept_range_counts(store, pattern_ru
     for name in ("pattern_proportions", "pattern_heads"):  # a count below 1 is refused, not read as "the whole run"
         with pytest.raises(InvalidArgumentError, match="max_examples must be at least 1, not 0"):
             run_query(store, name, run=pattern_run, max_examples=0)
+
+
+def test_a_samples_label_counts_read_only_the_normalised_scores(store, pattern_run, monkeypatch):
+    """`pattern_scores` declares the fields its totals read (totals_fields): a sample's counts read those five and the
+    example column from the kept scores, not the raw ones, and count what the whole scores count."""
+    from attnstore.queries import summary
+    from attnstore.store.arrays import SummaryParts
+
+    run_query(store, "pattern_classes", run=pattern_run)  # keeps the scores
+    info = store.run_info(pattern_run)
+    whole = summary.summary(store, info, P.PATTERN_SCORES)
+    only = {k: whole[k] for k in ("example", *P.PATTERN_SCORES.totals_fields)}
+    for name, counts in P.PATTERN_SCORES.totals(whole).items():
+        np.testing.assert_array_equal(P.PATTERN_SCORES.totals(only)[name], counts)
+    read, rows = [], SummaryParts.rows
+    monkeypatch.setattr(SummaryParts, "rows", lambda self, positions, fields=None: read.append(fields) or rows(self, positions, fields))
+    shares = run_query(store, "pattern_proportions", run=pattern_run, max_examples=1, seed=3)
+    assert read == [P.NORMALISED]
+    sample = run_query(store, "pattern_classes", run=pattern_run, max_examples=1, seed=3)
+    assert read[1] is None  # pattern_classes gives every score
+    counted = sample["label"].value_counts().reindex(list(P.CLASSES), fill_value=0)
+    assert shares["n_maps"].tolist() == counted.tolist()

@@ -147,3 +147,18 @@ def test_no_direct_reader_for_chunks_that_split_rows(tmp_path):
         compressors=arrays.make_codec(arrays.INDEX_CODEC, "float64"),
     )
     assert direct.direct_reader(empty) is None
+
+
+def test_only_the_fields_asked_for_are_read(kept, tmp_path):
+    saved, values = kept
+    got = saved.rows(np.array([2, 9000]), fields=("count",))
+    assert set(got) == {"example", "count"}
+    np.testing.assert_array_equal(got["count"], values["count"][[2, 9000]])
+    assert set(saved.part(0, 10, fields=("flag",))) == {"example", "flag"}
+    ragged = write(
+        tmp_path,
+        {"example": np.arange(3, dtype=np.int64), "word": np.arange(7, dtype=np.int32), "other": np.ones(3)}
+        | {"word_start": np.array([0, 2, 3, 7], dtype=np.int64)},
+    )
+    part = ragged.part(1, 3, fields=("word",))
+    assert set(part) == {"example", "word", "word_start"} and part["word"].tolist() == [2, 3, 4, 5, 6]
