@@ -315,8 +315,8 @@ def is_ragged_start(key: str, keys: Iterable[str]) -> bool:
 
 
 class SummaryParts:
-    """A saved summary read back in consecutive ranges of examples, each with its own ragged rows (offsets from 0), or
-    (`rows`) some examples of a summary without ragged fields.
+    """A saved summary read back in consecutive ranges of examples (`part`) or some of its examples (`rows`), each with
+    its own ragged rows (offsets from 0).
 
     A local root's fields are read straight from their chunk files (store/direct.py: the file's checksum, then only
     the blosc blocks holding the rows): through zarr each field's read is an event-loop hop and a whole chunk decoded
@@ -327,8 +327,6 @@ class SummaryParts:
     def __init__(self, node) -> None:
         self.arrays = dict(node.arrays())
         self.n = int(self.arrays["example"].shape[0])
-        keys = set(self.arrays)
-        self.ragged = any(is_ragged_start(key, keys) for key in keys)
         self._direct = {key: direct.direct_reader(array) for key, array in self.arrays.items()}
 
     def _slice(self, key: str, start: int, stop: int) -> np.ndarray:
@@ -364,18 +362,33 @@ class SummaryParts:
                 out[key] = self._slice(key, start, stop)
         return out
 
+    def _take(self, key: str, rows: np.ndarray) -> np.ndarray:
+        """Rows `rows` (ascending, distinct) of array `key`: straight from its chunk files where it can, else zarr."""
+        array, reader = self.arrays[key], self._direct[key]
+        if not len(rows):
+            return np.empty((0, *array.shape[1:]), dtype=array.dtype)
+        got = None if reader is None else reader.read_rows(rows, keep=True)
+        return got if got is not None else np.asarray(array.get_orthogonal_selection((rows,)))
+
     def rows(self, positions: np.ndarray, fields: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-        """The examples at `positions` (ascending, distinct, in the summary's order) of a summary without ragged
-        fields, as `write_summary` was given them for those alone (only `fields` and the example column, if given): a
-        sample's rows, each decoding one blosc block of its chunk rather than the chunk."""
-        if self.ragged:
-            raise InvalidArgumentError("rows() reads summaries without ragged fields; read a ragged one by part()")
+        """The examples at `positions` (ascending, distinct, in the summary's order), as `write_summary` was given them
+        for those alone (only `fields` and the example column, if given): a sample's rows, each decoding the blosc
+        blocks they lie in rather than their chunks. A ragged field's rows are each example's, between its offsets."""
         positions = np.asarray(positions, dtype=np.int64)
+        keys = set(self.arrays)
         out: dict[str, np.ndarray] = {}
         for key in self._keys(fields):
-            array, reader = self.arrays[key], self._direct[key]
-            got = None if reader is None or not len(positions) else reader.read_rows(positions, keep=True)
-            out[key] = got if got is not None else np.asarray(array.get_orthogonal_selection((positions,)))
+            if is_ragged_start(key, keys):
+                bounds = np.union1d(positions, positions + 1)  # each example's first row and the next one's
+                offsets = self._take(key, bounds).astype(np.int64, copy=False)
+                first = offsets[np.searchsorted(bounds, positions)]
+                sizes = offsets[np.searchsorted(bounds, positions + 1)] - first
+                ends = np.cumsum(sizes)
+                wanted = np.repeat(first - (ends - sizes), sizes) + np.arange(int(ends[-1]) if len(ends) else 0)
+                out[key] = np.r_[0, ends].astype(np.int64)
+                out[key[: -len("_start")]] = self._take(key[: -len("_start")], wanted)
+            elif f"{key}_start" not in keys:
+                out[key] = self._take(key, positions)
         return out
 
 

@@ -81,7 +81,9 @@ def test_examples_read_only_the_kept_parts_that_hold_them(store, run, monkeypatc
     run_query(store, "entropy", run=run)  # keeps the summary
     read, rows = [], SummaryParts.rows
     monkeypatch.setattr(SummaryParts, "part", lambda *a: (_ for _ in ()).throw(AssertionError("a whole part was read")))
-    monkeypatch.setattr(SummaryParts, "rows", lambda self, positions: read.append(positions.tolist()) or rows(self, positions))
+    monkeypatch.setattr(
+        SummaryParts, "rows", lambda self, positions, fields=None: read.append(positions.tolist()) or rows(self, positions, fields)
+    )
     monkeypatch.setattr(type(store), "storage_order", lambda *a: (_ for _ in ()).throw(AssertionError("read from SQL")))
     with pytest.raises(summary_module.NotFoundError, match=r"no stored example\(s\) \[9\]"):
         run_query(store, "entropy", run=run, examples=[3, 9])

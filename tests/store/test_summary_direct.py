@@ -32,13 +32,15 @@ def summary_fields(n: int) -> dict[str, np.ndarray]:
     }
 
 
-def write(root: Path, values: dict[str, np.ndarray], parts: int = arrays.SUMMARY_CHUNK_ROWS) -> arrays.SummaryParts:
+def write(root: Path, values: dict[str, np.ndarray], parts: int | None = arrays.SUMMARY_CHUNK_ROWS) -> arrays.SummaryParts:
     arrays.create_run_group(str(root), "x", dtype="float16", chunk_cells=1 << 12, codec=arrays.DEFAULT_CODEC, attributes={})
     path = f"{arrays.run_group_path('x')}/cells"
     writer = arrays.SummaryWriter(str(root), path, "kind")
-    n = len(values["example"])
-    for start in range(0, n, parts):
-        writer.append({k: v[start : start + parts] for k, v in values.items()})
+    if parts is None:  # one part, as given (ragged fields included)
+        writer.append(values)
+    else:  # parts of `parts` examples (no ragged fields)
+        for start in range(0, len(values["example"]), parts):
+            writer.append({k: v[start : start + parts] for k, v in values.items()})
     writer.finish({"v": 1})
     saved = arrays.summary_parts(str(root), path, "kind", {"v": 1})
     assert saved is not None
@@ -54,7 +56,7 @@ def kept(tmp_path_factory):
 
 def test_every_field_of_a_local_summary_has_a_direct_reader(kept):
     saved, values = kept
-    assert set(saved.arrays) == set(values) and not saved.ragged
+    assert set(saved.arrays) == set(values)
     for key, reader in saved._direct.items():
         assert reader is not None, key
         assert reader.trailing == values[key].shape[1:] and reader.width == int(np.prod(values[key].shape[1:]))
@@ -103,15 +105,26 @@ def test_a_sample_decodes_blocks_not_chunks(kept, monkeypatch):
     assert decoded and max(decoded) < chunk_bytes, decoded
 
 
-def test_ragged_summaries_are_read_by_parts(tmp_path):
-    values = {"example": np.arange(3, dtype=np.int64), "word": np.arange(7, dtype=np.int32)}
-    values["word_start"] = np.array([0, 2, 3, 7], dtype=np.int64)
-    saved = write(tmp_path, values)
-    assert saved.ragged
-    with pytest.raises(arrays.InvalidArgumentError, match="ragged"):
-        saved.rows(np.array([1]))
+def test_ragged_fields_are_read_between_their_offsets(tmp_path):
+    sizes = np.random.default_rng(3).integers(0, 5, 3 * arrays.SUMMARY_CHUNK_ROWS)  # some examples of no words
+    values = {"example": np.arange(len(sizes), dtype=np.int64) * 2, "score": np.arange(len(sizes), dtype=np.float64)}
+    values["word"] = np.arange(int(sizes.sum()), dtype=np.int32)
+    values["word_start"] = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+    saved = write(tmp_path, values, parts=None)  # one part: `write` slices parts by example, not by word
+    rng = np.random.default_rng(4)
+    samples = [np.array([0]), np.array([len(sizes) - 1]), np.flatnonzero(sizes == 0)[:3], np.arange(4090, 4100)]
+    samples += [np.sort(rng.choice(len(sizes), 200, replace=False))]
+    for positions in samples:
+        got = saved.rows(positions)
+        want_sizes = sizes[positions]
+        np.testing.assert_array_equal(got["word_start"], np.r_[0, np.cumsum(want_sizes)])
+        np.testing.assert_array_equal(
+            got["word"], np.concatenate([np.arange(values["word_start"][p], values["word_start"][p + 1]) for p in positions])
+        )
+        np.testing.assert_array_equal(got["example"], values["example"][positions])
+        np.testing.assert_array_equal(got["score"], values["score"][positions])
     part = saved.part(1, 3)
-    assert part["word"].tolist() == [2, 3, 4, 5, 6] and part["word_start"].tolist() == [0, 1, 5]
+    np.testing.assert_array_equal(part["word"], np.arange(values["word_start"][1], values["word_start"][3]))
 
 
 @pytest.mark.parametrize("how", ["flipped", "truncated"])
@@ -159,6 +172,10 @@ def test_only_the_fields_asked_for_are_read(kept, tmp_path):
         tmp_path,
         {"example": np.arange(3, dtype=np.int64), "word": np.arange(7, dtype=np.int32), "other": np.ones(3)}
         | {"word_start": np.array([0, 2, 3, 7], dtype=np.int64)},
+        parts=None,
     )
     part = ragged.part(1, 3, fields=("word",))
     assert set(part) == {"example", "word", "word_start"} and part["word"].tolist() == [2, 3, 4, 5, 6]
+    some = ragged.rows(np.array([0, 2]), fields=("word",))
+    assert set(some) == {"example", "word", "word_start"} and some["word"].tolist() == [0, 1, 3, 4, 5, 6]
+    assert some["word_start"].tolist() == [0, 2, 6]
