@@ -143,23 +143,14 @@ def test_a_damaged_summary_chunk_fails_as_zarr_fails(tmp_path, how):
 
 
 def test_no_direct_reader_for_chunks_that_split_rows(tmp_path):
-    array = zarr.create_array(
-        store=str(tmp_path / "a"),
-        shape=(64, 6),
-        chunks=(16, 3),
-        dtype="float64",
-        compressors=arrays.make_codec(arrays.INDEX_CODEC, "float64"),
-    )
-    array[:] = 1.0
-    assert direct.direct_reader(array) is None
-    empty = zarr.create_array(
-        store=str(tmp_path / "b"),
-        shape=(64, 0),
-        chunks=(16, 1),
-        dtype="float64",
-        compressors=arrays.make_codec(arrays.INDEX_CODEC, "float64"),
-    )
-    assert direct.direct_reader(empty) is None
+    def made(name: str, shape: tuple, chunks: tuple):
+        codec = arrays.make_codec(arrays.INDEX_CODEC, "float64")
+        return zarr.create_array(store=str(tmp_path / name), shape=shape, chunks=chunks, dtype="float64", compressors=codec)
+
+    split = made("a", (64, 6), (16, 3))
+    split[:] = 1.0
+    assert direct.direct_reader(split) is None
+    assert direct.direct_reader(made("b", (64, 0), (16, 1))) is None  # rows of no cells
 
 
 def test_only_the_fields_asked_for_are_read(kept, tmp_path):
