@@ -422,8 +422,8 @@ def _saved_parts(
 ) -> Iterator[dict[str, np.ndarray]]:
     """A kept summary read back range by range (of `fields` and the example column only, if given). With `wanted`,
     only those examples' rows, a range at a time (a sample of 1,000 of 8 M: ~1,000 blosc blocks, not ~800 chunks),
-    found from the summary's example column alone (8 bytes per example): `order` where the caller has read it, else
-    read here."""
+    found from the summary's example column alone (8 bytes per example): `order` where the caller has read that column
+    (this summary's own), else read here."""
     if wanted is None:
         for start in range(0, saved.n, SUMMARY_RANGE):
             yield saved.part(start, min(start + SUMMARY_RANGE, saved.n), fields)
@@ -441,11 +441,18 @@ class _Changed(Exception):
 
 def kept_order(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[str, Any]) -> np.ndarray:
     """The examples the kind covers, in storage order: its kept summary's example column where that is current (8 bytes
-    an example from one array, ~0.1 s at 8 M examples), else `covered` (streamed from SQL, ~10 s at 8 M)."""
+    an example from one array, ~0.2 s at 8 M examples), else `covered` (streamed from SQL, ~10 s at 8 M)."""
+    return _order(store, info, kind, params)[0]
+
+
+def _order(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[str, Any]) -> tuple[np.ndarray, bool]:
+    """`kept_order`, and whether it is the kept summary's own example column (else it came from SQL)."""
     params = kind.bind(params)
     stamp = kind.stamp(committed_state(store, info, kind, params), params)
     saved = store.run_summary_parts(info.id, kind.key(params), stamp)
-    return saved.column("example").astype(np.int64, copy=False) if saved is not None else covered(store, info, kind, params)
+    if saved is None:
+        return covered(store, info, kind, params), False
+    return saved.column("example").astype(np.int64, copy=False), True
 
 
 def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryParts | None:
@@ -484,11 +491,11 @@ def summary_parts(
     else they are built and kept where the store allows; else computed for this call over the asked-for examples only
     (see the module docstring). NotFoundError names asked-for examples the kind does not cover."""
     params = kind.bind(params)
-    order = None if examples is None else kept_order(store, info, kind, params)
+    order, kept = (None, False) if examples is None else _order(store, info, kind, params)
     wanted = None if order is None else only(info, order, examples)
     saved = keep(store, info, kind, **params)
-    if saved is not None:
-        return _saved_parts(saved, wanted, order, fields)
+    if saved is not None:  # rows are found by `order` only where it is that summary's column; else it is read
+        return _saved_parts(saved, wanted, order if kept else None, fields)
     chosen = covered(store, info, kind, params) if wanted is None else wanted
     return (part for part in _built_parts(store, info, kind, chosen, params) if len(part["example"]))
 

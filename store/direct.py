@@ -27,6 +27,14 @@ version, not once per read; `attnstore check` checks every chunk whenever it is 
 Anything else (a remote root, the lossy u8 filter, no checksum, a chunk that is missing, fails its checksum, or whose
 header is not a whole blosc frame of the chunk) returns None: the caller then reads through zarr (`arrays.read_cells`),
 which names the damage (DamagedDataError with run, example and chunk) exactly as before.
+
+Kept summaries (store/arrays.py `SummaryParts`) are read the same way: their fields are N-D arrays whose chunks hold
+whole rows, read as flat cells, and `read_rows` reads a sample's rows, each chunk's file checked once and each run of
+blocks decompressed once.
+
+Longer than ~500 lines on purpose: one reader of one on-disk format; its paths (a chunk mapped and checked, a checked
+file read block by block, several ranges of one chunk, the cache of decoded blocks) share the blosc frame arithmetic,
+which split across modules would be harder to check against c-blosc's header layout.
 """
 
 from __future__ import annotations
@@ -199,8 +207,8 @@ def _stamp(st: os.stat_result) -> Stamp:
 def direct_reader(array) -> DirectCells | None:
     """A direct reader of a run's cells array, or None where zarr must read it (see the module's docstring)."""
     store = array.store_path.store
-    codecs = array.metadata.codecs
-    if not isinstance(store, LocalStore) or array.filters or len(codecs) != 3 or array.ndim < 1:
+    codecs = getattr(array.metadata, "codecs", None)  # None: a zarr v2 array
+    if not isinstance(store, LocalStore) or codecs is None or array.filters or len(codecs) != 3 or array.ndim < 1:
         return None
     trailing = tuple(int(n) for n in array.shape[1:])
     if tuple(int(n) for n in array.chunks[1:]) != trailing or 0 in trailing:  # each chunk must hold whole rows
@@ -208,7 +216,8 @@ def direct_reader(array) -> DirectCells | None:
     serializer, compressor, checksum = codecs
     if not (isinstance(serializer, BytesCodec) and isinstance(compressor, BloscCodec) and isinstance(checksum, Crc32cCodec)):
         return None
-    if array.dtype.itemsize > 1 and array.dtype.byteorder == ">":
+    # the bytes' order on disk is the serializer's, whatever the dtype says: only little-endian ones are read here
+    if array.dtype.itemsize > 1 and (array.dtype.byteorder == ">" or getattr(serializer.endian, "value", "little") != "little"):
         return None
     return DirectCells(array, str(store.root))
 
@@ -233,19 +242,99 @@ class DirectCells:
         return os.path.join(self.folder, *self.encode_key((index, *self.key_tail)).split("/"))
 
     def read_rows(self, rows: np.ndarray, keep: bool = False) -> np.ndarray | None:
-        """Rows `rows` (ascending, distinct), shaped (len(rows), *trailing), or None where zarr must read them. Each
-        run of consecutive rows is one read, which decompresses only the blosc blocks it lies in."""
+        """Rows `rows` (ascending, distinct), shaped (len(rows), *trailing), or None where zarr must read them. Only the
+        blosc blocks holding them are decompressed; each chunk's file is checked once per call (several runs of rows
+        in one chunk: `_runs`), or once per process where the cache of decoded blocks knows it (`read`)."""
         rows = np.asarray(rows, dtype=np.int64)
         out = np.empty((len(rows), self.width), dtype=self.dtype)
-        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-        for lo, hi in zip(np.r_[0, breaks].tolist(), np.r_[breaks, len(rows)].tolist()):
-            if hi == lo:
-                continue
-            got = self.read(int(rows[lo]) * self.width, (int(rows[hi - 1]) + 1) * self.width, keep)
-            if got is None:
+        chunk_of = rows // (self.chunk // self.width)
+        cut = np.flatnonzero((np.diff(rows) != 1) | (np.diff(chunk_of) != 0)) + 1  # runs of consecutive rows in one chunk
+        lo, hi = np.r_[0, cut], np.r_[cut, len(rows)]
+        by_chunk = np.flatnonzero(np.diff(chunk_of[lo])) + 1 if len(rows) else np.zeros(0, np.int64)
+        w = self.width
+        for group in np.split(np.arange(len(lo)), by_chunk) if len(rows) else []:
+            pieces = [(int(rows[lo[g]]) * w, (int(rows[hi[g] - 1]) + 1) * w, out[lo[g] : hi[g]].reshape(-1)) for g in group]
+            if len(pieces) == 1:
+                got = self.read(pieces[0][0], pieces[0][1], keep)
+                if got is None:
+                    return None
+                pieces[0][2][:] = got
+            elif not self._runs(int(chunk_of[lo[group[0]]]), pieces, keep):
                 return None
-            out[lo:hi] = got.reshape(hi - lo, self.width)
         return out.reshape(len(rows), *self.trailing)
+
+    def _runs(self, index: int, pieces: list[tuple[int, int, np.ndarray]], keep: bool) -> bool:
+        """Several ranges of cells (first, last, out) of chunk `index`: its file mapped and its checksum checked once,
+        then each range's blocks decompressed from a frame of their own (a copy of their bytes: the mapping is read
+        only). False when anything is off (the caller then reads through zarr, which names it)."""
+        path = self.chunk_file(index)
+        offset = index * self.chunk
+        try:
+            with open(path, "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
+                if st.st_size < HEADER + 4:
+                    return False
+                mapped = mmap.mmap(f.fileno(), st.st_size, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            return False
+        buffers = _take_buffers()
+        try:
+            raw = np.frombuffer(mapped, dtype=np.uint8)
+            if google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
+                return False
+            body = raw[:-4]
+            header = self._header(body.data)
+            if header is None or header[6] != len(body):
+                return False
+            version, version_lz, flags, typesize, nbytes, blocksize, _ = header
+            isz = self.itemsize
+            if flags & MEMCPYED:  # stored as it is after the header
+                if len(body) != HEADER + nbytes:
+                    return False
+                for first, last, out in pieces:
+                    out[:] = np.frombuffer(body, dtype=self.dtype, count=last - first, offset=HEADER + (first - offset) * isz)
+                return True
+            n_blocks = -(-nbytes // blocksize)
+            starts = struct.unpack_from(f"<{n_blocks}i", body.data, HEADER)
+            if not _valid_starts(starts, n_blocks, len(body)):
+                return False
+            per_block = blocksize // isz
+            spans: list[list] = []  # [first block, last block, its pieces]: pieces sharing or next to a block decode together
+            for first, last, out in pieces:
+                first, last = first - offset, last - offset
+                b0, b1 = first // per_block, (last - 1) // per_block
+                if spans and b0 <= spans[-1][1] + 1:
+                    spans[-1][1] = max(spans[-1][1], b1)
+                    spans[-1][2].append((first, last, out))
+                else:
+                    spans.append([b0, b1, [(first, last, out)]])
+            for b0, b1, members in spans:
+                k = b1 - b0 + 1
+                end = starts[b1 + 1] if b1 + 1 < n_blocks else len(body)
+                prefix = HEADER + 4 * k
+                frame = buffers.get("frame", prefix + end - starts[b0])
+                frame[prefix:] = body[starts[b0] : end]
+                decoded = min(nbytes, (b1 + 1) * blocksize) - b0 * blocksize
+                struct.pack_into("<BBBBiii", frame.data, 0, version, version_lz, flags, typesize, decoded, blocksize, len(frame))
+                struct.pack_into(f"<{k}i", frame.data, HEADER, *(prefix + start - starts[b0] for start in starts[b0 : b1 + 1]))
+                dest = buffers.get("blocks", decoded).view(self.dtype)
+                try:
+                    blosc.decompress(frame, dest)
+                except Exception:
+                    return False
+                for first, last, out in members:
+                    out[:] = dest[first - b0 * per_block : last - b0 * per_block]
+            self.block_cells = per_block
+            cache = block_cache() if keep else None
+            if cache is not None and cache.budget and st.st_mtime_ns < (time.time() - SETTLED_SECONDS) * 1e9:
+                cache.mark_verified(path, _stamp(st))
+            return True
+        finally:
+            _give_buffers(buffers)
+            try:
+                mapped.close()
+            except BufferError:  # a view of it still alive: unmapped when that goes
+                pass
 
     def read(self, start: int, stop: int, keep: bool = False) -> np.ndarray | None:
         """Cells [start, stop), or None where zarr must read them. `keep`: use and fill the cache of decoded blocks
