@@ -265,8 +265,8 @@ class DirectCells:
 
     def _runs(self, index: int, pieces: list[tuple[int, int, np.ndarray]], keep: bool) -> bool:
         """Several ranges of cells (first, last, out) of chunk `index`: its file mapped and its checksum checked once,
-        then each range's blocks decompressed from a frame of their own (a copy of their bytes: the mapping is read
-        only). False when anything is off (the caller then reads through zarr, which names it)."""
+        then each run of the blocks they lie in decompressed once, from a frame of its own (a copy of their bytes: the
+        mapping is read only). False when anything is off (the caller then reads through zarr, which names it)."""
         path = self.chunk_file(index)
         offset = index * self.chunk
         try:
