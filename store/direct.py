@@ -279,26 +279,17 @@ class DirectCells:
             return False
         buffers = _take_buffers()
         try:
-            raw = np.frombuffer(mapped, dtype=np.uint8)
-            if google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
+            checked = self._checked(np.frombuffer(mapped, dtype=np.uint8))
+            if checked is None:
                 return False
-            body = raw[:-4]
-            header = self._header(body.data)
-            if header is None or header[6] != len(body):
-                return False
-            version, version_lz, flags, typesize, nbytes, blocksize, _ = header
-            isz = self.itemsize
-            if flags & MEMCPYED:  # stored as it is after the header
-                if len(body) != HEADER + nbytes:
-                    return False
+            body, header, starts = checked
+            blocksize = header[5]
+            if starts is None:  # stored as it is after the header
                 for first, last, out in pieces:
-                    out[:] = np.frombuffer(body, dtype=self.dtype, count=last - first, offset=HEADER + (first - offset) * isz)
+                    out[:] = np.frombuffer(body, dtype=self.dtype, count=last - first, offset=HEADER + (first - offset) * self.itemsize)
                 return True
-            n_blocks = -(-nbytes // blocksize)
-            starts = struct.unpack_from(f"<{n_blocks}i", body.data, HEADER)
-            if not _valid_starts(starts, n_blocks, len(body)):
-                return False
-            per_block = blocksize // isz
+            n_blocks = len(starts)
+            per_block = blocksize // self.itemsize
             spans: list[list] = []  # [first block, last block, its pieces]: pieces sharing or next to a block decode together
             for first, last, out in pieces:
                 first, last = first - offset, last - offset
@@ -314,9 +305,7 @@ class DirectCells:
                 prefix = HEADER + 4 * k
                 frame = buffers.get("frame", prefix + end - starts[b0])
                 frame[prefix:] = body[starts[b0] : end]
-                decoded = min(nbytes, (b1 + 1) * blocksize) - b0 * blocksize
-                struct.pack_into("<BBBBiii", frame.data, 0, version, version_lz, flags, typesize, decoded, blocksize, len(frame))
-                struct.pack_into(f"<{k}i", frame.data, HEADER, *(prefix + start - starts[b0] for start in starts[b0 : b1 + 1]))
+                decoded = _frame_header(frame, header, starts, b0, b1)
                 dest = buffers.get("blocks", decoded).view(self.dtype)
                 try:
                     blosc.decompress(frame, dest)
@@ -422,34 +411,41 @@ class DirectCells:
             return None
         return header
 
+    def _checked(self, raw: np.ndarray) -> tuple[np.ndarray, tuple, tuple[int, ...] | None] | None:
+        """A chunk's bytes checked (CRC32C over all of them) and parsed: (its blosc frame, the frame's header, its
+        blocks' starts; None for a frame stored as it is), or None when anything is off."""
+        if len(raw) < HEADER + 4 or google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
+            return None
+        body = raw[:-4]
+        header = self._header(body.data)
+        if header is None or header[6] != len(body):
+            return None
+        flags, nbytes, blocksize = header[2], header[4], header[5]
+        if flags & MEMCPYED:
+            return (body, header, None) if len(body) == HEADER + nbytes else None
+        n_blocks = -(-nbytes // blocksize)
+        starts = struct.unpack_from(f"<{n_blocks}i", body.data, HEADER)
+        return (body, header, starts) if _valid_starts(starts, n_blocks, len(body)) else None
+
     def _cells(self, raw: np.ndarray, first: int, last: int, out: np.ndarray, buffers: Buffers, keep: tuple | None = None) -> bool:
         """Decode cells [first, last) of one chunk's bytes into `out`; False when anything is off.
 
         Only the blosc blocks holding them are decompressed: a blosc frame of just those blocks is written over the
         bytes before the first one (this read's buffer, its checksum already checked) and handed to blosc, which
         decompresses and unshuffles them (its SIMD code, its threads)."""
-        if len(raw) < HEADER + 4:
-            return False
-        if google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:].tobytes(), "little"):
+        checked = self._checked(raw)
+        if checked is None:
             return False
         if keep is not None:
             keep[0].mark_verified(keep[1], keep[3])
-        body = raw[:-4]
+        body, header, starts = checked
         view = body.data  # for struct: a writable memoryview of the same bytes
-        header = self._header(view)
-        if header is None or header[6] != len(body):
-            return False
         version, version_lz, flags, typesize, nbytes, blocksize, _ = header
         isz = self.itemsize
-        if flags & MEMCPYED:  # stored as it is after the header
-            if len(body) != HEADER + nbytes:
-                return False
+        if starts is None:  # stored as it is after the header
             out[:] = np.frombuffer(body, dtype=self.dtype, count=last - first, offset=HEADER + first * isz)
             return True
-        n_blocks = -(-nbytes // blocksize)
-        starts = struct.unpack_from(f"<{n_blocks}i", view, HEADER)
-        if not _valid_starts(starts, n_blocks, len(body)):
-            return False
+        n_blocks = len(starts)
         per_block = blocksize // isz
         b0, b1 = first // per_block, (last - 1) // per_block
         k = b1 - b0 + 1
@@ -496,9 +492,7 @@ class DirectCells:
                     return None
         except OSError:
             return None
-        decoded = min(nbytes, (b1 + 1) * blocksize) - b0 * blocksize
-        struct.pack_into("<BBBBiii", frame.data, 0, version, version_lz, flags, typesize, decoded, blocksize, len(frame))
-        struct.pack_into(f"<{k}i", frame.data, HEADER, *(prefix + start - starts[b0] for start in starts[b0 : b1 + 1]))
+        decoded = _frame_header(frame, header, starts, b0, b1)
         return self._decode(frame, decoded, b0, b1, per_block, first, last, out, buffers, keep)
 
     def _decode(
@@ -522,6 +516,18 @@ class DirectCells:
                 if cache.admit(key, stamp):
                     cache.put(key, stamp, dest[i * per_block : (i + 1) * per_block].copy())
         return True
+
+
+def _frame_header(frame: np.ndarray, header: tuple, starts: tuple[int, ...], b0: int, b1: int) -> int:
+    """Write the header and block starts of a blosc frame of blocks b0..b1 (their bytes already after them in `frame`)
+    from the chunk's `header` and `starts`; returns the bytes it decompresses to."""
+    version, version_lz, flags, typesize, nbytes, blocksize, _ = header
+    k = b1 - b0 + 1
+    prefix = HEADER + 4 * k
+    decoded = min(nbytes, (b1 + 1) * blocksize) - b0 * blocksize
+    struct.pack_into("<BBBBiii", frame.data, 0, version, version_lz, flags, typesize, decoded, blocksize, len(frame))
+    struct.pack_into(f"<{k}i", frame.data, HEADER, *(prefix + start - starts[b0] for start in starts[b0 : b1 + 1]))
+    return decoded
 
 
 def _valid_starts(starts: tuple[int, ...], n_blocks: int, body: int) -> bool:
