@@ -25,10 +25,14 @@ CHILD = """
 import json, sys, time
 from attnstore.queries import run_query
 from attnstore.store import open_store
+from attnstore.store.errors import AttnStoreError
 home, run, query, size = sys.argv[1:5]
-store = open_store(home=home, read_only=True)
-started = time.perf_counter()
-frame = run_query(store, query, run=run, max_examples=None if size == "none" else int(size))
+try:
+    store = open_store(home=home, read_only=True)
+    started = time.perf_counter()
+    frame = run_query(store, query, run=run, max_examples=None if size == "none" else int(size))
+except AttnStoreError as exc:
+    sys.exit(str(exc))
 print(json.dumps({"seconds": time.perf_counter() - started, "rows": len(frame)}))
 """
 QUERIES = ("pattern_proportions", "pattern_heads", "pattern_classes")
@@ -50,7 +54,7 @@ def timed(home: str, run: str, query: str, size: str, repeats: int, cold: bool) 
             drop_page_cache()
         done = subprocess.run([sys.executable, "-c", CHILD, home, run, query, size], capture_output=True, text=True)
         if done.returncode != 0:
-            sys.exit(f"{query} max_examples={size} failed:\n{done.stderr.strip()[-2000:]}")
+            sys.exit(f"{query} max_examples={size} failed: {done.stderr.strip()[-2000:]}")
         best = min(best, json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
     return best
 

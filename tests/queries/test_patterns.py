@@ -497,3 +497,24 @@ def test_a_samples_label_counts_read_only_the_normalised_scores(store, pattern_r
     assert read[1] is None  # pattern_classes gives every score
     counted = sample["label"].value_counts().reindex(list(P.CLASSES), fill_value=0)
     assert shares["n_maps"].tolist() == counted.tolist()
+
+
+def test_the_sampled_bench_refuses_bad_input_in_one_line(tmp_path, monkeypatch):
+    """benchmarks/sampled_summaries.py: a sample size below 1 is a usage error; a run the store lacks is one line naming
+    it and the runs it has (from the child process), not a traceback."""
+    from attnstore.store import migrate
+    from attnstore.tests.queries.test_registry import _script
+
+    bench = _script("benchmarks/sampled_summaries.py")
+    home = tmp_path / "home"
+    home.mkdir()
+    migrate.upgrade(f"sqlite:///{home / 'meta.sqlite'}")  # an empty store: no runs
+    monkeypatch.setattr("sys.argv", ["sampled_summaries.py", "--home", str(home), "--run", "MRPC-dev", "--samples", "0"])
+    with pytest.raises(SystemExit) as usage:
+        bench.main()
+    assert usage.value.code == 2
+    monkeypatch.setattr("sys.argv", ["sampled_summaries.py", "--home", str(home), "--run", "nope", "--repeats", "1"])
+    with pytest.raises(SystemExit) as missing:
+        bench.main()
+    message = str(missing.value.code)
+    assert message.startswith("pattern_proportions max_examples=none failed: no run 'nope'") and "\n" not in message
