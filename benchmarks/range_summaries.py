@@ -229,7 +229,7 @@ def write_kind(dst_root: Path, info, name: str, rows: dict, labels: list[str] | 
             continue
         # a field's chunks hold a power of two of rows up to 4,096 (fewer where a row is large), so real_rows (a
         # multiple of n and of 4,096) is a whole number of them, and chunk j repeats chunk j mod that number
-        rows_per_chunk = array.chunks[0]
+        rows_per_chunk = arrays.summary_file_rows(array)  # a shard's rows where the field is sharded
         assert real_rows % rows_per_chunk == 0, (key, rows_per_chunk)
         distinct_chunks = real_rows // rows_per_chunk
         chunk_dir = node / key / "c"

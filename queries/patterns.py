@@ -73,7 +73,7 @@ from .pattern_metrics import (  # noqa: F401  (the metrics' names are re-exporte
     stratified_split,
 )
 from .registry import register
-from .summary import SummaryKind, kept_order, register_kind, summary, summary_totals
+from .summary import SummaryKind, ascending, kept_order, register_kind, summary, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -311,9 +311,7 @@ def sample_examples(store: Store, info, examples=None, max_examples: int | None 
     they are kept (`kept_order`: no SQL stream of the run's storage order)."""
     if max_examples is not None and max_examples < 1:
         raise InvalidArgumentError(f"max_examples must be at least 1, not {max_examples}")
-    positions = kept_order(store, info, PATTERN_SCORES, {})
-    if np.any(positions[1:] < positions[:-1]):  # storage order is ascending unless examples were stored out of order
-        positions = np.sort(positions)
+    positions = ascending(kept_order(store, info, PATTERN_SCORES, {}))
     if examples is not None:
         wanted = np.unique(np.fromiter((int(e) for e in examples), dtype=np.int64))
         missing = wanted[~np.isin(wanted, positions)]

@@ -52,7 +52,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
-from . import direct, remote
+from . import direct, remote, sharded
 from .errors import DamagedDataError, InvalidArgumentError, NotFoundError
 
 AXES = ("layer", "head", "query", "key")
@@ -319,15 +319,16 @@ class SummaryParts:
     its own ragged rows (offsets from 0).
 
     A local root's fields are read straight from their chunk files (store/direct.py: the file's checksum, then only
-    the blosc blocks holding the rows): through zarr each field's read is an event-loop hop and a whole chunk decoded
-    (~3 ms per field and range of 4,096 examples, whether one example or all of them is wanted). Anything the direct
-    read does not take (a remote root, a chunk not written because it held only zeros, damage) is read through zarr,
-    which fills or names it."""
+    the blosc blocks holding the rows; store/sharded.py for a sharded field: the shard's index, then only the inner
+    chunks holding the rows, each checked): through zarr each field's read is an event-loop hop and a whole chunk
+    decoded (~3 ms per field and range of 4,096 examples, whether one example or all of them is wanted). Anything the
+    direct read does not take (a remote root, a chunk not written because it held only zeros, damage) is read through
+    zarr, which fills or names it."""
 
     def __init__(self, node) -> None:
         self.arrays = dict(node.arrays())
         self.n = int(self.arrays["example"].shape[0])
-        self._direct = {key: direct.direct_reader(array) for key, array in self.arrays.items()}
+        self._direct = {key: _direct_reader(array) for key, array in self.arrays.items()}
 
     def _slice(self, key: str, start: int, stop: int) -> np.ndarray:
         reader = self._direct[key]
@@ -370,15 +371,18 @@ class SummaryParts:
         got = None if reader is None else reader.read_rows(rows, keep=True)
         return got if got is not None else np.asarray(array.get_orthogonal_selection((rows,)))
 
-    def rows(self, positions: np.ndarray, fields: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    def rows(self, positions: np.ndarray, fields: Iterable[str] | None = None, examples: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The examples at `positions` (ascending, distinct, in the summary's order), as `write_summary` was given them
         for those alone (only `fields` and the example column, if given): a sample's rows, each decoding the blosc
-        blocks they lie in rather than their chunks. A ragged field's rows are each example's, between its offsets."""
+        blocks (or inner chunks) they lie in rather than their chunks. A ragged field's rows are each example's, between
+        its offsets. `examples`: those rows of the example column, where the caller has read it (not read again)."""
         positions = np.asarray(positions, dtype=np.int64)
         keys = set(self.arrays)
         out: dict[str, np.ndarray] = {}
         for key in self._keys(fields):
-            if is_ragged_start(key, keys):
+            if key == "example" and examples is not None:
+                out[key] = np.array(examples, dtype=self.arrays[key].dtype)
+            elif is_ragged_start(key, keys):
                 bounds = np.union1d(positions, positions + 1)  # each example's first row and the next one's
                 offsets = self._take(key, bounds).astype(np.int64, copy=False)
                 first = offsets[np.searchsorted(bounds, positions)]
@@ -390,6 +394,11 @@ class SummaryParts:
             elif f"{key}_start" not in keys:
                 out[key] = self._take(key, positions)
         return out
+
+
+def _direct_reader(array):
+    """A summary field's reader straight from its files: of its shards' inner chunks, or of its chunks (None: zarr)."""
+    return direct.direct_reader(array) if array.shards is None else sharded.sharded_reader(array)
 
 
 def summary_parts(root: str, array_path: str, name: str, stamp: dict) -> SummaryParts | None:
@@ -533,6 +542,10 @@ class SummaryRangesWriter:
 
 SUMMARY_CHUNK_BYTES = 8 << 20
 SUMMARY_CHUNK_ROWS = 4096  # examples per chunk at most: queries read a summary back 4,096 examples at a time
+# A field's chunk larger than this is a shard of inner chunks of about SUMMARY_INNER_BYTES, each compressed and checked
+# on its own (store/sharded.py), so one example's row is read and checked without its whole chunk.
+SHARD_ABOVE_BYTES = 256 << 10
+SUMMARY_INNER_BYTES = 64 << 10
 
 
 def _summary_chunks(array: np.ndarray, ragged: bool, whole: bool) -> tuple[int, ...]:
@@ -553,6 +566,26 @@ def _summary_chunks(array: np.ndarray, ragged: bool, whole: bool) -> tuple[int, 
     if whole:
         rows = min(rows, 1 << max(0, (len(array) - 1).bit_length()))
     return (rows, *(max(1, n) for n in array.shape[1:]))
+
+
+def summary_layout(array: np.ndarray, ragged: bool, whole: bool) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """`create_array`'s chunks and shards (None: not sharded) for a summary field: `_summary_chunks`, and where such a chunk holds more
+    than SHARD_ABOVE_BYTES of fixed-size rows, a shard of that many rows made of inner chunks of a power of two of
+    rows, about SUMMARY_INNER_BYTES each (at least two per shard). A sample of a large run then reads and checks a
+    row's inner chunk, not a chunk of 2 MiB (`pattern_scores`' fields: 4,096 rows of 576 bytes)."""
+    chunks = _summary_chunks(array, ragged, whole)
+    if ragged or array.ndim == 0:
+        return chunks, None
+    row_bytes = max(1, int(np.prod(array.shape[1:], dtype=np.int64)) * array.dtype.itemsize)
+    inner = 1 << max(0, (SUMMARY_INNER_BYTES // row_bytes).bit_length() - 1)
+    if chunks[0] * row_bytes <= SHARD_ABOVE_BYTES or 2 * inner > chunks[0]:
+        return chunks, None
+    return (inner, *chunks[1:]), chunks
+
+
+def summary_file_rows(array) -> int:
+    """Rows per chunk file of a summary field: its shard's, else its chunk's."""
+    return int((array.shards or array.chunks)[0])
 
 
 class SummaryWriter:
@@ -599,11 +632,13 @@ class SummaryWriter:
         async def write(key: str, array: np.ndarray) -> None:
             kept = self.arrays.get(key)
             if kept is None:  # created at the part's size: no resize, one metadata write
+                chunks, shards = summary_layout(array, ragged=f"{key}_start" in values, whole=whole)
                 target = await self.node._async_group.create_array(
                     key,
                     shape=array.shape,
                     dtype=array.dtype,
-                    chunks=_summary_chunks(array, ragged=f"{key}_start" in values, whole=whole),
+                    chunks=chunks,
+                    shards=shards,
                     compressors=make_codec(INDEX_CODEC, str(array.dtype)),
                 )
                 self.arrays[key] = zarr.Array(target)

@@ -4,10 +4,14 @@ clean run" or in a clean one-line error. See docs/RELIABILITY.md for the guarant
 
 Ingests run as real `attnstore ingest` processes (so kill -9 is real) with a tiny random BERT
 (2 layers x 2 heads) over a synthetic corpus; the clean reference is the same ingest in-process.
+Most are forked from a process that has imported attnstore, torch and transformers once (`Forks`): a
+fresh interpreter spends ~4 s of CPU importing them, and this module starts about 70 ingests. The tests
+of what a whole process prints at its end (a full disk, a read-only root) still run fresh interpreters.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -132,8 +136,123 @@ def ingest_cmd(url, root, corpus, tiny_model, name="k"):
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def spawn(cmd) -> subprocess.Popen:
-    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+# The forking process: reads [argv, stderr file, gate file or null] lines, forks a child that (once the gate file
+# exists, if one is named) runs `attnstore <argv>` (stdout to /dev/null, stderr to the file, atexit handlers run as
+# at a normal exit), prints its pid, and writes each child's exit code (negative: killed by that signal) to
+# "<stderr file>.rc" when it ends.
+FORKS = r"""
+import atexit, json, os, select, sys, time, traceback
+import attnstore.api.cli, attnstore.ingest, torch, transformers  # what every ingest imports: once here
+rc_of = {}
+def reap():
+    while rc_of:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        path = rc_of.pop(pid)
+        with open(path + ".tmp", "w") as f:
+            f.write(str(os.waitstatus_to_exitcode(status)))
+        os.replace(path + ".tmp", path)
+while True:
+    ready = select.select([sys.stdin], [], [], 0.02)[0]
+    reap()
+    if not ready:
+        continue
+    line = sys.stdin.readline()
+    if not line:
+        break
+    argv, err, gate = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        while gate and not os.path.exists(gate):
+            time.sleep(0.01)
+        os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        sys.argv, code = ["attnstore", *argv], 1
+        try:
+            attnstore.api.cli.main()
+            code = 0
+        except SystemExit as exc:  # click's exit: a code, or a message (code 1) as a fresh interpreter would print it
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    rc_of[pid] = err + ".rc"
+    print(pid, flush=True)
+while rc_of:
+    reap()
+"""
+
+
+class Forked:
+    """An `attnstore` process forked by `Forks`, used as a subprocess.Popen is here."""
+
+    def __init__(self, pid: int, err: Path) -> None:
+        self.pid, self.err, self.returncode = pid, err, None
+
+    def poll(self) -> int | None:
+        rc = Path(f"{self.err}.rc")
+        if self.returncode is None and rc.exists():
+            self.returncode = int(rc.read_text())
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.time() + timeout
+        while self.poll() is None:
+            if time.time() > deadline:
+                raise subprocess.TimeoutExpired(f"attnstore (pid {self.pid})", timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    @property
+    def stderr(self):
+        return open(self.err, encoding="utf-8", errors="replace")
+
+
+class Forks:
+    """Starts `attnstore` commands as processes forked from one that imported attnstore, torch and transformers."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.n = folder, 0
+        self.proc = subprocess.Popen([sys.executable, "-c", FORKS], env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def start(self, cmd: list[str], gate: Path | None = None) -> Forked:
+        """`cmd` (an `attnstore` command line) in a forked process; with `gate`, it waits for that file to exist."""
+        assert cmd[1:3] == ["-m", "attnstore.api.cli"], cmd
+        self.n += 1
+        err = self.folder / f"stderr-{self.n}"
+        self.proc.stdin.write(json.dumps([cmd[3:], str(err), gate and str(gate)]) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line.strip().isdigit(), f"the forking process ended: {line!r}"
+        return Forked(int(line), err)
+
+    def run(self, cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+        proc = self.start(cmd)
+        proc.wait(timeout)
+        with proc.stderr as err:
+            return subprocess.CompletedProcess(cmd, proc.returncode, "", err.read())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory):
+    forks = Forks(tmp_path_factory.mktemp("forks"))
+    yield forks
+    forks.close()
 
 
 def lease_held(url: str, resource: str) -> bool:
@@ -166,15 +285,15 @@ def fresh(db_url, store, tmp_path):
 # ---------------------------------------------------------------- kill -9
 
 
-def test_kill_9_at_random_moments_loses_and_duplicates_nothing(fresh, corpus, tiny_model, clean):
+def test_kill_9_at_random_moments_loses_and_duplicates_nothing(fresh, corpus, tiny_model, clean, forks):
     url, root = fresh
     rng = random.Random(20261122 + ("postgresql" in url))
     cmd = ingest_cmd(url, root, corpus, tiny_model)
     kills = 0
     for _ in range(4 * KILLS_PER_BACKEND):
-        proc = spawn(cmd)
+        proc = forks.start(cmd)
         if rng.random() < 0.2:  # anywhere: start-up, model load, dataset registration
-            time.sleep(rng.uniform(0, 4))
+            time.sleep(rng.uniform(0, 1.5))
         else:  # while writing: after the run's lease is taken
             wait_for(lambda: lease_held(url, "run:k"), proc)
             time.sleep(rng.uniform(0, 0.3))
@@ -186,7 +305,7 @@ def test_kill_9_at_random_moments_loses_and_duplicates_nothing(fresh, corpus, ti
         if proc.returncode == 0 or kills >= KILLS_PER_BACKEND:
             break
     assert kills >= KILLS_PER_BACKEND
-    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    done = forks.run(cmd)
     assert done.returncode == 0, done.stderr[-2000:]
     assert_same_as_clean(open_store(db=url, root=str(root)), clean)
 
@@ -194,29 +313,16 @@ def test_kill_9_at_random_moments_loses_and_duplicates_nothing(fresh, corpus, ti
 # ---------------------------------------------------------------- concurrent writers
 
 
-# The second writer is started (interpreter up, attnstore imported) before the first, then released
-# through a gate file once the first holds the run's lease: on a loaded machine a cold start could
-# otherwise take longer than the whole first ingest.
-GATED = (
-    "import os, sys, time\n"
-    "from attnstore.api.cli import main\n"
-    "while not os.path.exists(sys.argv[1]):\n    time.sleep(0.01)\n"
-    "sys.argv = ['attnstore', *sys.argv[2:]]\n"
-    "main()\n"
-)
+# The second writer is started (forked, attnstore imported) before the first, then released through a gate file
+# once the first holds the run's lease: on a loaded machine a cold start could otherwise take longer than the whole
+# first ingest.
 
 
-def test_second_writer_of_a_run_fails_at_once_and_the_first_is_intact(fresh, corpus, tiny_model, clean, tmp_path):
+def test_second_writer_of_a_run_fails_at_once_and_the_first_is_intact(fresh, corpus, tiny_model, clean, tmp_path, forks):
     url, root = fresh
     gate = tmp_path / "go"
-    second = subprocess.Popen(
-        [sys.executable, "-c", GATED, str(gate), *ingest_cmd(url, root, corpus, tiny_model)[3:]],
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    first = spawn(ingest_cmd(url, root, corpus, tiny_model))
+    second = forks.start(ingest_cmd(url, root, corpus, tiny_model), gate=gate)
+    first = forks.start(ingest_cmd(url, root, corpus, tiny_model))
     assert wait_for(lambda: lease_held(url, "run:k"), first)
     started = time.time()
     gate.touch()
@@ -231,23 +337,14 @@ def test_second_writer_of_a_run_fails_at_once_and_the_first_is_intact(fresh, cor
     assert_same_as_clean(open_store(db=url, root=str(root)), clean)
 
 
-def test_two_writers_started_together_one_wins(fresh, corpus, tiny_model, clean, tmp_path):
-    """Both interpreters are started and import attnstore first, then released through one gate file, so they race
+def test_two_writers_started_together_one_wins(fresh, corpus, tiny_model, clean, tmp_path, forks):
+    """Both processes are started (forked, attnstore imported) first, then released through one gate file, so they race
     for the dataset and the run from the same moment. One writes the run; the other either fails at once in one line
     (it met the run's lease) or, where the first finished before it looked (a loaded machine can slow one process
     that much), finds the run complete and stores nothing. Never two writers, never a half-written or doubled run."""
     url, root = fresh
     gate = tmp_path / "go"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", GATED, str(gate), *ingest_cmd(url, root, corpus, tiny_model)[3:]],
-            env=ENV,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
+    procs = [forks.start(ingest_cmd(url, root, corpus, tiny_model), gate=gate) for _ in range(2)]
     gate.touch()
     for p in procs:
         p.wait(timeout=300)
@@ -259,7 +356,7 @@ def test_two_writers_started_together_one_wins(fresh, corpus, tiny_model, clean,
     assert_same_as_clean(open_store(db=url, root=str(root)), clean)
 
 
-def test_a_loader_killed_between_commit_and_release_leaves_no_lease(fresh, corpus, tiny_model, tiny_loaded, clean):
+def test_a_loader_killed_between_commit_and_release_leaves_no_lease(fresh, corpus, tiny_model, tiny_loaded, clean, forks):
     """The dataset's loader was killed after storing it but before releasing its lease (found by
     the kill -9 test in CI): the next ingest finds the dataset complete, never takes that lease,
     and must still clear the dead holder's row."""
@@ -275,14 +372,14 @@ def test_a_loader_killed_between_commit_and_release_leaves_no_lease(fresh, corpu
             sa.text("INSERT INTO leases (resource, token, host, pid, acquired_at, heartbeat_at) VALUES (:r, :t, :h, :p, :w, :w)"),
             {"r": dataset_lease_name(identity), "t": "d" * 32, "h": leases.HOST, "p": dead.pid, "w": when},
         )
-    again = subprocess.run(ingest_cmd(url, root, corpus, tiny_model, name="k2"), env=ENV, capture_output=True, text=True, timeout=300)
+    again = forks.run(ingest_cmd(url, root, corpus, tiny_model, name="k2"))
     assert again.returncode == 0, again.stderr[-2000:]
     assert_same_as_clean(open_store(db=url, root=str(root)), clean, "k2")  # asserts no lease row is left
 
 
-def test_two_runs_of_one_new_dataset_at_once_register_it_once(fresh, corpus, tiny_model, clean):
+def test_two_runs_of_one_new_dataset_at_once_register_it_once(fresh, corpus, tiny_model, clean, forks):
     url, root = fresh
-    procs = [spawn(ingest_cmd(url, root, corpus, tiny_model, name=name)) for name in ("k", "k2")]
+    procs = [forks.start(ingest_cmd(url, root, corpus, tiny_model, name=name)) for name in ("k", "k2")]
     for p in procs:
         p.wait(timeout=300)
         assert p.returncode == 0, p.stderr.read()[-2000:]
@@ -296,9 +393,9 @@ def test_two_runs_of_one_new_dataset_at_once_register_it_once(fresh, corpus, tin
 # ---------------------------------------------------------------- reading while writing
 
 
-def test_queries_during_ingest_see_consistent_snapshots(fresh, corpus, tiny_model, clean):
+def test_queries_during_ingest_see_consistent_snapshots(fresh, corpus, tiny_model, clean, forks):
     url, root = fresh
-    proc = spawn(ingest_cmd(url, root, corpus, tiny_model))
+    proc = forks.start(ingest_cmd(url, root, corpus, tiny_model))
     partial = 0
     store = None
     while proc.poll() is None:

@@ -81,9 +81,12 @@ def test_examples_read_only_the_kept_parts_that_hold_them(store, run, monkeypatc
     run_query(store, "entropy", run=run)  # keeps the summary
     read, rows = [], SummaryParts.rows
     monkeypatch.setattr(SummaryParts, "part", lambda *a: (_ for _ in ()).throw(AssertionError("a whole part was read")))
-    monkeypatch.setattr(
-        SummaryParts, "rows", lambda self, positions, fields=None: read.append(positions.tolist()) or rows(self, positions, fields)
-    )
+
+    def counted(self, positions, *args, **kwargs):
+        read.append(positions.tolist())
+        return rows(self, positions, *args, **kwargs)
+
+    monkeypatch.setattr(SummaryParts, "rows", counted)
     monkeypatch.setattr(type(store), "storage_order", lambda *a: (_ for _ in ()).throw(AssertionError("read from SQL")))
     with pytest.raises(summary_module.NotFoundError, match=r"no stored example\(s\) \[9\]"):
         run_query(store, "entropy", run=run, examples=[3, 9])
@@ -91,6 +94,38 @@ def test_examples_read_only_the_kept_parts_that_hold_them(store, run, monkeypatc
     monkeypatch.undo()
     same(got, reference.query(store, "entropy", run=run, examples=[3]))
     assert read == [[3]]
+
+
+def test_a_sample_reads_the_kept_example_column_once(store, run, make_run, monkeypatch):
+    """A sampled query's two steps (`kept_order` to draw the sample, then `summary_parts` for its rows) read the kept
+    summary's example column once, shared read-only; another run's is read for it."""
+    from attnstore.store.arrays import SummaryParts
+
+    run_query(store, "entropy", run=run)  # keeps the summary
+    other = make_run(store, MAPS[:3], TOKENS[:3], name="other", dtype="float16")
+    run_query(store, "entropy", run=other)
+    kind = summary_module.kind_named("clark")
+    reads, column = [], SummaryParts.column
+    monkeypatch.setattr(SummaryParts, "column", lambda self, key: reads.append(key) or column(self, key))
+    monkeypatch.setattr(summary_module, "_LAST_ORDER", None)
+    order = summary_module.kept_order(store, store.run_info(run), kind, {})
+    parts = list(summary_module.summary_parts(store, store.run_info(run), kind, [2, 0]))
+    assert sorted(order.tolist()) == [0, 1, 2, 3] and reads == ["example"]
+    assert sorted(np.concatenate([part["example"] for part in parts]).tolist()) == [0, 2]
+    with pytest.raises(ValueError):
+        order[0] = 9
+    assert sorted(summary_module.kept_order(store, store.run_info(other), kind, {}).tolist()) == [0, 1, 2]
+    assert reads == ["example", "example"]
+
+
+@pytest.mark.parametrize(
+    "positions",
+    [[5, 3, 9, 0], [0, 1, 2], [], [7], [10**9, 3, 5], [4, 4, 1], list(np.random.default_rng(0).permutation(50000)[:40000])],
+    ids=["dense", "ascending", "empty", "one", "sparse", "repeated", "large"],
+)
+def test_ascending_sorts_as_np_sort(positions):
+    got = summary_module.ascending(np.asarray(positions, dtype=np.int64))
+    assert got.dtype == np.int64 and got.tolist() == sorted(positions)
 
 
 def test_sums_of_a_run_that_has_grown_since_are_built_again(store, run, monkeypatch):

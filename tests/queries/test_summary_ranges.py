@@ -117,7 +117,14 @@ def test_a_summary_is_kept_part_by_part_and_read_back_in_parts(store, make_run, 
     assert [len(p["example"]) for p in parts] == [4, 4, 1] and all(p["word_start"][0] == 0 for p in parts)
     for field, values in concatenate(kind, parts).items():
         np.testing.assert_array_equal(values, whole[field], err_msg=field)
-    assert [p["example"].tolist() for p in summary_parts(store, info, kind, [8, 1, 5])] == [[1], [5], [8]]
+    assert [p["example"].tolist() for p in summary_parts(store, info, kind, [8, 1, 5])] == [[1, 5, 8]]
+    # some examples' rows come in parts of at most SUMMARY_RANGE examples, in storage order, whatever ranges they lie in
+    some = list(summary_parts(store, info, kind, [8, 1, 5, 0, 2]))
+    assert [len(p["example"]) for p in some] == [4, 1]
+    order = summary.in_storage_order(store, info)
+    assert np.concatenate([p["example"] for p in some]).tolist() == [e for e in order.tolist() if e in {8, 1, 5, 0, 2}]
+    for p in some:
+        assert p["word_start"][0] == 0 and p["word_start"][-1] == len(p["argmax"])
 
 
 def test_a_build_cut_off_part_way_is_never_read_and_is_built_again(store, make_run, monkeypatch):

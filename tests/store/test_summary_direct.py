@@ -1,9 +1,10 @@
 """A kept summary read straight from its chunk files (issue 29: a sample's rows without decoding whole chunks).
 
-`DirectCells.read_rows` on N-D arrays whose chunks hold whole rows equals zarr's read for any set of rows; `SummaryParts`
-gives the same `part` and `rows` through the direct reader as through zarr, including a chunk zarr never wrote (all
-zeros) and the last, partial chunk; a damaged chunk still fails as zarr fails; a sample's rows decode blosc blocks,
-not whole chunks.
+`DirectCells.read_rows` on N-D arrays whose chunks hold whole rows, and `ShardedRows.read_rows` on fields kept as
+shards of inner chunks (rows of more than 64 bytes here: `score`, `zeros`), equal zarr's read for any set of rows;
+`SummaryParts` gives the same `part` and `rows` through the direct readers as through zarr, including a chunk (or a
+shard, or an inner chunk) zarr never wrote (all zeros) and the last, partial chunk; a damaged chunk or shard still
+fails as zarr fails; a sample's rows decode blosc blocks or inner chunks, not whole chunks.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 import zarr
 from zarr.codecs import BytesCodec
 
-from attnstore.store import arrays, direct
+from attnstore.store import arrays, direct, sharded
 
 from .test_integrity import damage
 
@@ -24,6 +25,7 @@ def summary_fields(n: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     zeros = rng.random((n, 3, 4))
     zeros[: arrays.SUMMARY_CHUNK_ROWS] = 0  # the first chunk holds only the fill value: zarr does not write it
+    zeros[arrays.SUMMARY_CHUNK_ROWS + INNER : arrays.SUMMARY_CHUNK_ROWS + 2 * INNER] = 0  # nor this inner chunk of a shard
     return {
         "example": np.arange(n, dtype=np.int64) * 3 + 1,
         "score": rng.random((n, 3, 4)),
@@ -31,7 +33,13 @@ def summary_fields(n: int) -> dict[str, np.ndarray]:
         "count": rng.integers(0, 9, (n, 5), dtype=np.int32),
         "zeros": zeros,
         "noise": rng.integers(0, 256, (n, 40), dtype=np.uint8),  # incompressible: blosc stores it as it is (memcpyed)
+        "wide": rng.random((n, 12), dtype=np.float32),  # 192 KiB chunks: not sharded, several blosc blocks each
     }
+
+
+SHARDED = {"score", "zeros"}  # 4,096 rows of 96 bytes: shards of 8 inner chunks of 512 rows
+INNER = 512
+UNWRITTEN = [(0, arrays.SUMMARY_CHUNK_ROWS), (arrays.SUMMARY_CHUNK_ROWS + INNER, arrays.SUMMARY_CHUNK_ROWS + 2 * INNER)]
 
 
 def write(root: Path, values: dict[str, np.ndarray], parts: int | None = arrays.SUMMARY_CHUNK_ROWS) -> arrays.SummaryParts:
@@ -60,7 +68,8 @@ def test_every_field_of_a_local_summary_has_a_direct_reader(kept):
     saved, values = kept
     assert set(saved.arrays) == set(values)
     for key, reader in saved._direct.items():
-        assert reader is not None, key
+        assert isinstance(reader, sharded.ShardedRows if key in SHARDED else direct.DirectCells), key
+        assert (saved.arrays[key].shards is not None) == (key in SHARDED), key
         assert reader.trailing == values[key].shape[1:] and reader.width == int(np.prod(values[key].shape[1:]))
 
 
@@ -90,21 +99,53 @@ def test_direct_rows_equal_zarr_for_random_sets(kept):
         positions = np.sort(rng.choice(saved.n, int(rng.integers(1, 300)), replace=False))
         for key, array in saved.arrays.items():
             got = saved._direct[key].read_rows(positions)
-            if key == "zeros" and positions[0] < arrays.SUMMARY_CHUNK_ROWS:
-                assert got is None  # its first chunk was never written: left to zarr, which fills it
+            if key == "zeros" and any(((lo <= positions) & (positions < hi)).any() for lo, hi in UNWRITTEN):
+                assert got is None  # a shard, or an inner chunk, never written: left to zarr, which fills it
                 continue
             np.testing.assert_array_equal(got, np.asarray(array.get_orthogonal_selection((positions,))), err_msg=key)
 
 
 def test_a_sample_decodes_blocks_not_chunks(kept, monkeypatch):
-    """A row of a 4,096-row chunk of (3, 4) float64s (384 KiB) decompresses the blosc block it lies in (smaller)."""
+    """A row of a 4,096-row chunk of 12 float32s (192 KiB) decompresses the blosc block it lies in; a row of a
+    sharded field (4,096 rows of (3, 4) float64s, 384 KiB), its inner chunk of 512 rows only."""
     saved, values = kept
-    decoded = []
-    real = direct.blosc.decompress
-    monkeypatch.setattr(direct.blosc, "decompress", lambda src, dest: decoded.append(dest.nbytes) or real(src, dest))
-    saved.rows(np.array([arrays.SUMMARY_CHUNK_ROWS + 7]))
-    chunk_bytes = arrays.SUMMARY_CHUNK_ROWS * 12 * 8
-    assert decoded and max(decoded) < chunk_bytes, decoded
+    decoded, inner = [], []
+    real = direct.blosc.decompress  # one numcodecs function: direct.py decodes into a buffer, sharded.py into a new one
+
+    def counted(src, dest=None):
+        if dest is not None:
+            decoded.append(dest.nbytes)
+            return real(src, dest)
+        inner.append(len(out := real(src)))
+        return out
+
+    assert sharded.blosc is direct.blosc
+    monkeypatch.setattr(direct.blosc, "decompress", counted)
+    got = saved.rows(np.array([arrays.SUMMARY_CHUNK_ROWS + 7]), fields=("wide", "score"))
+    np.testing.assert_array_equal(got["score"], values["score"][[arrays.SUMMARY_CHUNK_ROWS + 7]])
+    assert decoded and max(decoded) < arrays.SUMMARY_CHUNK_ROWS * 12 * 4, decoded
+    assert inner == [INNER * 12 * 8]
+
+
+def test_a_sharded_row_checks_the_index_and_one_inner_chunk(kept, monkeypatch):
+    """One row of a shard: its index (8 inner chunks x 16 bytes) and its inner chunk are checked, not the shard."""
+    saved, values = kept
+    checked = []
+    real = sharded.google_crc32c.value
+    monkeypatch.setattr(sharded.google_crc32c, "value", lambda data: checked.append(len(data)) or real(data))
+    row = 2 * arrays.SUMMARY_CHUNK_ROWS + 3 * INNER + 5
+    np.testing.assert_array_equal(saved._direct["score"].read_rows(np.array([row]))[0], values["score"][row])
+    shard = Path(saved._direct["score"].shard_file(2))
+    assert checked[0] == 8 * 16 and len(checked) == 2 and checked[1] < shard.stat().st_size / 3, checked
+
+
+def test_summary_layout_shards_large_rows_only():
+    pattern = np.zeros((4096, 12, 12), np.float32)  # pattern_scores' fields: 576 bytes a row
+    assert arrays.summary_layout(pattern, ragged=False, whole=False) == ((64, 12, 12), (4096, 12, 12))
+    assert arrays.summary_layout(pattern[:408], ragged=False, whole=True) == ((64, 12, 12), (512, 12, 12))
+    assert arrays.summary_layout(pattern[:100], ragged=False, whole=True) == ((128, 12, 12), None)  # 72 KiB: one chunk
+    assert arrays.summary_layout(np.zeros(4096, np.int64), ragged=False, whole=False) == ((4096,), None)
+    assert arrays.summary_layout(np.zeros((9000, 40), np.int32), ragged=True, whole=True) == ((16384, 40), None)
 
 
 def test_ragged_fields_are_read_between_their_offsets(tmp_path):
@@ -129,20 +170,28 @@ def test_ragged_fields_are_read_between_their_offsets(tmp_path):
     np.testing.assert_array_equal(part["word"], np.arange(values["word_start"][1], values["word_start"][3]))
 
 
-@pytest.mark.parametrize("how", ["flipped", "truncated"])
-def test_a_damaged_summary_chunk_fails_as_zarr_fails(tmp_path, how):
+@pytest.mark.parametrize("field", ["wide", "score"])
+@pytest.mark.parametrize("how", ["flipped", "truncated", "index"])
+def test_a_damaged_summary_chunk_fails_as_zarr_fails(tmp_path, how, field):
+    """A chunk, or a shard (an inner chunk's bytes, its index, or its end cut off), damaged: the rows in it fail as
+    zarr fails, the other chunks read."""
     values = summary_fields(2 * arrays.SUMMARY_CHUNK_ROWS)
     saved = write(tmp_path, values)
-    folder = Path(saved.arrays["score"].store_path.store.root) / saved.arrays["score"].path
-    damage(folder / "c" / "1" / "0" / "0", how)
+    folder = Path(saved.arrays[field].store_path.store.root) / saved.arrays[field].path
+    path = folder / "c" / "1" / ("0" if field == "wide" else "0/0")
+    if how == "index":  # a byte of a shard's index (of a chunk: its checksum)
+        data = path.read_bytes()
+        path.write_bytes(data[:-10] + bytes([data[-10] ^ 0x01]) + data[-9:])
+    else:
+        damage(path, how)
     with pytest.raises(Exception) as through_zarr:
-        saved.arrays["score"][arrays.SUMMARY_CHUNK_ROWS :]
+        saved.arrays[field][arrays.SUMMARY_CHUNK_ROWS :]
     for positions in ([arrays.SUMMARY_CHUNK_ROWS + 1], [arrays.SUMMARY_CHUNK_ROWS + 1, arrays.SUMMARY_CHUNK_ROWS + 900]):
         with pytest.raises(type(through_zarr.value)):  # one row, and several runs of rows in the chunk (one check)
-            saved.rows(np.array(positions))
+            saved.rows(np.array(positions), fields=(field,))
     with pytest.raises(type(through_zarr.value)):
-        saved.part(arrays.SUMMARY_CHUNK_ROWS, 2 * arrays.SUMMARY_CHUNK_ROWS)
-    np.testing.assert_array_equal(saved.rows(np.array([3]))["score"], values["score"][[3]])  # the other chunk reads
+        saved.part(arrays.SUMMARY_CHUNK_ROWS, 2 * arrays.SUMMARY_CHUNK_ROWS, fields=(field,))
+    np.testing.assert_array_equal(saved.rows(np.array([3]))[field], values[field][[3]])  # the other chunk reads
 
 
 def test_no_direct_reader_for_chunks_that_split_rows_or_big_endian_bytes(tmp_path):
@@ -169,7 +218,7 @@ def test_the_rows_of_one_chunk_are_one_read_and_one_checksum(kept, monkeypatch):
     monkeypatch.setattr(direct.google_crc32c, "value", lambda data: checked.append(len(data)) or real(data))
     chunk = arrays.SUMMARY_CHUNK_ROWS
     positions = np.r_[np.arange(3, chunk, 7), np.arange(chunk + 1, 2 * chunk, 5)]  # every 7th row of one, 5th of the next
-    np.testing.assert_array_equal(saved._direct["score"].read_rows(positions), values["score"][positions])
+    np.testing.assert_array_equal(saved._direct["wide"].read_rows(positions), values["wide"][positions])
     assert len(checked) == 2
 
 
