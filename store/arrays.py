@@ -395,6 +395,25 @@ class SummaryParts:
                 out[key] = self._take(key, positions)
         return out
 
+    def rows_in_parts(self, positions: np.ndarray, cuts: list[int], fields=None, examples=None) -> list[dict[str, np.ndarray]]:
+        """`rows(positions, fields, examples)`, each field read once, handed back as consecutive parts cut before each
+        index of `cuts` (each as `rows` gives its examples alone: a ragged field's offsets from 0)."""
+        got = self.rows(positions, fields, examples)
+        keys = set(got)
+        bounds = [0, *cuts, len(positions)]
+        parts = []
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            part: dict[str, np.ndarray] = {}
+            for key, values in got.items():
+                if is_ragged_start(key, keys):
+                    offsets = values[lo : hi + 1]
+                    part[key] = offsets - offsets[0]
+                    part[key[: -len("_start")]] = got[key[: -len("_start")]][offsets[0] : offsets[-1]]
+                elif f"{key}_start" not in keys:
+                    part[key] = values[lo:hi]
+            parts.append(part)
+        return parts
+
 
 def _direct_reader(array):
     """A summary field's reader straight from its files: of its shards' inner chunks, or of its chunks (None: zarr)."""
@@ -608,6 +627,7 @@ class SummaryWriter:
             store=open_root(root, read_only=False), path=f"{group}/summary/{name}", overwrite=True, attributes={"stamp": None}
         )
         self.arrays: dict[str, zarr.Array] = {}
+        self.encoders: dict[str, sharded.ShardEncoder | None] = {}  # per sharded field: its shards' encoder
         self.ragged_rows: dict[str, int] = {}  # per `<field>_start`: the ragged field's rows saved so far
         # totals: the kind's range reduction; each appended part (a range of examples) is then also kept reduced
         self.totals = totals
@@ -642,12 +662,16 @@ class SummaryWriter:
                     compressors=make_codec(INDEX_CODEC, str(array.dtype)),
                 )
                 self.arrays[key] = zarr.Array(target)
+                self.encoders[key] = None if shards is None else sharded.shard_encoder(self.arrays[key])
                 at = 0
             else:
                 target = kept._async_array
                 at = target.shape[0]
                 await target.resize((at + array.shape[0], *array.shape[1:]))
-            if array.shape[0]:
+            encoder = self.encoders[key]
+            if encoder is not None and at % encoder.shard_rows == 0:  # whole shards from their first row: encoded here
+                await _write_shards(target, encoder, at, array)
+            elif array.shape[0]:
                 await target.setitem(slice(at, at + array.shape[0]), array)
 
         async def write_all() -> None:  # the fields' arrays at once: each is a few metadata and chunk writes through zarr
@@ -659,6 +683,18 @@ class SummaryWriter:
         if self.ranges is not None:
             self.ranges.finish(stamp)  # before the summary's own: a stamped summary's ranges are complete
         self.node.attrs["stamp"] = stamp
+
+
+async def _write_shards(target, encoder: sharded.ShardEncoder, at: int, rows: np.ndarray) -> None:
+    """Rows at..at+len-1 of a sharded field, `at` a shard's first row, written shard by shard (sharded.ShardEncoder:
+    the bytes zarr's sharding codec writes, without a thread hop per inner chunk)."""
+    per = encoder.shard_rows
+    tail = (0,) * (rows.ndim - 1)
+    for start in range(0, len(rows), per):
+        data = await asyncio.to_thread(encoder.encode, rows[start : start + per])  # fields at once: blosc frees the GIL
+        if data is not None:  # None: only the fill value (a new field's shard: no file there to remove)
+            key = target.metadata.encode_chunk_key(((at + start) // per, *tail))
+            await (target.store_path / key).set(default_buffer_prototype().buffer.from_bytes(data))
 
 
 def write_summary(root: str, array_path: str, name: str, values: dict[str, np.ndarray], stamp: dict) -> None:

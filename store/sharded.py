@@ -18,7 +18,7 @@ import os
 
 import google_crc32c
 import numpy as np
-from numcodecs import blosc
+from numcodecs import Blosc, blosc
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec
 from zarr.codecs.sharding import ShardingCodecIndexLocation
 from zarr.storage import LocalStore
@@ -31,11 +31,11 @@ def _little(codec) -> bool:
     return isinstance(codec, BytesCodec) and getattr(codec.endian, "value", "little") == "little"
 
 
-def sharded_reader(array) -> ShardedRows | None:
-    """A direct reader of a sharded field whose shards and inner chunks hold whole rows, or None where zarr must."""
-    store = array.store_path.store
+def _blosc_of(array) -> BloscCodec | None:
+    """The blosc codec of a field sharded as the summary writer shards them (whole rows per shard and inner chunk;
+    inner chunks [bytes little-endian, blosc, crc32c]; index [bytes little-endian, crc32c] at the end), else None."""
     codecs = getattr(array.metadata, "codecs", None)  # None: a zarr v2 array
-    if not isinstance(store, LocalStore) or codecs is None or len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
+    if codecs is None or len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
         return None
     sharding = codecs[0]
     inner, index = sharding.codecs, sharding.index_codecs
@@ -55,7 +55,62 @@ def sharded_reader(array) -> ShardedRows | None:
         return None
     if tuple(array.shards[1:]) != trailing or tuple(array.chunks[1:]) != trailing or array.shards[0] % array.chunks[0]:
         return None
+    return inner[1]
+
+
+def sharded_reader(array) -> ShardedRows | None:
+    """A direct reader of a sharded field whose shards and inner chunks hold whole rows, or None where zarr must."""
+    store = array.store_path.store
+    if not isinstance(store, LocalStore) or _blosc_of(array) is None:
+        return None
     return ShardedRows(array, str(store.root))
+
+
+def shard_encoder(array) -> ShardEncoder | None:
+    """An encoder of whole shards of a field sharded as the summary writer shards them, or None (zarr writes it)."""
+    codec = _blosc_of(array)
+    if codec is None or array.fill_value is None or np.asarray(array.fill_value) != 0:
+        return None
+    return ShardEncoder(array, codec)
+
+
+class ShardEncoder:
+    """A shard's bytes as zarr's sharding codec writes them for these codecs: each inner chunk blosc-compressed then its
+    CRC32C, back to back, then the index and its CRC32C. Zarr hands each inner chunk's compression to a thread of its
+    own (~1 ms each: a part of `pattern_scores`, 10 fields x 64 inner chunks, took 0.75 s against 0.15 s unsharded);
+    here they are compressed in turn. As zarr does by default: an inner chunk cut by the array's end is padded with
+    the fill value (zero); one that holds only the fill value is not written (nor a shard of only such chunks: None);
+    inner chunks wholly past the end are not written."""
+
+    def __init__(self, array, codec: BloscCodec) -> None:
+        self.inner_rows = int(array.chunks[0])
+        self.shard_rows = int(array.shards[0])
+        self.per_shard = self.shard_rows // self.inner_rows
+        self.dtype = np.dtype(array.dtype).newbyteorder("<")
+        self.blosc = Blosc(cname=codec.cname.value, clevel=codec.clevel, shuffle=SHUFFLES[codec.shuffle.value], blocksize=codec.blocksize)
+
+    def encode(self, rows: np.ndarray) -> bytes | None:
+        """Shard bytes of `rows` (at most a shard's rows, the first of them the shard's first), None: nothing to write."""
+        table = np.full((self.per_shard, 2), NOT_WRITTEN, dtype="<u8")
+        pieces: list[bytes] = []
+        at = 0
+        for i in range(-(-len(rows) // self.inner_rows)):
+            values = np.ascontiguousarray(rows[i * self.inner_rows : (i + 1) * self.inner_rows], dtype=self.dtype)
+            if not np.any(values != 0):  # zarr's test of a chunk of the fill value (so -0.0 counts as 0, NaN not)
+                continue
+            if len(values) < self.inner_rows:
+                values = np.concatenate([values, np.zeros((self.inner_rows - len(values), *values.shape[1:]), self.dtype)])
+            body = bytes(self.blosc.encode(values))
+            pieces += [body, google_crc32c.value(body).to_bytes(4, "little")]
+            table[i] = (at, len(body) + 4)
+            at += len(body) + 4
+        if not pieces:
+            return None
+        index = table.tobytes()
+        return b"".join([*pieces, index, google_crc32c.value(index).to_bytes(4, "little")])
+
+
+SHUFFLES = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
 
 
 class ShardedRows:

@@ -117,14 +117,19 @@ def test_a_summary_is_kept_part_by_part_and_read_back_in_parts(store, make_run, 
     assert [len(p["example"]) for p in parts] == [4, 4, 1] and all(p["word_start"][0] == 0 for p in parts)
     for field, values in concatenate(kind, parts).items():
         np.testing.assert_array_equal(values, whole[field], err_msg=field)
-    assert [p["example"].tolist() for p in summary_parts(store, info, kind, [8, 1, 5])] == [[1, 5, 8]]
-    # some examples' rows come in parts of at most SUMMARY_RANGE examples, in storage order, whatever ranges they lie in
-    some = list(summary_parts(store, info, kind, [8, 1, 5, 0, 2]))
-    assert [len(p["example"]) for p in some] == [4, 1]
-    order = summary.in_storage_order(store, info)
-    assert np.concatenate([p["example"] for p in some]).tolist() == [e for e in order.tolist() if e in {8, 1, 5, 0, 2}]
+    assert [p["example"].tolist() for p in summary_parts(store, info, kind, [8, 1, 5])] == [[1], [5], [8]]
+    # some examples' rows: a part per range that holds some (read together), in storage order, each with its own words
+    some = list(summary_parts(store, info, kind, [8, 1, 5, 0, 2, 3]))
+    order = summary.in_storage_order(store, info).tolist()
+    by_range = ([e for e in order[i : i + 4] if e in {8, 1, 5, 0, 2, 3}] for i in (0, 4, 8))
+    assert [p["example"].tolist() for p in some] == [r for r in by_range if r]
+    whole = {e: i for i, e in enumerate(order)}
+    full = concatenate(kind, parts)
     for p in some:
         assert p["word_start"][0] == 0 and p["word_start"][-1] == len(p["argmax"])
+        for j, e in enumerate(p["example"].tolist()):
+            lo, hi = full["word_start"][whole[e]], full["word_start"][whole[e] + 1]
+            np.testing.assert_array_equal(p["argmax"][p["word_start"][j] : p["word_start"][j + 1]], full["argmax"][lo:hi])
 
 
 def test_a_build_cut_off_part_way_is_never_read_and_is_built_again(store, make_run, monkeypatch):

@@ -139,6 +139,43 @@ def test_a_sharded_row_checks_the_index_and_one_inner_chunk(kept, monkeypatch):
     assert checked[0] == 8 * 16 and len(checked) == 2 and checked[1] < shard.stat().st_size / 3, checked
 
 
+@pytest.mark.parametrize("n", [2 * arrays.SUMMARY_CHUNK_ROWS, arrays.SUMMARY_CHUNK_ROWS + 700, 300])
+def test_shards_written_by_the_summary_writer_are_the_bytes_zarr_writes(tmp_path, n):
+    """The writer encodes whole shards itself (sharded.ShardEncoder) rather than through zarr's sharding codec: the
+    files are byte for byte zarr's (a last shard cut short, its last inner chunk padded, included), and read back."""
+    rng = np.random.default_rng(5)
+    values = {
+        "example": np.arange(n, dtype=np.int64),
+        "score": rng.random((n, 12, 12)),
+        "flag": rng.random((n, 12, 12)) < 0.1,
+        "zeros": np.zeros((n, 12, 12)),
+    }
+    values["zeros"][-(n // 3) :] = 1.5  # shards and inner chunks of the fill value only are not written, as zarr does
+    saved = write(tmp_path / "ours", values, parts=arrays.SUMMARY_CHUNK_ROWS if n > 1000 else None)
+    written = [key for key in ("score", "flag", "zeros") if saved.arrays[key].shards is not None]
+    assert {"score", "zeros"} <= set(written)  # 1,152-byte rows: sharded even in a run of 300 examples
+    for key in written:
+        ours = saved.arrays[key]
+        np.testing.assert_array_equal(ours[:], values[key], err_msg=key)
+        theirs = zarr.create_array(
+            store=str(tmp_path / f"zarr-{key}"),
+            shape=ours.shape,
+            dtype=ours.dtype,
+            chunks=ours.chunks,
+            shards=ours.shards,
+            compressors=arrays.make_codec(arrays.INDEX_CODEC, str(ours.dtype)),
+        )
+        theirs[:] = values[key]
+        folder = Path(ours.store_path.store.root) / ours.path / "c"
+        for shard in range(-(-n // ours.shards[0])):
+            name = "/".join(["c", str(shard), *("0" * (ours.ndim - 1))])
+            theirs_file, ours_file = tmp_path / f"zarr-{key}" / name, folder.parent / name
+            assert ours_file.exists() == theirs_file.exists(), (key, shard)
+            assert not ours_file.exists() or ours_file.read_bytes() == theirs_file.read_bytes(), (key, shard)
+        if key == "zeros" and n == 2 * arrays.SUMMARY_CHUNK_ROWS:
+            assert not (folder / "0").exists()  # its first shard holds zeros only
+
+
 def test_summary_layout_shards_large_rows_only():
     pattern = np.zeros((4096, 12, 12), np.float32)  # pattern_scores' fields: 576 bytes a row
     assert arrays.summary_layout(pattern, ragged=False, whole=False) == ((64, 12, 12), (4096, 12, 12))
