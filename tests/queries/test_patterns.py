@@ -490,9 +490,11 @@ def test_a_samples_label_counts_read_only_the_normalised_scores(store, pattern_r
     for name, counts in P.PATTERN_SCORES.totals(whole).items():
         np.testing.assert_array_equal(P.PATTERN_SCORES.totals(only)[name], counts)
     read, rows = [], SummaryParts.rows
-    monkeypatch.setattr(
-        SummaryParts, "rows", lambda self, positions, fields=None, **kw: read.append(fields) or rows(self, positions, fields, **kw)
-    )
+    def noting(self, positions, fields=None, *args, **kwargs):
+        read.append(fields)
+        return rows(self, positions, fields, *args, **kwargs)
+
+    monkeypatch.setattr(SummaryParts, "rows", noting)
     shares = run_query(store, "pattern_proportions", run=pattern_run, max_examples=1, seed=3)
     assert read == [P.NORMALISED]
     sample = run_query(store, "pattern_classes", run=pattern_run, max_examples=1, seed=3)
