@@ -490,6 +490,7 @@ def test_a_samples_label_counts_read_only_the_normalised_scores(store, pattern_r
     for name, counts in P.PATTERN_SCORES.totals(whole).items():
         np.testing.assert_array_equal(P.PATTERN_SCORES.totals(only)[name], counts)
     read, rows = [], SummaryParts.rows
+
     def noting(self, positions, fields=None, *args, **kwargs):
         read.append(fields)
         return rows(self, positions, fields, *args, **kwargs)
