@@ -380,7 +380,9 @@ def ascending(positions: np.ndarray) -> np.ndarray:
     if int(positions.min()) >= 0 and top < 4 * len(positions) + 4096:
         mask = np.zeros(top + 1, dtype=bool)
         mask[positions] = True
-        if np.count_nonzero(mask) == len(positions):
+        if np.count_nonzero(mask) == len(positions):  # distinct
+            if top == len(positions) - 1:  # every position from 0 (a run that skipped none)
+                return np.arange(len(positions), dtype=positions.dtype)
             return np.flatnonzero(mask).astype(positions.dtype, copy=False)
     return np.sort(positions)
 

@@ -120,8 +120,18 @@ def test_a_sample_reads_the_kept_example_column_once(store, run, make_run, monke
 
 @pytest.mark.parametrize(
     "positions",
-    [[5, 3, 9, 0], [0, 1, 2], [], [7], [10**9, 3, 5], [4, 4, 1], list(np.random.default_rng(0).permutation(50000)[:40000])],
-    ids=["dense", "ascending", "empty", "one", "sparse", "repeated", "large"],
+    [
+        [5, 3, 9, 0],
+        [0, 1, 2],
+        [],
+        [7],
+        [10**9, 3, 5],
+        [4, 4, 1],
+        [2, 0, 1, 3],
+        [2, 2, 0, 1],
+        list(np.random.default_rng(0).permutation(50000)[:40000]),
+    ],
+    ids=["dense", "ascending", "empty", "one", "sparse", "repeated", "every-position", "repeated-to-max", "large"],
 )
 def test_ascending_sorts_as_np_sort(positions):
     got = summary_module.ascending(np.asarray(positions, dtype=np.int64))
