@@ -475,12 +475,14 @@ def _saved_parts(
     # of 8 M: one read per field, not one per range per field)
     groups = np.split(positions, np.flatnonzero(np.diff(positions // SUMMARY_RANGE)) + 1) if len(positions) else []
     batch: list[np.ndarray] = []
+    held = 0  # rows in `batch`
     for i, group in enumerate(groups):
         batch.append(group)
-        if i + 1 == len(groups) or sum(map(len, batch)) + len(groups[i + 1]) > SUMMARY_RANGE:
+        held += len(group)
+        if i + 1 == len(groups) or held + len(groups[i + 1]) > SUMMARY_RANGE:
             rows = np.concatenate(batch)
             yield from saved.rows_in_parts(rows, np.cumsum([len(g) for g in batch[:-1]]).tolist(), fields, column[rows])
-            batch = []
+            batch, held = [], 0
 
 
 class _Changed(Exception):

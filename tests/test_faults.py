@@ -186,8 +186,9 @@ while True:
             os._exit(code)
     rc_of[pid] = err + ".rc"
     print(pid, flush=True)
-while rc_of:
+while rc_of:  # stdin closed: wait for children still running (a failed test's), without spinning
     reap()
+    time.sleep(0.02)
 """
 
 
