@@ -155,6 +155,7 @@ MENTION_ARGMAX = register_kind(
         ragged=("word", "attended"),
         totals=_mention_totals,
         threads=True,
+        integer_totals=True,
     )
 )
 

@@ -362,6 +362,7 @@ WORD_ARGMAX = register_kind(
         totals=_word_argmax_totals,
         labels=run_relations,
         threads=True,
+        integer_totals=True,
     )
 )
 

@@ -73,7 +73,7 @@ from .pattern_metrics import (  # noqa: F401  (the metrics' names are re-exporte
     stratified_split,
 )
 from .registry import register
-from .summary import SummaryKind, ascending, kept_order, register_kind, summary, summary_totals
+from .summary import SummaryKind, ascending, every_position, kept_order, register_kind, summary, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -301,7 +301,16 @@ def _scores_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 PATTERN_SCORES = register_kind(
-    SummaryKind("pattern_scores", 2, _scores_prepare, _scores_reduce, threads=True, totals=_scores_totals, totals_fields=NORMALISED)
+    SummaryKind(
+        "pattern_scores",
+        2,
+        _scores_prepare,
+        _scores_reduce,
+        threads=True,
+        totals=_scores_totals,
+        totals_fields=NORMALISED,
+        integer_totals=True,
+    )
 )
 
 
@@ -311,7 +320,12 @@ def sample_examples(store: Store, info, examples=None, max_examples: int | None 
     they are kept (`kept_order`: no SQL stream of the run's storage order)."""
     if max_examples is not None and max_examples < 1:
         raise InvalidArgumentError(f"max_examples must be at least 1, not {max_examples}")
-    positions = ascending(kept_order(store, info, PATTERN_SCORES, {}))
+    order = kept_order(store, info, PATTERN_SCORES, {})
+    if examples is None and max_examples is not None and len(order) > max_examples and every_position(order):
+        # the sorted positions are 0..n-1: drawn from n, the same sample as from their arange (numpy's `choice` draws
+        # indices into an array, then takes them), without building it (64 MB at 8 M examples)
+        return sorted(np.random.default_rng(seed).choice(len(order), size=max_examples, replace=False).tolist())
+    positions = ascending(order)
     if examples is not None:
         wanted = np.unique(np.fromiter((int(e) for e in examples), dtype=np.int64))
         missing = wanted[~np.isin(wanted, positions)]

@@ -127,10 +127,17 @@ class ShardedRows:
         self.index_bytes = 16 * self.per_shard + 4
         self.folder = os.path.join(root, *array.path.split("/"))
         self.encode_key = array.metadata.encode_chunk_key  # (3, 0, 0) -> "c/3/0/0"
-        self.key_tail = (0,) * len(self.trailing)
+        # a shard's file name is `head + str(shard) + tail`, found once: the key's encoder costs ~10 us a call, and a
+        # sample visits ~800 shards per field
+        marker = "987654321"
+        template = self._path(int(marker))
+        self._parts = template.split(marker) if template.count(marker) == 1 else None
+
+    def _path(self, shard: int) -> str:
+        return os.path.join(self.folder, *self.encode_key((shard, *(0,) * len(self.trailing))).split("/"))
 
     def shard_file(self, shard: int) -> str:
-        return os.path.join(self.folder, *self.encode_key((shard, *self.key_tail)).split("/"))
+        return f"{self._parts[0]}{shard}{self._parts[1]}" if self._parts is not None else self._path(shard)
 
     def read(self, start: int, stop: int, keep: bool = False) -> np.ndarray | None:
         """Cells [start, stop), whole rows only (a range of examples), flat."""
@@ -149,62 +156,68 @@ class ShardedRows:
         # rows firsts[i]..lasts[i]-1 lie in inner chunk chunks[i]; plain lists: a sample visits ~800 shards per call
         firsts, lasts = np.r_[0, cut].tolist(), np.r_[cut, len(rows)].tolist()
         chunks = inner[firsts].tolist() if len(rows) else []
+        at = rows.tolist()
+        scratch = np.empty((self.inner_rows, self.width), dtype=self.dtype)  # each inner chunk decoded here in turn
         i = 0
         while i < len(chunks):
             shard = chunks[i] // self.per_shard
             j = i + 1
             while j < len(chunks) and chunks[j] // self.per_shard == shard:
                 j += 1
-            decoded = self._shard(shard, [c % self.per_shard for c in chunks[i:j]])
-            if decoded is None:
+
+            def put(k: int, values: np.ndarray) -> None:  # inner chunk chunks[k]'s wanted rows into `out`
+                lo, hi, base = firsts[k], lasts[k], chunks[k] * self.inner_rows
+                if hi == lo + 1:  # the usual case in a sample: one row of the chunk
+                    out[lo] = values[at[lo] - base]
+                else:
+                    out[lo:hi] = values[rows[lo:hi] - base]
+
+            if not self._shard(shard, [c % self.per_shard for c in chunks[i:j]], range(i, j), put, scratch):
                 return None
-            for k, values in zip(range(i, j), decoded, strict=True):
-                lo, hi = firsts[k], lasts[k]
-                out[lo:hi] = values[rows[lo:hi] - chunks[k] * self.inner_rows]
             i = j
         return out.reshape(len(rows), *self.trailing)
 
-    def _shard(self, shard: int, wanted: list[int]) -> list[np.ndarray] | None:
-        """Inner chunks `wanted` (ascending, within the shard) of shard `shard`, decoded as (inner_rows, width)."""
+    def _shard(self, shard: int, wanted: list[int], keys: range, put, scratch: np.ndarray) -> bool:
+        """Inner chunks `wanted` (ascending, within the shard) of shard `shard`, each decoded into `scratch` and handed
+        to `put(key, values)` with its entry of `keys`; False where anything is off (nothing more is put)."""
         try:
             fd = os.open(self.shard_file(shard), os.O_RDONLY)
         except OSError:
-            return None
+            return False
         try:
             size = os.fstat(fd).st_size
             at = size - self.index_bytes
             if at < 0:
-                return None
+                return False
             whole = np.frombuffer(os.pread(fd, size, 0), np.uint8) if len(wanted) >= WHOLE_FILE_AT else None
             table = _checked(whole[at:] if whole is not None else os.pread(fd, self.index_bytes, at))
             if table is None:
-                return None
+                return False
             spans = table.view("<u8").reshape(self.per_shard, 2)[wanted].tolist()
-            out = []
-            for offset, length in spans:
+            for key, (offset, length) in zip(keys, spans, strict=True):
                 if offset == NOT_WRITTEN or offset + length > at:
-                    return None
-                values = self._decode(whole[offset : offset + length] if whole is not None else os.pread(fd, length, offset))
-                if values is None:
-                    return None
-                out.append(values)
-            return out
+                    return False
+                raw = whole[offset : offset + length] if whole is not None else os.pread(fd, length, offset)
+                if not self._decode(raw, scratch):
+                    return False
+                put(key, scratch)
+            return True
         except OSError:
-            return None
+            return False
         finally:
             os.close(fd)
 
-    def _decode(self, raw: bytes | np.ndarray) -> np.ndarray | None:
-        """One inner chunk's bytes, checked (CRC32C) and decompressed, or None if anything is off."""
+    def _decode(self, raw: bytes | np.ndarray, into: np.ndarray) -> bool:
+        """One inner chunk's bytes, checked (CRC32C) and decompressed into `into`; False if anything is off."""
         body = _checked(raw)
-        # a blosc 1 header's bytes 4..7: the decompressed size, checked before blosc allocates it
+        # a blosc 1 header's bytes 4..7: the decompressed size, checked before blosc writes it
         if body is None or len(body) < 16 or int.from_bytes(body[4:8].tobytes(), "little") != self.inner_bytes:
-            return None
+            return False
         try:
-            values = np.frombuffer(blosc.decompress(body), dtype=self.dtype)
+            blosc.decompress(body, into)
         except Exception:  # numcodecs raises RuntimeError (or ValueError) for a frame it cannot decode
-            return None
-        return values.reshape(self.inner_rows, self.width)
+            return False
+        return True
 
 
 def _checked(raw: bytes | np.ndarray) -> np.ndarray | None:

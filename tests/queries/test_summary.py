@@ -7,6 +7,8 @@ Random ragged maps with [CLS], [SEP] and punctuation, on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import zarr
@@ -136,6 +138,50 @@ def test_a_sample_reads_the_kept_example_column_once(store, run, make_run, monke
 def test_ascending_sorts_as_np_sort(positions):
     got = summary_module.ascending(np.asarray(positions, dtype=np.int64))
     assert got.dtype == np.int64 and got.tolist() == sorted(positions)
+
+
+@pytest.mark.parametrize(
+    "positions, every",
+    [([2, 0, 1], True), ([0], True), ([0, 2], False), ([1, 2], False), ([0, 0, 2], False), ([2, 1, 1], False), ([], False)],
+)
+def test_every_position_means_each_of_0_to_n_minus_1_once(positions, every):
+    assert summary_module.every_position(np.asarray(positions, dtype=np.int64)) is every
+
+
+@pytest.mark.parametrize("n, size, seed", [(9, 4, 0), (1001, 1000, 3), (50000, 7, 11)])
+def test_a_sample_drawn_from_the_count_is_the_one_drawn_from_the_sorted_positions(n, size, seed):
+    """patterns.sample_examples draws from range(n) where the positions are 0..n-1 (no arange of 8 M built): numpy's
+    `choice` of an array draws indices, then takes them, so the sample is the one drawn from the sorted positions."""
+    positions = summary_module.ascending(np.random.default_rng(1).permutation(n))
+    want = np.sort(np.random.default_rng(seed).choice(positions, size=size, replace=False))
+    got = np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
+    assert got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("examples", [[2, 0], [3, 1, 0], [1]])
+def test_a_sample_s_rows_in_batches_are_the_rows_of_its_ranges(store, run, monkeypatch, examples):
+    """`batched` hands a sample's kept rows as a part per few ranges: concatenated, the same rows in the same order as
+    the parts of one range each (what `summary` and integer totals take)."""
+    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", 2)  # 4 examples: 2 ranges
+    run_query(store, "entropy", run=run)  # keeps the summary
+    kind, info = summary_module.kind_named("clark"), store.run_info(run)
+    ranged = list(summary_module.summary_parts(store, info, kind, examples))
+    batched = list(summary_module.summary_parts(store, info, kind, examples, batched=True))
+    rows_of = summary_module.kept_order(store, info, kind, {}).tolist()
+    assert len(ranged) == len({rows_of.index(e) // 2 for e in examples}) and 1 <= len(batched) <= len(ranged)
+    assert all(len(part["example"]) <= 2 for part in batched)
+    whole, together = summary_module.concatenate(kind, ranged), summary_module.concatenate(kind, batched)
+    assert set(together) == set(whole)
+    for name, values in whole.items():
+        np.testing.assert_array_equal(together[name], values, err_msg=name)
+
+
+def test_a_kind_that_declares_integer_totals_must_give_integers(store, run, monkeypatch):
+    run_query(store, "entropy", run=run)
+    kind = summary_module.kind_named("clark")
+    monkeypatch.setitem(summary_module.KINDS, "clark", dataclasses.replace(kind, integer_totals=True))
+    with pytest.raises(TypeError, match="declares integer_totals but its totals are not all integers"):
+        summary_module.summary_totals(store, store.run_info(run), summary_module.KINDS["clark"], [0, 2])
 
 
 def test_sums_of_a_run_that_has_grown_since_are_built_again(store, run, monkeypatch):

@@ -10,6 +10,7 @@ fails as zarr fails; a sample's rows decode blosc blocks or inner chunks, not wh
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -110,17 +111,17 @@ def test_a_sample_decodes_blocks_not_chunks(kept, monkeypatch):
     sharded field (4,096 rows of (3, 4) float64s, 384 KiB), its inner chunk of 512 rows only."""
     saved, values = kept
     decoded, inner = [], []
-    real = direct.blosc.decompress  # one numcodecs function: direct.py decodes into a buffer, sharded.py into a new one
+    real = direct.blosc.decompress  # both decode into a buffer: direct.py's of the blocks, sharded.py's of an inner chunk
 
-    def counted(src, dest=None):
-        if dest is not None:
-            decoded.append(dest.nbytes)
+    def counted(into):
+        def decompress(src, dest):
+            into.append(dest.nbytes)
             return real(src, dest)
-        inner.append(len(out := real(src)))
-        return out
 
-    assert sharded.blosc is direct.blosc
-    monkeypatch.setattr(direct.blosc, "decompress", counted)
+        return decompress
+
+    monkeypatch.setattr(direct.blosc, "decompress", counted(decoded))
+    monkeypatch.setattr(sharded, "blosc", SimpleNamespace(decompress=counted(inner)))
     got = saved.rows(np.array([arrays.SUMMARY_CHUNK_ROWS + 7]), fields=("wide", "score"))
     np.testing.assert_array_equal(got["score"], values["score"][[arrays.SUMMARY_CHUNK_ROWS + 7]])
     assert decoded and max(decoded) < arrays.SUMMARY_CHUNK_ROWS * 12 * 4, decoded
@@ -139,10 +140,13 @@ def test_a_sharded_row_checks_the_index_and_one_inner_chunk(kept, monkeypatch):
     assert checked[0] == 8 * 16 and len(checked) == 2 and checked[1] < shard.stat().st_size / 3, checked
 
 
+@pytest.mark.parametrize("codec", ["SHARD_CODEC", "INDEX_CODEC"])
 @pytest.mark.parametrize("n", [2 * arrays.SUMMARY_CHUNK_ROWS, arrays.SUMMARY_CHUNK_ROWS + 700, 300])
-def test_shards_written_by_the_summary_writer_are_the_bytes_zarr_writes(tmp_path, n):
+def test_shards_written_by_the_summary_writer_are_the_bytes_zarr_writes(tmp_path, monkeypatch, n, codec):
     """The writer encodes whole shards itself (sharded.ShardEncoder) rather than through zarr's sharding codec: the
-    files are byte for byte zarr's (a last shard cut short, its last inner chunk padded, included), and read back."""
+    files are byte for byte zarr's (a last shard cut short, its last inner chunk padded, included), and read back;
+    with today's lz4 shards and with the zstd ones summaries were kept with before (session 35)."""
+    monkeypatch.setattr(arrays, "SHARD_CODEC", getattr(arrays, codec))
     rng = np.random.default_rng(5)
     values = {
         "example": np.arange(n, dtype=np.int64),
@@ -163,8 +167,9 @@ def test_shards_written_by_the_summary_writer_are_the_bytes_zarr_writes(tmp_path
             dtype=ours.dtype,
             chunks=ours.chunks,
             shards=ours.shards,
-            compressors=arrays.make_codec(arrays.INDEX_CODEC, str(ours.dtype)),
+            compressors=arrays.make_codec(arrays.SHARD_CODEC, str(ours.dtype)),
         )
+        assert ours.metadata.codecs[0].codecs[1].cname.value == arrays.SHARD_CODEC["cname"]
         theirs[:] = values[key]
         folder = Path(ours.store_path.store.root) / ours.path / "c"
         for shard in range(-(-n // ours.shards[0])):
