@@ -315,15 +315,13 @@ PATTERN_SCORES = register_kind(
 
 
 def sample_examples(store: Store, info, examples=None, max_examples: int | None = 1000, seed: int = 0) -> list[int]:
-    """Stored (not skipped) example positions, restricted to `examples`; a default_rng(seed) sample of
-    `max_examples` when there are more (sorted). The positions come from the kept rule scores' example column where
-    they are kept (`kept_order`: no SQL stream of the run's storage order)."""
+    """Stored (not skipped) example positions, restricted to `examples`; a default_rng(seed) sample of `max_examples`
+    when there are more (sorted). From the kept rule scores' example column (`kept_order`: no SQL stream of the run)."""
     if max_examples is not None and max_examples < 1:
         raise InvalidArgumentError(f"max_examples must be at least 1, not {max_examples}")
     order = kept_order(store, info, PATTERN_SCORES, {})
     if examples is None and max_examples is not None and len(order) > max_examples and every_position(order):
-        # the sorted positions are 0..n-1: drawn from n, the same sample as from their arange (numpy's `choice` draws
-        # indices into an array, then takes them), without building it (64 MB at 8 M examples)
+        # positions 0..n-1: `choice` of n draws what `choice` of their arange draws, without the arange (64 MB at 8 M)
         return sorted(np.random.default_rng(seed).choice(len(order), size=max_examples, replace=False).tolist())
     positions = ascending(order)
     if examples is not None:

@@ -55,6 +55,10 @@ from zarr.storage import LocalStore
 from .errors import InvalidArgumentError
 
 HEADER = 16
+# A read of many chunks announces the chunk files it will read (`will_need`) a window ahead: up to PREFETCH_BYTES of
+# decoded cells, at most PREFETCH_FILES files (a kept example column: 256 files of 32 KiB; maps: 32 of 2 MiB).
+PREFETCH_BYTES = 64 << 20
+PREFETCH_FILES = 256
 BYTE_SHUFFLE, MEMCPYED, BIT_SHUFFLE, DONT_SPLIT = 0x01, 0x02, 0x04, 0x10
 
 
@@ -346,7 +350,27 @@ class DirectCells:
             end = min(stop, (index + 1) * self.chunk)
             parts.append((index, at - index * self.chunk, end - index * self.chunk, out[at - start : end - start], buffers, cache))
             at = end
-        return out if all(self._chunk(*part) for part in parts) else None
+        if len(parts) == 1:
+            return out if self._chunk(*parts[0]) else None
+        window = max(1, min(PREFETCH_FILES, PREFETCH_BYTES // (self.chunk * self.itemsize)))
+        for i, part in enumerate(parts):  # many chunk files (a kept example column: ~2,000 at 8 M examples)
+            if i % window == 0:  # announced a window ahead, so cold reads are in flight together
+                self._announce([p[0] for p in parts[i : i + window]])
+            if not self._chunk(*part):
+                return None
+        return out
+
+    def _announce(self, indices: list[int]) -> None:
+        """Tell the kernel these chunk files will be read whole soon (`will_need`); a missing one is left to the read."""
+        for index in indices:
+            try:
+                fd = os.open(self.chunk_file(index), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                will_need(fd, 0, 0)
+            finally:
+                os.close(fd)
 
     def _chunk(self, index: int, first: int, last: int, out: np.ndarray, buffers: Buffers, cache: BlockCache | None) -> bool:
         path = self.chunk_file(index)
@@ -533,3 +557,18 @@ def _frame_header(frame: np.ndarray, header: tuple, starts: tuple[int, ...], b0:
 def _valid_starts(starts: tuple[int, ...], n_blocks: int, body: int) -> bool:
     """Block starts that lie after the header and its table, in order, inside the body."""
     return starts[0] >= HEADER + 4 * n_blocks and starts[-1] < body and all(a < b for a, b in zip(starts, starts[1:]))
+
+
+def will_need(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start reading bytes [offset, offset + length) of an open file (length 0: to its end) into the
+    page cache now (POSIX_FADV_WILLNEED returns at once): a cold read of many small pieces then waits on reads in
+    flight together instead of one after another. Nothing where the platform has no posix_fadvise; errors ignored
+    (it is a hint)."""
+    if _FADVISE is not None:
+        try:
+            _FADVISE(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+
+
+_FADVISE = getattr(os, "posix_fadvise", None)

@@ -23,8 +23,11 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec
 from zarr.codecs.sharding import ShardingCodecIndexLocation
 from zarr.storage import LocalStore
 
+from .direct import will_need
+
 NOT_WRITTEN = 2**64 - 1
 WHOLE_FILE_AT = 4  # inner chunks of one shard wanted at once from which its whole file is read with one call
+SHARDS_AT_ONCE = 256  # shards open at once in one read (each step's reads announced together, `ShardedRows._shards`)
 
 
 def _little(codec) -> bool:
@@ -158,54 +161,78 @@ class ShardedRows:
         chunks = inner[firsts].tolist() if len(rows) else []
         at = rows.tolist()
         scratch = np.empty((self.inner_rows, self.width), dtype=self.dtype)  # each inner chunk decoded here in turn
+
+        def put(k: int, values: np.ndarray) -> None:  # inner chunk chunks[k]'s wanted rows into `out`
+            lo, hi, base = firsts[k], lasts[k], chunks[k] * self.inner_rows
+            if hi == lo + 1:  # the usual case in a sample: one row of the chunk
+                out[lo] = values[at[lo] - base]
+            else:
+                out[lo:hi] = values[rows[lo:hi] - base]
+
+        visits = []  # (shard, its wanted inner chunks, their entries of `chunks`)
         i = 0
         while i < len(chunks):
             shard = chunks[i] // self.per_shard
             j = i + 1
             while j < len(chunks) and chunks[j] // self.per_shard == shard:
                 j += 1
-
-            def put(k: int, values: np.ndarray) -> None:  # inner chunk chunks[k]'s wanted rows into `out`
-                lo, hi, base = firsts[k], lasts[k], chunks[k] * self.inner_rows
-                if hi == lo + 1:  # the usual case in a sample: one row of the chunk
-                    out[lo] = values[at[lo] - base]
-                else:
-                    out[lo:hi] = values[rows[lo:hi] - base]
-
-            if not self._shard(shard, [c % self.per_shard for c in chunks[i:j]], range(i, j), put, scratch):
-                return None
+            visits.append((shard, [c % self.per_shard for c in chunks[i:j]], range(i, j)))
             i = j
+        for start in range(0, len(visits), SHARDS_AT_ONCE):
+            if not self._shards(visits[start : start + SHARDS_AT_ONCE], put, scratch):
+                return None
         return out.reshape(len(rows), *self.trailing)
 
-    def _shard(self, shard: int, wanted: list[int], keys: range, put, scratch: np.ndarray) -> bool:
-        """Inner chunks `wanted` (ascending, within the shard) of shard `shard`, each decoded into `scratch` and handed
-        to `put(key, values)` with its entry of `keys`; False where anything is off (nothing more is put)."""
+    def _shards(self, visits: list, put, scratch: np.ndarray) -> bool:
+        """Each visit's inner chunks (shard, wanted inner chunks ascending, their keys), each decoded into `scratch` and
+        handed to `put(key, values)`; False where anything is off. In three steps over all the visits, each step's reads
+        announced to the kernel before any is made (`will_need`), so a cold sample's thousands of small reads are
+        in flight together rather than one after another: open and announce the indexes; read them and announce the
+        inner chunks; read and decode those. A shard wanted for WHOLE_FILE_AT inner chunks or more is read whole."""
+        opened: list[int] = []
         try:
-            fd = os.open(self.shard_file(shard), os.O_RDONLY)
-        except OSError:
-            return False
-        try:
-            size = os.fstat(fd).st_size
-            at = size - self.index_bytes
-            if at < 0:
-                return False
-            whole = np.frombuffer(os.pread(fd, size, 0), np.uint8) if len(wanted) >= WHOLE_FILE_AT else None
-            table = _checked(whole[at:] if whole is not None else os.pread(fd, self.index_bytes, at))
-            if table is None:
-                return False
-            spans = table.view("<u8").reshape(self.per_shard, 2)[wanted].tolist()
-            for key, (offset, length) in zip(keys, spans, strict=True):
-                if offset == NOT_WRITTEN or offset + length > at:
+            found = []  # (fd, where its index starts, wanted, keys)
+            for shard, wanted, keys in visits:
+                try:
+                    fd = os.open(self.shard_file(shard), os.O_RDONLY)
+                except OSError:
                     return False
-                raw = whole[offset : offset + length] if whole is not None else os.pread(fd, length, offset)
-                if not self._decode(raw, scratch):
+                opened.append(fd)
+                at = os.fstat(fd).st_size - self.index_bytes
+                if at < 0:
                     return False
-                put(key, scratch)
+                entire = len(wanted) >= WHOLE_FILE_AT
+                will_need(fd, 0 if entire else at, at + self.index_bytes if entire else self.index_bytes)
+                found.append((fd, at, wanted, keys))
+            later: list[tuple[int, list, range]] = []  # (fd, spans, keys): inner chunks announced, read in the last step
+            for fd, at, wanted, keys in found:
+                whole = np.frombuffer(os.pread(fd, at + self.index_bytes, 0), np.uint8) if len(wanted) >= WHOLE_FILE_AT else None
+                table = _checked(whole[at:] if whole is not None else os.pread(fd, self.index_bytes, at))
+                if table is None:
+                    return False
+                spans = table.view("<u8").reshape(self.per_shard, 2)[wanted].tolist()
+                if any(offset == NOT_WRITTEN or offset + length > at for offset, length in spans):
+                    return False
+                if whole is not None:  # decoded now: the file is in memory
+                    for key, (offset, length) in zip(keys, spans, strict=True):
+                        if not self._decode(whole[offset : offset + length], scratch):
+                            return False
+                        put(key, scratch)
+                    continue
+                for offset, length in spans:
+                    will_need(fd, offset, length)
+                later.append((fd, spans, keys))
+            for fd, spans, keys in later:
+                for key, (offset, length) in zip(keys, spans, strict=True):
+                    if not self._decode(os.pread(fd, length, offset), scratch):
+                        return False
+                    put(key, scratch)
             return True
         except OSError:
             return False
         finally:
-            os.close(fd)
+            for fd in opened:
+                os.close(fd)
 
     def _decode(self, raw: bytes | np.ndarray, into: np.ndarray) -> bool:
         """One inner chunk's bytes, checked (CRC32C) and decompressed into `into`; False if anything is off."""

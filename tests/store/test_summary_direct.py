@@ -281,3 +281,51 @@ def test_only_the_fields_asked_for_are_read(kept, tmp_path):
     some = ragged.rows(np.array([0, 2]), fields=("word",))
     assert set(some) == {"example", "word", "word_start"} and some["word"].tolist() == [0, 1, 3, 4, 5, 6]
     assert some["word_start"].tolist() == [0, 2, 6]
+
+
+def test_a_sample_announces_each_step_s_reads_before_making_them(kept, monkeypatch):
+    """Cold, a sample's reads are in flight together: every touched shard's index is announced to the kernel
+    (POSIX_FADV_WILLNEED) before any index is read, and every wanted inner chunk before any is read; a shard read in
+    several batches (SHARDS_AT_ONCE) does so per batch. The rows are what was written."""
+    saved, values = kept
+    log: list[tuple[str, int, int]] = []
+    real_pread = sharded.os.pread
+    monkeypatch.setattr(sharded, "will_need", lambda fd, offset, length: log.append(("announce", offset, length)))
+    monkeypatch.setattr(sharded.os, "pread", lambda fd, n, offset: log.append(("read", offset, n)) or real_pread(fd, n, offset))
+    reader = saved._direct["score"]
+    rows = np.array([5, arrays.SUMMARY_CHUNK_ROWS + 3 * INNER + 1, 2 * arrays.SUMMARY_CHUNK_ROWS + 2 * INNER + 9])
+    np.testing.assert_array_equal(reader.read_rows(rows), values["score"][rows])
+    kinds = [kind for kind, _, _ in log]
+    index = reader.index_bytes
+    assert kinds == ["announce"] * 3 + ["read", "announce"] * 3 + ["read"] * 3, log
+    assert all(length == index for kind, _, length in log[:3]) and all(n == index for kind, _, n in log[3:9:2])
+    announced, read = [(o, n) for k, o, n in log[4:9:2]], [(o, n) for k, o, n in log[9:]]
+    shard_bytes = Path(reader.shard_file(1)).stat().st_size
+    assert announced == read and all(n < shard_bytes / 4 for _, n in read)  # inner chunks, not whole shards
+    log.clear()
+    monkeypatch.setattr(sharded, "SHARDS_AT_ONCE", 2)
+    np.testing.assert_array_equal(reader.read_rows(rows), values["score"][rows])
+    assert [kind for kind, _, _ in log] == ["announce"] * 2 + ["read", "announce"] * 2 + ["read"] * 2 + [
+        "announce",
+        "read",
+        "announce",
+        "read",
+    ]
+
+
+def test_a_read_of_many_chunk_files_announces_them_a_window_ahead(kept, monkeypatch):
+    """A whole column of many chunk files (a kept example column: ~2,000 at 8 M examples) announces a window of files
+    (PREFETCH_BYTES of decoded cells, at most PREFETCH_FILES) before reading them; one chunk's read announces nothing."""
+    saved, values = kept
+    announced: list[int] = []
+    monkeypatch.setattr(direct, "will_need", lambda fd, offset, length: announced.append(length))
+    monkeypatch.setattr(direct, "PREFETCH_FILES", 2)
+    np.testing.assert_array_equal(saved.column("example"), values["example"])
+    assert announced == [0] * 4  # 4 chunk files, whole, two at a time
+    announced.clear()
+    monkeypatch.setattr(direct, "PREFETCH_BYTES", 1)  # less than a chunk: one file at a time
+    np.testing.assert_array_equal(saved.column("example"), values["example"])
+    assert announced == [0] * 4
+    announced.clear()
+    np.testing.assert_array_equal(saved.part(10, 20)["example"], values["example"][10:20])
+    assert announced == []
