@@ -59,6 +59,7 @@ HEADER = 16
 # decoded cells, at most PREFETCH_FILES files (a kept example column: 256 files of 32 KiB; maps: 32 of 2 MiB).
 PREFETCH_BYTES = 64 << 20
 PREFETCH_FILES = 256
+ANNOUNCE_FROM = 4  # chunks a read spans from which it announces them
 BYTE_SHUFFLE, MEMCPYED, BIT_SHUFFLE, DONT_SPLIT = 0x01, 0x02, 0x04, 0x10
 
 
@@ -350,8 +351,8 @@ class DirectCells:
             end = min(stop, (index + 1) * self.chunk)
             parts.append((index, at - index * self.chunk, end - index * self.chunk, out[at - start : end - start], buffers, cache))
             at = end
-        if len(parts) == 1:
-            return out if self._chunk(*parts[0]) else None
+        if len(parts) < ANNOUNCE_FROM:  # one example's read (one or two chunks, of which it may want a few blocks)
+            return out if all(self._chunk(*part) for part in parts) else None
         window = max(1, min(PREFETCH_FILES, PREFETCH_BYTES // (self.chunk * self.itemsize)))
         for i, part in enumerate(parts):  # many chunk files (a kept example column: ~2,000 at 8 M examples)
             if i % window == 0:  # announced a window ahead, so cold reads are in flight together

@@ -315,7 +315,8 @@ def test_a_sample_announces_each_step_s_reads_before_making_them(kept, monkeypat
 
 def test_a_read_of_many_chunk_files_announces_them_a_window_ahead(kept, monkeypatch):
     """A whole column of many chunk files (a kept example column: ~2,000 at 8 M examples) announces a window of files
-    (PREFETCH_BYTES of decoded cells, at most PREFETCH_FILES) before reading them; one chunk's read announces nothing."""
+    (PREFETCH_BYTES of decoded cells, at most PREFETCH_FILES) before reading them; a read of fewer than ANNOUNCE_FROM
+    chunks (one example's maps: one or two) announces nothing."""
     saved, values = kept
     announced: list[int] = []
     monkeypatch.setattr(direct, "will_need", lambda fd, offset, length: announced.append(length))
@@ -328,4 +329,6 @@ def test_a_read_of_many_chunk_files_announces_them_a_window_ahead(kept, monkeypa
     assert announced == [0] * 4
     announced.clear()
     np.testing.assert_array_equal(saved.part(10, 20)["example"], values["example"][10:20])
+    chunk = arrays.SUMMARY_CHUNK_ROWS
+    np.testing.assert_array_equal(saved.part(chunk - 2, chunk + 2)["example"], values["example"][chunk - 2 : chunk + 2])
     assert announced == []
