@@ -80,7 +80,10 @@ def storage_options(root: str) -> dict[str, Any]:
         "retries": {"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
         **configured,
     }
-    options: dict[str, Any] = {"use_listings_cache": False, "config_kwargs": config}
+    # max_concurrency 1: s3fs (2025.x) otherwise sends a HEAD before every whole-object GET, to split objects over
+    # 50 MB into parallel ranges; attnstore's objects are chunks of at most a few MB, so that HEAD doubled the
+    # requests of every read (a query on a small run: 477 requests, 264 of them HEADs)
+    options: dict[str, Any] = {"use_listings_cache": False, "config_kwargs": config, "max_concurrency": 1}
     if os.environ.get("FSSPEC_S3_ENDPOINT_URL"):  # read now: fsspec reads it only when first imported
         options["endpoint_url"] = os.environ["FSSPEC_S3_ENDPOINT_URL"]
     return options

@@ -81,6 +81,42 @@ def test_a_run_on_s3_reads_back_exactly_and_lives_in_the_bucket(pair, s3_endpoin
     assert not [k for k in keys if ".attnstore-write-test-" in k]  # the write test object is deleted again
 
 
+def test_a_read_on_s3_is_one_get_per_object_without_a_head_first(pair):
+    """s3fs sends a HEAD before each whole-object GET unless max_concurrency is 1 (store/remote.py): every chunk,
+    index and zarr.json read cost two or three requests. Reading a run's maps and a query now GET each object alone;
+    the only HEADs left are read_cells' existence check of each maps chunk it reads (zarr would fill a missing one)."""
+    import logging
+    import re
+
+    on_s3, local = pair
+    calls: list[tuple[str, str]] = []
+
+    class Calls(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if message.startswith("CALL: "):
+                key = re.search(r"'Key': '([^']+)'", message)
+                calls.append((message.split()[1], key.group(1) if key else ""))
+
+    logger, handler = logging.getLogger("s3fs"), Calls()
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        reopened = open_store(db=on_s3.locations.db_url, root=on_s3.locations.array_root, read_only=True)
+        np.testing.assert_array_equal(reopened.attention("shared", 2), local.attention("shared", 2))
+        pd.testing.assert_frame_equal(
+            run_query(reopened, "relative_position", run="shared"), run_query(local, "relative_position", run="shared")
+        )
+        reopened.close()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    got = [key for call, key in calls if call == "get_object"]
+    heads = [key for call, key in calls if call == "head_object"]
+    assert any(key.endswith("zarr.json") for key in got) and not [key for key in heads if "/cells/c/" not in key], calls
+
+
 @pytest.mark.one_backend
 def test_every_query_on_s3_equals_the_same_run_on_a_local_root(pair, every_query):
     on_s3, local = pair
