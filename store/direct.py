@@ -28,6 +28,10 @@ Anything else (a remote root, the lossy u8 filter, no checksum, a chunk that is 
 header is not a whole blosc frame of the chunk) returns None: the caller then reads through zarr (`arrays.read_cells`),
 which names the damage (DamagedDataError with run, example and chunk) exactly as before.
 
+A read that spans many chunk files (a kept example column: ~2,000 files at 8 M examples; a range of maps) first
+announces the next window of them to the kernel (`will_need`: POSIX_FADV_WILLNEED, which returns at once), so a cold
+read has their disk reads in flight together; one example's read (one or two chunks) announces nothing.
+
 Kept summaries (store/arrays.py `SummaryParts`) are read the same way: their fields are N-D arrays whose chunks hold
 whole rows, read as flat cells, and `read_rows` reads a sample's rows, each chunk's file checked once and each run of
 blocks decompressed once.

@@ -8,6 +8,12 @@ shard's index and only the inner chunks holding them, each checked as zarr check
 chunk's checksum would read (`pattern_scores`: 64 of 4,096 rows; a sample of 1,000 of 8 M examples touches ~780
 shards per field).
 
+A read of many shards goes in three steps over up to SHARDS_AT_ONCE of them, each step's reads announced to the
+kernel before any is made (store/direct.py `will_need`): open them and announce their indexes; read the indexes and
+announce the wanted inner chunks; read and decode those. Cold, a sample's ~4,000 small reads are then in flight
+together (1.7x faster than one after another, docs/PERFORMANCE.md session 36). Inner chunks written since session 36
+are lz4 (store/arrays.py `SHARD_CODEC`); any blosc frame is read.
+
 Anything else (a remote root, other codecs, a shard or inner chunk not written: zarr fills those with the fill value;
 a checksum or length that does not match: zarr names the damage) returns None, and the caller reads through zarr.
 """
