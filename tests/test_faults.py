@@ -11,6 +11,7 @@ of what a whole process prints at its end (a full disk, a read-only root) still 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -216,8 +217,9 @@ class Forked:
         os.kill(self.pid, sig)
 
     @property
-    def stderr(self):
-        return open(self.err, encoding="utf-8", errors="replace")
+    def stderr(self) -> io.StringIO:
+        """What the process wrote to stderr so far, read whole (no file left open)."""
+        return io.StringIO(self.err.read_text(encoding="utf-8", errors="replace"))
 
 
 class Forks:
