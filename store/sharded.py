@@ -172,6 +172,8 @@ class ShardedRows:
             lo, hi, base = firsts[k], lasts[k], chunks[k] * self.inner_rows
             if hi == lo + 1:  # the usual case in a sample: one row of the chunk
                 out[lo] = values[at[lo] - base]
+            elif at[hi - 1] - at[lo] == hi - lo - 1:  # consecutive rows (a range of examples): a slice
+                out[lo:hi] = values[at[lo] - base : at[hi - 1] - base + 1]
             else:
                 out[lo:hi] = values[rows[lo:hi] - base]
 
@@ -197,7 +199,7 @@ class ShardedRows:
         inner chunks; read and decode those. A shard wanted for WHOLE_FILE_AT inner chunks or more is read whole."""
         opened: list[int] = []
         try:
-            found = []  # (fd, where its index starts, wanted, keys)
+            found = []  # (fd, where its index starts, read whole, wanted, keys)
             for shard, wanted, keys in visits:
                 try:
                     fd = os.open(self.shard_file(shard), os.O_RDONLY)
@@ -209,10 +211,10 @@ class ShardedRows:
                     return False
                 entire = len(wanted) >= WHOLE_FILE_AT
                 will_need(fd, 0 if entire else at, at + self.index_bytes if entire else self.index_bytes)
-                found.append((fd, at, wanted, keys))
+                found.append((fd, at, entire, wanted, keys))
             later: list[tuple[int, list, range]] = []  # (fd, spans, keys): inner chunks announced, read in the last step
-            for fd, at, wanted, keys in found:
-                whole = np.frombuffer(os.pread(fd, at + self.index_bytes, 0), np.uint8) if len(wanted) >= WHOLE_FILE_AT else None
+            for fd, at, entire, wanted, keys in found:
+                whole = np.frombuffer(os.pread(fd, at + self.index_bytes, 0), np.uint8) if entire else None
                 table = _checked(whole[at:] if whole is not None else os.pread(fd, self.index_bytes, at))
                 if table is None:
                     return False
