@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..store.config import env_threads
 from ..store.float16 import as_float32, plogp
 from .common import check_weights, iter_maps, iter_weighted_maps, token_flags
 from .errors import InvalidArgumentError, NotFoundError
@@ -228,16 +229,7 @@ REDUCE_THREADS_ENV = "ATTNSTORE_REDUCE_THREADS"
 def reduce_threads() -> int:
     """Threads a kind with `threads` reduces on: ATTNSTORE_REDUCE_THREADS, else the cores this process may use (at
     most 8); 1 reduces on the reading thread."""
-    text = os.environ.get(REDUCE_THREADS_ENV, "").strip()
-    if text:
-        if not text.isdigit() or int(text) < 1:
-            raise InvalidArgumentError(f"{REDUCE_THREADS_ENV}={text!r}: give a whole number of threads, 1 or more")
-        return int(text)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
+    return env_threads(REDUCE_THREADS_ENV)
 
 
 _POOL: ThreadPoolExecutor | None = None

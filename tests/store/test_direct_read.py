@@ -9,6 +9,7 @@ seen; a zarr.json changed after the first read is opened again.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -68,17 +69,59 @@ def test_the_default_chunk_of_a_run_is_read_by_its_blocks(tmp_path):
         np.testing.assert_array_equal(reader.read(a, b), values[a:b])
 
 
+@pytest.mark.parametrize("threads", ["1", "3"])
 @pytest.mark.parametrize("how", ["missing", "flipped", "truncated"])
-def test_a_damaged_chunk_is_left_to_zarr(tmp_path, how):
+def test_a_damaged_chunk_is_left_to_zarr(tmp_path, how, threads, monkeypatch):
+    """A read of one chunk, of three (on the reading thread) and of all six (ANNOUNCE_FROM or more: decoded on the
+    pool, unless ATTNSTORE_DECODE_THREADS=1) gives None when one chunk is damaged; zarr then names it."""
+    monkeypatch.setenv(direct.DECODE_THREADS_ENV, threads)
     chunk = 1 << 12
-    array, values = cells_array(tmp_path, "float32", arrays.DEFAULT_CODEC, chunk, 3 * chunk)
+    array, values = cells_array(tmp_path, "float32", arrays.DEFAULT_CODEC, chunk, 6 * chunk)
     reader = direct.direct_reader(array)
     assert reader is not None
     damage(tmp_path / "runs" / "x" / "cells" / "c" / "1", how)
-    assert reader.read(chunk + 5, chunk + 10) is None and reader.read(0, 3 * chunk) is None
-    np.testing.assert_array_equal(reader.read(2 * chunk, 3 * chunk), values[2 * chunk :])  # the others still read
+    assert reader.read(chunk + 5, chunk + 10) is None and reader.read(0, 3 * chunk) is None and reader.read(0, 6 * chunk) is None
+    np.testing.assert_array_equal(reader.read(2 * chunk, 6 * chunk), values[2 * chunk :])  # the others still read
     with pytest.raises(DamagedDataError, match="chunk runs/x/cells/c/1 is"):
         arrays.read_cells(array, chunk + 5, chunk + 10, lambda a, b: "here")
+
+
+def test_a_read_of_many_chunks_decodes_them_on_the_pool(tmp_path, monkeypatch):
+    """ANNOUNCE_FROM or more chunks: each checked and decoded on the pool's threads, into its own part of the result
+    (equal to the cells written); fewer, or ATTNSTORE_DECODE_THREADS=1: on the reading thread."""
+    chunk = 1 << 12
+    array, values = cells_array(tmp_path, "float16", CODECS["small-blocks"], chunk, 9 * chunk + 7)
+    reader = direct.direct_reader(array)
+    assert reader is not None
+    threads: list[str] = []
+    real = direct.DirectCells._chunk
+
+    def chunk_on(self, *args):
+        threads.append(threading.current_thread().name)
+        return real(self, *args)
+
+    monkeypatch.setattr(direct.DirectCells, "_chunk", chunk_on)
+    monkeypatch.setenv(direct.DECODE_THREADS_ENV, "3")
+    np.testing.assert_array_equal(reader.read(5, len(values)), values[5:])
+    assert len(threads) == 10 and all(name.startswith("attnstore-decode") for name in threads), threads
+    threads.clear()
+    np.testing.assert_array_equal(reader.read(chunk + 5, 3 * chunk + 5), values[chunk + 5 : 3 * chunk + 5])  # 3 chunks
+    assert threads == [threading.current_thread().name] * 3
+    threads.clear()
+    monkeypatch.setenv(direct.DECODE_THREADS_ENV, "1")
+    np.testing.assert_array_equal(reader.read(0, len(values)), values)
+    assert threads == [threading.current_thread().name] * 10
+
+
+def test_the_decode_threads_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv(direct.DECODE_THREADS_ENV, "2")
+    assert direct.decode_threads() == 2 and direct.decode_pool() is not None
+    monkeypatch.setenv(direct.DECODE_THREADS_ENV, "1")
+    assert direct.decode_pool() is None
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(direct.DECODE_THREADS_ENV, bad)
+        with pytest.raises(InvalidArgumentError, match=f"ATTNSTORE_DECODE_THREADS='{bad}': give a whole number of threads, 1 or more"):
+            direct.decode_threads()
 
 
 def test_no_direct_reader_where_zarr_must_read(tmp_path):
