@@ -27,6 +27,7 @@ from . import arrays, direct, progress, remote
 from .config import Locations
 from .db import check_connection, create_engine, session_scope, sql_write_denied, sqlite_path, sqlite_writable
 from .errors import DamagedDataError, InvalidArgumentError, NotFoundError
+from .frames import sql_frame
 from .migrate import upgrade_command, verify_schema
 from .records import RunInfo
 from .schema import AblationResult, Dataset, Example, HeadMatch, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token, Word
@@ -122,7 +123,7 @@ class StoreReader:
 
     def _frame(self, query) -> pd.DataFrame:
         with self.engine.connect() as conn:
-            return pd.read_sql_query(query, conn)
+            return sql_frame(conn, query)  # pd.read_sql_query's frame, from the driver's tuples (store/frames.py)
 
     def runs(self) -> pd.DataFrame:
         """One row per run: run, run_id, model, dataset, split, status, counts, settings, times."""
