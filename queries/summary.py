@@ -52,7 +52,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -63,8 +62,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..store.config import env_threads
 from ..store.float16 import as_float32, plogp
+from ..store.pools import SizedPool
 from .common import check_weights, iter_maps, iter_weighted_maps, token_flags
 from .errors import InvalidArgumentError, NotFoundError
 
@@ -226,36 +225,18 @@ def summarise_examples(
 REDUCE_THREADS_ENV = "ATTNSTORE_REDUCE_THREADS"
 
 
+REDUCE_POOL = SizedPool(REDUCE_THREADS_ENV, "attnstore-reduce")
+
+
 def reduce_threads() -> int:
     """Threads a kind with `threads` reduces on: ATTNSTORE_REDUCE_THREADS, else the cores this process may use (at
     most 8); 1 reduces on the reading thread."""
-    return env_threads(REDUCE_THREADS_ENV)
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_WORKERS = 0
-_POOL_LOCK = threading.Lock()
-
-
-def _forget_pool() -> None:
-    """In a forked child: the parent's pool threads do not exist there, so a new pool is made on first use."""
-    global _POOL, _POOL_WORKERS, _POOL_LOCK
-    _POOL, _POOL_WORKERS, _POOL_LOCK = None, 0, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pool)
+    return REDUCE_POOL.threads()
 
 
 def _reduce_pool() -> ThreadPoolExecutor | None:
     """The process's pool of `reduce_threads()` threads (None on one core)."""
-    global _POOL, _POOL_WORKERS
-    workers = reduce_threads()
-    if workers < 2:
-        return None
-    with _POOL_LOCK:
-        if _POOL is None or _POOL_WORKERS != workers:
-            _POOL, _POOL_WORKERS = ThreadPoolExecutor(workers, thread_name_prefix="attnstore-reduce"), workers
-        return _POOL
+    return REDUCE_POOL.get()
 
 
 READ_AHEAD_CELLS = 1 << 24  # maps read ahead while a kind's `prepare` runs: 32 MiB of float16 (~75 MRPC examples)

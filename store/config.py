@@ -84,18 +84,3 @@ def resolve_locations(db: str | None = None, root: str | None = None, home: str 
         # A bare path means a SQLite file: friendlier than a SQLAlchemy URL error.
         db_url = f"sqlite:///{Path(db_url).absolute()}"
     return Locations(db_url=db_url, array_root=array_root, read_only=env_read_only() if read_only is None else bool(read_only))
-
-
-def env_threads(name: str) -> int:
-    """A pool's threads from environment variable `name` (a whole number, 1 or more), else the cores this process may
-    use (at most 8)."""
-    text = os.environ.get(name, "").strip()
-    if text:
-        if not text.isdigit() or int(text) < 1:
-            raise InvalidArgumentError(f"{name}={text!r}: give a whole number of threads, 1 or more")
-        return int(text)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores))

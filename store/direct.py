@@ -60,8 +60,8 @@ from numcodecs import blosc
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 from zarr.storage import LocalStore
 
-from .config import env_threads
 from .errors import InvalidArgumentError
+from .pools import SizedPool
 
 HEADER = 16
 # A read of many chunks announces the chunk files it will read (`will_need`) a window ahead: up to PREFETCH_BYTES of
@@ -199,10 +199,9 @@ def block_cache() -> BlockCache:
 def _forget_after_fork() -> None:
     """In a forked child: a lock another thread of the parent held would stay held; start with fresh ones (and an
     empty cache, read again as needed)."""
-    global _CACHE, _FREE_LOCK, _DECODE_POOL, _DECODE_WORKERS, _DECODE_LOCK
+    global _CACHE, _FREE_LOCK
     _CACHE, _FREE_LOCK = None, threading.Lock()
     _FREE.clear()
-    _DECODE_POOL, _DECODE_WORKERS, _DECODE_LOCK = None, 0, threading.Lock()  # the parent's threads are not here
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -603,24 +602,15 @@ def will_need(fd: int, offset: int, length: int) -> None:
 _FADVISE = getattr(os, "posix_fadvise", None)
 
 DECODE_THREADS_ENV = "ATTNSTORE_DECODE_THREADS"
-_DECODE_POOL: ThreadPoolExecutor | None = None
-_DECODE_WORKERS = 0
-_DECODE_LOCK = threading.Lock()
+DECODE_POOL = SizedPool(DECODE_THREADS_ENV, "attnstore-decode")
 
 
 def decode_threads() -> int:
     """Threads a read of many chunks decodes them on: ATTNSTORE_DECODE_THREADS, else the cores this process may use
     (at most 8); 1 decodes on the reading thread."""
-    return env_threads(DECODE_THREADS_ENV)
+    return DECODE_POOL.threads()
 
 
 def decode_pool() -> ThreadPoolExecutor | None:
     """The process's pool of `decode_threads()` threads (None for one)."""
-    global _DECODE_POOL, _DECODE_WORKERS
-    workers = decode_threads()
-    if workers < 2:
-        return None
-    with _DECODE_LOCK:
-        if _DECODE_POOL is None or _DECODE_WORKERS != workers:
-            _DECODE_POOL, _DECODE_WORKERS = ThreadPoolExecutor(workers, thread_name_prefix="attnstore-decode"), workers
-        return _DECODE_POOL
+    return DECODE_POOL.get()

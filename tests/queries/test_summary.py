@@ -280,7 +280,7 @@ def test_a_forked_child_reduces_on_a_pool_of_its_own(store, run, monkeypatch):
     info = store.run_info(run)
     monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, "2")
     parent = summary_module.summarise_examples(store, info, summary_module.CLARK)  # the parent's pool exists now
-    assert summary_module._POOL is not None
+    assert summary_module.REDUCE_POOL.executor is not None
     store.engine.dispose()  # a forked child must not share the parent's database connections
     context = multiprocessing.get_context("fork")
     with context.Pool(1) as pool:
