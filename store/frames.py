@@ -36,19 +36,19 @@ def sql_frame(conn: sa.Connection, query: Any) -> pd.DataFrame:
     finally:
         cursor.close()
     frame = pd.DataFrame.from_records(rows, columns=columns, coerce_float=True)
-    for name in booleans:
-        frame[name] = _as_booleans(frame[name])
+    for at in booleans:  # by position: an unlabelled expression has no name of its own, two columns may share one
+        frame.isetitem(at, _as_booleans(frame.iloc[:, at]))
     return frame
 
 
-def _driver_statement(conn: sa.Connection, query: Any) -> tuple[str, Any, list[str]] | None:
-    """(SQL text, its parameters in the driver's style, the Boolean columns to turn into bools), or None where the
-    rows need SQLAlchemy's processing."""
+def _driver_statement(conn: sa.Connection, query: Any) -> tuple[str, Any, list[int]] | None:
+    """(SQL text, its parameters in the driver's style, the positions of the Boolean columns to turn into bools), or
+    None where the rows need SQLAlchemy's processing."""
     if not isinstance(query, sa.Select):
         return None
     dialect = conn.dialect
     booleans = []
-    for column in query.selected_columns:
+    for at, column in enumerate(query.selected_columns):
         kind = column.type
         if not isinstance(kind, PLAIN_TYPES) or isinstance(kind, sa.Numeric) and not isinstance(kind, sa.Float):
             return None  # dates (pandas gives their time zones its own way), JSON, decimals, enums, bytes ...
@@ -57,7 +57,7 @@ def _driver_statement(conn: sa.Connection, query: Any) -> tuple[str, Any, list[s
         except Exception:  # a processor chosen by the driver's type code (floats on psycopg): leave it to SQLAlchemy
             return None
         if isinstance(kind, sa.Boolean) and processes:
-            booleans.append(column.name)
+            booleans.append(at)
         elif processes:
             return None
     compiled = query.compile(dialect=dialect)

@@ -77,6 +77,9 @@ def test_labels_bound_parameters_and_no_rows(engine):
     got, expected = both(engine, query.order_by(THINGS.c.id))
     pd.testing.assert_frame_equal(got, expected)
     assert got["example"].tolist() == [2, 3] and got["flag"].dtype == np.bool_
+    unnamed = sa.select(THINGS.c.id, THINGS.c.flag, (THINGS.c.small > 0), THINGS.c.maybe.label("flag")).order_by(THINGS.c.id)
+    got, expected = both(engine, unnamed)  # an unlabelled Boolean expression, two columns named "flag"
+    pd.testing.assert_frame_equal(got, expected)
     got, expected = both(engine, query.where(sa.false()))
     pd.testing.assert_frame_equal(got, expected)
     assert len(got) == 0 and list(got.columns) == ["example", "next", "flag"]
