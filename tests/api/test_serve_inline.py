@@ -148,6 +148,39 @@ def test_a_small_answer_of_maps_is_kept_a_larger_one_is_written_each_time(one_ru
 
 
 @pytest.mark.parametrize("fast_lane", [True, False])
+def test_larger_npy_answers_are_kept_in_a_budget_of_their_own(one_run, monkeypatch, fast_lane):
+    """`.npy` answers over KEPT_LARGE_CELLS and within KEPT_ARRAY_CELLS (every head of an example) are kept in their own
+    tier ("maps answers (arrays)", KEPT_ARRAY_BYTES): read once, the same bytes again, layers' tier untouched; JSON of
+    that size and larger `.npy` answers are written per request."""
+    from attnstore.api.http.routes import maps as maps_route
+
+    store, maps = one_run
+    url = f"/api/runs/{quote(NAMES[0], safe='')}/examples/1/attention"
+    reads = []
+    real = store.attention
+    monkeypatch.setattr(store, "attention", lambda *a, **k: reads.append(a) or real(*a, **k))
+    monkeypatch.setattr(maps_route, "KEPT_CELLS", 10)
+    monkeypatch.setattr(maps_route, "KEPT_LARGE_CELLS", 50)
+    monkeypatch.setattr(maps_route, "KEPT_GZIP_CELLS", 50)
+    every = maps[1].size
+    monkeypatch.setattr(maps_route, "KEPT_ARRAY_CELLS", every)  # every head of example 1: kept; nothing larger is
+    app = create_app(store, ServeSettings(info_ttl_s=3600, fast_lane=fast_lane), allowed_hosts=["testserver"])
+    with TestClient(app) as c:
+        answers = [c.get(url, params={"format": "npy"}) for _ in range(3)]
+        assert len(reads) == 1 and answers[0].content == answers[2].content and answers[0].headers == answers[2].headers
+        np.testing.assert_array_equal(np.load(io.BytesIO(answers[2].content)), maps[1].astype(np.float32))
+        layer = [c.get(url, params={"layer": 1, "format": "npy"}) for _ in range(2)]
+        assert len(reads) == 2 and layer[0].content == layer[1].content
+        for _ in range(2):  # the same cells as JSON: written each time
+            np.testing.assert_allclose(c.get(url, params={"format": "json"}).json()["attention"], maps[1], atol=1e-6)
+        assert len(reads) == 4
+        monkeypatch.setattr(maps_route, "KEPT_ARRAY_CELLS", every - 1)
+        for _ in range(2):  # over KEPT_ARRAY_CELLS now: written each time
+            assert c.get(url, params={"format": "npy"}).content == answers[0].content
+        assert len(reads) == 6
+
+
+@pytest.mark.parametrize("fast_lane", [True, False])
 def test_a_large_json_answer_goes_gzip_compressed_to_a_client_that_takes_it(one_run, monkeypatch, fast_lane):
     """Accept-Encoding admitting gzip: a JSON answer of GZIP_MIN_BYTES or more is sent compressed (Content-Encoding,
     Vary), the same JSON once decoded, by the fast lane and by FastAPI alike; .npy and small answers never are."""

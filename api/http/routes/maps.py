@@ -109,12 +109,17 @@ def maps_json(about: dict, maps: np.ndarray, digits: int | None) -> str:
 KEPT_CELLS = 8192
 # Larger answers are kept too, up to KEPT_LARGE_BYTES of bodies per process, least recently used out first (a client
 # asks for a layer again as it asks for a head again): `.npy` ones of up to KEPT_LARGE_CELLS cells (one layer of 12
-# heads up to 73 tokens, 55 KB for a layer of MRPC; every head of an example, 72 maps, is written per request: kept, a
-# few hundred of them would push every layer out), compressed JSON ones of up to KEPT_GZIP_CELLS (a layer up to 147
-# tokens; ~200 KB for a layer of MRPC, where compressing it costs ~6 ms). The rest is written per request.
+# heads up to 73 tokens, 55 KB for a layer of MRPC), compressed JSON ones of up to KEPT_GZIP_CELLS (a layer up to 147
+# tokens; ~200 KB for a layer of MRPC, where compressing it costs ~6 ms).
 KEPT_LARGE_CELLS = 1 << 16
 KEPT_GZIP_CELLS = 1 << 18
 KEPT_LARGE_BYTES = 64 << 20
+# `.npy` answers larger still, up to KEPT_ARRAY_CELLS cells (every head of an example of up to 120 tokens, 72 maps: ~430
+# KB for an MRPC pair), are kept within KEPT_ARRAY_BYTES of their own, so they never push a layer out: a kept one is
+# answered on the event loop without a thread, a read or a copy (written per request, every head as `.npy` served 0.31-
+# 0.33 of the trivial endpoint's requests/s; session 37). The rest is written per request.
+KEPT_ARRAY_CELLS = 1 << 20
+KEPT_ARRAY_BYTES = 128 << 20
 # JSON answers of at least GZIP_MIN_BYTES go gzip-compressed to a client whose Accept-Encoding admits it (browsers,
 # requests and httpx do), at level 1 (nginx's default): float JSON text shrinks 2.8x (one layer of MRPC: 565 KB -> 202
 # KB in 5.5 ms); level 6 gives 3.6x (157 KB) but takes 22 ms, and under load a layer's first answers then took most of
@@ -151,6 +156,8 @@ def maps_answer(
             return s.kept("maps answers", key, answer, 1024)
         if cells <= (KEPT_GZIP_CELLS if packed else KEPT_LARGE_CELLS):
             return s.kept("maps answers (large)", key, answer, 4096, KEPT_LARGE_BYTES)
+        if format == "npy" and cells <= KEPT_ARRAY_CELLS:
+            return s.kept("maps answers (arrays)", key, answer, 4096, KEPT_ARRAY_BYTES)
         return answer()
 
 
