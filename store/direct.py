@@ -375,7 +375,10 @@ class DirectCells:
         # of `out`: the reading thread of a whole-run pass was its bottleneck (session 37).
         for i in range(0, len(parts), window):
             self._announce([p[0] for p in parts[i : i + window]])
-            futures = [pool.submit(self._chunk_own_buffers, *part[:4], part[5]) for part in parts[i : i + window]]
+            futures = [
+                pool.submit(self._chunk_own_buffers, index, first, last, into, cache)
+                for index, first, last, into, _, cache in parts[i : i + window]  # each task takes buffers of its own
+            ]
             if not all([f.result() for f in futures]):  # a list: every task done before any None is returned
                 return None
         return out
