@@ -1,11 +1,13 @@
 """A summary kind's reduce alone, over maps already read and decoded: where a first whole-run pass spends its compute.
 
-    python benchmarks/reduce.py --home H --run RUN [--kinds clark head_roles ...] [--repeats 3]
+    python benchmarks/reduce.py --home H --run RUN [--kinds clark head_roles ...] [--repeats 3] [--heap reading]
 
 The run's maps are read once into memory (`store.iter_attention`, nothing kept; mind the memory: MRPC dev is 176 MB of
 float16), each kind's `prepare` runs once (its SQL), then its `reduce` is timed over every example on this thread,
 `--repeats` times (the best is printed, with ns per cell). Only kinds that read one run's attention maps (no `read`
 of their own, e.g. not the weighted or per-pair kinds) are timed; a store opened read-only, so nothing is written.
+`--heap reading` first sets the heap as `attnstore query` and `attnstore serve` do (store/heap.py `for_reading`: a
+1 MiB mmap threshold, so any larger temporary a reduce makes is a fresh mmap); the default leaves glibc's own.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from attnstore.queries import summary
-from attnstore.store import open_store
+from attnstore.store import heap, open_store
 from attnstore.store.errors import AttnStoreError
 
 
@@ -27,7 +29,10 @@ def main() -> None:
     parser.add_argument("--run", required=True)
     parser.add_argument("--kinds", nargs="+", default=["clark"], help="summary kinds (queries/summary.py's KINDS)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--heap", choices=("default", "reading"), default="default", help="reading: the CLI's and the server's heap")
     args = parser.parse_args()
+    if args.heap == "reading":
+        heap.for_reading()
     known = summary.run_kinds()
     unknown = [name for name in args.kinds if name not in known]
     if unknown or args.repeats < 1:
@@ -55,7 +60,7 @@ def main() -> None:
             for example, m in maps:
                 kind.reduce(context, example, m)
             best = min(best, time.perf_counter() - start)
-        print(f"{name:22s} {best:8.3f} s  {best / cells * 1e9:6.2f} ns/cell  (best of {args.repeats}, one thread)")
+        print(f"{name:22s} {best:8.3f} s  {best / cells * 1e9:6.2f} ns/cell  (best of {args.repeats}, one thread, {args.heap} heap)")
     store.close()
 
 

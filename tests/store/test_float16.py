@@ -1,10 +1,12 @@
 """store/float16.py: the float16 lookups equal numpy's cast and row_entropy's float32 arithmetic bit for bit."""
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
 from attnstore.queries.summary import row_entropy
-from attnstore.store.float16 import as_float32, plogp
+from attnstore.store.float16 import LOOKUP_BLOCK, _tables, as_float32, plogp
 
 EVERY_FLOAT16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
 
@@ -55,6 +57,36 @@ def test_strided_float16_maps_are_looked_up_element_by_element():
     view = maps[1::2, ::3]  # not contiguous
     np.testing.assert_array_equal(as_float32(view), view.astype(np.float32))
     np.testing.assert_array_equal(row_entropy(view), row_entropy(view.astype(np.float32)))
+
+
+@pytest.mark.parametrize("cells", [LOOKUP_BLOCK - 1, LOOKUP_BLOCK, LOOKUP_BLOCK + 1, 3 * LOOKUP_BLOCK + LOOKUP_BLOCK // 2])
+def test_lookups_in_blocks_equal_one_take_at_every_block_edge(cells):
+    maps = random_maps(np.random.default_rng(cells), (1, 1, 1, cells))
+    values, summands = _tables()
+    for lookup, table in ((as_float32, values), (plogp, summands)):
+        whole = np.take(table, maps.view(np.uint16), mode="wrap")
+        np.testing.assert_array_equal(lookup(maps), whole)
+        out = np.full(maps.shape, np.nan, np.float32)
+        assert lookup(maps, out=out) is out
+        np.testing.assert_array_equal(out, whole)
+    with pytest.raises(ValueError):  # np.take's own check of `out`, as before
+        as_float32(maps, out=np.empty(cells + 1, np.float32))
+
+
+def test_a_lookup_allocates_no_cell_sized_temporary():
+    # np.take converts its indices to a fresh intp array; a whole example's (8 bytes a cell) lay above the CLI's 1 MiB
+    # mmap threshold (store/heap.py), so every lookup was an mmap and its page faults. Now at most one block of indices
+    # (a buffer the thread keeps) is allocated.
+    maps = random_maps(np.random.default_rng(3), (6, 12, 128, 128))  # 1.2 M cells: 9.4 MB of indices in one take
+    out = np.empty(maps.shape, np.float32)
+    tracemalloc.start()
+    try:
+        as_float32(maps, out=out)
+        plogp(maps, out=out)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= 8 * LOOKUP_BLOCK + (64 << 10), peak
 
 
 def test_other_dtypes_are_cast_by_numpy_and_plogp_refuses_them():
