@@ -697,7 +697,7 @@ def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.n
     for first in range(0, n_layers, per_part):
         part = slice(first, min(n_layers, first + per_part))
         source = maps[part]
-        m = as_float32(source, _scratch("maps", source.shape))
+        m = as_float32(source, scratch("maps", source.shape))
         for name, k in (("to_previous", -1), ("to_self", 0), ("to_next", 1)):
             out[name][part] = np.diagonal(m, offset=k, axis1=2, axis2=3).sum(-1, dtype=np.float64)
         received = m.sum(axis=2, dtype=np.float64)  # (layer, head, key)
@@ -706,7 +706,7 @@ def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.n
         to_sep = m[..., sep].sum(-1, dtype=np.float64)  # (layer, head, query)
         out["sep_from_sep"][part] = to_sep[..., sep].sum(-1)
         out["sep_from_other"][part] = to_sep[..., ~sep].sum(-1)
-        h = row_entropy(source if source.dtype == np.float16 else m, _scratch("logs", m.shape))
+        h = row_entropy(source if source.dtype == np.float16 else m, scratch("logs", m.shape))
         out["entropy"][part] = h.sum(-1, dtype=np.float64)
         out["entropy_from_cls"][part] = h[..., cls].sum(-1, dtype=np.float64)
     return out
@@ -721,8 +721,10 @@ SCRATCH_CELLS = 1 << 21  # float32 cells cast at a time (8 MiB; one layer of a l
 _SCRATCH = threading.local()
 
 
-def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """A float32 array of `shape` from a buffer this thread keeps (grown as needed, at least `SCRATCH_CELLS`)."""
+def scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 array of `shape` from a buffer this thread keeps (grown as needed, at least `SCRATCH_CELLS`): for a
+    reduce's casts, which are used up before it returns (a fresh array per example above 1 MiB is a fresh mmap under
+    the CLI's heap, store/heap.py, and its page faults cost more than the cast)."""
     n = int(np.prod(shape))
     buffers = _SCRATCH.__dict__.setdefault("buffers", {})
     buf = buffers.get(name)

@@ -43,3 +43,40 @@ def test_a_previous_token_head_over_long_rows_is_positional(store, make_run):
     frame = run_query(store, "head_roles", run=run).set_index("head")
     assert frame.loc[0, "offset_share"] == pytest.approx(11 / 12) and bool(frame.loc[0, "positional"])
     assert not bool(frame.loc[1, "positional"])
+
+
+def float64_reference(maps: np.ndarray, sep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The reduce's maxima and argmaxes as computed before session 38: on a float64 copy of the maps."""
+    values = np.asarray(maps, dtype=np.float64)
+    outside = values[..., ~sep] if (~sep).any() else np.zeros((*values.shape[:-1], 1))
+    return outside.max(-1).sum(-1), values.argmax(-1)
+
+
+@pytest.mark.parametrize("seps", ["none", "some", "all"])
+def test_float16_maps_compared_as_bits_give_the_float64_maxima_and_argmaxes(seps):
+    from attnstore.queries.head_roles import confidence_and_best
+
+    rng = np.random.default_rng(len(seps))
+    raw = rng.random((3, 4, 9, 9)) ** 6  # many small weights, subnormal in float16
+    maps = (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+    maps[0, 0, 0] = 0  # a row of zeros: its argmax is its first key
+    maps[0, 1, 2, 3] = maps[0, 1, 2, 5] = 0.5  # a tie: the first wins
+    sep = {"none": np.zeros(9, bool), "some": np.arange(9) % 4 == 0, "all": np.ones(9, bool)}[seps]
+    confidence, best = confidence_and_best(maps, sep)
+    expected = float64_reference(maps, sep)
+    np.testing.assert_array_equal(confidence, expected[0])  # bit for bit: the same float64 values summed in order
+    np.testing.assert_array_equal(best, expected[1])
+    assert best[0, 0, 0] == 0 and best[0, 1, 2] == 3
+
+
+@pytest.mark.parametrize("odd", [-0.0, -0.25, np.inf, np.nan])
+def test_float16_maps_with_a_sign_or_a_non_finite_value_are_compared_as_floats(odd):
+    from attnstore.queries.head_roles import confidence_and_best
+
+    maps = np.full((1, 2, 3, 3), 1 / 3, np.float16)
+    maps[0, 1, 1, 2] = odd  # as bits, -0.0 and -0.25 would be the row's largest
+    sep = np.array([False, False, True])
+    confidence, best = confidence_and_best(maps, sep)
+    expected = float64_reference(maps, sep)
+    np.testing.assert_array_equal(confidence, expected[0])
+    np.testing.assert_array_equal(best, expected[1])

@@ -119,3 +119,14 @@ def test_scipy_flow_equals_networkx_exact_flow():
     aug = residual_maps(raw / raw.sum(-1, keepdims=True))
     for source in (0, 4):
         np.testing.assert_allclose(flow_from(aug, source), _flow_networkx(aug, source), atol=1e-8)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 5), (6, 12, 47, 47)])
+def test_float16_maps_average_over_heads_as_their_float64_copy_does(shape):
+    from attnstore.queries.rollout import residual_maps
+
+    raw = np.random.default_rng(shape[-1]).random(shape) ** 4
+    maps = (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+    mean = maps.astype(np.float64).mean(axis=1)  # before session 38: a float64 copy of the example
+    mixed = mean + np.eye(shape[-1])[None]
+    np.testing.assert_array_equal(residual_maps(maps), mixed / mixed.sum(-1, keepdims=True))
