@@ -109,11 +109,12 @@ def _raw_scores(maps: np.ndarray, special: np.ndarray, segment: np.ndarray) -> d
     diagonal = neighbours / length
     self_ = np.diagonal(maps, axis1=-2, axis2=-1).mean(-1)
     plain = ~special
-    stripe = maps[..., plain].mean(-2).max(-1) if plain.any() else np.zeros(maps.shape[:-2])
-    if plain.any() and np.unique(segment[plain]).size >= 2:
+    to_plain_keys = maps[..., plain] if plain.any() else None  # a copy, made once for both scores below
+    stripe = to_plain_keys.mean(-2).max(-1) if to_plain_keys is not None else np.zeros(maps.shape[:-2])
+    if to_plain_keys is not None and np.unique(segment[plain]).size >= 2:
         own = (segment[:, None] == segment[None, :]) & plain[None, :]  # (query, key): key in the query's segment
         to_own = (maps * own).sum(-1)[..., plain]
-        to_plain = maps[..., plain].sum(-1)[..., plain]
+        to_plain = to_plain_keys.sum(-1)[..., plain]
         with np.errstate(invalid="ignore", divide="ignore"):
             share = np.where(to_plain > 0, to_own / np.where(to_plain > 0, to_plain, 1), 0.0)
         block = share.mean(-1)
