@@ -30,7 +30,7 @@ from ..store.float16 import as_float32
 from .common import CAUSAL_NOTE, is_causal, token_flags
 from .errors import InvalidArgumentError
 from .registry import register
-from .summary import SummaryKind, register_kind, scratch, summary_totals
+from .summary import SCRATCH_CELLS, SummaryKind, register_kind, scratch, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -44,12 +44,15 @@ MAX_FLOW_TOKENS = 64
 def residual_maps(maps: np.ndarray) -> np.ndarray:
     """(layer, head, L, L) maps -> (layer, L, L): averaged over heads, the identity added, rows renormalised (float64)."""
     if maps.dtype == np.float16:
-        # A layer at a time, cast by table into a buffer the thread keeps and averaged in float64: the same sums in the
-        # same order as of a float64 copy of the example, without that copy (8 bytes a cell, a fresh mmap under the
-        # CLI's heap: 3.3 -> 1.6 ns a cell there; session 38).
+        # Cast by table into a buffer the thread keeps (a few layers at a time, as the Clark kind's reduce: one call per
+        # layer cost more in hand-offs of the GIL between the reduce threads than it saved) and averaged in float64: the
+        # same sums in the same order as of a float64 copy of the example, without that copy (8 bytes a cell, a fresh
+        # mmap under the CLI's heap; session 38).
         mean = np.empty((maps.shape[0], *maps.shape[2:]))
-        for layer in range(maps.shape[0]):
-            as_float32(maps[layer], scratch("maps", maps.shape[1:])).mean(axis=0, dtype=np.float64, out=mean[layer])
+        per_part = max(1, SCRATCH_CELLS // max(1, maps[0].size))
+        for first in range(0, maps.shape[0], per_part):
+            part = maps[first : first + per_part]
+            as_float32(part, scratch("maps", part.shape)).mean(axis=1, dtype=np.float64, out=mean[first : first + per_part])
     else:
         mean = np.asarray(maps, dtype=np.float64).mean(axis=1)
     mixed = mean + np.eye(mean.shape[-1])[None]
