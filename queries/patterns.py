@@ -105,8 +105,7 @@ DECIDED = ("vertical+diagonal", "vertical", "diagonal")  # the classes a margin 
 def _raw_scores(maps: np.ndarray, special: np.ndarray, segment: np.ndarray) -> dict[str, np.ndarray]:
     vertical = maps[..., special].sum(-1).mean(-1)
     neighbours = np.diagonal(maps, offset=-1, axis1=-2, axis2=-1).sum(-1) + np.diagonal(maps, offset=1, axis1=-2, axis2=-1).sum(-1)
-    length = maps.shape[-1]
-    diagonal = neighbours / length
+    diagonal = neighbours / maps.shape[-1]
     self_ = np.diagonal(maps, axis1=-2, axis2=-1).mean(-1)
     plain = ~special
     to_plain_keys = maps[..., plain] if plain.any() else None  # a copy, made once for both scores below
