@@ -6,8 +6,9 @@ The run's maps are read once into memory (`store.iter_attention`, nothing kept; 
 float16), each kind's `prepare` runs once (its SQL), then its `reduce` is timed over every example on this thread,
 `--repeats` times (the best is printed, with ns per cell). Only kinds that read one run's attention maps (no `read`
 of their own, e.g. not the weighted or per-pair kinds) are timed; a store opened read-only, so nothing is written.
-`--heap reading` first sets the heap as `attnstore query` and `attnstore serve` do (store/heap.py `for_reading`: a
-1 MiB mmap threshold, so any larger temporary a reduce makes is a fresh mmap); the default leaves glibc's own.
+`--heap reading` first sets the heap as the CLI's commands do (`attnstore query`, `attnstore serve` with one worker;
+store/heap.py `for_reading`: a 1 MiB mmap threshold, so any larger temporary a reduce makes is a fresh mmap); the
+default leaves glibc's own.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def main() -> None:
     parser.add_argument("--run", required=True)
     parser.add_argument("--kinds", nargs="+", default=["clark"], help="summary kinds (queries/summary.py's KINDS)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--heap", choices=("default", "reading"), default="default", help="reading: the CLI's and the server's heap")
+    parser.add_argument("--heap", choices=("default", "reading"), default="default", help="reading: the heap of the CLI's commands")
     args = parser.parse_args()
     if args.heap == "reading":
         heap.for_reading()

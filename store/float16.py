@@ -32,9 +32,10 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
 
 
 # Cells looked up per `np.take` call. np.take first converts its indices to a fresh intp array (8 bytes a cell), and a
-# whole example's (~1.5 MB for an MRPC pair) lay above the 1 MiB mmap threshold that `store.heap.for_reading` sets for
-# the CLI and the server: a fresh mmap, its page faults and a munmap per lookup, 2.2 ns a cell instead of 0.9. Here the
-# indices are converted into a buffer each thread keeps (LOOKUP_BLOCK cells: 2 MiB), so np.take allocates nothing.
+# whole example's (~1.4 MB for an MRPC pair) lay above the 1 MiB mmap threshold that `store.heap.for_reading` sets for
+# the CLI's commands (`attnstore serve` with one worker too): an mmap, its page faults and a munmap per lookup, 2.2 ns
+# a cell instead of 0.9 (session 38). Here the indices are converted into a buffer each thread keeps (LOOKUP_BLOCK
+# cells: 2 MiB), so np.take allocates nothing.
 LOOKUP_BLOCK = 1 << 18
 _INDICES = threading.local()
 
