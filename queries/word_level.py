@@ -17,6 +17,7 @@ import pandas as pd
 from ..store.float16 import as_float32
 from .common import unique_argmax
 from .registry import register
+from .summary import SCRATCH_CELLS, scratch
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -54,9 +55,21 @@ def units_of(word_positions: np.ndarray) -> Units:
 
 
 def word_level(maps: np.ndarray, units: Units) -> np.ndarray:
-    """(..., L, L) token maps -> (..., U, U) unit maps: columns summed, rows averaged."""
+    """(..., L, L) token maps -> (..., U, U) unit maps: columns summed, rows averaged (float32)."""
     mean_rows = units.assign / units.assign.sum(axis=1, keepdims=True)
-    return mean_rows @ as_float32(maps) @ units.assign.T  # float16 by table (store/float16.py)
+    if maps.dtype != np.float16 or maps.ndim != 4:
+        return mean_rows @ as_float32(maps) @ units.assign.T  # float16 by table (store/float16.py)
+    # An example's (layer, head, L, L) maps a few layers at a time, cast and averaged over rows in buffers the thread
+    # keeps: the same products as of the whole example, without its float32 copy and (U, L) products (each a fresh
+    # mmap above 1 MiB under the CLI's heap, store/heap.py; session 38).
+    n_units, length = mean_rows.shape
+    out = np.empty((*maps.shape[:2], n_units, n_units), np.float32)
+    per_part = max(1, SCRATCH_CELLS // max(1, maps[0].size))
+    for first in range(0, maps.shape[0], per_part):
+        part = maps[first : first + per_part]
+        rows = np.matmul(mean_rows, as_float32(part, scratch("maps", part.shape)), out=scratch("rows", (*part.shape[:2], n_units, length)))
+        np.matmul(rows, units.assign.T, out=out[first : first + per_part])
+    return out
 
 
 def most_attended_words(maps: np.ndarray, units: Units, transpose: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -41,3 +41,20 @@ def test_word_maps_query_rows_sum_to_one(store, make_run):
     assert df.groupby("from_unit")["attention"].sum().tolist() == pytest.approx([1.0, 1.0, 1.0])
     row = df[(df["from_form"] == "abc") & (df["to_form"] == "abc")]
     assert row["attention"].item() == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("cells", [None, 2 * 7 * 7])  # the default parts, then one layer a part (three parts)
+def test_float16_maps_a_few_layers_at_a_time_equal_the_whole_products(monkeypatch, cells):
+    import attnstore.queries.word_level as wl
+    from attnstore.store.float16 import as_float32
+
+    if cells is not None:
+        monkeypatch.setattr(wl, "SCRATCH_CELLS", cells)
+    units = units_of([None, 0, 0, 1, 2, 2, None])
+    raw = np.random.default_rng(7).random((3, 2, 7, 7)) ** 3
+    maps = (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+    mean_rows = units.assign / units.assign.sum(axis=1, keepdims=True)
+    whole = mean_rows @ as_float32(maps) @ units.assign.T  # before session 38: the example at once
+    got = word_level(maps, units)
+    assert got.dtype == whole.dtype == np.float32
+    np.testing.assert_array_equal(got, whole)
