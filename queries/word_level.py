@@ -60,8 +60,8 @@ def word_level(maps: np.ndarray, units: Units) -> np.ndarray:
     if maps.dtype != np.float16 or maps.ndim != 4:
         return mean_rows @ as_float32(maps) @ units.assign.T  # float16 by table (store/float16.py)
     # An example's (layer, head, L, L) maps a few layers at a time, cast and averaged over rows in buffers the thread
-    # keeps: the same products as of the whole example, without its float32 copy and (U, L) products (each a fresh
-    # mmap above 1 MiB under the CLI's heap, store/heap.py; session 38).
+    # keeps (8 MiB or more each, `scratch`): the same products as of the whole example, without its float32 copy and
+    # (U, L) products (each a fresh mmap above 1 MiB under the CLI's heap, store/heap.py; session 38).
     n_units, length = mean_rows.shape
     out = np.empty((*maps.shape[:2], n_units, n_units), np.float32)
     per_part = max(1, SCRATCH_CELLS // max(1, maps[0].size))
