@@ -76,6 +76,9 @@ def main() -> None:
     parser.add_argument("--sendfile", action="store_true", help="send each body from a memfd with loop.sendfile")
     parser.add_argument("--serve", type=int, default=0, help=argparse.SUPPRESS)  # a child: serve on this port
     args = parser.parse_args()
+    small = [f"--{name}" for name in ("bytes", "bodies", "processes", "seconds") if getattr(args, name) < 1]
+    if small:
+        parser.error(f"{', '.join(small)}: give 1 or more")
     if args.serve:
         serve(args.serve, args.bytes, args.bodies, args.sendfile)
         return

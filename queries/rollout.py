@@ -30,7 +30,7 @@ from ..store.float16 import as_float32
 from .common import CAUSAL_NOTE, is_causal, token_flags
 from .errors import InvalidArgumentError
 from .registry import register
-from .summary import SCRATCH_CELLS, SummaryKind, register_kind, scratch, summary_totals
+from .summary import SummaryKind, layer_parts, register_kind, scratch, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -49,10 +49,8 @@ def residual_maps(maps: np.ndarray) -> np.ndarray:
         # same sums in the same order as of a float64 copy of the example, without that copy (8 bytes a cell, a fresh
         # mmap under the CLI's heap; session 38).
         mean = np.empty((maps.shape[0], *maps.shape[2:]))
-        per_part = max(1, SCRATCH_CELLS // max(1, maps[0].size))
-        for first in range(0, maps.shape[0], per_part):
-            part = maps[first : first + per_part]
-            as_float32(part, scratch("maps", part.shape)).mean(axis=1, dtype=np.float64, out=mean[first : first + per_part])
+        for part in layer_parts(maps):
+            as_float32(maps[part], scratch("maps", maps[part].shape)).mean(axis=1, dtype=np.float64, out=mean[part])
     else:
         mean = np.asarray(maps, dtype=np.float64).mean(axis=1)
     mixed = mean + np.eye(mean.shape[-1])[None]

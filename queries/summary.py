@@ -690,12 +690,10 @@ def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.n
     table (store/float16.py: 4-5x faster than numpy's cast, equal bit for bit), and their entropies' summands looked
     up from the float16 values; every sum is accumulated in float64 from those exact values, so the results are those
     of the float16 maps."""
-    n_layers, n_heads, length = maps.shape[0], maps.shape[1], maps.shape[-1]
+    n_layers, n_heads = maps.shape[0], maps.shape[1]
     out = {name: np.empty((n_layers, n_heads), np.float64) for name in CLARK_FIELDS}
     other = ~(cls | sep | punct)
-    per_part = max(1, SCRATCH_CELLS // max(1, n_heads * length * length))
-    for first in range(0, n_layers, per_part):
-        part = slice(first, min(n_layers, first + per_part))
+    for part in layer_parts(maps):
         source = maps[part]
         m = as_float32(source, scratch("maps", source.shape))
         for name, k in (("to_previous", -1), ("to_self", 0), ("to_next", 1)):
@@ -719,6 +717,14 @@ CLARK_FIELDS = (
 )
 SCRATCH_CELLS = 1 << 21  # float32 cells cast at a time (8 MiB; one layer of a longer example is cast whole)
 _SCRATCH = threading.local()
+
+
+def layer_parts(maps: np.ndarray) -> list[slice]:
+    """Consecutive slices of an example's (layer, ...) maps, each as many layers as `SCRATCH_CELLS` cells hold (at
+    least one): what a reduce casts into its `scratch` at a time."""
+    n_layers = maps.shape[0]
+    per_part = max(1, SCRATCH_CELLS // max(1, int(np.prod(maps.shape[1:]))))
+    return [slice(first, min(n_layers, first + per_part)) for first in range(0, n_layers, per_part)]
 
 
 def scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -17,7 +17,7 @@ import pandas as pd
 from ..store.float16 import as_float32
 from .common import unique_argmax
 from .registry import register
-from .summary import SCRATCH_CELLS, scratch
+from .summary import layer_parts, scratch
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -64,11 +64,10 @@ def word_level(maps: np.ndarray, units: Units) -> np.ndarray:
     # (U, L) products (each a fresh mmap above 1 MiB under the CLI's heap, store/heap.py; session 38).
     n_units, length = mean_rows.shape
     out = np.empty((*maps.shape[:2], n_units, n_units), np.float32)
-    per_part = max(1, SCRATCH_CELLS // max(1, maps[0].size))
-    for first in range(0, maps.shape[0], per_part):
-        part = maps[first : first + per_part]
-        rows = np.matmul(mean_rows, as_float32(part, scratch("maps", part.shape)), out=scratch("rows", (*part.shape[:2], n_units, length)))
-        np.matmul(rows, units.assign.T, out=out[first : first + per_part])
+    for part in layer_parts(maps):
+        cast = as_float32(maps[part], scratch("maps", maps[part].shape))
+        rows = np.matmul(mean_rows, cast, out=scratch("rows", (*cast.shape[:2], n_units, length)))
+        np.matmul(rows, units.assign.T, out=out[part])
     return out
 
 

@@ -45,11 +45,11 @@ def test_word_maps_query_rows_sum_to_one(store, make_run):
 
 @pytest.mark.parametrize("cells", [None, 2 * 7 * 7])  # the default parts, then one layer a part (three parts)
 def test_float16_maps_a_few_layers_at_a_time_equal_the_whole_products(monkeypatch, cells):
-    import attnstore.queries.word_level as wl
+    from attnstore.queries import summary
     from attnstore.store.float16 import as_float32
 
     if cells is not None:
-        monkeypatch.setattr(wl, "SCRATCH_CELLS", cells)
+        monkeypatch.setattr(summary, "SCRATCH_CELLS", cells)
     units = units_of([None, 0, 0, 1, 2, 2, None])
     raw = np.random.default_rng(7).random((3, 2, 7, 7)) ** 3
     maps = (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
