@@ -62,8 +62,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..store.float16 import as_float32, plogp
+from ..store.float16 import plogp
 from ..store.pools import SizedPool
+from .clark_sums import example_sums
 from .common import check_weights, iter_maps, iter_weighted_maps, token_flags
 from .errors import InvalidArgumentError, NotFoundError
 
@@ -682,39 +683,6 @@ def _block_sum(before: np.ndarray | None, values: np.ndarray) -> np.ndarray:
 DEFAULT_PUNCT = ".,"
 
 
-def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.ndarray) -> dict[str, np.ndarray]:
-    """One example's (layer, head) sums over its query tokens, as the three queries use them.
-
-    The maps are cast to float32 once, a few layers at a time, into a buffer the thread keeps (a fresh float32 copy
-    per example cost more in page faults than the cast: 0.33 s against 0.18 s for MRPC dev's 88 M cells), float16 by
-    table (store/float16.py: 4-5x faster than numpy's cast, equal bit for bit), and their entropies' summands looked
-    up from the float16 values; every sum is accumulated in float64 from those exact values, so the results are those
-    of the float16 maps."""
-    n_layers, n_heads = maps.shape[0], maps.shape[1]
-    out = {name: np.empty((n_layers, n_heads), np.float64) for name in CLARK_FIELDS}
-    other = ~(cls | sep | punct)
-    for part in layer_parts(maps):
-        source = maps[part]
-        m = as_float32(source, scratch("maps", source.shape))
-        for name, k in (("to_previous", -1), ("to_self", 0), ("to_next", 1)):
-            out[name][part] = np.diagonal(m, offset=k, axis1=2, axis2=3).sum(-1, dtype=np.float64)
-        received = m.sum(axis=2, dtype=np.float64)  # (layer, head, key)
-        for name, mask in (("cls", cls), ("sep", sep), ("punct", punct), ("other", other)):
-            out[f"received_{name}"][part] = received[..., mask].sum(-1)
-        to_sep = m[..., sep].sum(-1, dtype=np.float64)  # (layer, head, query)
-        out["sep_from_sep"][part] = to_sep[..., sep].sum(-1)
-        out["sep_from_other"][part] = to_sep[..., ~sep].sum(-1)
-        h = row_entropy(source if source.dtype == np.float16 else m, scratch("logs", m.shape))
-        out["entropy"][part] = h.sum(-1, dtype=np.float64)
-        out["entropy_from_cls"][part] = h[..., cls].sum(-1, dtype=np.float64)
-    return out
-
-
-CLARK_FIELDS = (
-    *("to_previous", "to_self", "to_next"),
-    *(f"received_{k}" for k in ("cls", "sep", "punct", "other")),
-    *("sep_from_sep", "sep_from_other", "entropy", "entropy_from_cls"),
-)
 SCRATCH_CELLS = 1 << 21  # float32 cells cast at a time (8 MiB; one layer of a longer example is cast whole)
 _SCRATCH = threading.local()
 
@@ -826,5 +794,5 @@ def totals_or_zeros(totals: dict[str, np.ndarray], shape: tuple[int, ...]) -> di
 
 # punct: the characters counted as punctuation keys (special_tokens' parameter); the default's summary is `clark`.
 CLARK = register_kind(
-    SummaryKind("clark", 2, _clark_prepare, _clark_reduce, defaults={"punct": DEFAULT_PUNCT}, totals=_clark_totals, threads=True)
+    SummaryKind("clark", 3, _clark_prepare, _clark_reduce, defaults={"punct": DEFAULT_PUNCT}, totals=_clark_totals, threads=True)
 )

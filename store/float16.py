@@ -31,6 +31,16 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
     return values, plogp
 
 
+@cache
+def value_plogp_table() -> np.ndarray:
+    """(65,536, 2) float32: each float16's value and its p log p side by side, indexed by its bits, for a compiled
+    reduce that wants both numbers of a cell from one cache line (queries/_clark.c)."""
+    values, logs = _tables()
+    table = np.ascontiguousarray(np.stack([values, logs], axis=1))
+    table.flags.writeable = False
+    return table
+
+
 # Cells looked up per `np.take` call. np.take first converts its indices to a fresh intp array (8 bytes a cell), and a
 # whole example's (~1.4 MB for an MRPC pair) lay above the 1 MiB mmap threshold that `store.heap.for_reading` sets for
 # the CLI's commands (`attnstore serve` with one worker too): an mmap, its page faults and a munmap per lookup, 2.2 ns

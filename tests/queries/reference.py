@@ -65,9 +65,11 @@ def _norm_weighted(maps: np.ndarray, norms: np.ndarray) -> np.ndarray:
     return out.astype(np.float32)
 
 
-def row_entropy(maps: np.ndarray) -> np.ndarray:
+def plogp32(maps: np.ndarray) -> np.ndarray:
+    """p log p of each cell in float32 (0 log 0 = 0): the query's summands (store/float16.py computes them so)."""
+    p = maps.astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return -np.where(maps > 0, maps * np.log(np.where(maps > 0, maps, 1)), 0).sum(-1)
+        return np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), np.float32(0))
 
 
 # ---------------------------------------------------------------- Clark C1, C2, C4
@@ -139,7 +141,7 @@ def entropy(store, *, run, examples=None, average: str = "example", weights: str
     n_queries = n_cls = 0
     uniform = uniform_cls = 0.0
     for example, maps in _maps(store, info, examples, weights):
-        h = row_entropy(maps.astype(np.float32)).astype(np.float64)  # per row in float32, as the query (documented)
+        h = -plogp32(maps).astype(np.float64).sum(-1)  # float32 summands summed in float64, as the query (documented)
         cls_mask = flags[example].cls
         length, cls = maps.shape[-1], int(cls_mask.sum())
         uniform_sum = lgamma(length + 1) if causal else length * np.log(length)

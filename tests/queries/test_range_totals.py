@@ -89,7 +89,7 @@ def test_exact_values_from_kept_ranges(store, make_run, monkeypatch, average):
     for frame, expect in ((rp, expect_rp), (st, expect_st), (en, expect_en)):
         assert len(frame) == 2
         for column, value in expect.items():
-            rtol = 1e-6 if column in ("entropy", "entropy_from_cls") else 1e-15  # row entropies are float32 (row_entropy)
+            rtol = 1e-6 if column in ("entropy", "entropy_from_cls") else 1e-15  # each p log p is a float32 (store/float16.py)
             np.testing.assert_allclose(frame[column].to_numpy(), value, rtol=rtol, atol=1e-15, err_msg=column)
 
 

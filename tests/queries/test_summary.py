@@ -60,7 +60,7 @@ def test_kept_sums_give_the_naive_results(store, run, monkeypatch, name, average
 def test_sums_are_kept_with_the_run_and_read_without_decoding_maps(store, run, monkeypatch):
     first = run_query(store, "entropy", run=run)
     group = zarr.open_group(store.locations.array_root, path="runs/sums/summary/clark", mode="r")
-    assert group.attrs["stamp"] == {"version": 2, "n_examples": 4}
+    assert group.attrs["stamp"] == {"version": 3, "n_examples": 4}
     assert group["example"][:].tolist() == [0, 1, 2, 3] and group["length"][:].tolist() == [5, 6, 6, 3]
     assert group["entropy"].shape == (4, 3, 2)
 
@@ -187,7 +187,7 @@ def test_a_kind_that_declares_integer_totals_must_give_integers(store, run, monk
 def test_sums_of_a_run_that_has_grown_since_are_built_again(store, run, monkeypatch):
     run_query(store, "relative_position", run=run)
     group = zarr.open_group(store.locations.array_root, path="runs/sums/summary/clark", mode="r+")
-    group.attrs["stamp"] = {"version": 2, "n_examples": 3}  # as if built before the 4th example
+    group.attrs["stamp"] = {"version": 3, "n_examples": 3}  # as if built before the 4th example
     same(run_query(store, "relative_position", run=run), reference.query(store, "relative_position", run=run))
     assert zarr.open_group(store.locations.array_root, path="runs/sums/summary/clark", mode="r").attrs["stamp"]["n_examples"] == 4
 
@@ -205,7 +205,7 @@ def test_other_punctuation_is_kept_under_its_own_fingerprint_and_read_only_store
     key = summary_module.CLARK.key({"punct": ",;"})
     assert key.startswith("clark.") and key != summary_module.CLARK.key({"punct": ".,"}) == "clark"
     group = zarr.open_group(store.locations.array_root, path=f"runs/sums/summary/{key}", mode="r")
-    assert group.attrs["stamp"] == {"version": 2, "n_examples": 4, "params": {"punct": ",;"}}
+    assert group.attrs["stamp"] == {"version": 3, "n_examples": 4, "params": {"punct": ",;"}}
     assert not zarr.open_group(store.locations.array_root, path="runs/sums/summary", mode="r").get("clark")  # the default's: not built
     with monkeypatch.context() as m:  # read back, no map decoded
         m.setattr(type(store), "iter_attention", lambda *a, **k: pytest.fail("the maps were read"))
