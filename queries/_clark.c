@@ -36,6 +36,7 @@ typedef struct {
         for (Py_ssize_t q = 0; q < T; q++) {                                                                          \
             const ROW_T *r = head + q * T;                                                                            \
             const float *pr = plogps ? plogps + (head - first) + q * T : NULL;                                        \
+            (void)pr; /* read by PLOGP for float32 maps only */                                                      \
             double h0 = 0, h1 = 0, h2 = 0, h3 = 0;                                                                    \
             Py_ssize_t k = 0;                                                                                         \
             for (; k + 4 <= T; k += 4) {                                                                              \

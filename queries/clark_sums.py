@@ -9,12 +9,10 @@ with `row_entropy`'s float32 arithmetic, and go through the same loop.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-
 import numpy as np
 
 from ..store.float16 import TINY, value_plogp_table
+from .kernels import kernel
 
 KERNEL_VERSION = 1  # queries/_clark.c's: a build of other sources fails in one line rather than computing old fields
 KEY_CLS, KEY_SEP, KEY_PUNCT = 1, 2, 4  # a key token's bits (queries/_clark.c KEY_*)
@@ -24,20 +22,6 @@ CLARK_FIELDS = (
     *(f"received_{k}" for k in ("cls", "sep", "punct", "other")),
     *("sep_from_sep", "sep_from_other", "entropy", "entropy_from_cls"),
 )
-
-
-@functools.cache
-def _kernel() -> Callable[..., None]:
-    """The compiled reduce, imported on first use (so a source tree without it still imports and runs other queries)."""
-    hint = "rebuild attnstore: pip install -e . (needs a C compiler and Python's headers)"
-    try:
-        from ._clark import KERNEL_VERSION as built
-        from ._clark import sums
-    except ImportError as exc:
-        raise ImportError(f"attnstore's compiled Clark reduce (queries/_clark.c) is not built: {hint}") from exc
-    if built != KERNEL_VERSION:
-        raise ImportError(f"attnstore's compiled Clark reduce is a stale build (version {built}, want {KERNEL_VERSION}): {hint}")
-    return sums
 
 
 def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.ndarray) -> dict[str, np.ndarray]:
@@ -52,11 +36,11 @@ def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.n
     n_maps = n_layers * n_heads
     if maps.dtype == np.float16:
         codes = np.ascontiguousarray(maps).view(np.uint16)
-        _kernel()(codes, n_maps, length, keys, value_plogp_table(), out, True)
+        kernel("_clark", KERNEL_VERSION).sums(codes, n_maps, length, keys, value_plogp_table(), out, True)
     else:
         values = np.ascontiguousarray(maps, dtype=np.float32)
         logs = np.maximum(values, TINY)  # row_entropy's float32 p log p (queries/summary.py), 0 log 0 = 0
         np.log(logs, out=logs)
         logs *= values
-        _kernel()(values, n_maps, length, keys, logs, out, False)
+        kernel("_clark", KERNEL_VERSION).sums(values, n_maps, length, keys, logs, out, False)
     return dict(zip(CLARK_FIELDS, out, strict=True))

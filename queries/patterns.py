@@ -63,7 +63,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..store.float16 import value_table
 from .errors import InvalidArgumentError
+from .kernels import kernel
 from .pattern_metrics import (  # noqa: F401  (the metrics' names are re-exported here, where callers have imported them)
     CLASSES,
     _macro_f1_rows,
@@ -96,6 +98,7 @@ THRESHOLDS = dict(
 RAW_SCORES = ("vertical", "diagonal", "self", "block", "stripe")
 NORMALISED = ("vertical_norm", "diagonal_norm", "block_norm", "vertical_seg", "diagonal_seg")
 SCORES = (*RAW_SCORES, *NORMALISED)
+PATTERNS_KERNEL = 1  # queries/_patterns.c's KERNEL_VERSION (queries/kernels.py)
 DECIDED = ("vertical+diagonal", "vertical", "diagonal")  # the classes a margin decides; ties go to the earlier
 
 
@@ -103,23 +106,19 @@ DECIDED = ("vertical+diagonal", "vertical", "diagonal")  # the classes a margin 
 
 
 def _raw_scores(maps: np.ndarray, special: np.ndarray, segment: np.ndarray) -> dict[str, np.ndarray]:
-    vertical = maps[..., special].sum(-1).mean(-1)
-    neighbours = np.diagonal(maps, offset=-1, axis1=-2, axis2=-1).sum(-1) + np.diagonal(maps, offset=1, axis1=-2, axis2=-1).sum(-1)
-    diagonal = neighbours / maps.shape[-1]
-    self_ = np.diagonal(maps, axis1=-2, axis2=-1).mean(-1)
+    """The raw scores of float16 or float64 maps (..., L, L) in one compiled pass, every cell summed in float64
+    (queries/_patterns.c). block: NaN unless the plain tokens span two segments; stripe: 0 without a plain key."""
+    shape, length = maps.shape[:-2], maps.shape[-1]
     plain = ~special
-    to_plain_keys = maps[..., plain] if plain.any() else None  # a copy, made once for both scores below
-    stripe = to_plain_keys.mean(-2).max(-1) if to_plain_keys is not None else np.zeros(maps.shape[:-2])
-    if to_plain_keys is not None and np.unique(segment[plain]).size >= 2:
-        own = (segment[:, None] == segment[None, :]) & plain[None, :]  # (query, key): key in the query's segment
-        to_own = (maps * own).sum(-1)[..., plain]
-        to_plain = to_plain_keys.sum(-1)[..., plain]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            share = np.where(to_plain > 0, to_own / np.where(to_plain > 0, to_plain, 1), 0.0)
-        block = share.mean(-1)
-    else:
-        block = np.full(maps.shape[:-2], np.nan)
-    return dict(vertical=vertical, diagonal=diagonal, self=self_, block=block, stripe=stripe)
+    block = bool(plain.any()) and np.unique(segment[plain]).size >= 2
+    segment_codes = np.unique(segment, return_inverse=True)[1].astype(np.int64).reshape(-1)  # any labels, as int64
+    out = np.empty((len(RAW_SCORES), int(np.prod(shape, dtype=np.int64))))
+    is_float16 = maps.dtype == np.float16
+    values = np.ascontiguousarray(maps).view(np.uint16) if is_float16 else np.ascontiguousarray(maps, dtype=np.float64)
+    table = value_table() if is_float16 else np.zeros(0, np.float32)
+    compiled = kernel("_patterns", PATTERNS_KERNEL)
+    compiled.raw_scores(values, out.shape[1], length, plain.astype(np.float64), segment_codes, table, out, is_float16, block)
+    return {name: out[i].reshape(shape) for i, name in enumerate(RAW_SCORES)}
 
 
 def _excess(score: np.ndarray, null: float) -> np.ndarray:
@@ -144,7 +143,8 @@ def pattern_scores(maps: np.ndarray, special: np.ndarray, segment: np.ndarray) -
     """Scores of maps (..., L, L) of one example, each (...): the raw vertical, diagonal, self, block (NaN: one segment)
     and stripe; the normalised vertical_norm, diagonal_norm, block_norm the rules decide on; and vertical_seg,
     diagonal_seg, the stripe and diagonal beyond a pure block map's (NaN: one segment). See the module docstring."""
-    maps = np.asarray(maps, dtype=np.float64)
+    maps = np.asarray(maps)
+    maps = maps if maps.dtype == np.float16 else maps.astype(np.float64, copy=False)  # float16: by table, in C
     if maps.ndim < 2 or maps.shape[-1] != maps.shape[-2]:
         raise InvalidArgumentError(f"attention maps must be (..., L, L), not {maps.shape}")
     length = maps.shape[-1]

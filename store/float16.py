@@ -31,6 +31,11 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
     return values, plogp
 
 
+def value_table() -> np.ndarray:
+    """(65,536,) float32: each float16's value, indexed by its bits (read only), for a compiled reduce (queries/_patterns.c)."""
+    return _tables()[0]
+
+
 @cache
 def value_plogp_table() -> np.ndarray:
     """(65,536, 2) float32: each float16's value and its p log p side by side, indexed by its bits, for a compiled

@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from attnstore import queries
 from attnstore.queries import clark_sums
 from attnstore.queries.clark_sums import CLARK_FIELDS, example_sums
+from attnstore.queries.kernels import kernel
 
 
 def numpy_sums(maps, cls, sep, punct):
@@ -111,31 +111,35 @@ def test_threads_give_the_same_fields_as_one():
 
 
 def test_the_kernel_refuses_buffers_of_the_wrong_size():
-    kernel = clark_sums._kernel()
+    sums = kernel("_clark", clark_sums.KERNEL_VERSION).sums
     codes = np.zeros((2, 3, 3), np.uint16)
     out = np.empty((len(CLARK_FIELDS), 2))
     with pytest.raises(ValueError, match="maps holds 36 bytes, not 54"):
-        kernel(codes, 3, 3, np.zeros(3, np.uint8), np.zeros((65536, 2), np.float32), out.reshape(-1)[:33], True)
+        sums(codes, 3, 3, np.zeros(3, np.uint8), np.zeros((65536, 2), np.float32), out.reshape(-1)[:33], True)
     with pytest.raises(ValueError, match="out holds"):
-        kernel(codes, 2, 3, np.zeros(3, np.uint8), np.zeros((65536, 2), np.float32), out[:1], True)
+        sums(codes, 2, 3, np.zeros(3, np.uint8), np.zeros((65536, 2), np.float32), out[:1], True)
 
 
-def test_a_missing_build_fails_in_one_line_naming_the_fix(monkeypatch):
-    clark_sums._kernel.cache_clear()
-    monkeypatch.setitem(sys.modules, "attnstore.queries._clark", None)  # as if never built: import fails
-    monkeypatch.delattr(queries, "_clark", raising=False)
+@pytest.mark.parametrize("name", ["_clark", "_patterns"])
+def test_a_missing_build_fails_in_one_line_naming_the_fix(monkeypatch, name):
+    kernel.cache_clear()
+    monkeypatch.setitem(sys.modules, f"attnstore.queries.{name}", None)  # as if never built: its import fails
     try:
-        with pytest.raises(ImportError, match=r"queries/_clark.c\) is not built: rebuild attnstore: pip install -e \."):
-            example_sums(np.ones((1, 1, 1, 1), np.float16), *(np.zeros(1, bool),) * 3)
+        with pytest.raises(
+            ImportError,
+            match=rf"^attnstore's compiled reduce queries/{name}.c is not built: rebuild attnstore: pip install -e \. \(needs a C compiler",
+        ):
+            kernel(name, 1)
     finally:
-        clark_sums._kernel.cache_clear()
+        kernel.cache_clear()
 
 
-def test_a_stale_build_fails_in_one_line_naming_the_fix(monkeypatch):
-    clark_sums._kernel.cache_clear()
-    monkeypatch.setattr(clark_sums, "KERNEL_VERSION", clark_sums.KERNEL_VERSION + 1)
+def test_a_stale_build_fails_in_one_line_naming_the_fix():
+    kernel.cache_clear()
     try:
-        with pytest.raises(ImportError, match=r"a stale build \(version \d+, want \d+\): rebuild attnstore"):
-            example_sums(np.ones((1, 1, 1, 1), np.float16), *(np.zeros(1, bool),) * 3)
+        with pytest.raises(
+            ImportError, match=r"^attnstore's compiled reduce queries/_clark.c is a stale build \(version 1, want 99\): rebuild attnstore"
+        ):
+            kernel("_clark", 99)
     finally:
-        clark_sums._kernel.cache_clear()
+        kernel.cache_clear()

@@ -1,0 +1,27 @@
+"""attnstore's compiled reduces (queries/_clark.c, queries/_patterns.c), each imported on first use, so a source tree
+without them still imports and runs the other queries, and a missing or stale build fails in one line naming the fix.
+
+Each C file defines KERNEL_VERSION, raised whenever its arguments or results change; its Python caller asks for the
+version it was written against, so an editable checkout whose build predates its C file says so instead of computing
+the old thing."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from types import ModuleType
+
+REBUILD = "rebuild attnstore: pip install -e . (needs a C compiler and Python's headers)"
+
+
+@functools.cache
+def kernel(name: str, version: int) -> ModuleType:
+    """The compiled module `attnstore.queries.<name>` if its KERNEL_VERSION is `version`; else ImportError."""
+    try:
+        module = importlib.import_module(f".{name}", __package__)
+    except ImportError as exc:
+        raise ImportError(f"attnstore's compiled reduce queries/{name}.c is not built: {REBUILD}") from exc
+    built = getattr(module, "KERNEL_VERSION", None)
+    if built != version:
+        raise ImportError(f"attnstore's compiled reduce queries/{name}.c is a stale build (version {built}, want {version}): {REBUILD}")
+    return module
