@@ -303,7 +303,7 @@ def _scores_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 PATTERN_SCORES = register_kind(
     SummaryKind(
         "pattern_scores",
-        2,
+        3,  # 3: the raw scores compiled (queries/_patterns.c), their sums in another order (within 1e-15)
         _scores_prepare,
         _scores_reduce,
         threads=True,

@@ -793,6 +793,7 @@ def totals_or_zeros(totals: dict[str, np.ndarray], shape: tuple[int, ...]) -> di
 
 
 # punct: the characters counted as punctuation keys (special_tokens' parameter); the default's summary is `clark`.
+# Version 3: compiled (queries/_clark.c), row entropies summed in float64 (in float32 before: within 1e-7 relative).
 CLARK = register_kind(
     SummaryKind("clark", 3, _clark_prepare, _clark_reduce, defaults={"punct": DEFAULT_PUNCT}, totals=_clark_totals, threads=True)
 )
