@@ -27,8 +27,8 @@ written then read on this machine; nothing drops caches), so reads measure decod
 Beside them: the run ingested again with --small-chunks N cells per chunk (default 131072: one 256 KiB blosc block per
 chunk; 0: not), one example read as `store.attention` read it before session 26 (through zarr: the run's info and the
 example's row from SQL, the array opened, its chunks checked and read by zarr), and where attnstore's first pass goes
-(the maps read and decoded, the row entropies of them as the reduce computes them, the query computed for the call
-alone on a read-only view).
+(the maps read and decoded, the Clark kind's reduce of them alone on one thread, compiled since session 39, the query
+computed for the call alone on a read-only view).
 The peers' files are removed at the end; the store is left (its folder is printed).
 """
 
@@ -149,16 +149,17 @@ def zarr_read(store, run: str, example: int) -> np.ndarray:
 
 def first_pass_split(store, run: str) -> dict[str, float]:
     """Where the first pass of the entropy query goes, on a read-only view of the store (nothing kept): the whole run's
-    maps read and decoded (iter_attention), the entropy of every row (row_entropy, as the Clark summary's reduce
-    computes it), and the query computed for the call alone (the Clark kind's whole reduce, SQL, combine)."""
+    maps read and decoded (iter_attention), the Clark kind's reduce of them alone (queries/_clark.c, one thread), and
+    the query computed for the call alone (the reduce on the reduce threads, SQL, combine)."""
     info = store.run_info(run)
     with_zarr = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
     t = time.perf_counter()
-    maps = [m for _, m in with_zarr.iter_attention(run)]
+    maps = list(with_zarr.iter_attention(run))
     read = time.perf_counter() - t
+    context = summary.CLARK.prepare(with_zarr, info)
     t = time.perf_counter()
-    for m in maps:
-        row_entropy(m)
+    for example, m in maps:
+        summary.CLARK.reduce(context, example, m)
     reduce = time.perf_counter() - t
     del maps
     t = time.perf_counter()
@@ -330,7 +331,7 @@ def main() -> None:
         print(f"{SMALL}: run {small_run!r}, ingested with --chunk-cells {store.run_info(small_run).chunk_cells}")
     print(
         f"attnstore's first pass, where it goes (read-only, nothing kept): maps read and decoded {split['read']:.3f}s "
-        f"({split['cells'] / split['read'] / 1e6:.0f} M cells/s), row entropies of them {split['entropy']:.3f}s, "
+        f"({split['cells'] / split['read'] / 1e6:.0f} M cells/s), the Clark reduce of them {split['entropy']:.3f}s, "
         f"the entropy query computed for the call alone {split['query']:.3f}s on {summary.reduce_threads()} reduce "
         f"thread(s) (the Clark kind's whole reduce: {split['cells'] / split['query'] / 1e6:.0f} M cells/s), "
         f"{split['one_thread']:.3f}s on one ({split['cells'] / split['one_thread'] / 1e6:.0f} M cells/s); the peers' first passes: "
