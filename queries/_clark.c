@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Raised whenever the arguments or the fields change, checked by queries/summary.py against its own number, so an
-   editable install with a stale build fails in one line instead of computing the old thing. */
+/* Raised whenever the arguments or the fields change, checked against queries/kernels.py VERSIONS, so an editable
+   install with a stale build fails in one line instead of computing the old thing. */
 #define KERNEL_VERSION 1
 
 enum { TO_PREVIOUS, TO_SELF, TO_NEXT, RECEIVED_CLS, RECEIVED_SEP, RECEIVED_PUNCT, RECEIVED_OTHER, SEP_FROM_SEP,

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KERNEL_VERSION 1 /* checked by queries/pattern_kernel.py: a stale build fails in one line */
+#define KERNEL_VERSION 1 /* checked against queries/kernels.py VERSIONS: a stale build fails in one line */
 
 enum { VERTICAL, DIAGONAL, SELF, BLOCK, STRIPE, N_SCORES };
 

@@ -14,7 +14,6 @@ import numpy as np
 from ..store.float16 import TINY, value_plogp_table
 from .kernels import kernel
 
-KERNEL_VERSION = 1  # queries/_clark.c's: a build of other sources fails in one line rather than computing old fields
 KEY_CLS, KEY_SEP, KEY_PUNCT = 1, 2, 4  # a key token's bits (queries/_clark.c KEY_*)
 
 CLARK_FIELDS = (
@@ -36,11 +35,11 @@ def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.n
     n_maps = n_layers * n_heads
     if maps.dtype == np.float16:
         codes = np.ascontiguousarray(maps).view(np.uint16)
-        kernel("_clark", KERNEL_VERSION).sums(codes, n_maps, length, keys, value_plogp_table(), out, True)
+        kernel("_clark").sums(codes, n_maps, length, keys, value_plogp_table(), out, True)
     else:
         values = np.ascontiguousarray(maps, dtype=np.float32)
         logs = np.maximum(values, TINY)  # row_entropy's float32 p log p (queries/summary.py), 0 log 0 = 0
         np.log(logs, out=logs)
         logs *= values
-        kernel("_clark", KERNEL_VERSION).sums(values, n_maps, length, keys, logs, out, False)
+        kernel("_clark").sums(values, n_maps, length, keys, logs, out, False)
     return dict(zip(CLARK_FIELDS, out, strict=True))

@@ -14,6 +14,7 @@ import pandas as pd
 from ..store.float16 import as_float32
 from ..store.records import RunInfo
 from .errors import InvalidArgumentError, NotFoundError
+from .kernels import kernel
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -150,18 +151,24 @@ def check_average(average: str) -> str:
     return average
 
 
-def unique_argmax(scores: np.ndarray) -> np.ndarray:
-    """argmax over the last axis, or -1 ("no prediction") where the maximum is not > 0 or is reached more than once.
+def unique_argmax(scores: np.ndarray, transpose: bool = False) -> np.ndarray:
+    """argmax over the last axis (with `transpose`, over the one before it: each column's), or -1 ("no prediction")
+    where the maximum is not > 0, is reached more than once, or the line holds a NaN.
 
     A row of exact zeros (e.g. float16 underflow) or a tie predicts nothing, instead of the
-    first index that numpy's argmax would return.
+    first index that numpy's argmax would return. Compiled (queries/_words.c): one pass a line.
     """
-    if scores.shape[-1] == 0:
-        return np.full(scores.shape[:-1], -1, dtype=np.int64)
-    best = scores.argmax(-1)
-    top = np.take_along_axis(scores, best[..., None], -1)
-    unique = (scores == top).sum(-1) == 1
-    return np.where(unique & (top[..., 0] > 0), best, -1)
+    scores = np.asarray(scores)
+    scores = scores if scores.dtype in (np.float32, np.float64) else scores.astype(np.float64)
+    lines = scores.shape[-2:] if scores.ndim >= 2 else (1, *scores.shape)
+    matrices = np.ascontiguousarray(scores.reshape(int(np.prod(scores.shape[:-2], dtype=np.int64)), *lines))
+    n, rows, columns = matrices.shape
+    if transpose and scores.ndim < 2:
+        raise ValueError("unique_argmax(transpose=True) needs scores of two or more axes")
+    out = np.empty((n, columns if transpose else rows), np.int64)
+    kernel("_words").unique_argmax(matrices, n, rows, columns, out, transpose, matrices.dtype == np.float32)
+    lead = scores.shape[:-2] + (scores.shape[-1:] if transpose else scores.shape[-2:-1])
+    return out.reshape(lead)
 
 
 def parse_choices(text: str | None, choices: tuple[str, ...], what: str) -> tuple[str, ...]:

@@ -149,7 +149,7 @@ def _mention_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 MENTION_ARGMAX = register_kind(
     SummaryKind(
         "mention_argmax",
-        3,
+        4,  # word maps compiled (queries/_words.c): float64 sums rounded to float32, not float32 products
         _mention_argmax_prepare,
         _mention_argmax_reduce,
         ragged=("word", "attended"),

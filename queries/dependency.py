@@ -93,7 +93,7 @@ def _check(name: str, value: str, allowed) -> None:
 def _word_map(maps: np.ndarray, units) -> tuple[np.ndarray, np.ndarray]:
     """(layer, head, words, words) word-level maps restricted to words (special tokens left out), and their positions."""
     keep = np.flatnonzero(units.is_word)
-    return word_level(maps, units)[:, :, keep][:, :, :, keep], units.word[keep]
+    return word_level(maps, units, keep), units.word[keep]
 
 
 def word_predictions(maps: np.ndarray, units) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -103,7 +103,7 @@ def word_predictions(maps: np.ndarray, units) -> tuple[np.ndarray, np.ndarray, n
     wmap, words = _word_map(maps, units)
     diag = np.arange(len(words))
     wmap[:, :, diag, diag] = 0
-    return unique_argmax(wmap), unique_argmax(np.swapaxes(wmap, -1, -2)), words
+    return unique_argmax(wmap), unique_argmax(wmap, transpose=True), words
 
 
 # ---------------------------------------------------------------- word-level predictions kept with the run
@@ -355,7 +355,7 @@ def run_relations(store: Store, info: RunInfo) -> list[str]:
 WORD_ARGMAX = register_kind(
     SummaryKind(
         "word_argmax",
-        2,
+        3,  # word maps compiled (queries/_words.c): float64 sums rounded to float32, not float32 products
         _word_argmax_prepare,
         _word_argmax_reduce,
         ragged=("word", "argmax", "edge", "edge_label"),

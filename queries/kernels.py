@@ -1,9 +1,10 @@
-"""attnstore's compiled reduces (queries/_clark.c, queries/_patterns.c), each imported on first use, so a source tree
-without them still imports and runs the other queries, and a missing or stale build fails in one line naming the fix.
+"""attnstore's compiled reduces (queries/_clark.c, queries/_patterns.c, queries/_words.c), each imported on first use,
+so a source tree without them still imports and runs the other queries, and a missing or stale build fails in one line
+naming the fix.
 
-Each C file defines KERNEL_VERSION, raised whenever its arguments or results change; its Python caller asks for the
-version it was written against, so an editable checkout whose build predates its C file says so instead of computing
-the old thing."""
+Each C file defines KERNEL_VERSION, raised whenever its arguments or results change; `VERSIONS` holds the version its
+Python callers are written against, so an editable checkout whose build predates its C file says so instead of
+computing the old thing."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import functools
 import importlib
 from types import ModuleType
 
+VERSIONS = {"_clark": 1, "_patterns": 1, "_words": 1}
 REBUILD = "rebuild attnstore: pip install -e . (needs a C compiler and Python's headers)"
 
 
 @functools.cache
-def kernel(name: str, version: int) -> ModuleType:
-    """The compiled module `attnstore.queries.<name>` if its KERNEL_VERSION is `version`; else ImportError."""
+def kernel(name: str) -> ModuleType:
+    """The compiled module `attnstore.queries.<name>` if its KERNEL_VERSION is `VERSIONS[name]`; else ImportError."""
+    version = VERSIONS[name]
     try:
         module = importlib.import_module(f".{name}", __package__)
     except ImportError as exc:

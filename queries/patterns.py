@@ -98,7 +98,6 @@ THRESHOLDS = dict(
 RAW_SCORES = ("vertical", "diagonal", "self", "block", "stripe")
 NORMALISED = ("vertical_norm", "diagonal_norm", "block_norm", "vertical_seg", "diagonal_seg")
 SCORES = (*RAW_SCORES, *NORMALISED)
-PATTERNS_KERNEL = 1  # queries/_patterns.c's KERNEL_VERSION (queries/kernels.py)
 DECIDED = ("vertical+diagonal", "vertical", "diagonal")  # the classes a margin decides; ties go to the earlier
 
 
@@ -116,7 +115,7 @@ def _raw_scores(maps: np.ndarray, special: np.ndarray, segment: np.ndarray) -> d
     is_float16 = maps.dtype == np.float16
     values = np.ascontiguousarray(maps).view(np.uint16) if is_float16 else np.ascontiguousarray(maps, dtype=np.float64)
     table = value_table() if is_float16 else np.zeros(0, np.float32)
-    compiled = kernel("_patterns", PATTERNS_KERNEL)
+    compiled = kernel("_patterns")
     compiled.raw_scores(values, out.shape[1], length, plain.astype(np.float64), segment_codes, table, out, is_float16, block)
     return {name: out[i].reshape(shape) for i, name in enumerate(RAW_SCORES)}
 

@@ -153,9 +153,10 @@ def _relations_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 # relation_mean / relation_token_max: (relation in RELATIONS order, layer, head), 0 where the example has no pair
-# (relation_pairs 0). Version 2: relation_token_max.
+# (relation_pairs 0). Version 2: relation_token_max; 3: word maps compiled (queries/_words.c: float64 sums rounded to
+# float32, not float32 products).
 KOVALEVA_RELATIONS = register_kind(
-    SummaryKind("kovaleva_relations", 2, _relations_prepare, _relations_reduce, totals=_relations_totals, threads=True)
+    SummaryKind("kovaleva_relations", 3, _relations_prepare, _relations_reduce, totals=_relations_totals, threads=True)
 )
 
 

@@ -138,7 +138,7 @@ def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     keep = np.arange(len(units.word)) if specials == "include" else np.flatnonzero(units.is_word)
     local = np.full(len(units.word), -1)
     local[keep] = np.arange(len(keep))
-    wmap = word_level(maps, units)[:, :, keep][:, :, :, keep].astype(np.float64)
+    wmap = word_level(maps, units, keep).astype(np.float64)
     edges = [(unit_of[int(d)], unit_of[int(h)], rel) for d, h, rel in zip(tree["position"], tree["head"], tree["deprel"]) if not pd.isna(h)]
     edges = [(local[a], local[b], rel) for a, b, rel in edges if a >= 0 and b >= 0]
     if not edges:
@@ -188,7 +188,7 @@ def _totals(part: dict[str, np.ndarray], labels: list[str]) -> dict[str, np.ndar
 HEAD_TREES = register_kind(
     SummaryKind(
         "head_trees",
-        1,
+        2,  # word maps compiled (queries/_words.c): float64 sums rounded to float32, not float32 products
         _prepare,
         _reduce,
         ragged=("hits", "chain", "relation", "relation_bytes"),

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from ..store.float16 import as_float32
+from ..store.float16 import value_table
 from .common import unique_argmax
+from .kernels import kernel
 from .registry import register
-from .summary import layer_parts, scratch
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -30,6 +30,7 @@ class Units:
     word: np.ndarray  # per unit: word position, or -1 for a special token
     token: np.ndarray  # per unit: first token position
     assign: np.ndarray  # (units, tokens) 0/1: which tokens make up each unit
+    of_token: np.ndarray  # per token: its unit (int64)
 
     @property
     def is_word(self) -> np.ndarray:
@@ -41,33 +42,37 @@ class Units:
         return np.array([lookup.get(int(p), -1) for p in positions], dtype=np.int64)
 
 
-def units_of(word_positions: np.ndarray) -> Units:
-    """Units from each token's word position (negative / NaN for special tokens), in token order."""
-    word_positions = np.asarray(pd.array(word_positions, dtype="Int64").fillna(-1), dtype=np.int64)
-    keys = [(w, t) if w < 0 else (w, -1) for t, w in enumerate(word_positions)]
+def units_of(word_positions) -> Units:
+    """Units from each token's word position (negative / NaN / NA for special tokens), in token order."""
+    if isinstance(word_positions, pd.Series):  # a token table's column: Int64 with NA, or float with NaN
+        floats = word_positions.to_numpy(dtype=np.float64, na_value=np.nan)
+    else:
+        floats = pd.array(word_positions, dtype="Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+    positions = np.where(np.isnan(floats), -1, floats).astype(np.int64).tolist()
+    keys = [(w, t) if w < 0 else (w, -1) for t, w in enumerate(positions)]
     order: dict[tuple[int, int], int] = {}
     for key in keys:
         order.setdefault(key, len(order))
+    of_token = np.array([order[k] for k in keys], dtype=np.int64)
     assign = np.zeros((len(order), len(keys)), dtype=np.float32)
-    assign[[order[k] for k in keys], np.arange(len(keys))] = 1
+    assign[of_token, np.arange(len(keys))] = 1
     first = assign.argmax(axis=1)
-    return Units(word=np.array([k[0] for k in order]), token=first, assign=assign)
+    return Units(word=np.array([k[0] for k in order], dtype=np.int64), token=first, assign=assign, of_token=of_token)
 
 
-def word_level(maps: np.ndarray, units: Units) -> np.ndarray:
-    """(..., L, L) token maps -> (..., U, U) unit maps: columns summed, rows averaged (float32)."""
-    mean_rows = units.assign / units.assign.sum(axis=1, keepdims=True)
-    if maps.dtype != np.float16 or maps.ndim != 4:
-        return mean_rows @ as_float32(maps) @ units.assign.T  # float16 by table (store/float16.py)
-    # An example's (layer, head, L, L) maps a few layers at a time, cast and averaged over rows in buffers the thread
-    # keeps (8 MiB or more each, `scratch`): the same products as of the whole example, without its float32 copy and
-    # (U, L) products (each a fresh mmap above 1 MiB under the CLI's heap, store/heap.py; session 38).
-    n_units, length = mean_rows.shape
-    out = np.empty((*maps.shape[:2], n_units, n_units), np.float32)
-    for part in layer_parts(maps):
-        cast = as_float32(maps[part], scratch("maps", maps[part].shape))
-        rows = np.matmul(mean_rows, cast, out=scratch("rows", (*cast.shape[:2], n_units, length)))
-        np.matmul(rows, units.assign.T, out=out[part])
+def word_level(maps: np.ndarray, units: Units, keep: np.ndarray | None = None) -> np.ndarray:
+    """(..., L, L) token maps -> (..., U, U) unit maps: columns summed, rows averaged, in float64 from the float16 (by
+    table) or float64 values, rounded to float32 (compiled, queries/_words.c: each cell read once; numpy's two float32
+    matrix products, after a float32 cast, differed by float32 rounding). `keep`: only these units' rows and columns,
+    in that order (K x K)."""
+    lead, length = maps.shape[:-2], maps.shape[-1]
+    keep = np.arange(len(units.word), dtype=np.int64) if keep is None else np.asarray(keep, dtype=np.int64)
+    out = np.empty((*lead, len(keep), len(keep)), np.float32)
+    is_float16 = maps.dtype == np.float16
+    values = np.ascontiguousarray(maps).view(np.uint16) if is_float16 else np.ascontiguousarray(maps, dtype=np.float64)
+    table = value_table() if is_float16 else np.zeros(0, np.float32)
+    n_maps = int(np.prod(lead, dtype=np.int64))
+    kernel("_words").word_maps(values, n_maps, length, units.of_token, len(units.word), keep, table, out, is_float16)
     return out
 
 
@@ -81,10 +86,10 @@ def most_attended_words(maps: np.ndarray, units: Units, transpose: bool = False)
     positions of the word units in order.
     """
     keep = np.flatnonzero(units.is_word)
-    wmap = word_level(maps, units)[:, :, keep][:, :, :, keep]
+    wmap = word_level(maps, units, keep)
     diag = np.arange(len(keep))
     wmap[:, :, diag, diag] = 0
-    return unique_argmax(np.swapaxes(wmap, -1, -2) if transpose else wmap), units.word[keep]
+    return unique_argmax(wmap, transpose=transpose), units.word[keep]
 
 
 @register("word_maps", per_head=False)

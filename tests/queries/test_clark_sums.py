@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from attnstore.queries import clark_sums
+from attnstore.queries import kernels
 from attnstore.queries.clark_sums import CLARK_FIELDS, example_sums
 from attnstore.queries.kernels import kernel
 
@@ -111,7 +111,7 @@ def test_threads_give_the_same_fields_as_one():
 
 
 def test_the_kernel_refuses_buffers_of_the_wrong_size():
-    sums = kernel("_clark", clark_sums.KERNEL_VERSION).sums
+    sums = kernel("_clark").sums
     codes = np.zeros((2, 3, 3), np.uint16)
     out = np.empty((len(CLARK_FIELDS), 2))
     with pytest.raises(ValueError, match="maps holds 36 bytes, not 54"):
@@ -120,7 +120,7 @@ def test_the_kernel_refuses_buffers_of_the_wrong_size():
         sums(codes, 2, 3, np.zeros(3, np.uint8), np.zeros((65536, 2), np.float32), out[:1], True)
 
 
-@pytest.mark.parametrize("name", ["_clark", "_patterns"])
+@pytest.mark.parametrize("name", ["_clark", "_patterns", "_words"])
 def test_a_missing_build_fails_in_one_line_naming_the_fix(monkeypatch, name):
     kernel.cache_clear()
     monkeypatch.setitem(sys.modules, f"attnstore.queries.{name}", None)  # as if never built: its import fails
@@ -129,17 +129,18 @@ def test_a_missing_build_fails_in_one_line_naming_the_fix(monkeypatch, name):
             ImportError,
             match=rf"^attnstore's compiled reduce queries/{name}.c is not built: rebuild attnstore: pip install -e \. \(needs a C compiler",
         ):
-            kernel(name, 1)
+            kernel(name)
     finally:
         kernel.cache_clear()
 
 
-def test_a_stale_build_fails_in_one_line_naming_the_fix():
+def test_a_stale_build_fails_in_one_line_naming_the_fix(monkeypatch):
     kernel.cache_clear()
+    monkeypatch.setitem(kernels.VERSIONS, "_clark", 99)
     try:
         with pytest.raises(
             ImportError, match=r"^attnstore's compiled reduce queries/_clark.c is a stale build \(version 1, want 99\): rebuild attnstore"
         ):
-            kernel("_clark", 99)
+            example_sums(np.ones((1, 1, 1, 1), np.float16), *(np.zeros(1, bool),) * 3)
     finally:
         kernel.cache_clear()

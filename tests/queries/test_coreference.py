@@ -171,7 +171,7 @@ def test_kept_predictions_give_the_naive_counts_exactly(store, kept_run, monkeyp
 def test_predictions_are_kept_with_the_run_read_without_decoding_maps_and_rebuilt_once_it_grew(store, kept_run, monkeypatch):
     first = run_query(store, "coreference_summary", run=kept_run)
     group = helpers.summary_group(store, kept_run, "mention_argmax")
-    assert group.attrs["stamp"] == {"version": 3, "n_examples": 8}
+    assert group.attrs["stamp"] == {"version": 4, "n_examples": 8}
     heads = [{m["head"] for m in e[4]} & set(e[2]) for e in map(kept_example, range(8))]  # mention heads with a piece
     assert group["word"][:].tolist() == [h for e in heads for h in sorted(e)]
     assert group["attended"].shape == (sum(map(len, heads)), 2, 3)

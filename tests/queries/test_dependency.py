@@ -194,7 +194,31 @@ def tie_run(store, make_run):
 def test_unique_argmax():
     rows = np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.2, 0.7, 0.1], [0.0, 0.0, 1e-3]])
     assert unique_argmax(rows).tolist() == [-1, -1, 1, 2]
+    assert unique_argmax(rows, transpose=True).tolist() == [1, 2, 2]  # each column's largest, reached once
     assert unique_argmax(np.zeros((2, 0))).tolist() == [-1, -1]
+    assert unique_argmax(np.zeros((2, 0)), transpose=True).tolist() == []
+    assert unique_argmax(np.array([0.1, np.nan, 0.3])).tolist() == -1  # a NaN predicts nothing (numpy's argmax names it)
+    assert unique_argmax(np.array([0.1, 0.4, 0.3], np.float32)).tolist() == 1
+
+
+def numpy_unique_argmax(scores):
+    """The numpy computation the compiled one replaced (queries/common.py before session 39)."""
+    if scores.shape[-1] == 0:
+        return np.full(scores.shape[:-1], -1, dtype=np.int64)
+    best = scores.argmax(-1)
+    top = np.take_along_axis(scores, best[..., None], -1)
+    return np.where(((scores == top).sum(-1) == 1) & (top[..., 0] > 0), best, -1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("shape", [(3, 4, 7, 7), (2, 5, 1, 9), (6, 3, 3), (2, 3, 0, 4), (2, 3, 4, 0), (40, 33, 33)])
+def test_unique_argmax_of_rows_and_columns_equals_numpys(dtype, shape):
+    rng = np.random.default_rng(sum(shape))
+    scores = (rng.integers(0, 4, shape) / 3).astype(dtype)  # ties and zeros everywhere
+    if scores.size:
+        scores.flat[rng.integers(0, scores.size, 3)] = np.nan
+    np.testing.assert_array_equal(unique_argmax(scores), numpy_unique_argmax(scores))
+    np.testing.assert_array_equal(unique_argmax(scores, transpose=True), numpy_unique_argmax(np.swapaxes(scores, -1, -2)))
 
 
 def test_zero_rows_and_ties_never_score(store, tie_run):
@@ -333,7 +357,7 @@ def test_kept_predictions_give_the_naive_counts_exactly(store, kept_run, monkeyp
 def test_predictions_and_trees_are_kept_with_the_run_read_without_maps_or_words_and_rebuilt_once_it_grew(store, kept_run, monkeypatch):
     first = run_query(store, "dependency", run=kept_run, min_count=1)
     group = summary_group(store, kept_run, "word_argmax")
-    assert group.attrs["stamp"] == {"version": 2, "n_examples": 7}
+    assert group.attrs["stamp"] == {"version": 3, "n_examples": 7}
     assert group["argmax"].dtype == np.int16 and group["argmax"].shape[1:] == (2, 2, 3)  # (words, direction, layer, head)
     assert group["word_start"][-1] == group["argmax"].shape[0] == sum(len(set(kept_example(s)[2]) - {None}) for s in range(6))  # 6: no tree
     # the gold trees: a row per word with a relation (example 6 has none), the relations' bytes beside
@@ -373,7 +397,7 @@ def test_predictions_kept_by_an_older_version_are_rebuilt_and_passed_by_on_a_rea
         assert_same_counts(dependency_counts(reader, kept_run, None, "direct"), expected)
     assert summary_group(store, kept_run, "word_argmax").attrs["stamp"]["version"] == 1  # left as it was
     assert_same_counts(dependency_counts(store, kept_run, None, "direct"), expected)
-    assert summary_group(store, kept_run, "word_argmax").attrs["stamp"] == {"version": 2, "n_examples": 7}
+    assert summary_group(store, kept_run, "word_argmax").attrs["stamp"] == {"version": 3, "n_examples": 7}
 
 
 def test_counts_are_kept_per_range_on_the_runs_relations_and_derived_for_a_summary_kept_without_them(store, kept_run, monkeypatch):

@@ -216,7 +216,7 @@ def test_kept_numbers_give_the_naive_results_and_maps_are_not_read_again(store, 
     ]
     kept = [run_query(store, name, run=run, **params) for name, params in cases]
     group = summary_group(store, run, "kovaleva_relations")
-    assert group.attrs["stamp"] == {"version": 2, "n_examples": 3}
+    assert group.attrs["stamp"] == {"version": 3, "n_examples": 3}
     assert group["relation_pairs"][:].tolist() == [[1, 1, 1, 1], [2, 2, 1, 1], [0, 0, 0, 0]]
     assert group["relation_mean"].shape == group["relation_token_max"].shape == (3, 4, 3, 2)
     check_kept_frames(monkeypatch, store, run, cases, kept)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from attnstore.queries.kernels import kernel
-from attnstore.queries.patterns import PATTERNS_KERNEL, RAW_SCORES, _raw_scores, pattern_scores
+from attnstore.queries.patterns import RAW_SCORES, _raw_scores, pattern_scores
 
 
 def numpy_raw_scores(maps, special, segment):
@@ -81,7 +81,7 @@ def test_segment_labels_of_any_kind_and_float32_or_strided_maps_score_alike():
 
 
 def test_the_kernel_refuses_buffers_of_the_wrong_size():
-    raw_scores = kernel("_patterns", PATTERNS_KERNEL).raw_scores
+    raw_scores = kernel("_patterns").raw_scores
     maps, plain, segment = np.zeros((2, 3, 3)), np.ones(3), np.zeros(3, np.int64)
     with pytest.raises(ValueError, match="maps holds 144 bytes, not 216"):
         raw_scores(maps, 3, 3, plain, segment, np.zeros(0, np.float32), np.empty((5, 3)), False, True)

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from attnstore.queries import run_query
+from attnstore.queries.kernels import kernel
 from attnstore.queries.word_level import units_of, word_level
 
 
@@ -43,18 +44,34 @@ def test_word_maps_query_rows_sum_to_one(store, make_run):
     assert row["attention"].item() == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("cells", [None, 2 * 7 * 7])  # the default parts, then one layer a part (three parts)
-def test_float16_maps_a_few_layers_at_a_time_equal_the_whole_products(monkeypatch, cells):
-    from attnstore.queries import summary
-    from attnstore.store.float16 import as_float32
-
-    if cells is not None:
-        monkeypatch.setattr(summary, "SCRATCH_CELLS", cells)
+def test_word_maps_are_float64_sums_rounded_to_float32_for_float16_and_float64_maps():
     units = units_of([None, 0, 0, 1, 2, 2, None])
     raw = np.random.default_rng(7).random((3, 2, 7, 7)) ** 3
     maps = (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
-    mean_rows = units.assign / units.assign.sum(axis=1, keepdims=True)
-    whole = mean_rows @ as_float32(maps) @ units.assign.T  # before session 38: the example at once
+    exact = maps.astype(np.float64)
+    assign = units.assign.astype(np.float64)
+    want = ((assign @ exact @ assign.T) / assign.sum(1)[:, None]).astype(np.float32)  # each sum in float64, then / n
     got = word_level(maps, units)
-    assert got.dtype == whole.dtype == np.float32
-    np.testing.assert_array_equal(got, whole)
+    assert got.dtype == np.float32 and got.shape == (3, 2, 5, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-7, atol=0)
+    np.testing.assert_array_equal(word_level(exact, units), got)  # float16 by table: the same values
+    np.testing.assert_array_equal(word_level(maps[0, 0], units), got[0, 0])  # one (L, L) map
+
+
+def test_kept_units_are_the_rows_and_columns_of_the_whole_word_map():
+    units = units_of([None, 0, 1, 1, None, 2, None])
+    maps = np.random.default_rng(8).random((2, 3, 7, 7)).astype(np.float32)
+    whole = word_level(maps, units)
+    for keep in ([1, 2, 4], [4, 1], [0, 3, 5]):
+        np.testing.assert_array_equal(word_level(maps, units, np.array(keep)), whole[:, :, keep][:, :, :, keep])
+
+
+def test_the_word_map_kernel_refuses_units_out_of_range_and_units_without_tokens():
+    word_maps = kernel("_words").word_maps
+    maps, out, empty = np.zeros((1, 2, 2)), np.zeros((1, 2, 2), np.float32), np.zeros(0, np.float32)
+    with pytest.raises(ValueError, match=r"token 1's unit 2 is not in \[0, 2\)"):
+        word_maps(maps, 1, 2, np.array([0, 2]), 2, np.arange(2), empty, out, False)
+    with pytest.raises(ValueError, match="unit 1 has no token"):
+        word_maps(maps, 1, 2, np.array([0, 0]), 2, np.arange(2), empty, out, False)
+    with pytest.raises(ValueError, match=r"kept unit 5 is not in \[0, 2\)"):
+        word_maps(maps, 1, 2, np.array([0, 1]), 2, np.array([0, 5]), empty, out, False)
