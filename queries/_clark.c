@@ -86,7 +86,11 @@ static PyObject *sums(PyObject *self, PyObject *args) {
     double *received = NULL;
     Py_ssize_t *seps = NULL;
     Py_ssize_t cells = n_maps * T * T;
-    if (n_maps < 0 || T < 0 || !check(&maps, cells, float16 ? 2 : 4, "maps") || !check(&keys, T, 1, "keys")
+    if (n_maps < 0 || T < 0) {
+        PyErr_SetString(PyExc_ValueError, "_clark.sums: negative n_maps or length");
+        goto done;
+    }
+    if (!check(&maps, cells, float16 ? 2 : 4, "maps") || !check(&keys, T, 1, "keys")
         || !check(&table, float16 ? 65536 * 2 : cells, 4, "table") || !check(&out_buf, N_FIELDS * n_maps, 8, "out"))
         goto done;
     received = malloc((size_t)(T ? T : 1) * sizeof(double));

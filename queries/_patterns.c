@@ -89,7 +89,11 @@ static PyObject *raw_scores(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     double *columns = NULL;
     Py_ssize_t *specials = NULL; /* the special keys: a row's attention to them is summed over these alone */
-    if (n_maps < 0 || T < 1 || !check(&maps, n_maps * T * T, float16 ? 2 : 8, "maps") || !check(&plain_buf, T, 8, "plain")
+    if (n_maps < 0 || T < 1) {
+        PyErr_SetString(PyExc_ValueError, "_patterns.raw_scores: negative n_maps, or maps of no token");
+        goto done;
+    }
+    if (!check(&maps, n_maps * T * T, float16 ? 2 : 8, "maps") || !check(&plain_buf, T, 8, "plain")
         || !check(&segment_buf, T, 8, "segment") || (float16 && !check(&table, 65536, 4, "table"))
         || !check(&out_buf, N_SCORES * n_maps, 8, "out"))
         goto done;

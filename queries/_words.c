@@ -58,7 +58,11 @@ static PyObject *word_maps(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     double *sums = NULL, *size = NULL;
     Py_ssize_t *run_start = NULL, *run_unit = NULL;
-    if (n_maps < 0 || T < 0 || U < 0 || !check(&maps, n_maps * T * T, float16 ? 2 : 8, "word_maps", "maps")
+    if (n_maps < 0 || T < 0 || U < 0) {
+        PyErr_SetString(PyExc_ValueError, "_words.word_maps: negative n_maps, length or units");
+        goto done;
+    }
+    if (!check(&maps, n_maps * T * T, float16 ? 2 : 8, "word_maps", "maps")
         || !check(&unit_buf, T, 8, "word_maps", "unit") || (float16 && !check(&table, 65536, 4, "word_maps", "table"))
         || !check(&keep_buf, K, 8, "word_maps", "keep") || !check(&out_buf, n_maps * K * K, 4, "word_maps", "out"))
         goto done;
@@ -193,7 +197,11 @@ static PyObject *unique_argmax(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     double *top = NULL;
     Py_ssize_t *best = NULL, *ties = NULL;
-    if (n < 0 || R < 0 || C < 0 || !check(&scores, n * R * C, float32 ? 4 : 8, "unique_argmax", "scores")
+    if (n < 0 || R < 0 || C < 0) {
+        PyErr_SetString(PyExc_ValueError, "_words.unique_argmax: negative n, rows or columns");
+        goto done;
+    }
+    if (!check(&scores, n * R * C, float32 ? 4 : 8, "unique_argmax", "scores")
         || !check(&out_buf, n * (transpose ? C : R), 8, "unique_argmax", "out"))
         goto done;
     top = malloc((size_t)(C + 1) * sizeof(double));

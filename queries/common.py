@@ -159,12 +159,12 @@ def unique_argmax(scores: np.ndarray, transpose: bool = False) -> np.ndarray:
     first index that numpy's argmax would return. Compiled (queries/_words.c): one pass a line.
     """
     scores = np.asarray(scores)
-    scores = scores if scores.dtype in (np.float32, np.float64) else scores.astype(np.float64)
-    lines = scores.shape[-2:] if scores.ndim >= 2 else (1, *scores.shape)
-    matrices = np.ascontiguousarray(scores.reshape(int(np.prod(scores.shape[:-2], dtype=np.int64)), *lines))
-    n, rows, columns = matrices.shape
     if transpose and scores.ndim < 2:
         raise ValueError("unique_argmax(transpose=True) needs scores of two or more axes")
+    scores = scores if scores.dtype in (np.float32, np.float64) else scores.astype(np.float64)
+    lines = scores.shape[-2:] if scores.ndim >= 2 else (1, *scores.shape)  # one vector: a matrix of one row
+    matrices = np.ascontiguousarray(scores.reshape(int(np.prod(scores.shape[:-2], dtype=np.int64)), *lines))
+    n, rows, columns = matrices.shape
     out = np.empty((n, columns if transpose else rows), np.int64)
     kernel("_words").unique_argmax(matrices, n, rows, columns, out, transpose, matrices.dtype == np.float32)
     lead = scores.shape[:-2] + (scores.shape[-1:] if transpose else scores.shape[-2:-1])

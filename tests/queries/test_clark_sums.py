@@ -116,6 +116,8 @@ def test_the_kernel_refuses_buffers_of_the_wrong_size():
     out = np.empty((len(CLARK_FIELDS), 2))
     with pytest.raises(ValueError, match="maps holds 36 bytes, not 54"):
         sums(codes, 3, 3, np.zeros(3, np.uint8), np.zeros((65536, 2), np.float32), out.reshape(-1)[:33], True)
+    with pytest.raises(ValueError, match="negative n_maps or length"):
+        sums(codes, -1, 3, np.zeros(3, np.uint8), np.zeros((65536, 2), np.float32), out, True)
     with pytest.raises(ValueError, match="out holds"):
         sums(codes, 2, 3, np.zeros(3, np.uint8), np.zeros((65536, 2), np.float32), out[:1], True)
 

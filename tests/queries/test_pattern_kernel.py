@@ -85,5 +85,7 @@ def test_the_kernel_refuses_buffers_of_the_wrong_size():
     maps, plain, segment = np.zeros((2, 3, 3)), np.ones(3), np.zeros(3, np.int64)
     with pytest.raises(ValueError, match="maps holds 144 bytes, not 216"):
         raw_scores(maps, 3, 3, plain, segment, np.zeros(0, np.float32), np.empty((5, 3)), False, True)
+    with pytest.raises(ValueError, match="maps of no token"):
+        raw_scores(np.zeros(0), 3, 0, np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.float32), np.empty((5, 3)), False, True)
     with pytest.raises(ValueError, match="segment holds 24 bytes, not 16"):
         raw_scores(maps[:, :2, :2].copy(), 2, 2, plain[:2], segment, np.zeros(0, np.float32), np.empty((5, 2)), False, True)

@@ -71,6 +71,10 @@ def test_the_word_map_kernel_refuses_units_out_of_range_and_units_without_tokens
     maps, out, empty = np.zeros((1, 2, 2)), np.zeros((1, 2, 2), np.float32), np.zeros(0, np.float32)
     with pytest.raises(ValueError, match=r"token 1's unit 2 is not in \[0, 2\)"):
         word_maps(maps, 1, 2, np.array([0, 2]), 2, np.arange(2), empty, out, False)
+    with pytest.raises(ValueError, match="negative n_maps, length or units"):
+        word_maps(maps, 1, 2, np.array([0, 1]), -2, np.arange(2), empty, out, False)
+    with pytest.raises(ValueError, match="negative n, rows or columns"):
+        kernel("_words").unique_argmax(np.zeros(4), 1, -2, 2, np.zeros(2, np.int64), False, False)
     with pytest.raises(ValueError, match="unit 1 has no token"):
         word_maps(maps, 1, 2, np.array([0, 0]), 2, np.arange(2), empty, out, False)
     with pytest.raises(ValueError, match=r"kept unit 5 is not in \[0, 2\)"):
