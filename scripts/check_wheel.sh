@@ -10,7 +10,7 @@ trap 'rm -rf "$work" build' EXIT  # setuptools leaves build/ in the tree; stale 
 "$work/venv/bin/pip" install -q "$work"/dist/attnstore-*.whl
 cd "$work"  # away from the source tree: only the installed package can be imported
 "$work/venv/bin/attnstore" --help > /dev/null
-"$work/venv/bin/python" -c "from attnstore.queries.clark_sums import _kernel; _kernel()"  # the compiled reduce is in the wheel
+"$work/venv/bin/python" -c "from attnstore.queries.kernels import VERSIONS, kernel; [kernel(name) for name in VERSIONS]"  # the compiled reduces are in the wheel
 "$work/venv/bin/attnstore" db upgrade --db "sqlite:///$work/new.sqlite"
 "$work/venv/bin/attnstore" db current --db "sqlite:///$work/new.sqlite" | grep -q "up to date"
 "$work/venv/bin/attnstore" runs --db "sqlite:///$work/new.sqlite" --root "$work/z" > /dev/null
@@ -22,4 +22,4 @@ fi
 if [ "$(printf '%s\n' "$out" | wc -l)" -ne 1 ] || ! printf '%s' "$out" | grep -q "needs the 'ingest' extra" || [ -e "$work/h" ]; then
   echo "wheel check: ingest without torch should fail in one line naming the extra, creating nothing; got:"; echo "$out"; exit 1
 fi
-echo "wheel check: attnstore installs from its wheel; its compiled reduce loads; --help, db upgrade, db current and runs work; ingest names its missing extra"
+echo "wheel check: attnstore installs from its wheel; its compiled reduces load; --help, db upgrade, db current and runs work; ingest names its missing extra"
