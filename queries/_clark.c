@@ -7,9 +7,7 @@
 
    Built by setuptools with the package (pyproject.toml / setup.py); it needs a C compiler and Python's headers. It
    takes buffers, not numpy arrays, so it builds without numpy's headers. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
+#include "_kernels.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,18 +63,11 @@ typedef struct {
         for (int f = 0; f < N_FIELDS; f++) out[f * n_maps + m] = sums[f];                                             \
     } while (0)
 
-static int check(Py_buffer *b, Py_ssize_t items, Py_ssize_t itemsize, const char *name) {
-    if (b->len != items * itemsize) {
-        PyErr_Format(PyExc_ValueError, "_clark.sums: %s holds %zd bytes, not %zd", name, b->len, items * itemsize);
-        return 0;
-    }
-    return 1;
-}
-
 /* sums(maps, n_maps, T, keys, table_or_plogps, out, float16): maps are n_maps contiguous T x T maps, float16 codes
    (uint16) looked up in `table` (65,536 interleaved (value, p log p) float32 pairs) when `float16`, else float32 values
    with their p log p in `plogps` (float32, of the maps' shape); keys: T bytes of KEY_* bits; out: N_FIELDS x n_maps
    doubles, written field by field in the order of queries/summary.py CLARK_FIELDS. */
+#define F "_clark.sums"
 static PyObject *sums(PyObject *self, PyObject *args) {
     Py_buffer maps, keys, table, out_buf;
     Py_ssize_t n_maps, T;
@@ -90,8 +81,8 @@ static PyObject *sums(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "_clark.sums: negative n_maps or length");
         goto done;
     }
-    if (!check(&maps, cells, float16 ? 2 : 4, "maps") || !check(&keys, T, 1, "keys")
-        || !check(&table, float16 ? 65536 * 2 : cells, 4, "table") || !check(&out_buf, N_FIELDS * n_maps, 8, "out"))
+    if (!check_size(&maps, cells, float16 ? 2 : 4, F, "maps") || !check_size(&keys, T, 1, F, "keys")
+        || !check_size(&table, float16 ? 65536 * 2 : cells, 4, F, "table") || !check_size(&out_buf, N_FIELDS * n_maps, 8, F, "out"))
         goto done;
     received = malloc((size_t)(T ? T : 1) * sizeof(double));
     seps = malloc((size_t)(T ? T : 1) * sizeof(Py_ssize_t));
@@ -144,13 +135,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_clark", "The Clark summary's reduce, compiled.", -1, methods};
-
-PyMODINIT_FUNC PyInit__clark(void) {
-    PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddIntConstant(m, "KERNEL_VERSION", KERNEL_VERSION) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
-}
+KERNEL_MODULE(_clark, "The Clark summary's reduce, compiled.", methods)

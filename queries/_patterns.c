@@ -5,10 +5,8 @@
    between its calls. This reads each cell once, as float64 from float16 by table (store/float16.py: exact) or from a
    float64 map, and runs without the GIL (docs/PERFORMANCE.md, session 39). Built with the package like
    queries/_clark.c. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_kernels.h"
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,17 +66,10 @@ enum { VERTICAL, DIAGONAL, SELF, BLOCK, STRIPE, N_SCORES };
         out[STRIPE * n_maps + m] = stripe;                                                                            \
     } while (0)
 
-static int check(Py_buffer *b, Py_ssize_t items, Py_ssize_t itemsize, const char *name) {
-    if (b->len != items * itemsize) {
-        PyErr_Format(PyExc_ValueError, "_patterns.raw_scores: %s holds %zd bytes, not %zd", name, b->len, items * itemsize);
-        return 0;
-    }
-    return 1;
-}
-
 /* raw_scores(maps, n_maps, T, plain, segment, table, out, float16, block): maps are n_maps contiguous T x T maps,
    float16 codes (uint16) looked up in `table` (65,536 float32 values) when `float16`, else float64; plain: T doubles
    (1.0 or 0.0); segment: T int64; out: N_SCORES x n_maps doubles in the order of queries/patterns.py RAW_SCORES. */
+#define F "_patterns.raw_scores"
 static PyObject *raw_scores(PyObject *self, PyObject *args) {
     Py_buffer maps, plain_buf, segment_buf, table, out_buf;
     Py_ssize_t n_maps, T;
@@ -93,9 +84,9 @@ static PyObject *raw_scores(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "_patterns.raw_scores: negative n_maps, or maps of no token");
         goto done;
     }
-    if (!check(&maps, n_maps * T * T, float16 ? 2 : 8, "maps") || !check(&plain_buf, T, 8, "plain")
-        || !check(&segment_buf, T, 8, "segment") || (float16 && !check(&table, 65536, 4, "table"))
-        || !check(&out_buf, N_SCORES * n_maps, 8, "out"))
+    if (!check_size(&maps, n_maps * T * T, float16 ? 2 : 8, F, "maps") || !check_size(&plain_buf, T, 8, F, "plain")
+        || !check_size(&segment_buf, T, 8, F, "segment") || (float16 && !check_size(&table, 65536, 4, F, "table"))
+        || !check_size(&out_buf, N_SCORES * n_maps, 8, F, "out"))
         goto done;
     columns = malloc((size_t)T * sizeof(double));
     if (!columns) {
@@ -118,20 +109,7 @@ static PyObject *raw_scores(PyObject *self, PyObject *args) {
             specials[n_special++] = k;
     }
     Py_BEGIN_ALLOW_THREADS;
-    if (float16) {
-        const float *tab = table.buf;
-        for (Py_ssize_t m = 0; m < n_maps; m++) {
-            const uint16_t *head = (const uint16_t *)maps.buf + m * T * T;
-#define V16(k) ((double)tab[r[k]])
-            MAP_SCORES(uint16_t, V16);
-        }
-    } else {
-        for (Py_ssize_t m = 0; m < n_maps; m++) {
-            const double *head = (const double *)maps.buf + m * T * T;
-#define V64(k) (r[k])
-            MAP_SCORES(double, V64);
-        }
-    }
+    FOR_EACH_MAP(MAP_SCORES);
     Py_END_ALLOW_THREADS;
     result = Py_None;
     Py_INCREF(result);
@@ -151,14 +129,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_patterns", "Kovaleva et al.'s raw pattern scores, compiled.",
-                                    -1, methods};
-
-PyMODINIT_FUNC PyInit__patterns(void) {
-    PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddIntConstant(m, "KERNEL_VERSION", KERNEL_VERSION) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
-}
+KERNEL_MODULE(_patterns, "Kovaleva et al.'s raw pattern scores, compiled.", methods)

@@ -7,22 +7,12 @@
    (row word, column word) sum in double, then divided by the row word's token count and rounded to float32 (the word
    maps' dtype), and the argmaxes are one pass each; the GIL is released (docs/PERFORMANCE.md, session 39). Built
    with the package like queries/_clark.c. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_kernels.h"
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define KERNEL_VERSION 1 /* checked against queries/kernels.py VERSIONS: a stale build fails in one line */
-
-static int check(Py_buffer *b, Py_ssize_t items, Py_ssize_t itemsize, const char *what, const char *name) {
-    if (b->len != items * itemsize) {
-        PyErr_Format(PyExc_ValueError, "_words.%s: %s holds %zd bytes, not %zd", what, name, b->len, items * itemsize);
-        return 0;
-    }
-    return 1;
-}
 
 /* One T x T map into its U x U word map. Keys come in runs of consecutive tokens of one unit (a word's pieces), so
    each run's cells are summed first and added to their unit once. */
@@ -62,9 +52,9 @@ static PyObject *word_maps(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "_words.word_maps: negative n_maps, length or units");
         goto done;
     }
-    if (!check(&maps, n_maps * T * T, float16 ? 2 : 8, "word_maps", "maps")
-        || !check(&unit_buf, T, 8, "word_maps", "unit") || (float16 && !check(&table, 65536, 4, "word_maps", "table"))
-        || !check(&keep_buf, K, 8, "word_maps", "keep") || !check(&out_buf, n_maps * K * K, 4, "word_maps", "out"))
+    if (!check_size(&maps, n_maps * T * T, float16 ? 2 : 8, "_words.word_maps", "maps")
+        || !check_size(&unit_buf, T, 8, "_words.word_maps", "unit") || (float16 && !check_size(&table, 65536, 4, "_words.word_maps", "table"))
+        || !check_size(&keep_buf, K, 8, "_words.word_maps", "keep") || !check_size(&out_buf, n_maps * K * K, 4, "_words.word_maps", "out"))
         goto done;
     const int64_t *unit = unit_buf.buf, *keep = keep_buf.buf;
     for (Py_ssize_t i = 0; i < K; i++)
@@ -100,20 +90,7 @@ static PyObject *word_maps(PyObject *self, PyObject *args) {
         }
     float *out = out_buf.buf;
     Py_BEGIN_ALLOW_THREADS;
-    if (float16) {
-        const float *tab = table.buf;
-        for (Py_ssize_t m = 0; m < n_maps; m++) {
-            const uint16_t *head = (const uint16_t *)maps.buf + m * T * T;
-#define V16(k) ((double)tab[r[k]])
-            WORD_MAP(uint16_t, V16);
-        }
-    } else {
-        for (Py_ssize_t m = 0; m < n_maps; m++) {
-            const double *head = (const double *)maps.buf + m * T * T;
-#define V64(k) (r[k])
-            WORD_MAP(double, V64);
-        }
-    }
+    FOR_EACH_MAP(WORD_MAP);
     Py_END_ALLOW_THREADS;
     result = Py_None;
     Py_INCREF(result);
@@ -201,8 +178,8 @@ static PyObject *unique_argmax(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "_words.unique_argmax: negative n, rows or columns");
         goto done;
     }
-    if (!check(&scores, n * R * C, float32 ? 4 : 8, "unique_argmax", "scores")
-        || !check(&out_buf, n * (transpose ? C : R), 8, "unique_argmax", "out"))
+    if (!check_size(&scores, n * R * C, float32 ? 4 : 8, "_words.unique_argmax", "scores")
+        || !check_size(&out_buf, n * (transpose ? C : R), 8, "_words.unique_argmax", "out"))
         goto done;
     top = malloc((size_t)(C + 1) * sizeof(double));
     best = malloc((size_t)(C + 1) * sizeof(Py_ssize_t));
@@ -246,14 +223,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_words", "Word-level maps and their argmaxes, compiled.", -1,
-                                    methods};
-
-PyMODINIT_FUNC PyInit__words(void) {
-    PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddIntConstant(m, "KERNEL_VERSION", KERNEL_VERSION) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
-}
+KERNEL_MODULE(_words, "Word-level maps and their argmaxes, compiled.", methods)
