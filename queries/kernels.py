@@ -12,19 +12,24 @@ import functools
 import importlib
 from types import ModuleType
 
+from .errors import KernelBuildError
+
 VERSIONS = {"_clark": 1, "_patterns": 1, "_words": 1}
 REBUILD = "rebuild attnstore: pip install -e . (needs a C compiler and Python's headers)"
 
 
 @functools.cache
 def kernel(name: str) -> ModuleType:
-    """The compiled module `attnstore.queries.<name>` if its KERNEL_VERSION is `VERSIONS[name]`; else ImportError."""
+    """The compiled module `attnstore.queries.<name>` if its KERNEL_VERSION is `VERSIONS[name]`; else KernelBuildError
+    (an attnstore error, one line in the CLI, and an ImportError)."""
     version = VERSIONS[name]
     try:
         module = importlib.import_module(f".{name}", __package__)
     except ImportError as exc:
-        raise ImportError(f"attnstore's compiled reduce queries/{name}.c is not built: {REBUILD}") from exc
+        raise KernelBuildError(f"attnstore's compiled reduce queries/{name}.c is not built: {REBUILD}") from exc
     built = getattr(module, "KERNEL_VERSION", None)
     if built != version:
-        raise ImportError(f"attnstore's compiled reduce queries/{name}.c is a stale build (version {built}, want {version}): {REBUILD}")
+        raise KernelBuildError(
+            f"attnstore's compiled reduce queries/{name}.c is a stale build (version {built}, want {version}): {REBUILD}"
+        )
     return module

@@ -56,7 +56,8 @@ def load_all() -> None:
     from pathlib import Path
 
     for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        importlib.import_module(f"{__package__}.{module.name}")
+        if not module.name.startswith("_"):  # the compiled reduces (queries/kernels.py) register nothing
+            importlib.import_module(f"{__package__}.{module.name}")
 
 
 def get_query(name: str) -> QuerySpec:

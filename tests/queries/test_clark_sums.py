@@ -146,3 +146,22 @@ def test_a_stale_build_fails_in_one_line_naming_the_fix(monkeypatch):
             example_sums(np.ones((1, 1, 1, 1), np.float16), *(np.zeros(1, bool),) * 3)
     finally:
         kernel.cache_clear()
+
+
+def test_the_cli_says_a_missing_build_in_one_line(store, make_run, monkeypatch):
+    from click.testing import CliRunner
+
+    from attnstore.api.cli import main
+
+    maps = np.full((1, 2, 3, 3), 1 / 3, np.float16)
+    run = make_run(store, [maps], [["[CLS]", "a", "[SEP]"]], name="unbuilt")
+    kernel.cache_clear()
+    monkeypatch.setitem(sys.modules, "attnstore.queries._clark", None)
+    try:
+        args = ["query", "entropy", "--run", run, "--db", store.locations.db_url, "--root", str(store.locations.array_root)]
+        result = CliRunner().invoke(main, args)
+    finally:
+        kernel.cache_clear()
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0] == "Error: attnstore's compiled reduce queries/_clark.c is not built: " + kernels.REBUILD
