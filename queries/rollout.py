@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from ..store.float16 import as_float32
+from ..store.float16 import value_table
 from .common import CAUSAL_NOTE, is_causal, token_flags
 from .errors import InvalidArgumentError
+from .kernels import kernel
 from .registry import register
-from .summary import SummaryKind, layer_parts, register_kind, scratch, summary_totals
+from .summary import SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -42,18 +43,16 @@ MAX_FLOW_TOKENS = 64
 
 
 def residual_maps(maps: np.ndarray) -> np.ndarray:
-    """(layer, head, L, L) maps -> (layer, L, L): averaged over heads, the identity added, rows renormalised (float64)."""
-    if maps.dtype == np.float16:
-        # Cast by table into a buffer the thread keeps (a few layers at a time, as the Clark kind's reduce: one call per
-        # layer cost more in hand-offs of the GIL between the reduce threads than it saved) and averaged in float64: the
-        # same sums in the same order as of a float64 copy of the example, without that copy (8 bytes a cell, a fresh
-        # mmap under the CLI's heap; session 38).
-        mean = np.empty((maps.shape[0], *maps.shape[2:]))
-        for part in layer_parts(maps):
-            as_float32(maps[part], scratch("maps", maps[part].shape)).mean(axis=1, dtype=np.float64, out=mean[part])
-    else:
-        mean = np.asarray(maps, dtype=np.float64).mean(axis=1)
-    mixed = mean + np.eye(mean.shape[-1])[None]
+    """(layer, head, L, L) maps -> (layer, L, L): averaged over heads, the identity added, rows renormalised (float64).
+    The head means are compiled (queries/_rollout.c: float16 by table or float64, summed head after head in float64,
+    as numpy's mean over the head axis; equal to it bit for bit)."""
+    n_layers, n_heads, length = maps.shape[0], maps.shape[1], maps.shape[-1]
+    is_float16 = maps.dtype == np.float16
+    values = np.ascontiguousarray(maps).view(np.uint16) if is_float16 else np.ascontiguousarray(maps, dtype=np.float64)
+    mean = np.empty((n_layers, length, length))
+    table = value_table() if is_float16 else np.zeros(0, np.float32)
+    kernel("_rollout").head_means(values, n_layers, n_heads, length, table, mean, is_float16)
+    mixed = mean + np.eye(length)[None]
     return mixed / mixed.sum(-1, keepdims=True)
 
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -681,30 +680,6 @@ def _block_sum(before: np.ndarray | None, values: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- Clark et al.'s standard statistics
 
 DEFAULT_PUNCT = ".,"
-
-
-SCRATCH_CELLS = 1 << 21  # float32 cells cast at a time (8 MiB; one layer of a longer example is cast whole)
-_SCRATCH = threading.local()
-
-
-def layer_parts(maps: np.ndarray) -> list[slice]:
-    """Consecutive slices of an example's (layer, ...) maps, each as many layers as `SCRATCH_CELLS` cells hold (at
-    least one): what a reduce casts into its `scratch` at a time."""
-    n_layers = maps.shape[0]
-    per_part = max(1, SCRATCH_CELLS // max(1, int(np.prod(maps.shape[1:]))))
-    return [slice(first, min(n_layers, first + per_part)) for first in range(0, n_layers, per_part)]
-
-
-def scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """A float32 array of `shape` from a buffer this thread keeps (grown as needed, at least `SCRATCH_CELLS`): for a
-    reduce's casts, which are used up before it returns (a fresh array per example above 1 MiB is a fresh mmap under
-    the CLI's heap, store/heap.py, and its page faults cost more than the cast)."""
-    n = int(np.prod(shape))
-    buffers = _SCRATCH.__dict__.setdefault("buffers", {})
-    buf = buffers.get(name)
-    if buf is None or buf.size < n:
-        buf = buffers[name] = np.empty(max(n, SCRATCH_CELLS), np.float32)
-    return buf[:n].reshape(shape)
 
 
 # Hand-written on purpose: scipy (scipy.special.entr) is only in the ingest extra, and queries need numpy alone.

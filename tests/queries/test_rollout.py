@@ -121,12 +121,24 @@ def test_scipy_flow_equals_networkx_exact_flow():
         np.testing.assert_allclose(flow_from(aug, source), _flow_networkx(aug, source), atol=1e-8)
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 5, 5), (6, 12, 47, 47)])
-def test_float16_maps_average_over_heads_as_their_float64_copy_does(shape):
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 5), (6, 12, 47, 47), (1, 1, 1, 1)])
+def test_maps_average_over_heads_as_their_float64_copy_does(shape, dtype):
+    """The compiled head means (queries/_rollout.c) equal numpy's mean of a float64 copy bit for bit."""
     from attnstore.queries.rollout import residual_maps
 
     raw = np.random.default_rng(shape[-1]).random(shape) ** 4
-    maps = (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
-    mean = maps.astype(np.float64).mean(axis=1)  # before session 38: a float64 copy of the example
+    maps = (raw / raw.sum(-1, keepdims=True)).astype(dtype)
+    mean = maps.astype(np.float64).mean(axis=1)  # before session 39: numpy's mean over the head axis
     mixed = mean + np.eye(shape[-1])[None]
     np.testing.assert_array_equal(residual_maps(maps), mixed / mixed.sum(-1, keepdims=True))
+
+
+def test_the_head_mean_kernel_refuses_wrong_sizes():
+    from attnstore.queries.kernels import kernel
+
+    head_means = kernel("_rollout").head_means
+    with pytest.raises(ValueError, match="_rollout.head_means: maps holds 64 bytes, not 96"):
+        head_means(np.zeros((1, 2, 2, 2)), 1, 3, 2, np.zeros(0, np.float32), np.zeros((1, 2, 2)), False)
+    with pytest.raises(ValueError, match="no head"):
+        head_means(np.zeros(0), 1, 0, 2, np.zeros(0, np.float32), np.zeros((1, 2, 2)), False)
