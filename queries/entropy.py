@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ..store import Store
 
 
-__all__ = ["entropy", "row_entropy"]  # row_entropy lives with the Clark summary that uses it (queries/summary.py)
+__all__ = ["entropy", "row_entropy"]  # row_entropy: every row's entropy, the summands the Clark sums add (queries/summary.py)
 
 
 @register("entropy")
