@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..store.float16 import value_table
 from .common import CAUSAL_NOTE, is_causal, per_head_frame, safe_divide, token_flags
+from .kernels import kernel
 from .registry import register
 from .summary import SummaryKind, register_kind, summary_totals
 
@@ -51,44 +53,36 @@ def rarest_token(ids: np.ndarray, special: np.ndarray, frequency: dict[int, int]
     return int(candidates[np.argmin(counts)])
 
 
-FLOAT16_INF = 0x7C00  # +inf's bits: every non-negative finite float16 is below it as an unsigned 16-bit integer
-
-
-def confidence_and_best(maps: np.ndarray, sep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(layer, head): each query row's largest weight outside the separator keys, summed over the rows in float64 (0
-    where every key is a separator); (layer, head, query): each row's argmax, the first of equals.
-
-    float16 maps whose values are all non-negative and finite (attention weights) are compared as their bits, unsigned
-    16-bit integers, which order as the values do, equals included: the same maxima and argmaxes without a float64
-    copy of the example (8 bytes a cell, a fresh mmap under the CLI's heap, store/heap.py: the kind's reduce took 6.3
-    ns a cell there, now 2.2; session 38). Other maps are compared in float64, as before."""
-    kept = ~np.asarray(sep, dtype=bool)
-    if maps.dtype == np.float16:
-        codes = maps.view(np.uint16)
-        best = codes.argmax(-1)
-        if np.take_along_axis(codes, best[..., None], -1).max(initial=0) < FLOAT16_INF:  # each row's largest code
-            if not kept.any():
-                return np.zeros(maps.shape[:2]), best
-            top = codes.max(-1, where=kept, initial=0).view(np.float16)
-            return top.astype(np.float64).sum(-1), best
-    values = np.asarray(maps, dtype=np.float64)
-    outside = values[..., kept] if kept.any() else np.zeros((*values.shape[:-1], 1))
-    return outside.max(-1).sum(-1), values.argmax(-1)
+def role_counts(maps: np.ndarray, sep: np.ndarray, rare: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One example's (layer, head) maps reduced: each row's largest weight outside the separator keys, summed over the
+    rows in float64 (0 where every key is a separator); the rows whose argmax (the first of equals) lies k keys from
+    the query, for each k of OFFSETS, (layer, head, offset); the rows whose argmax is the key `rare` (-1: none).
+    Compiled (queries/_roles.c): every cell read once, numpy's rules on float64 values (a NaN is the argmax where it
+    comes first, and the row's maximum)."""
+    n_layers, n_heads, length = maps.shape[0], maps.shape[1], maps.shape[-1]
+    is_float16 = maps.dtype == np.float16
+    values = np.ascontiguousarray(maps).view(np.uint16) if is_float16 else np.ascontiguousarray(maps, dtype=np.float64)
+    table = value_table() if is_float16 else np.zeros(0, np.float32)
+    kept = (~np.asarray(sep, dtype=bool)).astype(np.uint8)
+    confidence = np.empty((n_layers, n_heads))
+    counts = np.empty((n_layers, n_heads, len(OFFSETS)), np.int64)
+    rare_hits = np.empty((n_layers, n_heads), np.int64)
+    offsets = np.asarray(OFFSETS, dtype=np.int64)
+    n_maps = n_layers * n_heads
+    kernel("_roles").roles(values, n_maps, length, kept, offsets, rare, table, confidence, counts, rare_hits, is_float16)
+    return confidence, counts, rare_hits
 
 
 def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     flags, ids, frequency = context
     f = flags[example]
     length = maps.shape[-1]
-    confidence, best = confidence_and_best(maps, f.sep)
-    offsets = best - np.arange(length)
-    offset_counts = np.stack([(offsets == k).sum(-1) for k in OFFSETS], axis=-1)  # (layer, head, offsets)
     rare = rarest_token(ids[example], f.special, frequency)
-    rare_hits = (best == rare).sum(-1) if rare >= 0 else np.zeros(maps.shape[:2], dtype=np.int64)
+    confidence, offset_counts, rare_hits = role_counts(maps, f.sep, rare)
     return {
         "confidence_sum": confidence,
-        "offset_counts": offset_counts.astype(np.int64),
-        "rare_hits": rare_hits.astype(np.int64),
+        "offset_counts": offset_counts,
+        "rare_hits": rare_hits,
         "rows": np.asarray(length, dtype=np.int64),
         "rare_rows": np.asarray(length if rare >= 0 else 0, dtype=np.int64),
     }

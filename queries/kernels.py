@@ -1,6 +1,6 @@
-"""attnstore's compiled reduces (queries/_clark.c, queries/_patterns.c, queries/_rollout.c, queries/_words.c), each
-imported on first use, so a source tree without them still imports and runs the other queries, and a missing or stale
-build fails in one line naming the fix.
+"""attnstore's compiled reduces (queries/_clark.c, queries/_patterns.c, queries/_roles.c, queries/_rollout.c,
+queries/_words.c), each imported on first use, so a source tree without them still imports and runs the other
+queries, and a missing or stale build fails in one line naming the fix.
 
 Each C file defines KERNEL_VERSION, raised whenever its arguments or results change; `VERSIONS` holds the version its
 Python callers are written against, so an editable checkout whose build predates its C file says so instead of
@@ -14,7 +14,7 @@ from types import ModuleType
 
 from .errors import KernelBuildError
 
-VERSIONS = {"_clark": 1, "_patterns": 1, "_rollout": 1, "_words": 1}
+VERSIONS = {"_clark": 1, "_patterns": 1, "_roles": 1, "_rollout": 1, "_words": 1}
 REBUILD = "rebuild attnstore: pip install -e . (needs a C compiler and Python's headers)"
 
 

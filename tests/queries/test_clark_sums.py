@@ -122,7 +122,7 @@ def test_the_kernel_refuses_buffers_of_the_wrong_size():
         sums(codes, 2, 3, np.zeros(3, np.uint8), np.zeros((65536, 2), np.float32), out[:1], True)
 
 
-@pytest.mark.parametrize("name", ["_clark", "_patterns", "_rollout", "_words"])
+@pytest.mark.parametrize("name", ["_clark", "_patterns", "_roles", "_rollout", "_words"])
 def test_a_missing_build_fails_in_one_line_naming_the_fix(monkeypatch, name):
     kernel.cache_clear()
     monkeypatch.setitem(sys.modules, f"attnstore.queries.{name}", None)  # as if never built: its import fails

@@ -45,38 +45,55 @@ def test_a_previous_token_head_over_long_rows_is_positional(store, make_run):
     assert not bool(frame.loc[1, "positional"])
 
 
-def float64_reference(maps: np.ndarray, sep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The reduce's maxima and argmaxes as computed before session 38: on a float64 copy of the maps."""
+def numpy_role_counts(maps: np.ndarray, sep: np.ndarray, rare: int):
+    """The reduce's numbers as numpy computed them on a float64 copy of the maps (before sessions 38 and 39)."""
+    from attnstore.queries.head_roles import OFFSETS
+
     values = np.asarray(maps, dtype=np.float64)
     outside = values[..., ~sep] if (~sep).any() else np.zeros((*values.shape[:-1], 1))
-    return outside.max(-1).sum(-1), values.argmax(-1)
+    best = values.argmax(-1)
+    offsets = best - np.arange(values.shape[-1])
+    counts = np.stack([(offsets == k).sum(-1) for k in OFFSETS], axis=-1)
+    return outside.max(-1).sum(-1), counts, (best == rare).sum(-1)
+
+
+def same_as_numpy(maps, sep, rare):
+    from attnstore.queries.head_roles import role_counts
+
+    got, want = role_counts(maps, sep, rare), numpy_role_counts(maps, sep, rare)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)  # bit for bit: the same float64 values summed, the same argmaxes counted
 
 
 @pytest.mark.parametrize("seps", ["none", "some", "all"])
-def test_float16_maps_compared_as_bits_give_the_float64_maxima_and_argmaxes(seps):
-    from attnstore.queries.head_roles import confidence_and_best
-
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_role_counts_equal_numpys_on_float64_copies(seps, dtype):
     rng = np.random.default_rng(len(seps))
     raw = rng.random((3, 4, 9, 9)) ** 6  # many small weights, subnormal in float16
-    maps = (raw / raw.sum(-1, keepdims=True)).astype(np.float16)
+    maps = (raw / raw.sum(-1, keepdims=True)).astype(dtype)
     maps[0, 0, 0] = 0  # a row of zeros: its argmax is its first key
     maps[0, 1, 2, 3] = maps[0, 1, 2, 5] = 0.5  # a tie: the first wins
     sep = {"none": np.zeros(9, bool), "some": np.arange(9) % 4 == 0, "all": np.ones(9, bool)}[seps]
-    confidence, best = confidence_and_best(maps, sep)
-    expected = float64_reference(maps, sep)
-    np.testing.assert_array_equal(confidence, expected[0])  # bit for bit: the same float64 values summed in order
-    np.testing.assert_array_equal(best, expected[1])
-    assert best[0, 0, 0] == 0 and best[0, 1, 2] == 3
+    for rare in (-1, 0, 4):
+        same_as_numpy(maps, sep, rare)
 
 
 @pytest.mark.parametrize("odd", [-0.0, -0.25, np.inf, np.nan])
-def test_float16_maps_with_a_sign_or_a_non_finite_value_are_compared_as_floats(odd):
-    from attnstore.queries.head_roles import confidence_and_best
-
+@pytest.mark.parametrize("where", [(1, 2), (1, 0), (0, 0), (2, 2)])  # before and after the row's maximum, on a separator
+def test_signs_and_non_finite_values_follow_numpy(odd, where):
     maps = np.full((1, 2, 3, 3), 1 / 3, np.float16)
-    maps[0, 1, 1, 2] = odd  # as bits, -0.0 and -0.25 would be the row's largest
-    sep = np.array([False, False, True])
-    confidence, best = confidence_and_best(maps, sep)
-    expected = float64_reference(maps, sep)
-    np.testing.assert_array_equal(confidence, expected[0])
-    np.testing.assert_array_equal(best, expected[1])
+    maps[0, 1, where[0], where[1]] = odd
+    maps[0, 0, 1, 2] = odd
+    same_as_numpy(maps, np.array([False, False, True]), 2)
+
+
+def test_the_roles_kernel_refuses_wrong_sizes():
+    from attnstore.queries.kernels import kernel
+
+    roles = kernel("_roles").roles
+    maps, kept, offsets = np.zeros((2, 3, 3)), np.ones(3, np.uint8), np.arange(3, dtype=np.int64)
+    outs = (np.zeros(2), np.zeros((2, 3), np.int64), np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="_roles.roles: counts holds 32 bytes, not 48"):
+        roles(maps, 2, 3, kept, offsets, -1, np.zeros(0, np.float32), outs[0], np.zeros((2, 2), np.int64), outs[2], False)
+    with pytest.raises(ValueError, match="maps of no token"):
+        roles(np.zeros(0), 2, 0, kept[:0], offsets, -1, np.zeros(0, np.float32), *outs, False)
