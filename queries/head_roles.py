@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from ..store.float16 import value_table
 from .common import CAUSAL_NOTE, is_causal, per_head_frame, safe_divide, token_flags
-from .kernels import kernel
+from .kernels import as_kernel_maps, kernel
 from .registry import register
 from .summary import SummaryKind, register_kind, summary_totals
 
@@ -60,9 +59,7 @@ def role_counts(maps: np.ndarray, sep: np.ndarray, rare: int) -> tuple[np.ndarra
     Compiled (queries/_roles.c): every cell read once, numpy's rules on float64 values (a NaN is the argmax where it
     comes first, and the row's maximum)."""
     n_layers, n_heads, length = maps.shape[0], maps.shape[1], maps.shape[-1]
-    is_float16 = maps.dtype == np.float16
-    values = np.ascontiguousarray(maps).view(np.uint16) if is_float16 else np.ascontiguousarray(maps, dtype=np.float64)
-    table = value_table() if is_float16 else np.zeros(0, np.float32)
+    values, table, is_float16 = as_kernel_maps(maps)
     kept = (~np.asarray(sep, dtype=bool)).astype(np.uint8)
     confidence = np.empty((n_layers, n_heads))
     counts = np.empty((n_layers, n_heads, len(OFFSETS)), np.int64)

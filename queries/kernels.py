@@ -12,6 +12,9 @@ import functools
 import importlib
 from types import ModuleType
 
+import numpy as np
+
+from ..store.float16 import value_table
 from .errors import KernelBuildError
 
 VERSIONS = {"_clark": 1, "_patterns": 1, "_roles": 1, "_rollout": 1, "_words": 1}
@@ -33,3 +36,12 @@ def kernel(name: str) -> ModuleType:
             f"attnstore's compiled reduce queries/{name}.c is a stale build (version {built}, want {version}): {REBUILD}"
         )
     return module
+
+
+def as_kernel_maps(maps: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(values, table, is_float16): maps as the float16-or-float64 kernels take them (queries/_kernels.h FOR_EACH_MAP),
+    C-contiguous: float16 maps as their bits with the table of their values (store/float16.py), any other dtype cast to
+    float64 with an empty table."""
+    if maps.dtype == np.float16:
+        return np.ascontiguousarray(maps).view(np.uint16), value_table(), True
+    return np.ascontiguousarray(maps, dtype=np.float64), np.zeros(0, np.float32), False

@@ -63,9 +63,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from ..store.float16 import value_table
 from .errors import InvalidArgumentError
-from .kernels import kernel
+from .kernels import as_kernel_maps, kernel
 from .pattern_metrics import (  # noqa: F401  (the metrics' names are re-exported here, where callers have imported them)
     CLASSES,
     _macro_f1_rows,
@@ -112,9 +111,7 @@ def _raw_scores(maps: np.ndarray, special: np.ndarray, segment: np.ndarray) -> d
     block = bool(plain.any()) and np.unique(segment[plain]).size >= 2
     segment_codes = np.unique(segment, return_inverse=True)[1].astype(np.int64).reshape(-1)  # any labels, as int64
     out = np.empty((len(RAW_SCORES), int(np.prod(shape, dtype=np.int64))))
-    is_float16 = maps.dtype == np.float16
-    values = np.ascontiguousarray(maps).view(np.uint16) if is_float16 else np.ascontiguousarray(maps, dtype=np.float64)
-    table = value_table() if is_float16 else np.zeros(0, np.float32)
+    values, table, is_float16 = as_kernel_maps(maps)
     compiled = kernel("_patterns")
     compiled.raw_scores(values, out.shape[1], length, plain.astype(np.float64), segment_codes, table, out, is_float16, block)
     return {name: out[i].reshape(shape) for i, name in enumerate(RAW_SCORES)}

@@ -26,10 +26,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from ..store.float16 import value_table
 from .common import CAUSAL_NOTE, is_causal, token_flags
 from .errors import InvalidArgumentError
-from .kernels import kernel
+from .kernels import as_kernel_maps, kernel
 from .registry import register
 from .summary import SummaryKind, register_kind, summary_totals
 
@@ -47,10 +46,8 @@ def residual_maps(maps: np.ndarray) -> np.ndarray:
     The head means are compiled (queries/_rollout.c: float16 by table or float64, summed head after head in float64,
     as numpy's mean over the head axis; equal to it bit for bit)."""
     n_layers, n_heads, length = maps.shape[0], maps.shape[1], maps.shape[-1]
-    is_float16 = maps.dtype == np.float16
-    values = np.ascontiguousarray(maps).view(np.uint16) if is_float16 else np.ascontiguousarray(maps, dtype=np.float64)
+    values, table, is_float16 = as_kernel_maps(maps)
     mean = np.empty((n_layers, length, length))
-    table = value_table() if is_float16 else np.zeros(0, np.float32)
     kernel("_rollout").head_means(values, n_layers, n_heads, length, table, mean, is_float16)
     mixed = mean + np.eye(length)[None]
     return mixed / mixed.sum(-1, keepdims=True)

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from ..store.float16 import value_table
 from .common import unique_argmax
-from .kernels import kernel
+from .kernels import as_kernel_maps, kernel
 from .registry import register
 
 if TYPE_CHECKING:
@@ -68,9 +67,7 @@ def word_level(maps: np.ndarray, units: Units, keep: np.ndarray | None = None) -
     lead, length = maps.shape[:-2], maps.shape[-1]
     keep = np.arange(len(units.word), dtype=np.int64) if keep is None else np.asarray(keep, dtype=np.int64)
     out = np.empty((*lead, len(keep), len(keep)), np.float32)
-    is_float16 = maps.dtype == np.float16
-    values = np.ascontiguousarray(maps).view(np.uint16) if is_float16 else np.ascontiguousarray(maps, dtype=np.float64)
-    table = value_table() if is_float16 else np.zeros(0, np.float32)
+    values, table, is_float16 = as_kernel_maps(maps)
     n_maps = int(np.prod(lead, dtype=np.int64))
     kernel("_words").word_maps(values, n_maps, length, units.of_token, len(units.word), keep, table, out, is_float16)
     return out

@@ -32,7 +32,7 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
 
 
 def value_table() -> np.ndarray:
-    """(65,536,) float32: each float16's value, indexed by its bits (read only), for a compiled reduce (queries/_patterns.c)."""
+    """(65,536,) float32: each float16's value, indexed by its bits (read only), for the compiled reduces (queries/kernels.py)."""
     return _tables()[0]
 
 
