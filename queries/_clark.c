@@ -1,4 +1,4 @@
-/* The Clark summary's reduce in one pass over an example's maps (queries/summary.py `example_sums`).
+/* The Clark summary's reduce in one pass over an example's maps (queries/clark_sums.py `example_sums`).
 
    numpy needed five passes over each map and two table lookups a cell (the float32 value, p log p), ~3.4 ns a cell on
    one thread, and held the GIL between its calls; this reads each cell once, looks both numbers up in one interleaved
@@ -66,7 +66,7 @@ typedef struct {
 /* sums(maps, n_maps, T, keys, table_or_plogps, out, float16): maps are n_maps contiguous T x T maps, float16 codes
    (uint16) looked up in `table` (65,536 interleaved (value, p log p) float32 pairs) when `float16`, else float32 values
    with their p log p in `plogps` (float32, of the maps' shape); keys: T bytes of KEY_* bits; out: N_FIELDS x n_maps
-   doubles, written field by field in the order of queries/summary.py CLARK_FIELDS. */
+   doubles, written field by field in the order of queries/clark_sums.py CLARK_FIELDS. */
 #define F "_clark.sums"
 static PyObject *sums(PyObject *self, PyObject *args) {
     Py_buffer maps, keys, table, out_buf;
@@ -78,7 +78,7 @@ static PyObject *sums(PyObject *self, PyObject *args) {
     Py_ssize_t *seps = NULL;
     Py_ssize_t cells = n_maps * T * T;
     if (n_maps < 0 || T < 0) {
-        PyErr_SetString(PyExc_ValueError, "_clark.sums: negative n_maps or length");
+        PyErr_SetString(PyExc_ValueError, F ": negative n_maps or length");
         goto done;
     }
     if (!check_size(&maps, cells, float16 ? 2 : 4, F, "maps") || !check_size(&keys, T, 1, F, "keys")
@@ -99,8 +99,7 @@ static PyObject *sums(PyObject *self, PyObject *args) {
     if (float16) {
         const entry *tab = table.buf;
         const uint16_t *first = maps.buf;
-        const float *plogps = NULL;
-        (void)plogps;
+        const float *plogps = NULL; /* HEAD_SUMS reads p log p from the table */
         for (Py_ssize_t m = 0; m < n_maps; m++) {
             const uint16_t *head = first + m * T * T;
 #define V16(k) ((double)tab[r[k]].value)
@@ -131,7 +130,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"sums", sums, METH_VARARGS, "An example's Clark sums (queries/summary.py example_sums)."},
+    {"sums", sums, METH_VARARGS, "An example's Clark sums (queries/clark_sums.py example_sums)."},
     {NULL, NULL, 0, NULL},
 };
 
