@@ -68,3 +68,41 @@ def test_downgrade_and_upgrade_again(db_url):
     views = set(sa.inspect(engine).get_view_names())
     engine.dispose()
     assert {"word_annotations", "negated_examples", "mention_antecedents", "frame_element_spans", "token_annotations"} <= views
+
+
+def test_the_head_revision_constant_is_the_scripts_head():
+    # Opening a store compares with HEAD_REVISION without importing Alembic: a new migration must change it too.
+    assert migrate.head_revision() == migrate.HEAD_REVISION == migrate.script_head()
+
+
+def test_current_revision_reads_what_alembic_reads(db_url):
+    def alembics(engine):
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    engine = sa.create_engine(db_url)
+    try:
+        assert migrate.current_revision(engine) is None is alembics(engine)  # no version table yet
+        for revision in ("0001", "0002", migrate.HEAD_REVISION):
+            migrate.upgrade(db_url, revision)
+            assert migrate.current_revision(engine) == revision == alembics(engine)
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO alembic_version (version_num) VALUES ('0003')"))
+        with pytest.raises(SchemaOutOfDateError, match=r"has 2 rows in alembic_version \(0003, 0010\); it must hold one"):
+            migrate.current_revision(engine)
+    finally:
+        engine.dispose()
+
+
+def test_opening_a_store_does_not_import_alembic(db_url, tmp_path):
+    import subprocess
+    import sys
+
+    migrate.upgrade(db_url)
+    code = (
+        "import sys\nfrom attnstore.store import open_store\n"
+        f"open_store(db={db_url!r}, root={str(tmp_path / 'z')!r}).close()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
