@@ -95,6 +95,7 @@ def ingest_on_cluster(
     locations = asdict(store.locations)
     array = writer.blocks.array
     next_free = writer.blocks.next_offset  # a chunk boundary past every cell allotted before
+    block = writer.blocks.block_cells
     running: deque = deque()
     n_new = 0
     if writer.index is not None:  # SQL runs ahead of the index arrays until the run completes: `check` knows
@@ -107,8 +108,10 @@ def ingest_on_cluster(
             nonlocal next_free
             examples = [e for batch in part for e in batch]
             part_done = frozenset(e.example_id for e in examples if e.example_id in done)
-            start = next_free
-            stop = start + sum(per_pair * e.length**2 for e in examples if e.input_ids and e.example_id not in done)  # new blocks
+            start = stop = next_free
+            for e in examples:  # the new blocks, placed as the worker's writer places them (`arrays.placed_offset`)
+                if e.input_ids and e.example_id not in done:
+                    stop = arrays.placed_offset(stop, per_pair * e.length**2, block) + per_pair * e.length**2
             writer.lease.check()
             if array.shape[0] < stop:
                 array.resize((stop,))  # before the part leaves: workers only write inside the array

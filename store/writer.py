@@ -558,7 +558,7 @@ class RunWriter:
             )
         if norms is not None and norms.shape != (len(tokens), *expected):
             raise InvalidArgumentError(f"value norms of shape {norms.shape} do not fit {len(tokens)} tokens and {expected} (layer, head)")
-        if self.part is not None and self.blocks.next_offset + maps.size > self.part[1]:
+        if self.part is not None and self.blocks.offset_for(maps.size) + maps.size > self.part[1]:
             raise InvalidArgumentError(
                 f"example {example_id}'s maps do not fit the cells {self.part[0]}..{self.part[1]} "
                 f"allotted to this writer of run {self.info.name!r}"

@@ -49,6 +49,11 @@ def test_stored_maps_equal_a_fresh_forward_pass(store, loaded_model):
     assert run.manifest["corpus"]["annotator"].startswith("spacy:")
     for example in range(12):
         assert_matches_model(store, run.name, loaded_model, example)
+    # each example lies in the fewest blosc blocks (256 KiB, 131,072 float16 cells): a first read decodes no more
+    frame, block = store.examples(run.name).sort_values("offset"), 1 << 17
+    start, cells = frame["offset"].to_numpy(), 6 * 12 * frame["length"].to_numpy() ** 2
+    assert ((start + cells - 1) // block - start // block + 1 == -(-cells // block)).all()
+    assert (start[1:] > start[:-1] + cells[:-1]).any()  # some were moved on (a gap of zeros before them)
     toks = store.tokens(run.name, 0)
     assert set(toks["segment"]) == {0, 1} and toks["upos"].notna().sum() > 10
     again = ingest(store, corpus=str(MRPC), fmt="pairs-tsv", loaded=loaded_model, progress=False)

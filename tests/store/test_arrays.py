@@ -173,3 +173,60 @@ def test_io_left_running_after_an_error_prints_nothing_at_exit():
 
     done = subprocess.run([sys.executable, "-c", LEFT_RUNNING], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stderr == "Error: [Errno 28] No space left on device\n", done.stderr
+
+
+def test_placed_offset_puts_a_block_in_the_fewest_blosc_blocks():
+    # blosc blocks of 8 cells: [0, 8), [8, 16), ...
+    assert arrays.placed_offset(0, 5, 8) == 0
+    assert arrays.placed_offset(3, 5, 8) == 3  # [3, 8): one block, the fewest
+    assert arrays.placed_offset(4, 5, 8) == 8  # [4, 9) would touch two: to the next block's start
+    assert arrays.placed_offset(4, 12, 8) == 4  # [4, 16): two blocks, as few as 12 cells need
+    assert arrays.placed_offset(5, 12, 8) == 8  # [5, 17) would touch three
+    assert arrays.placed_offset(8, 20, 8) == 8 and arrays.placed_offset(9, 16, 8) == 16
+    assert arrays.placed_offset(5, 12, None) == 5 and arrays.placed_offset(5, 0, 8) == 5  # no blocks known; nothing to place
+
+
+def test_placed_offsets_of_a_subset_end_no_later():
+    # A distributed part is sized by placing all its new examples; its worker places those it stores, in order.
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        sizes = rng.integers(1, 40, size=int(rng.integers(1, 12))).tolist()
+        keep = rng.random(len(sizes)) < 0.6
+        ends = []
+        for chosen in (sizes, [n for n, k in zip(sizes, keep) if k]):
+            free = start = int(rng.integers(0, 3)) * 16
+            for n in chosen:
+                at = arrays.placed_offset(free, n, 16)
+                assert at >= free and (at + n - 1) // 16 - at // 16 + 1 == -(-n // 16) or at == free
+                free = at + n
+            ends.append(free - start)
+        assert ends[1] <= ends[0]
+
+
+def test_block_cells_only_where_a_chunk_holds_several_blocks(tmp_path):
+    assert arrays.block_cells(new_array(tmp_path / "small", chunk=16)) is None  # the chunk is one block
+    default = new_array(tmp_path / "default", chunk=arrays.DEFAULT_CHUNK_CELLS)
+    assert arrays.block_cells(default) == arrays.DEFAULT_CODEC["blocksize"] // 2 == 131072
+    lossy = arrays.create_run_array(
+        str(tmp_path / "u8"), "runs/a", dtype="float16", chunk_cells=1 << 20, codec=arrays.LOSSY_U8_CODEC, attributes={}
+    )
+    assert arrays.block_cells(lossy) == 1 << 18  # blosc sees one byte a cell
+    wide = new_array(tmp_path / "f32", chunk=arrays.DEFAULT_CHUNK_CELLS, dtype="float32")
+    assert arrays.block_cells(wide) == 1 << 16
+
+
+def test_writer_pads_so_each_example_lies_in_the_fewest_blocks(tmp_path):
+    codec = {**arrays.DEFAULT_CODEC, "blocksize": 16}  # 8 float16 cells a blosc block, 4 blocks a chunk
+    arr = arrays.create_run_array(str(tmp_path), "runs/a", dtype="float16", chunk_cells=32, codec=codec, attributes={})
+    w = arrays.BlockWriter(arr, 0)
+    assert w.block_cells == 8
+    blocks = [np.full((1, 1, n, n), n, dtype=np.float16) for n in (2, 3, 2, 1, 3)]  # 4, 9, 4, 1, 9 cells
+    offsets = [w.append(b) for b in blocks]
+    # 9 at 4: [4, 13) lies in two blocks, as 9 cells need; 4 at 13 would touch two, so at 16 (cells 13-15 zeros);
+    # 9 at 21: [21, 30) in two blocks again
+    assert offsets == [0, 4, 16, 20, 21]
+    assert w.next_offset == 30 and w.offset_for(4) == 32 and w.offset_for(2) == 30
+    w.flush(final=True)
+    for offset, b in zip(offsets, blocks):
+        np.testing.assert_array_equal(arrays.read_block(arr, offset, b.shape), b)
+    np.testing.assert_array_equal(arr[13:16], 0)  # the gap
