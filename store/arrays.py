@@ -1000,8 +1000,11 @@ def remove_partial_files(root: str, node: str, recursive: bool = True, min_age_s
 
 
 def block_cells(array) -> int | None:
-    """Cells in one blosc block of a cells array whose chunks hold several blocks (a first read of an example decodes
-    the blocks it lies in, store/direct.py), else None."""
+    """Cells in one blosc block of a cells array whose chunks hold several blocks and which store/direct.py reads
+    block by block (a first read of an example decodes the blocks it lies in), else None: a filtered array (the lossy
+    u8 codec) is read through zarr, a whole chunk at a time."""
+    if array.filters:
+        return None
     for codec in getattr(array.metadata, "codecs", None) or ():
         if isinstance(codec, BloscCodec):
             cells = int(codec.blocksize or 0) // int(codec.typesize or array.dtype.itemsize)
