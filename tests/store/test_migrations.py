@@ -88,7 +88,10 @@ def test_current_revision_reads_what_alembic_reads(db_url):
             assert migrate.current_revision(engine) == revision == alembics(engine)
         with engine.begin() as conn:
             conn.execute(sa.text("INSERT INTO alembic_version (version_num) VALUES ('0003')"))
-        with pytest.raises(SchemaOutOfDateError, match=r"has 2 rows in alembic_version \(0003, 0010\); it must hold one"):
+        with pytest.raises(
+            SchemaOutOfDateError,
+            match=r"has 2 rows in alembic_version \(0003, 0010\); it must hold one: restore the database from a backup",
+        ):
             migrate.current_revision(engine)
     finally:
         engine.dispose()
