@@ -62,7 +62,8 @@ def current_revision(engine: sa.Engine) -> str | None:
     if len(versions) > 1:  # Alembic refuses such a table too; attnstore's migrations have one line of descent
         url = engine.url.render_as_string(hide_password=False)
         raise SchemaOutOfDateError(
-            f"database {redact(url)} has {len(versions)} rows in {VERSION_TABLE} ({', '.join(sorted(versions))}); it must hold one: restore the database from a backup or bundle"
+            f"database {redact(url)} has {len(versions)} rows in {VERSION_TABLE} ({', '.join(sorted(versions))}); "
+            "it must hold one: restore the database from a backup or bundle"
         )
     return versions[0] if versions else None
 
