@@ -108,10 +108,9 @@ def ingest_on_cluster(
             nonlocal next_free
             examples = [e for batch in part for e in batch]
             part_done = frozenset(e.example_id for e in examples if e.example_id in done)
-            start = stop = next_free
-            for e in examples:  # the new blocks, placed as the worker's writer places them (`arrays.placed_offset`)
-                if e.input_ids and e.example_id not in done:
-                    stop = arrays.placed_offset(stop, per_pair * e.length**2, block) + per_pair * e.length**2
+            start = next_free
+            new_blocks = (per_pair * e.length**2 for e in examples if e.input_ids and e.example_id not in done)
+            stop = arrays.placed_end(start, new_blocks, block)  # placed as the worker's writer places them
             writer.lease.check()
             if array.shape[0] < stop:
                 array.resize((stop,))  # before the part leaves: workers only write inside the array

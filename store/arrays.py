@@ -1027,6 +1027,14 @@ def placed_offset(free: int, cells: int, block: int | None) -> int:
     return free
 
 
+def placed_end(free: int, sizes: Iterable[int], block: int | None) -> int:
+    """The first free offset once blocks of `sizes` cells are placed in order from `free` (`placed_offset`): the cells
+    a distributed part's examples need (ingest/distributed.py)."""
+    for cells in sizes:
+        free = placed_offset(free, cells, block) + cells
+    return free
+
+
 def resume_offset(stored_end: int, chunk_cells: int) -> int:
     """First offset a resumed run may write at: the next chunk boundary, never inside a written chunk."""
     return -(-stored_end // chunk_cells) * chunk_cells

@@ -35,15 +35,13 @@ def token_rows(tokens: list[str]) -> list[dict]:
     ]
 
 
-def size(positions) -> int:
-    return sum(N_LAYERS * N_HEADS * LENGTHS[p] ** 2 for p in positions)
-
-
 def allot(coordinator, parts: list[list[int]]) -> list[tuple[int, int]]:
-    """What the coordinator does before sending parts: disjoint chunk-aligned ranges, the array grown to cover them."""
+    """What the coordinator does before sending parts: disjoint chunk-aligned ranges, each as long as its examples
+    placed in order need (`arrays.placed_end`), the array grown to cover them."""
     ranges, start = [], coordinator.blocks.next_offset
     for positions in parts:
-        ranges.append((start, start + size(positions)))
+        sizes = [N_LAYERS * N_HEADS * LENGTHS[p] ** 2 for p in positions]
+        ranges.append((start, arrays.placed_end(start, sizes, coordinator.blocks.block_cells)))
         start = arrays.resume_offset(ranges[-1][1], CHUNK)
     coordinator.blocks.array.resize((ranges[-1][1],))
     coordinator.index.group.attrs.update({arrays.INDEX_PENDING: True})
@@ -65,9 +63,15 @@ def example_ids(store, name) -> dict[int, int]:
     return dict(rows.values.tolist())
 
 
-def test_two_writers_on_disjoint_parts_make_one_whole_run(store, make_run):
+# Blosc blocks of 16 float32 cells, 4 to a chunk: each example is placed in the fewest blocks, with gaps between.
+SMALL_BLOCKS = {**arrays.DEFAULT_CODEC, "blocksize": 64}
+
+
+@pytest.mark.parametrize("codec", [None, SMALL_BLOCKS], ids=["one-block-chunks", "placed-in-blocks"])
+def test_two_writers_on_disjoint_parts_make_one_whole_run(store, make_run, codec):
     maps, tokens = hand_made()
-    name, coordinator = make_run(store, maps, tokens, write=0, finish=False, chunk_cells=CHUNK)
+    name, coordinator = make_run(store, maps, tokens, write=0, finish=False, chunk_cells=CHUNK, codec=codec)
+    assert coordinator.blocks.block_cells == (16 if codec else None)
     ids = example_ids(store, name)
     parts = [[0, 1, 2], [3, 4, 5]]
     ranges = allot(coordinator, parts)
@@ -94,6 +98,10 @@ def test_two_writers_on_disjoint_parts_make_one_whole_run(store, make_run):
     frame = store.examples(name).sort_values("offset")
     assert list(frame["example"]) == [0, 1, 2, 3, 4, 5]  # storage order is plan order
     assert list(frame["offset"])[3] == ranges[1][0] and ranges[1][0] % CHUNK == 0  # the second part starts on its chunk
+    if codec:  # every example in the fewest blocks; some moved on past a gap of zeros
+        start, cells = frame["offset"].to_numpy(), N_LAYERS * N_HEADS * frame["length"].to_numpy() ** 2
+        assert ((start + cells - 1) // 16 - start // 16 + 1 == -(-cells // 16)).all()
+        assert (start[1:3] > start[:2] + cells[:2]).any()
     index = arrays.RunIndex(store.locations.array_root, store.run_info(name).array_path, 0, 0, read_only=True)
     assert list(index.read()["offset"]) == list(frame["offset"]) and not index.group.attrs.get(arrays.INDEX_PENDING)
     _, problems = check_store(store, [name])
@@ -198,3 +206,18 @@ def test_a_rebuild_step_that_is_not_a_positive_whole_number_is_refused_and_the_i
         write_index_from_sql(store.writer, info, step=step)
     after = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0, read_only=True).read()
     assert all(np.array_equal(before[k], after[k]) for k in before) and len(after["example"]) == len(LENGTHS)
+
+
+def test_a_part_sized_without_the_gaps_is_refused_before_it_overflows(store, make_run):
+    # Examples 1 and 2 (100 and 64 cells) in blocks of 16: 2 goes to 112, not 100 ([100, 164) would touch 5 blocks
+    # where 4 suffice), so the part needs 176 cells, not the 164 of their sizes.
+    maps, tokens = hand_made()
+    name, coordinator = make_run(store, maps, tokens, write=0, finish=False, chunk_cells=CHUNK, codec=SMALL_BLOCKS)
+    ids = example_ids(store, name)
+    (start, stop), *_ = allot(coordinator, [[1, 2]])
+    assert stop - start == arrays.placed_end(0, [100, 64], 16) == 176
+    with pytest.raises(InvalidArgumentError, match="do not fit the cells"):
+        write_part(store, coordinator, (start, start + 164), [1, 2], ids, maps, tokens)
+    # nothing committed: example 1's last chunk was still buffered (a commit waits for whole chunks) when 2 was refused
+    assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 0
+    coordinator.close()
