@@ -97,7 +97,10 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     default=DEFAULT_CHUNK_CELLS,
     show_default=True,
     type=int,
-    help="Zarr chunk length in cells (advanced; the default was chosen by benchmarks/choose_codec.py).",
+    help=(
+        "Zarr chunk length in cells (advanced; the default was chosen by benchmarks/choose_codec.py). Where a chunk holds "
+        "several 256 KiB blosc blocks, each example is placed in the fewest of them (docs/ARCHITECTURE.md)."
+    ),
 )
 @click.option(
     "--norms/--no-norms",
