@@ -13,27 +13,28 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from attnstore.store import open_store
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import first_reads_in_turns, write_exbert_hdf5  # noqa: E402  (a sibling script)
 
-
-def write_hdf5(path: Path, store, run: str) -> None:
-    with h5py.File(path, "w") as f:
-        for example, maps in store.iter_attention(run):
-            f.create_group(f"{example:012}").create_dataset("attentions", data=maps)
+from attnstore.store import open_store  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True, help="the run's name, the same in every store")
     parser.add_argument("--homes", nargs="+", required=True, help="store folders (meta.sqlite, attention.zarr)")
-    parser.add_argument("--hdf5", default=None, help="an HDF5 file of the run written before (default: written now)")
+    parser.add_argument(
+        "--hdf5",
+        default=None,
+        help="an HDF5 file of the run written before by this script or peers.py (default: written now)",
+    )
     parser.add_argument("--samples", type=int, default=300, help="distinct random examples timed per store")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -41,7 +42,9 @@ def main() -> None:
     hdf5 = Path(args.hdf5) if args.hdf5 else Path(tempfile.mkdtemp(prefix="attnstore-first-reads-")) / "attn.hdf5"
     if not args.hdf5:
         with open_store(home=args.homes[0], read_only=True) as store:
-            write_hdf5(hdf5, store, args.run)
+            table = store.token_table(args.run)
+            tokens = {int(e): list(group["token"]) for e, group in table.groupby("example", sort=False)}
+            write_exbert_hdf5(hdf5, store, args.run, tokens)
     print(f"{'store':40s} {'p50 ms':>8s} {'p90 ms':>8s} {'HDF5 p50':>9s} {'HDF5 p90':>9s} {'ratio p50':>10s} {'ratio p90':>10s}")
     with h5py.File(hdf5, "r") as f:
         for home in args.homes:
@@ -50,17 +53,8 @@ def main() -> None:
                 picks = random.Random(args.seed).sample(positions, min(args.samples + 10, len(positions)))
                 for e in picks[:10]:  # warm-up: the run's info, its array, the first chunk files' checks
                     store.attention(args.run, e)
-                readers = {
-                    "attnstore": lambda e, store=store: store.attention(args.run, e),
-                    "hdf5": lambda e: f[f"{e:012}"]["attentions"][()],
-                }
-                ms: dict[str, list[float]] = {name: [] for name in readers}
-                for k, e in enumerate(picks[10:]):
-                    for name in list(readers)[:: 1 if k % 2 else -1]:
-                        t = time.perf_counter()
-                        readers[name](e)
-                        ms[name].append((time.perf_counter() - t) * 1000)
-                ours, peer = (np.percentile(ms[name], [50, 90]) for name in ("attnstore", "hdf5"))
+                ours_ms, hdf5_ms = first_reads_in_turns(lambda e, store=store: store.attention(args.run, e), f, picks[10:], check=3)
+                ours, peer = np.percentile(ours_ms, [50, 90]), np.percentile(hdf5_ms, [50, 90])
                 ratio = ours / peer
                 print(f"{home:40s} {ours[0]:8.3f} {ours[1]:8.3f} {peer[0]:9.3f} {peer[1]:9.3f} {ratio[0]:10.2f} {ratio[1]:10.2f}")
 

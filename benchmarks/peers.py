@@ -188,6 +188,23 @@ def timed(fn, *args, **kwargs):
     return time.perf_counter() - start, value
 
 
+def first_reads_in_turns(ours, hdf5_file, picks: list[int], check: int = 0) -> tuple[list[float], list[float]]:
+    """Milliseconds of `ours(e)` and of exBERT's HDF5 read of example e, for each e of `picks`, the two in turns, who
+    goes first alternating. Two readers only: a third in the same turns slowed HDF5's reads (its allocations and
+    decodes push HDF5's out of the caches), 0.30-0.43 -> 0.51-0.70 ms p50, flattering the ratio (session 40). The first
+    `check` examples' maps are checked equal."""
+    readers = {"ours": ours, "hdf5": lambda e: hdf5_file[EXBERT_KEY.format(e)]["attentions"][()]}
+    ms: dict[str, list[float]] = {name: [] for name in readers}
+    for k, e in enumerate(picks):
+        for name in list(readers)[:: 1 if k % 2 else -1]:
+            t = time.perf_counter()
+            maps = readers[name](e)
+            ms[name].append((time.perf_counter() - t) * 1000)
+            if k < check:
+                assert np.array_equal(maps, hdf5_file[EXBERT_KEY.format(e)]["attentions"][()]), (name, e)
+    return ms["ours"], ms["hdf5"]
+
+
 def percentiles(ms: list[float]) -> tuple[float, float]:
     return statistics.median(ms), float(np.percentile(ms, 90))
 
@@ -233,8 +250,7 @@ def main() -> None:
     sizes.update({"Clark pickle": pickle_path.stat().st_size, "exBERT HDF5": hdf5_path.stat().st_size})
 
     # One example's maps: each attnstore run against HDF5 on the same random examples, the two taken in turns (this
-    # machine's speed drifts), who goes first alternating. Two readers at a time: a third in the same turns slowed HDF5's
-    # reads (its allocations and decodes push HDF5's out of the caches), 0.30-0.43 -> 0.51-0.70 ms p50 (session 40).
+    # machine's speed drifts; `first_reads_in_turns`).
     rng = random.Random(0)
     positions = [int(e) for e in frame["example"]]
     # distinct examples, each read once per reader: every timed read is the first of its example
@@ -247,22 +263,10 @@ def main() -> None:
     paired_hdf5: dict[str, tuple[float, float]] = {}  # HDF5's p50 / p90 in each attnstore run's turns
     with h5py.File(hdf5_path, "r") as f:
         for ours, r in ours_runs.items():
-            readers = {
-                ours: lambda e, r=r: store.attention(r, e),
-                "exBERT HDF5": lambda e: f[EXBERT_KEY.format(e)]["attentions"][()],
-            }
-            pair: dict[str, list[float]] = {name: [] for name in readers}
-            for k, e in enumerate(picks):
-                for name in list(readers)[:: 1 if k % 2 else -1]:
-                    t = time.perf_counter()
-                    maps = readers[name](e)
-                    pair[name].append((time.perf_counter() - t) * 1000)
-                    if k < 5:
-                        assert np.array_equal(maps, f[EXBERT_KEY.format(e)]["attentions"][()]), (name, e)
-            latencies[ours] = pair[ours]
-            paired_hdf5[ours] = percentiles(pair["exBERT HDF5"])
+            latencies[ours], hdf5_ms = first_reads_in_turns(lambda e, r=r: store.attention(r, e), f, picks, check=5)
+            paired_hdf5[ours] = percentiles(hdf5_ms)
             if ours == "attnstore":
-                latencies["exBERT HDF5"] = pair["exBERT HDF5"]
+                latencies["exBERT HDF5"] = hdf5_ms
     # The read as before session 26 (through zarr) timed apart, after the others: in the same turns its allocations
     # (~9 ms a read) slowed the next reader, HDF5 1.6-2.2x (0.30-0.43 -> 0.66-0.70 ms p50), flattering attnstore's ratio
     # (session 40).
@@ -275,7 +279,7 @@ def main() -> None:
     for e in picks[: args.pickle_samples]:
         t = time.perf_counter()
         with open(pickle_path, "rb") as fh:
-            maps = pickle.load(fh)[e]["attns"]
+            pickle.load(fh)[e]["attns"]  # the read a user of the pickle makes
         pickled.append((time.perf_counter() - t) * 1000)
     # The same examples read twice more from the default run: a second read keeps their blocks in the read cache
     # (store/direct.py), the third is timed, as the viewer reads an example again head by head.
