@@ -149,16 +149,6 @@ def open_root(root: str, read_only: bool):
     return LocalStore(path, read_only=read_only)
 
 
-def root_writable(root: str) -> bool:
-    """Whether a local array root can be written (its nearest existing folder); remote roots are assumed writable."""
-    if "://" in root and not root.startswith("file://"):
-        return True
-    path = os.path.abspath(root[len("file://") :] if root.startswith("file://") else root)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    return os.access(path, os.W_OK)
-
-
 def quantize_step(spec: dict | None) -> float:
     """The largest absolute change a codec makes to a value (0 for lossless codecs); see LOSSY_U8_CODEC."""
     quantize = (spec or {}).get("quantize")

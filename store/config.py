@@ -84,3 +84,13 @@ def resolve_locations(db: str | None = None, root: str | None = None, home: str 
         # A bare path means a SQLite file: friendlier than a SQLAlchemy URL error.
         db_url = f"sqlite:///{Path(db_url).absolute()}"
     return Locations(db_url=db_url, array_root=array_root, read_only=env_read_only() if read_only is None else bool(read_only))
+
+
+def root_writable(root: str) -> bool:
+    """Whether a local array root can be written (its nearest existing folder); remote roots are assumed writable."""
+    if "://" in root and not root.startswith("file://"):
+        return True
+    path = os.path.abspath(root[len("file://") :] if root.startswith("file://") else root)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return os.access(path, os.W_OK)

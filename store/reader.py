@@ -15,7 +15,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import pandas as pd
@@ -23,14 +23,20 @@ import sqlalchemy as sa
 import sqlalchemy.orm
 from sqlalchemy.orm import sessionmaker
 
-from . import arrays, direct, progress, remote
-from .config import Locations
+from . import progress
+from .config import Locations, root_writable
 from .db import check_connection, create_engine, session_scope, sql_write_denied, sqlite_path, sqlite_writable
 from .errors import DamagedDataError, InvalidArgumentError, NotFoundError
 from .frames import sql_frame
+from .lazy import LazyModule
 from .migrate import upgrade_command, verify_schema
 from .records import RunInfo
 from .schema import AblationResult, Dataset, Example, HeadMatch, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token, Word
+
+if TYPE_CHECKING:
+    from . import arrays, direct, remote
+else:  # these import zarr: each is imported at its first use, so commands that read SQL only never import zarr (store/lazy.py)
+    arrays, direct, remote = (LazyModule(f"{__package__}.{name}") for name in ("arrays", "direct", "remote"))
 
 NORM_READ_TOKENS = 1 << 16  # value norms read at once (x layers x heads float16 values)
 # `attention`'s lookups: the (offset, length) of a window of example positions read from SQL at once, a few windows kept
@@ -61,7 +67,7 @@ class StoreReader:
             reasons.append("opened with --read-only / ATTNSTORE_READ_ONLY")
         if sqlite_read_only:
             reasons.append(f"no write permission on its SQLite file {path}")
-        if not arrays.root_writable(locations.array_root):
+        if not root_writable(locations.array_root):
             reasons.append(f"no write permission on its array root {locations.array_root}")
         self.engine = create_engine(locations.db_url, read_only=sqlite_read_only or locations.read_only)
         check_connection(self.engine)

@@ -11,18 +11,25 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from . import arrays, leases
+from . import leases
 from .config import resolve_locations
 from .errors import InvalidArgumentError, NotFoundError, StorageIOError
 from .handle import RunHandle
+from .lazy import LazyModule
 from .reader import RunRef, StoreReader
 from .schema import HeadMatch, HeadMetric, ProbeResult, utcnow
 from .writer import StoreWriter, run_lease_name, validate_run_name
+
+if TYPE_CHECKING:
+    from . import arrays
+else:  # these import zarr: each is imported at its first use, so commands that read SQL only never import zarr (store/lazy.py)
+    arrays = LazyModule(f"{__package__}.arrays")
 
 __all__ = ["Store", "open_store", "run_lease_name", "validate_run_name"]
 

@@ -16,14 +16,16 @@ import uuid
 from collections.abc import Iterator, Set
 from collections.abc import Sequence as Seq
 from operator import itemgetter
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from . import arrays, leases, remote
+from . import leases
 from .errors import AttnStoreError, ConflictError, InvalidArgumentError, ReadOnlyStoreError, StorageIOError
 from .identity import dataset_identity
+from .lazy import LazyModule
 from .reader import RunRef, StoreReader
 from .records import VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
 from .schema import (
@@ -40,6 +42,11 @@ from .schema import (
     Word,
     utcnow,
 )
+
+if TYPE_CHECKING:
+    from . import arrays, remote
+else:  # these import zarr: each is imported at its first use, so commands that read SQL only never import zarr (store/lazy.py)
+    arrays, remote = (LazyModule(f"{__package__}.{name}") for name in ("arrays", "remote"))
 
 WORD_FIELDS = ("position", "segment", "sentence", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "char_start", "char_end")
 

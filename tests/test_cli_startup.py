@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import click
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -90,3 +91,33 @@ def test_a_lazy_command_runs_its_own_help(command):
     result = CliRunner().invoke(main, [command, "--help"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith("Usage: ") and f" {command} [OPTIONS]" in result.output.splitlines()[0]
+
+
+SQL_ONLY = [
+    ["runs"],
+    ["show", "hand"],
+    ["examples", "--run", "hand"],
+    ["tokens", "--run", "hand", "--example", "1"],
+    ["sql", "SELECT count(*) FROM tokens"],
+]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # what is imported does not depend on the backend
+def test_commands_that_read_sql_only_do_not_import_zarr(store, make_run):
+    """zarr (with numcodecs and fsspec, ~0.12-0.15 s) is imported by the first use of an array (store/lazy.py), so the
+    commands that only read SQL start without it; a command that reads maps still gets it."""
+    rng = np.random.default_rng(0)
+    maps = [rng.dirichlet(np.ones(n), size=(2, 3, n)) for n in (4, 5)]
+    run = make_run(store, maps, [["[CLS]", "a", "b", "[SEP]"], ["[CLS]", "c", "d", "e", "[SEP]"]])
+    where = ["--db", store.locations.db_url, "--root", store.locations.array_root]
+    calls = "\n".join(
+        f"try:\n    main({[*args, *where]!r}, prog_name='attnstore')\nexcept SystemExit as e:\n    assert not e.code, {args!r}"
+        for args in SQL_ONLY
+    )
+    sql_only = loaded_after(f"from attnstore.api.cli import main\n{calls}")
+    assert "zarr" not in sql_only["heavy"] and "sqlalchemy" in sql_only["heavy"]
+    assert all(word in sql_only["out"] for word in ("hand", "count")), sql_only["out"]
+    maps_read = loaded_after(
+        f"from attnstore.api.cli import main\nmain({['query', 'entropy', '--run', run, *where]!r}, prog_name='attnstore')"
+    )
+    assert "zarr" in maps_read["heavy"] and "entropy" in maps_read["out"]
