@@ -22,6 +22,7 @@ from .common import (
     emit,
     friendly_errors,
     open_store,
+    prepare_output,
     reading_progress,
     require_extra,
     scheduler_option,
@@ -405,7 +406,9 @@ def query(locations, name, run, params, fmt, output, save, scheduler, columns):
             f"query {name!r} is not per head (one row per layer and head), so it cannot be saved "
             "to head_metrics; write it to a file with --output instead"
         )
-    # --save (or a query's own save=true) on a read-only store fails before the query runs
+    # --save (or a query's own save=true) on a read-only store, and an --output that cannot be written, fail before
+    # the query runs
+    prepare_output(output)
     store = open_store(locations, write=save or bool(kwargs.get("save")))
     with warnings.catch_warnings(record=True) as caught, reading_progress(f"{name} over {run}"), use_scheduler(scheduler):
         warnings.simplefilter("always", IncompleteRunWarning)

@@ -446,13 +446,38 @@ def emit(frame, fmt: str, output: str | None = None, columns: str | None = None,
             text, note = fit_table(frame, width)
             notes += [note] if note else []
     if output:
-        with open(output, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+        write_output(output, text + "\n")
         click.echo(f"wrote {len(frame)} rows to {output}", err=True)
     else:
         click.echo(text)
     for note in notes:
         click.echo(f"note: {note}", err=True)
+
+
+def prepare_output(path: str | None) -> None:
+    """An --output file checked before the work that fills it: its folder made where missing (as `view --out` and
+    `export --to` make theirs); a path that cannot be written is one Error line naming it, before any work is lost."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write --output {path}: {exc.strerror or exc}; give a file in a writable folder") from None
+    if os.path.isdir(path):
+        raise click.ClickException(f"cannot write --output {path}: it is a folder; give a file name")
+    if not os.access(folder, os.W_OK):
+        raise click.ClickException(f"cannot write --output {path}: no write permission on {folder}; give a file in a writable folder")
+
+
+def write_output(path: str, text: str) -> None:
+    """`text` written to the --output file `path` (`prepare_output` first); an OSError is one Error line."""
+    prepare_output(path)
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write --output {path}: {exc.strerror or exc}") from None
 
 
 def scheduler_option(what: str):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .common import FORMATS, emit, friendly_errors, open_store, store_options
+from .common import FORMATS, emit, friendly_errors, open_store, store_options, write_output
 
 
 def _need_matplotlib() -> None:
@@ -77,8 +77,7 @@ def export(locations, source, run, labeller, output):
     records = export_labels(open_store(locations), source=source, labeller=labeller, run=run)
     text = "".join(json.dumps(r) + "\n" for r in records)
     if output:
-        with open(output, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        write_output(output, text)
         click.echo(f"wrote {len(records)} label(s) to {output}", err=True)
     else:
         click.echo(text, nl=False)
@@ -254,5 +253,5 @@ def evaluate(locations, model_file, fmt, output):
             agreement=result["agreement"].to_dict("records"),
             cnn_trained_on=result["cnn_trained_on"],
         )
-        Path(output).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+        write_output(output, json.dumps(payload, indent=1) + "\n")
         click.echo(f"wrote {output}", err=True)

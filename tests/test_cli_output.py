@@ -92,3 +92,31 @@ def test_tokens_table_leaves_out_the_constant_annotator(store, make_run, where):
     assert note.startswith("note: annotator is ") and "on every row that has one" in note
     as_csv = CliRunner().invoke(main, ["tokens", "--run", run, "--example", "0", "--format", "csv", *where])
     assert "annotator" in as_csv.stdout.splitlines()[0]
+
+
+@pytest.mark.one_backend
+def test_output_into_a_new_folder_is_written_and_an_unwritable_one_fails_before_the_query(store, make_run, where, tmp_path, monkeypatch):
+    """--output makes its folder (as `view --out` does); a path that cannot be written is one Error line, given before
+    the query runs, so nothing is computed and lost and --save saves nothing."""
+    run = make_run(store, [maps(4)], TOKENS, name="o")
+    target = tmp_path / "new" / "deeper" / "entropy.csv"
+    written = CliRunner().invoke(main, ["query", "entropy", "--run", run, "--format", "csv", "--output", str(target), *where])
+    assert written.exit_code == 0, written.output
+    assert pd.read_csv(target).shape[0] == 2 * 3 and f"wrote 6 rows to {target}" in written.stderr
+
+    import dataclasses
+
+    from attnstore.queries import QUERIES
+
+    ran = []
+    spec = QUERIES["entropy"]
+    monkeypatch.setitem(QUERIES, "entropy", dataclasses.replace(spec, func=lambda *a, **k: ran.append(1) or spec.func(*a, **k)))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for bad, says in ((blocker / "x.csv", "cannot write --output"), (tmp_path / "new", "is a directory")):
+        result = CliRunner().invoke(main, ["query", "entropy", "--run", run, "--save", "--output", str(bad), *where])
+        assert result.exit_code != 0 and says in result.output and "Traceback" not in result.output, result.output
+        assert [line for line in result.output.splitlines() if line.startswith("Error:")] == [result.output.strip().splitlines()[-1]]
+    assert ran == [] and store.head_metrics(run).empty
+    again = CliRunner().invoke(main, ["query", "entropy", "--run", run, "--output", str(tmp_path / "again.csv"), *where])
+    assert again.exit_code == 0 and ran == [1], again.output  # the query the refusals never reached
