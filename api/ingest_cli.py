@@ -141,7 +141,8 @@ def ingest(locations, codec_name, text_a_column, text_b_column, label_column, qu
         click.echo(f"run {run.name!r} is already complete ({run.n_stored} examples); nothing to do")
         return
     click.echo(
-        f"run {run.name!r}: stored {result.n_new} examples in {result.seconds:.1f}s "
-        f"({run.n_stored} stored, {run.n_truncated} truncated, {run.n_skipped} skipped; max length {run.max_length}, "
+        # n_new: the examples this command took (stored or skipped); the counts in brackets are the whole run's
+        f"run {run.name!r}: {result.n_new} new examples in {result.seconds:.1f}s "
+        f"(the run: {run.n_stored} stored, {run.n_truncated} truncated, {run.n_skipped} skipped; max length {run.max_length}, "
         f"truncation={run.truncation})"
     )

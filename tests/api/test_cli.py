@@ -86,6 +86,18 @@ def test_ingest_creates_the_embedded_store_on_a_fresh_machine(tmp_path, tiny_ber
     assert result.exit_code == 1 and not (empty / "meta.sqlite").exists()
 
 
+def test_ingest_summary_counts_new_examples_apart_from_the_runs_stored_ones(tmp_path, tiny_bert):
+    """The summary line: the examples this command took, then the whole run's stored / truncated / skipped counts (a
+    run whose every example is skipped stored none; the line once said "stored 2 examples ... (0 stored")."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a b c d e f\ng h i j k\n", encoding="utf-8")
+    base = ["ingest", "--home", str(tmp_path / "h"), "--corpus", str(corpus), "--format", "text", "--annotate", "whitespace"]
+    args = [*base, "--model", tiny_bert, "--max-length", "4", "--truncation", "skip", "--name", "s", "--no-progress"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "run 's': 2 new examples in " in result.output and "(the run: 0 stored, 0 truncated, 2 skipped;" in result.output
+
+
 def test_out_of_date_database_exits_with_the_command(db_url, tmp_path):
     from attnstore.store import migrate
 
