@@ -184,8 +184,8 @@ def ablate(store: Store, ev: Evaluator, heads: str = "each", mode: str = "unifor
     """Evaluate every configuration of `heads` not yet stored; returns their stored rows (with the baseline)."""
     from tqdm.auto import tqdm
 
+    configs = configurations(heads, ev.n_layers, ev.n_heads)  # a bad --heads fails before the baseline's evaluation
     baseline = evaluate(store, ev, progress=progress)
-    configs = configurations(heads, ev.n_layers, ev.n_heads)
     names = [config_name(c, ev.n_heads) for c in configs]
     done = store.writer.ablation_configs(ev.model_id, ev.task.name, SPLIT, mode)
     busy = []

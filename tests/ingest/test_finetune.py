@@ -189,6 +189,11 @@ def test_evaluate_and_sweep_store_each_configuration_once(store, tiny_bert):
 
     tuned = finetune(store, task="SST-2", model=tiny_bert, epochs=1, batch_size=2, seed=0, data_dir=FIXTURES, progress=False)
     ev = open_evaluator(store, model=tuned.name, task="SST-2", data_dir=FIXTURES)
+    from attnstore.store.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="9:9 is outside the model's 2 layers"):
+        ablate(store, ev, heads="9:9", mode="uniform", progress=False)
+    assert store.ablation_results(model=tuned.name).empty  # refused before the baseline was evaluated (and stored)
     base = evaluate(store, ev)
     assert set(base) == {"accuracy"} and base["accuracy"] in {0.0, 20.0, 40.0, 60.0, 80.0, 100.0}
     frame = ablate(store, ev, heads="layers", mode="uniform", progress=False)
