@@ -111,7 +111,7 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     "2020; ~1/L of the maps' size; its cost is in docs/PERFORMANCE.md).",
 )
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
-@scheduler_option("the forward passes (this process tokenizes and writes)")
+@scheduler_option("the forward passes and the writes of their maps (this process tokenizes and finishes the run)")
 @store_options
 @friendly_errors
 def ingest(locations, codec_name, text_a_column, text_b_column, label_column, quoting, progress, scheduler, **options):
