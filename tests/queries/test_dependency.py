@@ -84,7 +84,14 @@ def test_dependency_accuracy_per_head_exact(store, dep_run):
     # head 1: the word attending most to "the" is "dog", to "dog" is "barks" (the transposed map)
     assert df["det:head2dep"].tolist() == [0.0, 1.0]
     assert df["nsubj:head2dep"].tolist() == [0.0, 1.0]
-    assert run_query(store, "dependency", run=dep_run, min_count=2).columns.tolist() == ["layer", "head"]
+    assert "note" not in df.attrs
+    none_kept = run_query(store, "dependency", run=dep_run, min_count=2)
+    assert none_kept.columns.tolist() == ["layer", "head"]
+    # the table without relations says why (the CLI prints the note on stderr)
+    assert none_kept.attrs["note"] == (
+        "2 of 2 relations have fewer than min_count=2 edges and are left out (a smaller min_count keeps them: --param min_count=N)"
+    )
+    assert run_query(store, "dependency_summary", run=dep_run, min_count=2).attrs["note"].startswith("2 of 2 relations")
 
 
 def test_dependency_summary_best_direction_with_root_in_all(store, dep_run):
