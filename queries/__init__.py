@@ -10,7 +10,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from ..store.errors import IncompleteRunWarning, NotFoundError
-from .registry import QUERIES, QuerySpec, check_index_params, get_query, load_all, register
+from .registry import QUERIES, QuerySpec, check_index_params, check_param_names, get_query, load_all, register
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -24,6 +24,7 @@ def run_query(store: Store, name: str, *, run, **params):
     no stored example raises NotFoundError.
     """
     spec = get_query(name)
+    check_param_names(spec, params)  # as the command line says it, not a TypeError from the query's function
     with store.pinned(run) as info:
         check_index_params(spec, params, info.n_layers, info.n_heads, info.name)  # head=-1 is refused, not head 11
         state, holder = store.run_state(info.id)

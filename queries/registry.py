@@ -119,13 +119,19 @@ def param_type(spec: QuerySpec, name: str) -> tuple[type, bool]:
     return str, nullable
 
 
-def coerce_params(spec: QuerySpec, raw: dict[str, str]) -> dict:
-    """Turn `key=value` strings from the command line into typed keyword arguments."""
+def check_param_names(spec: QuerySpec, names) -> None:
+    """InvalidArgumentError naming the first of `names` the query does not take, and the ones it does."""
     params = spec.parameters()
-    out = {}
-    for key, value in raw.items():
+    for key in names:
         if key not in params:
             raise InvalidArgumentError(f"query {spec.name!r} has no parameter {key!r}; it takes: {', '.join(params) or 'none'}")
+
+
+def coerce_params(spec: QuerySpec, raw: dict[str, str]) -> dict:
+    """Turn `key=value` strings from the command line into typed keyword arguments."""
+    check_param_names(spec, raw)
+    out = {}
+    for key, value in raw.items():
         out[key] = _coerce(spec, key, value)
         if key in INDEX_PARAMS and isinstance(out[key], int) and out[key] < 0:
             raise InvalidArgumentError(
