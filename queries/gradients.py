@@ -28,11 +28,18 @@ HEAD_KEYS = ("cls.predictions", "lm_head", "predictions.", "generator_lm_head", 
 
 def load_mlm(source: str):
     from transformers import AutoModelForMaskedLM
+    from transformers.utils import logging as hf_logging
 
+    # transformers' own warning for a head it had to make up ("Some weights ... were not initialized ... You should
+    # probably TRAIN this model") would come before the one line below that says what to do
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
         model, info = AutoModelForMaskedLM.from_pretrained(source, attn_implementation="eager", output_loading_info=True)
     except (OSError, ValueError) as exc:
         raise NotFoundError(f"cannot load a masked-LM model from {source}: {str(exc).splitlines()[0][:200]}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
     missing = [k for k in info.get("missing_keys", []) if any(h in k for h in HEAD_KEYS)]
     if missing:
         raise InvalidArgumentError(
