@@ -213,7 +213,14 @@ def tokens(locations, run, example, fmt, columns):
 
     The table leaves out the annotator column when every word has the same one (a note names it).
     """
-    emit(open_store(locations).tokens(run, example), fmt, columns=columns, constant=("annotator",))
+    frame = open_store(locations).tokens(run, example)
+    if fmt == "table" and not columns:  # what a reader looks for first, so a narrow terminal keeps it (csv / json: all)
+        first = [c for c in TOKENS_TABLE_FIRST if c in frame.columns]
+        frame = frame[first + [c for c in frame.columns if c not in first]]
+    emit(frame, fmt, columns=columns, constant=("annotator",))
+
+
+TOKENS_TABLE_FIRST = ("position", "token", "word_position", "word", "upos", "head", "deprel", "lemma", "xpos", "segment", "is_special")
 
 
 @main.command(short_help="Draw one example's attention maps as heatmaps (or a typed sentence's: --text).")

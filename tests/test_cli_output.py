@@ -92,6 +92,11 @@ def test_tokens_table_leaves_out_the_constant_annotator(store, make_run, where):
     assert note.startswith("note: annotator is ") and "on every row that has one" in note
     as_csv = CliRunner().invoke(main, ["tokens", "--run", run, "--example", "0", "--format", "csv", *where])
     assert "annotator" in as_csv.stdout.splitlines()[0]
+    # in a narrow terminal the table keeps the word, its POS and its dependency, and leaves out ids and offsets
+    narrow = CliRunner().invoke(main, ["tokens", "--run", run, "--example", "0", *where], env={"COLUMNS": "80"})
+    header = narrow.stdout.splitlines()[0].split()
+    assert header[:7] == ["position", "token", "word_position", "word", "upos", "head", "deprel"] and "token_id" not in header
+    assert as_csv.stdout.splitlines()[0].split(",")[:3] == ["position", "token", "token_id"]  # csv keeps the frame's order
 
 
 @pytest.mark.one_backend
