@@ -152,6 +152,9 @@ def plan_dataset(source: CorpusSource, *, limit: int | None = None, sample: int 
     if n == 0:
         raise EmptyCorpusError(source.source)
     chosen, suffix = select_positions(n, limit, sample, seed)
+    if len(chosen) == n:  # a --limit or --sample that takes every example is the whole corpus: the same dataset
+        limit = sample = None
+        suffix = ""
     options = {**source.options, "limit": limit, "sample": sample, "seed": seed if sample is not None else None}
     return DatasetPlan(source, chosen, source.split + suffix, options)
 
@@ -356,6 +359,12 @@ def ingest(
     if finetuned is not None:  # a model fine-tuned in this store: its encoder, from the store's models folder
         loaded = load_model(str(models_folder(store) / finetuned["training"]["checkpoint"]))
     plan = plan_dataset(source, limit=settings.limit, sample=settings.sample, seed=settings.seed)
+    asked = ("--sample", settings.sample) if settings.sample is not None else ("--limit", settings.limit)
+    if asked[1] is not None and plan.split == source.split:
+        print(
+            f"note: {asked[0]} {asked[1]} takes all {len(plan.chosen)} examples of the corpus: the run is over the whole corpus",
+            file=sys.stderr,
+        )
     loaded = loaded or load_model(settings.model)
     settings = settings.resolved(model_max_length=loaded.max_length, gold=source.gold)
     assert settings.max_length is not None and settings.tokenization is not None  # resolved

@@ -149,6 +149,10 @@ def test_options_that_change_examples_are_identity(corpus):
         identity(builtin_source("gum/ontogum:dev", str(DATA))),
     }
     assert len(seen) == 10
+    # a --limit or --sample that takes every example is the whole corpus: the same dataset, split and identity
+    for whole in (dict(limit=len(LINES)), dict(limit=100), dict(sample=len(LINES), seed=3), dict(sample=100)):
+        plan = plan_dataset(text, **whole)
+        assert (plan.identity("whitespace"), plan.split, plan.chosen) == (identity(text), "sentences", list(range(len(LINES))))
     # the default window is its value: the same dataset asked for with or without it
     assert identity(builtin_source("gum/ontogum:dev", str(DATA))) == identity(
         builtin_source("gum/ontogum:dev", str(DATA), window_words=128)
