@@ -89,6 +89,13 @@ class RunSettings:
             raise InvalidArgumentError("give either --corpus FILE (with --format) or --dataset NAME:SPLIT")
         if self.corpus is not None and self.fmt is None:
             raise InvalidArgumentError("--corpus needs --format (text, tsv, pairs-tsv or conllu)")
+        if self.window_words is not None:
+            from .datasets import find_dataset
+
+            if self.dataset is None or "window_words" not in find_dataset(self.dataset).options:
+                raise InvalidArgumentError(
+                    f"--window-words cuts gum/ontogum documents into windows; {self.dataset or self.corpus} has none: leave it out"
+                )
         chunk_cells = self.chunk_cells
         if isinstance(chunk_cells, bool) or not isinstance(chunk_cells, int) or chunk_cells < 1:
             raise InvalidArgumentError(f"--chunk-cells must be a positive number of cells, not {chunk_cells!r}")

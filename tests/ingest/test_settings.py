@@ -47,6 +47,11 @@ def test_defaults_are_the_command_lines():
         (dict(chunk_cells=True), "--chunk-cells must be a positive number of cells, not True"),
         (dict(name="a\tb"), "run name 'a\\tb' is not usable"),
         (dict(codec={"name": "lz4"}), "unsupported codec {'name': 'lz4'}; only blosc codecs are supported"),
+        (dict(window_words=50), "--window-words cuts gum/ontogum documents into windows; c.tsv has none: leave it out"),
+        (
+            dict(corpus=None, fmt=None, dataset="glue/MRPC:dev", window_words=50),
+            "--window-words cuts gum/ontogum documents into windows; glue/MRPC:dev has none",
+        ),
     ],
 )
 def test_bad_settings_fail_when_made_in_one_line(options, message):
