@@ -32,7 +32,7 @@ import pandas as pd
 
 from ..store.errors import DamagedDataError
 from ..store.records import RunInfo
-from .common import per_head_frame, unique_argmax
+from .common import note_left_out, per_head_frame, unique_argmax
 from .errors import InvalidArgumentError
 from .registry import register
 from .summary import SummaryKind, register_kind, summary_totals
@@ -425,19 +425,8 @@ def dependency(
             for d, direction in enumerate(DIRECTIONS):
                 columns[f"{rel}:{direction}"] = counts.correct[d, :, :, r] / counts.totals[r]
     frame = per_head_frame(counts.info, **columns)
-    _note_left_out(frame, counts.totals, min_count)
+    note_left_out(frame, counts.totals, min_count)
     return frame
-
-
-def _note_left_out(frame: pd.DataFrame, totals: np.ndarray, min_count: int) -> None:
-    """frame.attrs["note"] where relations were left out for having fewer than `min_count` edges (a small run can
-    lose them all, and a table without them says nothing of why)."""
-    left_out = int(((np.asarray(totals) < min_count) & (np.asarray(totals) > 0)).sum())
-    if left_out:
-        frame.attrs["note"] = (
-            f"{left_out} of {int((np.asarray(totals) > 0).sum())} relations have fewer than min_count={min_count} edges and are "
-            "left out (a smaller min_count keeps them: --param min_count=N)"
-        )
 
 
 @register("dependency_summary", per_head=False)
@@ -507,5 +496,5 @@ def dependency_summary(
     frame = pd.DataFrame(
         rows, columns=["relation", "paper_relation", "direction", "n", "layer", "head", "accuracy", "baseline_offset", "baseline_accuracy"]
     )
-    _note_left_out(frame, counts.totals, min_count)
+    note_left_out(frame, counts.totals, min_count)
     return frame
