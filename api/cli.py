@@ -201,6 +201,10 @@ def examples(locations, run, fmt, columns):
     emit(open_store(locations).examples(run), fmt, columns=columns)
 
 
+# `tokens`' table: what a reader looks for first, so a narrow terminal keeps it (csv / json: every column, in order)
+TOKENS_TABLE_FIRST = ("position", "token", "word_position", "word", "upos", "head", "deprel", "lemma", "xpos", "segment", "is_special")
+
+
 @main.command(short_help="Show one example's tokens with words, POS and dependencies.")
 @click.option("--run", required=True, help="Run name or id (see `attnstore runs`).")
 @click.option("--example", required=True, type=int, help="Example position in the corpus (0-based).")
@@ -214,13 +218,10 @@ def tokens(locations, run, example, fmt, columns):
     The table leaves out the annotator column when every word has the same one (a note names it).
     """
     frame = open_store(locations).tokens(run, example)
-    if fmt == "table" and not columns:  # what a reader looks for first, so a narrow terminal keeps it (csv / json: all)
+    if fmt == "table" and not columns:
         first = [c for c in TOKENS_TABLE_FIRST if c in frame.columns]
         frame = frame[first + [c for c in frame.columns if c not in first]]
     emit(frame, fmt, columns=columns, constant=("annotator",))
-
-
-TOKENS_TABLE_FIRST = ("position", "token", "word_position", "word", "upos", "head", "deprel", "lemma", "xpos", "segment", "is_special")
 
 
 @main.command(short_help="Draw one example's attention maps as heatmaps (or a typed sentence's: --text).")

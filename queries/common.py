@@ -132,13 +132,13 @@ def per_head_frame(info: RunInfo, **columns: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame(data)
 
 
-def note_left_out(frame: pd.DataFrame, totals: np.ndarray, min_count: int, what: str = "relations") -> None:
-    """frame.attrs["note"] where some of `what` were left out for having fewer than `min_count` edges (a small run can
+def note_left_out(frame: pd.DataFrame, totals: np.ndarray, min_count: int) -> None:
+    """frame.attrs["note"] where some relations were left out for having fewer than `min_count` edges (a small run can
     lose them all, and a table without them would not say why)."""
     totals = np.asarray(totals)
     if left_out := int(((totals < min_count) & (totals > 0)).sum()):
         frame.attrs["note"] = (
-            f"{left_out} of {int((totals > 0).sum())} {what} have fewer than min_count={min_count} edges and are left out "
+            f"{left_out} of {int((totals > 0).sum())} relations have fewer than min_count={min_count} edges and are left out "
             "(a smaller min_count keeps them: --param min_count=N)"
         )
 
