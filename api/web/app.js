@@ -7,7 +7,9 @@
  *                .../scratch) and shown in the same views;
  *   Heads tab:   a layers x heads heatmap of a per-head metric (saved, or computed on request);
  *   Search tab:  tokens by word / token / POS / relation, with where they attend in a chosen head.
- * The state (run, example, layer, head, tab) lives in the URL's hash, so a view can be linked.
+ * The state (run, example, layer, head, tab) lives in the URL's hash, so a view can be linked; each choice made in the
+ * page is a history entry (pushState), and the view follows the URL on Back/Forward and on a pasted or edited link
+ * (popstate, hashchange: followUrl), without reloading the page.
  * Runs are named in the hash and addressed by their numeric id in API paths: a run's name may hold "/"
  * (glue/MRPC-dev-..., ud/en_ewt-dev[sample=500,seed=0]-...), which a path segment cannot carry as it is.
  * docs.html renders /openapi.json as a reference with a form to try each GET endpoint.
@@ -83,7 +85,8 @@ async function api(path, params = {}, options = {}) {
 
 /* ------------------------------------------------------------------ state in the URL hash */
 
-const state = { run: null, example: null, layer: 0, head: 0, tab: "example", metric: null, compare: null };
+const DEFAULTS = { run: null, example: null, layer: 0, head: 0, tab: "example", metric: null, compare: null };
+const state = { ...DEFAULTS };
 let allRuns = []; // `/api/runs`: the runs a head can be matched in (same dataset and split)
 let runInfo = null; // {id, name, n_layers, n_heads, ...}
 const runIds = new Map(); // run name -> run id (`/api/runs`)
@@ -91,23 +94,64 @@ const runIds = new Map(); // run name -> run id (`/api/runs`)
 // The API path of the chosen run: by its id, whatever its name holds.
 const runPath = (rest = "") => `runs/${runInfo ? runInfo.id : encodeURIComponent(runIds.get(state.run) ?? state.run)}${rest}`;
 
+// The state the URL's hash names: what it leaves out takes its default (the run: the one shown, else the first).
 function readHash() {
   const h = new URLSearchParams(location.hash.slice(1));
-  if (h.has("run")) state.run = h.get("run");
-  if (h.has("example")) state.example = parseInt(h.get("example"), 10);
-  if (h.has("layer")) state.layer = parseInt(h.get("layer"), 10);
-  if (h.has("head")) state.head = h.get("head") === "all" ? "all" : parseInt(h.get("head"), 10);
+  const int = (k) => {
+    const v = parseInt(h.get(k), 10);
+    return Number.isNaN(v) ? DEFAULTS[k] : v;
+  };
+  Object.assign(state, { ...DEFAULTS, run: h.get("run") || state.run });
+  if (h.has("example")) state.example = int("example");
+  if (h.has("layer")) state.layer = int("layer");
+  if (h.has("head")) state.head = h.get("head") === "all" ? "all" : int("head");
   if (h.has("tab")) state.tab = h.get("tab");
   if (h.has("metric")) state.metric = h.get("metric");
-  if (h.has("compare")) state.compare = h.get("compare");
+  if (h.has("compare")) state.compare = h.get("compare") || null;
 }
 
-function writeHash() {
+let shownHash = null; // the hash the view shows: followUrl ignores an event that names it (popstate and hashchange both fire)
+
+// The state into the URL's hash. push: a new history entry (a choice made in the page, so Back returns to the view
+// before it); else the current entry is corrected (defaults filled in, a choice completed while loading).
+function writeHash(push = false) {
   const h = new URLSearchParams();
   for (const k of ["run", "example", "layer", "head", "tab", "metric", "compare"]) {
     if (state[k] !== null && state[k] !== undefined && !Number.isNaN(state[k])) h.set(k, state[k]);
   }
-  history.replaceState(null, "", "#" + h.toString());
+  const hash = "#" + h.toString();
+  if (hash !== location.hash) {
+    if (push) history.pushState(null, "", hash);
+    else history.replaceState(null, "", hash);
+  }
+  shownHash = location.hash;
+}
+
+// Back/Forward, or a link pasted or edited in the address bar: show what the URL names (the page is not reloaded).
+async function followUrl() {
+  if (location.hash === shownHash) return;
+  shownHash = location.hash;
+  const before = { ...state };
+  readHash();
+  if (!runIds.size) return; // the runs are still loading: loadRuns reads the state just set
+  if (!runIds.has(state.run)) state.run = before.run;
+  leaveTyped();
+  if (state.run !== before.run || !runInfo) {
+    $("run-select").value = state.run;
+    await selectRun(state.run, true);
+    return;
+  }
+  if (!(state.layer >= 0 && state.layer < runInfo.n_layers)) state.layer = 0;
+  if (state.head !== "all" && !(state.head >= 0 && state.head < runInfo.n_heads)) state.head = 0;
+  $("layer-select").value = String(state.layer);
+  $("head-select").value = String(state.head);
+  $("search-layer").value = String(state.layer);
+  if (state.head !== "all") $("search-head").value = String(state.head);
+  fillCompare(runInfo);
+  if (state.metric !== before.metric) pickMetric();
+  showTab(state.tab);
+  if (state.example === null) await loadExamples(); // the first example of the list
+  else await selectExample(state.example);
 }
 
 /* ------------------------------------------------------------------ runs and tabs */
@@ -128,13 +172,14 @@ async function loadRuns() {
   await selectRun(state.run, true);
 }
 
-async function selectRun(name, keepPosition = false) {
+async function selectRun(name, keepPosition = false, push = false) {
   state.run = name;
   runInfo = null;
+  if (!keepPosition) Object.assign(state, { example: null, layer: 0, head: 0, metric: null });
+  writeHash(push);
   const { run } = await api(runPath());
   runInfo = run;
   $("run-about").textContent = `${run.model} on ${run.dataset}:${run.split}, ${run.n_layers} layers x ${run.n_heads} heads, ${run.n_stored} examples (${run.status})`;
-  if (!keepPosition) Object.assign(state, { example: null, layer: 0, head: 0, metric: null });
   if (!(state.layer >= 0 && state.layer < run.n_layers)) state.layer = 0;
   if (state.head !== "all" && !(state.head >= 0 && state.head < run.n_heads)) state.head = 0;
   fillIndexSelect($("layer-select"), run.n_layers, "L");
@@ -175,14 +220,14 @@ function fillIndexSelect(select, n, prefix, withAll = false) {
   select.replaceChildren(...options);
 }
 
-function showTab(tab) {
+function showTab(tab, push = false) {
   if (!["example", "heads", "search"].includes(tab)) tab = "example";
   state.tab = tab;
   for (const name of ["example", "heads", "search"]) {
     $(`view-${name}`).hidden = name !== tab;
     $(`tab-${name}`).classList.toggle("active", name === tab);
   }
-  writeHash();
+  writeHash(push);
   if (tab === "heads") loadMetrics().catch(showError);
   if (tab === "search") loadFacets().catch(showError);
 }
@@ -203,7 +248,7 @@ async function loadExamples() {
   const list = $("examples");
   list.replaceChildren(...page.items.map((item) => {
     const text = item.text_a + (item.text_b ? " ‖ " + item.text_b : "");
-    const li = el("li", { "data-example": item.example, title: text, onclick: () => selectExample(item.example) },
+    const li = el("li", { "data-example": item.example, title: text, onclick: () => selectExample(item.example, true) },
       el("span", { class: "pos", text: `#${item.example}` }), text.length > 110 ? text.slice(0, 110) + "…" : text);
     if (item.example === state.example) li.classList.add("selected");
     return li;
@@ -249,11 +294,11 @@ async function getMaps(example, layer, head) {
   return maps;
 }
 
-async function selectExample(example) {
+async function selectExample(example, push = false) {
   state.example = example;
   leaveTyped();
   for (const li of $("examples").children) li.classList.toggle("selected", Number(li.dataset.example) === example);
-  writeHash();
+  writeHash(push);
   await drawExample();
 }
 
@@ -474,7 +519,7 @@ async function drawModelView(token, tokens, special) {
     [state.layer, state.head] = at;
     $("layer-select").value = String(state.layer);
     $("head-select").value = String(state.head);
-    writeHash();
+    writeHash(true);
     drawExample();
   };
   zoom(state.layer, state.head === "all" ? 0 : state.head);
@@ -710,6 +755,7 @@ function paintMatrix(id, tokens, special, a, caption, key) {
       ctx.restore();
     });
   }
+  drawColorbar($(`${id}-colorbar`), margin, Math.max(n * cell, 80));
   canvas.onmousemove = (event) => {
     const box = canvas.getBoundingClientRect();
     const j = Math.floor((event.clientX - box.left - margin) / cell);
@@ -719,6 +765,32 @@ function paintMatrix(id, tokens, special, a, caption, key) {
   };
   const fig = $(id);
   Object.assign(fig.dataset, { key, cells: String(n * n), cell: String(cell), margin: String(margin), state: "ready" });
+}
+
+const COLORBAR_TICKS = [0, 0.2, 0.4, 0.6, 0.8, 1];
+
+// The colour scale of the heatmaps beside them: viridis from 0 (bottom) to 1 (top), ticked, labelled "attention weight";
+// `top` and `height`: where the heatmap's cells are, so the bar runs beside them.
+function drawColorbar(svg, top, height) {
+  if (!svg) return;
+  const barW = 12, tickW = 4, width = barW + tickW + 30 + 16, total = top + height + 8;
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", total);
+  svg.setAttribute("viewBox", `0 0 ${width} ${total}`);
+  const gradientId = `${svg.id}-gradient`;
+  const gradient = el("svg:linearGradient", { id: gradientId, x1: 0, y1: 1, x2: 0, y2: 0 },
+    ...VIRIDIS.map((c, i) => el("svg:stop", { offset: `${(100 * i) / (VIRIDIS.length - 1)}%`, "stop-color": rgb(c) })));
+  const y = (v) => top + (1 - v) * height;
+  const parts = [el("svg:defs", {}, gradient),
+    el("svg:rect", { class: "bar", x: 0.5, y: top, width: barW, height, fill: `url(#${gradientId})`, stroke: "#667085", "stroke-width": 0.5 })];
+  for (const v of COLORBAR_TICKS) {
+    parts.push(el("svg:line", { x1: barW + 0.5, x2: barW + 0.5 + tickW, y1: y(v), y2: y(v), stroke: "#667085" }),
+      el("svg:text", { class: "tick", x: barW + tickW + 3, y: y(v), "dominant-baseline": "middle", text: String(v) }));
+  }
+  parts.push(el("svg:text", { class: "label", x: 0, y: 0, "text-anchor": "middle", "dominant-baseline": "middle",
+    transform: `translate(${width - 6} ${top + height / 2}) rotate(-90)`, text: "attention weight" }));
+  svg.replaceChildren(...parts);
+  Object.assign(svg.dataset, { top: String(top), height: String(height) });
 }
 
 /* ------------------------------------------------------------------ Heads tab: per-head summary heatmaps */
@@ -737,20 +809,26 @@ async function loadMetrics() {
       return options.length ? el("optgroup", { label }, ...options) : null;
     }).filter(Boolean);
     select.replaceChildren(...groups);
-    const values = [...select.options].map((o) => o.value);
-    const wanted = values.find((v) => JSON.parse(v)[0] === state.metric) || values.find((v) => JSON.parse(v)[0] === "entropy.entropy") || values[0];
-    if (wanted) select.value = wanted;
     metricsLoaded = true;
+    pickMetric();
   }
   await drawSummary();
 }
 
-async function drawSummary(scan = false) {
+// The metric select's option for state.metric (else entropy, else the first); its heatmap is drawn by drawSummary.
+function pickMetric() {
+  const select = $("metric-select");
+  const values = [...select.options].map((o) => o.value);
+  const wanted = values.find((v) => JSON.parse(v)[0] === state.metric) || values.find((v) => JSON.parse(v)[0] === "entropy.entropy") || values[0];
+  if (wanted) select.value = wanted;
+}
+
+async function drawSummary(scan = false, push = false) {
   const value = $("metric-select").value;
   if (!value) return;
   const [metric, params] = JSON.parse(value);
   state.metric = metric;
-  writeHash();
+  writeHash(push);
   const fig = $("summary");
   fig.dataset.state = "loading";
   status(`loading ${metric}…`);
@@ -816,7 +894,7 @@ function openHead(layer, head) {
   state.head = head;
   $("layer-select").value = String(layer);
   $("head-select").value = String(head);
-  showTab("example");
+  showTab("example", true);
   drawExample();
 }
 
@@ -895,7 +973,7 @@ function renderHit(hit, context, found) {
       if (found.layer !== null) { state.layer = found.layer; state.head = found.head; }
       $("layer-select").value = String(state.layer);
       $("head-select").value = String(state.head);
-      showTab("example");
+      showTab("example", true);
       selectExample(hit.example);
     },
   });
@@ -908,24 +986,27 @@ function renderHit(hit, context, found) {
 
 function initViewer() {
   readHash();
-  for (const name of ["example", "heads", "search"]) $(`tab-${name}`).addEventListener("click", () => showTab(name));
-  $("run-select").addEventListener("change", (e) => selectRun(e.target.value).catch(showError));
+  const follow = () => followUrl().catch(showError);
+  window.addEventListener("popstate", follow);
+  window.addEventListener("hashchange", follow);
+  for (const name of ["example", "heads", "search"]) $(`tab-${name}`).addEventListener("click", () => showTab(name, true));
+  $("run-select").addEventListener("change", (e) => selectRun(e.target.value, false, true).catch(showError));
   $("layer-select").addEventListener("change", (e) => {
     state.layer = parseInt(e.target.value, 10);
     $("search-layer").value = e.target.value;
-    writeHash();
+    writeHash(true);
     drawExample();
   });
   $("head-select").addEventListener("change", (e) => {
     state.head = e.target.value === "all" ? "all" : parseInt(e.target.value, 10);
     if (state.head !== "all") $("search-head").value = e.target.value;
-    writeHash();
+    writeHash(true);
     drawExample();
   });
   $("min-weight").addEventListener("change", () => drawExample());
   $("compare-select").addEventListener("change", (e) => {
     state.compare = e.target.value || null;
-    writeHash();
+    writeHash(true);
     drawExample();
   });
   let filterTimer = null;
@@ -955,7 +1036,7 @@ function initViewer() {
     if (state.example !== null) selectExample(state.example).catch(showError);
   });
   setupTyped().catch(showError);
-  $("metric-select").addEventListener("change", () => drawSummary());
+  $("metric-select").addEventListener("change", () => drawSummary(false, true));
   $("search-form").addEventListener("submit", (e) => {
     e.preventDefault();
     searchPage.offset = 0;

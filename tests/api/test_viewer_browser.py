@@ -724,3 +724,118 @@ def test_without_the_ingest_extra_the_text_box_says_so(browser, tiny_store, monk
         assert browser.find_element("id", "typed-go").get_attribute("disabled") and browser.find_element("id", "typed-text").get_attribute(
             "disabled"
         )
+
+
+# ------------------------------------------------------------------ the URL on Back/Forward, the colour bar (issue 49)
+
+
+def shown_tab(driver) -> str:
+    return next(name for name in ("example", "heads", "search") if not driver.find_element("id", f"view-{name}").get_attribute("hidden"))
+
+
+def showing(driver, tab: str, key: str | None = None, what: str = ""):
+    """Wait until the viewer shows `tab` (and, on the Example tab, the head view of `key`)."""
+
+    def check(d):
+        if shown_tab(d) != tab:
+            return None
+        element = d.find_element("id", "headview")
+        return key is None or (element.get_attribute("data-state") == "ready" and element.get_attribute("data-key") == key)
+
+    wait_for(driver, check, what or f"the {tab} tab showing {key}")
+
+
+def selected_example(driver) -> list[str]:
+    return [li.get_attribute("data-example") for li in driver.find_elements("css selector", "#examples li.selected")]
+
+
+def test_back_forward_and_a_pasted_link_change_the_view(browser, hand_store):
+    """Each choice made in the page is a history entry; Back and Forward show the view their URL names, and a link
+    pasted in the address bar shows its view, without reloading the page."""
+    store, _ = hand_store
+    browser.get_log("browser")  # what earlier tests left in the log
+    with live_server(store) as base:
+        browser.get(base + "#run=hand&example=0&layer=0&head=0")
+        ready(browser, "headview", "hand|0|0|0")
+        browser.execute_script("window.notReloaded = true;")
+        pick(browser, "layer-select", "1")
+        ready(browser, "headview", "hand|0|1|0")
+        pick(browser, "head-select", "2")
+        ready(browser, "headview", "hand|0|1|2")
+        browser.find_element("css selector", '#examples li[data-example="1"]').click()
+        ready(browser, "headview", "hand|1|1|2")
+        browser.find_element("id", "tab-heads").click()
+        ready(browser, "summary", what="the per-head heatmap")
+        assert "tab=heads" in browser.current_url
+
+        browser.back()
+        showing(browser, "example", "hand|1|1|2", "Back: the Example tab again")
+        assert browser.current_url.endswith("#run=hand&example=1&layer=1&head=2&tab=example")
+        browser.back()
+        showing(browser, "example", "hand|0|1|2", "Back: the first example")
+        assert selected_example(browser) == ["0"] and texts(browser, "#headview-svg text.tok-left") == TOKENS[0]
+        browser.back()
+        showing(browser, "example", "hand|0|1|0", "Back: head 0")
+        assert browser.find_element("id", "head-select").get_attribute("value") == "0"
+        browser.back()
+        showing(browser, "example", "hand|0|0|0", "Back: layer 0")
+        assert browser.find_element("id", "layer-select").get_attribute("value") == "0"
+        assert len(browser.find_elements("css selector", "#headview-svg line.attn")) == 25  # uniform: every line
+        browser.forward()
+        showing(browser, "example", "hand|0|1|0", "Forward: layer 1")
+        assert browser.find_element("id", "layer-select").get_attribute("value") == "1"
+        browser.forward()
+        browser.forward()
+        showing(browser, "example", "hand|1|1|2", "Forward: the second example")
+        assert selected_example(browser) == ["1"]
+        browser.forward()
+        showing(browser, "heads", what="Forward: the Heads tab")
+        ready(browser, "summary", what="the per-head heatmap again")
+
+        # a link pasted (or edited) in the address bar: its view, at once
+        browser.get(base + "#run=hand&example=1&layer=0&head=1&tab=example")
+        showing(browser, "example", "hand|1|0|1", "the pasted link's view")
+        lines = browser.find_elements("css selector", "#headview-svg line.attn")
+        assert len(lines) == 6 and {line.get_attribute("data-j") for line in lines} == {"0"}  # L0-H1: to [CLS]
+        assert (
+            browser.find_element("id", "layer-select").get_attribute("value"),
+            browser.find_element("id", "head-select").get_attribute("value"),
+        ) == (
+            "0",
+            "1",
+        )
+        browser.back()  # the Heads tab, from before the link
+        showing(browser, "heads", what="Back from the pasted link")
+        assert browser.execute_script("return window.notReloaded === true;")  # all of it in one page load
+    severe = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    assert severe == [], severe
+
+
+def test_the_matrix_has_a_labelled_colour_bar(browser, hand_store, tmp_path):
+    """Beside the matrix: the viridis scale of the attention weights, 0 at the bottom to 1 at the top, ticked and
+    labelled, running beside the heatmap's cells."""
+    import io
+
+    from PIL import Image
+
+    store, _ = hand_store
+    with live_server(store) as base:
+        browser.get(base + "#run=hand&example=0&layer=1&head=2")
+        matrix = ready(browser, "matrix", "hand|0|1|2")
+        bar = browser.find_element("id", "matrix-colorbar")
+        assert texts(browser, "#matrix-colorbar text.tick") == ["0", "0.2", "0.4", "0.6", "0.8", "1"]
+        assert texts(browser, "#matrix-colorbar text.label") == ["attention weight"]
+        top, height = float(bar.get_attribute("data-top")), float(bar.get_attribute("data-height"))
+        assert top == float(matrix.get_attribute("data-margin")) and height >= 5 * float(matrix.get_attribute("data-cell"))
+        canvas, svg = browser.find_element("id", "matrix-canvas").rect, bar.rect
+        assert svg["x"] >= canvas["x"] + canvas["width"] and svg["y"] == canvas["y"]  # beside it, level with it
+        image = Image.open(io.BytesIO(bar.screenshot_as_png)).convert("RGB")
+        for y in (int(top) + 1, int(top + height / 2), int(top + height) - 2):  # the bar's colour at y: viridis there
+            want = browser.execute_script("return viridis(arguments[0]);", 1 - (y + 0.5 - top) / height)
+            assert all(abs(a - b) <= 4 for a, b in zip(image.getpixel((6, y)), want)), (y, image.getpixel((6, y)), want)
+        assert max(abs(a - b) for a, b in zip(image.getpixel((6, int(top) + 1)), YELLOW)) <= 6
+        assert max(abs(a - b) for a, b in zip(image.getpixel((6, int(top + height) - 2)), PURPLE)) <= 6
+        # the other heatmaps with the same scale carry it too: the model view's hovered head
+        ready(browser, "zoom", "hand|0|1|2", "the model view's large head")
+        assert texts(browser, "#zoom-colorbar text.tick")[-1] == "1"
+        browser.save_screenshot(str(screenshot_dir(tmp_path) / "viewer-colorbar-hand.png"))
