@@ -7,12 +7,15 @@ A label file is JSON Lines, one map per line, keyed independently of any store's
 
 `source_row` is the example's row in the original corpus (examples.source_index where the corpus
 numbers its rows, else the example's position). Importing writes pattern_labels rows with
-source "human" for every run of the store over that model, dataset and split.
+source "human" (or the source given) for every run of the store over that model, dataset and split.
 
-Who labelled is kept in the source: `human:NAME` holds NAME's labels (`labeller_source`), so several
-people can label the same map; `human` holds the project's first 480 labels. Every human label,
-imported or given in the web viewer's labelling page (`attnstore serve --allow-save`, /label), is
-written by `save_labels`. `next_map` picks the map a labeller should label next.
+Who labelled is kept in the source, whose kind says what labelled: `human:NAME` holds the labels of a
+person NAME (`labeller_source`; the web viewer's labelling page, `attnstore serve --allow-save`, /label,
+writes its labellers' that way), `human` a person's labels imported without a name, and `model:NAME`
+labels a model gave when shown the maps (the labels shipped in docs/results/pattern_labels/ are
+`model:llm-1` to `model:llm-4`: four runs of a language model, see the README there). Several
+labellers can label the same map. Every labeller's label, imported or given on the labelling page,
+is written by `save_labels`. `next_map` picks the map a labeller should label next.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
 KEY = ("model", "dataset", "split", "source_row", "layer", "head")
 FIELDS = (*KEY, "label", "labeller")
 HUMAN = "human"
+MODEL = "model"  # labels a model gave (a language model shown the rendered maps), not a person
+LABELLER_KINDS = (HUMAN, MODEL)
 LABELLER_MAX = 64 - len(HUMAN) - 1  # pattern_labels.source is 64 characters
 
 
@@ -48,12 +53,22 @@ def labeller_source(labeller: str) -> str:
 
 
 def labeller_of(source: str) -> str | None:
-    """NAME for a source "human:NAME", else None."""
-    return source.split(":", 1)[1] if source.startswith(HUMAN + ":") else None
+    """NAME for a source "human:NAME" or "model:NAME", else None."""
+    kind, _, name = source.partition(":")
+    return name if kind in LABELLER_KINDS and name else None
+
+
+def is_labeller_source(source: str, kinds=LABELLER_KINDS) -> bool:
+    """Whether `source` holds a labeller's labels of one of `kinds`: "human", "human:NAME" or "model:NAME"
+    (not a classifier's, such as "rules" or "cnn")."""
+    kind, colon, name = source.partition(":")
+    if kind not in kinds:
+        return False
+    return bool(name) if colon else kind == HUMAN
 
 
 def save_labels(store: Store, rows: pd.DataFrame, source: str = HUMAN) -> int:
-    """Write pattern labels (columns run, example, layer, head, label) given by people: each label must be one of
+    """Write pattern labels (columns run, example, layer, head, label) given by a labeller: each label must be one of
     CLASSES; then all rows or none (Store.save_pattern_labels checks every row first). Returns the rows written."""
     unknown = sorted(set(rows["label"]) - set(CLASSES))
     if unknown:
@@ -266,7 +281,8 @@ def export_labels(store: Store, source: str = "human", labeller: str | None = No
     """Stored labels of `source` as label-file records (one per map: a map stored by several runs of the same
     model, dataset and split is written once), sorted by model, dataset, split, source_row, layer, head.
 
-    `labeller` names who labelled (default: NAME for a source "human:NAME", "unknown" for "human", else the source)."""
+    `labeller` names who labelled (default: NAME for a source "human:NAME" or "model:NAME", "unknown" for "human",
+    else the source)."""
     frame = store.pattern_labels(run, source=source)
     if frame.empty:
         return []
@@ -290,13 +306,14 @@ def export_labels(store: Store, source: str = "human", labeller: str | None = No
 # ---------------------------------------------------------------- the next map to label
 
 
-def labellers(store: Store) -> pd.DataFrame:
-    """Every human label source with its labeller and count: columns source, labeller, n_labels."""
+def labellers(store: Store, kinds=(HUMAN,)) -> pd.DataFrame:
+    """Every label source of a labeller of `kinds` (default: people's, "human" and "human:NAME"; with MODEL too,
+    "model:NAME") with its labeller and count: columns source, labeller, n_labels."""
     frame = store.pattern_labels()
-    frame = frame[(frame["source"] == HUMAN) | frame["source"].str.startswith(HUMAN + ":")]
+    frame = frame[np.array([is_labeller_source(s, kinds) for s in frame["source"]], dtype=bool)]
     counts = frame.groupby("source").size()
     return pd.DataFrame(
-        dict(source=counts.index, labeller=[labeller_of(s) or "(first labeller)" for s in counts.index], n_labels=counts.to_numpy())
+        dict(source=counts.index, labeller=[labeller_of(s) or "(unnamed)" for s in counts.index], n_labels=counts.to_numpy())
     )
 
 

@@ -17,7 +17,7 @@ from ..queries.pattern_cnn import MAP_KEY  # a map, whatever the store and run (
 from ..queries.pattern_metrics import CLASSES, cohen_kappa, evaluate, share_intervals
 from ..queries.patterns import labelled_maps, labels_from_scores
 from ..store.errors import InvalidArgumentError, NotFoundError
-from .pattern_labels import COLOURS, labellers
+from .pattern_labels import COLOURS, LABELLER_KINDS, labellers
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -40,14 +40,15 @@ def labeller_scores(true: np.ndarray, predicted: np.ndarray) -> dict:
 
 
 def evaluate_labellers(store: Store, model_file: str | Path | None = None) -> dict:
-    """Every human label source (`human`, `human:NAME`) scored against the rules (module thresholds) and, with
-    `model_file`, the CNN, on the maps none of them was trained on: a map in the CNN's training part (the split
-    saved with its weights, matched by model, dataset, split, source row, layer and head) is left out for both.
+    """Every labeller's label source (people's `human`, `human:NAME`; a model's `model:NAME`) scored against the
+    rules (module thresholds) and, with `model_file`, the CNN, on the maps none of them was trained on: a map in the
+    CNN's training part (the split saved with its weights, matched by model, dataset, split, source row, layer and
+    head) is left out for both.
     Returns per_labeller (a row per source and classifier), agreement (a row per pair of sources: maps both
     labelled, share agreeing, Cohen's kappa) and the CNN file's training source."""
-    sources = labellers(store)
+    sources = labellers(store, kinds=LABELLER_KINDS)
     if sources.empty:
-        raise NotFoundError("no human pattern labels in this store; import some (`attnstore patterns import`) or label in the viewer")
+        raise NotFoundError("no labellers' pattern labels in this store; import some (`attnstore patterns import`) or label in the viewer")
     model = saved = None
     trained_on: set[tuple] = set()
     if model_file is not None:

@@ -49,7 +49,12 @@ def render(locations, runs, n, seed, out, rows, cols, gamma):
 
 @patterns.command("import", short_help="Load a JSON Lines label file into pattern_labels.")
 @click.argument("labels", type=click.Path(dir_okay=False))
-@click.option("--source", default="human", show_default=True, help="pattern_labels source to write.")
+@click.option(
+    "--source",
+    default="human",
+    show_default=True,
+    help="pattern_labels source to write: human, human:NAME (a person's labels), model:NAME (labels a model gave).",
+)
 @store_options
 @friendly_errors
 def import_(locations, labels, source):
@@ -64,7 +69,7 @@ def import_(locations, labels, source):
 
 
 @patterns.command("export", short_help="Write stored pattern labels as JSON Lines.")
-@click.option("--source", default="human", show_default=True, help="Which labels: human, rules, cnn, ...")
+@click.option("--source", default="human", show_default=True, help="Which labels: human, human:NAME, model:NAME, rules, cnn, ...")
 @click.option("--run", default=None, help="Only this run's labels.")
 @click.option("--labeller", default=None, help="Name written as labeller (the store keeps none; default unknown / the source).")
 @click.option("--output", default=None, type=click.Path(dir_okay=False), help="Write to a file instead of stdout.")
@@ -116,7 +121,7 @@ def calibrate(locations, source, test_fraction, seed):
     multiple=True,
     default=("human",),
     show_default=True,
-    help="Labels to train on: human, human:NAME (repeatable: several labellers' labels together).",
+    help="Labels to train on: human, human:NAME, model:NAME (repeatable: several labellers' labels together).",
 )
 @click.option("--test-fraction", default=0.25, show_default=True, type=float)
 @click.option("--seed", default=0, show_default=True, type=int, help="Seeds the split, the initialisation and the batches.")
@@ -237,8 +242,9 @@ def figure(locations, runs, source, max_examples, seed, out, report, stem):
 @store_options
 @friendly_errors
 def evaluate(locations, model_file, fmt, output):
-    """Score the rules (and the CNN) against every labeller's labels (sources human, human:NAME), leaving out the maps
-    the CNN was trained on; then the agreement between each pair of labellers on the maps both labelled (Cohen's kappa)."""
+    """Score the rules (and the CNN) against every labeller's labels (sources human, human:NAME, model:NAME), leaving out
+    the maps the CNN was trained on; then the agreement between each pair of labellers on the maps both labelled (Cohen's
+    kappa)."""
     from .pattern_report import evaluate_labellers
 
     result = evaluate_labellers(open_store(locations), model_file)

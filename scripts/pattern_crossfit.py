@@ -1,16 +1,16 @@
 """K1 (issue 26): does the pattern CNN hold on held-out maps of a labeller whose labels did not train it?
 
-Two labellers (PAIR, e.g. human:agent-3 and human:agent-4) labelled the same random maps independently. The
+Two labellers (PAIR, e.g. model:llm-3 and model:llm-4) labelled the same random maps independently. The
 maps are cut in two halves (stratified by the test labeller's labels, seeded). For each direction (train on one
 of the pair, test on the other) and each half: the CNN (as `attnstore patterns train-cnn` builds it: picture +
 map scalars, MEMBERS networks averaged) is trained on every label of the --source labellers (maps of the pair
 excluded) plus the training labeller's labels of the other half, and scored on the test labeller's labels of
-this half: maps no label of which was trained on, labelled by someone whose labels did not train it. Scores are
+this half: maps no label of which was trained on, labelled by a labeller whose labels did not train it. Scores are
 pooled over the two halves of each direction; the rules (module thresholds) and the other labeller are scored on
 the same maps for comparison.
 
-    .venv/bin/python scripts/pattern_crossfit.py --home STORE --source human --source human:agent-2 \\
-        --pair human:agent-3 human:agent-4 [--seed 0] [--members 5] [--output crossfit.json]
+    .venv/bin/python scripts/pattern_crossfit.py --home STORE --source model:llm-1 --source model:llm-2 \\
+        --pair model:llm-3 model:llm-4 [--seed 0] [--members 5] [--output crossfit.json]
 
 Deterministic for a seed (the networks are trained as train-cnn trains them). Needs the ingest extra (torch).
 """

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from attnstore.api.cli import main
+from attnstore.api.pattern_labels import LABELLER_KINDS, export_labels, is_labeller_source, labellers
 from attnstore.api.pattern_report import evaluate_labellers
 from attnstore.queries.pattern_metrics import CLASSES, _kappa, cohen_kappa, confusion_matrix, corrected_shares, share_intervals
 
@@ -92,6 +93,27 @@ def test_each_labeller_scored_and_their_agreement(two_labellers):
     first = ["vertical", "diagonal", "heterogeneous"] * 4
     second = ["vertical", "heterogeneous", "heterogeneous"] * 4
     assert agreement["kappa"] == pytest.approx(cohen_kappa(first, second))
+
+
+def test_a_models_labels_are_a_labeller_of_their_own_kind(two_labellers):
+    """Labels a model gave (source model:NAME, as the shipped labels of docs/results/pattern_labels/) are scored and
+    exported as NAME's, like a person's, but are not among the people who label in the viewer (`labellers`' default)."""
+    store, run = two_labellers
+    rows = store.pattern_labels(run, source="human")[["run", "example", "layer", "head", "label"]]
+    store.save_pattern_labels(rows[rows["example"] >= 4], source="model:llm-1")
+    store.save_pattern_labels(rows, source="cnn")  # a classifier's labels are no labeller's
+    assert list(labellers(store)["source"]) == ["human", "human:bob"]
+    every = labellers(store, kinds=LABELLER_KINDS)
+    assert list(zip(every["source"], every["labeller"], every["n_labels"])) == [
+        ("human", "(unnamed)", 24),
+        ("human:bob", "bob", 12),
+        ("model:llm-1", "llm-1", 12),
+    ]
+    table = evaluate_labellers(store)["per_labeller"].set_index(["source", "classifier"])
+    assert table.loc[("model:llm-1", "rules"), "labeller"] == "llm-1" and table.loc[("model:llm-1", "rules"), "n"] == 12
+    assert {r["labeller"] for r in export_labels(store, source="model:llm-1")} == {"llm-1"}
+    candidates = ("human", "human:a", "model:a", "model", "model:", "human:", "cnn", "rules", "modelx:a")
+    assert [s for s in candidates if is_labeller_source(s)] == ["human", "human:a", "model:a"]
 
 
 @pytest.mark.one_backend
