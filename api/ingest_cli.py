@@ -6,7 +6,12 @@ machinery's option values (formats, codecs, the default model), which load numpy
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
@@ -129,13 +134,23 @@ def ingest(locations, codec_name, text_a_column, text_b_column, label_column, qu
     elif options["fmt"] == "tsv":
         read_options = dict(text_a=text_a_column, label=label_column, quoting=quoting)
     require_extra("ingest")
-    store = open_store(locations, create=True)
-    settings = RunSettings(**options, codec=dict(CODECS[codec_name]), read_options=read_options)
+    created = new_store(locations)  # what this command creates, when its store does not exist yet
+    store = None
     try:
+        store = open_store(locations, create=True)
+        settings = RunSettings(**options, codec=dict(CODECS[codec_name]), read_options=read_options)
         result = run_ingest(store, settings, progress=progress, scheduler=scheduler)
-    except KeyboardInterrupt:
-        click.echo("interrupted: stored examples are kept; run the same command again to resume", err=True)
-        sys.exit(130)
+    except BaseException as exc:
+        removed = remove_if_unused(store, created)
+        if isinstance(exc, KeyboardInterrupt):
+            click.echo(
+                "interrupted before anything was stored"
+                if removed
+                else "interrupted: stored examples are kept; run the same command again to resume",
+                err=True,
+            )
+            sys.exit(130)
+        raise
     run = result.run
     if result.already_complete:
         click.echo(f"run {run.name!r} is already complete ({run.n_stored} examples); nothing to do")
@@ -146,3 +161,67 @@ def ingest(locations, codec_name, text_a_column, text_b_column, label_column, qu
         f"(the run: {run.n_stored} stored, {run.n_truncated} truncated, {run.n_skipped} skipped; max length {run.max_length}, "
         f"truncation={run.truncation})"
     )
+
+
+def _local(url_or_path: str) -> Path | None:
+    """The local file or folder a --db (SQLite) or --root names; None for a server or object storage."""
+    if url_or_path.startswith("sqlite:///"):
+        path = url_or_path[len("sqlite:///") :]
+        return None if path in ("", ":memory:") else Path(path).absolute()
+    if url_or_path.startswith("file://"):
+        return Path(url_or_path[len("file://") :]).absolute()
+    return None if "://" in url_or_path else Path(url_or_path).absolute()
+
+
+@dataclass(frozen=True)
+class NewStore:
+    """What a first ingest into a SQLite store that does not exist yet creates: the database file, the array root
+    (when it is local and missing too) and the folders above them that are missing (ATTNSTORE_HOME), deepest first."""
+
+    db: Path
+    root: Path | None
+    folders: tuple[Path, ...]
+
+
+def new_store(locations) -> NewStore | None:
+    """NewStore for a store that does not exist yet; None for one that exists, or a server database (which
+    `db upgrade` creates, never ingest): then nothing is ever removed."""
+    db = _local(locations.db_url) if locations.db_url.startswith("sqlite:///") else None
+    if db is None or db.exists():
+        return None
+    root = _local(locations.array_root)
+    root = root if root is not None and not root.exists() else None
+    folders: set[Path] = set()
+    for path in (db, root):
+        parent = path.parent if path is not None else None
+        while parent is not None and not parent.exists() and parent != parent.parent:
+            folders.add(parent)
+            parent = parent.parent
+    return NewStore(db, root, tuple(sorted(folders, key=lambda p: len(p.parts), reverse=True)))
+
+
+def remove_if_unused(store, created: NewStore | None) -> bool:
+    """After a failed ingest that created its store: remove what it created when no example was stored, so a failed
+    first ingest leaves no empty store behind. A store holding examples is kept (an interrupted ingest resumes
+    from it), and a store that existed before the command is never touched. Says what it removed, on stderr."""
+    if created is None:
+        return False
+    if store is not None:  # else opening (creating) it is what failed
+        try:
+            stored = int(store.sql("SELECT count(*) AS n FROM examples")["n"].iloc[0])
+        except Exception:
+            stored = -1  # not known: keep it
+        finally:
+            store.close()
+        if stored:
+            return False
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(f"{created.db}{suffix}")
+    if created.root is not None:
+        shutil.rmtree(created.root, ignore_errors=True)
+    for folder in created.folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty: nothing but what this command made
+    click.echo(f"nothing was stored: removed the new store this command created ({created.db})", err=True)
+    return True
