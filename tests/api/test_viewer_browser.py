@@ -6,8 +6,9 @@ per-head heatmap and the corpus search; a store ingested with the real model (ma
 the same way. Screenshots go to $ATTNSTORE_SCREENSHOTS when set (docs/img/ holds the real-model ones:
 `ATTNSTORE_SCREENSHOTS=docs/img pytest tests/api/test_viewer_browser.py -k real_ingest`), else to tmp_path.
 
-Skipped, with the reason, only where neither the browser nor its driver is installed and CI is not set;
-under CI=true a missing browser fails (`.ci/run` installs it).
+Skipped, with the reason, where the browser, its driver, Selenium or the serve extra is not installed, except where
+the browser is required: there (CI=true, or ATTNSTORE_REQUIRE_BROWSER=1, which `.ci/run` exports after installing
+Chromium) each of these tests fails instead, so a green CI run has run them all.
 """
 
 from __future__ import annotations
@@ -22,14 +23,32 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+REQUIRE_ENV = "ATTNSTORE_REQUIRE_BROWSER"
+
+
+def browser_required() -> bool:
+    """Whether a missing browser (or serve extra) fails these tests rather than skipping them: CI=true, or
+    ATTNSTORE_REQUIRE_BROWSER set to anything but 0 (`.ci/run` exports it)."""
+    return os.environ.get("CI", "").lower() == "true" or os.environ.get(REQUIRE_ENV, "") not in ("", "0")
+
+
+def missing(why: str) -> None:
+    """Skip for `why`, or fail where the browser tests are required."""
+    if browser_required():
+        pytest.fail(f"the browser tests are required here (CI=true or {REQUIRE_ENV}=1) but {why}", pytrace=False)
+    pytest.skip(why)
+
+
+try:
+    import fastapi  # noqa: F401
+except ImportError:
+    missing("the serve extra (fastapi, uvicorn) is not installed")
 
 from attnstore.api.serve import create_app  # noqa: E402
 from attnstore.queries import run_query  # noqa: E402
 
 WAIT_S = 20  # every wait for the page is bounded
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-IN_CI = os.environ.get("CI", "").lower() == "true"
 
 TOKENS = [["[CLS]", "the", "cat", "sat", "[SEP]"], ["[CLS]", "a", "dog", "bark", "##ed", "[SEP]"]]
 WORDS = [
@@ -62,10 +81,7 @@ def browser():
     except ImportError:
         paths = None
     if paths is None:
-        why = "headless Chromium is not installed (apt-get install chromium chromium-driver; pip install selenium)"
-        if IN_CI:
-            pytest.fail(f"CI=true but {why}")
-        pytest.skip(why)
+        missing("headless Chromium is not installed (apt-get install chromium chromium-driver; pip install selenium)")
     options = webdriver.ChromeOptions()
     options.binary_location = paths[0]
     for arg in (
@@ -839,3 +855,19 @@ def test_the_matrix_has_a_labelled_colour_bar(browser, hand_store, tmp_path):
         ready(browser, "zoom", "hand|0|1|2", "the model view's large head")
         assert texts(browser, "#zoom-colorbar text.tick")[-1] == "1"
         browser.save_screenshot(str(screenshot_dir(tmp_path) / "viewer-colorbar-hand.png"))
+
+
+def test_a_missing_browser_fails_where_the_browser_tests_are_required(monkeypatch):
+    """`.ci/run` exports ATTNSTORE_REQUIRE_BROWSER=1: there a missing browser fails the browser tests, where
+    elsewhere (a developer's machine without Chromium) they skip, saying why."""
+    ci_run = (Path(__file__).parents[2] / ".ci" / "run").read_text(encoding="utf-8")
+    assert f"export {REQUIRE_ENV}=1" in ci_run
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="not installed"):
+        missing("it is not installed")
+    for name, value in ((REQUIRE_ENV, "1"), ("CI", "true")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(pytest.fail.Exception, match="required here .* but it is not installed"):
+            missing("it is not installed")
+        monkeypatch.delenv(name)
