@@ -331,14 +331,15 @@ def sql(locations, query, max_rows, max_bytes, fmt):
 @click.option(
     "--repair",
     is_flag=True,
-    help="Remove the temporary (.partial) files killed writers left, under each run's write lease, instead of reporting them.",
+    help="Remove the temporary (.partial) files killed writers left (under each run's write lease) and kept summaries "
+    "found incomplete (the next query rebuilds them), instead of reporting them.",
 )
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @store_options
 @friendly_errors
 def check(locations, runs_, repair, fmt):
     """Verify stored runs: chunks present and checksums valid, block offsets, row sums, SQL counts,
-    array metadata (zarr.json) and leftovers of killed writers.
+    array metadata (zarr.json), kept summaries (every field holds the rows written) and leftovers of killed writers.
 
     Prints one line per run and one per problem found; exits 1 if anything is damaged.
     """
@@ -348,7 +349,11 @@ def check(locations, runs_, repair, fmt):
     emit(summary, fmt)
     repaired = problems.attrs.get("repaired") or []
     if repaired:
-        click.echo(f"removed {len(repaired)} leftover temporary file(s)", err=True)
+        click.echo(
+            f"removed {len(repaired)} leftover temporary file(s) or incomplete summaries: {', '.join(repaired[:5])}"
+            + (" ..." if len(repaired) > 5 else ""),
+            err=True,
+        )
     if not problems.empty:
         click.echo(f"\n{len(problems)} problem(s):", err=True)
         emit(problems, fmt)

@@ -605,7 +605,7 @@ def kept_ranges(store: Store, info: RunInfo, kind: SummaryKind, **params) -> Sum
     totals, labels = range_reduction(store, info, kind)
     assert totals is not None
     parts = ((len(p["example"]), totals(p)) for p in _saved_parts(saved, None))
-    store.save_run_summary_ranges(info.id, key, parts, stamp, labels)
+    store.save_run_summary_ranges(info.id, key, parts, stamp, labels, n_examples=saved.n)
     return _whole(store.run_summary_ranges(info.id, key, stamp), saved.n, kind)
 
 

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import zarr
@@ -272,6 +272,12 @@ def _create_index(store, path: str, dtype: str, chunk: int, dim: str):
     )
 
 
+# Written with the stamp, in the same metadata write: each field's rows when the summary was finished. A summary is read
+# back only where its arrays still hold those rows, so one that two builders overwrote at once, or that lost a field, is
+# rebuilt instead of read (a summary kept without this record, before it existed, is rebuilt once).
+SUMMARY_ROWS = "rows"
+
+
 def _open_summary(root: str, array_path: str, name: str, stamp: dict):
     """The zarr group of a run's saved summary `name` if its stamp matches, else None."""
     group = group_path_of(array_path)
@@ -284,11 +290,72 @@ def _open_summary(root: str, array_path: str, name: str, stamp: dict):
         return None
 
 
-def read_summary(root: str, array_path: str, name: str, stamp: dict) -> dict[str, np.ndarray] | None:
-    """A run's saved per-example summary `name` (layout 2: <run group>/summary/<name>/), whole, if its stamp matches."""
+def summary_damage(node, arrays_of_node: dict | None = None) -> str | None:
+    """What is wrong with a stamped summary group's arrays against the rows recorded when it was finished (None: they
+    match): a field missing or extra, or a field's rows not those recorded. `arrays_of_node`: its arrays, if read."""
+    recorded = node.attrs.get(SUMMARY_ROWS)
+    if not isinstance(recorded, dict):
+        return "it was kept without a record of its rows (by an older attnstore)"
+    try:
+        held = dict(node.arrays()) if arrays_of_node is None else arrays_of_node
+    except (FileNotFoundError, KeyError, ValueError, zarr.errors.NodeNotFoundError) as exc:
+        return f"its arrays cannot be opened ({type(exc).__name__})"
+    missing, extra = sorted(set(recorded) - set(held)), sorted(set(held) - set(recorded))
+    if missing:
+        return f"field(s) {missing} missing"
+    if extra:
+        return f"field(s) {extra} not recorded when it was finished"
+    short = [key for key, rows in recorded.items() if _rows(held[key].shape) != int(rows)]
+    if short:
+        key = short[0]
+        return f"field {key!r} holds {_rows(held[key].shape)} rows, {recorded[key]} were written"
+    return None
+
+
+def _rows(shape: tuple[int, ...]) -> int:
+    return int(shape[0]) if shape else 1
+
+
+def _complete_summary(root: str, array_path: str, name: str, stamp: dict) -> tuple[Any, dict] | None:
+    """(group, its arrays) of a run's saved summary `name` if its stamp matches and its arrays hold the rows recorded
+    with the stamp, else None."""
     node = _open_summary(root, array_path, name, stamp)
     if node is None:
         return None
+    try:
+        held = dict(node.arrays())
+    except (FileNotFoundError, KeyError, ValueError, zarr.errors.NodeNotFoundError):
+        return None
+    return None if summary_damage(node, held) is not None else (node, held)
+
+
+def stamped_summaries(root: str, array_path: str) -> list[tuple[str, Any]]:
+    """(name, group) of every summary kept beside a run that carries a stamp (finished), in name order."""
+    group = group_path_of(array_path)
+    if group is None:
+        return []
+    try:
+        folder = zarr.open_group(store=open_root(root, read_only=True), path=f"{group}/summary", mode="r")
+        return sorted((name, node) for name, node in folder.groups() if node.attrs.get("stamp") is not None)
+    except (FileNotFoundError, KeyError, ValueError, zarr.errors.NodeNotFoundError):
+        return []
+
+
+def remove_summary(root: str, array_path: str, name: str) -> str:
+    """Delete a run's kept summary `name` (its whole group); the store key of the group removed."""
+    group = group_path_of(array_path)
+    assert group is not None
+    key = f"{group}/summary/{name}"
+    sync(open_root(root, read_only=False).delete_dir(key))
+    return key
+
+
+def read_summary(root: str, array_path: str, name: str, stamp: dict) -> dict[str, np.ndarray] | None:
+    """A run's saved per-example summary `name` (layout 2: <run group>/summary/<name>/), whole, if its stamp matches."""
+    found = _complete_summary(root, array_path, name, stamp)
+    if found is None:
+        return None
+    node = found[0]
     store = node.store_path.store
 
     async def read_all():  # every array at once: a summary has a dozen small ones, each a few reads
@@ -319,8 +386,8 @@ class SummaryParts:
     direct read does not take (a remote root, a chunk not written because it held only zeros, damage) is read through
     zarr, which fills or names it."""
 
-    def __init__(self, node) -> None:
-        self.arrays = dict(node.arrays())
+    def __init__(self, node, held: dict | None = None) -> None:
+        self.arrays = dict(node.arrays()) if held is None else held
         self.n = int(self.arrays["example"].shape[0])
         self._direct = {key: _direct_reader(array) for key, array in self.arrays.items()}
 
@@ -416,8 +483,8 @@ def _direct_reader(array):
 
 def summary_parts(root: str, array_path: str, name: str, stamp: dict) -> SummaryParts | None:
     """A run's saved summary `name` for reading in parts, if its stamp matches."""
-    node = _open_summary(root, array_path, name, stamp)
-    return None if node is None else SummaryParts(node)
+    found = _complete_summary(root, array_path, name, stamp)
+    return None if found is None else SummaryParts(*found)
 
 
 # A kept summary's range reductions: `summary/<name>/ranges/`, one row per range of examples (the parts the summary was
@@ -623,6 +690,7 @@ class SummaryWriter:
         self.arrays: dict[str, zarr.Array] = {}
         self.encoders: dict[str, sharded.ShardEncoder | None] = {}  # per sharded field: its shards' encoder
         self.ragged_rows: dict[str, int] = {}  # per `<field>_start`: the ragged field's rows saved so far
+        self.rows: dict[str, int] = {}  # per field: its rows saved so far (recorded with the stamp)
         # totals: the kind's range reduction; each appended part (a range of examples) is then also kept reduced
         self.totals = totals
         self.ranges = SummaryRangesWriter(root, array_path, name, labels) if totals is not None else None
@@ -641,6 +709,7 @@ class SummaryWriter:
                     array = array[1:] + self.ragged_rows[key]
                 self.ragged_rows[key] = int(array[-1])
             parts[key] = array
+            self.rows[key] = self.rows.get(key, 0) + _rows(array.shape)
         whole = len(values["example"]) < SUMMARY_CHUNK_ROWS
 
         async def write(key: str, array: np.ndarray) -> None:
@@ -676,7 +745,7 @@ class SummaryWriter:
     def finish(self, stamp: dict) -> None:
         if self.ranges is not None:
             self.ranges.finish(stamp)  # before the summary's own: a stamped summary's ranges are complete
-        self.node.attrs["stamp"] = stamp
+        self.node.attrs.update({"stamp": stamp, SUMMARY_ROWS: dict(self.rows)})  # one metadata write: stamped means recorded
 
 
 async def _write_shards(target, encoder: sharded.ShardEncoder, at: int, rows: np.ndarray) -> None:

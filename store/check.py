@@ -183,6 +183,31 @@ def _leftovers(store, report: RunReport, info, state: str, repair: bool) -> None
         report.add(f"leftover temporary file {key} ({size} bytes) of a writer that was killed; {LEFTOVER}", chunk=key)
 
 
+def _summaries(store, report: RunReport, info, repair: bool) -> None:
+    """Kept summaries whose arrays no longer hold the rows recorded when they were finished (a field missing, a field
+    cut short): never read (queries rebuild them); reported, or with `repair` removed under the summary's build lease
+    (one being rebuilt now is left to its builder)."""
+    from .writer import summary_lease_name
+
+    root = store.locations.array_root
+    for name, node in arrays.stamped_summaries(root, info.array_path):
+        damage = arrays.summary_damage(node)
+        if damage is None:
+            continue
+        if repair:
+            try:
+                with store.writer.lease(summary_lease_name(info.id, name), f"repairing summary {name!r} of run {info.name!r}"):
+                    report.repaired.append(arrays.remove_summary(root, info.array_path, name))
+                continue
+            except BusyError:
+                pass
+        report.add(
+            f"kept summary {name!r} is incomplete: {damage}; it is not read (the next query rebuilds it); "
+            "`attnstore check --repair` removes it",
+            chunk=f"{arrays.run_node_path(info.array_path)}/summary/{name}",
+        )
+
+
 def check_run(store, run, repair: bool = False) -> RunReport:
     """Checks the run's committed blocks a step at a time, in storage order (memory is one step's rows and
     arrays, not the run's: `StoreWriter.block_steps`). `repair`: remove temporary files killed writers left."""
@@ -191,6 +216,7 @@ def check_run(store, run, repair: bool = False) -> RunReport:
     with store.pinned(info.id):
         report = RunReport(run=info.name, state=state, checksums=(info.codec or {}).get("checksum") == "crc32c")
         _leftovers(store, report, info, state, repair)
+        _summaries(store, report, info, repair)
         with store.engine.connect() as conn:
             skipped = sa.select(sa.func.count()).select_from(Sequence).where(store._visible(info), Sequence.skipped)
             n_skipped = int(conn.scalar(skipped) or 0)

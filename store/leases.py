@@ -171,6 +171,17 @@ class WriteLease(LeaseCheck):
 def acquire(engine: sa.Engine, resource: str, what: str, *, wait: bool = False, on_wait=None, poll_seconds: float = 0.5) -> WriteLease:
     """Take the lease on `resource` or raise BusyError naming its live holder (with `wait`, poll until free)."""
     token = uuid.uuid4().hex
+    # Known as ours before its row exists: another thread of this process that reads the row before `acquire` returns
+    # must see a live holder, not a row of this pid it takes for a dead earlier process's.
+    _HELD.add(token)
+    try:
+        return _acquire(engine, resource, what, token, wait, on_wait, poll_seconds)
+    except BaseException:
+        _HELD.discard(token)
+        raise
+
+
+def _acquire(engine: sa.Engine, resource: str, what: str, token: str, wait: bool, on_wait, poll_seconds: float) -> WriteLease:
     told = False
     while True:
         now = utcnow()
@@ -204,5 +215,4 @@ def acquire(engine: sa.Engine, resource: str, what: str, *, wait: bool = False, 
             on_wait(f"waiting: {what} is being written by {holder.describe()}")
             told = True
         time.sleep(poll_seconds)
-    _HELD.add(token)
     return WriteLease(engine, resource, what, token)

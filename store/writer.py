@@ -473,6 +473,11 @@ def run_lease_name(run_name: str) -> str:
     return f"run:{run_name}"
 
 
+def summary_lease_name(run_id: int, name: str) -> str:
+    """The lease of building run `run_id`'s kept summary `name` (the run's id: a name may be 255 characters)."""
+    return f"summary:{run_id}:{name}"
+
+
 TOKEN_FIELDS = ("token", "token_id", "word_position", "segment", "is_special", "char_start", "char_end")
 token_values = itemgetter(*TOKEN_FIELDS)  # a token dict's TOKEN_FIELDS, in C: ingest builds ~50 rows per example
 
