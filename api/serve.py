@@ -191,6 +191,11 @@ def serve(
             err=True,
         )
     shown = f"[{host}]" if ":" in host else host
+    try:  # before anything starts: a port in use is one line, not a second server beside the first (protocol.claim_port)
+        port = protocol.claim_port(host, port)
+    except OSError as exc:
+        store.close()
+        raise click.ClickException(f"cannot listen on {shown}:{port}: {_why(exc)}; pick another --port") from None
     click.echo(
         f"attnstore serve: {store.locations.describe()} ({'writable: --allow-save' if allow_save else 'read-only'}) "
         f"at http://{shown}:{port}/ (API reference: /docs), {workers} worker process{'es' if workers > 1 else ''} "
@@ -219,4 +224,12 @@ def serve(
             access_log=access_log,
         )
     except OSError as exc:
-        raise click.ClickException(f"cannot listen on {shown}:{port}: {exc.strerror or exc}; pick another --port") from None
+        raise click.ClickException(f"cannot listen on {shown}:{port}: {_why(exc)}; pick another --port") from None
+
+
+def _why(exc: OSError) -> str:
+    import errno
+
+    if exc.errno == errno.EADDRINUSE:
+        return "the port is in use (another server, perhaps another `attnstore serve`, listens there)"
+    return exc.strerror or str(exc)

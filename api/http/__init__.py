@@ -85,7 +85,7 @@ def create_app(
 
     from ...store import Store
     from .lane import FastLane
-    from .middleware import AllowedHosts, RunSegment
+    from .middleware import AllowedHosts, RequestGuard, RunSegment
     from .responses import add_error_handlers, answers, without_validation_answers
     from .routes import labels, maps, metrics, queries, runs, scratch, search, sql, web
 
@@ -125,6 +125,8 @@ def create_app(
     if settings.fast_lane:  # inside RunSegment and AllowedHosts (lane.py)
         lanes = [lane for resource in (runs, maps, metrics, queries, search) for lane in resource.lanes(settings)]
         app.add_middleware(FastLane, lanes=lanes)
+    # inside RunSegment (a run's segment as the routes match it) and the Host check
+    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes, routes=app.router.routes)
     app.add_middleware(RunSegment)
     app.add_middleware(AllowedHosts, allowed_hosts=list(settings.allowed_hosts), www_redirect=False)  # outermost: first
     without_validation_answers(app)

@@ -31,17 +31,32 @@ class NoDelayProtocol(_Protocol):
         super().connection_made(transport)
 
 
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def claim_port(host: str, port: int) -> int:
+    """The port `serve` will listen on: `port`, or a free one for 0; OSError (EADDRINUSE) where any socket listens on
+    it already. Probed with a socket without SO_REUSEPORT, which the kernel refuses beside any listener (SO_REUSEADDR
+    only lets it past connections in TIME_WAIT): the workers' own sockets take SO_REUSEPORT, with which a second
+    server of the same user would join the first one's port and take half its connections."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+        return int(probe.getsockname()[1])
+
+
 def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
     """`count` sockets bound to (host, port) with SO_REUSEPORT, one per worker process: the kernel then spreads new
     connections over them by a hash of each connection's addresses. On one shared socket the first worker awake
     accepts a whole burst of connections (asyncio accepts up to the backlog per wake-up), so 20 connections opened at
     once often all went to one of two workers and the other idled (benchmarks/load.py: /api/health at 5,000
-    requests/s in such runs, 9,500 in the others)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    requests/s in such runs, 9,500 in the others). A port another process listens on is refused (`claim_port`)."""
+    port = claim_port(host, port)
     sockets = []
     try:
         for _ in range(count):
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock = socket.socket(_family(host), socket.SOCK_STREAM)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)

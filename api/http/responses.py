@@ -33,6 +33,17 @@ def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+# A request that fails validation is answered with its first few problems, each quoting at most SHOWN_CHARS of the
+# value it got: the answer stays a line however large the request (a 30 MB body was once quoted once per field).
+MAX_PROBLEMS = 5
+SHOWN_CHARS = 60
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, dict | list) else f"a {type(value).__name__} of {len(value)} entries"
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+
+
 def add_error_handlers(app: FastAPI) -> None:
     """Every error answered as `{"error": "one line"}`: attnstore's errors with their status (`status_for`), a request
     that fails validation 400, Starlette's own (an unknown endpoint, a method not allowed), and anything unexpected
@@ -51,12 +62,15 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     def validation_error(request: Request, exc: RequestValidationError):
         problems = []
-        for e in exc.errors():
+        errors = exc.errors()
+        for e in errors[:MAX_PROBLEMS]:
             loc = list(e.get("loc", ()))
             where = ".".join(str(x) for x in (loc[1:] if loc and loc[0] in ("query", "path", "body", "header") else loc))
             problems.append(
-                f"{where or 'request'}: {e.get('msg', 'invalid')}" + (f" (got {e['input']!r})" if "input" in e and where else "")
+                f"{where[:80] or 'request'}: {e.get('msg', 'invalid')}" + (f" (got {_shown(e['input'])})" if "input" in e and where else "")
             )
+        if len(errors) > MAX_PROBLEMS:
+            problems.append(f"and {len(errors) - MAX_PROBLEMS} more")
         return error(400, "; ".join(problems) or "invalid request")
 
     @app.exception_handler(StarletteHTTPException)

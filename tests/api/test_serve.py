@@ -249,19 +249,22 @@ def test_queries_are_listed_and_run(served, client):
     assert "no run" in error_of(client.get("/api/runs/nope/queries/entropy"), 404)
 
 
+JSON = {"Content-Type": "application/json"}  # what a state-changing request must send (api/http/middleware.py RequestGuard)
+
+
 def test_saving_needs_allow_save_and_a_writable_store(served, tmp_path):
     store, _ = served
     read_only = create_app(store.locations, allowed_hosts=TEST_HOST)  # opened at startup, read-only by default
     with TestClient(read_only, raise_server_exceptions=False) as c:
-        assert "--allow-save" in error_of(c.post(f"/api/runs/{RUN}/queries/entropy/save"), 403)
+        assert "--allow-save" in error_of(c.post(f"/api/runs/{RUN}/queries/entropy/save", headers=JSON), 403)
         assert c.get("/api/info").json()["read_only"] is True
     assert store.head_metrics(RUN).empty
     with TestClient(
         create_app(store.locations, ServeSettings(allow_save=True), allowed_hosts=TEST_HOST), raise_server_exceptions=False
     ) as c:
-        saved = c.post(f"/api/runs/{RUN}/queries/relative_position/save", params={"average": "token"}).json()
+        saved = c.post(f"/api/runs/{RUN}/queries/relative_position/save", params={"average": "token"}, headers=JSON).json()
         assert saved == {"query": "relative_position", "run": RUN, "saved": 18, "metric_prefix": "relative_position."}
-        assert "not per head" in error_of(c.post(f"/api/runs/{RUN}/queries/word_maps/save"), 400)
+        assert "not per head" in error_of(c.post(f"/api/runs/{RUN}/queries/word_maps/save", headers=JSON), 400)
     values = store.head_metrics(RUN, metric="relative_position.to_next")
     assert len(values) == 6 and json.loads(values["params"].iloc[0]) == {"average": "token"}
     expected = run_query(store, "relative_position", run=RUN, average="token")["to_next"]

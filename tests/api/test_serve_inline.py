@@ -65,6 +65,8 @@ def test_a_kept_answer_is_given_on_the_event_loop(one_run, counted):
             assert first.status_code == 200, first.text
             if url.endswith("/examples") or "queries" in url:  # nothing kept yet: SQL, or the query computed
                 assert len(counted) == before + 1, f"{url} {params}: the first answer is read on the thread pool"
+            if "queries" in url:  # its first pass built the run's summary under a lease (SQL): what was kept is read again
+                c.get(url, params=params)
             hops = len(counted)
             again = c.get(url, params=params)
             assert again.status_code == 200 and again.content == first.content

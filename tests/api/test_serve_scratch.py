@@ -59,7 +59,7 @@ def test_a_typed_sentence_answers_the_maps_its_ingest_stores(typed_store, tiny_b
         about = client.get("/api/info").json()["scratch"]
         assert about == {"available": True, "max_tokens": 128, "max_chars": 2000}
         started = time.perf_counter()
-        body = client.post("/api/runs/tiny/scratch", json={"text": SENTENCES[0]}).json()
+        body = client.post("/api/runs/tiny/scratch", json={"text": SENTENCES[0], "maps": "json"}).json()
         first = time.perf_counter() - started  # loads the run's model
         stored = store.attention("tiny", 0)
         assert body["shape"] == list(stored.shape) and body["dtype"] == "float16" and body["n_layers"] == 2 and body["n_heads"] == 4
@@ -69,13 +69,18 @@ def test_a_typed_sentence_answers_the_maps_its_ingest_stores(typed_store, tiny_b
         assert [t["is_special"] for t in body["tokens"]] == tokens["is_special"].astype(bool).tolist()
         assert body["weights_match"] is True and body["saved"] is None and body["truncated"] is False
         started = time.perf_counter()
-        compact = client.post("/api/runs/tiny/scratch", json={"text": SENTENCES[0], "maps": "npy"}).json()
+        compact = client.post("/api/runs/tiny/scratch", json={"text": SENTENCES[0]}).json()  # npy: the default
         again = time.perf_counter() - started  # the model is kept
         assert "attention" not in compact
         np.testing.assert_array_equal(npy(base64.b64decode(compact["attention_npy"])), stored)
+        one = client.post("/api/runs/tiny/scratch", json={"text": SENTENCES[0], "layer": 1, "head": 2, "maps": "json"}).json()
+        assert one["shape"] == [1, 1, *stored.shape[2:]] and one["layers"] == [1] and one["heads"] == [2]
+        np.testing.assert_array_equal(np.array(one["attention"]), stored[1:2, 2:3].astype(np.float64))
+        layer = client.post("/api/runs/tiny/scratch", json={"text": SENTENCES[0], "layer": 0}).json()
+        np.testing.assert_array_equal(npy(base64.b64decode(layer["attention_npy"])), stored[:1])
         print(f"typed sentence round trip: first {first * 1000:.0f} ms (model load), then {again * 1000:.1f} ms")
         assert again < first
-        pair = client.post("/api/runs/tiny/scratch", json={"text": PAIR[0], "text_b": PAIR[1], "digits": 3}).json()
+        pair = client.post("/api/runs/tiny/scratch", json={"text": PAIR[0], "text_b": PAIR[1], "digits": 3, "maps": "json"}).json()
         want = attention_for_text(tiny_bert, *PAIR)
         np.testing.assert_allclose(np.array(pair["attention"]), np.round(want.attention.astype(np.float64), 3))
         assert {t["segment"] for t in pair["tokens"]} == {0, 1} and pair["text_b"] == PAIR[1]
@@ -101,6 +106,12 @@ def test_caps_and_bad_input_answer_in_one_line(typed_store):
         assert "text" in error_of(client.post("/api/runs/tiny/scratch", json={}), 400)
         assert "no run 'nope'" in error_of(client.post("/api/runs/nope/scratch", json={"text": "abc"}), 404)
         assert "--allow-save" in error_of(client.post("/api/runs/tiny/scratch", json={"text": "abc", "save": True}), 403)
+        assert "layers 0..1" in error_of(client.post("/api/runs/tiny/scratch", json={"text": "abc", "layer": 2}), 400)
+        assert "heads 0..3" in error_of(client.post("/api/runs/tiny/scratch", json={"text": "abc", "head": 4}), 400)
+    with client_for(typed_store, max_json_cells=30) as client:  # every map of "abc" as JSON: 2 x 4 x 5 x 5 cells
+        message = error_of(client.post("/api/runs/tiny/scratch", json={"text": "abc", "maps": "json"}), 413)
+        assert "200 cells, over this server's 30 as JSON" in message and "`layer`" in message
+        assert client.post("/api/runs/tiny/scratch", json={"text": "abc", "maps": "json", "layer": 0, "head": 0}).status_code == 200
     with client_for(typed_store, scratch=False) as client:
         assert client.get("/api/info").json()["scratch"]["available"] is False
         assert "--no-scratch" in error_of(client.post("/api/runs/tiny/scratch", json={"text": "abc"}), 501)
@@ -127,7 +138,7 @@ def test_a_typed_sentence_saved_is_a_run_of_its_own(typed_store):
         body = client.post("/api/runs/tiny/scratch", json={"text": SENTENCES[1], "text_b": "and back.", "save": True}).json()
         saved = body["saved"]
         assert saved["run"].startswith("scratch/tiny/") and saved["n_stored"] == 1
-        np.testing.assert_array_equal(store.attention(saved["run"], 0).astype(np.float64), np.array(body["attention"]))
+        np.testing.assert_array_equal(store.attention(saved["run"], 0), npy(base64.b64decode(body["attention_npy"])))
         info = store.run_info(saved["run"])
         assert (info.dataset, info.tokenization, info.dtype, info.status) == ("scratch", "text", "float16", "complete")
         again = client.post("/api/runs/tiny/scratch", json={"text": SENTENCES[1], "text_b": "and back.", "save": True}).json()

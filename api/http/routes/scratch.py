@@ -1,6 +1,7 @@
-"""Type a sentence and look (issue 29): POST /api/runs/RUN/scratch runs the run's model on a typed sentence (or pair)
-and answers its tokens and every map at once, exactly as an ingest would store them (ingest/scratch.py), without
-keeping them; `"save": true` keeps the sentence as a run of its own, on a server started with --allow-save.
+"""Type a sentence and look: POST /api/runs/RUN/scratch runs the run's model on a typed sentence (or pair) and answers
+its tokens and its maps (every map, or one layer's or head's) as an ingest would store them (ingest/scratch.py), as
+`.npy` of the stored dtype by default (JSON is bounded by the cells it may hold), without keeping them; `"save": true`
+keeps the sentence as a run of its own, on a server started with --allow-save.
 
 The run's model is loaded on the first request and kept for the server's life (`cached_model`). Without the ingest
 extra (torch, transformers) the endpoint answers 501 in one line; a text over `max_scratch_chars` characters or
@@ -16,7 +17,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from ....store.errors import ReadOnlyStoreError, TooLargeError
+from ....store.errors import InvalidArgumentError, ReadOnlyStoreError, TooLargeError
 from ..encoding import json_value
 from ..responses import answers, ok
 from ..settings import NotAvailableError, ServeSettings, log
@@ -30,11 +31,14 @@ class TypedText(BaseModel):
     text: str = Field(description="The sentence (segment A). Tabs and line breaks are read as spaces.", max_length=100_000)
     text_b: str | None = Field(None, description="The pair's second sentence (segment B), if any.", max_length=100_000)
     maps: str = Field(
-        "json",
+        "npy",
         pattern="^(json|npy)$",
-        description="How the maps are answered: json (nested lists in `attention`) or npy (numpy's .npy file of the "
-        "stored dtype, base64-encoded, in `attention_npy`: compact, what the viewer asks for).",
+        description="How the maps are answered: npy (the default: numpy's .npy file of the stored dtype, float16 for "
+        "the default model, base64-encoded, in `attention_npy`; what the viewer asks for) or json (nested lists in "
+        "`attention`, at most the server's max_json_cells cells: ask for one `layer` and/or `head`).",
     )
+    layer: int | None = Field(None, ge=0, description="Answer only this layer's maps (0-based; default: every layer).")
+    head: int | None = Field(None, ge=0, description="Answer only this head's maps in each layer answered (0-based).")
     digits: int | None = Field(None, ge=1, le=8, description="json only: round to this many decimals.")
     save: bool = Field(False, description="Also keep the sentence as a run of its own (scratch/RUN/DIGEST); --allow-save only.")
 
@@ -58,6 +62,25 @@ def npy_base64(maps: np.ndarray) -> str:
     buffer = io.BytesIO()
     np.save(buffer, maps, allow_pickle=False)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _selected(attention: np.ndarray, body: TypedText, max_json_cells: int) -> np.ndarray:
+    """The maps asked for, (layer, head, query, key) with the layer and head axes kept; 400 for a layer or head the
+    model lacks, 413 for JSON of more than `max_json_cells` cells (JSON costs ~20 bytes a cell to write and send:
+    every map of a 122-token sentence was 22 MB and 2.5 s of one worker's time)."""
+    n_layers, n_heads = attention.shape[:2]
+    if body.layer is not None and body.layer >= n_layers:
+        raise InvalidArgumentError(f"layer {body.layer}: the model has layers 0..{n_layers - 1}")
+    if body.head is not None and body.head >= n_heads:
+        raise InvalidArgumentError(f"head {body.head}: the model has heads 0..{n_heads - 1}")
+    maps = attention if body.layer is None else attention[body.layer : body.layer + 1]
+    maps = maps if body.head is None else maps[:, body.head : body.head + 1]
+    if body.maps == "json" and maps.size > max_json_cells:
+        raise TooLargeError(
+            f"the maps asked for are {maps.size:,} cells, over this server's {max_json_cells:,} as JSON: ask for one "
+            '`layer` (and `head`), or `"maps": "npy"` (2 bytes a cell)'
+        )
+    return maps
 
 
 def run_typed(srv: Server, run: str, body: TypedText) -> dict:
@@ -88,6 +111,7 @@ def run_typed(srv: Server, run: str, body: TypedText) -> dict:
             f"{'' if limit == srv.settings.max_scratch_tokens else ', and the run stores at most ' + str(info.max_length)}); "
             "shorten the text"
         ) from None
+    maps = _selected(typed.attention, body, srv.settings.max_json_cells)
     answer = {
         "run": info.name,
         "run_id": info.id,
@@ -97,8 +121,10 @@ def run_typed(srv: Server, run: str, body: TypedText) -> dict:
         "n_layers": int(typed.attention.shape[0]),
         "n_heads": int(typed.attention.shape[1]),
         "length": len(typed.tokens),
-        "shape": list(typed.attention.shape),
-        "dtype": str(typed.attention.dtype),
+        "shape": list(maps.shape),
+        "layers": list(range(typed.attention.shape[0])) if body.layer is None else [body.layer],
+        "heads": list(range(typed.attention.shape[1])) if body.head is None else [body.head],
+        "dtype": str(maps.dtype),
         "truncated": typed.truncated,
         "full_length": typed.full_length,
         "max_tokens": limit,
@@ -110,9 +136,9 @@ def run_typed(srv: Server, run: str, body: TypedText) -> dict:
         "saved": None,
     }
     if body.maps == "npy":
-        answer["attention_npy"] = npy_base64(typed.attention)
+        answer["attention_npy"] = npy_base64(maps)
     else:
-        values = typed.attention.astype(np.float64)
+        values = maps.astype(np.float64)
         answer["attention"] = (np.round(values, body.digits) if body.digits is not None else values).tolist()
     if body.save:
         saved = save_scratch(srv.store, info.name, body.text, body.text_b)
