@@ -21,10 +21,15 @@ PostgreSQL
 Both
     Before it runs, the statement must pass the allow-list of store/sql_policy.py: one query over
     the store's own tables and views calling only ordinary functions (so no system catalog such
-    as pg_authid, no pg_terminate_backend, whatever role the URL has). Rows are read a batch at a
-    time (a server-side cursor on PostgreSQL) and counted in bytes: past `max_bytes` the call
-    raises TooLargeError carrying the rows read so far; a value over `max_value_bytes` is
-    refused (on SQLite before it is built, through SQLITE_LIMIT_LENGTH).
+    as pg_authid, no pg_terminate_backend, whatever role the URL has). Rows are read one at a
+    time and counted in bytes: past `max_bytes` the call raises TooLargeError carrying the rows
+    read so far; a value over `max_value_bytes` is refused (TooLargeError naming the limit) before
+    it reaches this process. On SQLite it is never built (SQLITE_LIMIT_LENGTH; ``printf``/``format``,
+    which SQLite turns into a silent NULL past that limit, are replaced by a version that raises).
+    On PostgreSQL the query runs wrapped (`bounded_query`) so that the server itself checks each
+    value's size (and each row's against `max_bytes`) and fails before sending it; its rows are
+    streamed in chunks of as many rows as fit in `max_bytes` at their largest (`stream_rows`), so
+    this process holds at most about `max_bytes` beyond the rows it keeps.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -44,6 +49,8 @@ from sqlalchemy.pool import NullPool
 from .errors import InvalidArgumentError, TooLargeError
 from .sql_policy import (
     ALLOWED_FUNCTIONS,
+    PG_ONE_ARGUMENT_FUNCTIONS_SQL,
+    PG_STORE_COLUMNS_SQL,
     PG_STORE_RELATIONS_SQL,
     check_pg_statement,
     function_not_allowed,
@@ -56,7 +63,6 @@ ENV_TIMEOUT = "ATTNSTORE_SQL_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
 READ_ROLE = "pg_read_all_data"
 DEFAULT_MAX_VALUE_BYTES = 16 * 2**20
-FETCH_ROWS = 256  # rows per fetch from the database, so a result's bytes are counted as they arrive
 
 Result = tuple[list[str] | None, list[tuple]]
 
@@ -121,37 +127,57 @@ class _Budget:
         self.max_bytes = max_bytes
         self.max_value_bytes = max_value_bytes
 
-    def take(self, columns: list[str], fetchmany: Any) -> list[tuple]:
-        rows: list[tuple] = []
+    def take(self, columns: list[str], rows: Iterable[Any]) -> list[tuple]:
+        """Read `rows` one at a time until `max_rows`; raise TooLargeError past a bound (the rows so far in `partial`
+        when the whole result is too large). A `_ServerBound` raised by `rows` is the server's refusal of its next row."""
+        taken: list[tuple] = []
         total = 0
-        while self.max_rows is None or len(rows) < self.max_rows:
-            want = FETCH_ROWS if self.max_rows is None else min(FETCH_ROWS, self.max_rows - len(rows))
-            batch = fetchmany(want)
-            if not batch:
-                break
-            for row in batch:
+        if self.max_rows is not None and self.max_rows <= 0:
+            return taken
+        try:
+            for row in rows:
                 row = tuple(row)
                 sizes = [value_bytes(v) for v in row]
                 for column, size in zip(columns, sizes):
                     if size > self.max_value_bytes:
-                        raise self.value_too_large(column)
+                        raise self.value_too_large(column, size)
                 total += sum(sizes)
                 if self.max_bytes is not None and total > self.max_bytes:
-                    exc = TooLargeError(
-                        f"SQL error: the result passed {self.max_bytes:,} bytes after {len(rows):,} rows "
-                        "(the limit of one result; select fewer rows or columns)"
-                    )
-                    exc.partial = (columns, rows)  # type: ignore[attr-defined]
-                    raise exc
-                rows.append(row)
-        return rows
+                    raise self.result_too_large(columns, taken)
+                taken.append(row)
+                if self.max_rows is not None and len(taken) >= self.max_rows:
+                    break
+        except _ServerBound as bound:
+            if bound.column is None:
+                raise self.result_too_large(columns, taken) from None
+            raise self.value_too_large(columns[bound.column], bound.size) from None
+        return taken
 
-    def value_too_large(self, column: str | None = None) -> TooLargeError:
-        where = f" in column {column!r}" if column else ""
-        return TooLargeError(
-            f"SQL error: a value{where} is over {self.max_value_bytes:,} bytes "
-            "(the limit of one value; select a part of it, e.g. substr(...))"
+    def result_too_large(self, columns: list[str], rows: list[tuple]) -> TooLargeError:
+        exc = TooLargeError(
+            f"SQL error: the result passed {self.max_bytes:,} bytes after {len(rows):,} rows "
+            "(the limit of one result; select fewer rows or columns)"
         )
+        exc.partial = (columns, rows)  # type: ignore[attr-defined]
+        return exc
+
+    def value_too_large(self, column: str | None = None, size: int | None = None, what: str = "a value") -> TooLargeError:
+        where = f" in column {column!r}" if column else ""
+        found = f"{size:,} bytes; " if size else ""
+        return TooLargeError(
+            f"SQL error: {what}{where} is over {self.max_value_bytes:,} bytes ({found}the limit of one value; "
+            "select a part of it, e.g. substr(...))"
+        )
+
+
+class _ServerBound(Exception):
+    """PostgreSQL refused a row of the bounded statement (`bounded_query`): a value in column `column` (an index) of
+    `size` bytes, or (column None) a row larger than the whole result may be."""
+
+    def __init__(self, column: int | None, size: int):
+        super().__init__(column, size)
+        self.column = column
+        self.size = size
 
 
 def timed_out(timeout_s: float) -> InvalidArgumentError:
@@ -319,22 +345,27 @@ def run_sqlite(path: str, query: str, params: dict | Sequence | None, budget: _B
         raise InvalidArgumentError(f"SQL error: cannot open {path} read-only: {first_line(exc)}") from None
     deadline = time.monotonic() + timeout_s
     authorizer: _Authorizer | None = None
+    helper: sqlite3.Connection | None = None
+    printf_over: list[str] = []  # the name of a printf/format call whose result passed the limit
     try:
         authorizer = _Authorizer()
         conn.set_authorizer(authorizer)
         conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 1000)
         # No string or blob over the value limit is ever built (zeroblob(10**9) fails at once).
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, budget.max_value_bytes)
+        helper = _bounded_printf(conn, budget.max_value_bytes, printf_over)
         cur = conn.execute(query, params if params is not None else {})
         if cur.description is None:
             return None, []
         columns = [d[0] for d in cur.description]
-        return columns, budget.take(columns, cur.fetchmany)
+        return columns, budget.take(columns, cur)  # a row at a time: counted before the next is built
     except sqlite3.Error as exc:
         if authorizer is not None and authorizer.statement_denied:
             raise not_allowed(one_line(query)) from None
         if authorizer is not None and authorizer.denied is not None:
             raise authorizer.denied from None
+        if printf_over:
+            raise budget.value_too_large(what=f"the result of {printf_over[0]}()") from None
         if isinstance(exc, sqlite3.OperationalError) and time.monotonic() > deadline and "interrupt" in str(exc):
             raise timed_out(timeout_s) from None
         if isinstance(exc, sqlite3.DataError) or "too big" in str(exc):
@@ -342,6 +373,38 @@ def run_sqlite(path: str, query: str, params: dict | Sequence | None, budget: _B
         raise InvalidArgumentError(f"SQL error: {first_line(exc)}") from None
     finally:
         conn.close()
+        if helper is not None:
+            helper.close()
+
+
+def _bounded_printf(conn: sqlite3.Connection, limit: int, over: list[str]) -> sqlite3.Connection:
+    """Replace `conn`'s printf() and format() (SQLite's name for it) with SQLite's own, run on an in-memory helper
+    connection, that raise where SQLite's would return NULL because the result passed SQLITE_LIMIT_LENGTH (`over` gets
+    the function's name). The helper allows one byte more, to tell an empty result (also NULL) from one too long:
+    'x' || format gives NULL only for the latter (and a result of limit + 1 bytes is measured here). Returns the
+    helper, for the caller to close."""
+    helper = sqlite3.connect(":memory:", check_same_thread=False)
+    helper.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limit + 1)
+
+    def bounded(name: str):
+        def call(*args: Any) -> Any:
+            marks = ", ".join("?" * len(args))
+            value = helper.execute(f"SELECT printf({marks})", args).fetchone()[0]
+            if value is None and args and args[0] is not None:
+                rest = "".join(", ?" for _ in args[1:])
+                too_long = helper.execute(f"SELECT printf('x' || ?{rest})", args).fetchone()[0] is None
+            else:
+                too_long = isinstance(value, str) and len(value) > limit // 4 and len(value.encode("utf-8", "surrogatepass")) > limit
+            if too_long:
+                over.append(name)
+                raise OverflowError(f"{name}() result over {limit} bytes")
+            return value
+
+        return call
+
+    for name in ("printf", "format"):
+        conn.create_function(name, -1, bounded(name), deterministic=True)
+    return helper
 
 
 # ------------------------------------------------------------------ PostgreSQL
@@ -423,8 +486,16 @@ def run_postgresql(
                 relations = frozenset(name for name, _ in cur.fetchall())
                 cur.execute("SELECT pg_catalog.current_schema()")
                 schema = cur.fetchone()[0]
+                cur.execute(PG_ONE_ARGUMENT_FUNCTIONS_SQL)
+                functions = frozenset(name for (name,) in cur.fetchall())
+                cur.execute(PG_STORE_COLUMNS_SQL)
+                store_columns = frozenset(name for (name,) in cur.fetchall())
                 # check=False (tests only) runs the statement as given, prepared, on a client-side cursor.
-                is_query = check_pg_statement(_as_sent(sql_text), relations, schema or "public") if check else False
+                is_query = (
+                    check_pg_statement(_as_sent(sql_text), relations, schema or "public", functions=functions, columns=store_columns)
+                    if check
+                    else False
+                )
                 cur.execute(
                     "SELECT current_setting('is_superuser') = 'on', EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s)",
                     (READ_ROLE,),
@@ -438,20 +509,39 @@ def run_postgresql(
                         "FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) WITH ORDINALITY AS t(s, o)"
                     )
                     cur.execute(f"SET LOCAL ROLE {READ_ROLE}")
-                # A query is read through a server-side cursor, a batch at a time, so its bytes are
-                # counted before the next batch is sent; EXPLAIN's few rows come whole.
-                run = raw.cursor(name="attnstore_sql") if is_query else cur
-                try:
-                    run.execute(sql_text, args) if is_query else run.execute(sql_text, args, prepare=True)
-                    if run.description is None:
+                as_read_role = bool(superuser and has_read_role)
+                if not is_query:  # EXPLAIN's few rows come whole; check=False runs the statement as given
+                    try:
+                        cur.execute(sql_text, args, prepare=True)
+                    except psycopg.Error as exc:
+                        raise _pg_error(exc, query, timeout_s, as_read_role) from None
+                    if cur.description is None:
                         return None, []
-                except psycopg.Error as exc:
-                    raise _pg_error(exc, query, timeout_s, superuser and has_read_role) from None
-                columns = [d.name for d in run.description]
+                    columns = [d.name for d in cur.description]
+                    try:
+                        return columns, budget.take(columns, cur)
+                    except psycopg.Error as exc:
+                        raise _pg_error(exc, query, timeout_s, as_read_role) from None
+                # A query's columns first (DECLARE plans it, runs nothing), then the query wrapped so that the server
+                # refuses a value over the limit (or a row over the result's) before it is sent, read a row at a time.
+                described = raw.cursor(name="attnstore_describe")
                 try:
-                    return columns, budget.take(columns, run.fetchmany)
+                    described.execute(sql_text, args)
+                    columns = [d.name for d in described.description or []]
+                    types = [d.type_code for d in described.description or []]
+                    described.close()
                 except psycopg.Error as exc:
-                    raise _pg_error(exc, query, timeout_s, superuser and has_read_role) from None
+                    raise _pg_error(exc, query, timeout_s, as_read_role) from None
+                bounded = bounded_query(statement_body(sql_text), types, budget)
+                if bounded != sql_text:  # the wrapper is checked too: what runs is what was allowed
+                    check_pg_statement(_as_sent(bounded), relations, schema or "public", functions=functions, columns=store_columns)
+                stream = cur.stream(bounded, args, size=stream_rows(types, budget))
+                try:
+                    return columns, budget.take(columns, _server_bounded(stream))
+                except psycopg.Error as exc:
+                    raise _pg_error(exc, query, timeout_s, as_read_role) from None
+                finally:
+                    stream.close()  # stopped early (max_rows, a bound): psycopg cancels the rest
             except psycopg.Error as exc:
                 raise InvalidArgumentError(f"SQL error: {first_line(exc)}") from None
             finally:
@@ -465,6 +555,80 @@ def run_postgresql(
     finally:
         if own_engine:
             engine.dispose()
+
+
+# Types whose values are a few bytes (counted as 8, as `value_bytes` counts numbers): bool, "char", int8, int2, int4,
+# oid, float4, float8, money, date, time, timestamp, timestamptz, interval, timetz, uuid.
+_PG_FIXED_TYPES = frozenset({16, 18, 20, 21, 23, 26, 700, 701, 790, 1082, 1083, 1114, 1184, 1186, 1266, 2950})
+# Types measured as they are (octet_length of the value: no copy, not even of a TOASTed one): bytea, text, varchar,
+# bpchar, name. Any other type is measured as its text, the form a client reads.
+_PG_RAW_TYPES = frozenset({17, 19, 25, 1042, 1043})
+BOUND_MARK = "attnstore-bound"
+_BOUND_ERROR = re.compile(BOUND_MARK + r":(value|row):(\d+):(\d+)")
+
+
+def statement_body(sql_text: str) -> str:
+    """`sql_text` without what follows its last token (a `;`, comments, blanks), to be used as a subquery."""
+    from pglast.parser import scan
+
+    tokens = [t for t in scan(sql_text) if t.name not in ("SQL_COMMENT", "C_COMMENT")]
+    while tokens and tokens[-1].name == "ASCII_59":  # ;
+        tokens.pop()
+    return sql_text[: tokens[-1].end + 1] if tokens else sql_text
+
+
+def bounded_query(body: str, types: Sequence[int], budget: _Budget) -> str:
+    """`body` (one query) wrapped so that PostgreSQL itself refuses a value over `budget.max_value_bytes` (and a row
+    over `budget.max_bytes`) before sending it: the error names BOUND_MARK, the column and the size (`_server_bounded`).
+    The query is a fenced subquery (OFFSET 0), so the checks see its rows, in its order, after its own filters."""
+    if not types:
+        return body
+    sizes, checks = [], []
+    for i, oid in enumerate(types):
+        if oid in _PG_FIXED_TYPES:
+            sizes.append("8")
+            continue
+        size = f"pg_catalog.octet_length(u.c{i}{'' if oid in _PG_RAW_TYPES else '::text'})"
+        sizes.append(f"coalesce({size}, 8)")
+        checks.append(f"CASE WHEN {size} > {int(budget.max_value_bytes)} THEN ('{BOUND_MARK}:value:{i}:' || {size})::boolean ELSE true END")
+    if budget.max_bytes is not None:
+        total = " + ".join(sizes)
+        checks.append(f"CASE WHEN {total} > {int(budget.max_bytes)} THEN ('{BOUND_MARK}:row:0:' || ({total}))::boolean ELSE true END")
+    if not checks:
+        return body
+    names = ", ".join(f"c{i}" for i in range(len(types)))
+    return f"SELECT u.* FROM (SELECT * FROM (\n{body}\n) AS q({names}) OFFSET 0) AS u WHERE {' AND '.join(checks)}"
+
+
+STREAM_ROWS = 256  # rows per chunk from the server where no bound on the result says fewer
+
+
+def stream_rows(types: Sequence[int], budget: _Budget) -> int:
+    """Rows per chunk of a bounded query's stream: as many as fit in `max_bytes` when each row may be as large as the
+    server lets it be (1 for a text column under the CLI's limits), at most STREAM_ROWS; 1 without libpq's chunked
+    mode (libpq < 17)."""
+    import psycopg
+
+    if psycopg.pq.version() < 170000:
+        return 1
+    if budget.max_bytes is None:
+        return STREAM_ROWS
+    row = sum(8 if oid in _PG_FIXED_TYPES else budget.max_value_bytes for oid in types)
+    return max(1, min(STREAM_ROWS, budget.max_bytes // max(1, min(row, budget.max_bytes))))
+
+
+def _server_bounded(rows: Iterable[Any]) -> Iterator[Any]:
+    """The rows of a `bounded_query`; its server-side refusal becomes `_ServerBound`."""
+    import psycopg
+
+    try:
+        yield from rows
+    except psycopg.Error as exc:
+        found = _BOUND_ERROR.search(str(exc)) if getattr(exc, "sqlstate", None) == "22P02" else None
+        if found is None:
+            raise
+        kind, column, size = found.groups()
+        raise _ServerBound(int(column) if kind == "value" else None, int(size)) from None
 
 
 def _pg_error(exc: Any, query: str, timeout_s: float, as_read_role: bool) -> InvalidArgumentError:

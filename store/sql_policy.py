@@ -12,7 +12,10 @@ An allow-list, the same on both backends, checked on what the database itself wi
 - **functions**: the ordinary ones in ``ALLOWED_FUNCTIONS`` (aggregates, window functions,
   arithmetic, text, dates, JSON, arrays, ``generate_series``): no function with a side effect
   (signals, ``pg_terminate_backend``, advisory locks, ``set_config``, file or large-object
-  access, ``nextval``, ``pg_sleep``), none that runs SQL given as text, no ``zeroblob``.
+  access, ``nextval``, ``pg_sleep``), none that runs SQL given as text, no ``zeroblob``. PostgreSQL
+  also calls a one-argument function written as a field (``r.pg_typeof``, ``(pid).pg_terminate_backend``:
+  its "functional notation" through attribute syntax), so a name after a dot that is such a function
+  and no column of the store is refused unless it is an allowed function.
 
 PostgreSQL statements are parsed by pglast, which is PostgreSQL's own parser (libpg_query), so
 the check sees the statement as the server will; the statement then still runs in a read-only
@@ -90,6 +93,13 @@ def function_not_allowed(name: str) -> InvalidArgumentError:
     )
 
 
+def attribute_call_not_allowed(shown: str, name: str) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"SQL error: attnstore sql does not call {name}() written as a field ({shown}: PostgreSQL reads x.{name} as "
+        f"{name}(x) where x has no column {name}); only ordinary functions without side effects, and columns ({DOCS})"
+    )
+
+
 # ------------------------------------------------------------------ PostgreSQL (pglast)
 
 
@@ -112,9 +122,11 @@ def _nodes(value: Any) -> Iterator[Any]:
 
 
 class _PgChecker:
-    def __init__(self, relations: frozenset[str], schema: str):
+    def __init__(self, relations: frozenset[str], schema: str, functions: frozenset[str] | None, columns: frozenset[str]):
         self.relations = relations
         self.schema = schema
+        self.functions = functions  # names of functions one argument can call (None: any name may be one)
+        self.columns = columns  # the store's column names: a field of that name is read as the column
 
     def statement(self, stmt: Any, text: str) -> None:
         from pglast import ast
@@ -145,6 +157,12 @@ class _PgChecker:
             self.relation(node, ctes)
         elif isinstance(node, ast.FuncCall):
             self.function(node)
+        elif isinstance(node, ast.ColumnRef):
+            names = [str(f.sval) for f in node.fields or () if isinstance(f, ast.String)]
+            self.attributes(names[1:], ".".join(names))
+        elif isinstance(node, ast.A_Indirection):
+            names = [str(f.sval) for f in node.indirection or () if isinstance(f, ast.String)]
+            self.attributes(names, "(...)." + ".".join(names))
         for value in _fields(node):
             self.visit_all(value, ctes)
 
@@ -181,6 +199,16 @@ class _PgChecker:
             return
         raise not_a_store_relation(shown)
 
+    def attributes(self, names: list[str], shown: str) -> None:
+        """Names after a dot: PostgreSQL reads `x.f` / `(x).f` as the call f(x) where x has no column or field f (its
+        functional notation), so such a name that a function of one argument has must be an allowed function or a
+        column of the store (store columns named after a function -- name, host -- are read as the column)."""
+        for name in names:
+            if name in COMMON_FUNCTIONS or name in self.columns or name in self.relations:
+                continue
+            if self.functions is None or name in self.functions:
+                raise attribute_call_not_allowed(shown, name)
+
     def function(self, node: Any) -> None:
         parts = [p.sval for p in node.funcname]
         name = parts[-1]
@@ -188,9 +216,18 @@ class _PgChecker:
             raise function_not_allowed(".".join(parts))
 
 
-def check_pg_statement(text: str, relations: Iterable[str], schema: str = "public") -> bool:
+def check_pg_statement(
+    text: str,
+    relations: Iterable[str],
+    schema: str = "public",
+    *,
+    functions: Iterable[str] | None = None,
+    columns: Iterable[str] = (),
+) -> bool:
     """Refuse (InvalidArgumentError) `text` unless it is one query over `relations` (the store's
     tables and views in `schema`) calling only allowed functions. `text` is what the server receives.
+    `functions`: the names a one-argument call can have on this server (PG_ONE_ARGUMENT_FUNCTIONS_SQL; None: a name
+    after a dot must be an allowed function or one of `columns`, the store's column names).
     Returns False for an EXPLAIN, True for a query (whose rows a server-side cursor can read)."""
     try:
         import pglast
@@ -205,7 +242,8 @@ def check_pg_statement(text: str, relations: Iterable[str], schema: str = "publi
     if len(statements) > 1:
         raise InvalidArgumentError(f"SQL error: attnstore sql runs one statement at a time (found {len(statements)})")
     stmt = statements[0].stmt
-    _PgChecker(frozenset(relations), schema).statement(stmt, text)
+    known = None if functions is None else frozenset(functions)
+    _PgChecker(frozenset(relations), schema, known, frozenset(columns)).statement(stmt, text)
     return not isinstance(stmt, pglast.ast.ExplainStmt)
 
 
@@ -213,4 +251,16 @@ PG_STORE_RELATIONS_SQL = (
     "SELECT c.relname, n.nspname FROM pg_catalog.pg_class c "
     "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
     "WHERE n.nspname = pg_catalog.current_schema() AND c.relkind IN ('r', 'v', 'm', 'p', 'f')"
+)
+
+# Names a call with one argument can have (what `x.name` / `(x).name` may call), and the store's column names.
+PG_ONE_ARGUMENT_FUNCTIONS_SQL = (
+    "SELECT DISTINCT p.proname FROM pg_catalog.pg_proc p "
+    "WHERE (p.pronargs >= 1 AND p.pronargs - p.pronargdefaults <= 1) OR p.provariadic <> 0"
+)
+PG_STORE_COLUMNS_SQL = (
+    "SELECT DISTINCT a.attname FROM pg_catalog.pg_attribute a "
+    "JOIN pg_catalog.pg_class c ON c.oid = a.attrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE a.attnum > 0 AND NOT a.attisdropped AND ((n.nspname = pg_catalog.current_schema() "
+    "AND c.relkind IN ('r', 'v', 'm', 'p', 'f')) OR (n.nspname = 'information_schema' AND c.relname IN ('tables', 'columns', 'views')))"
 )

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from attnstore.store import readonly
+from attnstore.store import readonly, sql_policy
 from attnstore.store.errors import InvalidArgumentError, TooLargeError
 
 SECRETS = [
@@ -114,17 +114,116 @@ def test_what_stays_allowed(filled):
 
 def test_a_huge_value_is_refused_before_it_is_built(filled):
     """`select zeroblob(1000000000)` returned 2.0 GB after 284 s; now one line, at once."""
-    # (SQLite's printf gives NULL past the limit; a concatenation fails)
-    query = (
-        "SELECT x || x AS big FROM (SELECT printf('%.*c', 600000, 'x') AS x)" if not is_pg(filled) else "SELECT repeat('x', 2000000) AS big"
-    )
+    query = "SELECT printf('%.*c', 2000000, 'x') AS big" if not is_pg(filled) else "SELECT repeat('x', 2000000) AS big"
     target = filled.locations.db_url if not is_pg(filled) else filled.engine
     start = time.monotonic()
-    with pytest.raises(TooLargeError, match=r"^SQL error: a value .*over 1,000,000 bytes"):
+    with pytest.raises(TooLargeError, match=r"^SQL error: .*over 1,000,000 bytes"):
         readonly.run_readonly_sql(target, query, max_value_bytes=1_000_000)
     with pytest.raises(InvalidArgumentError):
         filled.sql("SELECT zeroblob(1000000000)")  # not an allowed function at all
     assert time.monotonic() - start < 10
+
+
+PEAK_RSS = """
+import resource, sys, time
+from attnstore.store import readonly, sql_policy
+from attnstore.store.errors import TooLargeError
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+started = time.monotonic()
+try:
+    readonly.run_readonly_sql(sys.argv[1], sys.argv[2])
+    print("no error")
+except TooLargeError as exc:
+    print(exc)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024, round(time.monotonic() - started, 1))
+"""
+
+
+def test_a_300_mb_value_never_reaches_the_process(filled):
+    """Issue 49 item 6: `SELECT repeat('x', 300000000)` took the CLI to 1.0 GB (1.58 GB for 500 MB) before its refusal,
+    because PostgreSQL's value was checked after it arrived. Now the server refuses it (SQLite never builds it, and its
+    printf says so instead of giving NULL): the reading process's peak grows by ~16 MB, not ~875 MB."""
+    import subprocess
+    import sys
+
+    if is_pg(filled):
+        target, query = filled.engine.url.render_as_string(hide_password=False), "SELECT repeat('x', 300000000) AS big"
+    else:
+        target, query = filled.locations.db_url, "SELECT printf('%.*c', 300000000, 'x') AS big"
+    done = subprocess.run([sys.executable, "-c", PEAK_RSS, target, query], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    message, figures = done.stdout.strip().splitlines()
+    grown_mb, seconds = figures.split()
+    said = "a value in column 'big' is over 16,777,216 bytes (300,000,000 bytes;" if is_pg(filled) else "printf() is over 16,777,216 bytes"
+    assert said in message, message
+    assert int(grown_mb) < 100, (grown_mb, seconds)
+
+
+def test_printf_past_the_value_limit_is_an_error_not_null(filled):
+    """Issue 49 item 7: SQLite's printf (and format, its other name) gave a silent NULL past the value limit."""
+    target = filled.locations.db_url if not is_pg(filled) else filled.engine
+    run = lambda q: readonly.run_readonly_sql(target, q, max_value_bytes=1000)[1]  # noqa: E731
+    if not is_pg(filled):
+        for query, name in (("SELECT printf('%.*c', 2000, 'x')", "printf"), ("SELECT format('%.*c', 1001, 'x')", "format")):
+            with pytest.raises(TooLargeError) as err:
+                run(query)
+            assert str(err.value).startswith(f"SQL error: the result of {name}() is over 1,000 bytes") and "\n" not in str(err.value)
+        assert run("SELECT printf('') AS a, printf(NULL) AS b, printf('%d', 3) AS c") == [(None, None, "3")]  # as SQLite's own
+        assert len(run("SELECT printf('%.*c', 1000, 'x')")[0][0]) == 1000  # at the limit: whole
+        assert run("SELECT count(*) FROM tokens WHERE printf('%s!', token) LIKE '%!'") == [(8,)]
+        with pytest.raises(TooLargeError, match=r"^SQL error: a value is over 1,000 bytes"):  # SQLite's own refusal
+            run("SELECT 'x' || format('%.*c', 1000, 'x') AS f")
+    else:  # the server measures it, and says where
+        with pytest.raises(TooLargeError, match=r"^SQL error: a value in column 'f' is over 1,000 bytes \(2,001 bytes; "):
+            run("SELECT format('%s%s', repeat('x', 2000), '!') AS f")
+
+
+def test_rows_are_bounded_before_they_arrive(filled):
+    """Rows of values just under the value limit: the result is cut at --max-bytes with the rows that fit (256 rows
+    of 900 kB were fetched at once before), and a row larger than the whole result is refused (PostgreSQL: by the server)."""
+    target = filled.locations.db_url if not is_pg(filled) else filled.engine
+    rows = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 256) "
+    big = "repeat('x', 900000)" if is_pg(filled) else "printf('%.*c', 900000, 'x')"
+    with pytest.raises(TooLargeError, match=r"passed 8,000,000 bytes after 8 rows") as err:
+        readonly.run_readonly_sql(target, f"{rows} SELECT x, {big} AS v FROM c", max_bytes=8_000_000, max_value_bytes=1_000_000)
+    assert [r[0] for r in err.value.partial[1]] == list(range(1, 9))
+    with pytest.raises(TooLargeError, match=r"passed 1,000,000 bytes after 0 rows"):
+        readonly.run_readonly_sql(target, f"SELECT {big} AS a, {big} AS b", max_bytes=1_000_000, max_value_bytes=1_000_000)
+    # the order, the filters and the parameters of the statement are the statement's
+    ordered = f"{rows} SELECT x, 'v' || x AS v FROM c WHERE x % :m = 0 ORDER BY x DESC LIMIT 3; -- trailing comment"
+    assert readonly.run_readonly_sql(target, ordered, {"m": 7}, max_bytes=1000)[1] == [(252, "v252"), (245, "v245"), (238, "v238")]
+    assert readonly.run_readonly_sql(target, "-- a comment first\nSELECT 1 AS one")[1] == [(1,)]
+
+
+def test_functional_notation_does_not_pass_the_function_list(filled):
+    """Issue 49 item 7: PostgreSQL reads `r.pg_typeof` as pg_typeof(r) (and `(x).f` as f(x) for any one-argument f,
+    `(0.01).pg_sleep` included): a name after a dot that is a function and no column of the store is refused."""
+    if not is_pg(filled):
+        pytest.skip("PostgreSQL only (SQLite has no attribute notation for functions)")
+    refused = [
+        "SELECT r.pg_typeof FROM runs r",
+        "SELECT runs.pg_column_size FROM runs",
+        "SELECT (r).pg_typeof FROM runs r",
+        "SELECT (r.*).record_out FROM runs r",
+        "SELECT ('0.01'::float8).pg_sleep",
+        "SELECT (0).pg_terminate_backend",
+        "SELECT t.pg_typeof FROM (SELECT 1 AS a) t",
+        "SELECT (j).key.pg_typeof FROM (SELECT jsonb_each('{}') AS j) s",
+    ]
+    for query in refused:
+        with pytest.raises(InvalidArgumentError) as err:
+            filled.sql(query)
+        message = str(err.value)
+        assert "written as a field" in message and "\n" not in message, (query, message)
+    assert filled.sql("SELECT r.name, (r).name AS again, public.runs.name AS third FROM runs r, runs").values.tolist() == [["ro"] * 3]
+    assert filled.sql("""SELECT (jsonb_each('{"a": 1}')).key""").key.tolist() == ["a"]
+    assert filled.sql("SELECT r.row_to_json IS NOT NULL AS ok FROM runs r").ok.tolist() == [True]  # an allowed function
+    # Store columns named after a one-argument function are read as columns (host(inet) and name(text), which are
+    # harmless, are the only ones not on the list): a new column named after another function must be looked at.
+    with filled.engine.connect() as conn:
+        names = {n for (n,) in conn.execute(sa.text(sql_policy.PG_ONE_ARGUMENT_FUNCTIONS_SQL))}
+        columns = {n for (n,) in conn.execute(sa.text(sql_policy.PG_STORE_COLUMNS_SQL))}
+    assert (names & columns) - sql_policy.COMMON_FUNCTIONS <= {"host", "name"}
 
 
 def test_a_large_result_is_cut_by_bytes(filled):
