@@ -181,6 +181,20 @@ class Server:
                 self._infos.popitem(last=False)
         return info
 
+    def fresh_info(self, info: "RunInfo") -> "RunInfo":
+        """The run's info read now, kept in place of `info` where it changed: before a "no such example" is answered
+        about a run being ingested, since what this process keeps may be behind what another worker (or a PostgreSQL
+        read within `info_ttl_s`) has already answered the same client; an answer must not go backwards."""
+        inline_only()
+        fresh = self.store.run_info(info.id)
+        if self._state(fresh) != self._state(info):
+            version = self.version()
+            with self._lock:
+                for key, (_, kept) in list(self._infos.items()):
+                    if kept.id == fresh.id:
+                        self._infos[key] = (version, fresh)
+        return fresh
+
     def examples(self, info: "RunInfo") -> "pd.DataFrame":
         """The run's examples (store.examples), cached while the run does not change."""
         return self._cached(self._examples, self._state(info), lambda: self.store.examples(info.id), 8)
@@ -206,6 +220,9 @@ class Server:
     def example_row(self, info: "RunInfo", example: int) -> dict:
         rows, where = self.example_records(info)
         if example not in where:
+            fresh = self.fresh_info(info)
+            if self._state(fresh) != self._state(info):
+                return self.example_row(fresh, example)
             raise NotFoundError(f"run {info.name!r} has no example {example} (it stores {info.n_stored} examples)")
         row = dict(rows[where[example]])
         if row["skipped"]:

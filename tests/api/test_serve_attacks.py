@@ -137,3 +137,34 @@ def test_a_second_server_on_a_busy_port_is_refused(store, workers):
     lines = [line for line in got.output.splitlines() if line.startswith("Error")]
     assert lines == [f"Error: cannot listen on 127.0.0.1:{port}: the port is in use (another server, perhaps another "
                      "`attnstore serve`, listens there); pick another --port"], got.output  # fmt: skip
+
+
+def test_an_example_a_page_listed_is_never_answered_404_later(store, make_run):
+    """A client that saw a run's example listed must not get 404 for it next, whatever another worker (or this one's
+    cache of the run, read within `info_ttl_s` on PostgreSQL) last read: a "no such example" reads the run again."""
+    rng = np.random.default_rng(1)
+    maps = []
+    for tokens in TOKENS:
+        m = rng.random((2, 3, len(tokens), len(tokens))).astype(np.float32)
+        maps.append(m / m.sum(-1, keepdims=True))
+    name, writer = make_run(store, maps, TOKENS, name="growing", write=1, finish=False)
+    app = create_app(store, ServeSettings(info_ttl_s=3600), allowed_hosts=["testserver"])
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert client.get("/api/runs/growing/examples").json()["total"] == 1
+        assert client.get("/api/runs/growing/examples/1").status_code == 404  # not stored yet
+        ids = dict(
+            store.sql(
+                "SELECT e.position, e.id FROM examples e JOIN runs r ON r.dataset_id = e.dataset_id WHERE r.name = 'growing'"
+            ).values.tolist()
+        )
+        rows = [
+            dict(token=t, token_id=1000 + i, word_position=None, segment=0, is_special=False, char_start=None, char_end=None)
+            for i, t in enumerate(TOKENS[1])
+        ]
+        writer.add(ids[1], maps[1], rows)
+        writer.commit(final=True)  # what another worker, or another process, sees at once
+        got = client.get("/api/runs/growing/examples/1")
+        assert got.status_code == 200, got.text
+        assert [t["token"] for t in got.json()["tokens"]] == TOKENS[1]
+        assert client.get("/api/runs/growing/examples").json()["total"] == 2  # and the page after it does not go back
+    writer.finish(0.0)
