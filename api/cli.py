@@ -292,8 +292,20 @@ def view(locations, run, example, text, text_b, model, layer, head, out, bertviz
     click.echo(f"wrote {save_view(store, run, example, out, layer=layer, head=head)}")
 
 
-@main.command(short_help="Run one read-only SQL query over the store's tables and views.")
-@click.argument("query")
+@main.command(
+    short_help="Run one read-only SQL query over the store's tables and views.",
+    # SQL that starts with a `--` comment is the statement, not an unknown option (see _sql_text)
+    context_settings={"ignore_unknown_options": True},
+)
+@click.argument("query", nargs=-1, metavar="[QUERY]")
+@click.option(
+    "-f",
+    "--file",
+    "sql_file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+    help="Read the statement from this file ('-': standard input) instead of QUERY.",
+)
 @click.option("--max-rows", default=1000, show_default=True, type=click.IntRange(min=1), help="Print at most this many rows.")
 @click.option(
     "--max-bytes",
@@ -305,15 +317,20 @@ def view(locations, run, example, text, text_b, model, layer, head, out, bertviz
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @store_options
 @friendly_errors
-def sql(locations, query, max_rows, max_bytes, fmt):
+def sql(locations, query, sql_file, max_rows, max_bytes, fmt):
     """Run one read-only SQL QUERY (SELECT, WITH, VALUES, EXPLAIN) over the store's own tables and views
-    (docs/SQL.md), calling ordinary functions only; anything else is refused (docs/CLI.md#attnstore-sql)."""
+    (docs/SQL.md), calling ordinary functions only; anything else is refused (docs/CLI.md#attnstore-sql).
+
+    The statement is QUERY, or the file of --file/-f, or standard input (QUERY '-', or no QUERY with
+    input piped in): `attnstore sql -f query.sql`, `attnstore sql - < query.sql`. A QUERY that starts
+    with a `--` comment may follow `--`: attnstore sql -- "-- comment ..."."""
     import pandas as pd
 
     from ..store.errors import TooLargeError
 
+    text = _sql_text(click.get_current_context(), query, sql_file)
     try:
-        frame = open_store(locations).sql(query, max_rows=max_rows + 1, max_bytes=max_bytes)
+        frame = open_store(locations).sql(text, max_rows=max_rows + 1, max_bytes=max_bytes)
     except TooLargeError as exc:
         if not hasattr(exc, "partial"):
             raise  # one value over the limit: nothing to print
@@ -324,6 +341,42 @@ def sql(locations, query, max_rows, max_bytes, fmt):
     emit(frame.head(max_rows), fmt)
     if len(frame) > max_rows:
         click.echo(f"(truncated to {max_rows} rows; raise --max-rows)", err=True)
+
+
+def _sql_text(ctx: click.Context, query: tuple[str, ...], sql_file: str | None) -> str:
+    """The statement of `attnstore sql`: QUERY, --file's text or standard input. Unknown options reach QUERY (the
+    command ignores them, so that SQL starting with `--` is read as SQL): a word starting with '-' without a blank in
+    it is refused as the option it looks like."""
+    import difflib
+    import sys
+
+    from ..store.errors import InvalidArgumentError
+
+    for word in query:
+        if word.startswith("-") and word != "-" and not any(c.isspace() for c in word):
+            name = word.split("=", 1)[0]
+            options = [o for param in ctx.command.params for o in getattr(param, "opts", [])]
+            raise click.NoSuchOption(name, possibilities=difflib.get_close_matches(name, options), ctx=ctx)
+    if len(query) > 1:
+        raise click.UsageError(f'give one QUERY (quote it), not {len(query)} words: attnstore sql "SELECT ..."', ctx=ctx)
+    if query and sql_file is not None:
+        raise click.UsageError("give QUERY or --file, not both", ctx=ctx)
+    source = sql_file if sql_file is not None else query[0] if query else None
+    stdin = sys.stdin
+    if source is None:
+        if stdin.isatty():
+            raise click.UsageError("give the statement as QUERY, with --file PATH, or on standard input", ctx=ctx)
+        source = "-"
+    if source == "-":
+        text, where = stdin.read(), "standard input"
+    elif sql_file is not None:
+        with open(sql_file, encoding="utf-8-sig") as fh:
+            text, where = fh.read(), sql_file
+    else:
+        text, where = source, "QUERY"
+    if not text.strip():
+        raise InvalidArgumentError(f"SQL error: no statement in {where}")
+    return text
 
 
 @main.command(short_help="Verify stored runs: chunks, checksums, row sums, counts.")
