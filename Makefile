@@ -33,7 +33,7 @@ lint: install
 	mkdir -p .mypy_cache/pkg && ln -sfn "$(CURDIR)" .mypy_cache/pkg/attnstore
 	MYPYPATH=.mypy_cache/pkg $(BIN)/mypy -p attnstore.store -p attnstore.queries -p attnstore.ingest -p attnstore.api
 
-# pytest-xdist workers (PYTEST_WORKERS=0: one process); two pay on the 2-core machine (docs/PERFORMANCE.md, session 25).
+# pytest-xdist workers (PYTEST_WORKERS=0: one process); two pay on the 2-core machine (docs/PERFORMANCE.md, 2026-11-26 "the test suite on two workers").
 PYTEST_WORKERS ?= 2
 
 test: install lint
@@ -48,7 +48,7 @@ test-fast: install
 bench: install
 	$(BIN)/python benchmarks/ingest_and_query.py --corpus $(DATA)/glue/MRPC/dev.tsv
 
-# attnstore beside its peers' formats (Clark et al.'s pickle, exBERT's HDF5) on the same maps (docs/PERFORMANCE.md, session 26).
+# attnstore beside its peers' formats (Clark et al.'s pickle, exBERT's HDF5) on the same maps (docs/PERFORMANCE.md, 2026-11-26 "the peer bench and a direct read path").
 bench-peers: install
 	$(BIN)/python benchmarks/peers.py --corpus $(DATA)/glue/MRPC/dev.tsv
 

@@ -7,7 +7,8 @@ of `--bodies` random bodies of `--bytes` bytes (headers and body written as two 
 a kept attnstore answer; `--sendfile`: the body sent from a memfd with `loop.sendfile`). `wrk -t2 -c20` drives it for
 `--seconds`; the script prints requests/s and the CPU time per request of the servers and of wrk (from /proc and
 getrusage). Compare with `benchmarks/load.py`'s "maps, every head (.npy)" line (~417 KB for an MRPC pair), to tell
-what the body's copies through the kernel cost from what the server's own work costs (docs/PERFORMANCE.md, session 38).
+what the body's copies through the kernel cost from what the server's own work costs (docs/PERFORMANCE.md, 2026-11-28
+"the CLI's heap and the reduces' temporaries" and "where the targets stand").
 Needs Linux and wrk (Debian: `apt-get install wrk`).
 """
 

@@ -19,7 +19,7 @@ from attnstore.store import arrays
 
 CANDIDATES = [
     ("zstd", 1, Blosc.SHUFFLE, 1 << 18),
-    ("zstd", 1, Blosc.SHUFFLE, 1 << 17),  # smaller blocks: less decoded at an example's edges (session 33)
+    ("zstd", 1, Blosc.SHUFFLE, 1 << 17),  # smaller blocks: less decoded at an example's edges (2026-11-27: 1.80 B/cell)
     ("zstd", 1, Blosc.SHUFFLE, 1 << 16),
     ("zstd", 1, Blosc.SHUFFLE, 0),
     ("zstd", 3, Blosc.SHUFFLE, 1 << 18),

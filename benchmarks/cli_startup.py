@@ -8,7 +8,7 @@ kernels, queries/_*.so, copied or built there if the command reduces maps); --ne
 this checkout). Each command runs as `python -m attnstore.api.cli ...` with `attnstore` imported from that checkout
 (a folder holding an `attnstore` link to it, first on PYTHONPATH, ahead of the editable install), with this
 interpreter, ATTNSTORE_HOME=STORE, old and new in turns; prints each version's median, minimum and maximum wall
-seconds, and their ratio (docs/PERFORMANCE.md, session 41).
+seconds, and their ratio (docs/PERFORMANCE.md, 2026-11-28 "where the targets stand; zarr imported at its first use").
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """First reads of one example from several stores of the same run, each against exBERT-style HDF5 in a loop of its own.
 
 Two readers at a time, in turns, who goes first alternating (a third reader in the same turns slows HDF5's reads and
-flatters the ratio: docs/PERFORMANCE.md, session 40), over distinct random examples, so every timed read is the
+flatters the ratio: docs/PERFORMANCE.md, 2026-11-28 "fair first reads in the peer bench"), over distinct random
+examples, so every timed read is the
 first of its example in the process. The HDF5 file (one group per example, uncompressed, as exBERT writes it) is
 written from the first store's maps unless `--hdf5` names one written before. Compare two layouts of one corpus, e.g.
-a store ingested before session 40 (examples packed) and one ingested since (each in the fewest blosc blocks):
+a store ingested before 6063b8b (2026-11-28: examples packed) and one ingested since (each in the fewest blosc blocks):
 
     python benchmarks/first_reads.py --run MRPC-dev --homes OLD_HOME NEW_HOME [--samples 300] [--seed 1]
 """

@@ -25,9 +25,9 @@ Printed, each measured in this run on the same maps:
 and attnstore / peer ratios (below 1: attnstore is faster or smaller). Files are read from the page cache (each is
 written then read on this machine; nothing drops caches), so reads measure decoding and copying, not a disk.
 Beside them: the run ingested again with --small-chunks N cells per chunk (default 131072: one 256 KiB blosc block per
-chunk; 0: not), one example read as `store.attention` read it before session 26 (through zarr: the run's info and the
+chunk; 0: not), one example read as `store.attention` read it before d9a76dc (2026-11-26: through zarr: the run's info and the
 example's row from SQL, the array opened, its chunks checked and read by zarr), and where attnstore's first pass goes
-(the maps read and decoded, the Clark kind's reduce of them alone on one thread, compiled since session 39, the query
+(the maps read and decoded, the Clark kind's reduce of them alone on one thread, compiled since 69fde90, the query
 computed for the call alone on a read-only view).
 The peers' files are removed at the end; the store is left (its folder is printed).
 """
@@ -114,7 +114,7 @@ def entropies(items, tables: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(entropy, entropy_from_cls) per (layer, head): per-example means over the queries (and of the first token's
     row), then over the examples, as the `entropy` query's default (average="example") computes them. The maps are
     cast to float32 by numpy, as a user of the peer's files would write it; `tables`: as attnstore's reduce computes
-    them since session 30 (row_entropy of the float16 maps: each summand looked up, store/float16.py)."""
+    them since 1f0070f, 2026-11-27 (row_entropy of the float16 maps: each summand looked up, store/float16.py)."""
     total = from_cls = None
     n = 0
     for maps in items:
@@ -139,7 +139,7 @@ def hdf5_entropy(path: Path, tables: bool = False):
 
 
 def zarr_read(store, run: str, example: int) -> np.ndarray:
-    """One example's maps as `store.attention` read them before session 26: the run's info and the example's row from
+    """One example's maps as `store.attention` read them before d9a76dc (2026-11-26): the run's info and the example's row from
     SQL, the cells array opened (its zarr.json), its chunks checked and read through zarr."""
     info = store.run_info(run)
     _, length, offset = store._sequence(info, example)
@@ -165,7 +165,7 @@ def first_pass_split(store, run: str) -> dict[str, float]:
     t = time.perf_counter()
     run_query(with_zarr, "entropy", run=run)
     query = time.perf_counter() - t
-    # the same on one thread (the reduce on the reading thread, as before session 28)
+    # the same on one thread (the reduce on the reading thread, as before 89497f3, 2026-11-26)
     before = os.environ.get(summary.REDUCE_THREADS_ENV)
     os.environ[summary.REDUCE_THREADS_ENV] = "1"
     try:
@@ -191,7 +191,8 @@ def timed(fn, *args, **kwargs):
 def first_reads_in_turns(ours, hdf5_file, picks: list[int], check: int = 0) -> tuple[list[float], list[float]]:
     """Milliseconds of `ours(e)` and of exBERT's HDF5 read of example e, for each e of `picks`, the two in turns, who
     goes first alternating. Two readers only: a third in the same turns slowed HDF5's reads (its allocations and
-    decodes push HDF5's out of the caches), 0.30-0.43 -> 0.51-0.70 ms p50, flattering the ratio (session 40). The first
+    decodes push HDF5's out of the caches), 0.30-0.43 -> 0.51-0.70 ms p50, flattering the ratio (docs/PERFORMANCE.md,
+    2026-11-28 "fair first reads in the peer bench"). The first
     `check` examples' maps are checked equal."""
     readers = {"ours": ours, "hdf5": lambda e: hdf5_file[EXBERT_KEY.format(e)]["attentions"][()]}
     ms: dict[str, list[float]] = {name: [] for name in readers}
@@ -267,9 +268,9 @@ def main() -> None:
             paired_hdf5[ours] = percentiles(hdf5_ms)
             if ours == "attnstore":
                 latencies["exBERT HDF5"] = hdf5_ms
-    # The read as before session 26 (through zarr) timed apart, after the others: in the same turns its allocations
+    # The read as before d9a76dc (through zarr) timed apart, after the others: in the same turns its allocations
     # (~9 ms a read) slowed the next reader, HDF5 1.6-2.2x (0.30-0.43 -> 0.66-0.70 ms p50), flattering attnstore's ratio
-    # (session 40).
+    # (docs/PERFORMANCE.md, 2026-11-28 "fair first reads in the peer bench").
     latencies[BEFORE] = []
     for e in picks:
         t = time.perf_counter()

@@ -8,7 +8,7 @@ kinds with range reductions: `head_roles`, `rollout`, `feature_attention`, `cls_
     python benchmarks/range_summaries.py --source /work/stores/range/data --run MRPC-dev \\
         --factors 1 16 256 4096 20000 65536 --per-example-up-to 20000 --home /work/stores/range/bench \\
         [--kinds clark kovaleva_features kovaleva_relations norm_classes head_js] [--plot docs/img/range_summaries]
-        (docs/PERFORMANCE.md, "Range reductions")
+        (docs/PERFORMANCE.md, 2026-11-26 "range reductions: whole-run Clark queries at 8 M examples")
 
 The source is a real store with a real run (e.g. `ATTNSTORE_HOME=... attnstore ingest --dataset glue/MRPC:dev
 --name MRPC-dev`); each kind's summary (per example) and range reductions are built there first, from the real maps.

@@ -1,4 +1,4 @@
-"""Sampled queries on kept summaries: a sample's rows read from a large run (issue 29, docs/PERFORMANCE.md session 34).
+"""Sampled queries on kept summaries: a sample's rows read from a large run (issue 29; docs/PERFORMANCE.md, 2026-11-27).
 
     python benchmarks/sampled_summaries.py --home H --run RUN [--samples 100 1000] [--cold] [--repeats 2]
 

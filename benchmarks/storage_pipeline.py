@@ -10,7 +10,7 @@ storage path is timed as `ingest`'s writer thread runs it: `RunWriter.add` for e
 batch, `RunWriter.commit(wait=False)` after the batch (`--flush-batches K`: after every K batches, so one
 flush writes K times as many chunks), `RunWriter.finish`, into a fresh run of a temporary SQLite store, with
 Zarr's thread pool bounded to each worker count of `--workers`. `--commit wait` times the commit that
-waits for its chunks before it commits their rows (what `ingest` did before session 23, and what a
+waits for its chunks before it commits their rows (what `ingest` did before 6ac3be1, 2026-11-24, and what a
 commit with `wait=True` does): `overlap` lets the chunk writes of one batch run while the writer commits
 the rows of the one before and takes the next batch's blocks.
 

@@ -3,9 +3,10 @@
 Ingest stores maps, never what a model computes after its last one: the last layer's value
 product, attention output and feed-forward block, and a pooler. Skipping them made the forward
 passes of all-MiniLM-L6-v2 over MRPC dev 1.17-1.30x faster, with maps bit-identical to the whole
-pass (docs/PERFORMANCE.md, session 19). Which modules return the maps is found once at load
-(`find_sources`), by the identity of the tensors they return, and the shortened pass is checked
-there to return exactly the maps of the whole one; a model where either fails is run whole.
+pass (docs/PERFORMANCE.md, 2026-11-24 "a forward pass that stops at the last map"). Which modules
+return the maps is found once at load (`find_sources`), by the identity of the tensors they
+return, and the shortened pass is checked there to return exactly the maps of the whole one; a
+model where either fails is run whole.
 
 Ingest runs two passes at once on a CPU (ingest/runner.py), so the hooks that catch the maps are
 installed once per module and each thread collects only its own pass's maps.

@@ -3,7 +3,8 @@
 The feed annotates and stores the dataset's examples chunk by chunk in corpus order (as
 `register_dataset` does); `examples()` yields them in that order as each chunk commits, which is
 the order a later run reads them in: the run's batches, and so its maps, are the same. spaCy's
-work takes its CPU beside the forward pass instead of before it (docs/PERFORMANCE.md, session 19).
+work takes its CPU beside the forward pass instead of before it (docs/PERFORMANCE.md, 2026-11-24 "a forward
+pass that stops at the last map; the first ingest's annotation on a thread").
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def storage_overlaps() -> bool:
     before (`RunWriter.commit(wait=False)`): only where cores are left beside the forward passes' torch threads.
     Where the passes use every core, the overlapped storage work takes CPU from them: on MRPC dev (2 cores)
     ingest / bare was 0.80-0.81 overlapped against 0.85-0.86 waiting with 2 torch threads, and 0.91 against
-    0.87 with 1 (docs/PERFORMANCE.md, session 23)."""
+    0.87 with 1 (docs/PERFORMANCE.md, 2026-11-24 "chunk writes beside the commits")."""
     import torch
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -119,7 +119,7 @@ def forward_passes() -> tuple[int, int]:
 
     Two passes of half the threads each, rather than one pass on all of them: the writer thread's
     work then delays one pass, where it stalled all of a pass's OpenMP threads at their next
-    barrier (docs/PERFORMANCE.md, session 21). An odd number of threads cannot be halved without
+    barrier (docs/PERFORMANCE.md, 2026-11-24 "two forward passes at once"). An odd number of threads cannot be halved without
     leaving a core idle or oversubscribed, so it keeps one pass."""
     import torch
 

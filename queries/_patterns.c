@@ -3,8 +3,9 @@
    numpy cast each example's maps to float64 (8 bytes a cell) and made three more float64 temporaries (the maps at
    plain keys, their product with the own-segment mask, its row sums): 7-11 ns a cell on one thread, holding the GIL
    between its calls. This reads each cell once, as float64 from float16 by table (store/float16.py: exact) or from a
-   float64 map, and runs without the GIL (docs/PERFORMANCE.md, session 39). Built with the package like
-   queries/_clark.c. */
+   float64 map, and runs without the GIL (`python benchmarks/reduce.py --home H --run MRPC-dev --kinds
+   pattern_scores`: 8.20-8.92 -> 1.57-1.60 ns a cell; docs/PERFORMANCE.md, 2026-11-28 "the heaviest reduces
+   compiled"). Built with the package like queries/_clark.c. */
 #include "_kernels.h"
 #include <math.h>
 #include <stdlib.h>

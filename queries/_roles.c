@@ -1,10 +1,12 @@
 /* Voita et al.'s head roles from each row's argmax (queries/head_roles.py `_reduce`).
 
-   numpy took each row's maximum outside the separators and its argmax (float16 maps compared as their bits, session
-   38), then counted the argmaxes' offsets and their hits on the rarest token in five more passes over the (layer, head,
-   query) argmaxes: ~2.1 ns a cell. Here each cell is read once, as float64 from float16 by table or from a float64 map,
-   without the GIL. The rules are numpy's on float64 values: the first of equal maxima; a NaN is the argmax where it
-   is the first (numpy's argmax), and makes the row's maximum NaN. Built with the package like queries/_clark.c. */
+   numpy took each row's maximum outside the separators and its argmax (float16 maps compared as their bits since
+   07bca0d, 2026-11-28), then counted the argmaxes' offsets and their hits on the rarest token in five more passes over
+   the (layer, head, query) argmaxes: ~2.1 ns a cell (`python benchmarks/reduce.py --home H --run MRPC-dev --kinds
+   head_roles`; docs/PERFORMANCE.md, 2026-11-28 "the heaviest reduces compiled"). Here each cell is read once, as
+   float64 from float16 by table or from a float64 map, without the GIL. The rules are numpy's on float64 values: the
+   first of equal maxima; a NaN is the argmax where it is the first (numpy's argmax), and makes the row's maximum NaN.
+   Built with the package like queries/_clark.c. */
 #include "_kernels.h"
 
 #define KERNEL_VERSION 1

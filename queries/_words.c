@@ -5,8 +5,9 @@
    (argmax, the maximum taken back, a count of the cells equal to it), the transposed one over a strided view: with
    units_of, ~10 ns a cell for the dependency kind on one thread. Here each cell is read once and added into its
    (row word, column word) sum in double, then divided by the row word's token count and rounded to float32 (the word
-   maps' dtype), and the argmaxes are one pass each; the GIL is released (docs/PERFORMANCE.md, session 39). Built
-   with the package like queries/_clark.c. */
+   maps' dtype), and the argmaxes are one pass each; the GIL is released (`python benchmarks/reduce.py --home H
+   --run MRPC-dev --kinds word_argmax`: 11.15-11.49 -> 5.02-5.07 ns a cell; docs/PERFORMANCE.md, 2026-11-28 "the
+   heaviest reduces compiled"). Built with the package like queries/_clark.c. */
 #include "_kernels.h"
 #include <math.h>
 #include <stdlib.h>

@@ -2,8 +2,9 @@
 
 The reduce reads each cell once: its float32 value and p log p looked up together for float16 maps (store/float16.py
 `value_plogp_table`), and every field summed in double, without the GIL, so the reduce threads of a pass share the
-cores. numpy needed five passes and two lookups a cell (~3.4 ns a cell on one thread; docs/PERFORMANCE.md, session
-39). float32 maps (stores written with --dtype float32, maps built by hand) have their p log p computed by numpy first,
+cores. numpy needed five passes and two lookups a cell (~3.4 ns a cell on one thread; `python benchmarks/reduce.py
+--home H --run MRPC-dev --kinds clark`, docs/PERFORMANCE.md, 2026-11-28 "the heaviest reduces compiled"). float32 maps
+(stores written with --dtype float32, maps built by hand) have their p log p computed by numpy first,
 with `row_entropy`'s float32 arithmetic, and go through the same loop.
 """
 

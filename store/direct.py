@@ -4,7 +4,7 @@ Through zarr, one example's maps cost event-loop hops (zarr's I/O runs on its ow
 existence check, is a thread wake-up, milliseconds on a busy machine), the array's zarr.json read and parsed, and the
 decode of the whole 2 MiB chunk (~1 ms) for the ~0.4 MiB an MRPC example holds. Here, for a local root and a blosc +
 CRC32C codec (what attnstore writes, lossless): each chunk file the cells lie in is mapped in the calling thread
-(`mmap`, private: since session 30; a read into a buffer copied 2 MiB, 3x the cost of the checksum over the mapped
+(`mmap`, private: since 1d2ff9b, 2026-11-27; a read into a buffer copied 2 MiB, 3x the cost of the checksum over the mapped
 pages), its CRC32C checked over all its bytes (as zarr's crc32c codec does, google_crc32c), and only the blosc blocks
 (256 KiB) holding the wanted cells are decompressed: a blosc frame of just those blocks is written over the bytes
 before the first one (the checksum is already checked; the mapping is private to this read, so the write copies one
@@ -33,7 +33,8 @@ announces the next window of them to the kernel (`will_need`: POSIX_FADV_WILLNEE
 read has their disk reads in flight together; one example's read (one or two chunks) announces nothing. Such a read
 also checks and decodes its chunks on a pool of threads (`decode_pool`, one per core, `ATTNSTORE_DECODE_THREADS`),
 each into its own part of the result: blosc and google_crc32c release the GIL, and a whole-run pass read on one thread
-decoded at 0.21-0.24 s for MRPC dev's 88 M cells against 0.15-0.20 s on two (session 37).
+decoded at 0.21-0.24 s for MRPC dev's 88 M cells against 0.15-0.20 s on two (docs/PERFORMANCE.md, 2026-11-28 "chunks
+decoded on every core").
 
 Kept summaries (store/arrays.py `SummaryParts`) are read the same way: their fields are N-D arrays whose chunks hold
 whole rows, read as flat cells, and `read_rows` reads a sample's rows, each chunk's file checked once and each run of
@@ -372,7 +373,7 @@ class DirectCells:
                     return None
             return out
         # Each chunk checked and decoded on the pool (blosc and the checksum release the GIL), each into its own part
-        # of `out`: the reading thread of a whole-run pass was its bottleneck (session 37).
+        # of `out`: the reading thread of a whole-run pass was its bottleneck (py-spy, docs/PERFORMANCE.md, 2026-11-28).
         for i in range(0, len(parts), window):
             self._announce([p[0] for p in parts[i : i + window]])
             futures = [

@@ -3,11 +3,12 @@
 numpy's float16 -> float32 cast runs at ~5 ns a cell on this project's machines (numpy 2.4, no F16C path used), a
 lookup in a 256 KiB table (`np.take(..., mode="wrap")`, unbuffered: uint16 indices are always in range, so "wrap"
 and "clip" take the same entries; "wrap" measured 1.1-1.25 ns a cell against 1.3-2.2 for "clip", and 0.7-0.9 against
-0.9-1.3 with two threads looking up at once: session 36) at ~1.1:
+0.9-1.3 with two threads looking up at once; docs/PERFORMANCE.md, 2026-11-27) at ~1.1:
 `as_float32` is that cast, equal bit for bit (every float16 is a float32). `plogp` is the summand of a row's entropy,
 p log p, computed once per float16 value by the same float32 arithmetic `queries.summary.row_entropy` uses on maps cast
 to float32, so a sum of its values is that of the computed ones bit for bit (tests/store/test_float16.py), at ~1.1 ns
-a cell against ~9 (docs/PERFORMANCE.md, session 30)."""
+a cell against ~9 (`python benchmarks/reduce.py --home H --run RUN --kinds clark`; docs/PERFORMANCE.md, 2026-11-27 "the
+first whole-run pass by table lookups")."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def value_plogp_table() -> np.ndarray:
 # Cells looked up per `np.take` call. np.take first converts its indices to a fresh intp array (8 bytes a cell), and a
 # whole example's (~1.4 MB for an MRPC pair) lay above the 1 MiB mmap threshold that `store.heap.for_reading` sets for
 # the CLI's commands (`attnstore serve` with one worker too): an mmap, its page faults and a munmap per lookup, 2.2 ns
-# a cell instead of 0.9 (session 38). Here the indices are converted into a buffer each thread keeps (LOOKUP_BLOCK
-# cells: 2 MiB), so np.take allocates nothing.
+# a cell instead of 0.9 (docs/PERFORMANCE.md, 2026-11-28 "the CLI's heap and the reduces' temporaries"). Here the
+# indices are converted into a buffer each thread keeps (LOOKUP_BLOCK cells: 2 MiB), so np.take allocates nothing.
 LOOKUP_BLOCK = 1 << 18
 _INDICES = threading.local()
 

@@ -3,7 +3,7 @@
 `pd.read_sql_query(query, conn)` fetches through SQLAlchemy, which builds a Row object per row and runs each column's
 result processor per value: for the token table of MRPC dev (21,723 rows, 4 columns) ~85 ms on top of ~45 ms of
 SQL, and the objects it made set off the garbage collector's full collections (median 154 ms with the collector on;
-session 37). Here the compiled statement runs on the driver's own cursor, whose rows are plain tuples,
+2026-11-28, 466762e). Here the compiled statement runs on the driver's own cursor, whose rows are plain tuples,
 and the frame is built from them as pandas builds it (`DataFrame.from_records`, floats coerced). Only where every
 column needs no per-value processing: a column whose SQLAlchemy type has no result processor on this dialect, or a
 Boolean stored as 0/1 (SQLite), turned into Python's bools here the way SQLAlchemy would. Anything else (dates on

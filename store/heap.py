@@ -7,10 +7,12 @@
   32 MiB and the trim threshold at 128 MiB, so each batch's attention tensors reuse heap memory.
   With the threshold pinned low (1 MiB above, or 128 KiB wherever MALLOC_TRIM_THRESHOLD_ is set,
   as Dask's nanny does for its workers) every batch's tensors were fresh mmaps: 10x the page faults
-  and +40-50 % CPU time in MRPC forward passes (benchmarks/heap.py; docs/PERFORMANCE.md, "The heap and the forward pass").
+  and +40-50 % CPU time in MRPC forward passes (`python benchmarks/heap.py --rounds 2`; docs/PERFORMANCE.md, 2026-11-24
+  "every query on its own line; the heap and the forward pass").
   It also asks torch to put its CPU tensors of 2 MiB and more on transparent huge pages
   (THP_MEM_ALLOC_ENABLE, unless the environment sets it): a fresh `attnstore ingest` of MRPC dev took
-  171 k page faults instead of 268 k and ran 4 % faster (docs/PERFORMANCE.md, "Session 22"). torch reads
+  171 k page faults instead of 268 k and ran 4 % faster (docs/PERFORMANCE.md, 2026-11-24 "huge pages for the forward
+  pass"). torch reads
   the setting at its first CPU allocation, so it takes effect only where for_forward() runs before any tensor.
 """
 

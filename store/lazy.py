@@ -1,6 +1,7 @@
 """A module imported at its first use: `arrays = LazyModule("attnstore.store.arrays")`.
 
-zarr's import (with numcodecs, fsspec and zarr's asyncio loop: ~0.12-0.15 s of `attnstore runs`' ~1 s, session 41)
+zarr's import (with numcodecs, fsspec and zarr's asyncio loop: ~0.12-0.15 s of `attnstore runs`' ~1 s; `python
+benchmarks/cli_startup.py --old OLD --home H --rounds 10 -- runs`, docs/PERFORMANCE.md, 2026-11-28)
 is what the commands that read SQL only (`runs`, `show`, `sql`, `examples`, `tokens`, ...) would import and
 never use. reader.py, writer.py and store.py reach arrays.py, direct.py and remote.py, the modules that import zarr,
 through such proxies, so zarr is imported by the first call that touches an array.

@@ -11,7 +11,8 @@ shards per field).
 A read of many shards goes in three steps over up to SHARDS_AT_ONCE of them, each step's reads announced to the
 kernel before any is made (store/direct.py `will_need`): open them and announce their indexes; read the indexes and
 announce the wanted inner chunks; read and decode those. Cold, a sample's ~4,000 small reads are then in flight
-together (1.7x faster than one after another, docs/PERFORMANCE.md session 36). Inner chunks written since session 36
+together (1.7x faster than one after another: `python benchmarks/sampled_summaries.py --home H --run MRPC-dev
+--samples 1000 --repeats 2 --cold`, docs/PERFORMANCE.md, 2026-11-27). Inner chunks written since 8571697 (2026-11-27)
 are lz4 (store/arrays.py `SHARD_CODEC`); any blosc frame is read.
 
 Anything else (a remote root, other codecs, a shard or inner chunk not written: zarr fills those with the fill value;

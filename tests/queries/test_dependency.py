@@ -209,7 +209,7 @@ def test_unique_argmax():
 
 
 def numpy_unique_argmax(scores):
-    """The numpy computation the compiled one replaced (queries/common.py before session 39)."""
+    """The numpy computation the compiled one replaced (queries/common.py before c818184, 2026-11-28)."""
     if scores.shape[-1] == 0:
         return np.full(scores.shape[:-1], -1, dtype=np.int64)
     best = scores.argmax(-1)

@@ -46,7 +46,7 @@ def test_a_previous_token_head_over_long_rows_is_positional(store, make_run):
 
 
 def numpy_role_counts(maps: np.ndarray, sep: np.ndarray, rare: int):
-    """The reduce's numbers as numpy computed them on a float64 copy of the maps (before sessions 38 and 39)."""
+    """The reduce's numbers as numpy computed them on a float64 copy of the maps (before 07bca0d and d169872, 2026-11-28)."""
     from attnstore.queries.head_roles import OFFSETS
 
     values = np.asarray(maps, dtype=np.float64)

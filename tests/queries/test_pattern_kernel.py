@@ -9,7 +9,7 @@ from attnstore.queries.patterns import RAW_SCORES, _raw_scores, pattern_scores
 
 
 def numpy_raw_scores(maps, special, segment):
-    """Session 38's numpy `_raw_scores`, on the maps cast to float64."""
+    """The numpy `_raw_scores` before the compiled reduce (at 71855b4, 2026-11-28), on the maps cast to float64."""
     maps = maps.astype(np.float64)
     vertical = maps[..., special].sum(-1).mean(-1)
     diagonal = (

@@ -129,7 +129,7 @@ def test_maps_average_over_heads_as_their_float64_copy_does(shape, dtype):
 
     raw = np.random.default_rng(shape[-1]).random(shape) ** 4
     maps = (raw / raw.sum(-1, keepdims=True)).astype(dtype)
-    mean = maps.astype(np.float64).mean(axis=1)  # before session 39: numpy's mean over the head axis
+    mean = maps.astype(np.float64).mean(axis=1)  # before a37eb6c (2026-11-28): numpy's mean over the head axis
     mixed = mean + np.eye(shape[-1])[None]
     np.testing.assert_array_equal(residual_maps(maps), mixed / mixed.sum(-1, keepdims=True))
 

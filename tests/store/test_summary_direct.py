@@ -145,7 +145,7 @@ def test_a_sharded_row_checks_the_index_and_one_inner_chunk(kept, monkeypatch):
 def test_shards_written_by_the_summary_writer_are_the_bytes_zarr_writes(tmp_path, monkeypatch, n, codec):
     """The writer encodes whole shards itself (sharded.ShardEncoder) rather than through zarr's sharding codec: the
     files are byte for byte zarr's (a last shard cut short, its last inner chunk padded, included), and read back;
-    with today's lz4 shards and with the zstd ones summaries were kept with before (session 35)."""
+    with today's lz4 shards and with the zstd ones summaries were kept with before (4cd1d44 to 8571697, 2026-11-27)."""
     monkeypatch.setattr(arrays, "SHARD_CODEC", getattr(arrays, codec))
     rng = np.random.default_rng(5)
     values = {
