@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from .common import per_head_frame, safe_divide
+from .errors import InvalidArgumentError
 from .registry import register
 from .summary import SummaryKind, is_kept, register_kind, storage_ranges, summary_totals
 from .word_level import most_attended_words, units_of
@@ -185,6 +186,12 @@ def coreference_counts(store: Store, run, examples=None, baselines: bool = True,
         if counts:
             heads, totals = counts["hits"], counts["mentions"]
             base = counts["baseline_hits"] if baselines else base
+    if not totals.sum():  # a table of NaN (or a "best head 0-0" picked from them) would look like a result
+        where = "the asked-for examples of run" if examples is not None else "run"
+        raise InvalidArgumentError(
+            f"{where} {info.name!r}: no coreference mention with an antecedent in its window, so nothing to score; "
+            "ask it of a run over a corpus with mentions (`attnstore ingest --dataset gum/ontogum:dev`)"
+        )
     return info, heads, base, totals
 
 

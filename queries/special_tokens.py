@@ -39,8 +39,16 @@ def special_tokens(
     check_average(average)
     info = store.run_info(run)
     # the Clark summary's totals (queries/summary.py): kept per range for the whole run, else from each example's sums
-    t = summary_totals(store, info, CLARK, examples, punct=punct, weights=weights)
-    return _from_totals(info, totals_or_zeros(t, (info.n_layers, info.n_heads)), average == "example")
+    t = totals_or_zeros(summary_totals(store, info, CLARK, examples, punct=punct, weights=weights), (info.n_layers, info.n_heads))
+    frame = _from_totals(info, t, average == "example")
+    absent = [what for what, unit in (("[CLS]-like", "cls"), ("separator", "sep")) if not int(t[f"n_{unit}"])]
+    if absent and int(t["n_tokens"]):  # a decoder's tokenizer adds neither: zeros by construction, not a measurement
+        columns = " and ".join(c for c, what in (("to_cls", "[CLS]-like"), ("to_sep, sep_from_sep", "separator")) if what in absent)
+        frame.attrs["note"] = (
+            f"the run's tokens include no {' and no '.join(absent)} token (its tokenizer adds none), so {columns} "
+            "are 0 or empty by construction: they measure nothing here"
+        )
+    return frame
 
 
 def _from_totals(info, t: dict[str, np.ndarray], per_example: bool) -> pd.DataFrame:

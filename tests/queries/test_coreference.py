@@ -192,9 +192,14 @@ def test_a_run_without_mentions_reads_no_map(store, make_run, monkeypatch):
     maps = [np.full((1, 2, len(t), len(t)), 1 / len(t), dtype=np.float32) for t in tokens]
     run = make_run(store, maps, tokens, name="no-mentions")
     helpers.forbid_map_reads(monkeypatch, store)
-    frame = run_query(store, "coreference", run=run)
-    assert len(frame) == 2 and frame["all"].isna().all()  # no mention: nothing to score, and no pass built
-    assert not helpers.has_summaries(store, run)
+    from attnstore.queries.errors import InvalidArgumentError
+
+    for name in ("coreference", "coreference_summary"):  # not a table of NaN, nor "head 0-0" picked from one
+        with pytest.raises(InvalidArgumentError, match=r"^run 'no-mentions': no coreference mention .* gum/ontogum:dev"):
+            run_query(store, name, run=run)
+    with pytest.raises(InvalidArgumentError, match=r"^the asked-for examples of run 'no-mentions': no coreference mention"):
+        run_query(store, "coreference_summary", run=run, examples=[0])
+    assert not helpers.has_summaries(store, run)  # and no pass built
     from attnstore.store.errors import NotFoundError
 
     with pytest.raises(NotFoundError, match=r"has no stored example\(s\) \[7\]"):

@@ -79,3 +79,20 @@ def test_subset_of_examples(store, hand_run):
 def test_unknown_average_is_refused(store, hand_run):
     with pytest.raises(InvalidArgumentError, match="average="):
         run_query(store, "special_tokens", run=hand_run, average="sentence")
+
+
+def test_a_run_without_cls_or_separators_says_its_columns_measure_nothing(store, make_run):
+    """A decoder's tokens (GPT-2 adds no [CLS] or [SEP]): to_cls and to_sep are 0 for every head by construction; the
+    frame says so instead of showing a table of zeros as a finding."""
+    tokens = [["The", "cat", "sat", "."], ["A", "dog", "."]]
+    maps = [np.tril(np.ones((1, 2, len(t), len(t)), dtype=np.float32)) for t in tokens]
+    maps = [m / m.sum(-1, keepdims=True) for m in maps]
+    run = make_run(store, maps, tokens, name="decoder-like")
+    frame = run_query(store, "special_tokens", run=run)
+    assert (frame["to_cls"] == 0).all() and (frame["to_sep"] == 0).all()
+    assert frame.attrs["note"] == (
+        "the run's tokens include no [CLS]-like and no separator token (its tokenizer adds none), so to_cls and "
+        "to_sep, sep_from_sep are 0 or empty by construction: they measure nothing here"
+    )
+    with_specials = make_run(store, [np.full((1, 2, 3, 3), 1 / 3, np.float32)], [["[CLS]", "a", "[SEP]"]], name="encoder")
+    assert "note" not in run_query(store, "special_tokens", run=with_specials).attrs
