@@ -91,7 +91,7 @@ TOKEN_CHUNK = 1 << 18
 INDEX_CODEC = {"name": "blosc", "cname": "zstd", "clevel": 3, "shuffle": "shuffle", "checksum": "crc32c"}
 # A kept summary's sharded fields (`summary_layout`): a sample reads one inner chunk per row it wants, so decoding
 # speed rules. `pattern_scores`' float64 scores, inner chunks of 64 rows: lz4 5.1x faster to decode than zstd-3
-# (9 against 47 us) for 4.8 % more bytes (0.882 against 0.842 of raw; docs/PERFORMANCE.md, session 36).
+# (9 against 47 us) for 4.8 % more bytes (0.882 against 0.842 of raw; docs/PERFORMANCE.md, 2026-11-27, 8571697).
 SHARD_CODEC = {"name": "blosc", "cname": "lz4", "clevel": 5, "shuffle": "shuffle", "checksum": "crc32c"}
 # Per (token, layer, head): the norm of that token's value vector through the head's slice of the output projection
 # (Kobayashi et al. 2020), float16, the tokens back to back in storage order like token_id. Small chunks: the part
@@ -1076,7 +1076,7 @@ def placed_offset(free: int, cells: int, block: int | None) -> int:
     over more blosc blocks of `block` cells than their size needs; then at the next block's start. The gap is zeros
     that no example owns (compressed to almost nothing). A first read then decodes the fewest blocks: MRPC dev's
     examples 2.0 blocks of 256 KiB each instead of 2.7, for 8.9 % more cells (zeros) and 0.06 % more bytes stored
-    (docs/PERFORMANCE.md, session 40). Never earlier for a later `free`, so a subset of some examples, placed in the
+    (docs/PERFORMANCE.md, 2026-11-28, 6063b8b). Never earlier for a later `free`, so a subset of some examples, placed in the
     same order from the same start, ends no later than all of them (a distributed part's bound)."""
     if not block or not cells:
         return free

@@ -117,13 +117,14 @@ KEPT_LARGE_BYTES = 64 << 20
 # `.npy` answers larger still, up to KEPT_ARRAY_CELLS cells (every head of an example of up to 120 tokens, 72 maps: ~430
 # KB for an MRPC pair), are kept within KEPT_ARRAY_BYTES of their own, so they never push a layer out: a kept one is
 # answered on the event loop without a thread, a read or a copy (written per request, every head as `.npy` served 0.31-
-# 0.33 of the trivial endpoint's requests/s; session 37). The rest is written per request.
+# 0.33 of the trivial endpoint's requests/s: python benchmarks/load.py --home H --clients 20 --seconds 8,
+# docs/PERFORMANCE.md 2026-11-27). The rest is written per request.
 KEPT_ARRAY_CELLS = 1 << 20
 KEPT_ARRAY_BYTES = 128 << 20
 # JSON answers of at least GZIP_MIN_BYTES go gzip-compressed to a client whose Accept-Encoding admits it (browsers,
 # requests and httpx do), at level 1 (nginx's default): float JSON text shrinks 2.8x (one layer of MRPC: 565 KB -> 202
 # KB in 5.5 ms); level 6 gives 3.6x (157 KB) but takes 22 ms, and under load a layer's first answers then took most of
-# the load bench's warm-up (docs/PERFORMANCE.md, session 31).
+# the load bench's warm-up (docs/PERFORMANCE.md, 2026-11-27 "range reductions for five more kinds; larger HTTP answers kept").
 GZIP_MIN_BYTES = 16 * 1024
 GZIP_LEVEL = 1
 
