@@ -18,18 +18,26 @@ Distance between head a of A and head b of B on one example (`metric`):
 - "frobenius": the Frobenius norm of their difference (Wu et al. 2020).
 The example distances are averaged over the examples (each example once).
 
-The null: each example of A is paired with a *different* example of B of similar word count
-(the examples sorted by word count, each paired with its successor, the last with the first)
-and the two are compared over their first min(n, m) words; for the assigned pair the query
-reports that null's mean and standard deviation over examples and a one-sided paired test
-(z = mean(null - real) / (sd(null - real) / sqrt(n)), p from the normal tail): a match counts
-when its heads agree more than two unrelated sentences of the same length do.
+Two nulls, each a one-sided paired test over the examples (z = mean(null - real) / (sd(null - real) / sqrt(n)),
+p from the normal tail):
+- the **positional null** (`position_*`, the one to read): per example, head a of A is compared with a map built
+  from position alone, its *positional template*: attention spread evenly over the tokens, reweighted by how much
+  more or less a attends, on that example, to the start unit, the separator unit, the previous, same and next word
+  and the other words than even attention does (`position_template`). A match passes when head b of B reproduces
+  a's maps better than a's own positional and special-token profile does, so what the two heads share is more than
+  "both attend to [CLS] and the previous word". A randomly initialised model of the same architecture fails it
+  (docs/QUERIES.md);
+- the **sentence null** (`null_*`, `z`, `p_value`): each example of A is paired with a *different* example of B
+  of similar word count (the examples sorted by word count, each paired with its successor, the last with the
+  first) and the two are compared over their first min(n, m) words. It only says that both heads' maps depend on
+  the sentence: most head pairs pass it, and so does a randomly initialised model.
 
 The assignment is one-to-one, by the Hungarian method (scipy's `linear_sum_assignment`;
 rectangular when the head counts differ, so heads of the larger model stay unmatched); `best_*`
 is each head's nearest head of B regardless of the others. Per example the two (heads of A) x
-(heads of B) matrices, real and null, are the `head_match` summary kind of the pair (kept in A's
-group, fingerprinted with both runs' committed counts and B's uid, queries/summary.py).
+(heads of B) matrices, real and null, and A's heads' distances to their positional templates are the
+`head_match` summary kind of the pair (kept in A's group, fingerprinted with both runs' committed counts and B's
+uid, queries/summary.py).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..store.progress import reporting
 from .common import is_causal, special_role_masks
 from .errors import InvalidArgumentError
 from .registry import register
@@ -104,13 +113,64 @@ def unit_maps(maps: np.ndarray, roles, words: np.ndarray, specials: str, causal:
     pieces = np.stack([word_of == w for w in words]).astype(np.float64)  # (words, L)
     rows = np.einsum("wl,hlu->hwu", pieces / pieces.sum(1, keepdims=True), to_units)  # rows averaged over pieces
     if causal:  # a query word sees the start unit and the words up to itself
-        n_special = 2 if specials == "keep" else 0
-        visible = np.zeros((len(words), rows.shape[-1]), dtype=bool)
-        visible[:, 0] = specials == "keep"
-        visible[:, n_special:] = np.tri(len(words), dtype=bool)
-        rows = rows * visible
+        rows = rows * _visible(len(words), specials)
     total = rows.sum(-1, keepdims=True)
     return np.divide(rows, total, out=np.zeros_like(rows), where=total > 0)
+
+
+def _visible(n_words: int, specials: str) -> np.ndarray:
+    """(words, units) what a causal query word sees: the start unit and the words up to itself."""
+    n_special = 2 if specials == "keep" else 0
+    visible = np.zeros((n_words, n_special + n_words), dtype=bool)
+    visible[:, 0] = specials == "keep"
+    visible[:, n_special:] = np.tri(n_words, dtype=bool)
+    return visible
+
+
+# The parts of a row a positional template is built from, in order (the first two with specials="keep" only).
+POSITION_PARTS = ("start", "separator", "previous", "same", "next", "other words")
+
+
+def position_parts(n_words: int, specials: str, causal: bool) -> np.ndarray:
+    """(parts, words, units) booleans: which units of query word i are its start unit, separator unit, previous,
+    same and next word, and the other words (POSITION_PARTS); a part a row lacks (the first word's previous, a causal
+    row's next word and separator) is empty."""
+    n_special = 2 if specials == "keep" else 0
+    parts = np.zeros((len(POSITION_PARTS), n_words, n_special + n_words), dtype=bool)
+    if n_special:
+        parts[0, :, 0] = parts[1, :, 1] = True
+    rows = np.arange(n_words)
+    for k, offset in ((2, -1), (3, 0), (4, 1)):
+        keys = rows + offset
+        inside = (keys >= 0) & (keys < n_words)
+        parts[k, rows[inside], n_special + keys[inside]] = True
+    parts[5, :, n_special:] = ~parts[2:5, :, n_special:].any(0)
+    if causal:
+        parts &= _visible(n_words, specials)[None]
+    return parts
+
+
+def position_template(x: np.ndarray, specials: str, causal: bool, unit_tokens: np.ndarray | None = None) -> np.ndarray:
+    """(heads, words, units) the positional templates of unit maps x (heads, words, units): attention spread evenly
+    over the tokens (each unit in proportion to its `unit_tokens`, its tokens in A; default one each; what a causal row
+    sees), reweighted per part of POSITION_PARTS by how much more or less the head attends to that part than even
+    attention does (its share on the part over the example's rows that have it, divided by even attention's share on
+    the same rows), rows renormalised; a row that is not a distribution in x stays zero. What position and the
+    special units alone say about the head's maps on this example: the positional null's yardstick. A head that
+    attends evenly is its own template, and so is one that attends only to one part (the previous word, the start)."""
+    n_words, n_units = x.shape[1], x.shape[2]
+    parts = position_parts(n_words, specials, causal).astype(np.float64)  # (parts, words, units)
+    even = np.ones(n_units) if unit_tokens is None else np.asarray(unit_tokens, dtype=np.float64)
+    even = np.broadcast_to(even, (n_words, n_units)) * parts.any(0)  # what each row sees
+    total = even.sum(-1, keepdims=True)
+    even = np.divide(even, total, out=np.zeros_like(even), where=total > 0)
+    rows = x.sum(-1) > 0  # (heads, words): the rows that are distributions
+    share = np.einsum("hwu,kwu->hk", x * rows[..., None], parts)  # the head's share on each part, summed over rows
+    expected = np.einsum("hw,wu,kwu->hk", rows.astype(np.float64), even, parts)  # even attention's, on the same rows
+    ratio = np.divide(share, expected, out=np.zeros_like(share), where=expected > 0)  # (heads, parts)
+    template = np.einsum("hk,kwu->hwu", ratio, parts) * even[None] * rows[..., None]
+    total = template.sum(-1, keepdims=True)
+    return np.divide(template, total, out=np.zeros_like(template), where=total > 0)
 
 
 def _entropy(p: np.ndarray) -> np.ndarray:
@@ -137,6 +197,21 @@ def distances(x: np.ndarray, y: np.ndarray, metric: str) -> np.ndarray:
             return 1.0 - np.where(norms > 0, (fx @ fy.T) / np.where(norms > 0, norms, 1), np.nan)
     square = (fx**2).sum(1)[:, None] + (fy**2).sum(1)[None, :] - 2 * fx @ fy.T
     return np.sqrt(np.maximum(square, 0.0))
+
+
+def paired_distances(x: np.ndarray, y: np.ndarray, metric: str) -> np.ndarray:
+    """(heads,) the distance between head k of x and head k of y (both (heads, n, U)): `distances`' diagonal."""
+    if metric == "js":
+        js = np.maximum(_entropy(0.5 * (x + y)) - 0.5 * (_entropy(x) + _entropy(y)), 0.0)  # (heads, n)
+        used = (x.sum(-1) > 0) & (y.sum(-1) > 0)
+        count = used.sum(-1)
+        return np.where(count > 0, (js * used).sum(-1) / np.maximum(count, 1), np.nan)
+    fx, fy = x.reshape(len(x), -1), y.reshape(len(y), -1)
+    if metric == "cosine":
+        norms = np.linalg.norm(fx, axis=1) * np.linalg.norm(fy, axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return 1.0 - np.where(norms > 0, (fx * fy).sum(1) / np.where(norms > 0, norms, 1), np.nan)
+    return np.sqrt(((fx - fy) ** 2).sum(1))
 
 
 # ---------------------------------------------------------------- the pair's per-example matrices
@@ -181,10 +256,15 @@ def _read(store: Store, a: RunInfo, examples, context) -> Iterator[tuple[int, tu
     for start in range(0, len(examples), READ_GROUP):
         group = examples[start : start + READ_GROUP]
         wanted = sorted(set(group) | {partners[e] for e in group if e in partners})
-        theirs = dict(store.iter_attention(b.id, wanted))
+        with reporting(_uncounted):  # a progress bar counts A's examples, one per example compared, not B's reads
+            theirs = dict(store.iter_attention(b.id, wanted))
         for example, maps in store.iter_attention(a.id, group):
             partner = partners.get(example)
             yield example, (maps, theirs[example], None if partner is None else theirs[partner], partner)
+
+
+def _uncounted(n: int) -> None:
+    """The progress listener while B's maps are read: they are not counted."""
 
 
 def _words(roles) -> np.ndarray:
@@ -199,6 +279,9 @@ def _reduce(context, example: int, pair) -> dict[str, np.ndarray]:
     words = np.intersect1d(_words(ra), _words(rb))  # words cut in either run are dropped in both
     x = unit_maps(maps_a, ra, words, specials, causal)
     real = distances(x, unit_maps(maps_b, rb, words, specials, causal), metric)
+    pieces = (ra[0][None, :] == words[:, None]).sum(1)  # each word's tokens in A, then the special units'
+    unit_tokens = np.concatenate([[ra[1].sum(), ra[2].sum()] if specials == "keep" else [], pieces])
+    position = paired_distances(x, position_template(x, specials, causal, unit_tokens), metric)
     null = np.full_like(real, np.nan)
     if maps_null is not None:  # the first min(n, m) words of the two unrelated examples, position by position
         rn = roles_b[partner]
@@ -207,22 +290,30 @@ def _reduce(context, example: int, pair) -> dict[str, np.ndarray]:
         null = distances(
             unit_maps(maps_a, ra, _words(ra)[:k], specials, causal), unit_maps(maps_null, rn, theirs[:k], specials, causal), metric
         )
-    return {"distance": real, "null": null, "n_words": np.asarray(len(words), dtype=np.int64)}
+    return {"distance": real, "null": null, "position": position, "n_words": np.asarray(len(words), dtype=np.int64)}
 
 
 TOTALS_BLOCK = 256  # examples summed at a time: bounds the temporaries of a range of 4,096 (n x A's heads x B's)
 
 
+SUM_FIELDS = ("real", "null", "null_sq", "diff", "diff_sq", "position_diff", "position_diff_sq")  # (heads of A, of B)
+COUNT_FIELDS = ("n_real", "n_null", "n_position")  # (heads of A, heads of B), int32
+
+
 def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A range's sums of what the queries combine: per (head of A, head of B) the distances and their count, and over the
+    """A range's sums of what the queries combine: per (head of A, head of B) the distances and their count; over the
     examples with a null partner the null distances, their squares, the null-minus-real differences, their squares and
-    their count; `examples`: the range's examples. Kept per range (queries/summary.py), so a whole-run query adds a row
-    per 4,096 examples instead of reading every example's two matrices (~166 KB per example for 72 x 144 heads)."""
+    their count; over the examples where A's head has a positional template distance, the template-minus-real
+    differences, their squares and their count; per head of A the template distances (`position`) and their count;
+    `examples`: the range's examples. Kept per range (queries/summary.py), so a whole-run query adds a row per 4,096
+    examples instead of reading every example's two matrices (~166 KB per example for 72 x 144 heads)."""
     shape = part["distance"].shape[1:]
-    out = {name: np.zeros(shape) for name in ("real", "null", "null_sq", "diff", "diff_sq")}
-    out.update(n_real=np.zeros(shape, np.int32), n_null=np.zeros(shape, np.int32))
+    out: dict[str, np.ndarray] = {name: np.zeros(shape) for name in SUM_FIELDS}
+    out.update({name: np.zeros(shape, np.int32) for name in COUNT_FIELDS})
+    out.update(position=np.zeros(shape[0]), n_position_a=np.zeros(shape[0], np.int32))
     for start in range(0, len(part["example"]), TOTALS_BLOCK):
         r, s = part["distance"][start : start + TOTALS_BLOCK], part["null"][start : start + TOTALS_BLOCK]
+        t = part["position"][start : start + TOTALS_BLOCK]  # (examples, heads of A)
         seen = ~np.isnan(r)
         both = seen & ~np.isnan(s)
         d = np.where(both, s - r, 0.0)
@@ -234,6 +325,13 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out["diff_sq"] += (d * d).sum(0)
         out["n_real"] += seen.sum(0, dtype=np.int32)
         out["n_null"] += both.sum(0, dtype=np.int32)
+        templated = seen & ~np.isnan(t)[:, :, None]
+        p = np.where(templated, t[:, :, None] - r, 0.0)
+        out["position_diff"] += p.sum(0)
+        out["position_diff_sq"] += (p * p).sum(0)
+        out["n_position"] += templated.sum(0, dtype=np.int32)
+        out["position"] += np.where(np.isnan(t), 0.0, t).sum(0)
+        out["n_position_a"] += (~np.isnan(t)).sum(0, dtype=np.int32)
     out["examples"] = np.asarray(len(part["example"]), np.int64)
     return out
 
@@ -241,7 +339,7 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 HEAD_MATCH = register_kind(
     SummaryKind(
         "head_match",
-        1,
+        2,
         _prepare,
         _reduce,
         defaults={"other": "", "metric": "js", "specials": "keep"},
@@ -274,8 +372,8 @@ def match_sums(store: Store, run, other, examples, metric: str, specials: str) -
     sums = summary_totals(store, a, HEAD_MATCH, examples, other=b.name, metric=metric, specials=specials)
     if not sums:  # no shared example
         shape = (a.n_layers * a.n_heads, b.n_layers * b.n_heads)
-        sums = {name: np.zeros(shape) for name in ("real", "null", "null_sq", "diff", "diff_sq", "n_real", "n_null")}
-        sums["examples"] = np.asarray(0)
+        sums = {name: np.zeros(shape) for name in SUM_FIELDS + COUNT_FIELDS}
+        sums.update(position=np.zeros(shape[0]), n_position_a=np.zeros(shape[0]), examples=np.asarray(0))
     n_examples = int(sums.pop("examples"))
     return a, b, {**sums, "n_examples": n_examples}
 
@@ -292,6 +390,21 @@ def _sd(total: np.ndarray, squares: np.ndarray, count: np.ndarray) -> np.ndarray
     return np.sqrt(np.maximum(var, 0))
 
 
+def _paired_z(diff: np.ndarray, squares: np.ndarray, count: np.ndarray, rows: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """Per row, the one-sided paired test's z for its chosen column: mean(null - real) / (sd(null - real) / sqrt(n)),
+    from the sums of the differences and their squares; NaN with fewer than two examples or no spread."""
+    n = count[rows, chosen]
+    mean = _mean(diff, count)[rows, chosen]
+    sd = _sd(diff, squares, count)[rows, chosen]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((n > 1) & (sd > 0), mean / (sd / np.sqrt(np.maximum(n, 1))), np.nan)
+
+
+def _tail(z: np.ndarray) -> np.ndarray:
+    """The normal upper tail of each z (NaN stays NaN)."""
+    return np.array([0.5 * math.erfc(v / math.sqrt(2)) if np.isfinite(v) else np.nan for v in z])
+
+
 @register("head_match_matrix", per_head=False)
 def head_match_matrix(
     store: Store, *, run, other: str | None = None, metric: str = "js", specials: str = "keep", examples=None
@@ -302,11 +415,15 @@ def head_match_matrix(
     of the per-example distance: metric="js" the mean over query words of the Jensen-Shannon
     divergence of their rows, "cosine" 1 - cosine of the flattened word maps, "frobenius"
     the norm of their difference), null_mean (the same between unrelated examples of similar
-    word count), n_examples. Maps are compared over the words both runs keep, with a start and
-    a separator unit (specials="keep") or words only ("drop"); see queries/head_match.py.
+    word count), position_null (the head of A's mean distance to its own positional template:
+    a pair whose distance is below it reproduces the head's maps better than position and the
+    special units alone), n_examples. Maps are compared over the words both runs keep, with a
+    start and a separator unit (specials="keep") or words only ("drop"); see
+    queries/head_match.py.
     """
     a, b, sums = match_sums(store, run, other, examples, metric, specials)
     distance, null = _mean(sums["real"], sums["n_real"]), _mean(sums["null"], sums["n_null"])
+    position = _mean(sums["position"], sums["n_position_a"])
     ha, hb = np.meshgrid(np.arange(a.n_layers * a.n_heads), np.arange(b.n_layers * b.n_heads), indexing="ij")
     frame = pd.DataFrame(
         {
@@ -316,6 +433,7 @@ def head_match_matrix(
             "other_head": (hb % b.n_heads).ravel(),
             "distance": distance.ravel(),
             "null_mean": null.ravel(),
+            "position_null": position[ha.ravel()],
             "n_examples": sums["n_examples"],
         }
     )
@@ -356,8 +474,14 @@ def head_match(store: Store, *, run, other: str | None = None, metric: str = "js
     in standard deviations below the mean over B's heads); null_mean, null_sd (the matched
     pair's distance between unrelated examples of similar word count, over examples); z,
     p_value (one-sided paired test that the match is closer than that null: most head
-    pairs pass it, so it shows that the maps depend on the sentence, not that two heads
-    correspond -- read rank, margin and row_z for that); n_examples.
+    pairs pass it, a randomly initialised model too, so it only shows that the maps depend
+    on the sentence); position_null (the head's mean distance to its positional template:
+    attention spread evenly over the tokens, reweighted per example by how much the head
+    attends to the start and separator units, the previous, same and next word and the other
+    words), position_z, position_p
+    (one-sided paired test that the match is closer than that template: the null to read,
+    which a randomly initialised model fails; no match can pass it for a head its template
+    reproduces, such as a pure previous-word head); n_examples.
     """
     a, b, sums = match_sums(store, run, other, examples, metric, specials)
     distance = _mean(sums["real"], sums["n_real"])
@@ -368,12 +492,9 @@ def head_match(store: Store, *, run, other: str | None = None, metric: str = "js
     chosen = np.where(match >= 0, match, 0)
     null_mean = _mean(sums["null"], sums["n_null"])[rows, chosen]
     null_sd = _sd(sums["null"], sums["null_sq"], sums["n_null"])[rows, chosen]
-    n = sums["n_null"][rows, chosen]
-    diff_mean = _mean(sums["diff"], sums["n_null"])[rows, chosen]
-    diff_sd = _sd(sums["diff"], sums["diff_sq"], sums["n_null"])[rows, chosen]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        z = np.where((n > 1) & (diff_sd > 0), diff_mean / (diff_sd / np.sqrt(np.maximum(n, 1))), np.nan)
-    p = np.array([0.5 * math.erfc(v / math.sqrt(2)) if np.isfinite(v) else np.nan for v in z])
+    z = _paired_z(sums["diff"], sums["diff_sq"], sums["n_null"], rows, chosen)
+    position_z = _paired_z(sums["position_diff"], sums["position_diff_sq"], sums["n_position"], rows, chosen)
+    p, position_p = _tail(z), _tail(position_z)
     matched = match >= 0
     # how exceptional the match is among the heads of B: its rank in the row (1 = nearest) and its distance in standard
     # deviations below the row's mean (the null above only says that the maps depend on the sentence)
@@ -398,6 +519,9 @@ def head_match(store: Store, *, run, other: str | None = None, metric: str = "js
             "null_sd": np.where(matched, null_sd, np.nan),
             "z": np.where(matched, z, np.nan),
             "p_value": np.where(matched, p, np.nan),
+            "position_null": _mean(sums["position"], sums["n_position_a"]),
+            "position_z": np.where(matched, position_z, np.nan),
+            "position_p": np.where(matched, position_p, np.nan),
             "n_examples": sums["n_examples"],
         }
     )

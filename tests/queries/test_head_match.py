@@ -121,7 +121,7 @@ def test_a_permutation_of_heads_is_recovered_with_distance_zero(store, pair):
     frame = run_query(store, "head_match", run=a, other=b)
     assert list(frame.columns) == [
         "layer", "head", "match_layer", "match_head", "distance", "best_layer", "best_head", "best_distance", "margin",
-        "rank", "row_z", "null_mean", "null_sd", "z", "p_value", "n_examples",
+        "rank", "row_z", "null_mean", "null_sd", "z", "p_value", "position_null", "position_z", "position_p", "n_examples",
     ]  # fmt: skip
     matched = frame["match_layer"].astype(int) * 2 + frame["match_head"].astype(int)  # B's flat head index
     assert (PERMUTATION[matched.to_numpy()] == np.arange(6)).all()  # B's head k is A's head PERMUTATION[k]
@@ -130,6 +130,7 @@ def test_a_permutation_of_heads_is_recovered_with_distance_zero(store, pair):
     assert (frame["margin"] > 0.01).all() and (frame["null_mean"] > 0.01).all() and (frame["n_examples"] == len(WORD_COUNTS)).all()
     assert (frame["z"] > 3).all() and (frame["p_value"] < 1e-3).all()  # far closer than unrelated sentences
     assert (frame["rank"] == 1).all() and (frame["row_z"] > 1).all()  # and the nearest of B's heads, well below the rest
+    assert (frame["position_null"] > 0.01).all() and (frame["position_p"] < 1e-3).all()  # and closer than position alone
 
 
 def test_every_distance_is_the_naive_one(store, pair):
@@ -229,7 +230,9 @@ def test_the_report_writes_the_table_and_both_figures(store, pair, tmp_path):
     assert {"README.md", "head_match.csv", "head_match_matrix.csv", "head_match_layers.csv"} <= names
     assert {"head_match_matrix.png", "head_match_matrix.svg", "head_match_layers.png", "head_match_layers.svg"} <= names
     text = (tmp_path / "README.md").read_text()
-    assert "6 of 6 one-to-one matches beat the null at p < 0.01/6" in text
+    assert "**6 of 6 heads of A have a one-to-one match that beats the positional null** at p < 0.01/6" in text
+    assert "The sentence null" in text and "## What these numbers can and cannot claim" in text
+    assert "the first time, this builds the pair's summary" in result.output
     layers = np.loadtxt(tmp_path / "head_match_layers.csv", delimiter=",", skiprows=1)
     assert layers.shape == (2, 6) and (layers[:, -1] == 3).all()  # each layer of A: its 3 heads matched
 
