@@ -73,6 +73,7 @@ from .importing import _copy_arrays as _copy_arrays
 from .importing import _copy_checkpoints as _copy_checkpoints
 from .importing import _has_work as _has_work
 from .importing import _insert_rows as _insert_rows
+from .importing import _remove_written as _remove_written
 from .importing import _without_id as _without_id
 from .importing import import_bundle as import_bundle
 from .manifest import BATCH_KEYS as BATCH_KEYS
@@ -81,9 +82,12 @@ from .manifest import BLOCK as BLOCK
 from .manifest import FORMAT as FORMAT
 from .manifest import FORMAT_VERSION as FORMAT_VERSION
 from .manifest import MANIFEST as MANIFEST
+from .manifest import MAX_LINE_CHARS as MAX_LINE_CHARS
+from .manifest import MAX_TEXT_BYTES as MAX_TEXT_BYTES
 from .manifest import TABLE_ORDER as TABLE_ORDER
 from .manifest import TABLES as TABLES
 from .manifest import _attnstore_version as _attnstore_version
+from .manifest import _check_row as _check_row
 from .manifest import _read_manifest as _read_manifest
 from .manifest import _refuse_newer_schema as _refuse_newer_schema
 from .manifest import _safe_name as _safe_name
@@ -101,6 +105,7 @@ from .store_files import _models_location as _models_location
 from .store_files import _node as _node
 from .store_files import _open_checkpoint_file as _open_checkpoint_file
 from .store_files import _zarr_delete as _zarr_delete
+from .store_files import _zarr_delete_dir as _zarr_delete_dir
 from .store_files import _zarr_get as _zarr_get
 from .store_files import _zarr_keys as _zarr_keys
 from .store_files import _zarr_set as _zarr_set

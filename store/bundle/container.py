@@ -38,7 +38,7 @@ import sqlalchemy as sa
 
 from .. import remote
 from ..errors import ConflictError, CorruptInputError, InvalidArgumentError, NotFoundError, StorageIOError
-from .manifest import BLOCK, MANIFEST, TABLES, _read_manifest, _verify
+from .manifest import BLOCK, MANIFEST, MAX_LINE_CHARS, MAX_TEXT_BYTES, TABLES, _check_row, _read_manifest, _verify
 
 # -------------------------------------------------------------------------------------------------- locations
 
@@ -324,14 +324,24 @@ class Bundle:
             return
         dates = [c.name for c in TABLES[table].columns if isinstance(c.type, sa.DateTime)]
         with self.open(name) as raw, gzip.open(raw, "rt", encoding="utf-8") as lines:
-            for n, line in enumerate(lines, 1):
+            n = 0
+            while line := lines.readline(MAX_LINE_CHARS + 1):  # a longer line is refused before it is read whole
+                n += 1
+                if len(line) > MAX_LINE_CHARS:
+                    raise InvalidArgumentError(
+                        f"bundle {self.location}: table {table}, row {n} is over {MAX_LINE_CHARS:,} characters "
+                        f"(a value of a bundle may hold {MAX_TEXT_BYTES:,} bytes)"
+                    )
                 try:
                     row = json.loads(line)
+                    if not isinstance(row, dict):
+                        raise TypeError(f"a JSON {type(row).__name__}, not an object")
                     for col in dates:
                         if row.get(col) is not None:
                             row[col] = datetime.fromisoformat(row[col])
                 except (ValueError, TypeError) as exc:
                     raise CorruptInputError(f"bundle {self.location}: {name} line {n} cannot be read ({exc})") from None
+                _check_row(self, table, n, row, len(line))
                 yield row
 
 

@@ -2,7 +2,9 @@
 
 Under the leases ingest takes, it plans again (plan.py), copies the arrays (every sha256 rechecked) and the
 checkpoints, then inserts every row in one SQL transaction with new ids, every foreign key remapped. An import
-that fails before its rows leaves at most arrays that the next import of the bundle replaces.
+that fails after it began to copy (a row refused by container.py's checks, a database error, a full disk) removes
+the array keys and checkpoint folders it wrote, and only those (`_remove_written`); one killed on the way leaves
+arrays that the next import of the bundle replaces.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ..errors import CorruptInputError
 from .container import Bundle, _hash, _io_error, _storage_errors, open_bundle
 from .manifest import BATCH_KEYS, BATCH_ROWS, BLOCK, TABLES, _verify
 from .plan import _Plan, _plan
-from .store_files import _ancestors, _models_location, _node, _zarr_delete, _zarr_get, _zarr_keys, _zarr_set
+from .store_files import _ancestors, _models_location, _node, _zarr_delete, _zarr_delete_dir, _zarr_get, _zarr_keys, _zarr_set
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -49,8 +51,10 @@ class ImportReport:
         return bool(self.imported or self.models or self.checkpoints or self.n_rows)
 
 
-def _copy_arrays(store: Store, bundle: Bundle, plan: _Plan, rename: Mapping[str, str]) -> int:
-    """Copy every key of the runs' nodes into the target root (rechecking each sha256), and missing group metadata."""
+def _copy_arrays(store: Store, bundle: Bundle, plan: _Plan, rename: Mapping[str, str], written: list[str] | None = None) -> int:
+    """Copy every key of the runs' nodes into the target root (rechecking each sha256), and missing group metadata.
+    `written` gets each key of a run's node before it is written (not the group metadata above the nodes)."""
+    written = [] if written is None else written
     root = arrays.open_root(store.locations.array_root, read_only=False)
     copied = 0
     for run in plan.runs:
@@ -75,6 +79,7 @@ def _copy_arrays(store: Store, bundle: Bundle, plan: _Plan, rename: Mapping[str,
                         data = json.dumps(meta, indent=2).encode()
                 items.append((key, data))
                 copied += len(data)
+            written.extend(key for key, _ in items)
             _zarr_set(root, items)
         for key in _ancestors(target):
             name = f"arrays/{key}"
@@ -83,11 +88,14 @@ def _copy_arrays(store: Store, bundle: Bundle, plan: _Plan, rename: Mapping[str,
     return copied
 
 
-def _copy_checkpoints(store: Store, bundle: Bundle, checkpoints: list[str]) -> int:
-    """Copy checkpoint folders into the target's models folder (a local folder appears whole, by rename)."""
+def _copy_checkpoints(store: Store, bundle: Bundle, checkpoints: list[str], written: list[str] | None = None) -> int:
+    """Copy checkpoint folders into the target's models folder (a local folder appears whole, by rename). `written`
+    gets each folder before it is written (the plan copies only folders the target lacks)."""
+    written = [] if written is None else written
     fs, root = _models_location(store)
     copied = 0
     for checkpoint in checkpoints:
+        written.append(checkpoint)
         names = bundle.names_under(f"models/{checkpoint}/")
         if fs is None:
             final = Path(root) / checkpoint
@@ -241,6 +249,29 @@ def _insert_rows(conn: sa.Connection, plan: _Plan, bundle: Bundle, rename: Mappi
     return added_models, n
 
 
+def _remove_written(store: Store, nodes: list[str], keys: list[str], checkpoints: list[str]) -> None:
+    """Undo the copies of an import that failed: delete the array keys it wrote (then each of the runs' `nodes` left
+    empty, with its folders on a local root) and the checkpoint folders it copied. The group metadata above the runs' nodes
+    (zarr.json of the root and of runs/, a few hundred bytes) stays: another writer may have begun to use it.
+    Best effort: a failure here does not hide the import's own error."""
+    with contextlib.suppress(Exception):
+        root = arrays.open_root(store.locations.array_root, read_only=False)
+        for i in range(0, len(keys), BATCH_KEYS):
+            _zarr_delete(root, keys[i : i + BATCH_KEYS])
+        for node in nodes:
+            if not _zarr_keys(root, node + "/"):
+                _zarr_delete_dir(root, node)
+    for checkpoint in checkpoints:
+        with contextlib.suppress(Exception):
+            fs, models = _models_location(store)
+            if fs is None:
+                final = Path(models) / checkpoint
+                shutil.rmtree(final.with_name(final.name + ".partial-import"), ignore_errors=True)
+                shutil.rmtree(final, ignore_errors=True)
+            elif fs.exists(f"{models}/{checkpoint}"):
+                fs.rm(f"{models}/{checkpoint}", recursive=True)
+
+
 def _has_work(plan: _Plan) -> bool:
     return bool(plan.runs or plan.new_models or plan.checkpoints or plan.ablation)
 
@@ -278,14 +309,21 @@ def import_bundle(store: Store, source: str | Bundle, *, rename: Mapping[str, st
             plan = _plan(store, bundle, rename)  # again, under the leases: what another process did meanwhile counts
             if not _has_work(plan):
                 return ImportReport(bundle.location, (), tuple(plan.already), (), (), (), 0, 0, time.perf_counter() - started)
+            keys: list[str] = []
+            folders: list[str] = []
             try:
-                with _storage_errors(bundle.location, "read"):
-                    copied = _copy_arrays(store, bundle, plan, rename)
-                    copied += _copy_checkpoints(store, bundle, plan.checkpoints)
-            except OSError as exc:
-                raise _io_error(exc, f"copy the bundle's files into {store.locations.array_root}") from None
-            with store.session() as session:
-                added, n_rows = _insert_rows(session.connection(), plan, bundle, rename)
+                try:
+                    with _storage_errors(bundle.location, "read"):
+                        copied = _copy_arrays(store, bundle, plan, rename, keys)
+                        copied += _copy_checkpoints(store, bundle, plan.checkpoints, folders)
+                except OSError as exc:
+                    raise _io_error(exc, f"copy the bundle's files into {store.locations.array_root}") from None
+                with store.session() as session:
+                    added, n_rows = _insert_rows(session.connection(), plan, bundle, rename)
+            except BaseException:
+                nodes = [_node(plan.array_paths[r["id"]]) for r in plan.runs]
+                _remove_written(store, nodes, keys, folders)  # a refused row, a database error, Ctrl-C: no orphan arrays
+                raise
     finally:
         if not isinstance(source, Bundle):
             bundle.close()

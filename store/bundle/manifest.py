@@ -46,6 +46,13 @@ TABLE_ORDER = (
 )
 TABLES: dict[str, sa.Table] = {name: Base.metadata.tables[name] for name in TABLE_ORDER}
 BATCH_ROWS = 5000  # rows per INSERT batch and per read of the source
+# The most one text (or JSON) value of an imported row may hold, in UTF-8 bytes: an example's text, a word, a token, a
+# run's manifest. Ingest makes none near it (an example is a sentence or a window of a document); a bundle holding more
+# is refused, so that no reader of the store (the HTTP server's examples, its SQL answers: 1,000,000 bytes a value)
+# meets a value planted by a bundle.
+MAX_TEXT_BYTES = 1_000_000
+# The longest line of a table file read: a row of several values at their limit, each escaped by JSON (\uXXXX).
+MAX_LINE_CHARS = 16 * MAX_TEXT_BYTES
 BATCH_KEYS = 32  # Zarr keys fetched or stored concurrently (chunks are 2 MiB by default)
 BLOCK = 1 << 20
 
@@ -138,3 +145,48 @@ def _schema_revision(engine: sa.Engine) -> str | None:
     from ..migrate import current_revision
 
     return current_revision(engine)
+
+
+def _row_limits(table: str) -> tuple[frozenset[str], dict[str, int], frozenset[str]]:
+    """(the table's columns, {String(n) column: n}, the columns whose values are bounded by MAX_TEXT_BYTES)."""
+    columns = TABLES[table].columns
+    lengths = {c.name: c.type.length for c in columns if isinstance(c.type, sa.String) and c.type.length}
+    texts = frozenset(c.name for c in columns if isinstance(c.type, (sa.String, sa.JSON)) and c.name not in lengths)
+    return frozenset(c.name for c in columns), lengths, texts
+
+
+_LIMITS = {table: _row_limits(table) for table in TABLE_ORDER}
+
+
+def _check_row(bundle: Bundle, table: str, line: int, row: dict, line_chars: int) -> None:
+    """Refuse (one line naming the bundle, the table, the row and the limit) a row with a column the table does not
+    have -- it would be dropped without a word -- or a value over its column's length or MAX_TEXT_BYTES."""
+    known, lengths, texts = _LIMITS[table]
+
+    def where() -> str:
+        key = ", ".join(f"{c.name} {row[c.name]}" for c in TABLES[table].primary_key.columns if c.name in row)
+        return f"bundle {bundle.location}: table {table}, row {line}" + (f" ({key})" if key else "")
+
+    if not known.issuperset(row):
+        unknown = sorted(set(row) - known)
+        raise InvalidArgumentError(
+            f"{where()} has column {', '.join(repr(c) for c in unknown)}, which table {table} of this attnstore does not "
+            f"have (the bundle says schema {bundle.manifest.get('schema_revision')!r}, attnstore "
+            f"{bundle.manifest.get('attnstore_version', '?')}); refused rather than imported without it"
+        )
+    for column, limit in lengths.items():
+        value = row.get(column)
+        if isinstance(value, str) and len(value) > limit:
+            raise InvalidArgumentError(f"{where()}: {column} holds {len(value):,} characters, over the {limit} of its column")
+    if line_chars <= MAX_TEXT_BYTES // 4:  # no value of a shorter line can pass the limit, whatever it holds
+        return
+    for column in texts:
+        value = row.get(column)
+        if value is None:
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        size = len(text.encode("utf-8", "surrogatepass"))  # at most 4 bytes a character of the line
+        if size > MAX_TEXT_BYTES:
+            raise InvalidArgumentError(
+                f"{where()}: {column} holds {size:,} bytes, over the {MAX_TEXT_BYTES:,} a text value of a bundle may hold"
+            )

@@ -61,6 +61,11 @@ def _zarr_delete(zstore: Any, keys: list[str]) -> None:
     sync(delete_all())
 
 
+def _zarr_delete_dir(zstore: Any, prefix: str) -> None:
+    """Remove what is left under `prefix` (the empty folders of a local root)."""
+    sync(zstore.delete_dir(prefix))
+
+
 def _ancestors(node: str) -> list[str]:
     """The group metadata keys above a run's node: zarr.json, runs/zarr.json for runs/<slug>."""
     parts = node.strip("/").split("/")[:-1]

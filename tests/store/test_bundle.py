@@ -570,7 +570,7 @@ def test_an_import_failing_in_sql_leaves_no_rows_and_is_redone(tmp_path, make_ru
     with pytest.raises(RuntimeError, match="power cut"):
         import_bundle(dst, str(tmp_path / "b.zip"))
     assert counts(dst) == before  # one transaction: no row at all, and the leases are released
-    assert (tmp_path / "dst" / "attention.zarr" / "runs" / "dep" / "zarr.json").exists()  # the orphan arrays are harmless
+    assert not (tmp_path / "dst" / "attention.zarr" / "runs" / "dep").exists()  # nor the arrays it had copied
     monkeypatch.setattr(bundle_importing, "_insert_rows", real)
     assert import_bundle(dst, str(tmp_path / "b.zip")).imported == ("dep",)
     assert_same_runs(src, dst, ["dep"])
@@ -605,3 +605,92 @@ def test_a_run_being_written_in_the_target_is_busy(tmp_path, make_run):
             import_bundle(dst, str(tmp_path / "b.zip"))
         assert {k: v for k, v in counts(dst).items() if k != "leases"} == {k: v for k, v in before.items() if k != "leases"}
     assert not (tmp_path / "dst" / "attention.zarr" / "runs" / "dep").exists()
+
+
+def rewrite_table(folder: Path, table: str, change) -> None:
+    """Rewrite tables/TABLE.jsonl.gz of a folder bundle with `change(rows)` applied, its checksum in the manifest
+    updated (so only attnstore's checks of the rows themselves can refuse it)."""
+    import gzip
+    import hashlib
+
+    name = f"tables/{table}.jsonl.gz"
+    with gzip.open(folder / name, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+    with gzip.open(folder / name, "wt", encoding="utf-8") as fh:
+        for row in change(rows):
+            fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    data = (folder / name).read_bytes()
+    manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    (folder / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def test_rows_over_their_bounds_or_with_unknown_columns_are_refused_and_leave_nothing(tmp_path, make_run, store):
+    """Issue 49 item 7: a bundle planted a 200 MB example text that the HTTP server then served whole; a bundle refused at
+    its tables left its array files (139 MB); a runs row with a column this attnstore lacks was imported without it. Each
+    is refused in one line naming the bundle, the table, the row and the limit (or column), on both backends, and the
+    arrays and checkpoint folder the import had copied are removed -- only those: a run already in the store is kept."""
+    import shutil
+
+    src = sqlite_store(tmp_path / "src")
+    built = build_source(src, make_run)
+    export_runs(src, ["dep", "dep-ft"], str(tmp_path / "good"))
+    make_run(store, [maps_for(4, 99)], [["[CLS]", "x", "y", "[SEP]"]], name="kept")
+    zroot, models = Path(store.locations.array_root), Path(store.locations.models_root)
+    before, kept_files = counts(store), tree(zroot / "runs" / "kept")
+
+    def planted(name: str, table: str, change) -> str:
+        folder = tmp_path / name
+        shutil.copytree(tmp_path / "good", folder)
+        rewrite_table(folder, table, change)
+        return str(folder)
+
+    def first(**values):
+        return lambda rows: [{**rows[0], **values}, *rows[1:]]
+
+    limit = bundle_mod.MAX_TEXT_BYTES
+    cases = [
+        # refused while the rows are inserted, after the arrays and the checkpoint were copied
+        (
+            "big-text",
+            "examples",
+            first(text_a="x" * (2 * limit)),
+            r"table examples, row 1 \(id \d+\): text_a holds 2,000,000 bytes, over the 1,000,000",
+        ),
+        (
+            "long-line",
+            "examples",
+            first(text_b="é" * (bundle_mod.MAX_LINE_CHARS + 1)),
+            "table examples, row 1 is over 16,000,000 characters",
+        ),
+        (
+            "long-label",
+            "examples",
+            first(label="y" * 65),
+            r"table examples, row 1 \(id \d+\): label holds 65 characters, over the 64 of its column",
+        ),
+        (
+            "big-token",
+            "tokens",
+            first(token="z" * (limit + 1)),
+            r"table tokens, row 1 \(run_id \d+, example_id \d+, position 0\): token holds 1,000,001 bytes",
+        ),
+        # refused while the import is planned, before anything is written
+        (
+            "extra-column",
+            "runs",
+            first(extra_col=1),
+            r"table runs, row 1 \(id \d+\) has column 'extra_col', which table runs of this attnstore",
+        ),
+    ]
+    for name, table, change, message in cases:
+        bundle = planted(name, table, change)
+        with pytest.raises(InvalidArgumentError, match=message) as err:
+            import_bundle(store, bundle)
+        assert str(err.value).startswith(f"bundle {bundle}: ") and "\n" not in str(err.value), name
+        assert counts(store) == before, name
+        assert sorted(p.name for p in (zroot / "runs").iterdir() if p.name != "zarr.json") == ["kept"], name
+        assert tree(zroot / "runs" / "kept") == kept_files and not (models / built["checkpoint"]).exists(), name
+    assert check_store(store)[1].empty
+    assert import_bundle(store, str(tmp_path / "good")).imported == ("dep", "dep-ft")  # the bundle as exported: whole
+    assert_same_runs(src, store, ["dep", "dep-ft"])
