@@ -17,7 +17,7 @@ import pandas as pd
 from ..queries import QUERIES, load_all, run_query
 from ..store.errors import AttnStoreError
 from ..store.plot import new_figure
-from .report import _has_tabulate, _save
+from .report import _has_tabulate, _save, left_out
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -286,7 +286,17 @@ def kovaleva_report(
             "fig3_frame_heads",
             "Red squares: heads above the 99th percentile.",
         )
+    else:
+        how = "--frame-run RUN (a run over framenet/1.5:exemplars) adds it"
+        lines.extend(["## Fig. 3: heads specific to frame-semantic relations", "", left_out("kovaleva", "Fig. 3 (frame heads)", how), ""])
     pairs = {t: (runs[t], r) for t, r in finetuned.items() if t in runs}
+    unpaired = sorted(set(finetuned) - set(runs))
+    if unpaired:
+        how = f"give --run {unpaired[0]}=RUN (its pre-trained run) beside --finetuned-run {unpaired[0]}=..."
+        lines.extend([left_out("kovaleva", f"the fine-tuned run(s) of {', '.join(unpaired)}, which have no pre-trained run", how), ""])
+    if not pairs:
+        how = "--finetuned-run TASK=RUN (a fine-tuned model's run over the same examples) adds them"
+        lines.extend(["## Fig. 5 and Fig. 6 (fine-tuned)", "", left_out("kovaleva", "Fig. 5 and the fine-tuned Fig. 6", how), ""])
     if pairs:
         section(
             "Fig. 5: change of attention after fine-tuning",

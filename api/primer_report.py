@@ -19,7 +19,7 @@ from ..queries import run_query
 from ..store.errors import AttnStoreError
 from ..store.plot import new_figure
 from .ablation_report import draw_pruning
-from .report import _caption, _layer_axis, _legend_beside, _save, _table
+from .report import _caption, _layer_axis, _legend_beside, _save, _table, left_out
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -206,18 +206,29 @@ def primer_report(
     )
 
     if tree_run is not None:
-        trees = run_query(store, "head_trees_summary", run=tree_run)
-        random = run_query(store, "head_trees_summary", run=random_tree_run) if random_tree_run is not None else None
-        _save(draw_trees(trees, random, _caption(store, tree_run)), folder, "trees")
-        body = [
-            f"{_caption(store, tree_run)}. Query `head_trees_summary`: per relation the best head's MAX and MST undirected "
-            "attachment accuracy and the adjacent-word chain.",
-            "",
-            _table(trees, folder, "trees"),
-        ]
-        if random is not None:
-            body += ["", f"Random-init baseline: {_caption(store, random_tree_run)}.", "", _table(random, folder, "trees_random_init")]
-        lines += _section("Trees from heads (Htut et al. 2019)", [*body, "", "![trees](trees.png)"])
+        baseline: list[str] = []
+        if random_tree_run is None:
+            how = "--random-tree-run RUN (the same corpus through a randomly initialised model) adds it"
+            baseline = ["", left_out("primer", "the trees' random-init baseline", how)]
+        try:
+            trees = run_query(store, "head_trees_summary", run=tree_run)
+            random = run_query(store, "head_trees_summary", run=random_tree_run) if random_tree_run is not None else None
+        except AttnStoreError as exc:
+            lines += _section("Trees from heads (Htut et al. 2019)", [f"Not drawn: {exc}"])
+        else:
+            _save(draw_trees(trees, random, _caption(store, tree_run)), folder, "trees")
+            body = [
+                f"{_caption(store, tree_run)}. Query `head_trees_summary`: per relation the best head's MAX and MST "
+                "undirected attachment accuracy and the adjacent-word chain.",
+                "",
+                _table(trees, folder, "trees"),
+            ]
+            if random is not None:
+                body += ["", f"Random-init baseline: {_caption(store, random_tree_run)}.", "", _table(random, folder, "trees_random_init")]
+            lines += _section("Trees from heads (Htut et al. 2019)", [*body, *baseline, "", "![trees](trees.png)"])
+    else:
+        how = "--tree-run RUN (a run over a corpus with gold trees, e.g. `attnstore ingest --dataset ud/en_ewt:dev`) adds it"
+        lines += _section("Trees from heads (Htut et al. 2019)", [left_out("primer", "trees from heads (Htut et al. 2019)", how)])
 
     if attribution_run is not None:
         try:
@@ -241,8 +252,12 @@ def primer_report(
                     "tau_sd": [signed["tau_sd"].mean(), absolute["tau_sd"].mean()],
                 }
             )
+            seed_line: list[str] = []
             if seed_run is not None:  # how far two fine-tunes' saliencies agree: the yardstick for the heads' taus
                 summary["tau_seed"] = [signed["tau_seed"].iloc[0], absolute["tau_seed"].iloc[0]]
+            else:
+                how = "--seed-run RUN (the same task fine-tuned with another seed, with saliency) adds it"
+                seed_line = ["", left_out("primer", "the seed baseline tau_seed", how)]
             lines += _section(
                 "Attention vs attribution (Jain & Wallace 2019)",
                 [
@@ -250,10 +265,14 @@ def primer_report(
                     "[CLS] row and the run's gradient x input saliency (`attnstore saliency`), per example, then averaged.",
                     "",
                     _table(summary, folder, "attribution_summary"),
+                    *seed_line,
                     "",
                     "![attention vs attribution](attribution.png)",
                 ],
             )
+    else:
+        how = "--attribution-run RUN (a fine-tuned model's run with `attnstore saliency`) adds it"
+        lines += _section("Attention vs attribution (Jain & Wallace 2019)", [left_out("primer", "attention vs attribution", how)])
 
     if prune is not None:
         model, task = prune
@@ -282,6 +301,10 @@ def primer_report(
                         f"![pruning](pruning_{mode}.png)",
                     ],
                 )
+
+    else:
+        how = "--prune MODEL:TASK (a model pruned with `attnstore prune`) adds it"
+        lines += _section("Head importance and pruning (Michel et al. 2019)", [left_out("primer", "the pruning curve", how)])
 
     path = folder / "README.md"
     path.write_text("\n".join(lines), encoding="utf-8")

@@ -23,6 +23,16 @@ CATEGORY_COLOURS = {"to_cls": "tab:red", "to_sep": "tab:blue", "to_punct": "tab:
 CATEGORY_LABELS = {"to_cls": "[CLS]-like", "to_sep": "[SEP]-like", "to_punct": ". or ,"}
 
 
+def left_out(report: str, section: str, how: str) -> str:
+    """A part of a report left out because the option that adds it was not given: one line on stderr naming the part
+    and the option, and the same line returned for the report's text (a section never disappears without a word)."""
+    import click
+
+    line = f"Left out: {section}; {how}."
+    click.echo(f"report {report}: {line}", err=True)
+    return line
+
+
 def _caption(store: Store, run) -> str:
     info = store.run_info(run)
     return f"{info.model} on {info.dataset}:{info.split} ({info.n_stored} examples, run {info.name})"
@@ -246,6 +256,9 @@ def clark_report(store: Store, run, out: str, coref_run=None, mds_examples: int 
             _table(coref, out_dir, "table2_coreference"),
             "",
         ]
+    else:
+        how = "--coref-run RUN (a run over gum/ontogum:dev windows, `attnstore ingest --dataset gum/ontogum:dev`) adds it"
+        lines += ["## Table 2 — coreference antecedent selection (Sec. 4.3)", "", left_out("clark", "Table 2 (coreference)", how), ""]
     probes = store.probe_results()
     probes = probes[probes["eval_run"] == store.run_info(run).name]
     lines += ["## Table 3 — attention probes (Sec. 5)", ""]
