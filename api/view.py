@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from ..store import Store
 
 FIGURE_SUFFIXES = (".png", ".svg")
+ROLLOUT_COLUMNS = 3  # panels per row of `plot_rollout`
+ROLLOUT_MAX_LABELLED = 64  # tokens; a longer example's panels are drawn without token labels
+ROLLOUT_MAX_CELL = 5.0  # inches per panel: 3 columns stay within store/plot.py's MAX_FIGURE_INCHES
 
 
 def save_view(store: Store, run: str, example: int, out: str, layer: int | None = None, head: int | None = None) -> Path:
@@ -77,10 +80,11 @@ def plot_rollout(store: Store, run: str, example: int, layer: int | None = None)
     layers = list(range(info.n_layers)) if layer is None else [layer]
     frame = store.tokens(run, example)
     tokens, special = frame["token"].astype(str).tolist(), frame["is_special"].astype(bool).tolist()
-    columns = min(len(layers), 6)
+    columns = min(len(layers), ROLLOUT_COLUMNS)  # a grid, not one long row: 6 layers are 2 rows of 3
     rows = -(-len(layers) // columns)
-    show = len(tokens) <= 40
-    cell = 3.0 if show else 1.6
+    show = len(tokens) <= ROLLOUT_MAX_LABELLED
+    # a panel wide enough for its token labels at a readable size (store/plot.py `_label_axes` sizes them to fit)
+    cell = min(ROLLOUT_MAX_CELL, max(3.0, 0.11 * len(tokens) + 0.6)) if show else 2.2
     fig = new_figure(figsize=(cell * columns + 1.2, cell * rows + 0.9))
     axes = fig.subplots(rows, columns, squeeze=False)
     image = None

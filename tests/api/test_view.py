@@ -118,6 +118,28 @@ def test_the_rollout_view_draws_every_layer_or_one(hand_store, tmp_path):
 
 
 @pytest.mark.one_backend
+def test_the_rollout_of_six_layers_is_a_grid_with_readable_tokens(store, make_run):
+    """Six layers are two rows of three panels (not one row six panels wide), each labelled with its tokens while an
+    example has at most 64; the figure stays within 16 inches across."""
+    from attnstore.api.view import plot_rollout
+    from attnstore.store.plot import MAX_FIGURE_INCHES
+
+    rng = np.random.default_rng(0)
+    tokens = ["[CLS]", *(f"w{i}" for i in range(50)), "[SEP]"]  # an MRPC pair's length
+    make_run(store, [rng.dirichlet(np.ones(52), size=(6, 2, 52)).astype(np.float32)], [tokens], name="six")
+    fig = plot_rollout(store, "six", 0)
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.images]
+    assert len(panels) == 6
+    shape = {(ax.get_subplotspec().rowspan.start, ax.get_subplotspec().colspan.start) for ax in panels}
+    assert shape == {(r, c) for r in range(2) for c in range(3)}
+    width, height = fig.get_size_inches()
+    assert width <= MAX_FIGURE_INCHES + 1.2 and width / height < 2
+    labels = [t.get_text() for t in panels[0].get_xticklabels()]
+    assert labels[:2] == ["[CLS]", "w0"] and len(labels) == 52
+    assert panels[0].get_xticklabels()[1].get_fontsize() >= 4
+
+
+@pytest.mark.one_backend
 def test_view_text_draws_a_typed_sentence_as_ingest_would_store_it(store, tmp_path, tiny_bert):
     """`attnstore view --text "..." --model M --layer L --head H --out FILE.png` (issue 29): the typed sentence's map,
     equal to `attention_for_text`'s; `--run RUN --text` uses the run's model; the errors are one line each."""
