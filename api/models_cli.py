@@ -204,8 +204,9 @@ def prune(locations, model, task, mode, fraction, max_examples, figure_path, dat
     """Prune MODEL's heads by importance on TASK, re-estimating it after each step; one ablation_results row per step.
 
     Each step removes `--fraction` of all heads (the least important of those left, importance
-    re-estimated with the pruned ones disabled) and scores the model (config prune:N). Steps already
-    stored are read back, so an interrupted sweep resumes.
+    re-estimated with the pruned ones disabled) and scores the model (config prune:N; with another
+    --fraction or --max-examples, prune[fraction=F,max_examples=M]:N, a sweep of its own). Steps
+    already stored under that config are read back, so an interrupted sweep resumes.
     """
     from ..ingest.evaluate import open_evaluator
     from ..ingest.importance import prune as run_prune

@@ -11,7 +11,9 @@ raw expectation is kept beside it.
 `prune` removes heads by importance, a share of all heads at a time (10 %), re-estimating the importance of the heads
 left with the pruned ones disabled at each step (the paper's iterative pruning), and scores the model after each step
 into `ablation_results` (config `prune:N`, N heads pruned, with the mask mode it used: zero as Michel et al., uniform as
-Kovaleva et al., or mean); a step already stored is read back, so an interrupted sweep resumes where it stopped.
+Kovaleva et al., or mean); a step already stored is read back, so an interrupted sweep resumes where it stopped. The
+config names the sweep's parameters when they are not the defaults (`prune[fraction=0.25,max_examples=100]:N`,
+`prune_config`), so sweeps with another share per step or another importance sample are kept apart, never mixed.
 """
 
 from __future__ import annotations
@@ -91,12 +93,23 @@ def head_importance(
 PRUNE_FRACTION = 0.1  # of all heads, per step (the paper's Fig. 2 steps)
 
 
+def prune_config(fraction: float = PRUNE_FRACTION, max_examples: int | None = None) -> str:
+    """The config prefix of a pruning sweep's steps (`prune:` + N heads pruned): `prune:` for the defaults (10 % of
+    the heads a step, the importance over every dev example), else the parameters that differ, e.g.
+    `prune[fraction=0.25,max_examples=3]:`. `max_examples` None: every example."""
+    parts = ([f"fraction={fraction!r}"] if fraction != PRUNE_FRACTION else []) + (
+        [f"max_examples={max_examples}"] if max_examples is not None else []
+    )
+    return f"prune[{','.join(parts)}]:" if parts else "prune:"
+
+
 def prune(
     store, ev: Evaluator, mode: str = "zero", fraction: float = PRUNE_FRACTION, max_examples: int | None = None, progress: bool = True
 ) -> pd.DataFrame:
     """Prune heads by importance, `fraction` of all heads per step, until fewer than a step's worth are left; score the
-    model after each step (ablation_results, config `prune:N`). Steps already stored are read back, so it resumes.
-    Returns the sequence's rows (the baseline first) with `n_pruned`."""
+    model after each step (ablation_results, config `prune_config(fraction, max_examples)` + N: `prune:N` for the
+    defaults). Steps already stored under that config are read back, so it resumes; other parameters are another
+    sweep. Returns the sequence's rows (the baseline first) with `n_pruned`."""
     import math
 
     from .classifier import MODES
@@ -106,17 +119,30 @@ def prune(
         raise InvalidArgumentError(f"mode={mode!r}: use one of {', '.join(MODES)}")
     if not 0 < fraction < 1:
         raise InvalidArgumentError(f"fraction={fraction!r}: give a share of the heads between 0 and 1, e.g. 0.1")
-    baseline = evaluate(store, ev, progress=progress)
+    if max_examples is not None and max_examples < 1:
+        raise InvalidArgumentError(f"max_examples must be at least 1, not {max_examples}")
+    if max_examples is not None and max_examples >= len(ev.items):
+        max_examples = None  # every dev example: the default sweep's importance
     total = ev.n_layers * ev.n_heads
     step = max(1, math.ceil(fraction * total))
     name = str(store.sql("SELECT name FROM models WHERE id = :i", {"i": int(ev.model_id)}).iloc[0, 0])  # as stored
+    prefix = prune_config(fraction, max_examples)
 
     def sequence() -> pd.DataFrame:
         frame = store.ablation_results(model=name, task=ev.task.name)
-        frame = frame[frame["config"].str.startswith("prune:") & (frame["mode"] == mode) & (frame["split"] == SPLIT)]
-        return frame.assign(n_pruned=frame["config"].str.slice(len("prune:")).astype(int)).sort_values(["n_pruned", "metric"])
+        frame = frame[frame["config"].str.startswith(prefix) & (frame["mode"] == mode) & (frame["split"] == SPLIT)]
+        return frame.assign(n_pruned=frame["config"].str.slice(len(prefix)).astype(int)).sort_values(["n_pruned", "metric"])
 
     done = sequence()
+    stored = sorted(set(done["n_pruned"]))
+    if stored != [step * (i + 1) for i in range(len(stored))]:  # a sweep of another share per step under this config
+        raise InvalidArgumentError(
+            f"the stored pruning steps {prefix}N of {name!r} on {ev.task.name} (mask {mode}) prune {stored} heads, not "
+            f"{step} more a step as --fraction {fraction!r} does: they were made with another --fraction by an attnstore "
+            f"that did not name it in the config; delete them (DELETE FROM ablation_results WHERE config LIKE '{prefix}%'"
+            f" AND mode = '{mode}', with sqlite3 or psql) to prune again"
+        )
+    baseline = evaluate(store, ev, progress=progress)
     pruned: list[tuple[int, int]] = []
     if not done.empty:  # resume from the largest mask stored
         last = done[done["n_pruned"] == done["n_pruned"].max()].iloc[0]
@@ -126,7 +152,7 @@ def prune(
         left = importance[[(int(a), int(b)) not in set(pruned) for a, b in zip(importance["layer"], importance["head"])]]
         order = left.sort_values(["importance", "layer", "head"], kind="stable")  # least important first, ties by position
         pruned = pruned + [(int(a), int(b)) for a, b in zip(order["layer"][:step], order["head"][:step])]
-        store.writer.add_ablation_results(_rows(ev, f"prune:{len(pruned)}", pruned, mode, ev.scores(pruned, mode), baseline))
+        store.writer.add_ablation_results(_rows(ev, f"{prefix}{len(pruned)}", pruned, mode, ev.scores(pruned, mode), baseline))
     rows = sequence()
     base = store.ablation_results(model=name, task=ev.task.name)
     base = base[(base["config"] == "none") & (base["split"] == SPLIT)].assign(n_pruned=0)

@@ -86,7 +86,8 @@ def test_pruning_removes_the_least_important_heads_step_by_step_and_resumes(stor
     ev = open_evaluator(store, model=tiny_bert, task="SST-2", data_dir=FIXTURES)
     frame = prune(store, ev, mode="zero", fraction=0.25, max_examples=3, progress=False)  # 8 heads, 2 per step: 2, 4, 6
     steps = frame[frame["n_pruned"] > 0].drop_duplicates("n_pruned")
-    assert steps["config"].tolist() == ["prune:2", "prune:4", "prune:6"] and set(steps["mode"]) == {"zero"}
+    key = "prune[fraction=0.25,max_examples=3]:"  # the sweep's parameters are in its key
+    assert steps["config"].tolist() == [f"{key}2", f"{key}4", f"{key}6"] and set(steps["mode"]) == {"zero"}
     masks = [[tuple(h) for h in m] for m in steps["disabled_heads"]]
     assert all(set(a) < set(b) for a, b in zip(masks, masks[1:]))  # each step adds to the last
     first = head_importance(ev, max_examples=3).sort_values(["importance", "layer", "head"], kind="stable")
@@ -115,4 +116,40 @@ def test_the_prune_command_draws_the_curve(tmp_path, tiny_bert):
     args = ["prune", "--model", tiny_bert, "--task", "SST-2", "--data-dir", FIXTURES, "--fraction", "0.5", "--max-examples", "2"]
     result = CliRunner().invoke(main, [*args, "--figure", str(tmp_path / "curve.png"), "--no-progress", *home])
     assert result.exit_code == 0, result.output
-    assert "prune:4" in result.output and (tmp_path / "curve.png").stat().st_size > 1000
+    assert "prune[fraction=0.5,max_examples=2]:4" in result.output and (tmp_path / "curve.png").stat().st_size > 1000
+
+
+def test_sweeps_with_other_parameters_are_kept_apart(store, tiny_bert):
+    """Issue 49 item 7: `prune` again with another --fraction or --max-examples extended the stored sweep (its key,
+    `prune:N`, recorded neither): now each sweep has its own key, and steps stored under a key by an attnstore that did
+    not name the parameters, which do not fit this --fraction, are refused in one line instead of extended."""
+    import sqlalchemy as sa
+
+    from attnstore.ingest.evaluate import open_evaluator
+    from attnstore.ingest.importance import prune, prune_config
+
+    assert prune_config() == "prune:" and prune_config(0.1, None) == "prune:"
+    assert prune_config(0.25, 3) == "prune[fraction=0.25,max_examples=3]:" and prune_config(0.2) == "prune[fraction=0.2]:"
+    ev = open_evaluator(store, model=tiny_bert, task="SST-2", data_dir=FIXTURES)
+    quarter = prune(store, ev, fraction=0.25, max_examples=2, progress=False)  # 2 heads a step: 2, 4, 6
+    quarter_rows = store.ablation_results().sort_values(["config", "metric"]).reset_index(drop=True)
+    half = prune(store, ev, fraction=0.5, max_examples=2, progress=False)  # 4 a step: 4
+    other_sample = prune(store, ev, fraction=0.25, max_examples=1, progress=False)  # another importance: its own 2, 4, 6
+    assert sorted(set(half["n_pruned"])) == [0, 4] and set(half["config"]) == {"none", "prune[fraction=0.5,max_examples=2]:4"}
+    assert sorted(set(other_sample["n_pruned"])) == [0, 2, 4, 6]
+    assert set(other_sample["config"]) - {"none"} == {f"prune[fraction=0.25,max_examples=1]:{n}" for n in (2, 4, 6)}
+    again = prune(store, ev, fraction=0.25, max_examples=2, progress=False)  # the first sweep, read back unchanged
+    assert again["config"].tolist() == quarter["config"].tolist() and again["score"].tolist() == quarter["score"].tolist()
+    everything = store.ablation_results()
+    first = everything[everything["config"].isin(quarter_rows["config"])].sort_values(["config", "metric"]).reset_index(drop=True)
+    assert first[["config", "metric", "score"]].equals(quarter_rows[["config", "metric", "score"]])
+    # max_examples at least the dev set's size is every example: the default sweep's key
+    assert set(prune(store, ev, fraction=0.5, max_examples=1000, progress=False)["config"]) == {"none", "prune[fraction=0.5]:4"}
+    # steps an older attnstore stored as prune:N with --fraction 0.25 are not extended by a default (10 %) sweep
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE ablation_results SET config = replace(config, 'prune[fraction=0.25,max_examples=1]:', 'prune:')"))
+    n_rows = len(store.ablation_results())
+    with pytest.raises(Exception, match=r"stored pruning steps prune:N of .* prune \[2, 4, 6\] heads, not 1 more a step") as err:
+        prune(store, ev, progress=False)
+    assert "\n" not in str(err.value) and "DELETE FROM ablation_results" in str(err.value)
+    assert len(store.ablation_results()) == n_rows
