@@ -263,17 +263,57 @@ def ablation_report(store: Store, out: str, mode: str = "uniform") -> Path:
     return path
 
 
-def draw_pruning(frame: pd.DataFrame, model: str, task: str, mode: str):
-    """The pruning curve of `attnstore prune`: each metric's dev score against the share of heads pruned."""
+def majority_scores(task: str, n_examples: int | None = None, data_dir: str | None = None) -> dict[str, float] | None:
+    """The dev scores, per metric of `task`, of always answering the dev set's most common label (a tie: the first in
+    class order): the majority-class baseline a pruned model falls to. `n_examples` below the dev set's size takes
+    the seeded sample the evaluator reads for its `dev_limit` (ingest/evaluate.py). None for a regression task (STS-B) or where the dev
+    data cannot be read (the data folder: --data-dir > ATTNSTORE_DATA > ../shared/data)."""
+    from ..ingest.glue import compute_metrics, get_task, read_split
+    from ..store.errors import AttnStoreError
+
+    try:
+        spec = get_task(task)
+        if spec.is_regression:
+            return None
+        pairs = read_split(spec, spec.dev, data_dir, n_examples)
+    except (AttnStoreError, OSError):
+        return None
+    labels = np.array([int(p.label) for p in pairs])
+    if not len(labels):
+        return None
+    majority = np.bincount(labels).argmax()
+    return compute_metrics(spec, np.full(len(labels), majority), labels)
+
+
+def draw_pruning(frame: pd.DataFrame, model: str, task: str, mode: str, majority: dict[str, float] | None = None):
+    """The pruning curve of `attnstore prune`: each metric's dev score against the number of heads pruned, with the
+    majority-class baseline of each metric as a dashed line of its colour (`majority`: metric -> score; default
+    `majority_scores` of the task's dev data, which the title says is missing where it cannot be read)."""
     from ..store.plot import new_figure
 
+    if majority is None:
+        n = int(frame["n_examples"].max()) if "n_examples" in frame and frame["n_examples"].notna().any() else None
+        majority = majority_scores(task, n)
     n_heads = max(int(frame["n_pruned"].max()), 1)
     fig = new_figure(figsize=(5.5, 3.8))
     ax = fig.add_subplot()
     for metric, rows in frame.sort_values("n_pruned").groupby("metric", sort=False):
-        ax.plot(rows["n_pruned"], rows["score"], marker="o", label=metric)
+        (line,) = ax.plot(rows["n_pruned"], rows["score"], marker="o", label=metric)
+        if majority and metric in majority:
+            value = majority[metric]
+            ax.axhline(value, color=line.get_color(), linestyle="--", linewidth=1, label=f"{metric}: majority class ({value:.1f})")
     ax.set_xlabel("heads pruned (least important first)")
     ax.set_ylabel("dev score")
-    ax.set_title(f"{model} on {task}: pruning by importance (mask: {mode}; {n_heads} pruned at most)", fontsize=8)
+    missing = "" if majority else f"; no majority-class line: {_why_no_majority(task)}"
+    ax.set_title(f"{model} on {task}: pruning by importance\n(mask: {mode}; {n_heads} pruned at most{missing})", fontsize=8)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
     return fig
+
+
+def _why_no_majority(task: str) -> str:
+    from ..ingest.glue import TASKS
+
+    spec = TASKS.get(task.upper(), TASKS.get(task))
+    if spec is None:
+        return f"{task} is not a GLUE task"
+    return "a regression task" if spec.is_regression else "its dev data was not found (--data-dir, ATTNSTORE_DATA)"

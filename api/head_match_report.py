@@ -112,7 +112,7 @@ def draw_layers(depths: pd.DataFrame, match: pd.DataFrame, a, b):
     ax.set_ylim(-0.05, 1.05)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
     title = f"where the heads of A = {a.model} match in B = {b.model}"
-    ax.set_title("\n".join(textwrap.wrap(title, 60)), fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 60, break_on_hyphens=False)), fontsize=9)
     return fig
 
 

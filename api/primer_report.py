@@ -72,15 +72,19 @@ def draw_confidence(frame: pd.DataFrame, n_layers: int, n_heads: int, caption: s
     fig = new_figure(figsize=(7, 3.6))
     ax = fig.add_subplot()
     image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    from matplotlib.patches import Rectangle
+
     positional = frame[frame["positional"].astype(bool)]
-    ax.scatter(positional["head"], positional["layer"], marker="s", s=60, facecolors="none", edgecolors="red", label="positional (>= 90 %)")
+    for layer, head in positional[["layer", "head"]].itertuples(index=False):
+        ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
     ax.set_xticks(range(n_heads))
     ax.set_yticks(range(n_layers))
     ax.set_xlabel("head (0-based)")
     ax.set_ylabel("layer (0-based)")
-    ax.set_title("Head confidence (Voita et al. 2019)", fontsize=9)
+    # the marker is explained in the title, as Kovaleva's Fig. 3 does: a legend had no place between the map and its bar
+    count = f"{len(positional)} positional head{'' if len(positional) == 1 else 's'}"
+    ax.set_title(f"Head confidence (Voita et al. 2019)\nframed red: {count} (>= 90 % of rows on one offset)", fontsize=9)
     fig.colorbar(image, ax=ax, label="confidence")
-    _legend_beside(ax, fontsize=7)
     fig.suptitle(caption, fontsize=8)
     return fig
 

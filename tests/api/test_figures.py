@@ -342,3 +342,61 @@ def test_view_panels_apart_with_one_colour_bar(store, make_run, svg_backend):
         expected = 1 if head is not None else 12 if layer is not None else 24
         assert len(panels(fig)) == expected
     assert matplotlib.get_backend() == svg_backend
+
+
+@LAYOUT_FAILED_IS_AN_ERROR
+def test_head_match_layers_labels_clear_the_title(svg_backend):
+    """Long model names (a fine-tuned model's) go into the wrapped title, not the axis labels: the y label stays within
+    the axes' height and clear of the title."""
+    from attnstore.api.head_match_report import draw_layers, layer_depths
+
+    a = SimpleNamespace(model="all-MiniLM-L6-v2", n_layers=N_LAYERS, n_heads=N_HEADS)
+    b = SimpleNamespace(model="all-MiniLM-L6-v2-MRPC-pretrained-seed0-with-a-long-name", n_layers=N_LAYERS, n_heads=N_HEADS)
+    layer, head = np.divmod(np.arange(N_LAYERS * N_HEADS), N_HEADS)
+    match = pd.DataFrame({"layer": layer, "head": head, "match_layer": pd.array(layer, dtype="Int64")})
+    fig = draw_layers(layer_depths(match, a, b), match, a, b)
+    assert_laid_out(fig)
+    renderer = _renderer(fig)
+    (ax,) = panels(fig)
+    label, title = ax.yaxis.label.get_window_extent(renderer), ax.title.get_window_extent(renderer)
+    assert not _overlap(label, title) and label.height <= ax.get_window_extent(renderer).height
+    assert b.model in ax.get_title().replace("\n", " ") and b.model not in ax.get_ylabel()
+
+
+@LAYOUT_FAILED_IS_AN_ERROR
+def test_the_pruning_curve_has_its_majority_class_line(svg_backend):
+    """Each metric's majority-class score is a dashed line of its colour, labelled; the fixture's 8 MRPC dev pairs are
+    4 and 4, so the majority class is the first label (0): accuracy 50, F1 0 (no positive predicted)."""
+    from attnstore.api.ablation_report import draw_pruning, majority_scores
+
+    fixtures = str(PACKAGE / "tests" / "fixtures" / "data")
+    assert majority_scores("MRPC", data_dir=fixtures) == {"f1": 0.0, "accuracy": 50.0}
+    assert majority_scores("STS-B", data_dir=fixtures) is None and majority_scores("MRPC", data_dir="/nowhere") is None
+    steps = pd.DataFrame({"n_pruned": [0, 8, 16] * 2, "metric": ["accuracy"] * 3 + ["f1"] * 3, "score": [83, 82, 75, 85, 84, 80.0]})
+    fig = draw_pruning(steps, "m", "MRPC", "zero", majority={"accuracy": 68.4, "f1": 81.2})
+    assert_laid_out(fig)
+    (ax,) = panels(fig)
+    dashed = {line.get_label(): line for line in ax.get_lines() if line.get_linestyle() == "--"}
+    assert set(dashed) == {"accuracy: majority class (68.4)", "f1: majority class (81.2)"}
+    solid = {line.get_label(): line.get_color() for line in ax.get_lines() if line.get_linestyle() == "-"}
+    assert (
+        dashed["f1: majority class (81.2)"].get_color() == solid["f1"]
+        and list(dashed["f1: majority class (81.2)"].get_ydata()) == [81.2] * 2
+    )
+    without = draw_pruning(steps.assign(n_examples=8), "m", "STS-B", "zero")
+    assert "no majority-class line: a regression task" in panels(without)[0].get_title()
+
+
+@LAYOUT_FAILED_IS_AN_ERROR
+def test_head_roles_marks_positional_heads_without_a_legend(svg_backend):
+    """The positional heads are framed and the title says so: no legend between the map and its colour bar."""
+    from attnstore.api.primer_report import draw_confidence
+
+    roles = _heads(np.random.default_rng(0), confidence=(0, 1)).assign(positional=False)
+    roles.loc[2, "positional"] = True
+    fig = draw_confidence(roles, N_LAYERS, N_HEADS, "a caption")
+    assert_laid_out(fig)
+    (ax,) = panels(fig)
+    assert ax.get_legend() is None and not fig.legends and "framed red: 1 positional head" in ax.get_title()
+    (frame,) = ax.patches
+    assert (frame.get_x(), frame.get_y()) == (1.5, -0.5)  # layer 0, head 2
