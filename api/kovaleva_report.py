@@ -139,14 +139,41 @@ def figure_frame_heads(store: Store, run: str, out: Path) -> tuple[list[str], pd
     return _save(fig, out, "fig3_frame_heads"), frame
 
 
+SIMILARITY_FLOOR = 1e-5  # the least 1 - similarity Fig. 5's log scale shows apart (0.99999)
+
+
+def similarity_norm(frames: dict[str, pd.DataFrame]):
+    """Fig. 5's colour scale: logarithmic in 1 - similarity, from the smallest difference drawn to the largest, shared
+    by the tasks' panels. A linear 0-1 scale gave every head at similarity >= 0.99 the same colour; on this scale
+    0.99, 0.999 and 0.9999 are a decade apart."""
+    from matplotlib.colors import LogNorm
+
+    change = np.concatenate([1 - frame["similarity"].to_numpy(float) for frame in frames.values()])
+    change = change[np.isfinite(change)]
+    low = max(float(change.min()) if change.size else SIMILARITY_FLOOR, SIMILARITY_FLOOR)
+    high = max(float(change.max()) if change.size else 1.0, low * 10)
+    return LogNorm(vmin=low, vmax=high)
+
+
 def draw_similarity(frames: dict[str, pd.DataFrame], n_layers: int, n_heads: int, tuned_models: dict[str, str]):
-    """Fig. 5 from one `run_similarity` frame per task; `tuned_models`: task -> the fine-tuned model's name."""
-    fig = new_figure(figsize=(4.4 * len(frames) + 1.4, 4.0))
+    """Fig. 5 from one `run_similarity` frame per task; `tuned_models`: task -> the fine-tuned model's name. Coloured
+    by 1 - similarity on a log scale (`similarity_norm`), the colour bar labelled in similarity."""
+    from matplotlib.ticker import FuncFormatter
+
+    norm = similarity_norm(frames)
+    fig = new_figure(figsize=(4.4 * len(frames) + 1.6, 4.0))
     axes = fig.subplots(1, len(frames), squeeze=False)
     for ax, (task, frame) in zip(axes[0], frames.items()):
         title = f"{task}: pre-trained vs\n{tuned_models[task]}"
-        image = _heatmap(ax, _grid(frame, "similarity", n_layers, n_heads), title, cmap="magma", vmin=0, vmax=1)
-    fig.colorbar(image, ax=list(axes[0]), label="cosine similarity of maps", shrink=0.9)
+        change = np.maximum(1 - _grid(frame, "similarity", n_layers, n_heads), norm.vmin)
+        image = _heatmap(ax, change, title, cmap="magma_r")
+        image.set_norm(norm)
+    bar = fig.colorbar(image, ax=list(axes[0]), label="cosine similarity of maps\n(log scale of 1 - similarity)", shrink=0.9)
+    decades = [10.0**k for k in range(int(np.floor(np.log10(norm.vmin))), 1) if norm.vmin <= 10.0**k <= norm.vmax]
+    bar.set_ticks([*decades, norm.vmax] if not decades or norm.vmax / decades[-1] > 1.5 else decades)
+    bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{1 - v:.6g}" if v < 0.01 else f"{1 - v:.2f}"))
+    bar.ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    bar.ax.invert_yaxis()  # similarity 1 at the top, as before
     fig.suptitle("Fig. 5: per-head cosine similarity between pre-trained and fine-tuned attention (dev examples)", fontsize=9)
     return fig
 
@@ -161,26 +188,37 @@ def figure_similarity(store: Store, pairs: dict[str, tuple[str, str]], out: Path
     return _save(fig, out, "fig5_similarity"), pd.concat(frames.values(), ignore_index=True)
 
 
+def feature_blocks(n_features: int, n_tasks: int) -> int:
+    """How many features Fig. 6 puts side by side in one row (each a block of one panel per task): the count that
+    dividing the features evenly brings the figure closest to square (one task's eight features: 4 rows of 2, not
+    the 8 x 1 strip of 795 x 3197 px)."""
+    options = [k for k in range(1, n_features + 1) if n_features % k == 0] or [1]
+    return min(options, key=lambda k: abs(np.log((3.6 * n_tasks * k + 1.6 * k) / (2.6 * -(-n_features // k)))))
+
+
 def draw_features(frames: dict[str, pd.DataFrame], n_layers: int, n_heads: int, models: dict[str, str], title: str):
-    """Fig. 6 from one `feature_attention` frame per task: a row per feature, a column per task, one colour scale
-    per feature row (shared by the tasks, so a row's panels compare)."""
+    """Fig. 6 from one `feature_attention` frame per task: per feature a block of one panel per task with one colour
+    scale (shared by the tasks, so a block's panels compare), the blocks laid out `feature_blocks` to a row."""
     features = [f for f in FIG6_FEATURES if any(f in set(fr["feature"]) for fr in frames.values())]
-    fig = new_figure(figsize=(3.6 * len(frames) + 1.6, 2.6 * len(features) + 0.4))
-    axes = fig.subplots(len(features), len(frames), squeeze=False)
-    for row, feature in enumerate(features):
+    blocks = feature_blocks(len(features), len(frames))
+    rows = -(-len(features) // blocks)
+    fig = new_figure(figsize=((3.6 * len(frames) + 1.6) * blocks, 2.6 * rows + 0.4))
+    axes = fig.subplots(rows, len(frames) * blocks, squeeze=False)
+    for k, feature in enumerate(features):
+        row, first = k // blocks, (k % blocks) * len(frames)
         top = max(float(fr.loc[fr["feature"] == feature, "value"].max()) for fr in frames.values() if (fr["feature"] == feature).any())
         for col, (task, frame) in enumerate(frames.items()):
             part = frame[frame["feature"] == feature]
-            label = f"{task}: to {feature}" + (f"\n{models[task]}" if row == 0 and len(set(models.values())) > 1 else "")
+            label = f"{task}: to {feature}" + (f"\n{models[task]}" if k < blocks and len(set(models.values())) > 1 else "")
             image = _heatmap(
-                axes[row][col],
+                axes[row][first + col],
                 _grid(part, "value", n_layers, n_heads),
                 label,
                 cmap="Reds",
                 vmin=0,
                 vmax=top if top == top and top > 0 else None,
             )
-        fig.colorbar(image, ax=axes[row].tolist(), label=f"to {feature}")
+        fig.colorbar(image, ax=axes[row][first : first + len(frames)].tolist(), label=f"to {feature}")
     model = next(iter(models.values()))
     same_model = len(set(models.values())) == 1
     fig.suptitle(f"{title}\n{model}" if same_model else f"{title}\n(each column's model named at its top)", fontsize=9)

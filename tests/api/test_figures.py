@@ -400,3 +400,30 @@ def test_head_roles_marks_positional_heads_without_a_legend(svg_backend):
     assert ax.get_legend() is None and not fig.legends and "framed red: 1 positional head" in ax.get_title()
     (frame,) = ax.patches
     assert (frame.get_x(), frame.get_y()) == (1.5, -0.5)  # layer 0, head 2
+
+
+@LAYOUT_FAILED_IS_AN_ERROR
+def test_kovaleva_fig5_tells_heads_apart_above_099_and_fig6_of_one_task_is_not_a_strip(svg_backend):
+    """Fig. 5's colours follow 1 - similarity on a log scale, so heads at 0.995 and 0.9995 differ (a linear 0-1 scale
+    gave them one colour); Fig. 6 of one task is a grid of its eight features, about square, one colour bar each."""
+    from matplotlib.colors import LogNorm
+
+    from attnstore.api.kovaleva_report import draw_features, draw_similarity
+
+    frame = _heads(np.random.default_rng(0), similarity=(0.999, 0.9999))
+    frame.loc[0, "similarity"], frame.loc[1, "similarity"] = 0.995, 0.9995
+    fig = draw_similarity({"RTE": frame}, N_LAYERS, N_HEADS, {"RTE": "tuned"})
+    assert_laid_out(fig)
+    (ax,) = panels(fig)
+    image = ax.images[0]
+    assert isinstance(image.norm, LogNorm) and image.norm.vmin < 5e-4
+    colours = image.cmap(image.norm(image.get_array()))
+    assert not np.allclose(colours[0, 0], colours[0, 1], atol=0.05)  # 0.995 and 0.9995 tell apart
+    bar = next(a for a in fig.axes if _is_colorbar(a))
+    assert "0.999" in [t.get_text() for t in bar.get_yticklabels()]  # the scale reads in similarity
+    features = {f: _heads(np.random.default_rng(1), value=(0, 0.4)) for f in ("sep", "cls", "noun", "verb", "pronoun", "subject")}
+    table = pd.concat([part.assign(feature=f) for f, part in features.items()], ignore_index=True)
+    fig = draw_features({"MRPC": table}, N_LAYERS, N_HEADS, {"MRPC": "m"}, "Fig. 6")
+    assert_laid_out(fig)
+    width, height = fig.get_size_inches()
+    assert len(panels(fig)) == 6 and 0.6 < height / width < 1.6 and sum(_is_colorbar(a) for a in fig.axes) == 6
