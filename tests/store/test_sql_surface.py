@@ -267,6 +267,6 @@ def test_the_documented_function_list_is_the_allow_list():
 
     text = (Path(__file__).parents[2] / "docs" / "CLI.md").read_text()
     section = text[text.index("## `attnstore sql`") : text.index("## `attnstore check`")]
-    block = re.search(r"```\n(.*?)```", section, re.S)
+    block = re.search(r"^  ```\n(.*?)^  ```", section, re.S | re.M)  # the list's block, indented under its bullet
     assert block, "docs/CLI.md's attnstore sql section has no function list"
     assert set(block.group(1).split()) == set(COMMON_FUNCTIONS)
