@@ -56,6 +56,7 @@ class ServeSettings:
     scratch: bool = True  # POST /api/runs/RUN/scratch runs the run's model on typed text (needs the ingest extra)
     max_scratch_tokens: int = 128  # tokens of a typed text the model is run on (more: 413)
     max_scratch_chars: int = 2000  # characters of a typed text (each segment)
+    max_text_chars: int = 10_000  # of each text of an example answered (cut past it: `texts_cut`); a page stays bounded
     max_body_bytes: int = 256 * 1024  # a request's body (SQL, typed text, a label: a few KB); more: 413 before it is parsed
     fast_lane: bool = True  # the most asked GET requests answered before FastAPI's routing (api/http/lane.py)
     # Host headers answered (the rest: 400), against DNS rebinding; "*" answers any. `attnstore serve` sets the

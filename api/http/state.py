@@ -43,6 +43,17 @@ class NeedsThread(Exception):
 INLINE: ContextVar[bool] = ContextVar("attnstore_inline", default=False)
 
 
+def cut_texts(row: dict, limit: int) -> None:
+    """An example's record with each text of more than `limit` characters cut to its first `limit` (and `texts_cut`:
+    true), so that a page of examples is bounded in bytes whatever a corpus or a bundle stored (the whole text is the
+    store's: `attnstore sql`, `store.examples`)."""
+    for name in ("text_a", "text_b"):
+        text = row.get(name)
+        if isinstance(text, str) and len(text) > limit:
+            row[name] = text[:limit]
+            row["texts_cut"] = True
+
+
 def inline_only() -> None:
     """Raise NeedsThread when called on the event loop's try (before SQL, a computation, a read that may be large)."""
     if INLINE.get():
@@ -205,6 +216,8 @@ class Server:
         def make() -> tuple[list[dict], dict[int, int]]:
             frame = self.examples(info)
             rows = records(frame)
+            for row in rows:
+                cut_texts(row, self.settings.max_text_chars)
             where: dict[int, int] = {}
             for i, e in enumerate(frame["example"].tolist()):
                 where.setdefault(int(e), i)

@@ -168,3 +168,23 @@ def test_an_example_a_page_listed_is_never_answered_404_later(store, make_run):
         assert [t["token"] for t in got.json()["tokens"]] == TOKENS[1]
         assert client.get("/api/runs/growing/examples").json()["total"] == 2  # and the page after it does not go back
     writer.finish(0.0)
+
+
+@pytest.mark.one_backend
+def test_an_example_s_huge_text_is_answered_cut(store, make_run):
+    """A corpus line or a bundle can store a text of any size: a page of examples (and one example) answers its first
+    `max_text_chars` characters, saying so, so an answer stays bounded in bytes."""
+    import sqlalchemy as sa
+
+    tokens = [["[CLS]", "a", "[SEP]"], ["[CLS]", "b", "[SEP]"]]
+    make_run(store, [np.full((1, 1, 3, 3), 1 / 3, np.float32)] * 2, tokens, name="texts")
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE examples SET text_a = :t WHERE position = 0"), {"t": "w " * 1_000_000})  # 2 MB
+    app = create_app(store, ServeSettings(max_text_chars=1000), allowed_hosts=["testserver"])
+    with TestClient(app, raise_server_exceptions=False) as client:
+        for url in ("/api/runs/texts/examples?limit=1", "/api/runs/texts/examples?limit=1&q=w", "/api/runs/texts/examples/0"):
+            got = client.get(url)
+            assert got.status_code == 200 and len(got.content) < 4000, (url, len(got.content))
+            item = got.json()["items"][0] if "items" in got.json() else got.json()["example"]
+            assert len(item["text_a"]) == 1000 and item["texts_cut"] is True
+        assert "texts_cut" not in client.get("/api/runs/texts/examples/1").json()["example"]

@@ -11,7 +11,7 @@ from ..encoding import dumps, json_value, records
 from ..lane import EXAMPLE, RUN, Lane, flag, integer, text
 from ..responses import answers, ok
 from ..settings import ServeSettings, server_version
-from ..state import Server, inline_only
+from ..state import Server, cut_texts, inline_only
 from . import Example, Offset, Run, Srv, answer_here_or_on_a_thread
 from .scratch import scratch_available
 
@@ -58,14 +58,10 @@ def list_examples(
     if skipped is not None:
         keep &= (frame["skipped"].astype(bool) == skipped).to_numpy(bool)
     chosen = frame[keep]
-    return {
-        "run": info.name,
-        "n_examples": len(frame),
-        "total": len(chosen),
-        "offset": offset,
-        "limit": limit,
-        "items": records(chosen.iloc[offset : offset + limit]),
-    }
+    items = records(chosen.iloc[offset : offset + limit])
+    for item in items:
+        cut_texts(item, srv.settings.max_text_chars)
+    return {"run": info.name, "n_examples": len(frame), "total": len(chosen), "offset": offset, "limit": limit, "items": items}
 
 
 def example_detail(srv: Server, run: str, example: int) -> dict:
