@@ -145,14 +145,35 @@ def figure_gradients(store: Store, run, grads: pd.DataFrame, out: Path) -> list[
     return _save(fig, out, "fig3_gradients")
 
 
+OFF_SCALE_IQR = 3.0  # MDS points further than this many interquartile ranges beyond the quartiles are drawn at the edge
+
+
+def _view_limits(values: np.ndarray) -> tuple[float, float, float, float]:
+    """(lo, hi, view_lo, view_hi): the range that holds every value within OFF_SCALE_IQR interquartile ranges of the
+    quartiles, and the axis limits around it (padded). One far head (a previous-token head in MDS) no longer squeezes
+    the other 71 into a corner."""
+    q1, q3 = np.percentile(values, [25, 75])
+    spread = (q3 - q1) or (values.max() - values.min()) or 1.0
+    lo, hi = max(values.min(), q1 - OFF_SCALE_IQR * spread), min(values.max(), q3 + OFF_SCALE_IQR * spread)
+    pad = 0.08 * ((hi - lo) or 1.0)
+    return lo, hi, lo - pad, hi + pad
+
+
 def draw_mds(df: pd.DataFrame, behaviour: pd.DataFrame, n_layers: int, caption: str, n_examples):
-    """Fig. 6 from `head_clusters` (x, y per head) and `special_tokens` (colours by behaviour)."""
+    """Fig. 6 from `head_clusters` (x, y per head) and `special_tokens` (colours by behaviour). The legend lists the
+    behaviours present only; a head far off the others (beyond OFF_SCALE_IQR interquartile ranges) is drawn at the
+    edge as a diamond named L<layer>-H<head>, so the rest keep the picture."""
     from matplotlib import colormaps
 
+    x, y = df["x"].to_numpy(float), df["y"].to_numpy(float)
+    (x_lo, x_hi, x_min, x_max), (y_lo, y_hi, y_min, y_max) = _view_limits(x), _view_limits(y)
+    off = (x < x_lo) | (x > x_hi) | (y < y_lo) | (y > y_hi)
+    shown_x = np.clip(x, x_lo - 0.5 * (x_lo - x_min), x_hi + 0.5 * (x_max - x_hi))
+    shown_y = np.clip(y, y_lo - 0.5 * (y_lo - y_min), y_hi + 0.5 * (y_max - y_hi))
     fig = new_figure(figsize=(13, 5))
     left, right = fig.subplots(1, 2)
     layers = colormaps["viridis"].resampled(n_layers)  # one colour per layer
-    points = left.scatter(df["x"], df["y"], c=df["layer"], cmap=layers, vmin=-0.5, vmax=n_layers - 0.5, s=22)
+    points = left.scatter(shown_x, shown_y, c=df["layer"], cmap=layers, vmin=-0.5, vmax=n_layers - 0.5, s=22)
     fig.colorbar(points, ax=left, label="layer (0-based)", ticks=range(n_layers))
     left.set(title="Heads coloured by layer", xticks=[], yticks=[])
     kind = np.where(
@@ -162,7 +183,19 @@ def draw_mds(df: pd.DataFrame, behaviour: pd.DataFrame, n_layers: int, caption: 
     )
     for label, colour in (("[CLS]-like", "tab:red"), ("[SEP]-like", "tab:blue"), (". or ,", "tab:green"), ("other", "lightgrey")):
         mask = kind == label
-        right.scatter(df["x"][mask], df["y"][mask], s=22, color=colour, label=f"> 50 % to {label}" if label != "other" else label)
+        if mask.any():  # the legend names the behaviours the heads show, none that no head has
+            right.scatter(shown_x[mask], shown_y[mask], s=22, color=colour, label=f"> 50 % to {label}" if label != "other" else label)
+    for ax in (left, right):
+        ax.set(xlim=(x_min, x_max), ylim=(y_min, y_max))
+        if off.any():
+            ax.scatter(shown_x[off], shown_y[off], s=60, marker="D", facecolors="none", edgecolors="black", linewidths=1.0)
+            for i in np.flatnonzero(off):
+                name = f"L{int(df['layer'].iloc[i])}-H{int(df['head'].iloc[i])}"
+                ax.annotate(
+                    f"{name}\n(off scale)", (shown_x[i], shown_y[i]), fontsize=7, xytext=(-6, 6), textcoords="offset points", ha="right"
+                )
+    if off.any():
+        right.scatter([], [], s=60, marker="D", facecolors="none", edgecolors="black", label="off the scale, drawn at the edge")
     right.set(title="Heads coloured by behaviour", xticks=[], yticks=[])
     _legend_beside(right, fontsize=8)
     fig.suptitle(f"Fig. 6 — MDS of summed JS distances between heads ({n_examples} examples)\n{caption}", fontsize=9)

@@ -427,3 +427,23 @@ def test_kovaleva_fig5_tells_heads_apart_above_099_and_fig6_of_one_task_is_not_a
     assert_laid_out(fig)
     width, height = fig.get_size_inches()
     assert len(panels(fig)) == 6 and 0.6 < height / width < 1.6 and sum(_is_colorbar(a) for a in fig.axes) == 6
+
+
+@LAYOUT_FAILED_IS_AN_ERROR
+def test_clark_fig6_lists_present_behaviours_and_keeps_an_outlier_at_the_edge(svg_backend):
+    from attnstore.api.report import draw_mds
+
+    rng = np.random.default_rng(0)
+    points = _heads(rng, x=(-1, 1), y=(-1, 1))
+    points.loc[2, ["x", "y"]] = [3.0, -40.0]  # head 0-2, far below the rest
+    behaviour = _heads(rng, to_sep=(0, 0.1), to_punct=(0, 0.2)).assign(to_cls=0.1)
+    behaviour.loc[behaviour["layer"] == 3, "to_cls"] = 0.8  # [CLS]-like heads and others; none [SEP]-like or on punctuation
+    fig = draw_mds(points, behaviour, N_LAYERS, "a caption", 500)
+    assert_laid_out(fig)
+    left, right = panels(fig)
+    labels = [t.get_text() for t in right.get_legend().get_texts()]
+    assert labels == ["> 50 % to [CLS]-like", "other", "off the scale, drawn at the edge"]
+    for ax in (left, right):
+        low, high = ax.get_ylim()
+        assert low > -10 and high - low < 8  # the outlier (at -40) does not set the scale
+        assert [t.get_text() for t in ax.texts] == ["L0-H2\n(off scale)"]
