@@ -425,7 +425,8 @@ def list_queries():
     load_all()
     for spec in sorted(QUERIES.values(), key=lambda s: s.name):
         params = ", ".join(f"{n}={p.default!r}" for n, p in spec.parameters().items() if n != "examples")
-        click.echo(f"{spec.name:20s} {spec.summary}" + (f" [params: {params}]" if params else ""))
+        source = "" if spec.source == "attnstore" else f" (from {spec.source})"
+        click.echo(f"{spec.name:20s} {spec.summary}{source}" + (f" [params: {params}]" if params else ""))
 
 
 def parse_params(ctx, _param, values):

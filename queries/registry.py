@@ -1,6 +1,9 @@
 """Queries are plain functions `f(store, *, run, ...) -> DataFrame`, registered by name.
 
-The CLI and any other front end look them up here; nothing is ever `eval`-ed.
+The CLI and any other front end look them up here; nothing is ever `eval`-ed. Besides this package's own modules,
+installed packages add queries through the entry-point group `attnstore.queries` (PLUGIN_GROUP; CONTRIBUTING.md,
+"A query in a package of its own"): each entry point names a module whose import registers its queries with
+`@register`, as datasette and xarray find their plugins.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class QuerySpec:
     # how `--save` keeps a result: None, every numeric column to head_metrics (per-head queries); else
     # save(store, run, frame, params) -> a one-line account of what was saved (e.g. head_match's own table)
     save: Callable[..., str] | None = None
+    source: str = "attnstore"  # the package that registered it: attnstore, or a plugin's distribution
 
     def parameters(self) -> dict[str, inspect.Parameter]:
         """Keyword parameters a user may set (besides store and run)."""
@@ -39,25 +43,72 @@ class QuerySpec:
 QUERIES: dict[str, QuerySpec] = {}
 
 
+PLUGIN_GROUP = "attnstore.queries"
+_source = "attnstore"  # the package whose modules are being imported (`load_all`): what `register` records
+_loaded: set[str] = set()  # "builtins", "plugins": what `load_all` has imported in this process
+
+
+class PluginWarning(UserWarning):
+    """A query plugin could not be loaded: its queries are missing; every other query works."""
+
+
 def register(name: str, *, per_head: bool = True, save: Callable[..., str] | None = None):
     def wrap(func):
         summary = (func.__doc__ or "").strip().splitlines()[0]
-        QUERIES[name] = QuerySpec(name, func, summary, per_head, save)
+        taken = QUERIES.get(name)
+        if taken is not None and (taken.func.__module__, taken.func.__qualname__) != (func.__module__, func.__qualname__):
+            raise InvalidArgumentError(
+                f"query {name!r} of {func.__module__} ({_source}) is registered already, by {taken.func.__module__} "
+                f"({taken.source}): give it another name"
+            )
+        QUERIES[name] = QuerySpec(name, func, summary, per_head, save, _source)
         return func
 
     return wrap
 
 
-def load_all() -> None:
+def load_all(plugins: bool = True) -> None:
     """Import every module of this package, so each query registers itself (`@register`): a new query is
-    one module dropped in here, with no list to extend."""
+    one module dropped in here, with no list to extend; then (`plugins`) the modules the installed packages name in
+    the entry-point group PLUGIN_GROUP. A plugin that fails to load (an import error, a name already taken) is left
+    out with one PluginWarning naming it and its package; the others load."""
     import importlib
     import pkgutil
     from pathlib import Path
 
-    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        if not module.name.startswith("_"):  # the compiled reduces (queries/kernels.py) register nothing
-            importlib.import_module(f"{__package__}.{module.name}")
+    if "builtins" not in _loaded:
+        for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+            if not module.name.startswith("_"):  # the compiled reduces (queries/kernels.py) register nothing
+                importlib.import_module(f"{__package__}.{module.name}")
+        _loaded.add("builtins")
+    if plugins and "plugins" not in _loaded:
+        _loaded.add("plugins")
+        _load_plugins()
+
+
+def _load_plugins() -> None:
+    import warnings
+    from importlib.metadata import entry_points
+
+    global _source
+    for point in sorted(entry_points(group=PLUGIN_GROUP), key=lambda p: p.name):
+        package = point.dist.name if point.dist is not None else point.value
+        before = dict(QUERIES)
+        _source = package
+        try:
+            point.load()
+        except Exception as exc:  # noqa: BLE001 (any failure of another package's code leaves out its queries only)
+            QUERIES.clear()
+            QUERIES.update(before)  # none of a plugin that failed half-way
+            warnings.warn(
+                PluginWarning(
+                    f"query plugin {point.name!r} ({point.value}, package {package}) was not loaded: "
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; fix or uninstall that package"
+                ),
+                stacklevel=3,
+            )
+        finally:
+            _source = "attnstore"
 
 
 def get_query(name: str) -> QuerySpec:

@@ -1,5 +1,8 @@
 """Read-only SQL for `attnstore sql` / `Store.sql`: one statement that cannot change the store.
 
+Longer than ~500 lines on purpose: the SQLite and PostgreSQL paths share the byte budget, the value bound and the
+error lines, and a change to what a statement may do is made to both at once, here.
+
 The statement never runs on the store's own engine:
 
 SQLite
