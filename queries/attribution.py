@@ -24,6 +24,7 @@ import pandas as pd
 from .common import is_causal, iter_maps, iter_maps_with_norms, per_head_frame, token_flags, weighted_maps
 from .errors import InvalidArgumentError
 from .registry import register
+from .request import ATTENTION_ONLY, requested_examples
 from .rollout import rollout, source_token
 from .summary import SummaryKind, register_kind, summary_totals
 
@@ -109,7 +110,7 @@ def _state(store: Store, info: RunInfo, params: dict) -> dict:
     return {"n_examples": int(store.n_committed(info.id)), "saliency": {k: meta.get(k) for k in ("model", "method", "target", "n_tokens")}}
 
 
-def seed_agreement(store: Store, info: RunInfo, seed_run: str, specials: str, saliency: str, examples=None) -> float:
+def seed_agreement(store: Store, info: RunInfo, seed_run: str, specials: str, saliency: str) -> float:
     """Mean Kendall tau-b between the saliencies of `info`'s run and `seed_run` over their shared examples (the same
     keys as the heads are compared on); refused in one line where an example's tokens differ."""
     other = store.run_info(seed_run)
@@ -117,6 +118,7 @@ def seed_agreement(store: Store, info: RunInfo, seed_run: str, specials: str, sa
         raise InvalidArgumentError(
             f"seed_run {other.name!r} is over another dataset than run {info.name!r}: give a run over the same examples"
         )
+    examples = requested_examples(info.id)  # the query's (queries/request.py)
     flags = token_flags(store, info, ".,", examples)
     mine = dict(store.iter_saliency(info.id, examples))
     taus = []
@@ -170,9 +172,9 @@ ATTRIBUTION_TAU = register_kind(
 )
 
 
-@register("attention_attribution")
+@register("attention_attribution", sources=ATTENTION_ONLY)
 def attention_attribution(
-    store: Store, *, run, specials: str = "exclude", saliency: str = "signed", seed_run: str | None = None, examples=None
+    store: Store, *, run, specials: str = "exclude", saliency: str = "signed", seed_run: str | None = None
 ) -> pd.DataFrame:
     """Jain & Wallace 2019: per head, mean Kendall tau between the [CLS] row's attention and gradient x input saliency.
 
@@ -195,7 +197,7 @@ def attention_attribution(
     info = store.run_info(run)
     shape = (info.n_layers, info.n_heads)
     # the whole run adds its kept range reductions (O(ranges)); a subset adds each part's
-    totals = summary_totals(store, info, ATTRIBUTION_TAU, examples, specials=specials, saliency=saliency)
+    totals = summary_totals(store, info, ATTRIBUTION_TAU, specials=specials, saliency=saliency)
     sums = {k: totals.get(k, np.zeros(shape)) for k in ("tau", "tau_norm", "tau_random", "tau_sq")}
     counts = {k: totals.get(f"n_{k}", np.zeros(shape)).astype(np.float64) for k in ("tau", "tau_norm", "tau_random")}
     rollout_sum = totals.get("tau_rollout", np.zeros(info.n_layers))
@@ -208,7 +210,7 @@ def attention_attribution(
         rolled = np.where(rollout_count > 0, rollout_sum / np.maximum(rollout_count, 1), np.nan)
     columns = {}
     if seed_run is not None:
-        columns["tau_seed"] = np.full(shape, seed_agreement(store, info, seed_run, specials, saliency, examples))
+        columns["tau_seed"] = np.full(shape, seed_agreement(store, info, seed_run, specials, saliency))
     return per_head_frame(
         info,
         **columns,

@@ -15,6 +15,7 @@ from ..store.float16 import as_float32
 from ..store.records import RunInfo
 from .errors import InvalidArgumentError, NotFoundError
 from .kernels import kernel
+from .request import REQUESTED, requested_examples
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -80,9 +81,10 @@ def token_flags(store: Store, info: RunInfo, punct: str = ".,", examples=None) -
     return {int(examples[s]): TokenFlags(is_cls[s:e], is_sep[s:e], special[s:e], is_punct[s:e]) for s, e in zip(starts, ends) if e > s}
 
 
-def iter_maps(store: Store, info: RunInfo, examples=None) -> Iterator[tuple[int, np.ndarray]]:
-    """(example, maps as stored, float16 or float32) over a run, streamed; reduce with dtype=np.float64."""
-    yield from store.iter_attention(info.id, examples)
+def iter_maps(store: Store, info: RunInfo, examples=REQUESTED) -> Iterator[tuple[int, np.ndarray]]:
+    """(example, maps as stored, float16 or float32) over a run (its examples `examples`; within a query call, by
+    default the request's), streamed; reduce with dtype=np.float64."""
+    yield from store.iter_attention(info.id, requested_examples(info.id, examples))
 
 
 # What a per-head query reads: the attention weights a_ij, or (Kobayashi et al. 2020) the weights times the value norms,
@@ -116,9 +118,11 @@ def iter_weighted_maps(store: Store, info: RunInfo, examples=None, weights: str 
         yield example, weighted_maps(maps, norms)
 
 
-def iter_maps_with_norms(store: Store, info: RunInfo, examples=None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """(example, maps, value norms) in storage order; a run without value norms is refused in one line."""
+def iter_maps_with_norms(store: Store, info: RunInfo, examples=REQUESTED) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(example, maps, value norms) in storage order (`examples` as `iter_maps`); a run without value norms is refused
+    in one line."""
     store.require_value_norms(info.id)
+    examples = requested_examples(info.id, examples)
     for (example, maps), (same, norms) in zip(iter_maps(store, info, examples), store.iter_value_norms(info.id, examples)):
         assert example == same, (example, same)  # both in storage order
         yield example, maps, norms

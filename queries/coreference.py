@@ -25,6 +25,7 @@ import pandas as pd
 from .common import per_head_frame, safe_divide
 from .errors import InvalidArgumentError
 from .registry import register
+from .request import MAP_SOURCES, asked_of, whole_run
 from .summary import SummaryKind, is_kept, register_kind, storage_ranges, summary_totals
 from .word_level import most_attended_words, units_of
 
@@ -169,7 +170,7 @@ def _by_example(frame: pd.DataFrame) -> dict[int, slice]:
     return {int(example[a]): slice(int(a), int(b)) for a, b in zip(starts, ends) if b > a}
 
 
-def coreference_counts(store: Store, run, examples=None, baselines: bool = True, weights: str = "attention"):
+def coreference_counts(store: Store, run, baselines: bool = True):
     """(info, head hits (kinds, layer, head), baseline hits (kinds, baselines; zeros without `baselines`), mentions per kind).
 
     Added from the `MENTION_ARGMAX` summary's counts (kept with the run, built by one pass the first time): for the whole
@@ -179,49 +180,44 @@ def coreference_counts(store: Store, run, examples=None, baselines: bool = True,
     heads = np.zeros((len(KINDS), info.n_layers, info.n_heads))
     base = np.zeros((len(KINDS), len(BASELINES)))
     totals = np.zeros(len(KINDS))
-    kept = examples is None and is_kept(store, info, MENTION_ARGMAX, weights=weights)
+    kept = whole_run(info.id) and is_kept(store, info, MENTION_ARGMAX)
     # otherwise stop at the first range with a mention; NotFoundError naming asked-for examples the run lacks
-    if kept or any(len(store.mention_table(info.id, part)) for part in storage_ranges(store, info, examples)):
-        counts = summary_totals(store, info, MENTION_ARGMAX, examples, weights=weights)
+    if kept or any(len(store.mention_table(info.id, part)) for part in storage_ranges(store, info)):
+        counts = summary_totals(store, info, MENTION_ARGMAX)
         if counts:
             heads, totals = counts["hits"], counts["mentions"]
             base = counts["baseline_hits"] if baselines else base
     if not totals.sum():  # a table of NaN (or a "best head 0-0" picked from them) would look like a result
-        where = "the asked-for examples of run" if examples is not None else "run"
         raise InvalidArgumentError(
-            f"{where} {info.name!r}: no coreference mention with an antecedent in its window, so nothing to score; "
+            f"{asked_of(info)}: no coreference mention with an antecedent in its window, so nothing to score; "
             "ask it of a run over a corpus with mentions (`attnstore ingest --dataset gum/ontogum:dev`)"
         )
     return info, heads, base, totals
 
 
-@register("coreference")
-def coreference(store: Store, *, run, examples=None, weights: str = "attention") -> pd.DataFrame:
+@register("coreference", sources=MAP_SOURCES)
+def coreference(store: Store, *, run) -> pd.DataFrame:
     """Per head, antecedent-selection accuracy: all mentions and by kind (pronoun, proper, nominal).
 
     Columns: layer, head, all, pronoun, proper, nominal. Needs a run over a corpus with
     coreference mentions (gum/ontogum).
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    info, heads, _, totals = coreference_counts(store, run, examples, baselines=False, weights=weights)
+    info, heads, _, totals = coreference_counts(store, run, baselines=False)
     columns = {"all": safe_divide(heads.sum(0), totals.sum())}
     columns.update({kind: safe_divide(heads[k], totals[k]) for k, kind in enumerate(KINDS)})
     return per_head_frame(info, **columns)
 
 
-@register("coreference_summary", per_head=False)
-def coreference_summary(store: Store, *, run, examples=None, weights: str = "attention") -> pd.DataFrame:
+@register("coreference_summary", per_head=False, sources=MAP_SOURCES)
+def coreference_summary(store: Store, *, run) -> pd.DataFrame:
     """Table 2 of Clark et al.: the best head (by all mentions) against the three baselines.
 
     Columns: method (`head L-H`, nearest, head_match, sieve), layer, head (integers; blank for
     the baselines), all, pronoun, proper, nominal (accuracies). The number of mentions of each
     kind is in `frame.attrs["n_mentions"]` ({"all": ..., "pronoun": ..., ...}) and in the note
     the command line prints.
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    info, heads, base, totals = coreference_counts(store, run, examples, weights=weights)
+    info, heads, base, totals = coreference_counts(store, run)
     overall = safe_divide(heads.sum(0), totals.sum())
     layer, head = np.unravel_index(np.nanargmax(np.nan_to_num(overall, nan=-1)), overall.shape)
     rows = [

@@ -35,6 +35,7 @@ from ..store.records import RunInfo
 from .common import note_left_out, per_head_frame, unique_argmax
 from .errors import InvalidArgumentError
 from .registry import register
+from .request import MAP_SOURCES
 from .summary import SummaryKind, register_kind, summary_totals
 from .word_level import units_of, word_level
 
@@ -367,9 +368,7 @@ WORD_ARGMAX = register_kind(
 )
 
 
-def dependency_counts(
-    store: Store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True, weights: str = "attention"
-) -> DependencyCounts:
+def dependency_counts(store: Store, run, head2dep: str = "transpose", poss_apostrophe: bool = True) -> DependencyCounts:
     """Correct predictions per (direction, layer, head, relation), edge counts, baseline hits, root words.
 
     `relations` are those of the non-root words of the run's stored examples (skipped ones not evaluated), whatever
@@ -378,7 +377,7 @@ def dependency_counts(
     """
     _check("head2dep", head2dep, HEAD2DEP)
     info = store.run_info(run)
-    totals = summary_totals(store, info, WORD_ARGMAX, examples, weights=weights)
+    totals = summary_totals(store, info, WORD_ARGMAX)
     relations = totals.pop("labels").tolist()
     if not totals:  # no example
         return _empty_counts(info, relations)
@@ -395,16 +394,14 @@ def dependency_counts(
     )
 
 
-@register("dependency")
+@register("dependency", sources=MAP_SOURCES)
 def dependency(
     store: Store,
     *,
     run,
-    examples=None,
     min_count: int = 100,
     head2dep: str = "transpose",
     poss_apostrophe: bool = True,
-    weights: str = "attention",
 ) -> pd.DataFrame:
     """Per head, accuracy at finding the gold head of each relation's dependents, in both directions.
 
@@ -415,10 +412,8 @@ def dependency(
     authors' code) or the head's most-attended word is the dependent ("direct").
     poss_apostrophe: judge the 's after a possessor instead (the paper's poss rule).
     Needs a run over a corpus with dependency trees (gold CoNLL-U, or spaCy's).
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    counts = dependency_counts(store, run, examples, head2dep, poss_apostrophe, weights)
+    counts = dependency_counts(store, run, head2dep, poss_apostrophe)
     columns = {}
     for r, rel in enumerate(counts.relations):
         if counts.totals[r] >= min_count:
@@ -429,18 +424,16 @@ def dependency(
     return frame
 
 
-@register("dependency_summary", per_head=False)
+@register("dependency_summary", per_head=False, sources=MAP_SOURCES)
 def dependency_summary(
     store: Store,
     *,
     run,
-    examples=None,
     min_count: int = 100,
     direction: str = "best",
     head2dep: str = "transpose",
     root_in_all: bool = True,
     poss_apostrophe: bool = True,
-    weights: str = "attention",
 ) -> pd.DataFrame:
     """Table 1 of Clark et al.: per relation, the best head against the best fixed offset.
 
@@ -453,11 +446,9 @@ def dependency_summary(
     code): root words count in `all` (always wrong for attention; the clamped baseline gets
     a root right when its offset falls before the sentence). Relations with fewer than
     `min_count` edges are left out; head2dep and poss_apostrophe as in `dependency`.
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     _check("direction", direction, SUMMARY_DIRECTIONS)
-    counts = dependency_counts(store, run, examples, head2dep, poss_apostrophe, weights)
+    counts = dependency_counts(store, run, head2dep, poss_apostrophe)
     paper = defaultdict(str)
     for label, uds in PAPER_RELATIONS.items():
         for ud in uds:

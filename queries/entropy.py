@@ -9,7 +9,8 @@ import pandas as pd
 
 from .common import CAUSAL_NOTE, check_average, is_causal, per_head_frame, safe_divide
 from .registry import register
-from .summary import CLARK, row_entropy, summary_totals, totals_or_zeros
+from .request import MAP_SOURCES
+from .summary import CLARK, row_entropy, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -18,8 +19,8 @@ if TYPE_CHECKING:
 __all__ = ["entropy", "row_entropy"]  # row_entropy: every row's entropy, the summands the Clark sums add (queries/summary.py)
 
 
-@register("entropy")
-def entropy(store: Store, *, run, examples=None, average: str = "example", weights: str = "attention") -> pd.DataFrame:
+@register("entropy", sources=MAP_SOURCES)
+def entropy(store: Store, *, run, average: str = "example") -> pd.DataFrame:
     """Mean entropy (nats) of each head's attention, over all query tokens and from the first special token only.
 
     Columns: layer, head;
@@ -34,15 +35,13 @@ def entropy(store: Store, *, run, examples=None, average: str = "example", weigh
     average="token": pooled over every query token of the run (long examples weigh more).
     Causal models: the *_from_cls columns are NaN (the first token sees only itself, so its
     entropy is 0 by construction), and frame.attrs["note"] says so.
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     check_average(average)
     per_example = average == "example"
     info = store.run_info(run)
     causal = is_causal(store, info)
     # the Clark summary's totals (queries/summary.py): kept per range for the whole run, else from each example's sums
-    t = totals_or_zeros(summary_totals(store, info, CLARK, examples, weights=weights), (info.n_layers, info.n_heads))
+    t = summary_totals(store, info, CLARK)
     # Uniform attention over the keys a query sees: all L (sum over the L queries: L log L), or (causal) the i + 1 up
     # to itself (log L!).
     if per_example:  # each example's means, counted once

@@ -21,6 +21,7 @@ import pandas as pd
 
 from .common import TokenFlags, parse_choices, token_flags
 from .registry import register
+from .request import MAP_SOURCES
 from .summary import SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
@@ -221,19 +222,14 @@ KOVALEVA_FEATURES = register_kind(
 )
 
 
-def feature_totals(store: Store, info: RunInfo, examples=None, weights: str = "attention") -> dict[str, np.ndarray]:
-    """The K5 totals (`_features_totals`) of the run's committed examples (or of `examples`): the whole run adds its
-    kept range reductions (O(ranges), queries/summary.py `summary_totals`), a subset each part's."""
-    totals = summary_totals(store, info, KOVALEVA_FEATURES, examples, weights=weights)
-    if totals:
-        return totals
-    shape = (len(FEATURES), info.n_layers, info.n_heads)  # no examples: every sum and count 0
-    zeros = {name: np.zeros(shape) for name in ("feature_max", "cls_to_feature", "cls_to_feature_max")}
-    return {**zeros, "n_feature": np.zeros(len(FEATURES), np.int64), "n_cls_feature": np.zeros(len(FEATURES), np.int64)}
+def feature_totals(store: Store, info: RunInfo) -> dict[str, np.ndarray]:
+    """The K5 totals (`_features_totals`) of the asked-for examples (queries/request.py): the whole run adds its kept
+    range reductions (O(ranges), queries/summary.py `summary_totals`), a subset each part's."""
+    return summary_totals(store, info, KOVALEVA_FEATURES)
 
 
-@register("feature_attention", per_head=False)
-def feature_attention(store: Store, *, run, features: str | None = None, examples=None, weights: str = "attention") -> pd.DataFrame:
+@register("feature_attention", per_head=False, sources=MAP_SOURCES)
+def feature_attention(store: Store, *, run, features: str | None = None) -> pd.DataFrame:
     """Kovaleva K5: per head, normalised attention received by nouns, verbs, ... negation, [CLS], [SEP] (long format).
 
     For each example and head, a token's score is the sum over all query tokens of the
@@ -242,12 +238,10 @@ def feature_attention(store: Store, *, run, features: str | None = None, example
     skipped; the result is the mean over the remaining examples.
     Columns: layer, head, feature, value, n_examples (examples that had the feature).
     `features`: comma-separated subset of noun, verb, pronoun, subject, object, negation, cls, sep.
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     names = parse_features(features)
     info = store.run_info(run)
-    totals = feature_totals(store, info, examples, weights)
+    totals = feature_totals(store, info)
     total = {f: totals["feature_max"][FEATURES.index(f)] for f in names}
     count = {f: int(totals["n_feature"][FEATURES.index(f)]) for f in names}
     return long_frame(range(info.n_layers), info.n_heads, names, total, count, "feature")

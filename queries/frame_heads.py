@@ -26,7 +26,8 @@ import pandas as pd
 from .common import per_head_frame
 from .errors import InvalidArgumentError
 from .registry import register
-from .summary import SummaryKind, in_storage_order, register_kind, summary_parts
+from .request import MAP_SOURCES
+from .summary import SummaryKind, register_kind, stored_only, summary_parts
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -224,14 +225,14 @@ def _kept_scores(arrays: dict[str, np.ndarray], total: np.ndarray, filters: Fram
     return len(values), counts
 
 
-def frame_head_scores(store: Store, run, examples=None, filters: FrameFilters | None = None, weights: str = "attention"):
+def frame_head_scores(store: Store, run, filters: FrameFilters | None = None):
     filters = filters or FrameFilters()
     info = store.run_info(run)
     check_frames(store, info, filters)
-    if examples is not None:  # asked-for examples that are not stored are left out
-        examples = np.intersect1d(np.fromiter((int(e) for e in examples), dtype=np.int64), in_storage_order(store, info))
+    # asked-for examples that are not stored are left out
+    chosen = stored_only(store, info)
     total, n, counts = np.zeros((info.n_layers, info.n_heads)), 0, dict.fromkeys(FILTER_STEPS, 0)
-    for part in summary_parts(store, info, LU_FE_MAX, examples, weights=weights):  # one part of the summary at a time
+    for part in summary_parts(store, info, LU_FE_MAX, chosen):  # one part of the summary at a time
         added, part_counts = _kept_scores(part, total, filters)
         n += added
         counts = {step: counts[step] + part_counts[step] for step in FILTER_STEPS}
@@ -245,12 +246,11 @@ def frame_head_scores(store: Store, run, examples=None, filters: FrameFilters | 
     return info, total / n, n, counts
 
 
-@register("frame_heads")
+@register("frame_heads", sources=MAP_SOURCES)
 def frame_heads(
     store: Store,
     *,
     run,
-    examples=None,
     max_words: int = 12,
     max_fe_words: int = 3,
     min_distance: int = 3,
@@ -258,7 +258,6 @@ def frame_heads(
     core: str = "set",
     one_word_target: bool = True,
     percentile: float = 99.0,
-    weights: str = "attention",
 ) -> pd.DataFrame:
     """Kovaleva K2: per head, mean over FrameNet sentences of the max attention between the LU and its core frame elements.
 
@@ -272,13 +271,11 @@ def frame_heads(
     frame's FEcoreSets; core='type': FEs with FrameNet coreType Core. The project's earlier
     selection: core='type', min_distance=2, distance_to='core', one_word_target=false.
     The count left after each filter is in frame.attrs["filter_counts"].
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     if not 0 <= percentile <= 100:
         raise InvalidArgumentError(f"percentile must be between 0 and 100, not {percentile!r}")
     filters = FrameFilters(max_words, max_fe_words, min_distance, distance_to, core, one_word_target)
-    info, value, n, counts = frame_head_scores(store, run, examples, filters, weights)
+    info, value, n, counts = frame_head_scores(store, run, filters)
     frame = per_head_frame(info, value=value)
     frame["n_sentences"] = n
     frame["top"] = frame["value"] > np.nanpercentile(frame["value"], percentile)
@@ -286,12 +283,11 @@ def frame_heads(
     return frame
 
 
-@register("frame_heads_top", per_head=False)
+@register("frame_heads_top", per_head=False, sources=MAP_SOURCES)
 def frame_heads_top(
     store: Store,
     *,
     run,
-    examples=None,
     max_words: int = 12,
     max_fe_words: int = 3,
     min_distance: int = 3,
@@ -299,19 +295,15 @@ def frame_heads_top(
     core: str = "set",
     one_word_target: bool = True,
     percentile: float = 99.0,
-    weights: str = "attention",
 ) -> pd.DataFrame:
     """Kovaleva K2: the heads of `frame_heads` above the given percentile of all heads (paper: 99th), best first.
 
     Columns: layer, head, value, n_sentences, threshold (the percentile's value).
     Filters as in `frame_heads` (defaults: the authors' notebook's selection).
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     frame = frame_heads(
         store,
         run=run,
-        examples=examples,
         max_words=max_words,
         max_fe_words=max_fe_words,
         min_distance=min_distance,
@@ -319,7 +311,6 @@ def frame_heads_top(
         core=core,
         one_word_target=one_word_target,
         percentile=percentile,
-        weights=weights,
     )
     threshold = float(np.nanpercentile(frame["value"], percentile))
     top = frame[frame["top"]].drop(columns="top").sort_values("value", ascending=False).reset_index(drop=True)

@@ -26,6 +26,7 @@ import pandas as pd
 from ..store.records import RunInfo
 from .errors import InvalidArgumentError
 from .registry import register
+from .request import MAP_SOURCES
 from .summary import SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
@@ -172,21 +173,18 @@ def classical_mds(distances: np.ndarray, dims: int = 2) -> np.ndarray:
     return vectors[:, top] * np.sqrt(np.clip(values[top], 0, None))
 
 
-def head_distance_sum(
-    store: Store, run, examples=None, smoothing: float = SMOOTHING, weights: str = "attention"
-) -> tuple[RunInfo, np.ndarray, int]:
-    """(run, summed JS matrix of every pair of heads, number of query tokens) over the run or `examples`."""
+def head_distance_sum(store: Store, run, smoothing: float = SMOOTHING) -> tuple[RunInfo, np.ndarray, int]:
+    """(run, summed JS matrix of every pair of heads, number of query tokens) over the asked-for examples."""
     smoothing = check_smoothing(smoothing)
     info = store.run_info(run)
     n = info.n_layers * info.n_heads
     # per-example sums kept with the run (queries/summary.py); the whole run adds their kept range reductions
-    totals = summary_totals(store, info, HEAD_JS, examples, smoothing=smoothing, weights=weights)
-    upper = totals["js"] if totals else np.zeros(n * (n - 1) // 2)
-    return info, square(upper, n), int(totals.get("length", 0))
+    totals = summary_totals(store, info, HEAD_JS, smoothing=smoothing)
+    return info, square(totals["js"], n), int(totals["length"])
 
 
-@register("head_distances", per_head=False)
-def head_distances(store: Store, *, run, examples=None, smoothing: float = SMOOTHING, weights: str = "attention") -> pd.DataFrame:
+@register("head_distances", per_head=False, sources=MAP_SOURCES)
+def head_distances(store: Store, *, run, smoothing: float = SMOOTHING) -> pd.DataFrame:
     """Distance between every pair of heads: summed Jensen-Shannon divergence of their attention.
 
     Columns: layer_a, head_a, layer_b, head_b, distance (sum over all query tokens, nats),
@@ -194,10 +192,8 @@ def head_distances(store: Store, *, run, examples=None, smoothing: float = SMOOT
     smoothing: each map is first mixed with the uniform distribution, s / L + (1 - s) a, as the
       authors' code does (default 0.001); 0 compares the raw maps.
     Each example's sums are kept with the run (summary head_js): only the first call decodes the maps.
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    info, total, n_tokens = head_distance_sum(store, run, examples, smoothing, weights)
+    info, total, n_tokens = head_distance_sum(store, run, smoothing)
     n = info.n_layers * info.n_heads
     a, b = (grid.ravel() for grid in np.meshgrid(np.arange(n), np.arange(n), indexing="ij"))
     return pd.DataFrame(
@@ -212,16 +208,14 @@ def head_distances(store: Store, *, run, examples=None, smoothing: float = SMOOT
     )
 
 
-@register("head_clusters")
-def head_clusters(store: Store, *, run, examples=None, smoothing: float = SMOOTHING, weights: str = "attention") -> pd.DataFrame:
+@register("head_clusters", sources=MAP_SOURCES)
+def head_clusters(store: Store, *, run, smoothing: float = SMOOTHING) -> pd.DataFrame:
     """2-D multidimensional scaling of the heads by summed Jensen-Shannon distance (Fig. 6).
 
     Columns: layer, head, x, y (coordinates; only relative positions mean anything).
     smoothing: as in head_distances (default 0.001, the authors'; 0 for the raw maps).
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    info, total, _ = head_distance_sum(store, run, examples, smoothing, weights)
+    info, total, _ = head_distance_sum(store, run, smoothing)
     xy = classical_mds(total)
     n = info.n_layers * info.n_heads
     return pd.DataFrame({"layer": np.arange(n) // info.n_heads, "head": np.arange(n) % info.n_heads, "x": xy[:, 0], "y": xy[:, 1]})

@@ -23,6 +23,7 @@ import pandas as pd
 from .common import CAUSAL_NOTE, is_causal, per_head_frame, safe_divide, token_flags
 from .kernels import as_kernel_maps, kernel
 from .registry import register
+from .request import MAP_SOURCES
 from .summary import SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
@@ -101,8 +102,8 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 HEAD_ROLES = register_kind(SummaryKind("head_roles", 1, _prepare, _reduce, totals=_totals, threads=True))
 
 
-@register("head_roles")
-def head_roles(store: Store, *, run, examples=None, weights: str = "attention") -> pd.DataFrame:
+@register("head_roles", sources=MAP_SOURCES)
+def head_roles(store: Store, *, run) -> pd.DataFrame:
     """Head confidence and roles (Voita et al. 2019): confidence, positional offset, attention to the rarest token.
 
     Columns: layer, head; confidence (mean over query tokens of the largest weight, separator
@@ -111,20 +112,12 @@ def head_roles(store: Store, *, run, examples=None, weights: str = "attention") 
     paper's rule); rare_share (share of rows whose largest weight is on the example's rarest
     token by the run's token frequencies), rare_chance (that share under uniform attention,
     1 / L averaged over rows). Pooled over every query token of the run (or `examples`).
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     info = store.run_info(run)
-    shape = (info.n_layers, info.n_heads)
     # the whole run adds its kept range reductions (O(ranges)); a subset adds each part's
-    totals = summary_totals(store, info, HEAD_ROLES, examples, weights=weights)
-    if totals:
-        confidence, offsets, rare_hits = (totals[k].astype(np.float64) for k in ("confidence_sum", "offset_counts", "rare_hits"))
-        rows, rare_rows, rare_chance = int(totals["rows"]), int(totals["rare_rows"]), float(totals["rare_examples"])
-    else:  # no examples
-        confidence, rare_hits, offsets = np.zeros(shape), np.zeros(shape), np.zeros((*shape, len(OFFSETS)))
-        rows = rare_rows = 0
-        rare_chance = 0.0
+    totals = summary_totals(store, info, HEAD_ROLES)
+    confidence, offsets, rare_hits = (totals[k].astype(np.float64) for k in ("confidence_sum", "offset_counts", "rare_hits"))
+    rows, rare_rows, rare_chance = int(totals["rows"]), int(totals["rare_rows"]), float(totals["rare_examples"])
     share = safe_divide(offsets, rows)
     top = share.argmax(-1)
     frame = per_head_frame(info, confidence=safe_divide(confidence, rows))

@@ -19,6 +19,7 @@ import pandas as pd
 
 from .common import iter_maps_with_norms, per_head_frame, safe_divide, token_flags
 from .registry import register
+from .request import ATTENTION_ONLY
 from .summary import DEFAULT_PUNCT, SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
@@ -80,8 +81,8 @@ NORM_CLASSES = register_kind(
 )
 
 
-@register("norm_attention")
-def norm_attention(store: Store, *, run, punct: str = DEFAULT_PUNCT, examples=None) -> pd.DataFrame:
+@register("norm_attention", sources=ATTENTION_ONLY)
+def norm_attention(store: Store, *, run, punct: str = DEFAULT_PUNCT) -> pd.DataFrame:
     """Kobayashi et al. 2020: per head, weight, value norm and norm-weighted contribution of [CLS], [SEP], punctuation, other.
 
     Columns: layer, head, then for each class c of cls ([CLS]-like: the first special token),
@@ -97,13 +98,10 @@ def norm_attention(store: Store, *, run, punct: str = DEFAULT_PUNCT, examples=No
     Needs a run ingested with value norms (the default since attnstore kept them).
     """
     info = store.run_info(run)
-    shape = (info.n_layers, info.n_heads)
     # the whole run adds its kept range reductions (O(ranges)); a subset adds each part's
-    sums = summary_totals(store, info, NORM_CLASSES, examples, punct=punct)
-    if not sums:  # no examples
-        sums = {f"{kind}_{c}": np.zeros(shape) for kind in ("weight", "contribution", "share", "norm") for c in CLASSES}
-    n_examples = int(sums.get("examples", 0))
-    with_class = {c: int(sums.get(f"with_{c}", 0)) for c in CLASSES}
+    sums = summary_totals(store, info, NORM_CLASSES, punct=punct)
+    n_examples = int(sums["examples"])
+    with_class = {c: int(sums[f"with_{c}"]) for c in CLASSES}
     columns = {}
     for c in CLASSES:
         columns[f"weight_{c}"] = safe_divide(sums[f"weight_{c}"], n_examples)

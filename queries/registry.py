@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import InvalidArgumentError, UnknownQueryError
+from .request import ENGINE_PARAMS
 
 if TYPE_CHECKING:  # pandas and the store are imported by the queries themselves, not to look one up
     import pandas as pd
@@ -33,11 +34,24 @@ class QuerySpec:
     # save(store, run, frame, params) -> a one-line account of what was saved (e.g. head_match's own table)
     save: Callable[..., str] | None = None
     source: str = "attnstore"  # the package that registered it: attnstore, or a plugin's distribution
+    # The map sources it answers from (queries/request.py SOURCES), for a query over one run's maps: the engine then
+    # gives it `examples` and `weights` (ENGINE_PARAMS), which its function does not take. Empty: a query of its own
+    # kind (one example's map, a pair of runs), whose function takes what it reads.
+    sources: tuple[str, ...] = ()
 
     def parameters(self) -> dict[str, inspect.Parameter]:
-        """Keyword parameters a user may set (besides store and run)."""
+        """Keyword parameters a user may set (besides store and run): the function's own, then the engine's."""
         sig = inspect.signature(self.func)
-        return {n: p for n, p in sig.parameters.items() if n not in ("store", "run")}
+        own = {n: p for n, p in sig.parameters.items() if n not in ("store", "run")}
+        if self.sources:
+            keyword = inspect.Parameter.KEYWORD_ONLY
+            own["examples"] = inspect.Parameter("examples", keyword, default=None)
+            own["weights"] = inspect.Parameter("weights", keyword, default="attention", annotation=str)
+        return own
+
+    def own_parameters(self) -> dict[str, inspect.Parameter]:
+        """The parameters its function takes (besides store and run)."""
+        return {n: p for n, p in inspect.signature(self.func).parameters.items() if n not in ("store", "run")}
 
 
 QUERIES: dict[str, QuerySpec] = {}
@@ -52,16 +66,26 @@ class PluginWarning(UserWarning):
     """A query plugin could not be loaded: its queries are missing; every other query works."""
 
 
-def register(name: str, *, per_head: bool = True, save: Callable[..., str] | None = None):
+def register(name: str, *, per_head: bool = True, save: Callable[..., str] | None = None, sources: tuple[str, ...] = ()):
+    """Register `func(store, *, run, ...)` as query `name`. `sources`: for a query over one run's maps, the map
+    sources it answers from (queries/request.py: MAP_SOURCES, ATTENTION_ONLY); the engine then owns its `examples` and
+    `weights`, so its function takes neither and reads them through the framework (queries/request.py)."""
+
     def wrap(func):
         summary = (func.__doc__ or "").strip().splitlines()[0]
+        taken_by_engine = [p for p in ENGINE_PARAMS if p in inspect.signature(func).parameters]
+        if sources and taken_by_engine:
+            raise InvalidArgumentError(
+                f"query {name!r} ({func.__module__}) takes {', '.join(taken_by_engine)}: the engine gives those to a query "
+                "registered with sources= (queries/request.py); drop them from its function"
+            )
         taken = QUERIES.get(name)
         if taken is not None and (taken.func.__module__, taken.func.__qualname__) != (func.__module__, func.__qualname__):
             raise InvalidArgumentError(
                 f"query {name!r} of {func.__module__} ({_source}) is registered already, by {taken.func.__module__} "
                 f"({taken.source}): give it another name"
             )
-        QUERIES[name] = QuerySpec(name, func, summary, per_head, save, _source)
+        QUERIES[name] = QuerySpec(name, func, summary, per_head, save, _source, tuple(sources))
         return func
 
     return wrap

@@ -9,14 +9,15 @@ import pandas as pd
 
 from .common import CAUSAL_NOTE, check_average, is_causal, per_head_frame, safe_divide
 from .registry import register
-from .summary import CLARK, summary_totals, totals_or_zeros
+from .request import MAP_SOURCES
+from .summary import CLARK, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
 
 
-@register("relative_position")
-def relative_position(store: Store, *, run, examples=None, average: str = "example", weights: str = "attention") -> pd.DataFrame:
+@register("relative_position", sources=MAP_SOURCES)
+def relative_position(store: Store, *, run, average: str = "example") -> pd.DataFrame:
     """Mean attention per head from each token to the previous, the same and the next token.
 
     Columns: layer, head, to_previous, to_self, to_next.
@@ -29,14 +30,12 @@ def relative_position(store: Store, *, run, examples=None, average: str = "examp
     All tokens count, special tokens included (as in the paper).
     Causal models (models.causal): to_next is NaN, since no token can attend to the next one
     (it would be 0 by construction); frame.attrs["note"] says so.
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     check_average(average)
     info = store.run_info(run)
     causal = is_causal(store, info)
     # the Clark summary's totals (queries/summary.py): kept per range for the whole run, else from each example's sums
-    t = totals_or_zeros(summary_totals(store, info, CLARK, examples, weights=weights), (info.n_layers, info.n_heads))
+    t = summary_totals(store, info, CLARK)
     names = ("to_previous", "to_self", "to_next")
     if average == "example":  # each example's mean over its L query tokens, then the mean over examples
         frame = per_head_frame(info, **{name: safe_divide(t[f"mean_{name}"], int(t["examples"])) for name in names})

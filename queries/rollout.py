@@ -30,6 +30,7 @@ from .common import CAUSAL_NOTE, is_causal, token_flags
 from .errors import InvalidArgumentError
 from .kernels import as_kernel_maps, kernel
 from .registry import register
+from .request import MAP_SOURCES
 from .summary import SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
@@ -103,8 +104,8 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 ROLLOUT = register_kind(SummaryKind("rollout", 1, _prepare, _reduce, defaults={"punct": DEFAULT_PUNCT}, totals=_totals, threads=True))
 
 
-@register("rollout", per_head=False)
-def rollout_query(store: Store, *, run, punct: str = DEFAULT_PUNCT, examples=None, weights: str = "attention") -> pd.DataFrame:
+@register("rollout", per_head=False, sources=MAP_SOURCES)
+def rollout_query(store: Store, *, run, punct: str = DEFAULT_PUNCT) -> pd.DataFrame:
     """Attention rollout (Abnar & Zuidema 2020) per layer: from the first special token to [CLS], [SEP], punctuation, the rest.
 
     Per layer l, the rollout Ã_l ... Ã_0 of the head-averaged maps with the residual added
@@ -113,14 +114,11 @@ def rollout_query(store: Store, *, run, punct: str = DEFAULT_PUNCT, examples=Non
     Columns: layer, to_cls, to_sep, to_punct, to_other (the four sum to 1), n_examples
     (examples with a source token). Per example, then the mean over examples. `punct`: the
     characters that count as punctuation, as in special_tokens.
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     info = store.run_info(run)
     # the whole run adds its kept range reductions (O(ranges)); a subset adds each part's
-    totals = summary_totals(store, info, ROLLOUT, examples, punct=punct, weights=weights)
-    total = totals["shares"] if totals else np.zeros((info.n_layers, len(CLASSES)))
-    n = int(totals["n_examples"]) if totals else 0
+    totals = summary_totals(store, info, ROLLOUT, punct=punct)
+    total, n = totals["shares"], int(totals["n_examples"])
     mean = total / n if n else np.full_like(total, np.nan)
     frame = pd.DataFrame({"layer": np.arange(info.n_layers), **{f"to_{c}": mean[:, k] for k, c in enumerate(CLASSES)}, "n_examples": n})
     if is_causal(store, info):

@@ -9,16 +9,15 @@ import pandas as pd
 
 from .common import check_average, per_head_frame, safe_divide
 from .registry import register
-from .summary import CLARK, CLARK_UNITS, summary_totals, totals_or_zeros
+from .request import MAP_SOURCES
+from .summary import CLARK, CLARK_UNITS, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
 
 
-@register("special_tokens")
-def special_tokens(
-    store: Store, *, run, punct: str = ".,", examples=None, average: str = "example", weights: str = "attention"
-) -> pd.DataFrame:
+@register("special_tokens", sources=MAP_SOURCES)
+def special_tokens(store: Store, *, run, punct: str = ".,", average: str = "example") -> pd.DataFrame:
     """Mean attention per head to [CLS]-like, [SEP]-like and punctuation tokens, and from [SEP] to [SEP].
 
     Columns: layer, head;
@@ -33,13 +32,11 @@ def special_tokens(
       sep_from_other), then over the examples (those that have such query tokens);
     average="token": pooled over every query token of the run.
     Special tokens are identified by the tokenizer's ids recorded with the model.
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     check_average(average)
     info = store.run_info(run)
     # the Clark summary's totals (queries/summary.py): kept per range for the whole run, else from each example's sums
-    t = totals_or_zeros(summary_totals(store, info, CLARK, examples, punct=punct, weights=weights), (info.n_layers, info.n_heads))
+    t = summary_totals(store, info, CLARK, punct=punct)
     frame = _from_totals(info, t, average == "example")
     absent = [what for what, unit in (("[CLS]-like", "cls"), ("separator", "sep")) if not int(t[f"n_{unit}"])]
     if absent and int(t["n_tokens"]):  # a decoder's tokenizer adds neither: zeros by construction, not a measurement

@@ -66,6 +66,7 @@ from ..store.pools import SizedPool
 from .clark_sums import example_sums
 from .common import check_weights, iter_maps, iter_weighted_maps, token_flags
 from .errors import InvalidArgumentError, NotFoundError
+from .request import REQUESTED, requested_examples, requested_source
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -375,11 +376,22 @@ def every_position(positions: np.ndarray) -> bool:
     return bool(mask.all())
 
 
-def storage_ranges(store: Store, info: RunInfo, examples=None) -> list[np.ndarray]:
-    """The run's committed examples (or those of `examples`) in storage order, in consecutive ranges of SUMMARY_RANGE;
-    NotFoundError naming any of `examples` that is not stored."""
+def storage_ranges(store: Store, info: RunInfo, examples=REQUESTED) -> list[np.ndarray]:
+    """The run's committed examples (or those of `examples`; by default the query request's) in storage order, in
+    consecutive ranges of SUMMARY_RANGE; NotFoundError naming any of `examples` that is not stored."""
+    examples = requested_examples(info.id, examples)
     order = in_storage_order(store, info)
     return ranges(order if examples is None else only(info, order, examples))
+
+
+def stored_only(store: Store, info: RunInfo, examples=REQUESTED) -> np.ndarray | None:
+    """The asked-for examples that the run stores, in storage order (None: every example); asked-for examples it does
+    not store are left out (a query that samples from a corpus larger than the run: frame_heads)."""
+    examples = requested_examples(info.id, examples)
+    if examples is None:
+        return None
+    order = in_storage_order(store, info)
+    return order[member(order, np.unique(np.fromiter((int(e) for e in examples), dtype=np.int64)))]
 
 
 def ranged_maps(store: Store, info: RunInfo, examples, prepare: Callable[[np.ndarray], Any]) -> Iterator[tuple[int, np.ndarray, Any]]:
@@ -426,7 +438,7 @@ def summarise_on(
 
 def is_kept(store: Store, info: RunInfo, kind: SummaryKind, **params) -> bool:
     """Whether the kind's summary of the run is kept and current (its stamp matches): nothing is read but its stamp."""
-    params = kind.bind(params)
+    params = kind.bind(requested_source(info.id, params))
     stamp = kind.stamp(committed_state(store, info, kind, params), params)
     return store.run_summary_parts(info.id, kind.key(params), stamp) is not None
 
@@ -495,7 +507,7 @@ def kept_order(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[s
 def _order(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[str, Any]) -> tuple[np.ndarray, bool]:
     """`kept_order`, and whether it is the kept summary's own example column (else it came from SQL)."""
     global _LAST_ORDER
-    params = kind.bind(params)
+    params = kind.bind(requested_source(info.id, params))
     stamp = kind.stamp(committed_state(store, info, kind, params), params)
     which = (store.locations.array_root, info.array_path, kind.key(params), json.dumps(stamp, sort_keys=True, default=str))
     last = _LAST_ORDER
@@ -521,7 +533,7 @@ def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryPar
     first if it is not (on the Dask scheduler in effect, if any). None where it cannot be kept: a read-only store, a
     layout-1 run, a run that grew while it was read, or a whole-run pass the kind refuses (InvalidArgumentError from
     its `prepare`, e.g. a pair of runs that tokenised some example differently)."""
-    params = kind.bind(params)
+    params = kind.bind(requested_source(info.id, params))
     state = committed_state(store, info, kind, params)
     stamp, key = kind.stamp(state, params), kind.key(params)
     saved = store.run_summary_parts(info.id, key, stamp)
@@ -544,7 +556,7 @@ def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryPar
 
 
 def summary_parts(
-    store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None, *, fields=None, batched: bool = False, **params
+    store: Store, info: RunInfo, kind: SummaryKind, examples=REQUESTED, *, fields=None, batched: bool = False, **params
 ) -> Iterator[dict[str, np.ndarray]]:
     """The one path: the kind's per-example fields for the examples it covers (or those of `examples`), in storage
     order, as consecutive parts of at most SUMMARY_RANGE examples (each as `summarise_examples` gives it for those
@@ -552,8 +564,10 @@ def summary_parts(
     else they are built and kept where the store allows; else computed for this call over the asked-for examples only
     (see the module docstring). NotFoundError names asked-for examples the kind does not cover. `batched`: a caller whose
     result does not depend on where parts are cut (concatenation, integer counts) takes a sample's kept rows as a part
-    per few ranges (up to SUMMARY_RANGE rows) rather than one per range it touches (~780 for 1,000 of 8 M)."""
-    params = kind.bind(params)
+    per few ranges (up to SUMMARY_RANGE rows) rather than one per range it touches (~780 for 1,000 of 8 M). Within a
+    query call, `examples` and the map source default to its request's (queries/request.py)."""
+    examples = requested_examples(info.id, examples)
+    params = kind.bind(requested_source(info.id, params))
     order, kept = (None, False) if examples is None else _order(store, info, kind, params)
     chosen = None if order is None else _selected(info, order, examples)
     wanted = None if order is None else order[chosen]
@@ -566,7 +580,7 @@ def summary_parts(
     return (part for part in _built_parts(store, info, kind, chosen, params) if len(part["example"]))
 
 
-def summary(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None, **params) -> dict[str, np.ndarray]:
+def summary(store: Store, info: RunInfo, kind: SummaryKind, examples=REQUESTED, **params) -> dict[str, np.ndarray]:
     """`summary_parts` as one summary (for queries that need every example's numbers at once)."""
     return concatenate(kind, summary_parts(store, info, kind, examples, batched=True, **params))
 
@@ -594,7 +608,7 @@ def kept_ranges(store: Store, info: RunInfo, kind: SummaryKind, **params) -> Sum
     summary can be kept (then `summary_totals` goes through the per-example fields)."""
     if kind.totals is None:
         return None
-    params = kind.bind(params)
+    params = kind.bind(requested_source(info.id, params))
     saved = keep(store, info, kind, **params)
     if saved is None:
         return None
@@ -628,7 +642,7 @@ def add_totals(a: dict[str, np.ndarray] | None, b: dict[str, np.ndarray]) -> dic
     return {name: _widened(v) for name, v in b.items()} if a is None else {name: a[name] + _widened(b[name]) for name in a}
 
 
-def summary_totals(store: Store, info: RunInfo, kind: SummaryKind, examples: Iterable | None = None, **params) -> dict[str, np.ndarray]:
+def summary_totals(store: Store, info: RunInfo, kind: SummaryKind, examples=REQUESTED, **params) -> dict[str, np.ndarray]:
     """The kind's `totals` of the examples it covers (or those of `examples`): what a query that only adds per-example
     numbers combines. The whole run (no `examples`), where the kind declares `totals` and its summary is kept: the
     kept ranges' totals added in storage order, O(ranges) (`kept_ranges`); otherwise the totals of each part
@@ -637,6 +651,8 @@ def summary_totals(store: Store, info: RunInfo, kind: SummaryKind, examples: Ite
     `labels` gets them too, as `labels` (an array of str: the kept ranges', else the run's read for the call)."""
     if kind.totals is None:
         raise InvalidArgumentError(f"summary kind {kind.name!r} declares no range reduction (totals)")
+    examples = requested_examples(info.id, examples)
+    params = requested_source(info.id, params)
     kept = kept_ranges(store, info, kind, **params) if examples is None and USE_RANGES else None
     if kept is not None:
         out = _added_ranges(kept)

@@ -35,6 +35,7 @@ from .feature_attention import (
     parse_features,
 )
 from .registry import register
+from .request import MAP_SOURCES
 from .summary import SummaryKind, register_kind, summary_totals
 from .word_level import units_of, word_level
 
@@ -160,10 +161,8 @@ KOVALEVA_RELATIONS = register_kind(
 )
 
 
-@register("token_to_token", per_head=False)
-def token_to_token(
-    store: Store, *, run, relations: str | None = None, statistic: str = "token_max", examples=None, weights: str = "attention"
-) -> pd.DataFrame:
+@register("token_to_token", per_head=False, sources=MAP_SOURCES)
+def token_to_token(store: Store, *, run, relations: str | None = None, statistic: str = "token_max") -> pd.DataFrame:
     """Kovaleva K6: per head, attention between linked words: verb->subject, subject->verb, noun->pronoun, pronoun->noun.
 
     statistic="token_max" (default, the authors' notebook): per example, the largest
@@ -174,8 +173,6 @@ def token_to_token(
     of that relation.
     Columns: layer, head, relation, value, n_examples, n_pairs.
     `relations`: comma-separated subset of verb_to_subject, subject_to_verb, noun_to_pronoun, pronoun_to_noun.
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     if statistic not in STATISTICS:
         raise InvalidArgumentError(
@@ -186,10 +183,7 @@ def token_to_token(
     names = parse_relations(relations)
     info = store.run_info(run)
     # per-example numbers kept with the run (queries/summary.py); the whole run adds their kept range reductions
-    totals = summary_totals(store, info, KOVALEVA_RELATIONS, examples, weights=weights)
-    if not totals:  # no examples
-        shape = (len(RELATIONS), info.n_layers, info.n_heads)
-        totals = {field: np.zeros(shape), "n_examples": np.zeros(len(RELATIONS), np.int64), "n_pairs": np.zeros(len(RELATIONS), np.int64)}
+    totals = summary_totals(store, info, KOVALEVA_RELATIONS)
     total = {r: totals[field][RELATIONS.index(r)] for r in names}
     count = {r: int(totals["n_examples"][RELATIONS.index(r)]) for r in names}
     n_pairs = {r: int(totals["n_pairs"][RELATIONS.index(r)]) for r in names}
@@ -198,7 +192,7 @@ def token_to_token(
     return frame
 
 
-@register("cls_feature_attention", per_head=False)
+@register("cls_feature_attention", per_head=False, sources=MAP_SOURCES)
 def cls_feature_attention(
     store: Store,
     *,
@@ -206,8 +200,6 @@ def cls_feature_attention(
     layer: int | None = None,
     features: str | None = None,
     pool: str = "max",
-    examples=None,
-    weights: str = "attention",
 ) -> pd.DataFrame:
     """Kovaleva K6 (Fig. 7): attention from the first special token ([CLS]-like) to each K5 feature, in one layer.
 
@@ -217,8 +209,6 @@ def cls_feature_attention(
     averaged over the examples that contain the feature (and a [CLS]-like token).
     Columns: layer, head, feature, value, mean_over_heads (the feature's value averaged over
     the layer's heads), n_examples.
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
     if pool not in POOLS:
         raise InvalidArgumentError(
@@ -231,7 +221,7 @@ def cls_feature_attention(
         layer = info.n_layers - 1
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < info.n_layers:
         raise InvalidArgumentError(f"layer {layer!r} is out of range: the model has {info.n_layers} layers (0..{info.n_layers - 1})")
-    totals = feature_totals(store, info, examples, weights)  # per-example sums, every layer (queries/feature_attention.py)
+    totals = feature_totals(store, info)  # per-example sums, every layer (queries/feature_attention.py)
     total = {f: totals[field][FEATURES.index(f), layer][None] for f in names}
     count = {f: int(totals["n_cls_feature"][FEATURES.index(f)]) for f in names}
     frame = long_frame([int(layer)], info.n_heads, names, total, count, "feature")

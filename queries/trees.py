@@ -31,6 +31,7 @@ from .common import per_head_frame
 from .dependency import _decode_labels, relation_columns, run_relations
 from .errors import InvalidArgumentError
 from .registry import register
+from .request import MAP_SOURCES
 from .summary import SummaryKind, register_kind, summary_totals
 from .word_level import units_of, word_level
 
@@ -200,16 +201,16 @@ HEAD_TREES = register_kind(
 )
 
 
-def tree_counts(store: Store, run, examples=None, specials: str = "exclude", weights: str = "attention") -> tuple[RunInfo, dict]:
+def tree_counts(store: Store, run, specials: str = "exclude") -> tuple[RunInfo, dict]:
     """Per relation with gold edges (sorted): gold edges, MAX and MST hits per head (method, layer, head), chain hits;
     added from the kept range counts for the whole run (O(ranges)), else from each part's."""
     if specials not in SPECIALS:
         raise InvalidArgumentError(f"specials={specials!r}: use 'exclude' (words only) or 'include' ([CLS]/[SEP] as nodes)")
     info = store.run_info(run)
-    totals = summary_totals(store, info, HEAD_TREES, examples, specials=specials, weights=weights)
+    totals = summary_totals(store, info, HEAD_TREES, specials=specials)
     labels = totals.pop("labels").tolist()
     counts: dict[str, list] = {}
-    for r, relation in enumerate(labels if totals else []):
+    for r, relation in enumerate(labels):
         if totals["edges"][r]:  # a relation of the run with no scorable edge here (cut, or other examples): none
             counts[relation] = [int(totals["edges"][r]), totals["hits"][r].astype(np.float64), int(totals["chain"][r])]
     if not counts:
@@ -217,10 +218,8 @@ def tree_counts(store: Store, run, examples=None, specials: str = "exclude", wei
     return info, counts
 
 
-@register("head_trees")
-def head_trees(
-    store: Store, *, run, examples=None, specials: str = "exclude", min_count: int = 100, weights: str = "attention"
-) -> pd.DataFrame:
+@register("head_trees", sources=MAP_SOURCES)
+def head_trees(store: Store, *, run, specials: str = "exclude", min_count: int = 100) -> pd.DataFrame:
     """Trees from heads (Htut et al. 2019): undirected attachment accuracy of each head's MAX links and MST.
 
     Columns: layer, head, uuas_max, uuas_mst (over every gold non-root edge), then
@@ -229,10 +228,8 @@ def head_trees(
     the word-level map rooted at the gold root (edge head -> dependent scored by the
     dependent's attention to the head). specials="exclude": words only; "include": [CLS]/[SEP]
     as nodes too. The adjacent-word baseline is in frame.attrs["chain_uuas"].
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    info, counts = tree_counts(store, run, examples, specials, weights)
+    info, counts = tree_counts(store, run, specials)
     n = sum(c[0] for c in counts.values())
     total = sum(c[1] for c in counts.values())
     columns = {"uuas_max": total[0] / n, "uuas_mst": total[1] / n}
@@ -245,19 +242,15 @@ def head_trees(
     return frame
 
 
-@register("head_trees_summary", per_head=False)
-def head_trees_summary(
-    store: Store, *, run, examples=None, specials: str = "exclude", min_count: int = 100, weights: str = "attention"
-) -> pd.DataFrame:
+@register("head_trees_summary", per_head=False, sources=MAP_SOURCES)
+def head_trees_summary(store: Store, *, run, specials: str = "exclude", min_count: int = 100) -> pd.DataFrame:
     """Per relation (and `all`): the best head's MAX and MST undirected accuracy against the adjacent-word baseline.
 
     Columns: relation, n (gold edges), max_layer, max_head, max_uuas, mst_layer, mst_head,
     mst_uuas, chain_uuas (a chain of adjacent words). Relations with fewer than min_count
     edges are left out; ties go to the lowest layer and head.
-    weights="norm": each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised
-      (runs ingested with value norms); "attention" (default): the maps as stored.
     """
-    info, counts = tree_counts(store, run, examples, specials, weights)
+    info, counts = tree_counts(store, run, specials)
     n = sum(c[0] for c in counts.values())
     entries = [("all", n, sum(c[1] for c in counts.values()), sum(c[2] for c in counts.values()))]
     entries += [(r, e, h, ch) for r, (e, h, ch) in sorted(counts.items(), key=lambda kv: -kv[1][0]) if e >= min_count]

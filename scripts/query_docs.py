@@ -58,6 +58,18 @@ def example_param(spec) -> str:
     return "examples=0-9" if "examples" in spec.parameters() else ""
 
 
+def sources_paragraph(sources: tuple[str, ...]) -> str:
+    """The one paragraph on the engine's parameters, for every query over one run's maps (queries/request.py)."""
+    from attnstore.queries.request import SOURCES
+
+    shown = "; ".join(f"`{name}`: {SOURCES[name]}" for name in sources)
+    only = "" if len(sources) > 1 else " (it reads more than the maps, so it answers from no other source)"
+    return (
+        "`examples` and `weights` are the query engine's, as for every query over one run's maps: `examples` limits it to "
+        f"those example positions; `weights` is the map source it reads, {shown}{only}."
+    )
+
+
 def section(spec, headings: list[tuple[str, str]]) -> list[str]:
     from attnstore.queries.registry import param_type
 
@@ -77,11 +89,15 @@ def section(spec, headings: list[tuple[str, str]]) -> list[str]:
             kind, nullable = param_type(spec, key)
             if key == "examples":
                 what, default = "example positions, e.g. `0,3,10-19`", "all examples"
+            elif key == "weights" and spec.sources:
+                what, default = "map source: " + " or ".join(f"`{source}`" for source in spec.sources), "`attention`"
             else:
                 what = kind.__name__ + (" or none" if nullable else "")
                 default = "required" if p.default is inspect.Parameter.empty else f"`{shown(p.default)}`"
             lines.append(f"| `{key}` | {what} | {default} |")
         lines.append("")
+        if spec.sources:
+            lines += [sources_paragraph(spec.sources), ""]
     else:
         lines += ["Parameters: none.", ""]
     body = inspect.cleandoc(spec.func.__doc__ or "").split("\n\n", 1)[1:]  # what follows the summary paragraph

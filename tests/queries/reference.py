@@ -34,6 +34,7 @@ from attnstore.queries.feature_attention import feature_masks, long_frame, parse
 from attnstore.queries.frame_heads import FILTER_STEPS, FRAMES_SQL, FrameFilters, annotation_sets, check_frames, span_distance
 from attnstore.queries.head_clusters import js_upper, square
 from attnstore.queries.patterns import SCORES, pattern_scores, token_layout
+from attnstore.queries.request import REQUESTED, current_request, requested_examples
 from attnstore.queries.run_similarity import cosine, shared_examples
 from attnstore.queries.summary import ranged_maps, storage_ranges, summary
 from attnstore.queries.token_to_token import parse_relations, relation_units
@@ -171,7 +172,17 @@ def entropy(store, *, run, examples=None, average: str = "example", weights: str
 # ---------------------------------------------------------------- Clark C9
 
 
-def head_distance_sum(store, run, examples=None, smoothing: float = 0.001, weights: str = "attention"):
+def _asked(store, run, examples, weights):
+    """The examples and map source a reference computes over: those given, else the query request's (as the engine's
+    reads take them: queries/request.py), else every example and the maps as stored."""
+    info = store.run_info(run)
+    request = current_request(info.id)
+    examples = requested_examples(info.id, examples)
+    return examples, weights or (request.source if request is not None else "attention")
+
+
+def head_distance_sum(store, run, smoothing: float = 0.001, *, examples=REQUESTED, weights=None):
+    examples, weights = _asked(store, run, examples, weights)
     info = store.run_info(run)
     n = info.n_layers * info.n_heads
     upper = np.zeros(n * (n - 1) // 2)
@@ -278,9 +289,10 @@ def pattern_scores_of(store, info, kind, chosen):
     return out
 
 
-def dependency_counts(store, run, examples=None, head2dep: str = "transpose", poss_apostrophe: bool = True, weights: str = "attention"):
+def dependency_counts(store, run, head2dep: str = "transpose", poss_apostrophe: bool = True, *, examples=REQUESTED, weights=None):
     """The counts from every example's maps, decoded and made word-level one example at a time, and the word table,
     read range by range (SUMMARY_RANGE examples in storage order)."""
+    examples, weights = _asked(store, run, examples, weights)
     info = store.run_info(run)
     counts = _empty_counts(info, [])
     for part in storage_ranges(store, info, examples):
@@ -467,7 +479,8 @@ def _predictions(store, info, examples, wanted, weights="attention"):
             yield example, unit_of, unit_of, np.moveaxis(pred, -1, 0)
 
 
-def frame_head_scores(store, run, examples=None, filters: FrameFilters | None = None, weights: str = "attention"):
+def frame_head_scores(store, run, filters: FrameFilters | None = None, *, examples=REQUESTED, weights=None):
+    examples, weights = _asked(store, run, examples, weights)
     f = filters or FrameFilters()
     info = store.run_info(run)
     check_frames(store, info, f)
@@ -511,7 +524,8 @@ class _RangeTables:
         return example in self.mentions
 
 
-def coreference_counts(store, run, examples=None, baselines: bool = True, weights: str = "attention"):
+def coreference_counts(store, run, baselines: bool = True, *, examples=REQUESTED, weights=None):
+    examples, weights = _asked(store, run, examples, weights)
     info = store.run_info(run)
     ranges = storage_ranges(store, info, examples)
     tables = _RangeTables(store, info, ranges, baselines)
@@ -542,10 +556,11 @@ def coreference_counts(store, run, examples=None, baselines: bool = True, weight
     return info, heads, base, totals
 
 
-def tree_counts(store, run, examples=None, specials: str = "exclude", weights: str = "attention"):
+def tree_counts(store, run, specials: str = "exclude", *, examples=REQUESTED, weights=None):
     """`head_trees`' counts per relation added edge by edge from the kind's per-example fields (read whole), in the
     order the query added them before its range reduction: its combining step's reference (the per-example fields
     themselves are checked against networkx and by hand in tests/queries/test_trees.py)."""
+    examples, weights = _asked(store, run, examples, weights)
     info = store.run_info(run)
     fields = summary(store, info, HEAD_TREES, examples, specials=specials, weights=weights)
     counts: dict[str, list] = {}

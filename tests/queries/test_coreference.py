@@ -4,6 +4,7 @@ import pytest
 
 from attnstore.queries import run_query, summary
 from attnstore.queries.coreference import MENTION_ARGMAX, choose_antecedent, coreference_counts
+from attnstore.queries.request import asked
 from attnstore.tests.queries import helpers, reference
 
 TOKENS = ["[CLS]", "anna", "met", "bob", "she", "smiled", "[SEP]"]
@@ -150,13 +151,16 @@ def assert_same(a, b):
 def test_kept_predictions_give_the_naive_counts_exactly(store, kept_run, monkeypatch, range_size):
     monkeypatch.setattr(summary, "SUMMARY_RANGE", range_size)
     with helpers.read_only_store(store) as reader:  # a read-only store computes for the call alone and keeps nothing
-        read_only = coreference_counts(reader, kept_run, [1, 2, 6])
+        with asked(reader, kept_run, [1, 2, 6]):
+            read_only = coreference_counts(reader, kept_run)
     assert not helpers.has_summaries(store, kept_run)
-    assert_same(read_only, coreference_counts(store, kept_run, [1, 2, 6]))
+    with asked(store, kept_run, [1, 2, 6]):
+        assert_same(read_only, coreference_counts(store, kept_run))
     for examples in (None, [6, 0, 3, 5]):
-        counts = coreference_counts(store, kept_run, examples)
-        assert_same(counts, reference.coreference_counts(store, kept_run, examples))
-        heads_only = coreference_counts(store, kept_run, examples, baselines=False)
+        with asked(store, kept_run, examples):
+            counts = coreference_counts(store, kept_run)
+            heads_only = coreference_counts(store, kept_run, baselines=False)
+        assert_same(counts, reference.coreference_counts(store, kept_run, examples=examples))
         np.testing.assert_array_equal(heads_only[1], counts[1])
         np.testing.assert_array_equal(heads_only[3], counts[3])
     assert counts[3].sum() > 0 and 0 < counts[1].sum() < counts[3].sum() * 6

@@ -15,6 +15,7 @@ from attnstore.queries.dependency import (
     dependency_counts,
 )
 from attnstore.queries.errors import InvalidArgumentError
+from attnstore.queries.request import asked
 from attnstore.store.errors import DamagedDataError, NotFoundError
 from attnstore.tests.queries import reference
 from attnstore.tests.queries.helpers import (
@@ -343,14 +344,17 @@ def assert_same_counts(a, b):
 def test_kept_predictions_give_the_naive_counts_exactly(store, kept_run, monkeypatch, range_size):
     monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
     with read_only_store(store) as reader:  # a read-only store computes for the call alone and keeps nothing
-        read_only = dependency_counts(reader, kept_run, [0, 2], "direct")
+        with asked(reader, kept_run, [0, 2]):
+            read_only = dependency_counts(reader, kept_run, "direct")
     assert not has_summaries(store, kept_run)
-    assert_same_counts(read_only, dependency_counts(store, kept_run, [0, 2], "direct"))
+    with asked(store, kept_run, [0, 2]):
+        assert_same_counts(read_only, dependency_counts(store, kept_run, "direct"))
     for examples in (None, [], [6], [4, 2, 6, 2]):
         for head2dep in HEAD2DEP:
             for poss in (True, False):
-                kept_counts = dependency_counts(store, kept_run, examples, head2dep, poss)
-                assert_same_counts(kept_counts, reference.dependency_counts(store, kept_run, examples, head2dep, poss))
+                with asked(store, kept_run, examples):
+                    kept_counts = dependency_counts(store, kept_run, head2dep, poss)
+                assert_same_counts(kept_counts, reference.dependency_counts(store, kept_run, head2dep, poss, examples=examples))
     assert kept_counts.totals.sum() > 0 and kept_counts.no_prediction.sum() > 0
     assert kept_counts.relations == sorted(KEPT_RELATIONS)  # the run's relations, whatever the examples
     params = dict(min_count=1, direction="each", root_in_all=False)
@@ -394,16 +398,16 @@ def test_predictions_and_trees_are_kept_with_the_run_read_without_maps_or_words_
 
 
 def test_predictions_kept_by_an_older_version_are_rebuilt_and_passed_by_on_a_read_only_store(store, kept_run, monkeypatch):
-    expected = reference.dependency_counts(store, kept_run, None, "direct")
+    expected = reference.dependency_counts(store, kept_run, "direct")
     dependency_counts(store, kept_run)
     group = summary_group(store, kept_run, "word_argmax", "r+")  # as version 1 kept it: no gold trees
     for field in ("edge", "edge_start", "edge_label", "edge_label_start"):
         del group[field]
     group.attrs["stamp"] = {"version": 1, "n_examples": 7}
     with read_only_store(store) as reader:
-        assert_same_counts(dependency_counts(reader, kept_run, None, "direct"), expected)
+        assert_same_counts(dependency_counts(reader, kept_run, "direct"), expected)
     assert summary_group(store, kept_run, "word_argmax").attrs["stamp"]["version"] == 1  # left as it was
-    assert_same_counts(dependency_counts(store, kept_run, None, "direct"), expected)
+    assert_same_counts(dependency_counts(store, kept_run, "direct"), expected)
     assert summary_group(store, kept_run, "word_argmax").attrs["stamp"] == {"version": 3, "n_examples": 7}
 
 
@@ -411,8 +415,8 @@ def test_counts_are_kept_per_range_on_the_runs_relations_and_derived_for_a_summa
     """A whole-run count adds the kept ranges' counts (every parameter setting's, on the run's relations, kept with
     them); a summary kept before ranges had labels gets its ranges derived once, a read-only store adds its parts."""
     monkeypatch.setattr(summary_module, "SUMMARY_RANGE", 2)
-    expected = {(h, p): reference.dependency_counts(store, kept_run, None, h, p) for h in HEAD2DEP for p in (True, False)}
-    first = {key: dependency_counts(store, kept_run, None, *key) for key in expected}
+    expected = {(h, p): reference.dependency_counts(store, kept_run, h, p) for h in HEAD2DEP for p in (True, False)}
+    first = {key: dependency_counts(store, kept_run, *key) for key in expected}
     info = store.run_info(kept_run)
     kept = summary_module.kept_ranges(store, info, WORD_ARGMAX)
     assert kept is not None and kept.n == 4 and kept.labels == sorted(KEPT_RELATIONS)
@@ -421,13 +425,13 @@ def test_counts_are_kept_per_range_on_the_runs_relations_and_derived_for_a_summa
         m.setattr(summary_module, "summary_parts", lambda *a, **k: pytest.fail("read per-example fields"))
         for key, counts in first.items():
             assert_same_counts(counts, expected[key])
-            assert_same_counts(dependency_counts(store, kept_run, None, *key), counts)
+            assert_same_counts(dependency_counts(store, kept_run, *key), counts)
     ranges = summary_group(store, kept_run, "word_argmax", "r+")
     del ranges["ranges"]  # as a store of an earlier version kept it: no ranges
     with read_only_store(store) as reader:
-        assert_same_counts(dependency_counts(reader, kept_run, None, "direct", False), expected[("direct", False)])
+        assert_same_counts(dependency_counts(reader, kept_run, "direct", False), expected[("direct", False)])
         assert summary_module.kept_ranges(reader, reader.run_info(kept_run), WORD_ARGMAX) is None
-    assert_same_counts(dependency_counts(store, kept_run, None, "direct", False), expected[("direct", False)])
+    assert_same_counts(dependency_counts(store, kept_run, "direct", False), expected[("direct", False)])
     assert summary_module.kept_ranges(store, info, WORD_ARGMAX).labels == sorted(KEPT_RELATIONS)
 
 
@@ -465,7 +469,9 @@ def test_a_skipped_example_is_not_evaluated_and_its_relations_are_not_listed(sto
     finally:
         writer.close()
     assert store.examples(name)["skipped"].tolist() == [False, True] and "only_here" in store.word_table(name)["deprel"].tolist()
-    for counts in (dependency_counts(store, name), reference.dependency_counts(store, name), dependency_counts(store, name, [0])):
+    with asked(store, name, [0]):
+        first = dependency_counts(store, name)
+    for counts in (dependency_counts(store, name), reference.dependency_counts(store, name), first):
         assert counts.relations == ["det", "nsubj"] and counts.totals.tolist() == [1, 1] and counts.n_root == 1
     assert run_query(store, "dependency", run=name, min_count=0).columns.tolist() == [
         "layer",

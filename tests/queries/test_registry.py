@@ -74,7 +74,7 @@ def test_run_query_names_a_parameter_the_query_does_not_take(store, hand_run):
     """From Python as on the command line: one InvalidArgumentError listing what it takes, not a TypeError."""
     from attnstore.queries import run_query
 
-    with pytest.raises(InvalidArgumentError, match=r"^query 'entropy' has no parameter 'foo'; it takes: examples, average, weights$"):
+    with pytest.raises(InvalidArgumentError, match=r"^query 'entropy' has no parameter 'foo'; it takes: average, examples, weights$"):
         run_query(store, "entropy", run=hand_run, foo=1)
     with pytest.raises(InvalidArgumentError, match="has no parameter 'layers'"):
         store.run(hand_run).query("word_maps", layers=0)

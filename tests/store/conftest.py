@@ -9,8 +9,9 @@ import pytest
 
 from attnstore.tests.queries.helpers import write_saliency
 
-# Three sentences with gold words (UPOS, heads, relations) and two coreference mentions:
-# enough for the dependency, coreference and Kovaleva feature queries to find something.
+# Three sentences with gold words (UPOS, heads, relations) and coreference mentions, one with an antecedent in its
+# window ("the dog" after "she", as one entity): enough for the dependency, coreference and Kovaleva feature queries
+# to find something.
 SENTENCES = [
     [("the", "DET", 1, "det"), ("cat", "NOUN", 2, "nsubj"), ("sat", "VERB", None, "root"), (".", "PUNCT", 2, "punct")],
     [("she", "PRON", 1, "nsubj"), ("saw", "VERB", None, "root"), ("the", "DET", 3, "det"), ("dog", "NOUN", 1, "obj")],
@@ -18,8 +19,11 @@ SENTENCES = [
 ]
 MENTIONS = [
     [dict(word_start=0, word_end=2, head=1, entity="e1", kind="nominal", doc_order=0)],
-    [dict(word_start=0, word_end=1, head=0, entity="e2", kind="pronoun", doc_order=1)],
-    [dict(word_start=0, word_end=1, head=0, entity="e1", kind="pronoun", doc_order=2)],
+    [
+        dict(word_start=0, word_end=1, head=0, entity="e2", kind="pronoun", doc_order=1),
+        dict(word_start=2, word_end=4, head=3, entity="e2", kind="nominal", doc_order=2),
+    ],
+    [dict(word_start=0, word_end=1, head=0, entity="e1", kind="pronoun", doc_order=3)],
 ]
 
 # Parameters a registered query needs beyond `run` on this tiny run (counts lowered to its size).
