@@ -1,5 +1,9 @@
 """Cross-model head matching: which head of run B does what head h of run A does, over the same examples.
 
+Longer than ~500 lines on purpose: the shared units, the distances, both nulls and the kind whose per-example
+matrices the three queries combine are one analysis, changed together (a change of the units or a null changes the
+kind's version and every query's columns).
+
 Two runs over the same dataset rows (models, tokenizers, numbers of layers and heads may differ).
 Each example's maps of both runs become maps over shared **units** through the stored words
 (the `word_maps` rule, queries/word_level.py: attention *to* a unit sums its tokens' columns,

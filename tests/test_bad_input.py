@@ -448,7 +448,7 @@ CASES: list[Case] = [
         lambda env: ["view", "--run", "r", "--example", "0", "--layer", "0", "--head", "-1", "--out", str(env.tmp / "v.png")],
         "--head -1: heads are numbered from 0",
     ),
-    Case("param-unknown", query_args("entropy", "layer=1"), "query 'entropy' has no parameter 'layer'; it takes: examples"),
+    Case("param-unknown", query_args("entropy", "layer=1"), "query 'entropy' has no parameter 'layer'; it takes: average, examples"),
 ]
 
 

@@ -1,0 +1,56 @@
+"""Store calls and parameter binds of one query call: python benchmarks/query_calls.py --home H --run RUN [--query entropy]."""
+
+import argparse
+import collections
+import functools
+import inspect
+
+from attnstore.queries import run_query
+from attnstore.queries import summary as summary_module
+from attnstore.store import open_store
+from attnstore.store.store import Store
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--home", required=True)
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--query", default="entropy")
+    args = parser.parse_args()
+    store = open_store(home=args.home)
+    calls: collections.Counter = collections.Counter()
+    depth = [0]
+
+    def counted(name, method):
+        @functools.wraps(method)
+        def wrapper(*a, **k):
+            if depth[0] == 0:
+                calls[name] += 1
+            depth[0] += 1
+            try:
+                return method(*a, **k)
+            finally:
+                depth[0] -= 1
+
+        return wrapper
+
+    for name, method in inspect.getmembers(Store, inspect.isfunction):
+        if not name.startswith("__"):
+            setattr(Store, name, counted(name, method))
+    binds = [0]
+    bind = summary_module.SummaryKind.bind
+
+    def counted_bind(self, params=None):
+        binds[0] += 1
+        return bind(self, params)
+
+    summary_module.SummaryKind.bind = counted_bind
+    for label in ("first", "kept"):
+        calls.clear()
+        binds[0] = 0
+        run_query(store, args.query, run=args.run)
+        print(f"{label} call: {sum(calls.values())} store calls (outermost), {binds[0]} binds; {dict(calls)}")
+
+
+if __name__ == "__main__":
+    main()
