@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+pytestmark = pytest.mark.slow  # renders and checks figures (matplotlib)
+
 matplotlib = pytest.importorskip("matplotlib")
 
 N_LAYERS, N_HEADS = 6, 12

@@ -122,6 +122,7 @@ def test_default_workers_is_the_cpu_count_within_bounds():
 
 
 @pytest.mark.one_backend
+@pytest.mark.slow  # a live server of two worker processes
 def test_two_worker_processes_serve_every_request(fast):
     """`attnstore serve --workers 2` on 127.0.0.1: both processes answer (the health check, maps equal to the store's,
     tokens) over many connections, without Nagle's 40 ms per answer; Ctrl-C stops them all, within seconds."""

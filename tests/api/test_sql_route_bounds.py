@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # a server in a subprocess, measured
+
 pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
 
 WORKER = """

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # a headless browser against a live server
+
 REQUIRE_ENV = "ATTNSTORE_REQUIRE_BROWSER"
 
 

@@ -228,6 +228,7 @@ print("dataset", dataset_id)
 """
 
 
+@pytest.mark.slow  # two real processes
 def test_two_processes_one_file_two_names_register_it_once(store, db_url, corpus, tmp_path):
     url = db_url if db_url.startswith("sqlite") else store.engine.url.render_as_string(hide_password=False)
     root, gate, log = str(tmp_path / "z"), tmp_path / "go", tmp_path / "annotated.txt"

@@ -70,6 +70,7 @@ def test_queries_on_a_read_only_store_use_the_workers_and_keep_nothing(store, ru
         np.testing.assert_allclose(spread[column].to_numpy(float), local[column].to_numpy(float), rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.slow  # a Dask cluster of worker processes
 def test_summarize_command_with_a_local_cluster(store, run):
     where = ["--db", store.locations.db_url, "--root", store.locations.array_root]
     result = CliRunner().invoke(main, ["summarize", "--run", run, "--kind", "clark", "--scheduler", "local:2", *where])
@@ -92,6 +93,7 @@ def test_bad_scheduler_specs_are_one_line_errors(store, run):
 
 
 @pytest.mark.one_backend
+@pytest.mark.slow  # waits out a connection timeout
 def test_an_unreachable_scheduler_is_a_bounded_one_line_error(store, run, monkeypatch):
     from attnstore.store import cluster
 
