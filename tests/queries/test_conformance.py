@@ -1,0 +1,97 @@
+"""Conformance of every registered query and kind, found in the registry (built-in or plugin), with no hand list:
+what the query engine promises each of them (queries/request.py, queries/summary.py).
+
+Every query over one run's maps (`sources=`): kept (built, then read back) equals computed for the call on a
+read-only store, for the whole run and for `examples=`; it answers from each source it declares; a source it does not
+declare, a source that does not exist and an empty selection are refused in one line. Every kind with a range
+reduction: the kept ranges' totals equal the per-example path's. A new query or kind joins the family by being
+registered. One annotated run (tests/store/conftest.py: words, dependency trees, mentions, a FrameNet set, value
+norms, a saliency), on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnstore.queries import QUERIES, load_all, run_query
+from attnstore.queries import summary as summary_module
+from attnstore.queries.errors import InvalidArgumentError
+from attnstore.queries.request import SOURCES
+from attnstore.store.errors import NotFoundError
+from attnstore.tests.queries.helpers import has_summaries, read_only_store
+from attnstore.tests.store.conftest import QUERY_PARAMS, annotated_run  # noqa: F401 (a fixture)
+
+load_all(plugins=False)
+ENGINE_QUERIES = sorted(name for name, spec in QUERIES.items() if spec.sources and spec.source == "attnstore")
+RANGE_KINDS = sorted(name for name, kind in summary_module.KINDS.items() if kind.one_run and kind.totals is not None)
+RTOL = 1e-12  # the kept ranges and the parts add the same per-range totals in the same order (queries/summary.py)
+
+
+@pytest.fixture
+def run(store, annotated_run):  # noqa: F811 (the fixture imported above)
+    return annotated_run(store)
+
+
+def same(a: pd.DataFrame, b: pd.DataFrame, name: str) -> None:
+    assert list(a.columns) == list(b.columns) and len(a) == len(b), name
+    for column in a.columns:
+        x, y = a[column].to_numpy(), b[column].to_numpy()
+        if x.dtype.kind in "fc" or y.dtype.kind in "fc":
+            np.testing.assert_allclose(x.astype(float), y.astype(float), rtol=RTOL, atol=1e-15, equal_nan=True, err_msg=f"{name}.{column}")
+        else:
+            assert x.tolist() == y.tolist(), f"{name}.{column}"
+
+
+def test_the_family_is_the_registry():
+    assert len(ENGINE_QUERIES) >= 20 and {"entropy", "dependency", "norm_attention", "head_trees"} <= set(ENGINE_QUERIES)
+    assert len(RANGE_KINDS) >= 8 and {"clark", "word_argmax", "head_trees"} <= set(RANGE_KINDS)
+
+
+@pytest.mark.parametrize("name", ENGINE_QUERIES)
+def test_kept_equals_computed_for_the_run_and_for_examples(store, run, name):
+    params = QUERY_PARAMS.get(name, {})
+    with read_only_store(store) as reader:  # nothing kept: computed for each call alone
+        computed = run_query(reader, name, run=run, **params)
+        computed_some = run_query(reader, name, run=run, examples=[2, 1], **params)  # 1: a mention's antecedent; 2: a frame
+    built = run_query(store, name, run=run, **params)
+    kept = run_query(store, name, run=run, **params)
+    same(built, computed, name)
+    same(kept, computed, name)
+    same(run_query(store, name, run=run, examples=[1, 2], **params), computed_some, name)
+
+
+@pytest.mark.parametrize("name", ENGINE_QUERIES)
+def test_each_declared_source_answers_and_any_other_is_refused(store, run, name):
+    spec = QUERIES[name]
+    params = QUERY_PARAMS.get(name, {})
+    for source in spec.sources:
+        assert not run_query(store, name, run=run, weights=source, **params).empty, (name, source)
+    for source in sorted(set(SOURCES) - set(spec.sources)):
+        with pytest.raises(InvalidArgumentError, match=rf"^query '{name}' answers from 'attention' only, not weights='{source}'"):
+            run_query(store, name, run=run, weights=source, **params)
+    with pytest.raises(InvalidArgumentError, match=r"^weights='bogus' is no map source; the sources are 'attention': "):
+        run_query(store, name, run=run, weights="bogus", **params)
+    with pytest.raises(InvalidArgumentError, match=r"^examples= selects no example"):
+        run_query(store, name, run=run, examples=[], **params)
+    # an example the run does not store: named (frame_heads leaves it out, as it samples from a whole corpus, and then
+    # finds no FrameNet sentence among those left)
+    with pytest.raises((NotFoundError, InvalidArgumentError), match=r"no stored example\(s\) \[9\]|no FrameNet sentence"):
+        run_query(store, name, run=run, examples=[9], **params)
+
+
+@pytest.mark.parametrize("kind_name", RANGE_KINDS)
+def test_kept_ranges_equal_the_per_example_path(store, run, kind_name, monkeypatch):
+    kind = summary_module.KINDS[kind_name]
+    info = store.run_info(run)
+    kept = summary_module.summary_totals(store, info, kind)  # built and kept, with its ranges
+    assert has_summaries(store, run) and summary_module.kept_ranges(store, info, kind) is not None
+    monkeypatch.setattr(summary_module, "USE_RANGES", False)
+    parts = summary_module.summary_totals(store, info, kind)
+    assert kept.keys() == parts.keys(), kind_name
+    for field, value in kept.items():
+        if np.asarray(value).dtype.kind in "US":
+            assert np.asarray(value).tolist() == np.asarray(parts[field]).tolist(), (kind_name, field)
+        else:
+            np.testing.assert_allclose(value, parts[field], rtol=RTOL, atol=0, err_msg=f"{kind_name}.{field}")
