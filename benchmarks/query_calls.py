@@ -1,4 +1,6 @@
-"""Store calls and parameter binds of one query call: python benchmarks/query_calls.py --home H --run RUN [--query entropy]."""
+"""Store calls and parameter binds of one query call, its first and a kept one: python benchmarks/query_calls.py --home H --run RUN
+[--query entropy] (on 2026-11-28, a kept entropy over 120 MRPC pairs: 8 store calls and 1 bind; 10 and 6 before the
+query request and the bound kind; a first call 12 and 2, 14 and 7 before)."""
 
 import argparse
 import collections

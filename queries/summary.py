@@ -66,7 +66,7 @@ from ..store.pools import SizedPool
 from .clark_sums import example_sums
 from .common import check_weights, iter_maps, iter_weighted_maps, token_flags
 from .errors import InvalidArgumentError, NotFoundError
-from .request import REQUESTED, requested_examples, requested_source
+from .request import REQUESTED, current_request, requested_examples, requested_source
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -136,7 +136,10 @@ class SummaryKind:
 
     def key(self, params: Mapping[str, Any]) -> str:
         """Where its summary is kept in the run's group: its name, plus a digest of non-default parameters."""
-        params = self.bind(params)
+        return self.bound_key(self.bind(params))
+
+    def bound_key(self, params: Mapping[str, Any]) -> str:
+        """`key` of parameters `bind` gave."""
         if params == dict(self.defaults):
             return self.name
         digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -144,8 +147,11 @@ class SummaryKind:
 
     def stamp(self, n_examples: int | dict, params: Mapping[str, Any] | None = None) -> dict:
         """The fingerprint a kept summary must carry to be read back: version, committed state, non-default parameters."""
+        return self.bound_stamp(n_examples, self.bind(params))
+
+    def bound_stamp(self, n_examples: int | dict, params: Mapping[str, Any]) -> dict:
+        """`stamp` of parameters `bind` gave."""
         state = {"n_examples": int(n_examples)} if not isinstance(n_examples, dict) else n_examples
-        params = self.bind(params)
         extra = {} if params == dict(self.defaults) else {"params": json.loads(json.dumps(params, sort_keys=True, default=str))}
         return {"version": self.version, **state, **extra}
 
@@ -417,9 +423,32 @@ def _unweighted(params: Mapping[str, Any]) -> dict:
     return {k: v for k, v in params.items() if k != "weights"}
 
 
-def committed_state(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[str, Any]) -> dict:
-    """The committed state of the run(s) the kind's values depend on, part of its fingerprint."""
-    return kind.state(store, info, _unweighted(params)) if kind.state is not None else {"n_examples": int(store.n_committed(info.id))}
+def committed_state(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[str, Any], fresh: bool = False) -> dict:
+    """The committed state of the run(s) the kind's values depend on, part of its fingerprint: within a query call over
+    the run, the count its request read (run_query reads it once, the run pinned), unless `fresh` (read again: whether
+    the run grew while a summary was built)."""
+    if kind.state is not None:
+        return kind.state(store, info, _unweighted(params))
+    request = None if fresh else current_request(info.id)
+    return {"n_examples": int(request.n_examples if request is not None else store.n_committed(info.id))}
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A kind with its parameters bound once (the request's source filled in), and what follows from them and the run's
+    committed state: the key and stamp its summary is kept under. Every step of one pass takes it, none binds again."""
+
+    kind: SummaryKind
+    params: dict
+    state: dict
+    key: str
+    stamp: dict
+
+
+def bound(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[str, Any]) -> Bound:
+    params = kind.bind(requested_source(info.id, params))
+    state = committed_state(store, info, kind, params)
+    return Bound(kind, params, state, kind.bound_key(params), kind.bound_stamp(state, params))
 
 
 def _summarise_range(store: Store, examples: list[int], run_id: int, kind_name: str, params: dict) -> dict[str, np.ndarray]:
@@ -438,9 +467,8 @@ def summarise_on(
 
 def is_kept(store: Store, info: RunInfo, kind: SummaryKind, **params) -> bool:
     """Whether the kind's summary of the run is kept and current (its stamp matches): nothing is read but its stamp."""
-    params = kind.bind(requested_source(info.id, params))
-    stamp = kind.stamp(committed_state(store, info, kind, params), params)
-    return store.run_summary_parts(info.id, kind.key(params), stamp) is not None
+    b = bound(store, info, kind, params)
+    return store.run_summary_parts(info.id, b.key, b.stamp) is not None
 
 
 def _built_parts(store: Store, info: RunInfo, kind: SummaryKind, order: np.ndarray, params: dict) -> Iterator[dict]:
@@ -501,21 +529,19 @@ class _Changed(Exception):
 def kept_order(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[str, Any]) -> np.ndarray:
     """The examples the kind covers, in storage order: its kept summary's example column where that is current (8 bytes
     an example from one array, ~0.2 s at 8 M examples), else `covered` (streamed from SQL, ~10 s at 8 M)."""
-    return _order(store, info, kind, params)[0]
+    return _order(store, info, bound(store, info, kind, params))[0]
 
 
-def _order(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[str, Any]) -> tuple[np.ndarray, bool]:
+def _order(store: Store, info: RunInfo, b: Bound) -> tuple[np.ndarray, bool]:
     """`kept_order`, and whether it is the kept summary's own example column (else it came from SQL)."""
     global _LAST_ORDER
-    params = kind.bind(requested_source(info.id, params))
-    stamp = kind.stamp(committed_state(store, info, kind, params), params)
-    which = (store.locations.array_root, info.array_path, kind.key(params), json.dumps(stamp, sort_keys=True, default=str))
+    which = (store.locations.array_root, info.array_path, b.key, json.dumps(b.stamp, sort_keys=True, default=str))
     last = _LAST_ORDER
     if last is not None and last[0] == which:
         return last[1], True
-    saved = store.run_summary_parts(info.id, kind.key(params), stamp)
+    saved = store.run_summary_parts(info.id, b.key, b.stamp)
     if saved is None:
-        return covered(store, info, kind, params), False
+        return covered(store, info, b.kind, b.params), False
     column = saved.column("example").astype(np.int64, copy=False)
     column.flags.writeable = False  # shared by the calls below
     _LAST_ORDER = (which, column)
@@ -533,9 +559,12 @@ def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryPar
     first if it is not (on the Dask scheduler in effect, if any). None where it cannot be kept: a read-only store, a
     layout-1 run, a run that grew while it was read, or a whole-run pass the kind refuses (InvalidArgumentError from
     its `prepare`, e.g. a pair of runs that tokenised some example differently)."""
-    params = kind.bind(requested_source(info.id, params))
-    state = committed_state(store, info, kind, params)
-    stamp, key = kind.stamp(state, params), kind.key(params)
+    return _keep(store, info, bound(store, info, kind, params))
+
+
+def _keep(store: Store, info: RunInfo, b: Bound) -> SummaryParts | None:
+    """`keep` of a bound kind."""
+    kind, params, state, stamp, key = b.kind, b.params, b.state, b.stamp, b.key
     saved = store.run_summary_parts(info.id, key, stamp)
     if saved is not None or store.read_only or not store.can_keep_summaries(info.id):
         return saved
@@ -543,7 +572,7 @@ def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryPar
 
     def parts() -> Iterator[dict[str, np.ndarray]]:
         yield from _built_parts(store, info, kind, order, params)
-        if committed_state(store, info, kind, params) != state:
+        if committed_state(store, info, kind, params, fresh=True) != state:
             raise _Changed
 
     totals, labels = range_reduction(store, info, kind)  # each part kept reduced too (range reductions), if it declares one
@@ -566,18 +595,21 @@ def summary_parts(
     result does not depend on where parts are cut (concatenation, integer counts) takes a sample's kept rows as a part
     per few ranges (up to SUMMARY_RANGE rows) rather than one per range it touches (~780 for 1,000 of 8 M). Within a
     query call, `examples` and the map source default to its request's (queries/request.py)."""
-    examples = requested_examples(info.id, examples)
-    params = kind.bind(requested_source(info.id, params))
-    order, kept = (None, False) if examples is None else _order(store, info, kind, params)
+    return _summary_parts(store, info, bound(store, info, kind, params), requested_examples(info.id, examples), fields, batched)
+
+
+def _summary_parts(store: Store, info: RunInfo, b: Bound, examples, fields=None, batched: bool = False) -> Iterator[dict[str, np.ndarray]]:
+    """`summary_parts` of a bound kind and the examples asked for (None: all it covers)."""
+    order, kept = (None, False) if examples is None else _order(store, info, b)
     chosen = None if order is None else _selected(info, order, examples)
     wanted = None if order is None else order[chosen]
-    saved = keep(store, info, kind, **params)
+    saved = _keep(store, info, b)
     if saved is not None:  # rows are found by `order` only where it is that summary's column; else it is read
         if kept:
             return _saved_parts(saved, wanted, chosen, order, fields, batched)
         return _saved_parts(saved, wanted, fields=fields, batched=batched)
-    chosen = covered(store, info, kind, params) if wanted is None else wanted
-    return (part for part in _built_parts(store, info, kind, chosen, params) if len(part["example"]))
+    chosen = covered(store, info, b.kind, b.params) if wanted is None else wanted
+    return (part for part in _built_parts(store, info, b.kind, chosen, b.params) if len(part["example"]))
 
 
 def summary(store: Store, info: RunInfo, kind: SummaryKind, examples=REQUESTED, **params) -> dict[str, np.ndarray]:
@@ -608,11 +640,15 @@ def kept_ranges(store: Store, info: RunInfo, kind: SummaryKind, **params) -> Sum
     summary can be kept (then `summary_totals` goes through the per-example fields)."""
     if kind.totals is None:
         return None
-    params = kind.bind(requested_source(info.id, params))
-    saved = keep(store, info, kind, **params)
+    return _kept_ranges(store, info, bound(store, info, kind, params))
+
+
+def _kept_ranges(store: Store, info: RunInfo, b: Bound) -> SummaryRanges | None:
+    """`kept_ranges` of a bound kind that declares totals."""
+    kind, stamp, key = b.kind, b.stamp, b.key
+    saved = _keep(store, info, b)
     if saved is None:
         return None
-    stamp, key = kind.stamp(committed_state(store, info, kind, params), params), kind.key(params)
     kept = _whole(store.run_summary_ranges(info.id, key, stamp), saved.n, kind)
     if kept is not None or store.read_only:
         return kept
@@ -652,8 +688,8 @@ def summary_totals(store: Store, info: RunInfo, kind: SummaryKind, examples=REQU
     if kind.totals is None:
         raise InvalidArgumentError(f"summary kind {kind.name!r} declares no range reduction (totals)")
     examples = requested_examples(info.id, examples)
-    params = requested_source(info.id, params)
-    kept = kept_ranges(store, info, kind, **params) if examples is None and USE_RANGES else None
+    b = bound(store, info, kind, params)
+    kept = _kept_ranges(store, info, b) if examples is None and USE_RANGES else None
     if kept is not None:
         out = _added_ranges(kept)
         labels = kept.labels
@@ -661,7 +697,7 @@ def summary_totals(store: Store, info: RunInfo, kind: SummaryKind, examples=REQU
         totals, labels = range_reduction(store, info, kind)
         assert totals is not None
         out = None
-        parts = summary_parts(store, info, kind, examples, fields=kind.totals_fields, batched=kind.integer_totals, **params)
+        parts = _summary_parts(store, info, b, examples, fields=kind.totals_fields, batched=kind.integer_totals)
         for part in parts:
             got = totals(part)
             if kind.integer_totals and any(np.asarray(v).dtype.kind not in "iub" for v in got.values()):
