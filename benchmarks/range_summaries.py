@@ -33,7 +33,7 @@ For each factor F a store of N = F x (the run's examples) is made SYNTHETICALLY 
            the run's relations, for `word_argmax`).
 
 Each (size, path) runs in a child process of its own (`run_query` of the three queries, whole run, best of
---repeats; peak RSS: the child's VmHWM, its own since exec): "per-example" sets queries.summary.USE_RANGES = False,
+--repeats; peak RSS: the child's VmHWM, its own since exec): "per-example" runs them inside queries.summary.per_example_totals(),
 "range" leaves it on. The table gives the largest relative difference between the two paths' frames.
 """
 
@@ -73,13 +73,14 @@ QUERIES = KIND_QUERIES["clark"]  # set from --kinds in main()
 QUERY_PARAMS = {"pattern_proportions": {"max_examples": None}, "pattern_heads": {"max_examples": None}}
 
 CHILD = r"""
-import json, sys, time
+import contextlib, json, sys, time
 from attnstore.api.cli import bound_heap_growth
 bound_heap_growth()
 from attnstore.queries import run_query, summary
 from attnstore.store import open_store
 home, run, path, repeats, out, params = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6])
-summary.USE_RANGES = path == "range"
+paths = summary.per_example_totals() if path != "range" else contextlib.nullcontext()
+paths.__enter__()  # the per-example path for every query below
 store = open_store(home=home, read_only=True)
 times, frames = {}, {}
 for name in sys.argv[7:]:

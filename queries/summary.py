@@ -52,9 +52,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from math import lgamma
 from typing import TYPE_CHECKING, Any
@@ -534,9 +537,8 @@ def kept_order(store: Store, info: RunInfo, kind: SummaryKind, params: Mapping[s
 
 def _order(store: Store, info: RunInfo, b: Bound) -> tuple[np.ndarray, bool]:
     """`kept_order`, and whether it is the kept summary's own example column (else it came from SQL)."""
-    global _LAST_ORDER
     which = (store.locations.array_root, info.array_path, b.key, json.dumps(b.stamp, sort_keys=True, default=str))
-    last = _LAST_ORDER
+    last = _LAST_ORDERS.get(store)
     if last is not None and last[0] == which:
         return last[1], True
     saved = store.run_summary_parts(info.id, b.key, b.stamp)
@@ -544,14 +546,14 @@ def _order(store: Store, info: RunInfo, b: Bound) -> tuple[np.ndarray, bool]:
         return covered(store, info, b.kind, b.params), False
     column = saved.column("example").astype(np.int64, copy=False)
     column.flags.writeable = False  # shared by the calls below
-    _LAST_ORDER = (which, column)
+    _LAST_ORDERS[store] = (which, column)
     return column, True
 
 
-# The last kept example column read (`_order`), by its summary and stamp: a sample's query reads it to draw the sample,
-# then again to find the sample's rows (8 bytes an example: 64 MB, ~0.15 s at 8 M). One is kept: a summary of the same
-# stamp holds the same examples, whoever rewrote it.
-_LAST_ORDER: tuple[tuple, np.ndarray] | None = None
+# Per open store, the last kept example column read (`_order`), by its summary and stamp: a sample's query reads it to
+# draw the sample, then again to find the sample's rows (8 bytes an example: 64 MB, ~0.15 s at 8 M). One is kept per
+# store, and goes with it: a summary of the same stamp holds the same examples, whoever rewrote it.
+_LAST_ORDERS: weakref.WeakKeyDictionary[Any, tuple[tuple, np.ndarray]] = weakref.WeakKeyDictionary()
 
 
 def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryParts | None:
@@ -619,9 +621,22 @@ def summary(store: Store, info: RunInfo, kind: SummaryKind, examples=REQUESTED, 
 
 # ---------------------------------------------------------------- range reductions
 
-# False: `summary_totals` always adds the per-example parts' totals, never the kept ranges' (benchmarks/range_summaries.py
-# times the two paths in one store; the tests compare them).
-USE_RANGES = True
+# Whether `summary_totals` adds a whole run's kept ranges (the default) or always the per-example parts' totals: its
+# `use_ranges=`, else this context's choice (`per_example_totals`), so a query run inside that block takes the other
+# path (benchmarks/range_summaries.py times the two paths in one store; the tests compare them).
+_USE_RANGES: ContextVar[bool] = ContextVar("attnstore_use_ranges", default=True)
+
+
+@contextmanager
+def per_example_totals() -> Iterator[None]:
+    """Inside: `summary_totals` adds the per-example parts' totals even where kept ranges could be added."""
+    token = _USE_RANGES.set(False)
+    try:
+        yield
+    finally:
+        _USE_RANGES.reset(token)
+
+
 RANGE_BLOCK = 128  # kept ranges added a block (a chunk) at a time (SummaryRanges.block): ~2 MB for `clark`, whatever the run
 
 
@@ -678,7 +693,9 @@ def add_totals(a: dict[str, np.ndarray] | None, b: dict[str, np.ndarray]) -> dic
     return {name: _widened(v) for name, v in b.items()} if a is None else {name: a[name] + _widened(b[name]) for name in a}
 
 
-def summary_totals(store: Store, info: RunInfo, kind: SummaryKind, examples=REQUESTED, **params) -> dict[str, np.ndarray]:
+def summary_totals(
+    store: Store, info: RunInfo, kind: SummaryKind, examples=REQUESTED, *, use_ranges: bool | None = None, **params
+) -> dict[str, np.ndarray]:
     """The kind's `totals` of the examples it covers (or those of `examples`): what a query that only adds per-example
     numbers combines. The whole run (no `examples`), where the kind declares `totals` and its summary is kept: the
     kept ranges' totals added in storage order, O(ranges) (`kept_ranges`); otherwise the totals of each part
@@ -689,7 +706,8 @@ def summary_totals(store: Store, info: RunInfo, kind: SummaryKind, examples=REQU
         raise InvalidArgumentError(f"summary kind {kind.name!r} declares no range reduction (totals)")
     examples = requested_examples(info.id, examples)
     b = bound(store, info, kind, params)
-    kept = _kept_ranges(store, info, b) if examples is None and USE_RANGES else None
+    use_ranges = _USE_RANGES.get() if use_ranges is None else use_ranges
+    kept = _kept_ranges(store, info, b) if examples is None and use_ranges else None
     if kept is not None:
         out = _added_ranges(kept)
         labels = kept.labels

@@ -82,13 +82,12 @@ def test_each_declared_source_answers_and_any_other_is_refused(store, run, name)
 
 
 @pytest.mark.parametrize("kind_name", RANGE_KINDS)
-def test_kept_ranges_equal_the_per_example_path(store, run, kind_name, monkeypatch):
+def test_kept_ranges_equal_the_per_example_path(store, run, kind_name):
     kind = summary_module.KINDS[kind_name]
     info = store.run_info(run)
     kept = summary_module.summary_totals(store, info, kind)  # built and kept, with its ranges
     assert has_summaries(store, run) and summary_module.kept_ranges(store, info, kind) is not None
-    monkeypatch.setattr(summary_module, "USE_RANGES", False)
-    parts = summary_module.summary_totals(store, info, kind)
+    parts = summary_module.summary_totals(store, info, kind, use_ranges=False)
     assert kept.keys() == parts.keys(), kind_name
     for field, value in kept.items():
         if np.asarray(value).dtype.kind in "US":

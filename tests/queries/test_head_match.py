@@ -308,8 +308,7 @@ def test_whole_run_queries_add_kept_ranges_equal_to_example_by_example_sums(stor
     info = store.run_info(a)
     kept = summary.kept_ranges(store, info, HEAD_MATCH, other=b)
     assert kept is not None and kept.block(0, kept.n)["range_examples"].tolist() == [2, 2, 2, 1]
-    with monkeypatch.context() as m:
-        m.setattr(summary, "USE_RANGES", False)
+    with summary.per_example_totals():
         per_example = [run_query(store, name, run=a, other=b) for name in ("head_match", "head_match_matrix")]
     for got, want in zip(first, per_example):
         pd.testing.assert_frame_equal(got, want, rtol=1e-12)

@@ -40,8 +40,7 @@ def both_paths(store, run, monkeypatch, **params) -> dict[str, tuple]:
     out = {}
     for name in QUERIES:
         ranged = run_query(store, name, run=run, **params)
-        with monkeypatch.context() as m:
-            m.setattr(summary, "USE_RANGES", False)
+        with summary.per_example_totals():
             per_example = run_query(store, name, run=run, **params)
         out[name] = (ranged, per_example)
     return out
@@ -251,8 +250,7 @@ def test_other_kinds_add_their_kept_ranges_as_their_parts(store, make_run, monke
     ranged = run_query(store, query, run=run)
     kept = kept_ranges(store, store.run_info(run), kind)
     assert kept is not None and kept.n == 5 and kept.block(0, 5)["range_examples"].tolist() == [2, 2, 2, 2, 1]
-    with monkeypatch.context() as m:
-        m.setattr(summary, "USE_RANGES", False)
+    with summary.per_example_totals():
         per_example = run_query(store, query, run=run)
     subset = run_query(store, query, run=run, examples=list(range(9)))
     for frame in (per_example, subset):

@@ -127,8 +127,7 @@ def test_range_path_equals_per_example_path_and_reads_no_example_once_kept(store
         kept = kept_ranges(store, info, kind, **params)
         assert kept is not None and kept.n == 4, kind.name
         assert kept.block(0, 4)["range_examples"].tolist() == [2, 2, 2, 1]
-    with monkeypatch.context() as m:
-        m.setattr(summary, "USE_RANGES", False)
+    with summary.per_example_totals():
         per_example = [run_query(store, name, run=ranged_run, **params) for name, params in CASES]
     for (name, params), a, b in zip(CASES, ranged, per_example):
         values = a.select_dtypes("number").drop(columns=["layer", "head"], errors="ignore").to_numpy(float)
