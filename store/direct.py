@@ -52,7 +52,6 @@ import os
 import struct
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import google_crc32c
@@ -62,6 +61,7 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 from zarr.storage import LocalStore
 
 from .errors import InvalidArgumentError
+from .lru import LRU
 from .pools import SizedPool
 
 HEADER = 16
@@ -120,65 +120,54 @@ class BlockCache:
 
     def __init__(self, budget: int):
         self.budget = budget
-        self.used = 0
         self.hits = self.misses = 0
-        self.blocks: OrderedDict[BlockKey, tuple[Stamp, np.ndarray]] = OrderedDict()
-        self.seen: OrderedDict[BlockKey, Stamp] = OrderedDict()  # blocks decoded once, not kept (yet)
-        self.verified: OrderedDict[str, Stamp] = OrderedDict()  # chunk files whose whole checksum was checked
-        self.lock = threading.Lock()
+        self.blocks: LRU[BlockKey, tuple[Stamp, np.ndarray]] = LRU(max_weight=budget, weigh=lambda kept: kept[1].nbytes)
+        self.seen: LRU[BlockKey, Stamp] = LRU(max_entries=SEEN_KEPT)  # blocks decoded once, not kept (yet)
+        self.verified: LRU[str, Stamp] = LRU(max_entries=VERIFIED_KEPT)  # chunk files whose whole checksum was checked
+        self.lock = threading.Lock()  # the counts, and admit's look-then-remember
+
+    @property
+    def used(self) -> int:
+        return self.blocks.weight
 
     def get(self, key: BlockKey, stamp: Stamp) -> np.ndarray | None:
+        kept = self.blocks.get(key, touch=False)
+        hit = kept is not None and kept[0] == stamp
+        if hit:
+            self.blocks.get(key)  # the most recently used now
         with self.lock:
-            kept = self.blocks.get(key)
-            if kept is None or kept[0] != stamp:
+            if hit:
+                self.hits += 1
+            else:
                 self.misses += 1
-                return None
-            self.blocks.move_to_end(key)
-            self.hits += 1
-            return kept[1]
+        return kept[1] if hit and kept is not None else None
 
     def admit(self, key: BlockKey, stamp: Stamp) -> bool:
         """Whether a block just decoded is kept: only one decoded before (as the same file). A block read once is
         remembered (a key, not its bytes), so a first read costs no copy and a pass of one-off reads evicts nothing."""
         with self.lock:
-            if self.seen.pop(key, None) == stamp:
+            if self.seen.pop(key) == stamp:
                 return True
-            self.seen[key] = stamp
-            if len(self.seen) > SEEN_KEPT:
-                self.seen.popitem(last=False)
+            self.seen.put(key, stamp)
             return False
 
     def is_verified(self, path: str, stamp: Stamp) -> bool:
         """Whether this chunk file, as `stamp` says it is now, had its checksum checked over all its bytes here."""
-        with self.lock:
-            return self.verified.get(path) == stamp
+        return self.verified.get(path, touch=False) == stamp
 
     def mark_verified(self, path: str, stamp: Stamp) -> None:
-        with self.lock:
-            self.verified[path] = stamp
-            self.verified.move_to_end(path)
-            if len(self.verified) > VERIFIED_KEPT:
-                self.verified.popitem(last=False)
+        self.verified.put(path, stamp)
 
     def put(self, key: BlockKey, stamp: Stamp, values: np.ndarray) -> None:
-        if values.nbytes > self.budget:
-            return
-        with self.lock:
-            old = self.blocks.pop(key, None)
-            if old is not None:
-                self.used -= old[1].nbytes
-            self.blocks[key] = (stamp, values)
-            self.used += values.nbytes
-            while self.used > self.budget:
-                _, (_, dropped) = self.blocks.popitem(last=False)
-                self.used -= dropped.nbytes
+        if values.nbytes <= self.budget:  # a block over the whole budget is never kept
+            self.blocks.put(key, (stamp, values))
 
     def clear(self) -> None:
         with self.lock:
             self.blocks.clear()
             self.seen.clear()
             self.verified.clear()
-            self.used = self.hits = self.misses = 0
+            self.hits = self.misses = 0
 
 
 _CACHE: BlockCache | None = None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Self
@@ -29,6 +28,7 @@ from .db import check_connection, create_engine, session_scope, sql_write_denied
 from .errors import DamagedDataError, InvalidArgumentError, NotFoundError
 from .frames import sql_frame
 from .lazy import LazyModule
+from .lru import LRU
 from .migrate import upgrade_command, verify_schema
 from .records import RunInfo
 from .schema import AblationResult, Dataset, Example, HeadMatch, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token, Word
@@ -89,7 +89,7 @@ class StoreReader:
         # direct reader of its chunk files.
         self._maps_lock = threading.Lock()
         self._static_info: dict[RunRef, RunInfo] = {}
-        self._block_windows: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
+        self._block_windows: LRU[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = LRU(max_entries=BLOCK_WINDOWS_KEPT)
         self._direct: dict[str, tuple[tuple[int, int, int], direct.DirectCells | None]] = {}
 
     def __repr__(self) -> str:
@@ -517,8 +517,9 @@ class StoreReader:
             # its arrays moved since its info was kept (`attnstore db upgrade-arrays`): forget what was kept, read again
             with self._maps_lock:
                 self._static_info = {ref: kept for ref, kept in self._static_info.items() if kept.id != info.id}
-                for key in [key for key in self._block_windows if key[0] == info.id]:
-                    del self._block_windows[key]
+                for key in self._block_windows.keys():
+                    if key[0] == info.id:
+                        self._block_windows.pop(key)
             return self._maps(self._maps_info(run), example, layer, head)
 
     def _maps(self, info: RunInfo, example: int, layer, head) -> np.ndarray:
@@ -564,10 +565,7 @@ class StoreReader:
         position = int(example)
         key = (info.id, position // BLOCK_WINDOW)
         for attempt in range(2):
-            with self._maps_lock:
-                window = self._block_windows.get(key)
-                if window is not None:
-                    self._block_windows.move_to_end(key)
+            window = self._block_windows.get(key)
             if window is None or attempt:  # a position the window lacks may have been committed since it was read
                 window = self._read_block_window(info, key[1])
             positions, offsets, lengths = window
@@ -597,11 +595,7 @@ class StoreReader:
         with self.engine.connect() as conn:
             rows = np.array(conn.execute(q).all(), dtype=np.int64).reshape(-1, 3)
         value = (rows[:, 0].copy(), rows[:, 1].copy(), rows[:, 2].copy())
-        with self._maps_lock:
-            self._block_windows[(info.id, window)] = value
-            self._block_windows.move_to_end((info.id, window))
-            while len(self._block_windows) > BLOCK_WINDOWS_KEPT:
-                self._block_windows.popitem(last=False)
+        self._block_windows.put((info.id, window), value)
         return value
 
     def _read_cells(self, info: RunInfo, start: int, stop: int, describe: arrays.Describe) -> np.ndarray:

@@ -15,7 +15,6 @@ import json
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...store import search
 from ...store.errors import NotFoundError, TooLargeError
+from ...store.lru import LRU
 from ...store.remote import is_remote
 from .encoding import dumps, records
 from .settings import PREPARING, RETRY_AFTER_S, ScanNeededError, ServerBusyError, ServeSettings, log
@@ -75,16 +75,16 @@ class Server:
         self._compute = threading.Lock()  # one query computed at a time
         self._heavy = threading.BoundedSemaphore(settings.max_heavy_requests)  # SQL, queries, maps, search
         self._heavy_running = 0  # under _lock
-        self._examples: OrderedDict[tuple, pd.DataFrame] = OrderedDict()
-        self._results: OrderedDict[tuple, pd.DataFrame] = OrderedDict()
-        self._facets: OrderedDict[tuple, dict] = OrderedDict()
-        self._example_rows: OrderedDict[tuple, tuple[list[dict], dict[int, int]]] = OrderedDict()
-        self._example_texts: OrderedDict[tuple, list[str]] = OrderedDict()
+        self._examples: LRU[tuple, pd.DataFrame] = LRU(8)
+        self._results: LRU[tuple, pd.DataFrame] = LRU(settings.cache_entries)
+        self._facets: LRU[tuple, dict] = LRU(16)
+        self._example_rows: LRU[tuple, tuple[list[dict], dict[int, int]]] = LRU(4)
+        self._example_texts: LRU[tuple, list[str]] = LRU(4)
         # Kept between requests while the store's metadata is unchanged (`version`): runs' info, the rows of the
         # examples' table as JSON values and texts, and (`kept`) encoded answers: examples with their tokens, search
         # hits and answers, small answers of maps, cached queries and metrics.
-        self._infos: OrderedDict[str, tuple[tuple, RunInfo]] = OrderedDict()
-        self._kept: dict[str, OrderedDict[tuple, Any]] = {}
+        self._infos: LRU[str, tuple[tuple, RunInfo]] = LRU(256)
+        self._kept: dict[str, LRU[tuple, Any]] = {}
         url = store.locations.db_url
         path = url[len("sqlite:///") :].split("?", 1)[0] if url.startswith("sqlite:///") else ""
         self._db_files = (path, path + "-wal") if path and path != ":memory:" else ()
@@ -95,20 +95,16 @@ class Server:
     def _state(info: "RunInfo") -> tuple:
         return (info.id, info.status, info.n_stored, info.n_skipped)
 
-    def _cached(self, cache: OrderedDict, key: tuple, make: Callable[[], Any], size: int, max_bytes: int | None = None) -> Any:
-        """`make()` kept in `cache` under `key`, least recently used out first beyond `size` entries (and, with
-        `max_bytes`, beyond that many bytes of the values' `body`: answers kept whole)."""
-        with self._lock:
-            if key in cache:
-                cache.move_to_end(key)
-                return cache[key]
+    @staticmethod
+    def _cached(cache: LRU, key: tuple, make: Callable[[], Any]) -> Any:
+        """`make()` kept in `cache` under `key` (its bounds: store/lru.py); made outside any lock, so two requests
+        may make the same value at once (the later one is kept)."""
+        value = cache.get(key, _MISSING)
+        if value is not _MISSING:
+            return value
         inline_only()
         value = make()
-        with self._lock:
-            cache[key] = value
-            held = sum(map(_body_bytes, cache.values())) if max_bytes is not None else 0
-            while len(cache) > size or (max_bytes is not None and len(cache) > 1 and held > max_bytes):
-                held -= _body_bytes(cache.popitem(last=False)[1])
+        cache.put(key, value)
         return value
 
     def version(self) -> tuple:
@@ -131,10 +127,10 @@ class Server:
         """`make()`, kept per `kind` and `key` while the store's metadata is unchanged (`version`), `size` entries (and
         at most `max_bytes` of answers' bodies)."""
         cache = self._kept.get(kind)
-        if cache is None:
+        if cache is None:  # each kind's bounds are those of its first use
             with self._lock:
-                cache = self._kept.setdefault(kind, OrderedDict())
-        return self._cached(cache, (self.version(), *key), make, size, max_bytes)
+                cache = self._kept.setdefault(kind, LRU(size, max_bytes, _body_bytes if max_bytes is not None else None))
+        return self._cached(cache, (self.version(), *key), make)
 
     @contextmanager
     def inline(self) -> Iterator[None]:
@@ -179,17 +175,12 @@ class Server:
     def info(self, run: str) -> "RunInfo":
         """The run's info (`store.run_info`), kept while the store's metadata is unchanged (`version`)."""
         version = self.version()
-        with self._lock:
-            hit = self._infos.get(run)
+        hit = self._infos.get(run)
         if hit is not None and hit[0] == version:
             return hit[1]
         inline_only()
         info = self.store.run_info(run)
-        with self._lock:
-            self._infos[run] = (version, info)
-            self._infos.move_to_end(run)
-            while len(self._infos) > 256:
-                self._infos.popitem(last=False)
+        self._infos.put(run, (version, info))
         return info
 
     def fresh_info(self, info: "RunInfo") -> "RunInfo":
@@ -200,15 +191,15 @@ class Server:
         fresh = self.store.run_info(info.id)
         if self._state(fresh) != self._state(info):
             version = self.version()
-            with self._lock:
-                for key, (_, kept) in list(self._infos.items()):
-                    if kept.id == fresh.id:
-                        self._infos[key] = (version, fresh)
+            for key in self._infos.keys():
+                kept = self._infos.get(key, touch=False)
+                if kept is not None and kept[1].id == fresh.id:
+                    self._infos.put(key, (version, fresh))
         return fresh
 
     def examples(self, info: "RunInfo") -> "pd.DataFrame":
         """The run's examples (store.examples), cached while the run does not change."""
-        return self._cached(self._examples, self._state(info), lambda: self.store.examples(info.id), 8)
+        return self._cached(self._examples, self._state(info), lambda: self.store.examples(info.id))
 
     def example_records(self, info: "RunInfo") -> tuple[list[dict], dict[int, int]]:
         """The run's examples as JSON records (`records(examples)`), with each example's row, kept like `examples`."""
@@ -223,12 +214,12 @@ class Server:
                 where.setdefault(int(e), i)
             return rows, where
 
-        return self._cached(self._example_rows, self._state(info), make, 4)
+        return self._cached(self._example_rows, self._state(info), make)
 
     def example_texts(self, info: "RunInfo") -> list[str]:
         """Each of `example_records`' rows as its JSON text (`dumps`), kept like them: a page of examples is a join of
         kept texts, not an encoding of its rows (a page of 50: ~0.1 ms of the json module per request)."""
-        return self._cached(self._example_texts, self._state(info), lambda: [dumps(row) for row in self.example_records(info)[0]], 4)
+        return self._cached(self._example_texts, self._state(info), lambda: [dumps(row) for row in self.example_records(info)[0]])
 
     def example_row(self, info: "RunInfo", example: int) -> dict:
         rows, where = self.example_records(info)
@@ -249,7 +240,7 @@ class Server:
     def annotation_counts(self, info: "RunInfo") -> dict:
         """The UPOS tags and dependency relations of the run's words with their counts (store/search.py), cached while
         the run does not change."""
-        return self._cached(self._facets, self._state(info), lambda: search.annotation_counts(self.sql, info.id), 16)
+        return self._cached(self._facets, self._state(info), lambda: search.annotation_counts(self.sql, info.id))
 
     def sql(self, query: str, params: dict | None = None, max_rows: int | None = None) -> tuple[list[str], list[tuple]]:
         """One read-only statement (store/readonly.py, as `Store.sql`) under this server's time and byte limits
@@ -282,23 +273,19 @@ class Server:
         from ...store import progress
 
         key = (*self._state(info), name, json.dumps(kwargs, sort_keys=True, default=str))
-        with self._lock:
-            if key in self._results:
-                self._results.move_to_end(key)
-                return self._results[key]
+        kept = self._results.get(key)
+        if kept is not None:
+            return kept
         inline_only()
         with self._compute:
-            with self._lock:
-                if key in self._results:
-                    return self._results[key]
+            kept = self._results.get(key)
+            if kept is not None:
+                return kept
             reading = MapsReading(self, info, name, n_examples, refuse=not scan and not self.can_keep(info))
             with progress.reporting(reading.advance):
                 frame = run_query(self.store, name, run=info.id, **kwargs)
             reading.done()
-            with self._lock:
-                self._results[key] = frame
-                while len(self._results) > self.settings.cache_entries:
-                    self._results.popitem(last=False)
+            self._results.put(key, frame)
             return frame
 
     def check_query_size(self, info: "RunInfo", name: str, params: dict, kwargs: dict) -> int:
@@ -367,6 +354,9 @@ def scan_message(srv: Server, info: "RunInfo", name: str, n: int | None) -> str:
         f"so nothing read now would be kept and every restart would read them again; {prepare} ({PREPARING}), "
         "or ask again with scan=1 to read them now"
     )
+
+
+_MISSING = object()
 
 
 def _body_bytes(value: Any) -> int:

@@ -231,9 +231,9 @@ def test_kept_answers_stay_within_their_byte_budget(one_run):
 
     for key, size in (("a", 400), ("b", 400), ("c", 400)):
         s.kept("test answers", (key,), answer(size), 10, max_bytes=1000)
-    assert [k[-1] for k in s._kept["test answers"]] == ["b", "c"]  # a (oldest) out: 1,200 bytes > 1,000
+    assert [k[-1] for k in s._kept["test answers"].keys()] == ["b", "c"]  # a (oldest) out: 1,200 bytes > 1,000
     s.kept("test answers", ("b",), answer(400), 10, max_bytes=1000)  # a hit: b now the most recent
     s.kept("test answers", ("d",), answer(300), 10, max_bytes=1000)
-    assert [k[-1] for k in s._kept["test answers"]] == ["b", "d"]
+    assert [k[-1] for k in s._kept["test answers"].keys()] == ["b", "d"]
     s.kept("test answers", ("e",), answer(5000), 10, max_bytes=1000)
-    assert [k[-1] for k in s._kept["test answers"]] == ["e"] and made == [400, 400, 400, 300, 5000]
+    assert [k[-1] for k in s._kept["test answers"].keys()] == ["e"] and made == [400, 400, 400, 300, 5000]
