@@ -525,7 +525,7 @@ def summarize(locations, runs_, kinds, scheduler):
     store = open_store(locations, write=True)
     for run in runs_:
         info = store.run_info(run)
-        if not store.can_keep_summaries(info.id):
+        if not store.summaries(info).can_keep:
             raise click.ClickException(f"run {info.name!r} is in layout 1: run `attnstore db upgrade-arrays` to keep summaries")
         for name in kinds or sorted(available):
             t = time.perf_counter()

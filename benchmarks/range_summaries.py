@@ -193,7 +193,7 @@ def build(
 def write_kind(dst_root: Path, info, name: str, rows: dict, labels: list[str] | None, total: int, full: bool) -> None:
     """The kind's per-example summary of `total` examples (the real rows repeated) and its range reductions."""
     from attnstore.queries.summary import KINDS, SUMMARY_RANGE, ranges
-    from attnstore.store import arrays
+    from attnstore.store import arrays, summaries
 
     kind = KINDS[name]
     n = len(rows["example"])
@@ -218,7 +218,7 @@ def write_kind(dst_root: Path, info, name: str, rows: dict, labels: list[str] | 
     # A ragged kind's chunks hold words, not examples, so they cannot be linked: its rows are written whole where the
     # per-example path is timed, else only the first range's, with the example column (all the range path reads).
     real_rows = min(total, period * SUMMARY_RANGE) if not kind.ragged else total if full else min(total, SUMMARY_RANGE)
-    writer = arrays.SummaryWriter(str(dst_root), info.array_path, name)
+    writer = summaries.SummaryWriter(str(dst_root), info.array_path, name)
     for start in range(0, real_rows, SUMMARY_RANGE):
         writer.append(tiled(start, min(start + SUMMARY_RANGE, real_rows)))
     node = dst_root / group / "summary" / name
@@ -230,7 +230,7 @@ def write_kind(dst_root: Path, info, name: str, rows: dict, labels: list[str] | 
             continue
         # a field's chunks hold a power of two of rows up to 4,096 (fewer where a row is large), so real_rows (a
         # multiple of n and of 4,096) is a whole number of them, and chunk j repeats chunk j mod that number
-        rows_per_chunk = arrays.summary_file_rows(array)  # a shard's rows where the field is sharded
+        rows_per_chunk = summaries.summary_file_rows(array)  # a shard's rows where the field is sharded
         assert real_rows % rows_per_chunk == 0, (key, rows_per_chunk)
         distinct_chunks = real_rows // rows_per_chunk
         chunk_dir = node / key / "c"
@@ -255,7 +255,7 @@ def write_kind(dst_root: Path, info, name: str, rows: dict, labels: list[str] | 
     if len(bounds[last]) != SUMMARY_RANGE or last < period:
         distinct[last] = totals(tiled(int(bounds[last][0]), int(bounds[last][-1]) + 1))
     which = [j if j == last and j in distinct else j % period for j in range(len(bounds))]
-    ranges_writer = arrays.SummaryRangesWriter(str(dst_root), info.array_path, name, labels)
+    ranges_writer = summaries.SummaryRangesWriter(str(dst_root), info.array_path, name, labels)
     for start in range(0, len(bounds), 4096):
         block = which[start : start + 4096]
         ranges_writer.extend(

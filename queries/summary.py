@@ -73,8 +73,8 @@ from .request import REQUESTED, current_request, requested_examples, requested_s
 
 if TYPE_CHECKING:
     from ..store import Store
-    from ..store.arrays import SummaryParts, SummaryRanges
     from ..store.records import RunInfo
+    from ..store.summaries import SummaryParts, SummaryRanges
 
 
 @dataclass(frozen=True, eq=False)
@@ -471,7 +471,7 @@ def summarise_on(
 def is_kept(store: Store, info: RunInfo, kind: SummaryKind, **params) -> bool:
     """Whether the kind's summary of the run is kept and current (its stamp matches): nothing is read but its stamp."""
     b = bound(store, info, kind, params)
-    return store.run_summary_parts(info.id, b.key, b.stamp) is not None
+    return store.summaries(info).parts(b.key, b.stamp) is not None
 
 
 def _built_parts(store: Store, info: RunInfo, kind: SummaryKind, order: np.ndarray, params: dict) -> Iterator[dict]:
@@ -541,7 +541,7 @@ def _order(store: Store, info: RunInfo, b: Bound) -> tuple[np.ndarray, bool]:
     last = _LAST_ORDERS.get(store)
     if last is not None and last[0] == which:
         return last[1], True
-    saved = store.run_summary_parts(info.id, b.key, b.stamp)
+    saved = store.summaries(info).parts(b.key, b.stamp)
     if saved is None:
         return covered(store, info, b.kind, b.params), False
     column = saved.column("example").astype(np.int64, copy=False)
@@ -567,8 +567,9 @@ def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryPar
 def _keep(store: Store, info: RunInfo, b: Bound) -> SummaryParts | None:
     """`keep` of a bound kind."""
     kind, params, state, stamp, key = b.kind, b.params, b.state, b.stamp, b.key
-    saved = store.run_summary_parts(info.id, key, stamp)
-    if saved is not None or store.read_only or not store.can_keep_summaries(info.id):
+    kept = store.summaries(info)
+    saved = kept.parts(key, stamp)
+    if saved is not None or store.read_only or not kept.can_keep:
         return saved
     order = covered(store, info, kind, params)
 
@@ -579,11 +580,11 @@ def _keep(store: Store, info: RunInfo, b: Bound) -> SummaryParts | None:
 
     totals, labels = range_reduction(store, info, kind)  # each part kept reduced too (range reductions), if it declares one
     try:
-        if not store.save_run_summary_parts(info.id, key, parts(), stamp, n_examples=len(order), totals=totals, labels=labels):
+        if not kept.keep(key, parts(), stamp, n_examples=len(order), totals=totals, labels=labels):
             return None
     except (_Changed, InvalidArgumentError):
         return None  # written without a stamp: never read back
-    return store.run_summary_parts(info.id, key, stamp)
+    return kept.parts(key, stamp)
 
 
 def summary_parts(
@@ -664,14 +665,15 @@ def _kept_ranges(store: Store, info: RunInfo, b: Bound) -> SummaryRanges | None:
     saved = _keep(store, info, b)
     if saved is None:
         return None
-    kept = _whole(store.run_summary_ranges(info.id, key, stamp), saved.n, kind)
+    summaries = store.summaries(info)
+    kept = _whole(summaries.ranges(key, stamp), saved.n, kind)
     if kept is not None or store.read_only:
         return kept
     totals, labels = range_reduction(store, info, kind)
     assert totals is not None
     parts = ((len(p["example"]), totals(p)) for p in _saved_parts(saved, None))
-    store.save_run_summary_ranges(info.id, key, parts, stamp, labels, n_examples=saved.n)
-    return _whole(store.run_summary_ranges(info.id, key, stamp), saved.n, kind)
+    summaries.keep_ranges(key, parts, stamp, labels, n_examples=saved.n)
+    return _whole(summaries.ranges(key, stamp), saved.n, kind)
 
 
 def _whole(kept: SummaryRanges | None, n_examples: int, kind: SummaryKind) -> SummaryRanges | None:

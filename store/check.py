@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from . import arrays, remote
+from . import arrays, remote, summaries
 from .errors import AttnStoreError, BusyError, DamagedDataError, NotFoundError
 from .float16 import as_float32
 from .schema import Sequence
@@ -189,15 +189,15 @@ def _summaries(store, report: RunReport, info, repair: bool) -> None:
     (one being rebuilt now is left to its builder)."""
     from .writer import summary_lease_name
 
-    root = store.locations.array_root
-    for name, node in arrays.stamped_summaries(root, info.array_path):
-        damage = arrays.summary_damage(node)
+    kept = store.summaries(info)
+    for name, node in kept.stamped():
+        damage = summaries.summary_damage(node)
         if damage is None:
             continue
         if repair:
             try:
                 with store.writer.lease(summary_lease_name(info.id, name), f"repairing summary {name!r} of run {info.name!r}"):
-                    report.repaired.append(arrays.remove_summary(root, info.array_path, name))
+                    report.repaired.append(kept.remove(name))
                 continue
             except BusyError:
                 pass

@@ -34,9 +34,9 @@ from .records import RunInfo
 from .schema import AblationResult, Dataset, Example, HeadMatch, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token, Word
 
 if TYPE_CHECKING:
-    from . import arrays, direct, remote
+    from . import arrays, direct, remote, summaries
 else:  # these import zarr: each is imported at its first use, so commands that read SQL only never import zarr (store/lazy.py)
-    arrays, direct, remote = (LazyModule(f"{__package__}.{name}") for name in ("arrays", "direct", "remote"))
+    arrays, direct, remote, summaries = (LazyModule(f"{__package__}.{name}") for name in ("arrays", "direct", "remote", "summaries"))
 
 NORM_READ_TOKENS = 1 << 16  # value norms read at once (x layers x heads float16 values)
 # `attention`'s lookups: the (offset, length) of a window of example positions read from SQL at once, a few windows kept
@@ -638,24 +638,11 @@ class StoreReader:
 
         return labelled_run(self, run, examples, layer=layer, head=head)  # type: ignore[arg-type]
 
-    def run_summary(self, run: RunRef, name: str, stamp: dict) -> dict[str, np.ndarray] | None:
-        """A per-example summary saved beside the run's maps (queries/summary.py), if its stamp matches."""
-        info = self.run_info(run)
-        return arrays.read_summary(self.locations.array_root, info.array_path, name, stamp)
-
-    def run_summary_parts(self, run: RunRef, name: str, stamp: dict) -> arrays.SummaryParts | None:
-        """A saved per-example summary to read range by range (`.n` examples, `.part(start, stop)`), if its stamp matches."""
-        info = self.run_info(run)
-        return arrays.summary_parts(self.locations.array_root, info.array_path, name, stamp)
-
-    def run_summary_ranges(self, run: RunRef, name: str, stamp: dict) -> arrays.SummaryRanges | None:
-        """A saved summary's range reductions (`.n` ranges, `.block(start, stop)`), if its stamp and theirs match."""
-        info = self.run_info(run)
-        return arrays.summary_ranges(self.locations.array_root, info.array_path, name, stamp)
-
-    def can_keep_summaries(self, run: RunRef) -> bool:
-        """Whether summaries can be saved with this run's maps (its arrays are in layout 2)."""
-        return arrays.group_path_of(self.run_info(run).array_path) is not None
+    def summaries(self, run: RunRef | RunInfo) -> summaries.RunSummaries:
+        """The run's kept summaries (store/summaries.py): `.parts(key, stamp)`, `.ranges(key, stamp)`, `.whole(...)`,
+        `.keep(...)` and `.keep_ranges(...)` (writable stores), `.stamped()`, `.remove(key)`, `.can_keep`."""
+        info = run if isinstance(run, RunInfo) else self.run_info(run)
+        return summaries.RunSummaries(self, info)  # type: ignore[arg-type]
 
     def plot(self, run: RunRef, example: int, layer: int | None = None, head: int | None = None) -> Any:
         """A matplotlib Figure of one example's maps with token labels: one head (layer and head), one layer's

@@ -9,7 +9,6 @@ store/handle.py.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -19,12 +18,12 @@ import sqlalchemy as sa
 
 from . import leases
 from .config import resolve_locations
-from .errors import InvalidArgumentError, NotFoundError, StorageIOError
+from .errors import InvalidArgumentError, NotFoundError
 from .handle import RunHandle
 from .lazy import LazyModule
 from .reader import RunRef, StoreReader
 from .schema import HeadMatch, HeadMetric, ProbeResult, utcnow
-from .writer import StoreWriter, run_lease_name, summary_lease_name, validate_run_name
+from .writer import StoreWriter, run_lease_name, validate_run_name
 
 if TYPE_CHECKING:
     from . import arrays
@@ -136,78 +135,6 @@ class Store(StoreReader):
             if rows:
                 s.execute(sa.insert(HeadMatch), rows)
         return len(rows)
-
-    def save_run_summary(self, run: RunRef, name: str, values: dict[str, np.ndarray], stamp: dict) -> None:
-        """Keep a per-example summary beside the run's maps (read back by `run_summary` with the same stamp)."""
-        self.save_run_summary_parts(run, name, [values], stamp)
-
-    def save_run_summary_parts(
-        self,
-        run: RunRef,
-        name: str,
-        parts: Iterable[dict[str, np.ndarray]],
-        stamp: dict,
-        n_examples: int | None = None,
-        totals: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-        labels: list[str] | None = None,
-    ) -> bool:
-        """Keep a summary given as consecutive parts (ranges of examples in order, each as one would be given
-        whole), holding one part at a time. It is stamped, and so read back, unless the parts do not cover
-        `n_examples` examples (a run that grew while it was read); returns whether it was. `totals`: the kind's
-        range reduction; each part's is kept too (`run_summary_ranges`), with `labels` (the names of its labelled axis, if
-        it has one)."""
-        self.writer.require_writable()
-        info = self.run_info(run)
-        root = self.locations.array_root
-        try:
-            with self._building(info, name):
-                if arrays.summary_parts(root, info.array_path, name, stamp) is not None:
-                    return True  # another process kept it while this one waited for it: its parts are never built here
-                writer = arrays.SummaryWriter(root, info.array_path, name, totals, labels)
-                n = 0
-                for part in parts:
-                    writer.append(part)
-                    n += len(part["example"])
-                if n_examples is not None and n != n_examples:
-                    return False
-                writer.finish(stamp)
-                return True
-        except OSError as exc:
-            raise StorageIOError(f"cannot save the summary of run {info.name!r}: {exc.strerror or exc}") from None
-
-    def _building(self, info, name: str) -> leases.WriteLease:
-        """The lease on building the run's summary `name`, waited for: one process (or thread) builds and writes a
-        summary at a time, and one that waited reads what the other kept instead of writing it again (two builders
-        writing the same group at once left it stamped with fields missing). A killed builder's lease is taken over
-        at once on its host, after the stale period elsewhere (store/leases.py)."""
-        return self.writer.lease(summary_lease_name(info.id, name), f"the summary {name!r} of run {info.name!r}", wait=True)
-
-    def save_run_summary_ranges(
-        self,
-        run: RunRef,
-        name: str,
-        ranges: Iterable[tuple[int, dict[str, np.ndarray]]],
-        stamp: dict,
-        labels: list[str] | None = None,
-        n_examples: int | None = None,
-    ) -> None:
-        """Keep the range reductions of a summary kept without them ((examples, totals) per range, in order), stamped
-        with the summary's stamp; `labels` as in `save_run_summary_parts`. Nothing is written where ranges of
-        `n_examples` examples with that stamp are kept already (by another process, while this one waited)."""
-        self.writer.require_writable()
-        info = self.run_info(run)
-        root = self.locations.array_root
-        try:
-            with self._building(info, name):
-                kept = arrays.summary_ranges(root, info.array_path, name, stamp)
-                if kept is not None and n_examples is not None and kept.n_examples() == n_examples:
-                    return  # another process kept them while this one waited
-                writer = arrays.SummaryRangesWriter(root, info.array_path, name, labels)
-                for n, totals in ranges:
-                    writer.append(n, totals)
-                writer.finish(stamp)
-        except OSError as exc:
-            raise StorageIOError(f"cannot save the summary of run {info.name!r}: {exc.strerror or exc}") from None
 
     def save_probe_result(self, run: RunRef, eval_run: RunRef, result: dict, params: dict) -> int:
         self.writer.require_writable()

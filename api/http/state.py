@@ -170,7 +170,7 @@ class Server:
 
     def can_keep(self, info: "RunInfo") -> bool:
         """Whether what a query reads of this run's maps is kept (summaries beside the run) for the next time."""
-        return not self.store.read_only and self.store.can_keep_summaries(info.id)
+        return not self.store.read_only and self.store.summaries(info).can_keep
 
     def info(self, run: str) -> "RunInfo":
         """The run's info (`store.run_info`), kept while the store's metadata is unchanged (`version`)."""

@@ -481,7 +481,7 @@ def test_a_samples_label_counts_read_only_the_normalised_scores(store, pattern_r
     """`pattern_scores` declares the fields its totals read (totals_fields): a sample's counts read those five and the
     example column from the kept scores, not the raw ones, and count what the whole scores count."""
     from attnstore.queries import summary
-    from attnstore.store.arrays import SummaryParts
+    from attnstore.store.summaries import SummaryParts
 
     run_query(store, "pattern_classes", run=pattern_run)  # keeps the scores
     info = store.run_info(pattern_run)

@@ -12,7 +12,7 @@ import pytest
 
 from attnstore.queries import load_all, run_query, summary
 from attnstore.queries.summary import CLARK, kept_ranges
-from attnstore.store import arrays
+from attnstore.store import arrays, summaries
 
 DATA = str(Path(__file__).parents[1] / "fixtures" / "data")
 QUERIES = ("relative_position", "special_tokens", "entropy")
@@ -117,9 +117,9 @@ def test_a_summary_kept_without_ranges_gets_them(store, make_run, monkeypatch):
     group = Path(store.locations.array_root) / arrays.group_path_of(info.array_path) / "summary" / "clark"
     shutil.rmtree(group / "ranges")
     stamp = CLARK.stamp(store.n_committed(info.id))
-    assert store.run_summary_ranges(info.id, "clark", stamp) is None and store.run_summary_parts(info.id, "clark", stamp) is not None
+    assert store.summaries(info.id).ranges("clark", stamp) is None and store.summaries(info.id).parts("clark", stamp) is not None
     after = run_query(store, "entropy", run=run)
-    assert store.run_summary_ranges(info.id, "clark", stamp).n == 3  # 9 examples in ranges of 4
+    assert store.summaries(info.id).ranges("clark", stamp).n == 3  # 9 examples in ranges of 4
     np.testing.assert_allclose(after.to_numpy(float), before.to_numpy(float), rtol=RTOL, atol=0)
 
 
@@ -167,14 +167,14 @@ def test_ranges_that_do_not_cover_the_summary_are_not_added(store, make_run, mon
     info = store.run_info(run)
     want = run_query(store, "special_tokens", run=run)
     stamp = CLARK.stamp(9)
-    kept = store.run_summary_ranges(info.id, "clark", stamp)
+    kept = store.summaries(info.id).ranges("clark", stamp)
     first = {k: v[:1] for k, v in kept.block(0, 1).items()}
-    writer = arrays.SummaryRangesWriter(store.locations.array_root, info.array_path, "clark")
+    writer = summaries.SummaryRangesWriter(store.locations.array_root, info.array_path, "clark")
     writer.extend(first.pop("range_examples"), first)  # one range of 4 examples, stamped
     writer.finish(stamp)
-    assert store.run_summary_ranges(info.id, "clark", stamp).n_examples() == 4
+    assert store.summaries(info.id).ranges("clark", stamp).n_examples() == 4
     np.testing.assert_allclose(run_query(store, "special_tokens", run=run).to_numpy(float), want.to_numpy(float), rtol=RTOL, atol=0)
-    assert store.run_summary_ranges(info.id, "clark", stamp).n_examples() == 9  # derived again from the summary
+    assert store.summaries(info.id).ranges("clark", stamp).n_examples() == 9  # derived again from the summary
 
 
 def test_a_read_only_store_adds_the_kept_ranges(store, make_run, monkeypatch):
@@ -223,7 +223,7 @@ def test_ranges_are_packed_one_array_per_dtype_and_an_older_group_is_derived_aga
     path = f"{arrays.group_path_of(info.array_path)}/summary/clark/ranges"
     group = zarr.open_group(store.locations.array_root, path=path, mode="r")
     assert sorted(name for name, _ in group.arrays()) == ["packed_float64", "packed_int64"]
-    kept = store.run_summary_ranges(info.id, "clark", CLARK.stamp(9))
+    kept = store.summaries(info.id).ranges("clark", CLARK.stamp(9))
     block = kept.block(0, kept.n)
     assert block["range_examples"].tolist() == [4, 4, 1] and block["entropy"].shape == (3, 3, 2)
     totals = {name: value.sum(0) for name, value in block.items()}
@@ -234,9 +234,9 @@ def test_ranges_are_packed_one_array_per_dtype_and_an_older_group_is_derived_aga
 
     old = zarr.create_group(store.locations.array_root, path=path, overwrite=True, attributes={"stamp": CLARK.stamp(9)})
     old.create_array("range_examples", data=np.asarray([9], np.int64))
-    assert store.run_summary_ranges(info.id, "clark", CLARK.stamp(9)) is None
+    assert store.summaries(info.id).ranges("clark", CLARK.stamp(9)) is None
     np.testing.assert_allclose(run_query(store, "entropy", run=run).to_numpy(float), want.to_numpy(float), rtol=RTOL, atol=0)
-    assert store.run_summary_ranges(info.id, "clark", CLARK.stamp(9)).n_examples() == 9
+    assert store.summaries(info.id).ranges("clark", CLARK.stamp(9)).n_examples() == 9
 
 
 @pytest.mark.parametrize("query", ["head_roles", "rollout"])

@@ -205,17 +205,19 @@ def test_the_pair_cache_is_saved_and_read_back_a_part_at_a_time(store, two_runs,
     case = dict(max_examples=5, seed=2)
     want = reference.query(store, "run_similarity", run=base, other=other, **case)
     saved = []
-    original = type(store).save_run_summary_parts
+    from attnstore.store.summaries import RunSummaries
 
-    def noting(self, run, name, parts, stamp, n_examples=None, **ranged):
+    original = RunSummaries.keep
+
+    def noting(self, name, parts, stamp, n_examples=None, **ranged):
         def counted():
             for part in parts:
                 saved.append(len(part["example"]))
                 yield part
 
-        return original(self, run, name, counted(), stamp, n_examples, **ranged)
+        return original(self, name, counted(), stamp, n_examples, **ranged)
 
-    monkeypatch.setattr(type(store), "save_run_summary_parts", noting)
+    monkeypatch.setattr(RunSummaries, "keep", noting)
     assert run_query(store, "run_similarity", run=base, other=other, **case).equals(want)  # builds the cache, then reads it
     assert len(saved) > 2 and max(saved) < len(LENGTHS) and sum(saved) == len(LENGTHS)
     with monkeypatch.context() as m:

@@ -77,7 +77,7 @@ def test_examples_read_only_the_kept_parts_that_hold_them(store, run, monkeypatc
     """With ranges of 2 examples, `examples=[3]` reads example 3's row of the kept summary only (no part: the rows of a
     summary without ragged fields), and finds the examples in the summary's example column, not in the run's storage
     order streamed from SQL."""
-    from attnstore.store.arrays import SummaryParts
+    from attnstore.store.summaries import SummaryParts
 
     monkeypatch.setattr(summary_module, "SUMMARY_RANGE", 2)
     run_query(store, "entropy", run=run)  # keeps the summary
@@ -101,7 +101,7 @@ def test_examples_read_only_the_kept_parts_that_hold_them(store, run, monkeypatc
 def test_a_sample_reads_the_kept_example_column_once(store, run, make_run, monkeypatch):
     """A sampled query's two steps (`kept_order` to draw the sample, then `summary_parts` for its rows) read the kept
     summary's example column once, shared read-only; another run's is read for it."""
-    from attnstore.store.arrays import SummaryParts
+    from attnstore.store.summaries import SummaryParts
 
     run_query(store, "entropy", run=run)  # keeps the summary
     other = make_run(store, MAPS[:3], TOKENS[:3], name="other", dtype="float16")
@@ -215,9 +215,9 @@ def test_other_punctuation_is_kept_under_its_own_fingerprint_and_read_only_store
 
 
 def test_large_summaries_are_chunked_by_example_and_read_back_whole(store, run, monkeypatch):
-    from attnstore.store import arrays
+    from attnstore.store import summaries
 
-    monkeypatch.setattr(arrays, "SUMMARY_CHUNK_BYTES", 2 * 3 * 2 * 8)  # two examples' (layer, head) float64 sums per chunk
+    monkeypatch.setattr(summaries, "SUMMARY_CHUNK_BYTES", 2 * 3 * 2 * 8)  # two examples' (layer, head) float64 sums per chunk
     first = run_query(store, "entropy", run=run)
     group = zarr.open_group(store.locations.array_root, path="runs/sums/summary/clark", mode="r")
     assert group["entropy"].chunks == (2, 3, 2) and group["entropy"].shape == (4, 3, 2)

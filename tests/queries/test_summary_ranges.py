@@ -11,7 +11,7 @@ import zarr
 
 from attnstore.queries import load_all, summary
 from attnstore.queries.summary import KINDS, concatenate, keep, run_kinds, summarise_examples, summary_parts
-from attnstore.store import arrays
+from attnstore.store import summaries
 from attnstore.store.errors import AttnStoreError, StorageIOError
 
 DATA = str(Path(__file__).parents[1] / "fixtures" / "data")
@@ -94,7 +94,7 @@ def test_a_summary_is_kept_part_by_part_and_read_back_in_parts(store, make_run, 
     load_all()
     run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="parts", dtype="float16")
     monkeypatch.setattr(summary, "SUMMARY_RANGE", 4)  # 9 examples: parts of 4, 4 and 1
-    monkeypatch.setattr(arrays, "SUMMARY_CHUNK_ROWS", 4)
+    monkeypatch.setattr(summaries, "SUMMARY_CHUNK_ROWS", 4)
     info = store.run_info(run)
     kind = KINDS["word_argmax"]  # ragged fields: their offsets continue across the parts
     written_before_each_part = []
@@ -151,7 +151,7 @@ def test_a_build_cut_off_part_way_is_never_read_and_is_built_again(store, make_r
         keep(store, info, summary.CLARK)
     group = zarr.open_group(store.locations.array_root, path="runs/cutoff/summary/clark", mode="r")
     assert group.attrs["stamp"] is None and group["example"].shape == (8,)  # two parts written, never stamped
-    assert store.run_summary_parts(info.id, "clark", summary.CLARK.stamp(9)) is None
+    assert store.summaries(info.id).parts("clark", summary.CLARK.stamp(9)) is None
     monkeypatch.setattr(summary, "summarise_examples", original)
     saved = keep(store, info, summary.CLARK)
     assert saved is not None and saved.n == 9

@@ -17,7 +17,7 @@ import pytest
 import zarr
 from zarr.codecs import BytesCodec
 
-from attnstore.store import arrays, direct, sharded
+from attnstore.store import arrays, direct, sharded, summaries
 
 from .test_integrity import damage
 
@@ -25,8 +25,8 @@ from .test_integrity import damage
 def summary_fields(n: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     zeros = rng.random((n, 3, 4))
-    zeros[: arrays.SUMMARY_CHUNK_ROWS] = 0  # the first chunk holds only the fill value: zarr does not write it
-    zeros[arrays.SUMMARY_CHUNK_ROWS + INNER : arrays.SUMMARY_CHUNK_ROWS + 2 * INNER] = 0  # nor this inner chunk of a shard
+    zeros[: summaries.SUMMARY_CHUNK_ROWS] = 0  # the first chunk holds only the fill value: zarr does not write it
+    zeros[summaries.SUMMARY_CHUNK_ROWS + INNER : summaries.SUMMARY_CHUNK_ROWS + 2 * INNER] = 0  # nor this inner chunk of a shard
     return {
         "example": np.arange(n, dtype=np.int64) * 3 + 1,
         "score": rng.random((n, 3, 4)),
@@ -40,27 +40,27 @@ def summary_fields(n: int) -> dict[str, np.ndarray]:
 
 SHARDED = {"score", "zeros"}  # 4,096 rows of 96 bytes: shards of 8 inner chunks of 512 rows
 INNER = 512
-UNWRITTEN = [(0, arrays.SUMMARY_CHUNK_ROWS), (arrays.SUMMARY_CHUNK_ROWS + INNER, arrays.SUMMARY_CHUNK_ROWS + 2 * INNER)]
+UNWRITTEN = [(0, summaries.SUMMARY_CHUNK_ROWS), (summaries.SUMMARY_CHUNK_ROWS + INNER, summaries.SUMMARY_CHUNK_ROWS + 2 * INNER)]
 
 
-def write(root: Path, values: dict[str, np.ndarray], parts: int | None = arrays.SUMMARY_CHUNK_ROWS) -> arrays.SummaryParts:
+def write(root: Path, values: dict[str, np.ndarray], parts: int | None = summaries.SUMMARY_CHUNK_ROWS) -> summaries.SummaryParts:
     arrays.create_run_group(str(root), "x", dtype="float16", chunk_cells=1 << 12, codec=arrays.DEFAULT_CODEC, attributes={})
     path = f"{arrays.run_group_path('x')}/cells"
-    writer = arrays.SummaryWriter(str(root), path, "kind")
+    writer = summaries.SummaryWriter(str(root), path, "kind")
     if parts is None:  # one part, as given (ragged fields included)
         writer.append(values)
     else:  # parts of `parts` examples (no ragged fields)
         for start in range(0, len(values["example"]), parts):
             writer.append({k: v[start : start + parts] for k, v in values.items()})
     writer.finish({"v": 1})
-    saved = arrays.summary_parts(str(root), path, "kind", {"v": 1})
+    saved = summaries.summary_parts(str(root), path, "kind", {"v": 1})
     assert saved is not None
     return saved
 
 
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory):
-    n = 3 * arrays.SUMMARY_CHUNK_ROWS + 123  # the last chunk partial
+    n = 3 * summaries.SUMMARY_CHUNK_ROWS + 123  # the last chunk partial
     values = summary_fields(n)
     return write(tmp_path_factory.mktemp("summary"), values), values
 
@@ -78,7 +78,7 @@ def test_rows_and_parts_equal_the_values_written(kept):
     saved, values = kept
     n = saved.n
     rng = np.random.default_rng(1)
-    chunk = arrays.SUMMARY_CHUNK_ROWS
+    chunk = summaries.SUMMARY_CHUNK_ROWS
     samples = [np.array([0]), np.array([n - 1]), np.arange(chunk - 2, chunk + 3), np.sort(rng.choice(n, 50, replace=False))]
     samples += [np.array([5, 6, 7, 100, 101, n - 3, n - 2])]  # runs of consecutive rows and single ones
     for positions in samples:
@@ -122,9 +122,9 @@ def test_a_sample_decodes_blocks_not_chunks(kept, monkeypatch):
 
     monkeypatch.setattr(direct.blosc, "decompress", counted(decoded))
     monkeypatch.setattr(sharded, "blosc", SimpleNamespace(decompress=counted(inner)))
-    got = saved.rows(np.array([arrays.SUMMARY_CHUNK_ROWS + 7]), fields=("wide", "score"))
-    np.testing.assert_array_equal(got["score"], values["score"][[arrays.SUMMARY_CHUNK_ROWS + 7]])
-    assert decoded and max(decoded) < arrays.SUMMARY_CHUNK_ROWS * 12 * 4, decoded
+    got = saved.rows(np.array([summaries.SUMMARY_CHUNK_ROWS + 7]), fields=("wide", "score"))
+    np.testing.assert_array_equal(got["score"], values["score"][[summaries.SUMMARY_CHUNK_ROWS + 7]])
+    assert decoded and max(decoded) < summaries.SUMMARY_CHUNK_ROWS * 12 * 4, decoded
     assert inner == [INNER * 12 * 8]
 
 
@@ -134,19 +134,19 @@ def test_a_sharded_row_checks_the_index_and_one_inner_chunk(kept, monkeypatch):
     checked = []
     real = sharded.google_crc32c.value
     monkeypatch.setattr(sharded.google_crc32c, "value", lambda data: checked.append(len(data)) or real(data))
-    row = 2 * arrays.SUMMARY_CHUNK_ROWS + 3 * INNER + 5
+    row = 2 * summaries.SUMMARY_CHUNK_ROWS + 3 * INNER + 5
     np.testing.assert_array_equal(saved._direct["score"].read_rows(np.array([row]))[0], values["score"][row])
     shard = Path(saved._direct["score"].shard_file(2))
     assert checked[0] == 8 * 16 and len(checked) == 2 and checked[1] < shard.stat().st_size / 3, checked
 
 
 @pytest.mark.parametrize("codec", ["SHARD_CODEC", "INDEX_CODEC"])
-@pytest.mark.parametrize("n", [2 * arrays.SUMMARY_CHUNK_ROWS, arrays.SUMMARY_CHUNK_ROWS + 700, 300])
+@pytest.mark.parametrize("n", [2 * summaries.SUMMARY_CHUNK_ROWS, summaries.SUMMARY_CHUNK_ROWS + 700, 300])
 def test_shards_written_by_the_summary_writer_are_the_bytes_zarr_writes(tmp_path, monkeypatch, n, codec):
     """The writer encodes whole shards itself (sharded.ShardEncoder) rather than through zarr's sharding codec: the
     files are byte for byte zarr's (a last shard cut short, its last inner chunk padded, included), and read back;
     with today's lz4 shards and with the zstd ones summaries were kept with before (4cd1d44 to 8571697, 2026-11-27)."""
-    monkeypatch.setattr(arrays, "SHARD_CODEC", getattr(arrays, codec))
+    monkeypatch.setattr(summaries, "SHARD_CODEC", getattr(summaries, codec, None) or getattr(arrays, codec))
     rng = np.random.default_rng(5)
     values = {
         "example": np.arange(n, dtype=np.int64),
@@ -155,7 +155,7 @@ def test_shards_written_by_the_summary_writer_are_the_bytes_zarr_writes(tmp_path
         "zeros": np.zeros((n, 12, 12)),
     }
     values["zeros"][-(n // 3) :] = 1.5  # shards and inner chunks of the fill value only are not written, as zarr does
-    saved = write(tmp_path / "ours", values, parts=arrays.SUMMARY_CHUNK_ROWS if n > 1000 else None)
+    saved = write(tmp_path / "ours", values, parts=summaries.SUMMARY_CHUNK_ROWS if n > 1000 else None)
     written = [key for key in ("score", "flag", "zeros") if saved.arrays[key].shards is not None]
     assert {"score", "zeros"} <= set(written)  # 1,152-byte rows: sharded even in a run of 300 examples
     for key in written:
@@ -167,9 +167,9 @@ def test_shards_written_by_the_summary_writer_are_the_bytes_zarr_writes(tmp_path
             dtype=ours.dtype,
             chunks=ours.chunks,
             shards=ours.shards,
-            compressors=arrays.make_codec(arrays.SHARD_CODEC, str(ours.dtype)),
+            compressors=arrays.make_codec(summaries.SHARD_CODEC, str(ours.dtype)),
         )
-        assert ours.metadata.codecs[0].codecs[1].cname.value == arrays.SHARD_CODEC["cname"]
+        assert ours.metadata.codecs[0].codecs[1].cname.value == summaries.SHARD_CODEC["cname"]
         theirs[:] = values[key]
         folder = Path(ours.store_path.store.root) / ours.path / "c"
         for shard in range(-(-n // ours.shards[0])):
@@ -177,21 +177,21 @@ def test_shards_written_by_the_summary_writer_are_the_bytes_zarr_writes(tmp_path
             theirs_file, ours_file = tmp_path / f"zarr-{key}" / name, folder.parent / name
             assert ours_file.exists() == theirs_file.exists(), (key, shard)
             assert not ours_file.exists() or ours_file.read_bytes() == theirs_file.read_bytes(), (key, shard)
-        if key == "zeros" and n == 2 * arrays.SUMMARY_CHUNK_ROWS:
+        if key == "zeros" and n == 2 * summaries.SUMMARY_CHUNK_ROWS:
             assert not (folder / "0").exists()  # its first shard holds zeros only
 
 
 def test_summary_layout_shards_large_rows_only():
     pattern = np.zeros((4096, 12, 12), np.float32)  # pattern_scores' fields: 576 bytes a row
-    assert arrays.summary_layout(pattern, ragged=False, whole=False) == ((64, 12, 12), (4096, 12, 12))
-    assert arrays.summary_layout(pattern[:408], ragged=False, whole=True) == ((64, 12, 12), (512, 12, 12))
-    assert arrays.summary_layout(pattern[:100], ragged=False, whole=True) == ((128, 12, 12), None)  # 72 KiB: one chunk
-    assert arrays.summary_layout(np.zeros(4096, np.int64), ragged=False, whole=False) == ((4096,), None)
-    assert arrays.summary_layout(np.zeros((9000, 40), np.int32), ragged=True, whole=True) == ((16384, 40), None)
+    assert summaries.summary_layout(pattern, ragged=False, whole=False) == ((64, 12, 12), (4096, 12, 12))
+    assert summaries.summary_layout(pattern[:408], ragged=False, whole=True) == ((64, 12, 12), (512, 12, 12))
+    assert summaries.summary_layout(pattern[:100], ragged=False, whole=True) == ((128, 12, 12), None)  # 72 KiB: one chunk
+    assert summaries.summary_layout(np.zeros(4096, np.int64), ragged=False, whole=False) == ((4096,), None)
+    assert summaries.summary_layout(np.zeros((9000, 40), np.int32), ragged=True, whole=True) == ((16384, 40), None)
 
 
 def test_ragged_fields_are_read_between_their_offsets(tmp_path):
-    sizes = np.random.default_rng(3).integers(0, 5, 3 * arrays.SUMMARY_CHUNK_ROWS)  # some examples of no words
+    sizes = np.random.default_rng(3).integers(0, 5, 3 * summaries.SUMMARY_CHUNK_ROWS)  # some examples of no words
     values = {"example": np.arange(len(sizes), dtype=np.int64) * 2, "score": np.arange(len(sizes), dtype=np.float64)}
     values["word"] = np.arange(int(sizes.sum()), dtype=np.int32)
     values["word_start"] = np.r_[0, np.cumsum(sizes)].astype(np.int64)
@@ -217,7 +217,7 @@ def test_ragged_fields_are_read_between_their_offsets(tmp_path):
 def test_a_damaged_summary_chunk_fails_as_zarr_fails(tmp_path, how, field):
     """A chunk, or a shard (an inner chunk's bytes, its index, or its end cut off), damaged: the rows in it fail as
     zarr fails, the other chunks read."""
-    values = summary_fields(2 * arrays.SUMMARY_CHUNK_ROWS)
+    values = summary_fields(2 * summaries.SUMMARY_CHUNK_ROWS)
     saved = write(tmp_path, values)
     folder = Path(saved.arrays[field].store_path.store.root) / saved.arrays[field].path
     path = folder / "c" / "1" / ("0" if field == "wide" else "0/0")
@@ -227,12 +227,12 @@ def test_a_damaged_summary_chunk_fails_as_zarr_fails(tmp_path, how, field):
     else:
         damage(path, how)
     with pytest.raises(Exception) as through_zarr:
-        saved.arrays[field][arrays.SUMMARY_CHUNK_ROWS :]
-    for positions in ([arrays.SUMMARY_CHUNK_ROWS + 1], [arrays.SUMMARY_CHUNK_ROWS + 1, arrays.SUMMARY_CHUNK_ROWS + 900]):
+        saved.arrays[field][summaries.SUMMARY_CHUNK_ROWS :]
+    for positions in ([summaries.SUMMARY_CHUNK_ROWS + 1], [summaries.SUMMARY_CHUNK_ROWS + 1, summaries.SUMMARY_CHUNK_ROWS + 900]):
         with pytest.raises(type(through_zarr.value)):  # one row, and several runs of rows in the chunk (one check)
             saved.rows(np.array(positions), fields=(field,))
     with pytest.raises(type(through_zarr.value)):
-        saved.part(arrays.SUMMARY_CHUNK_ROWS, 2 * arrays.SUMMARY_CHUNK_ROWS, fields=(field,))
+        saved.part(summaries.SUMMARY_CHUNK_ROWS, 2 * summaries.SUMMARY_CHUNK_ROWS, fields=(field,))
     np.testing.assert_array_equal(saved.rows(np.array([3]))[field], values[field][[3]])  # the other chunk reads
 
 
@@ -258,7 +258,7 @@ def test_the_rows_of_one_chunk_are_one_read_and_one_checksum(kept, monkeypatch):
     checked = []
     real = direct.google_crc32c.value
     monkeypatch.setattr(direct.google_crc32c, "value", lambda data: checked.append(len(data)) or real(data))
-    chunk = arrays.SUMMARY_CHUNK_ROWS
+    chunk = summaries.SUMMARY_CHUNK_ROWS
     positions = np.r_[np.arange(3, chunk, 7), np.arange(chunk + 1, 2 * chunk, 5)]  # every 7th row of one, 5th of the next
     np.testing.assert_array_equal(saved._direct["wide"].read_rows(positions), values["wide"][positions])
     assert len(checked) == 2
@@ -293,7 +293,7 @@ def test_a_sample_announces_each_step_s_reads_before_making_them(kept, monkeypat
     monkeypatch.setattr(sharded, "will_need", lambda fd, offset, length: log.append(("announce", offset, length)))
     monkeypatch.setattr(sharded.os, "pread", lambda fd, n, offset: log.append(("read", offset, n)) or real_pread(fd, n, offset))
     reader = saved._direct["score"]
-    rows = np.array([5, arrays.SUMMARY_CHUNK_ROWS + 3 * INNER + 1, 2 * arrays.SUMMARY_CHUNK_ROWS + 2 * INNER + 9])
+    rows = np.array([5, summaries.SUMMARY_CHUNK_ROWS + 3 * INNER + 1, 2 * summaries.SUMMARY_CHUNK_ROWS + 2 * INNER + 9])
     np.testing.assert_array_equal(reader.read_rows(rows), values["score"][rows])
     kinds = [kind for kind, _, _ in log]
     index = reader.index_bytes
@@ -329,6 +329,6 @@ def test_a_read_of_many_chunk_files_announces_them_a_window_ahead(kept, monkeypa
     assert announced == [0] * 4
     announced.clear()
     np.testing.assert_array_equal(saved.part(10, 20)["example"], values["example"][10:20])
-    chunk = arrays.SUMMARY_CHUNK_ROWS
+    chunk = summaries.SUMMARY_CHUNK_ROWS
     np.testing.assert_array_equal(saved.part(chunk - 2, chunk + 2)["example"], values["example"][chunk - 2 : chunk + 2])
     assert announced == []
