@@ -102,6 +102,21 @@ def start_server(args, port: int) -> subprocess.Popen:
     return subprocess.Popen(command, env=env, stdout=log, stderr=log, text=True)
 
 
+def serving(args) -> tuple[subprocess.Popen, str, str]:
+    """`attnstore serve` started on a free port and answering: (the server, its base URL, the run asked for or the
+    first run); the caller stops the server."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = start_server(args, port)
+    try:
+        wait_ready(base, server)
+        runs = httpx.get(base + "/api/runs", timeout=30).json()["runs"]
+    except BaseException:
+        server.kill()
+        raise
+    return server, base, args.run or runs[0]["run"]
+
+
 def wait_ready(base: str, server: subprocess.Popen, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -387,13 +402,8 @@ def main() -> None:
     if args.seconds is None:
         args.seconds = 10.0 if args.client == "wrk" else 30.0
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = start_server(args, port)
+    server, base, run = serving(args)
     try:
-        wait_ready(base, server)
-        runs = httpx.get(base + "/api/runs", timeout=30).json()["runs"]
-        run = args.run or runs[0]["run"]
         info = httpx.get(f"{base}/api/runs/{quote(run, safe='')}", timeout=30).json()["run"]
         listing = httpx.get(f"{base}/api/runs/{quote(run, safe='')}/examples", params={"limit": 500, "skipped": "false"}, timeout=30).json()
         examples = [e["example"] for e in listing["items"]]

@@ -27,7 +27,7 @@ from urllib.parse import quote
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from load import free_port, loadavg, start_server, wait_ready  # noqa: E402
+from load import loadavg, serving  # noqa: E402
 
 WORDS = (
     "the committee said on tuesday that its review of the proposed merger between the two regional banks would take "
@@ -102,13 +102,8 @@ def main() -> None:
     args = parser.parse_args()
     args.no_fast_lane = False
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = start_server(args, port)
+    server, base, run = serving(args)
     try:
-        wait_ready(base, server)
-        runs = httpx.get(base + "/api/runs", timeout=30).json()["runs"]
-        run = args.run or runs[0]["run"]
         url = f"{base}/api/runs/{quote(run, safe='')}/scratch"
         text = sentence(args.tokens)
         info = httpx.get(base + "/api/info", timeout=30).json()

@@ -121,6 +121,33 @@ def test_default_workers_is_the_cpu_count_within_bounds():
     assert 1 <= default_workers() <= min(8, os.cpu_count() or 1)
 
 
+def two_workers(store, *options: str) -> tuple[subprocess.Popen, str]:
+    """`attnstore serve --workers 2` over `store` on a free 127.0.0.1 port, answering: (the server, its base URL); the
+    caller stops it (SIGINT)."""
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "attnstore.api.cli", "serve", "--port", str(port), "--workers", "2", "--no-access-log", *options]
+    command += ["--db", store.locations.db_url, "--root", store.locations.array_root]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        if server.poll() is not None:
+            raise AssertionError(server.stdout.read() if server.stdout else "the server exited")
+        try:
+            if httpx.get(base + "/api/health", timeout=2).status_code == 200:
+                return server, base
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            server.kill()
+            raise AssertionError("the server did not answer within 60 s")
+        time.sleep(0.2)
+
+
 @pytest.mark.one_backend
 @pytest.mark.slow  # a live server of two worker processes
 def test_two_worker_processes_serve_every_request(fast):
@@ -129,24 +156,8 @@ def test_two_worker_processes_serve_every_request(fast):
     import httpx
 
     store, _ = fast
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "attnstore.api.cli", "serve", "--port", str(port), "--workers", "2", "--no-access-log"]
-    command += ["--db", store.locations.db_url, "--root", store.locations.array_root]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
+    server, base = two_workers(store)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, server.stdout.read() if server.stdout else ""
-            try:
-                if httpx.get(base + "/api/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not answer within 60 s"
-            time.sleep(0.2)
         expected = store.attention("fast", 1, layer=[1], head=[2])
         for n in range(40):  # a new connection each: the kernel hands them to either process
             with httpx.Client(timeout=10) as http:

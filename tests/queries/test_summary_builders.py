@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -185,24 +184,10 @@ def test_two_server_workers_asked_the_same_first_query(store, run):
     and a summary left stamped but incomplete in 3): every answer is 200 and the same, and the store checks clean."""
     import httpx
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "attnstore.api.cli", "serve", "--port", str(port), "--workers", "2", "--allow-save"]
-    command += ["--no-access-log", "--db", store.locations.db_url, "--root", store.locations.array_root]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
+    from attnstore.tests.api.test_serve_workers import two_workers
+
+    server, base = two_workers(store, "--allow-save")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, server.stdout.read() if server.stdout else ""
-            try:
-                if httpx.get(base + "/api/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not answer within 60 s"
-            time.sleep(0.2)
         for _ in range(3):
             shutil.rmtree(os.path.join(store.locations.array_root, "runs", "sums", "summary"), ignore_errors=True)
             answers: list = [None] * 6
