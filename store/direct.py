@@ -131,16 +131,13 @@ class BlockCache:
         return self.blocks.weight
 
     def get(self, key: BlockKey, stamp: Stamp) -> np.ndarray | None:
-        kept = self.blocks.get(key, touch=False)
-        hit = kept is not None and kept[0] == stamp
-        if hit:
-            self.blocks.get(key)  # the most recently used now
+        kept = self.blocks.get(key)  # one look-up on the read path (a stale block made recent is replaced by `put`)
         with self.lock:
-            if hit:
-                self.hits += 1
-            else:
+            if kept is None or kept[0] != stamp:
                 self.misses += 1
-        return kept[1] if hit and kept is not None else None
+                return None
+            self.hits += 1
+        return kept[1]
 
     def admit(self, key: BlockKey, stamp: Stamp) -> bool:
         """Whether a block just decoded is kept: only one decoded before (as the same file). A block read once is

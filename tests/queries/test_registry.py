@@ -190,3 +190,18 @@ def test_a_new_query_is_picked_up_by_the_cli_http_bench_and_reference(monkeypatc
     assert "attnstore query zz_new --run RUN --param width=3" in section
     assert "GET /api/runs/RUN/queries/zz_new?width=3" in section
     assert "| `other` | str | required |" in text.split("## `zz_needs`", 1)[1]
+
+
+def test_run_query_refuses_examples_that_are_not_positions(store, hand_run):
+    """The engine's `examples=` (queries/request.py) from Python: positions only, at least one, each named."""
+    from attnstore.queries import run_query
+
+    with pytest.raises(InvalidArgumentError, match=r"^examples=\['a'\]: give example positions \(integers\)"):
+        run_query(store, "entropy", run=hand_run, examples=["a"])
+    with pytest.raises(InvalidArgumentError, match=r"^examples=\[True\]: give example positions"):
+        run_query(store, "entropy", run=hand_run, examples=[True])
+    with pytest.raises(InvalidArgumentError, match=r"^examples='1-0': range '1-0' ends before it starts"):
+        run_query(store, "entropy", run=hand_run, examples="1-0")
+    with pytest.raises(InvalidArgumentError, match=r"^examples= selects no example"):
+        run_query(store, "entropy", run=hand_run, examples="")
+    assert len(run_query(store, "entropy", run=hand_run, examples="0")) == len(run_query(store, "entropy", run=hand_run, examples=[0]))
