@@ -462,8 +462,8 @@ def query(locations, name, run, params, fmt, output, save, scheduler, columns):
     import warnings
 
     from ..queries import run_query
-    from ..queries.registry import coerce_params, get_query
-    from ..queries.scheduler import use_scheduler
+    from ..queries.engine import get_query, use_scheduler
+    from ..queries.engine.registry import coerce_params
     from ..store.errors import IncompleteRunWarning
 
     spec = get_query(name)
@@ -515,8 +515,7 @@ def summarize(locations, runs_, kinds, scheduler):
     """
     import time
 
-    from ..queries.scheduler import use_scheduler
-    from ..queries.summary import keep, run_kinds
+    from ..queries.engine import keep, run_kinds, use_scheduler
 
     available = run_kinds()
     unknown = [k for k in kinds if k not in available]

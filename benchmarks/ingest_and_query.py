@@ -41,8 +41,8 @@ from attnstore.ingest.model import load_model
 from attnstore.ingest.passes import forward_attention
 from attnstore.ingest.runner import plan_batches
 from attnstore.queries import QUERIES, load_all, run_query
-from attnstore.queries.relative_position import relative_position
-from attnstore.queries.summary import CLARK, KINDS, keep, run_kinds
+from attnstore.queries.clark import CLARK, relative_position
+from attnstore.queries.engine import KINDS, keep, run_kinds
 from attnstore.store import arrays, migrate, open_store
 from attnstore.store.errors import AttnStoreError
 
@@ -292,7 +292,7 @@ def main() -> None:
     norm_bytes = dir_bytes(home / "attention.zarr" / run.array_path.rsplit("/", 1)[0] / "value_norm")
 
     recompute_seconds, recomputed = recompute_relative_position(loaded, batches)
-    # relative_position, special_tokens and entropy read per-example sums kept with the run (queries/summary.py),
+    # relative_position, special_tokens and entropy read per-example sums kept with the run (queries/engine/),
     # built by one pass the first time one of them runs: timed here on its own, then the queries after it.
     t = time.perf_counter()
     keep(store, store.run_info(run.name), CLARK)

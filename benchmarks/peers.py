@@ -19,7 +19,7 @@ Printed, each measured in this run on the same maps:
                        ([()]); the pickle loaded, then its entry (what the notebook does: the file is one object);
                        and attnstore's third read of the same examples (the second keeps them in its read cache)
   whole-run entropy    first call and again (s): attnstore's run_query("entropy") (the first call builds the run's Clark
-                       summary); the peers read every example and compute the same numpy entropy (queries.summary's
+                       summary); the peers read every example and compute the same numpy entropy (queries.clark's
                        row_entropy of the maps cast to float32 by numpy, per example means then over examples; their
                        pass with attnstore's float16 tables instead of numpy's cast is printed on the last line)
 and attnstore / peer ratios (below 1: attnstore is faster or smaller). Files are read from the page cache (each is
@@ -51,8 +51,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import h5py
 import numpy as np
 
-from attnstore.queries import run_query, summary
-from attnstore.queries.summary import row_entropy
+from attnstore.queries import clark, run_query
+from attnstore.queries.clark import row_entropy
+from attnstore.queries.engine import passes
 from attnstore.store import arrays, migrate, open_store
 
 DEFAULT_CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue" / "MRPC" / "dev.tsv"
@@ -156,27 +157,27 @@ def first_pass_split(store, run: str) -> dict[str, float]:
     t = time.perf_counter()
     maps = list(with_zarr.iter_attention(run))
     read = time.perf_counter() - t
-    context = summary.CLARK.prepare(with_zarr, info)
+    context = clark.CLARK.prepare(with_zarr, info)
     t = time.perf_counter()
     for example, m in maps:
-        summary.CLARK.reduce(context, example, m)
+        clark.CLARK.reduce(context, example, m)
     reduce = time.perf_counter() - t
     del maps
     t = time.perf_counter()
     run_query(with_zarr, "entropy", run=run)
     query = time.perf_counter() - t
     # the same on one thread (the reduce on the reading thread, as before 89497f3, 2026-11-26)
-    before = os.environ.get(summary.REDUCE_THREADS_ENV)
-    os.environ[summary.REDUCE_THREADS_ENV] = "1"
+    before = os.environ.get(passes.REDUCE_THREADS_ENV)
+    os.environ[passes.REDUCE_THREADS_ENV] = "1"
     try:
         t = time.perf_counter()
         run_query(with_zarr, "entropy", run=run)
         one_thread = time.perf_counter() - t
     finally:
         if before is None:
-            del os.environ[summary.REDUCE_THREADS_ENV]
+            del os.environ[passes.REDUCE_THREADS_ENV]
         else:
-            os.environ[summary.REDUCE_THREADS_ENV] = before
+            os.environ[passes.REDUCE_THREADS_ENV] = before
     cells = int((info.n_layers * info.n_heads * with_zarr.examples(run, texts=False)["length"] ** 2).sum())
     with_zarr.close()
     return {"read": read, "entropy": reduce, "query": query, "one_thread": one_thread, "cells": cells}
@@ -354,7 +355,7 @@ def main() -> None:
     print(
         f"attnstore's first pass, where it goes (read-only, nothing kept): maps read and decoded {split['read']:.3f}s "
         f"({split['cells'] / split['read'] / 1e6:.0f} M cells/s), the Clark reduce of them {split['entropy']:.3f}s, "
-        f"the entropy query computed for the call alone {split['query']:.3f}s on {summary.reduce_threads()} reduce "
+        f"the entropy query computed for the call alone {split['query']:.3f}s on {passes.reduce_threads()} reduce "
         f"thread(s) (the Clark kind's whole reduce: {split['cells'] / split['query'] / 1e6:.0f} M cells/s), "
         f"{split['one_thread']:.3f}s on one ({split['cells'] / split['one_thread'] / 1e6:.0f} M cells/s); the peers' first passes: "
         + ", ".join(f"{name} {split['cells'] / passes[name][0] / 1e6:.0f} M cells/s" for name in ("Clark pickle", "exBERT HDF5"))

@@ -7,8 +7,8 @@ import collections
 import functools
 import inspect
 
+from attnstore.queries import engine as summary_module
 from attnstore.queries import run_query
-from attnstore.queries import summary as summary_module
 from attnstore.store import open_store
 from attnstore.store.store import Store
 

@@ -33,7 +33,7 @@ For each factor F a store of N = F x (the run's examples) is made SYNTHETICALLY 
            the run's relations, for `word_argmax`).
 
 Each (size, path) runs in a child process of its own (`run_query` of the three queries, whole run, best of
---repeats; peak RSS: the child's VmHWM, its own since exec): "per-example" runs them inside queries.summary.per_example_totals(),
+--repeats; peak RSS: the child's VmHWM, its own since exec): "per-example" runs them inside queries.engine.per_example_totals(),
 "range" leaves it on. The table gives the largest relative difference between the two paths' frames.
 """
 
@@ -76,7 +76,7 @@ CHILD = r"""
 import contextlib, json, sys, time
 from attnstore.api.cli import bound_heap_growth
 bound_heap_growth()
-from attnstore.queries import run_query, summary
+from attnstore.queries import engine as summary, run_query
 from attnstore.store import open_store
 home, run, path, repeats, out, params = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6])
 paths = summary.per_example_totals() if path != "range" else contextlib.nullcontext()
@@ -122,7 +122,7 @@ def measure(home: Path, run: str, path: str, repeats: int, env: dict) -> dict:
 def prepare_source(source: Path, run: str, kinds: list[str]):
     """Each kind's summary of the source run (storage order, whole) and its range reductions, built from the real maps."""
     from attnstore.queries import load_all, run_query
-    from attnstore.queries.summary import KINDS, kept_ranges, summary
+    from attnstore.queries.engine import KINDS, kept_ranges, summary
     from attnstore.store import open_store
 
     load_all()
@@ -192,7 +192,7 @@ def build(
 
 def write_kind(dst_root: Path, info, name: str, rows: dict, labels: list[str] | None, total: int, full: bool) -> None:
     """The kind's per-example summary of `total` examples (the real rows repeated) and its range reductions."""
-    from attnstore.queries.summary import KINDS, SUMMARY_RANGE, ranges
+    from attnstore.queries.engine import KINDS, SUMMARY_RANGE, ranges
     from attnstore.store import arrays, summaries
 
     kind = KINDS[name]

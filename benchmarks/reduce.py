@@ -19,7 +19,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from attnstore.queries import summary
+from attnstore.queries import engine as summary
 from attnstore.store import heap, open_store
 from attnstore.store.errors import AttnStoreError
 
@@ -28,7 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", required=True, help="the store's folder (ATTNSTORE_HOME)")
     parser.add_argument("--run", required=True)
-    parser.add_argument("--kinds", nargs="+", default=["clark"], help="summary kinds (queries/summary.py's KINDS)")
+    parser.add_argument("--kinds", nargs="+", default=["clark"], help="summary kinds (queries/engine/'s KINDS)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--heap", choices=("default", "reading"), default="default", help="reading: the heap of the CLI's commands")
     args = parser.parse_args()

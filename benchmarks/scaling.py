@@ -15,7 +15,7 @@ For each size N (the first N examples of the dataset, `--limit N`), in a fresh s
           store opened read-only: every query then streams and decodes every stored map (on a writable
           store, `relative_position`, `special_tokens` and `entropy` read per-example sums that the first
           of them builds and keeps beside the run, and `dependency` kept word-level predictions,
-          queries/summary.py); the best of `--query-repeats` calls in that process, and its peak RSS;
+          queries/engine/); the best of `--query-repeats` calls in that process, and its peak RSS;
   kept    on the writable store: one child whose first `relative_position` and `dependency` build and
           keep those summaries (one streaming pass each), then one child running the queries that read
           them (best of the repeats).
@@ -43,7 +43,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data"
-# served from per-example summaries kept with the run (queries/summary.py): the first three from `clark`, dependency
+# served from per-example summaries kept with the run (queries/engine/): the first three from `clark`, dependency
 # from `word_argmax`; the build child's first relative_position (and dependency) builds them
 SUMMARY_QUERIES = ("relative_position", "special_tokens", "entropy", "dependency")
 

@@ -4,7 +4,7 @@
     python benchmarks/scheduler.py --db URL --root PATH --run NAME      # a run of an existing store
 
 Without --db the corpus is ingested first with the default model (all-MiniLM-L6-v2) into a
-temporary SQLite store. For every registered summary kind (queries/summary.py), it times the
+temporary SQLite store. For every registered summary kind (queries/engine/), it times the
 pass that builds it: in this process (`summarise_examples`), and on a LocalCluster of N single-
 threaded worker processes (`summarise_on`), the cluster started once per N beforehand
 (start-up printed apart) -- so the figure is the scale-out of the pass itself; a `--scheduler
@@ -46,8 +46,8 @@ def main() -> None:
     from distributed import Client, LocalCluster
 
     from attnstore.queries import load_all
-    from attnstore.queries import scheduler as sched
-    from attnstore.queries.summary import concatenate, run_kinds, summarise_examples, summarise_on
+    from attnstore.queries.engine import concatenate, run_kinds, summarise_examples, summarise_on
+    from attnstore.queries.engine import passes as sched
     from attnstore.store import migrate, open_store
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,4 +1,4 @@
-/* The Clark summary's reduce in one pass over an example's maps (queries/clark_sums.py `example_sums`).
+/* The Clark summary's reduce in one pass over an example's maps (queries/clark.py `example_sums`).
 
    numpy needed five passes over each map and two table lookups a cell (the float32 value, p log p), ~3.4 ns a cell on
    one thread, and held the GIL between its calls; this reads each cell once, looks both numbers up in one interleaved
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Raised whenever the arguments or the fields change, checked against queries/kernels.py VERSIONS, so an editable
+/* Raised whenever the arguments or the fields change, checked against queries/engine/kernels.py VERSIONS, so an editable
    install with a stale build fails in one line instead of computing the old thing. */
 #define KERNEL_VERSION 1
 
@@ -68,7 +68,7 @@ typedef struct {
 /* sums(maps, n_maps, T, keys, table_or_plogps, out, float16): maps are n_maps contiguous T x T maps, float16 codes
    (uint16) looked up in `table` (65,536 interleaved (value, p log p) float32 pairs) when `float16`, else float32 values
    with their p log p in `plogps` (float32, of the maps' shape); keys: T bytes of KEY_* bits; out: N_FIELDS x n_maps
-   doubles, written field by field in the order of queries/clark_sums.py CLARK_FIELDS. */
+   doubles, written field by field in the order of queries/clark.py CLARK_FIELDS. */
 #define F "_clark.sums"
 static PyObject *sums(PyObject *self, PyObject *args) {
     Py_buffer maps, keys, table, out_buf;
@@ -132,7 +132,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"sums", sums, METH_VARARGS, "An example's Clark sums (queries/clark_sums.py example_sums)."},
+    {"sums", sums, METH_VARARGS, "An example's Clark sums (queries/clark.py example_sums)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,6 +1,6 @@
 /* What the compiled reduces (queries/_clark.c, _patterns.c, _words.c, _rollout.c, _roles.c) share: the size check of a
    buffer argument, the loop over an example's maps as float16 codes or float64 values, and the module's creation with
-   its KERNEL_VERSION (checked against queries/kernels.py VERSIONS). */
+   its KERNEL_VERSION (checked against queries/engine/kernels.py VERSIONS). */
 #ifndef ATTNSTORE_KERNELS_H
 #define ATTNSTORE_KERNELS_H
 

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KERNEL_VERSION 1 /* checked against queries/kernels.py VERSIONS: a stale build fails in one line */
+#define KERNEL_VERSION 1 /* checked against queries/engine/kernels.py VERSIONS: a stale build fails in one line */
 
 enum { VERTICAL, DIAGONAL, SELF, BLOCK, STRIPE, N_SCORES };
 

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KERNEL_VERSION 1 /* checked against queries/kernels.py VERSIONS: a stale build fails in one line */
+#define KERNEL_VERSION 1 /* checked against queries/engine/kernels.py VERSIONS: a stale build fails in one line */
 
 /* One T x T map into its U x U word map. Keys come in runs of consecutive tokens of one unit (a word's pieces), so
    each run's cells are summed first and added to their unit once. */

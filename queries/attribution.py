@@ -21,12 +21,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .common import is_causal, iter_maps, iter_maps_with_norms, per_head_frame, token_flags, weighted_maps
+from .common import is_causal, per_head_frame, token_flags
+from .engine import (
+    ATTENTION_ONLY,
+    SummaryKind,
+    iter_maps,
+    iter_maps_with_norms,
+    register,
+    register_kind,
+    requested_examples,
+    summary_totals,
+    weighted_maps,
+)
 from .errors import InvalidArgumentError
-from .registry import register
-from .request import ATTENTION_ONLY, requested_examples
 from .rollout import rollout, source_token
-from .summary import SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -118,7 +126,7 @@ def seed_agreement(store: Store, info: RunInfo, seed_run: str, specials: str, sa
         raise InvalidArgumentError(
             f"seed_run {other.name!r} is over another dataset than run {info.name!r}: give a run over the same examples"
         )
-    examples = requested_examples(info.id)  # the query's (queries/request.py)
+    examples = requested_examples(info.id)  # the query's (queries/engine/request.py)
     flags = token_flags(store, info, ".,", examples)
     mine = dict(store.iter_saliency(info.id, examples))
     taus = []

@@ -10,7 +10,7 @@ gender / person agreement of the head words, then the closest). Results are brok
 by the kind of the mention: pronoun, proper (name) or nominal.
 
 What each mention head word attends to most, per head, and each example's counts are kept with the run
-(`MENTION_ARGMAX`, queries/summary.py) by one pass the first time; later calls add the counts (per range of examples
+(`MENTION_ARGMAX`, queries/engine/) by one pass the first time; later calls add the counts (per range of examples
 for the whole run) instead of reading the maps.
 """
 
@@ -23,10 +23,8 @@ import numpy as np
 import pandas as pd
 
 from .common import per_head_frame, safe_divide
+from .engine import MAP_SOURCES, SummaryKind, asked_of, is_kept, register, register_kind, storage_ranges, summary_totals, whole_run
 from .errors import InvalidArgumentError
-from .registry import register
-from .request import MAP_SOURCES, asked_of, whole_run
-from .summary import SummaryKind, is_kept, register_kind, storage_ranges, summary_totals
 from .word_level import most_attended_words, units_of
 
 if TYPE_CHECKING:
@@ -78,7 +76,7 @@ def choose_antecedent(mention: dict, candidates: list[dict], method: str) -> dic
 # `most_attended_words`); and the example's counts, what a query adds: `hits` (KINDS, layer, head) mentions whose head
 # word attends most to an antecedent's, `baseline_hits` (KINDS, BASELINES) and `mentions` (KINDS,) the mentions judged
 # (those with an antecedent in the window and a head word with a unit). Antecedents are found within the example (a
-# window), so the counts add over examples. One pass over the run computes them (queries/summary.py); the kind's
+# window), so the counts add over examples. One pass over the run computes them (queries/engine/); the kind's
 # range reduction adds the counts of each range of examples, so a whole-run query adds ~2,000 rows at 8 M examples.
 
 

@@ -16,7 +16,7 @@ word at a fixed offset (-3..3, not 0) from the dependent, clamped to the sentenc
 authors' code: before the first word is ROOT, past the last word is the last word.
 
 The predictions (each word's most-attended word and the word attending to it most, per head)
-and the gold trees are the `WORD_ARGMAX` summary (queries/summary.py), kept with the run by one
+and the gold trees are the `WORD_ARGMAX` summary (queries/engine/), kept with the run by one
 pass the first time; a query counts hits from them without decoding a map or reading the words
 from SQL.
 """
@@ -33,10 +33,8 @@ import pandas as pd
 from ..store.errors import DamagedDataError
 from ..store.records import RunInfo
 from .common import note_left_out, per_head_frame, unique_argmax
+from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 from .errors import InvalidArgumentError
-from .registry import register
-from .request import MAP_SOURCES
-from .summary import SummaryKind, register_kind, summary_totals
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:
@@ -113,7 +111,7 @@ def word_predictions(maps: np.ndarray, units) -> tuple[np.ndarray, np.ndarray, n
 # no prediction: `argmax` (words, 2, layer, head), with the words' positions in `word`. Beside them, the example's
 # gold tree, so that counting needs no word table from SQL: one `edge` row per word with a relation (in word
 # order; the EDGE_* columns below) and the relations' UTF-8 bytes, concatenated in the same order, in `edge_label`.
-# None of these for an example without a dependency tree. One pass over the run computes them (queries/summary.py);
+# None of these for an example without a dependency tree. One pass over the run computes them (queries/engine/);
 # a query then reads a few kilobytes per example instead of every map.
 
 EDGE_POSITION, EDGE_HEAD, EDGE_FIRST, EDGE_LAST, EDGE_LABEL_BYTES, EDGE_FLAGS = range(6)  # EDGE_HEAD -1: none

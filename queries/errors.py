@@ -10,4 +10,4 @@ class UnknownQueryError(NotFoundError):
 
 
 class KernelBuildError(AttnStoreError, ImportError):
-    """A compiled reduce (queries/_*.c) is not built, or its build is older than its source (queries/kernels.py)."""
+    """A compiled reduce (queries/_*.c) is not built, or its build is older than its source (queries/engine/kernels.py)."""

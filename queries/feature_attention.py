@@ -6,7 +6,7 @@ form) and then cover *every* wordpiece of a matching word; the first special tok
 The feature definitions here are shared with `token_to_token` (K6).
 
 Each example's numbers for K5 and `cls_feature_attention` (every feature, layer and head) are
-the summary kind `kovaleva_features` (queries/summary.py), kept with the run: the queries read
+the summary kind `kovaleva_features` (queries/engine/), kept with the run: the queries read
 them instead of decoding the maps.
 """
 
@@ -20,9 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .common import TokenFlags, parse_choices, token_flags
-from .registry import register
-from .request import MAP_SOURCES
-from .summary import SummaryKind, register_kind, summary_totals
+from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -163,7 +161,7 @@ def feature_masks(store: Store, info, features=FEATURES, examples=None) -> Featu
     return FeatureMasks(masks, flags)
 
 
-# ---------------------------------------------------------------- kept per-example sums (queries/summary.py)
+# ---------------------------------------------------------------- kept per-example sums (queries/engine/)
 
 
 def _features_prepare(store: Store, info: RunInfo, examples=None) -> FeatureMasks:
@@ -223,8 +221,8 @@ KOVALEVA_FEATURES = register_kind(
 
 
 def feature_totals(store: Store, info: RunInfo) -> dict[str, np.ndarray]:
-    """The K5 totals (`_features_totals`) of the asked-for examples (queries/request.py): the whole run adds its kept
-    range reductions (O(ranges), queries/summary.py `summary_totals`), a subset each part's."""
+    """The K5 totals (`_features_totals`) of the asked-for examples (queries/engine/request.py): the whole run adds its kept
+    range reductions (O(ranges), queries/engine/totals.py `summary_totals`), a subset each part's."""
     return summary_totals(store, info, KOVALEVA_FEATURES)
 
 

@@ -11,7 +11,7 @@ averaged over the kept sentences.
 Per overt frame element of every annotation set, that largest weight between the LU's tokens
 and the FE's tokens (per head), with what the filters need (the sentence's word count, LU and
 FE word spans, core type and core-set membership), is kept with the run (`LU_FE_MAX`,
-queries/summary.py) by one pass the first time; later calls apply the filters and take the
+queries/engine/) by one pass the first time; later calls apply the filters and take the
 largest over each set's core FEs from it, without decoding a map, with the same values.
 """
 
@@ -24,10 +24,8 @@ import numpy as np
 import pandas as pd
 
 from .common import per_head_frame
+from .engine import MAP_SOURCES, SummaryKind, register, register_kind, stored_only, summary_parts
 from .errors import InvalidArgumentError
-from .registry import register
-from .request import MAP_SOURCES
-from .summary import SummaryKind, register_kind, stored_only, summary_parts
 
 if TYPE_CHECKING:
     from ..store import Store

@@ -9,7 +9,7 @@ Clark et al. used scikit-learn's iterative (SMACOF) MDS, which gives a similar l
 up to rotation and reflection.
 
 Each example's sums for every pair of heads (and its number of query tokens) are the `head_js`
-summary (queries/summary.py), kept with the run, so only the first query on a run decodes its
+summary (queries/engine/), kept with the run, so only the first query on a run decodes its
 maps; they are added in storage order in float64.
 """
 
@@ -24,10 +24,8 @@ import numpy as np
 import pandas as pd
 
 from ..store.records import RunInfo
+from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 from .errors import InvalidArgumentError
-from .registry import register
-from .request import MAP_SOURCES
-from .summary import SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -41,7 +39,7 @@ TINY = 1e-300  # stands for 0.5 * 0 in m; below half an ulp of any value > 1e-28
 def default_threads(work: int) -> int:
     """Threads for `work` (pairs x L x L) cells: the usable cores (at most MAX_THREADS) in the main thread, else 1.
 
-    A Dask worker (queries/scheduler.py) runs its tasks outside the main thread, one worker per core: it gets 1.
+    A Dask worker (queries/engine/passes.py) runs its tasks outside the main thread, one worker per core: it gets 1.
     """
     if work < PARALLEL_CELLS or threading.current_thread() is not threading.main_thread():
         return 1
@@ -178,7 +176,7 @@ def head_distance_sum(store: Store, run, smoothing: float = SMOOTHING) -> tuple[
     smoothing = check_smoothing(smoothing)
     info = store.run_info(run)
     n = info.n_layers * info.n_heads
-    # per-example sums kept with the run (queries/summary.py); the whole run adds their kept range reductions
+    # per-example sums kept with the run (queries/engine/); the whole run adds their kept range reductions
     totals = summary_totals(store, info, HEAD_JS, smoothing=smoothing)
     return info, square(totals["js"], n), int(totals["length"])
 

@@ -41,7 +41,7 @@ rectangular when the head counts differ, so heads of the larger model stay unmat
 is each head's nearest head of B regardless of the others. Per example the two (heads of A) x
 (heads of B) matrices, real and null, and A's heads' distances to their positional templates are the
 `head_match` summary kind of the pair (kept in A's group, fingerprinted with both runs' committed counts and B's
-uid, queries/summary.py).
+uid, queries/engine/).
 """
 
 from __future__ import annotations
@@ -55,9 +55,8 @@ import pandas as pd
 
 from ..store.progress import reporting
 from .common import is_causal, special_role_masks
+from .engine import SummaryKind, register, register_kind, summary_totals
 from .errors import InvalidArgumentError
-from .registry import register
-from .summary import SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -309,7 +308,7 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     examples with a null partner the null distances, their squares, the null-minus-real differences, their squares and
     their count; over the examples where A's head has a positional template distance, the template-minus-real
     differences, their squares and their count; per head of A the template distances (`position`) and their count;
-    `examples`: the range's examples. Kept per range (queries/summary.py), so a whole-run query adds a row per 4,096
+    `examples`: the range's examples. Kept per range (queries/engine/), so a whole-run query adds a row per 4,096
     examples instead of reading every example's two matrices (~166 KB per example for 72 x 144 heads)."""
     shape = part["distance"].shape[1:]
     out: dict[str, np.ndarray] = {name: np.zeros(shape) for name in SUM_FIELDS}
@@ -550,7 +549,7 @@ DEFAULT_PROFILE = "position,special,entropy"
 
 def head_profiles(store: Store, run, names: tuple[str, ...]) -> pd.DataFrame:
     """(heads, features) per-head metrics of one run, from the registered queries (kept summaries, as any call)."""
-    from .registry import get_query
+    from .engine import get_query
 
     columns = []
     for name in names:

@@ -21,10 +21,7 @@ import numpy as np
 import pandas as pd
 
 from .common import CAUSAL_NOTE, is_causal, per_head_frame, safe_divide, token_flags
-from .kernels import as_kernel_maps, kernel
-from .registry import register
-from .request import MAP_SOURCES
-from .summary import SummaryKind, register_kind, summary_totals
+from .engine import MAP_SOURCES, SummaryKind, as_kernel_maps, kernel, register, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store

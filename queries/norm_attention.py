@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .common import iter_maps_with_norms, per_head_frame, safe_divide, token_flags
-from .registry import register
-from .request import ATTENTION_ONLY
-from .summary import DEFAULT_PUNCT, SummaryKind, register_kind, summary_totals
+from .clark import DEFAULT_PUNCT
+from .common import per_head_frame, safe_divide, token_flags
+from .engine import ATTENTION_ONLY, SummaryKind, iter_maps_with_norms, register, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store

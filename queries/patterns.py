@@ -1,5 +1,8 @@
 """K1 (Kovaleva et al. 2019, Sec 4.1, Fig 1-2): attention-pattern classes of single maps, by transparent rules.
 
+Longer than ~500 lines on purpose: the rules, their kind and the three queries over it are one definition, read
+and changed together (the metrics and the CNN are modules of their own).
+
 Every (example, layer, head) map gets one of five classes from scores, each a mean over the
 map's L query rows (a[i, j]: attention of query i to key j; rows sum to 1). Raw scores:
 
@@ -63,8 +66,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from .engine import (
+    SummaryKind,
+    as_kernel_maps,
+    ascending,
+    every_position,
+    kept_order,
+    kernel,
+    register,
+    register_kind,
+    summary,
+    summary_totals,
+)
 from .errors import InvalidArgumentError
-from .kernels import as_kernel_maps, kernel
 from .pattern_metrics import (  # noqa: F401  (the metrics' names are re-exported here, where callers have imported them)
     CLASSES,
     _macro_f1_rows,
@@ -73,8 +87,6 @@ from .pattern_metrics import (  # noqa: F401  (the metrics' names are re-exporte
     f1_scores,
     stratified_split,
 )
-from .registry import register
-from .summary import SummaryKind, ascending, every_position, kept_order, register_kind, summary, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -286,11 +298,11 @@ def _scores_reduce(layout, example: int, maps: np.ndarray) -> dict[str, np.ndarr
     return pattern_scores(maps, special, segment)
 
 
-# Each example's rule scores per (layer, head), kept with the run (queries/summary.py): pattern_classes,
+# Each example's rule scores per (layer, head), kept with the run (queries/engine/): pattern_classes,
 # pattern_proportions and pattern_heads (source "rules") then classify without decoding a map.
 def _scores_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A range's rule labels counted: `label_counts` (layer, head, class in CLASSES' order) and `examples`. Kept per range
-    (queries/summary.py), so pattern_proportions and pattern_heads over a whole run add a row per 4,096 examples."""
+    (queries/engine/), so pattern_proportions and pattern_heads over a whole run add a row per 4,096 examples."""
     labels = labels_from_scores(part)  # (examples, layer, head)
     counts = np.stack([(labels == c).sum(0, dtype=np.int32) for c in CLASSES], axis=-1)
     return {"label_counts": counts, "examples": np.asarray(len(part["example"]), np.int64)}
@@ -366,7 +378,7 @@ def pattern_classes(
     info = store.run_info(run)
     chosen = sample_examples(store, info, examples, max_examples, seed)
     layer, head = np.meshgrid(np.arange(info.n_layers), np.arange(info.n_heads), indexing="ij")
-    scored = summary(store, info, PATTERN_SCORES, chosen)  # each example's scores (queries/summary.py): kept with the run
+    scored = summary(store, info, PATTERN_SCORES, chosen)  # each example's scores (queries/engine/): kept with the run
     n = len(scored["example"])
     parts = []
     if n:

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from .common import model_source
+from .engine import ranged_maps
 from .errors import InvalidArgumentError, NotFoundError
-from .summary import ranged_maps
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:

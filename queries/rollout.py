@@ -27,11 +27,8 @@ import numpy as np
 import pandas as pd
 
 from .common import CAUSAL_NOTE, is_causal, token_flags
+from .engine import MAP_SOURCES, SummaryKind, as_kernel_maps, kernel, register, register_kind, summary_totals
 from .errors import InvalidArgumentError
-from .kernels import as_kernel_maps, kernel
-from .registry import register
-from .request import MAP_SOURCES
-from .summary import SummaryKind, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store

@@ -17,9 +17,8 @@ import numpy as np
 import pandas as pd
 
 from .common import per_head_frame
+from .engine import SummaryKind, kept_ranges, register, register_kind, summary_totals
 from .errors import InvalidArgumentError, NotFoundError
-from .registry import register
-from .summary import SummaryKind, kept_ranges, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -150,7 +149,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.where(norms > 0, dot / np.where(norms > 0, norms, 1), np.nan)
 
 
-# ---------------------------------------------------------------- the pair's per-example cosines (queries/summary.py)
+# ---------------------------------------------------------------- the pair's per-example cosines (queries/engine/)
 # One run's summary cannot serve this query (it needs both runs' maps of an example at once), so the pair of runs is a
 # kind of its own: kept in run `a`'s group under the other run's name (`pair_cosines.<digest>`), fingerprinted with
 # both runs' committed counts and the other run's uid (either run growing, or another run of that name, rebuilds it);

@@ -11,7 +11,7 @@ special token to each feature type of K5: the largest over the type's tokens (po
 paper's Sec. 4.4 rule and the notebook), or their sum (pool="sum").
 
 `token_to_token` reads each example's per-relation numbers (summary kind `kovaleva_relations`,
-queries/summary.py), `cls_feature_attention` those of K5 (`kovaleva_features`, every layer).
+queries/engine/), `cls_feature_attention` those of K5 (`kovaleva_features`, every layer).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from .common import parse_choices
+from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 from .errors import InvalidArgumentError
 from .feature_attention import (
     FEATURES,
@@ -34,9 +35,6 @@ from .feature_attention import (
     masked_sum,
     parse_features,
 )
-from .registry import register
-from .request import MAP_SOURCES
-from .summary import SummaryKind, register_kind, summary_totals
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:
@@ -182,7 +180,7 @@ def token_to_token(store: Store, *, run, relations: str | None = None, statistic
     field = "relation_token_max" if statistic == "token_max" else "relation_mean"
     names = parse_relations(relations)
     info = store.run_info(run)
-    # per-example numbers kept with the run (queries/summary.py); the whole run adds their kept range reductions
+    # per-example numbers kept with the run (queries/engine/); the whole run adds their kept range reductions
     totals = summary_totals(store, info, KOVALEVA_RELATIONS)
     total = {r: totals[field][RELATIONS.index(r)] for r in names}
     count = {r: int(totals["n_examples"][RELATIONS.index(r)]) for r in names}

@@ -29,10 +29,8 @@ import pandas as pd
 
 from .common import per_head_frame
 from .dependency import _decode_labels, relation_columns, run_relations
+from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 from .errors import InvalidArgumentError
-from .registry import register
-from .request import MAP_SOURCES
-from .summary import SummaryKind, register_kind, summary_totals
 from .word_level import units_of, word_level
 
 if TYPE_CHECKING:

@@ -15,8 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .common import unique_argmax
-from .kernels import as_kernel_maps, kernel
-from .registry import register
+from .engine import as_kernel_maps, kernel, register
 
 if TYPE_CHECKING:
     from ..store import Store

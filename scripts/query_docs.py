@@ -1,5 +1,5 @@
 """Write docs/QUERY_REFERENCE.md from the query registry: every registered query's summary, parameters, CLI and
-HTTP forms and docstring, read at run time (queries/registry.py), so the reference cannot drift from the code.
+HTTP forms and docstring, read at run time (queries/engine/registry.py), so the reference cannot drift from the code.
 
     .venv/bin/python scripts/query_docs.py           # regenerate docs/QUERY_REFERENCE.md
     .venv/bin/python scripts/query_docs.py --check   # exit 1 when it is stale (tests/queries/test_registry.py runs this check)
@@ -47,7 +47,7 @@ def shown(value) -> str:
 
 def example_param(spec) -> str:
     """One `key=value` to show in the CLI and HTTP forms: the first parameter besides `examples`, at its default."""
-    from attnstore.queries.registry import param_type
+    from attnstore.queries.engine.registry import param_type
 
     for name, p in spec.parameters().items():
         if name == "examples":
@@ -59,8 +59,8 @@ def example_param(spec) -> str:
 
 
 def sources_paragraph(sources: tuple[str, ...]) -> str:
-    """The one paragraph on the engine's parameters, for every query over one run's maps (queries/request.py)."""
-    from attnstore.queries.request import SOURCES
+    """The one paragraph on the engine's parameters, for every query over one run's maps (queries/engine/request.py)."""
+    from attnstore.queries.engine import SOURCES
 
     shown = "; ".join(f"`{name}`: {SOURCES[name]}" for name in sources)
     only = "" if len(sources) > 1 else " (it reads more than the maps, so it answers from no other source)"
@@ -71,7 +71,7 @@ def sources_paragraph(sources: tuple[str, ...]) -> str:
 
 
 def section(spec, headings: list[tuple[str, str]]) -> list[str]:
-    from attnstore.queries.registry import param_type
+    from attnstore.queries.engine.registry import param_type
 
     name = spec.name
     lines = [f"## `{name}`", "", spec.summary, ""]
@@ -125,7 +125,7 @@ def render() -> str:
         "",
         "# Query reference (generated)",
         "",
-        "Every registered query (`@register` in queries/, queries/registry.py), sorted by name: its summary, parameters,",
+        "Every registered query (`@register` in queries/, queries/engine/registry.py), sorted by name: its summary, parameters,",
         "docstring and how to run it. The papers, the reference code read and the conventions are in the hand-written",
         "[QUERIES.md](QUERIES.md).",
         "",

@@ -8,7 +8,7 @@
 - ATTNSTORE_SCHEDULER sets the same for every command; `--scheduler` overrides it.
 
 What runs there: ingest's forward passes (ingest/runner.py) and queries' per-example passes
-(queries/scheduler.py). Needs the `dask` extra (`pip install 'attnstore[dask]'`).
+(queries/engine/passes.py). Needs the `dask` extra (`pip install 'attnstore[dask]'`).
 """
 
 from __future__ import annotations

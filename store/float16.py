@@ -5,7 +5,7 @@ lookup in a 256 KiB table (`np.take(..., mode="wrap")`, unbuffered: uint16 indic
 and "clip" take the same entries; "wrap" measured 1.1-1.25 ns a cell against 1.3-2.2 for "clip", and 0.7-0.9 against
 0.9-1.3 with two threads looking up at once; docs/PERFORMANCE.md, 2026-11-27) at ~1.1:
 `as_float32` is that cast, equal bit for bit (every float16 is a float32). `plogp` is the summand of a row's entropy,
-p log p, computed once per float16 value by the same float32 arithmetic `queries.summary.row_entropy` uses on maps cast
+p log p, computed once per float16 value by the same float32 arithmetic `queries.clark.row_entropy` uses on maps cast
 to float32, so a sum of its values is that of the computed ones bit for bit (tests/store/test_float16.py), at ~1.1 ns
 a cell against ~9 (`python benchmarks/reduce.py --home H --run RUN --kinds clark`; docs/PERFORMANCE.md, 2026-11-27 "the
 first whole-run pass by table lookups")."""
@@ -33,7 +33,7 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
 
 
 def value_table() -> np.ndarray:
-    """(65,536,) float32: each float16's value, indexed by its bits (read only), for the compiled reduces (queries/kernels.py)."""
+    """(65,536,) float32: each float16's value, indexed by its bits (read only), for the compiled reduces (queries/engine/kernels.py)."""
     return _tables()[0]
 
 

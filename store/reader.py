@@ -658,7 +658,7 @@ class StoreReader:
             positions, offsets, lengths = self._in_storage_order(info, Example.position, Sequence.offset, Sequence.length)
         else:
             wanted = {int(e) for e in examples}
-            # a subset's rows only: a long run is read range by range (queries/summary.py), each range's rows once
+            # a subset's rows only: a long run is read range by range (queries/engine/), each range's rows once
             seqs = self._example_rows(info, texts=False, examples=wanted)
             seqs = seqs[~seqs["skipped"]]
             missing = wanted - set(seqs["example"])

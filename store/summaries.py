@@ -256,7 +256,7 @@ def summary_parts(root: str, array_path: str, name: str, stamp: dict) -> Summary
 # A kept summary's range reductions: `summary/<name>/ranges/`, one row per range of examples (the parts the summary was
 # written in, SUMMARY_CHUNK_ROWS examples each when built), each field the reduction the kind declares (its `totals`)
 # of that range's per-example fields, and `range_examples` (how many the range holds). A whole-run query adds these
-# rows instead of reading every example's (queries/summary.py). Stamped like the summary, before it.
+# rows instead of reading every example's (queries/engine/). Stamped like the summary, before it.
 #
 # The fields are packed, one 2-D array per dtype (`packed_<dtype>`: a row per range, each field's values flattened side
 # by side), their names, dtypes, shapes and columns in the group's `fields` attribute: a kind's ~40 fields cost a

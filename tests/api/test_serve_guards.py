@@ -336,7 +336,8 @@ def test_heavy_requests_beyond_the_limit_answer_503_with_retry_after(named, monk
 def test_a_query_that_must_read_unkept_maps_asks_first(named, caplog):
     """On a read-only server nothing a query reads is kept: it answers 409 (with the command that prepares the
     store) before reading, unless asked with scan=1; once summarised, the same query reads no map."""
-    from attnstore.queries.summary import CLARK, keep
+    from attnstore.queries.clark import CLARK
+    from attnstore.queries.engine import keep
 
     store, _ = named
     run = NAMES[0]

@@ -1,5 +1,5 @@
 """Helpers shared by the query tests: random maps, frame comparison with a query's naive reference (tests/queries/
-reference.py), a read-only view of a store, summaries kept with a run (queries/summary.py) made stale.
+reference.py), a read-only view of a store, summaries kept with a run (queries/engine/) made stale.
 
 Imported as `attnstore.tests.queries.helpers` (the tests run with --import-mode=importlib)."""
 

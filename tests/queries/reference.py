@@ -1,6 +1,6 @@
 """Naive references for the queries' tests: each query computed the plain way, by decoding every asked-for example's maps
 and reading its token, word, mention and frame rows straight from the store, with none of the query framework
-(queries/summary.py: no per-example summary, nothing kept, no ranges, no scheduler).
+(queries/engine/: no per-example summary, nothing kept, no ranges, no scheduler).
 
 A query's tests compare its result (whatever the framework took: kept, built, computed for the call alone) with
 `query(store, name, run=..., **params)` here. The references reuse the queries' output builders (`per_head_frame`,
@@ -29,14 +29,13 @@ from attnstore.queries import trees as trees_module
 from attnstore.queries.common import is_causal, per_head_frame, safe_divide, token_flags
 from attnstore.queries.coreference import BASELINES, KINDS, _by_example, _feats, baseline_picks
 from attnstore.queries.dependency import OFFSETS, POSS_RELATIONS, POSSESSIVE_MARKERS, DependencyCounts, _empty_counts, word_predictions
+from attnstore.queries.engine import REQUESTED, current_request, ranged_maps, requested_examples, storage_ranges, summary
 from attnstore.queries.errors import InvalidArgumentError
 from attnstore.queries.feature_attention import feature_masks, long_frame, parse_features
 from attnstore.queries.frame_heads import FILTER_STEPS, FRAMES_SQL, FrameFilters, annotation_sets, check_frames, span_distance
 from attnstore.queries.head_clusters import js_upper, square
 from attnstore.queries.patterns import SCORES, pattern_scores, token_layout
-from attnstore.queries.request import REQUESTED, current_request, requested_examples
 from attnstore.queries.run_similarity import cosine, shared_examples
-from attnstore.queries.summary import ranged_maps, storage_ranges, summary
 from attnstore.queries.token_to_token import parse_relations, relation_units
 from attnstore.queries.trees import HEAD_TREES
 from attnstore.queries.word_level import units_of, word_level
@@ -174,7 +173,7 @@ def entropy(store, *, run, examples=None, average: str = "example", weights: str
 
 def _asked(store, run, examples, weights):
     """The examples and map source a reference computes over: those given, else the query request's (as the engine's
-    reads take them: queries/request.py), else every example and the maps as stored."""
+    reads take them: queries/engine/request.py), else every example and the maps as stored."""
     info = store.run_info(run)
     request = current_request(info.id)
     examples = requested_examples(info.id, examples)

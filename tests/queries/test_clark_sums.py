@@ -1,4 +1,4 @@
-"""queries/clark_sums.py and its compiled reduce (queries/_clark.c): exact fields of hand-built maps, the numpy
+"""queries/clark.py and its compiled reduce (queries/_clark.c): exact fields of hand-built maps, the numpy
 computation it replaced, float16 and float32 maps alike, and the one-line errors of a missing or stale build."""
 
 import math
@@ -8,9 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from attnstore.queries import kernels
-from attnstore.queries.clark_sums import CLARK_FIELDS, example_sums
-from attnstore.queries.kernels import kernel
+from attnstore.queries.clark import CLARK_FIELDS, example_sums
+from attnstore.queries.engine import kernel, kernels
 
 
 def numpy_sums(maps, cls, sep, punct):

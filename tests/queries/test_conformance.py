@@ -1,5 +1,5 @@
 """Conformance of every registered query and kind, found in the registry (built-in or plugin), with no hand list:
-what the query engine promises each of them (queries/request.py, queries/summary.py).
+what the query engine promises each of them (queries/engine/request.py, queries/engine/).
 
 Every query over one run's maps (`sources=`): kept (built, then read back) equals computed for the call on a
 read-only store, for the whole run and for `examples=`; it answers from each source it declares; a source it does not
@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 from attnstore.queries import QUERIES, load_all, run_query
-from attnstore.queries import summary as summary_module
+from attnstore.queries import engine as summary_module
+from attnstore.queries.engine import SOURCES
 from attnstore.queries.errors import InvalidArgumentError
-from attnstore.queries.request import SOURCES
 from attnstore.store.errors import NotFoundError
 from attnstore.tests.queries.helpers import has_summaries, read_only_store
 from attnstore.tests.store.conftest import QUERY_PARAMS, annotated_run  # noqa: F401 (a fixture)
@@ -26,7 +26,7 @@ from attnstore.tests.store.conftest import QUERY_PARAMS, annotated_run  # noqa: 
 load_all(plugins=False)
 ENGINE_QUERIES = sorted(name for name, spec in QUERIES.items() if spec.sources and spec.source == "attnstore")
 RANGE_KINDS = sorted(name for name, kind in summary_module.KINDS.items() if kind.one_run and kind.totals is not None)
-RTOL = 1e-12  # the kept ranges and the parts add the same per-range totals in the same order (queries/summary.py)
+RTOL = 1e-12  # the kept ranges and the parts add the same per-range totals in the same order (queries/engine/)
 
 
 @pytest.fixture

@@ -2,9 +2,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnstore.queries import run_query, summary
+from attnstore.queries import engine as summary
+from attnstore.queries import run_query
 from attnstore.queries.coreference import MENTION_ARGMAX, choose_antecedent, coreference_counts
-from attnstore.queries.request import asked
+from attnstore.queries.engine import asked
 from attnstore.tests.queries import helpers, reference
 
 TOKENS = ["[CLS]", "anna", "met", "bob", "she", "smiled", "[SEP]"]
@@ -94,7 +95,7 @@ def test_sieve_order():
     assert choose_antecedent(m, [], "nearest") is None
 
 
-# --- predictions kept with the run (queries/summary.py): the naive reference's counts, exactly ---------------------
+# --- predictions kept with the run (queries/engine/): the naive reference's counts, exactly ---------------------
 
 FORMS = ("anna", "bob", "she", "he", "it", "the", "cat", "saw")
 FEATS = ("Number=Sing", "Gender=Fem|Number=Sing", "Gender=Masc|Number=Sing|Person=3", "Number=Plur", None)
@@ -149,7 +150,7 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("range_size", [4096, 3])  # 3: kept and read in ranges of 3 examples
 def test_kept_predictions_give_the_naive_counts_exactly(store, kept_run, monkeypatch, range_size):
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", range_size)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", range_size)
     with helpers.read_only_store(store) as reader:  # a read-only store computes for the call alone and keeps nothing
         with asked(reader, kept_run, [1, 2, 6]):
             read_only = coreference_counts(reader, kept_run)
@@ -213,7 +214,7 @@ def test_a_run_without_mentions_reads_no_map(store, make_run, monkeypatch):
 def test_mentions_words_and_tokens_are_read_one_range_at_a_time(store, kept_run, monkeypatch):
     """The pass that keeps the counts reads each range's rows; once they are kept, a whole-run call reads none."""
     expected = reference.coreference_counts(store, kept_run)
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 3)  # 8 examples: ranges of 3, 3 and 2
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 3)  # 8 examples: ranges of 3, 3 and 2
     asked = []
     for table in ("word_table", "mention_table", "token_table", "token_roles"):
         original = getattr(type(store), table)
@@ -227,6 +228,6 @@ def test_mentions_words_and_tokens_are_read_one_range_at_a_time(store, kept_run,
     assert asked and None not in asked and max(asked) <= 3  # never the whole run's rows
     asked.clear()
     assert summary.kept_ranges(store, store.run_info(kept_run), MENTION_ARGMAX).n == 3
-    monkeypatch.setattr(summary, "summary_parts", lambda *a, **k: pytest.fail("read per-example fields"))
+    monkeypatch.setattr("attnstore.queries.engine.kept._summary_parts", lambda *a, **k: pytest.fail("read per-example fields"))
     assert_same(coreference_counts(store, kept_run), expected)  # the kept ranges' counts added
     assert asked == []

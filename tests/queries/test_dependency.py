@@ -2,8 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from attnstore.queries import engine as summary_module
 from attnstore.queries import run_query
-from attnstore.queries import summary as summary_module
 from attnstore.queries.common import unique_argmax
 from attnstore.queries.dependency import (
     EDGE_FLAGS,
@@ -14,8 +14,8 @@ from attnstore.queries.dependency import (
     _decode_labels,
     dependency_counts,
 )
+from attnstore.queries.engine import asked
 from attnstore.queries.errors import InvalidArgumentError
-from attnstore.queries.request import asked
 from attnstore.store.errors import DamagedDataError, NotFoundError
 from attnstore.tests.queries import reference
 from attnstore.tests.queries.helpers import (
@@ -286,7 +286,7 @@ def test_dependency_results_can_be_saved(store, dep_run):
     assert best["head"].tolist() == [0]
 
 
-# --- word-level predictions and gold trees kept with the run (queries/summary.py): the naive reference's counts, exactly
+# --- word-level predictions and gold trees kept with the run (queries/engine/): the naive reference's counts, exactly
 
 KEPT_RELATIONS = ("det", "nsubj", "obj", "amod", "nmod:poss", "case")
 
@@ -342,7 +342,7 @@ def assert_same_counts(a, b):
 
 @pytest.mark.parametrize("range_size", [4096, 2])  # 2: the run is read in ranges of 2 examples (4 ranges)
 def test_kept_predictions_give_the_naive_counts_exactly(store, kept_run, monkeypatch, range_size):
-    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", range_size)
     with read_only_store(store) as reader:  # a read-only store computes for the call alone and keeps nothing
         with asked(reader, kept_run, [0, 2]):
             read_only = dependency_counts(reader, kept_run, "direct")
@@ -414,7 +414,7 @@ def test_predictions_kept_by_an_older_version_are_rebuilt_and_passed_by_on_a_rea
 def test_counts_are_kept_per_range_on_the_runs_relations_and_derived_for_a_summary_kept_without_them(store, kept_run, monkeypatch):
     """A whole-run count adds the kept ranges' counts (every parameter setting's, on the run's relations, kept with
     them); a summary kept before ranges had labels gets its ranges derived once, a read-only store adds its parts."""
-    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", 2)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 2)
     expected = {(h, p): reference.dependency_counts(store, kept_run, h, p) for h in HEAD2DEP for p in (True, False)}
     first = {key: dependency_counts(store, kept_run, *key) for key in expected}
     info = store.run_info(kept_run)
@@ -422,7 +422,7 @@ def test_counts_are_kept_per_range_on_the_runs_relations_and_derived_for_a_summa
     assert kept is not None and kept.n == 4 and kept.labels == sorted(KEPT_RELATIONS)
     assert summary_group(store, kept_run, "word_argmax")["ranges"].attrs["labels"] == sorted(KEPT_RELATIONS)
     with monkeypatch.context() as m:
-        m.setattr(summary_module, "summary_parts", lambda *a, **k: pytest.fail("read per-example fields"))
+        m.setattr("attnstore.queries.engine.kept._summary_parts", lambda *a, **k: pytest.fail("read per-example fields"))
         for key, counts in first.items():
             assert_same_counts(counts, expected[key])
             assert_same_counts(dependency_counts(store, kept_run, *key), counts)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from attnstore.queries import run_query
-from attnstore.queries.entropy import row_entropy
+from attnstore.queries.clark import row_entropy
 from attnstore.queries.errors import InvalidArgumentError
 
 

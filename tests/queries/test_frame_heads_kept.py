@@ -1,4 +1,4 @@
-"""K2 `frame_heads` from the LU <-> frame element maxima kept with the run (`lu_fe_max`, queries/summary.py):
+"""K2 `frame_heads` from the LU <-> frame element maxima kept with the run (`lu_fe_max`, queries/engine/):
 the naive reference's values and filter counts for every filter setting, subset and `core`; no map read once kept;
 rebuilt when stale; read-only stores compute for the call alone and keep nothing.
 
@@ -15,9 +15,8 @@ import pytest
 import zarr
 
 from attnstore.queries import run_query
-from attnstore.queries import summary as summary_module
+from attnstore.queries.engine import concatenate, summarise_examples, summary
 from attnstore.queries.frame_heads import LU_FE_MAX
-from attnstore.queries.summary import concatenate, summarise_examples, summary
 from attnstore.store import open_store
 from attnstore.store.errors import InvalidArgumentError
 from attnstore.tests.queries import reference
@@ -153,7 +152,7 @@ FILTERS = [
 # parts change is how the kept rows are read back, the same for every setting: the suite's time, 104 settings x 2)
 @pytest.mark.parametrize("range_size", [4096, 3])
 def test_kept_maxima_give_the_naive_values_and_counts(store, frame_run, monkeypatch, range_size):
-    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", range_size)
     settings = FILTERS if range_size == 4096 else FILTERS[::5]
     passed = 0
     for filters in settings:
@@ -235,7 +234,7 @@ def test_a_run_without_frames_is_refused_before_any_pass(store, make_run):
 
 
 def test_ranges_summarised_apart_concatenate_to_the_one_pass(store, frame_run):
-    """What a Dask scheduler does (queries/scheduler.py): contiguous ranges in storage order, each prepared alone."""
+    """What a Dask scheduler does (queries/engine/passes.py): contiguous ranges in storage order, each prepared alone."""
     info = store.run_info(frame_run)
     order = store.examples(info.id).sort_values("offset")["example"].tolist()
     whole = summarise_examples(store, info, LU_FE_MAX)

@@ -5,7 +5,6 @@ import pytest
 import zarr
 
 from attnstore.queries import run_query
-from attnstore.queries import summary as summary_module
 from attnstore.queries.head_clusters import classical_mds, js_distance_matrix, js_upper
 from attnstore.store import open_store
 from attnstore.tests.queries import reference
@@ -119,7 +118,7 @@ def run(store, make_run):
 
 @pytest.mark.parametrize("range_size", [4096, 3])  # 3: the summary is kept and read in parts of 3 examples
 def test_kept_sums_give_the_naive_results_and_no_map_is_read_again(store, run, monkeypatch, range_size):
-    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", range_size)
     cases = [(name, examples) for name in ("head_distances", "head_clusters") for examples in (None, [2, 0], [3])]
     kept = [run_query(store, name, run=run, examples=examples) for name, examples in cases]
     group = js_group(store)

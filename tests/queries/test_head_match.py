@@ -299,11 +299,11 @@ def test_whole_run_queries_add_kept_ranges_equal_to_example_by_example_sums(stor
     """The pair's totals are kept per range (2 examples here: 4 ranges for 7); a whole-run query adds those rows, equal
     to the per-example route and to sums taken one example at a time, and reads no example's matrices once they are kept.
     """
-    from attnstore.queries import summary
+    from attnstore.queries import engine as summary
     from attnstore.queries.head_match import HEAD_MATCH
 
     a, b, _ = pair
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 2)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 2)
     first = [run_query(store, name, run=a, other=b) for name in ("head_match", "head_match_matrix")]
     info = store.run_info(a)
     kept = summary.kept_ranges(store, info, HEAD_MATCH, other=b)
@@ -326,6 +326,6 @@ def test_whole_run_queries_add_kept_ranges_equal_to_example_by_example_sums(stor
     def refuse(*args, **kwargs):
         raise AssertionError("a whole-run query read per-example fields although ranges are kept")
 
-    monkeypatch.setattr(summary, "summary_parts", refuse)
+    monkeypatch.setattr("attnstore.queries.engine.kept._summary_parts", refuse)
     for name, want in zip(("head_match", "head_match_matrix"), first):
         pd.testing.assert_frame_equal(run_query(store, name, run=a, other=b), want)

@@ -88,7 +88,7 @@ def test_signs_and_non_finite_values_follow_numpy(odd, where):
 
 
 def test_the_roles_kernel_refuses_wrong_sizes():
-    from attnstore.queries.kernels import kernel
+    from attnstore.queries.engine import kernel
 
     roles = kernel("_roles").roles
     maps, kept, offsets = np.zeros((2, 3, 3)), np.ones(3, np.uint8), np.arange(3, dtype=np.int64)

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnstore.queries import run_query, summary
+from attnstore.queries import run_query
 from attnstore.queries.feature_attention import negation_flags
 from attnstore.store.errors import InvalidArgumentError
 from attnstore.tests.queries.helpers import check_kept_frames, check_read_only_and_grown_rebuilt, random_maps, summary_group
@@ -129,7 +129,7 @@ def test_negation_matching_rules():
     assert negation_flags(words).tolist() == [False, False, False, False]
 
 
-# ---------------------------------------------------------------- kept per-example numbers (queries/summary.py)
+# ---------------------------------------------------------------- kept per-example numbers (queries/engine/)
 
 
 @pytest.fixture
@@ -148,7 +148,7 @@ def random_feature_run(store, make_run):
 
 @pytest.mark.parametrize("range_size", [4096, 2])  # 2: kept and read in parts of 2 and 1 examples
 def test_kept_numbers_give_the_naive_results_and_maps_are_not_read_again(store, random_feature_run, monkeypatch, range_size):
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", range_size)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", range_size)
     run = random_feature_run
     cases = [
         ("feature_attention", dict(features=features, examples=examples))

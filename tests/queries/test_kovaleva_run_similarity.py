@@ -86,11 +86,11 @@ def test_examples_and_max_examples(store, two_runs):
 def test_the_whole_pair_adds_kept_ranges_without_the_example_rows(store, two_runs, monkeypatch):
     """With ranges of one example, the pair's cosines are kept summed per range; a whole-run call adds those rows and
     reads neither the runs' example rows nor a per-example cosine once they are kept; a sample still reads its rows."""
+    from attnstore.queries import engine as summary
     from attnstore.queries import run_similarity as module
-    from attnstore.queries import summary
 
     base, other = two_runs
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 1)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 1)
     first = run_query(store, "run_similarity", run=base, other=other)
     kept = summary.kept_ranges(store, store.run_info(base), module.PAIR_COSINES, other=other)
     assert kept is not None and kept.n == 2 and kept.n_examples() == 2
@@ -100,7 +100,7 @@ def test_the_whole_pair_adds_kept_ranges_without_the_example_rows(store, two_run
         raise AssertionError("read per-example rows although the ranges are kept")
 
     with monkeypatch.context() as m:
-        m.setattr(summary, "summary_parts", refuse)
+        m.setattr("attnstore.queries.engine.kept._summary_parts", refuse)
         m.setattr(module, "shared_examples", refuse)
         for max_examples in (1000, None, 2):
             again = run_query(store, "run_similarity", run=base, other=other, max_examples=max_examples)

@@ -5,7 +5,7 @@ per-example numbers kept with the run (summary kind `kovaleva_relations`) give t
 import numpy as np
 import pytest
 
-from attnstore.queries import run_query, summary
+from attnstore.queries import run_query
 from attnstore.store.errors import InvalidArgumentError
 from attnstore.tests.queries import reference
 from attnstore.tests.queries.helpers import (
@@ -182,7 +182,7 @@ def test_cls_feature_attention_other_layer_and_bad_layer(store, t2t_run):
         run_query(store, "cls_feature_attention", run=t2t_run, features="verbs")
 
 
-# ---------------------------------------------------------------- kept per-example numbers (queries/summary.py)
+# ---------------------------------------------------------------- kept per-example numbers (queries/engine/)
 
 
 @pytest.fixture
@@ -201,7 +201,7 @@ def random_t2t_run(store, make_run):
 
 @pytest.mark.parametrize("range_size", [4096, 2])  # 2: kept and read in parts of 2 and 1 examples
 def test_kept_numbers_give_the_naive_results_and_maps_are_not_read_again(store, random_t2t_run, monkeypatch, range_size):
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", range_size)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", range_size)
     run = random_t2t_run
     cases = [
         ("token_to_token", dict(relations=relations, statistic=statistic, examples=examples))

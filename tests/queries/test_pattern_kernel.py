@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from attnstore.queries.kernels import kernel
+from attnstore.queries.engine import kernel
 from attnstore.queries.patterns import RAW_SCORES, _raw_scores, pattern_scores
 
 

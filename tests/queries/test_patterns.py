@@ -444,9 +444,9 @@ def test_whole_run_proportions_and_heads_add_kept_range_counts(store, pattern_ru
     """Over a whole run (no more examples than max_examples) the two queries add the rule labels counted per range (one
     example per range here); equal to counting pattern_classes' labels, and no example's scores read once kept. A sample
     (max_examples below the run's size) counts that sample's labels."""
-    from attnstore.queries import summary
+    from attnstore.queries import engine as summary
 
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 1)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 1)
     first = [run_query(store, name, run=pattern_run) for name in ("pattern_proportions", "pattern_heads")]
     kept = summary.kept_ranges(store, store.run_info(pattern_run), P.PATTERN_SCORES)
     assert kept is not None and kept.n == 2
@@ -457,10 +457,11 @@ def test_whole_run_proportions_and_heads_add_kept_range_counts(store, pattern_ru
         raise AssertionError("a whole-run query read per-example fields although ranges are kept")
 
     with monkeypatch.context() as m:
-        m.setattr(summary, "summary_parts", refuse)
+        m.setattr("attnstore.queries.engine.kept._summary_parts", refuse)
         for name, want in zip(("pattern_proportions", "pattern_heads"), first):
             pd.testing.assert_frame_equal(run_query(store, name, run=pattern_run, max_examples=None), want)
-    from attnstore.queries.registry import coerce_params, get_query
+    from attnstore.queries.engine import get_query
+    from attnstore.queries.engine.registry import coerce_params
 
     for name in ("pattern_classes", "pattern_proportions", "pattern_heads"):  # --param max_examples=none: every example
         assert coerce_params(get_query(name), {"max_examples": "none"}) == {"max_examples": None}
@@ -480,7 +481,7 @@ def test_whole_run_proportions_and_heads_add_kept_range_counts(store, pattern_ru
 def test_a_samples_label_counts_read_only_the_normalised_scores(store, pattern_run, monkeypatch):
     """`pattern_scores` declares the fields its totals read (totals_fields): a sample's counts read those five and the
     example column from the kept scores, not the raw ones, and count what the whole scores count."""
-    from attnstore.queries import summary
+    from attnstore.queries import engine as summary
     from attnstore.store.summaries import SummaryParts
 
     run_query(store, "pattern_classes", run=pattern_run)  # keeps the scores

@@ -1,4 +1,4 @@
-"""Queries from installed packages (queries/registry.py, entry-point group `attnstore.queries`): a real package,
+"""Queries from installed packages (queries/engine/registry.py, entry-point group `attnstore.queries`): a real package,
 built and installed by pip from tests/fixtures/query_plugin (CONTRIBUTING.md's example), is listed by `attnstore
 queries` and runs from the command line, over HTTP and from Python; a plugin that fails to load, or takes a built-in
 query's name, is left out with one warning, and every other query works."""
@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnstore.queries import QUERIES, registry, run_query
+from attnstore.queries import QUERIES, run_query
+from attnstore.queries.engine import registry
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "query_plugin"
 TOKENS = [["[CLS]", "a", "b", "[SEP]"], ["[CLS]", "c", "[SEP]"]]
@@ -147,6 +148,6 @@ def test_a_broken_plugin_or_a_taken_name_is_left_out_with_one_warning(tmp_path, 
     assert len(messages) == 2, messages
     assert messages[0].startswith("query plugin 'broken_plugin' (broken_plugin, package broken_plugin) was not loaded: ")
     assert "RuntimeError: this plugin needs a GPU; fix or uninstall that package" in messages[0]
-    assert "query 'entropy' of taken_plugin (taken_plugin) is registered already, by attnstore.queries.entropy (attnstore)" in messages[1]
+    assert "query 'entropy' of taken_plugin (taken_plugin) is registered already, by attnstore.queries.clark (attnstore)" in messages[1]
     assert QUERIES["entropy"].source == "attnstore" and QUERIES["entropy"].func is real_entropy
     assert len(run_query(store, "entropy", run=run)) == 2

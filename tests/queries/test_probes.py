@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 
-from attnstore.queries import summary
 from attnstore.queries.errors import NotFoundError
 from attnstore.queries.probes import _group_log_softmax, attachment_score, collect, train_and_evaluate
 
@@ -97,7 +96,7 @@ def test_helpers():
 
 def test_collect_reads_words_and_tokens_range_by_range(store, probe_runs, monkeypatch):
     whole = collect(store, probe_runs[0])
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 1)  # tables of one example at a time (the run has 2)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 1)  # tables of one example at a time (the run has 2)
     ranged = collect(store, probe_runs[0])
     for field in ("attn", "cand", "dep", "offset", "gold", "starts", "right_branching"):
         np.testing.assert_array_equal(getattr(ranged, field), getattr(whole, field), err_msg=field)

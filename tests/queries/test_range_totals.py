@@ -1,4 +1,4 @@
-"""Range reductions (queries/summary.py `summary_totals`, store/arrays.py `SummaryRanges`): a whole-run
+"""Range reductions (queries/engine/totals.py `summary_totals`, store/arrays.py `SummaryRanges`): a whole-run
 `relative_position`, `special_tokens` or `entropy` adds the Clark totals kept per range of examples instead of every
 example's fields. Exact values on hand-built maps, and the range path against the per-example path (relative 1e-12)."""
 
@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnstore.queries import load_all, run_query, summary
-from attnstore.queries.summary import CLARK, kept_ranges
+from attnstore.queries import clark, load_all, run_query
+from attnstore.queries import engine as summary
+from attnstore.queries.clark import CLARK
+from attnstore.queries.engine import kept_ranges
 from attnstore.store import arrays, summaries
 
 DATA = str(Path(__file__).parents[1] / "fixtures" / "data")
@@ -48,7 +50,7 @@ def both_paths(store, run, monkeypatch, **params) -> dict[str, tuple]:
 
 @pytest.mark.parametrize("average", ["example", "token"])
 def test_exact_values_from_kept_ranges(store, make_run, monkeypatch, average):
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 1)  # one range per example: the query adds two kept ranges
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 1)  # one range per example: the query adds two kept ranges
     run = hand_run(store, make_run)
     first = {name: run_query(store, name, run=run, average=average) for name in QUERIES}  # builds summary and ranges
     info = store.run_info(run)
@@ -59,7 +61,7 @@ def test_exact_values_from_kept_ranges(store, make_run, monkeypatch, average):
     def refuse(*args, **kwargs):
         raise AssertionError("a whole-run query read per-example fields although ranges are kept")
 
-    monkeypatch.setattr(summary, "summary_parts", refuse)
+    monkeypatch.setattr("attnstore.queries.engine.kept._summary_parts", refuse)
     frames = {name: run_query(store, name, run=run, average=average) for name in QUERIES}
     for name in QUERIES:
         np.testing.assert_array_equal(frames[name].to_numpy(), first[name].to_numpy())
@@ -94,7 +96,7 @@ def test_exact_values_from_kept_ranges(store, make_run, monkeypatch, average):
 
 def test_range_path_equals_per_example_path(store, make_run, monkeypatch):
     load_all()
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 2)  # 9 examples: 5 ranges, the last of one
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 2)  # 9 examples: 5 ranges, the last of one
     run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="ranged", dtype="float16")
     for average in ("example", "token"):
         for name, (ranged, per_example) in both_paths(store, run, monkeypatch, average=average).items():
@@ -112,7 +114,7 @@ def test_a_summary_kept_without_ranges_gets_them(store, make_run, monkeypatch):
 
     run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="old", dtype="float16")
     info = store.run_info(run)
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 4)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 4)
     before = run_query(store, "entropy", run=run)
     group = Path(store.locations.array_root) / arrays.group_path_of(info.array_path) / "summary" / "clark"
     shutil.rmtree(group / "ranges")
@@ -130,7 +132,7 @@ def test_real_run_range_path_equals_per_example_path(store, loaded_model, monkey
     from attnstore.ingest import ingest
 
     load_all()
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 7)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 7)
     run = ingest(store, dataset="ud/en_ewt:dev", data_dir=DATA, loaded=loaded_model, progress=False).run.name
     for average in ("example", "token"):
         for name, (ranged, per_example) in both_paths(store, run, monkeypatch, average=average).items():
@@ -162,7 +164,7 @@ def test_a_pinned_run_counts_its_examples_from_the_runs_row(store, make_run):
 def test_ranges_that_do_not_cover_the_summary_are_not_added(store, make_run, monkeypatch):
     """Ranges under the right stamp that hold fewer examples than the summary (two writers overwriting one group) are
     not used: the writable store derives them again, and the result is the per-example path's."""
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 4)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 4)
     run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="short", dtype="float16")
     info = store.run_info(run)
     want = run_query(store, "special_tokens", run=run)
@@ -182,7 +184,7 @@ def test_a_read_only_store_adds_the_kept_ranges(store, make_run, monkeypatch):
     path, computed for the call alone, and gets the same numbers."""
     from attnstore.store import open_store
 
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 4)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 4)
     run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="shared", dtype="float16")
     reader = open_store(db=store.locations.db_url, root=store.locations.array_root, read_only=True)
     try:
@@ -191,7 +193,8 @@ def test_a_read_only_store_adds_the_kept_ranges(store, make_run, monkeypatch):
         kept = run_query(store, "entropy", run=run)  # the writable store keeps summary and ranges
         assert kept_ranges(reader, reader.run_info(run), CLARK).n == 3
         with monkeypatch.context() as m:
-            m.setattr(summary, "summary_parts", lambda *a, **k: (_ for _ in ()).throw(AssertionError("per-example path")))
+            refuse = lambda *a, **k: (_ for _ in ()).throw(AssertionError("per-example path"))  # noqa: E731
+            m.setattr("attnstore.queries.engine.kept._summary_parts", refuse)
             ranged = run_query(reader, "entropy", run=run)
     finally:
         reader.close()
@@ -200,7 +203,7 @@ def test_a_read_only_store_adds_the_kept_ranges(store, make_run, monkeypatch):
 
 
 def test_no_examples_give_zero_totals_of_every_field():
-    from attnstore.queries.summary import CLARK_UNITS, totals_or_zeros
+    from attnstore.queries.clark import CLARK_UNITS, totals_or_zeros
 
     zeros = totals_or_zeros({}, (1, 2))
     assert set(zeros) >= set(CLARK_UNITS) | {f"mean_{name}" for name in CLARK_UNITS} | {"examples", "n_tokens", "log_length"}
@@ -216,7 +219,7 @@ def test_ranges_are_packed_one_array_per_dtype_and_an_older_group_is_derived_aga
     before packing (one array per field, no `fields` attribute) is not read: the writable store derives it again."""
     import zarr
 
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 4)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 4)
     run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="packed", dtype="float16")
     info = store.run_info(run)
     want = run_query(store, "entropy", run=run)
@@ -228,7 +231,7 @@ def test_ranges_are_packed_one_array_per_dtype_and_an_older_group_is_derived_aga
     assert block["range_examples"].tolist() == [4, 4, 1] and block["entropy"].shape == (3, 3, 2)
     totals = {name: value.sum(0) for name, value in block.items()}
     parts = list(summary.summary_parts(store, info, CLARK))
-    direct = [summary._clark_totals(p) for p in parts]
+    direct = [clark._clark_totals(p) for p in parts]
     for name in direct[0]:
         np.testing.assert_allclose(totals[name], sum(d[name] for d in direct), rtol=RTOL, atol=0, err_msg=name)
 
@@ -244,7 +247,7 @@ def test_other_kinds_add_their_kept_ranges_as_their_parts(store, make_run, monke
     """`head_roles` and `rollout` declare range reductions too: the whole run adds the kept ranges, equal to adding
     every part's per-example fields (relative 1e-12), and to what a subset of every example gives."""
     load_all()
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 2)  # 9 examples: 5 ranges
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 2)  # 9 examples: 5 ranges
     run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name=f"{query}-ranges", dtype="float16")
     kind = summary.KINDS[query]
     ranged = run_query(store, query, run=run)

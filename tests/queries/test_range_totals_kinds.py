@@ -1,5 +1,5 @@
 """Range reductions of the Kovaleva, Kobayashi, Jain & Wallace, head-distance, dependency and tree kinds
-(queries/summary.py `summary_totals`): a whole-run `feature_attention`, `cls_feature_attention`, `token_to_token`,
+(queries/engine/totals.py `summary_totals`): a whole-run `feature_attention`, `cls_feature_attention`, `token_to_token`,
 `norm_attention`, `head_distances`, `head_clusters`, `attention_attribution`, `dependency`, `dependency_summary`,
 `head_trees` or `head_trees_summary` adds its kind's totals kept per range of examples instead of every example's
 fields. The range path against the per-example path (relative 1e-12, the Clark kind's tolerance in
@@ -13,13 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnstore.queries import load_all, run_query, summary
+from attnstore.queries import engine as summary
+from attnstore.queries import load_all, run_query
 from attnstore.queries.attribution import ATTRIBUTION_TAU
 from attnstore.queries.dependency import WORD_ARGMAX
+from attnstore.queries.engine import kept_ranges
 from attnstore.queries.feature_attention import KOVALEVA_FEATURES
 from attnstore.queries.head_clusters import HEAD_JS
 from attnstore.queries.norm_attention import NORM_CLASSES
-from attnstore.queries.summary import kept_ranges
 from attnstore.queries.token_to_token import KOVALEVA_RELATIONS
 from attnstore.queries.trees import HEAD_TREES
 from attnstore.tests.queries import reference
@@ -120,7 +121,7 @@ def naive(store, run, name, params):
 
 def test_range_path_equals_per_example_path_and_reads_no_example_once_kept(store, ranged_run, monkeypatch):
     load_all()
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 2)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 2)
     ranged = [run_query(store, name, run=ranged_run, **params) for name, params in CASES]  # builds summaries and ranges
     info = store.run_info(ranged_run)
     for kind, params in KINDS:
@@ -139,7 +140,7 @@ def test_range_path_equals_per_example_path_and_reads_no_example_once_kept(store
     def refuse(*args, **kwargs):
         raise AssertionError("a whole-run query read per-example fields although ranges are kept")
 
-    monkeypatch.setattr(summary, "summary_parts", refuse)
+    monkeypatch.setattr("attnstore.queries.engine.kept._summary_parts", refuse)
     for (name, params), first in zip(CASES, ranged):
         again = run_query(store, name, run=ranged_run, **params)
         frames_close(again, first, f"{name} {params} again")
@@ -148,7 +149,7 @@ def test_range_path_equals_per_example_path_and_reads_no_example_once_kept(store
 def test_a_subset_adds_each_parts_totals(store, ranged_run, make_run, monkeypatch):
     """examples= takes the per-example path: the numbers of a run of those examples alone."""
     load_all()
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 2)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 2)
     subset = [0, 4, 5]
     rng = np.random.default_rng(11)
     chosen = [SHAPES[i % 3] for i in range(N_EXAMPLES)]

@@ -1,8 +1,8 @@
 import pytest
 
 from attnstore.queries import QUERIES, get_query, load_all
+from attnstore.queries.engine.registry import coerce_params
 from attnstore.queries.errors import UnknownQueryError
-from attnstore.queries.registry import coerce_params
 from attnstore.store.errors import InvalidArgumentError
 
 
@@ -109,7 +109,7 @@ def test_query_command_refuses_a_negative_head_in_one_line(store, hand_run):
 
 def test_every_query_module_is_discovered_without_a_list():
     """load_all imports every module of the package, so a query registers itself by being there (but not the compiled
-    reduces, `_*`, imported by queries/kernels.py when a query first needs one)."""
+    reduces, `_*`, imported by queries/engine/kernels.py when a query first needs one)."""
     import pkgutil
     import sys
 
@@ -119,7 +119,7 @@ def test_every_query_module_is_discovered_without_a_list():
     modules = {m.name for m in pkgutil.iter_modules(queries.__path__) if not m.name.startswith("_")}
     assert {f"attnstore.queries.{m}" for m in modules} <= set(sys.modules)
     registered = {spec.func.__module__.rsplit(".", 1)[1] for spec in queries.QUERIES.values()}
-    assert registered <= modules and {"entropy", "dependency", "patterns"} <= registered
+    assert registered <= modules and {"clark", "dependency", "patterns"} <= registered
 
 
 def _script(name: str):
@@ -193,7 +193,7 @@ def test_a_new_query_is_picked_up_by_the_cli_http_bench_and_reference(monkeypatc
 
 
 def test_run_query_refuses_examples_that_are_not_positions(store, hand_run):
-    """The engine's `examples=` (queries/request.py) from Python: positions only, at least one, each named."""
+    """The engine's `examples=` (queries/engine/request.py) from Python: positions only, at least one, each named."""
     from attnstore.queries import run_query
 
     with pytest.raises(InvalidArgumentError, match=r"^examples=\['a'\]: give example positions \(integers\)"):

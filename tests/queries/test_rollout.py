@@ -135,7 +135,7 @@ def test_maps_average_over_heads_as_their_float64_copy_does(shape, dtype):
 
 
 def test_the_head_mean_kernel_refuses_wrong_sizes():
-    from attnstore.queries.kernels import kernel
+    from attnstore.queries.engine import kernel
 
     head_means = kernel("_rollout").head_means
     with pytest.raises(ValueError, match="_rollout.head_means: maps holds 64 bytes, not 96"):

@@ -11,8 +11,7 @@ import sqlalchemy as sa
 
 from attnstore.queries import run_query
 from attnstore.queries import run_similarity as module
-from attnstore.queries import summary as summary_module
-from attnstore.queries.summary import keep
+from attnstore.queries.engine import keep
 from attnstore.store import progress
 from attnstore.tests.queries import reference
 from attnstore.tests.queries.helpers import forbid_map_reads, hand_run, has_summaries, read_only_store, write_blocks
@@ -201,7 +200,7 @@ def test_the_pair_cache_is_saved_and_read_back_a_part_at_a_time(store, two_runs,
     ever whole); the kept sums still equal the naive reference's bit for bit."""
     base, other = two_runs
     monkeypatch.setattr(module, "BATCH_CELLS", 2 * 3 * 12**2)
-    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", 3)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 3)
     case = dict(max_examples=5, seed=2)
     want = reference.query(store, "run_similarity", run=base, other=other, **case)
     saved = []

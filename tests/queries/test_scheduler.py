@@ -1,4 +1,4 @@
-"""The per-example pass on Dask distributed (queries/scheduler.py): a LocalCluster of 2 worker processes
+"""The per-example pass on Dask distributed (queries/engine/passes.py): a LocalCluster of 2 worker processes
 summarises ranges of a run on SQLite and PostgreSQL, with results exactly equal to the one-process pass."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from click.testing import CliRunner
 
 from attnstore.api.cli import main
 from attnstore.queries import run_query
+from attnstore.queries.clark import CLARK
+from attnstore.queries.engine import summarise_examples, summary
+from attnstore.queries.engine.passes import check_scheduler, split, use_scheduler
 from attnstore.queries.errors import InvalidArgumentError
-from attnstore.queries.scheduler import check_scheduler, split, use_scheduler
-from attnstore.queries.summary import CLARK, summarise_examples, summary
 from attnstore.store import open_store
 
 distributed = pytest.importorskip("distributed")

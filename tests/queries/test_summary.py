@@ -1,4 +1,4 @@
-"""Per-example sums kept with a run (queries/summary.py): relative_position, special_tokens and entropy read them
+"""Per-example sums kept with a run (queries/engine/): relative_position, special_tokens and entropy read them
 instead of the maps, with the results of their naive references (tests/queries/reference.py), for any subset and
 either averaging; kept under a fingerprint of the kind, its version, its parameters and the run's committed state.
 
@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 import zarr
 
-from attnstore.queries import run_query
-from attnstore.queries import summary as summary_module
+from attnstore.queries import clark, run_query
+from attnstore.queries import engine as summary_module
+from attnstore.queries import errors as query_errors
+from attnstore.queries.engine import kept as engine_kept
+from attnstore.queries.engine import passes as engine_passes
 from attnstore.store import open_store
 from attnstore.tests.queries import reference
 
@@ -52,7 +55,7 @@ def run(store, make_run):
 @pytest.mark.parametrize("examples", [None, [2, 0], [3]])
 @pytest.mark.parametrize("range_size", [4096, 3])  # 3: the sums are kept and read in parts of 3 and 1 examples
 def test_kept_sums_give_the_naive_results(store, run, monkeypatch, name, average, examples, range_size):
-    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", range_size)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", range_size)
     kept = run_query(store, name, run=run, average=average, examples=examples)
     same(kept, reference.query(store, name, run=run, average=average, examples=examples))
 
@@ -79,7 +82,7 @@ def test_examples_read_only_the_kept_parts_that_hold_them(store, run, monkeypatc
     order streamed from SQL."""
     from attnstore.store.summaries import SummaryParts
 
-    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", 2)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 2)
     run_query(store, "entropy", run=run)  # keeps the summary
     read, rows = [], SummaryParts.rows
     monkeypatch.setattr(SummaryParts, "part", lambda *a: (_ for _ in ()).throw(AssertionError("a whole part was read")))
@@ -90,7 +93,7 @@ def test_examples_read_only_the_kept_parts_that_hold_them(store, run, monkeypatc
 
     monkeypatch.setattr(SummaryParts, "rows", counted)
     monkeypatch.setattr(type(store), "storage_order", lambda *a: (_ for _ in ()).throw(AssertionError("read from SQL")))
-    with pytest.raises(summary_module.NotFoundError, match=r"no stored example\(s\) \[9\]"):
+    with pytest.raises(query_errors.NotFoundError, match=r"no stored example\(s\) \[9\]"):
         run_query(store, "entropy", run=run, examples=[3, 9])
     got = run_query(store, "entropy", run=run, examples=[3])
     monkeypatch.undo()
@@ -109,7 +112,7 @@ def test_a_sample_reads_the_kept_example_column_once(store, run, make_run, monke
     kind = summary_module.kind_named("clark")
     reads, column = [], SummaryParts.column
     monkeypatch.setattr(SummaryParts, "column", lambda self, key: reads.append(key) or column(self, key))
-    summary_module._LAST_ORDERS.pop(store, None)  # what the queries above left for this store
+    engine_kept._LAST_ORDERS.pop(store, None)  # what the queries above left for this store
     order = summary_module.kept_order(store, store.run_info(run), kind, {})
     parts = list(summary_module.summary_parts(store, store.run_info(run), kind, [2, 0]))
     assert sorted(order.tolist()) == [0, 1, 2, 3] and reads == ["example"]
@@ -162,7 +165,7 @@ def test_a_sample_drawn_from_the_count_is_the_one_drawn_from_the_sorted_position
 def test_a_sample_s_rows_in_batches_are_the_rows_of_its_ranges(store, run, monkeypatch, examples):
     """`batched` hands a sample's kept rows as a part per few ranges: concatenated, the same rows in the same order as
     the parts of one range each (what `summary` and integer totals take)."""
-    monkeypatch.setattr(summary_module, "SUMMARY_RANGE", 2)  # 4 examples: 2 ranges
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 2)  # 4 examples: 2 ranges
     run_query(store, "entropy", run=run)  # keeps the summary
     kind, info = summary_module.kind_named("clark"), store.run_info(run)
     ranged = list(summary_module.summary_parts(store, info, kind, examples))
@@ -202,8 +205,8 @@ def test_other_punctuation_is_kept_under_its_own_fingerprint_and_read_only_store
     same(result, reference.query(store, "entropy", run=run))
     other = run_query(store, "special_tokens", run=run, punct=",;")
     same(other, reference.query(store, "special_tokens", run=run, punct=",;"))
-    key = summary_module.CLARK.key({"punct": ",;"})
-    assert key.startswith("clark.") and key != summary_module.CLARK.key({"punct": ".,"}) == "clark"
+    key = clark.CLARK.key({"punct": ",;"})
+    assert key.startswith("clark.") and key != clark.CLARK.key({"punct": ".,"}) == "clark"
     group = zarr.open_group(store.locations.array_root, path=f"runs/sums/summary/{key}", mode="r")
     assert group.attrs["stamp"] == {"version": 3, "n_examples": 4, "params": {"punct": ",;"}}
     assert not zarr.open_group(store.locations.array_root, path="runs/sums/summary", mode="r").get("clark")  # the default's: not built
@@ -237,11 +240,11 @@ def test_the_reduce_on_a_pool_gives_the_one_thread_sums_exactly(store, run, monk
     """The Clark kind reduces on a pool of threads while the reading thread decodes (ATTNSTORE_REDUCE_THREADS: 1 keeps
     it on the reading thread); the sums are bit for bit those of the one-thread pass, in storage order."""
     info = store.run_info(run)
-    monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, "1")
-    one = summary_module.summarise_examples(store, info, summary_module.CLARK)
-    monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, threads)
-    assert (summary_module._reduce_pool() is None) == (threads == "1")
-    pooled = summary_module.summarise_examples(store, info, summary_module.CLARK)
+    monkeypatch.setenv(engine_passes.REDUCE_THREADS_ENV, "1")
+    one = summary_module.summarise_examples(store, info, clark.CLARK)
+    monkeypatch.setenv(engine_passes.REDUCE_THREADS_ENV, threads)
+    assert (engine_passes._reduce_pool() is None) == (threads == "1")
+    pooled = summary_module.summarise_examples(store, info, clark.CLARK)
     assert list(pooled) == list(one)
     for field in one:
         np.testing.assert_array_equal(pooled[field], one[field], err_msg=field)
@@ -251,7 +254,7 @@ def test_an_error_in_a_pooled_pass_is_raised_and_a_bad_thread_count_is_named(sto
     from attnstore.queries.errors import InvalidArgumentError
 
     info = store.run_info(run)
-    monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, "2")
+    monkeypatch.setenv(engine_passes.REDUCE_THREADS_ENV, "2")
 
     def failing_prepare(*args, **kwargs):
         raise RuntimeError("token table unreadable")
@@ -259,15 +262,15 @@ def test_an_error_in_a_pooled_pass_is_raised_and_a_bad_thread_count_is_named(sto
     def failing_reduce(context, example, maps):
         raise RuntimeError(f"example {example} failed")
 
-    broken = summary_module.SummaryKind("broken", 1, failing_prepare, summary_module._clark_reduce, threads=True)
+    broken = summary_module.SummaryKind("broken", 1, failing_prepare, clark._clark_reduce, threads=True)
     with pytest.raises(RuntimeError, match="token table unreadable"):
         summary_module.summarise_examples(store, info, broken)
     with pytest.raises(RuntimeError, match="token table unreadable"):  # no example to reduce: still raised
         summary_module.summarise_examples(store, info, broken, examples=[])
-    broken = summary_module.SummaryKind("broken", 1, summary_module._clark_prepare, failing_reduce, threads=True)
+    broken = summary_module.SummaryKind("broken", 1, clark._clark_prepare, failing_reduce, threads=True)
     with pytest.raises(RuntimeError, match="example 0 failed"):
         summary_module.summarise_examples(store, info, broken)
-    monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, "many")
+    monkeypatch.setenv(engine_passes.REDUCE_THREADS_ENV, "many")
     with pytest.raises(InvalidArgumentError, match="ATTNSTORE_REDUCE_THREADS='many': give a whole number of threads"):
         summary_module.reduce_threads()
 
@@ -278,9 +281,9 @@ def test_a_forked_child_reduces_on_a_pool_of_its_own(store, run, monkeypatch):
     import multiprocessing
 
     info = store.run_info(run)
-    monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, "2")
-    parent = summary_module.summarise_examples(store, info, summary_module.CLARK)  # the parent's pool exists now
-    assert summary_module.REDUCE_POOL.executor is not None
+    monkeypatch.setenv(engine_passes.REDUCE_THREADS_ENV, "2")
+    parent = summary_module.summarise_examples(store, info, clark.CLARK)  # the parent's pool exists now
+    assert engine_passes.REDUCE_POOL.executor is not None
     store.engine.dispose()  # a forked child must not share the parent's database connections
     context = multiprocessing.get_context("fork")
     with context.Pool(1) as pool:
@@ -292,7 +295,7 @@ def test_a_forked_child_reduces_on_a_pool_of_its_own(store, run, monkeypatch):
 def _child_pass(db: str, root: str, run: str) -> dict:
     store = open_store(db=db, root=root, read_only=True)
     try:
-        return summary_module.summarise_examples(store, store.run_info(run), summary_module.CLARK)
+        return summary_module.summarise_examples(store, store.run_info(run), clark.CLARK)
     finally:
         store.close()
 
@@ -303,8 +306,8 @@ def test_maps_are_read_ahead_while_the_prepare_runs_and_within_the_budget(monkey
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setenv(summary_module.REDUCE_THREADS_ENV, "2")
-    monkeypatch.setattr(summary_module, "READ_AHEAD_CELLS", 100)
+    monkeypatch.setenv(engine_passes.REDUCE_THREADS_ENV, "2")
+    monkeypatch.setattr("attnstore.queries.engine.passes.READ_AHEAD_CELLS", 100)
     read, seen_by_prepare = [], []
     six_read = threading.Event()
 
@@ -323,7 +326,7 @@ def test_maps_are_read_ahead_while_the_prepare_runs_and_within_the_budget(monkey
     kind = summary_module.SummaryKind("probe", 1, None, lambda context, example, maps: {"x": np.asarray(example)}, threads=True)
     with ThreadPoolExecutor(2) as pool:
         context = pool.submit(prepare)
-        out = [(e, int(r["x"])) for e, r in summary_module.reduced(kind, context, pairs(), pool)]
+        out = [(e, int(r["x"])) for e, r in engine_passes.reduced(kind, context, pairs(), pool)]
     assert out == [(e, e) for e in range(12)]
     assert 6 <= seen_by_prepare[0] <= 11  # read on while it ran, within the budget (10 examples, the 11th over it)
 

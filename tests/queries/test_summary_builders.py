@@ -23,8 +23,8 @@ import zarr
 from click.testing import CliRunner
 
 from attnstore.api.cli import main
+from attnstore.queries import engine as summary_module
 from attnstore.queries import run_query
-from attnstore.queries import summary as summary_module
 from attnstore.store.check import check_store
 from attnstore.store.writer import summary_lease_name
 from attnstore.tests.queries.test_summary import MAPS, TOKENS, same
@@ -47,7 +47,7 @@ def counting(monkeypatch) -> list[int]:
         reduced.append(len(out["example"]))
         return out
 
-    monkeypatch.setattr(summary_module, "summarise_examples", counted)
+    monkeypatch.setattr("attnstore.queries.engine.passes.summarise_examples", counted)
     return reduced
 
 
@@ -97,7 +97,7 @@ def test_threads_asking_the_same_first_query_build_it_once(store, run, monkeypat
 ASK = """
 import json, sys, time
 from attnstore.queries import run_query
-from attnstore.queries import summary
+from attnstore.queries import engine as summary
 from attnstore.store import open_store
 reduced = []
 original = summary.summarise_examples

@@ -1,4 +1,4 @@
-"""One process builds a summary range by range (queries/summary.py, SUMMARY_RANGE), so a kind's per-range tables stay small:
+"""One process builds a summary range by range (queries/engine/, SUMMARY_RANGE), so a kind's per-range tables stay small:
 the result equals one pass over the whole run exactly, for every kind this run can have."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import zarr
 
-from attnstore.queries import load_all, summary
-from attnstore.queries.summary import KINDS, concatenate, keep, run_kinds, summarise_examples, summary_parts
+from attnstore.queries import clark, load_all
+from attnstore.queries import engine as summary
+from attnstore.queries.engine import KINDS, concatenate, keep, run_kinds, summarise_examples, summary_parts
+from attnstore.queries.engine import passes as engine_passes
 from attnstore.store import summaries
 from attnstore.store.errors import AttnStoreError, StorageIOError
 
@@ -46,25 +48,25 @@ def compare_threads(store, run: str, monkeypatch) -> list[str]:
     info = store.run_info(run)
     compared = []
     for name, kind in run_kinds().items():
-        monkeypatch.setenv(summary.REDUCE_THREADS_ENV, "1")
+        monkeypatch.setenv(engine_passes.REDUCE_THREADS_ENV, "1")
         try:
             one = summarise_examples(store, info, kind)
         except AttnStoreError:
             continue
-        monkeypatch.setenv(summary.REDUCE_THREADS_ENV, "3")
+        monkeypatch.setenv(engine_passes.REDUCE_THREADS_ENV, "3")
         pooled = summarise_examples(store, info, kind)
         assert pooled.keys() == one.keys(), name
         for field in one:
             np.testing.assert_array_equal(pooled[field], one[field], err_msg=f"{name}.{field} on 3 threads")
         compared.append(name)
-    monkeypatch.delenv(summary.REDUCE_THREADS_ENV)
+    monkeypatch.delenv(engine_passes.REDUCE_THREADS_ENV)
     return compared
 
 
 def test_a_summary_built_in_ranges_equals_one_pass(store, make_run, monkeypatch):
     load_all()
     run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="ranged", dtype="float16")
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 2)  # 9 examples: 5 ranges, the last of one
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 2)  # 9 examples: 5 ranges, the last of one
     compared = compare_kinds(store, run)
     assert "clark" in compared and len(compared) >= 4, compared
     assert compare_threads(store, run, monkeypatch) == compared
@@ -77,7 +79,7 @@ def test_ranges_of_real_runs_with_words_and_mentions_equal_one_pass(store, loade
     from attnstore.ingest import ingest
 
     load_all()
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 3)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 3)
     ud = ingest(store, dataset="ud/en_ewt:dev", data_dir=DATA, loaded=loaded_model, progress=False).run.name
     gum = ingest(store, dataset="gum/ontogum:dev", data_dir=DATA, window_words=40, loaded=loaded_model, progress=False).run.name
     assert len(store.examples(ud)) > 3 and len(store.examples(gum)) > 3
@@ -93,7 +95,7 @@ def test_a_summary_is_kept_part_by_part_and_read_back_in_parts(store, make_run, 
     the previous one is written), the arrays are chunked by whole ranges, and a query reads it back range by range."""
     load_all()
     run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="parts", dtype="float16")
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 4)  # 9 examples: parts of 4, 4 and 1
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 4)  # 9 examples: parts of 4, 4 and 1
     monkeypatch.setattr(summaries, "SUMMARY_CHUNK_ROWS", 4)
     info = store.run_info(run)
     kind = KINDS["word_argmax"]  # ragged fields: their offsets continue across the parts
@@ -105,7 +107,7 @@ def test_a_summary_is_kept_part_by_part_and_read_back_in_parts(store, make_run, 
         written_before_each_part.append(group["example"].shape[0] if "example" in group else 0)
         return original(store_, info_, kind_, examples, params)
 
-    monkeypatch.setattr(summary, "summarise_examples", summarise_one_range)
+    monkeypatch.setattr("attnstore.queries.engine.passes.summarise_examples", summarise_one_range)
     saved = keep(store, info, kind)
     assert written_before_each_part == [0, 4, 8] and saved is not None and saved.n == 9
     group = zarr.open_group(store.locations.array_root, path=f"runs/parts/summary/{kind.name}", mode="r")
@@ -135,7 +137,7 @@ def test_a_summary_is_kept_part_by_part_and_read_back_in_parts(store, make_run, 
 def test_a_build_cut_off_part_way_is_never_read_and_is_built_again(store, make_run, monkeypatch):
     load_all()
     run = make_run(store, [random_maps(t, i) for i, t in enumerate(TOKENS)], TOKENS, name="cutoff", dtype="float16")
-    monkeypatch.setattr(summary, "SUMMARY_RANGE", 4)
+    monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", 4)
     info = store.run_info(run)
     original = summary.summarise_examples
     calls = []
@@ -146,13 +148,13 @@ def test_a_build_cut_off_part_way_is_never_read_and_is_built_again(store, make_r
             raise OSError(5, "Input/output error")
         return original(*args)
 
-    monkeypatch.setattr(summary, "summarise_examples", fails_on_the_third_range)
+    monkeypatch.setattr("attnstore.queries.engine.passes.summarise_examples", fails_on_the_third_range)
     with pytest.raises(StorageIOError, match="cannot save the summary of run 'cutoff'"):
-        keep(store, info, summary.CLARK)
+        keep(store, info, clark.CLARK)
     group = zarr.open_group(store.locations.array_root, path="runs/cutoff/summary/clark", mode="r")
     assert group.attrs["stamp"] is None and group["example"].shape == (8,)  # two parts written, never stamped
-    assert store.summaries(info.id).parts("clark", summary.CLARK.stamp(9)) is None
-    monkeypatch.setattr(summary, "summarise_examples", original)
-    saved = keep(store, info, summary.CLARK)
+    assert store.summaries(info.id).parts("clark", clark.CLARK.stamp(9)) is None
+    monkeypatch.setattr("attnstore.queries.engine.passes.summarise_examples", original)
+    saved = keep(store, info, clark.CLARK)
     assert saved is not None and saved.n == 9
-    np.testing.assert_array_equal(saved.part(0, 9)["entropy"], original(store, info, summary.CLARK)["entropy"])
+    np.testing.assert_array_equal(saved.part(0, 9)["entropy"], original(store, info, clark.CLARK)["entropy"])

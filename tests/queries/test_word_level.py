@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from attnstore.queries import run_query
-from attnstore.queries.kernels import kernel
+from attnstore.queries.engine import kernel
 from attnstore.queries.word_level import units_of, word_level
 
 

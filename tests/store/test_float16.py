@@ -5,7 +5,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from attnstore.queries.summary import row_entropy
+from attnstore.queries.clark import row_entropy
 from attnstore.store.float16 import LOOKUP_BLOCK, _tables, as_float32, plogp
 
 EVERY_FLOAT16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16)

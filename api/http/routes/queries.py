@@ -1,4 +1,4 @@
-"""The registered queries (queries/registry.py): listed with their parameters, run over a run on request (cached per
+"""The registered queries (queries/engine/registry.py): listed with their parameters, run over a run on request (cached per
 run state and parameters, bounded in examples read and rows returned), and saved to head_metrics (`--allow-save`)."""
 
 import json
@@ -24,7 +24,7 @@ def list_queries() -> dict:
     import inspect
 
     from ....queries import QUERIES, load_all
-    from ....queries.registry import param_type
+    from ....queries.engine.registry import param_type
 
     load_all()
     out = []
@@ -48,7 +48,8 @@ def list_queries() -> dict:
 
 def prepare_query(srv: Server, run: str, name: str, raw: dict[str, str]) -> tuple["RunInfo", Any, dict, int]:
     """(run, query, its typed parameters, how many examples it may read)."""
-    from ....queries.registry import coerce_params, get_query
+    from ....queries.engine import get_query
+    from ....queries.engine.registry import coerce_params
 
     spec = get_query(name)
     kwargs = coerce_params(spec, raw)

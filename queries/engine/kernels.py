@@ -14,8 +14,8 @@ from types import ModuleType
 
 import numpy as np
 
-from ..store.float16 import value_table
-from .errors import KernelBuildError
+from ...store.float16 import value_table
+from ..errors import KernelBuildError
 
 VERSIONS = {"_clark": 1, "_patterns": 1, "_roles": 1, "_rollout": 1, "_words": 1}
 REBUILD = "rebuild attnstore: pip install -e . (needs a C compiler and Python's headers)"
@@ -27,7 +27,7 @@ def kernel(name: str) -> ModuleType:
     (an attnstore error, one line in the CLI, and an ImportError)."""
     version = VERSIONS[name]
     try:
-        module = importlib.import_module(f".{name}", __package__)
+        module = importlib.import_module(f"..{name}", __package__)  # attnstore.queries.<name>
     except ImportError as exc:
         raise KernelBuildError(f"attnstore's compiled reduce queries/{name}.c is not built: {REBUILD}") from exc
     built = getattr(module, "KERNEL_VERSION", None)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import InvalidArgumentError, UnknownQueryError
+from ..errors import InvalidArgumentError, UnknownQueryError
 from .request import ENGINE_PARAMS
 
 if TYPE_CHECKING:  # pandas and the store are imported by the queries themselves, not to look one up
@@ -34,7 +34,7 @@ class QuerySpec:
     # save(store, run, frame, params) -> a one-line account of what was saved (e.g. head_match's own table)
     save: Callable[..., str] | None = None
     source: str = "attnstore"  # the package that registered it: attnstore, or a plugin's distribution
-    # The map sources it answers from (queries/request.py SOURCES), for a query over one run's maps: the engine then
+    # The map sources it answers from (queries/engine/request.py SOURCES), for a query over one run's maps: the engine then
     # gives it `examples` and `weights` (ENGINE_PARAMS), which its function does not take. Empty: a query of its own
     # kind (one example's map, a pair of runs), whose function takes what it reads.
     sources: tuple[str, ...] = ()
@@ -68,8 +68,8 @@ class PluginWarning(UserWarning):
 
 def register(name: str, *, per_head: bool = True, save: Callable[..., str] | None = None, sources: tuple[str, ...] = ()):
     """Register `func(store, *, run, ...)` as query `name`. `sources`: for a query over one run's maps, the map
-    sources it answers from (queries/request.py: MAP_SOURCES, ATTENTION_ONLY); the engine then owns its `examples` and
-    `weights`, so its function takes neither and reads them through the framework (queries/request.py)."""
+    sources it answers from (queries/engine/request.py: MAP_SOURCES, ATTENTION_ONLY); the engine then owns its `examples` and
+    `weights`, so its function takes neither and reads them through the framework (queries/engine/request.py)."""
 
     def wrap(func):
         summary = (func.__doc__ or "").strip().splitlines()[0]
@@ -77,7 +77,7 @@ def register(name: str, *, per_head: bool = True, save: Callable[..., str] | Non
         if sources and taken_by_engine:
             raise InvalidArgumentError(
                 f"query {name!r} ({func.__module__}) takes {', '.join(taken_by_engine)}: the engine gives those to a query "
-                "registered with sources= (queries/request.py); drop them from its function"
+                "registered with sources= (queries/engine/request.py); drop them from its function"
             )
         taken = QUERIES.get(name)
         if taken is not None and (taken.func.__module__, taken.func.__qualname__) != (func.__module__, func.__qualname__):
@@ -92,7 +92,7 @@ def register(name: str, *, per_head: bool = True, save: Callable[..., str] | Non
 
 
 def load_all(plugins: bool = True) -> None:
-    """Import every module of this package, so each query registers itself (`@register`): a new query is
+    """Import every module of the queries package, so each query registers itself (`@register`): a new query is
     one module dropped in here, with no list to extend; then (`plugins`) the modules the installed packages name in
     the entry-point group PLUGIN_GROUP. A plugin that fails to load (an import error, a name already taken) is left
     out with one PluginWarning naming it and its package; the others load."""
@@ -101,9 +101,11 @@ def load_all(plugins: bool = True) -> None:
     from pathlib import Path
 
     if "builtins" not in _loaded:
-        for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-            if not module.name.startswith("_"):  # the compiled reduces (queries/kernels.py) register nothing
-                importlib.import_module(f"{__package__}.{module.name}")
+        queries = __package__.rpartition(".")[0]  # attnstore.queries: the engine's parent holds the query modules
+        for module in pkgutil.iter_modules([str(Path(__file__).parent.parent)]):
+            # the compiled reduces (engine/kernels.py) and the engine register nothing
+            if not module.name.startswith("_") and module.name != "engine":
+                importlib.import_module(f"{queries}.{module.name}")
         _loaded.add("builtins")
     if plugins and "plugins" not in _loaded:
         _loaded.add("plugins")
@@ -172,7 +174,7 @@ _KINDS = {bool: ("true or false", "true"), int: ("an integer", "0"), float: ("a 
 
 def param_type(spec: QuerySpec, name: str) -> tuple[type, bool]:
     """(bool, int, float or str; whether None is allowed) from the annotation, else from the default."""
-    from ..store import Store
+    from ...store import Store
 
     param = spec.parameters()[name]
     try:

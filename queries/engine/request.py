@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 # The map sources a query over one run's maps may read. "attention": the maps as stored; "norm": each key's attention
 # weighted by its value norm ||f_h(x_j)||, rows renormalised (Kobayashi et al. 2020; runs ingested with value norms).
