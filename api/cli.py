@@ -87,10 +87,11 @@ def db_upgrade(locations):
 @click.option("--rebuild-index", is_flag=True, help="Also rewrite layout-2 runs' index arrays from SQL (when `check` says they differ).")
 @friendly_errors
 def db_upgrade_arrays(locations, runs, rebuild_index):
-    """Convert runs stored in Zarr layout 1 (runs/<uuid>, no index) to the self-describing layout 2.
+    """Convert runs stored in Zarr layout 1 (runs/<uuid>, no index; before 2026-11-23) to the self-describing layout 2.
 
     Chunks are copied byte for byte; SQL switches to the new arrays only once they are complete.
-    Safe to run again after an interruption. Layout-1 runs are still read without it.
+    Safe to run again after an interruption. Every other read or write of a layout-1 run's arrays
+    is refused until it is converted.
     """
     from ..store.layout import upgrade_arrays
 
@@ -187,7 +188,7 @@ def show(locations, run):
     import json
 
     info = open_store(locations).run_info(run)
-    click.echo(json.dumps(info.__dict__, indent=2, default=str))
+    click.echo(json.dumps(info.as_dict(), indent=2, default=str))
 
 
 @main.command(short_help="List a run's examples with their length and flags.")
@@ -524,8 +525,6 @@ def summarize(locations, runs_, kinds, scheduler):
     store = open_store(locations, write=True)
     for run in runs_:
         info = store.run_info(run)
-        if not store.summaries(info).can_keep:
-            raise click.ClickException(f"run {info.name!r} is in layout 1: run `attnstore db upgrade-arrays` to keep summaries")
         for name in kinds or sorted(available):
             t = time.perf_counter()
             with use_scheduler(scheduler), reading_progress(f"summary {name} of {info.name}"):

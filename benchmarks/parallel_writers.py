@@ -82,7 +82,7 @@ def main() -> None:
     from attnstore.ingest.align import encode_batch
     from attnstore.ingest.model import load_model
     from attnstore.ingest.runner import plan_batches
-    from attnstore.store import arrays, migrate, open_store
+    from attnstore.store import arrays, block_writer, migrate, open_store
     from attnstore.store.check import check_store
     from attnstore.store.cluster import split
 
@@ -128,7 +128,7 @@ def main() -> None:
             ranges, start = [], coordinator.blocks.next_offset
             for part in parts:
                 ranges.append((start, start + sum(b.size for _, blocks in part for b in blocks)))
-                start = arrays.resume_offset(ranges[-1][1], info.chunk_cells)
+                start = block_writer.resume_offset(ranges[-1][1], info.chunk_cells)
             coordinator.blocks.array.resize((ranges[-1][1],))
             coordinator.index.group.attrs.update({arrays.INDEX_PENDING: True})
             files = []

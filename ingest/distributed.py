@@ -32,7 +32,7 @@ from collections.abc import Iterable, Set
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from ..store import arrays
+from ..store import arrays, block_writer
 from ..store.cluster import PARTS_PER_WORKER, client_for
 from .align import Encoded
 from .model import LoadedModel, load_model
@@ -110,11 +110,11 @@ def ingest_on_cluster(
             part_done = frozenset(e.example_id for e in examples if e.example_id in done)
             start = next_free
             new_blocks = (per_pair * e.length**2 for e in examples if e.input_ids and e.example_id not in done)
-            stop = arrays.placed_end(start, new_blocks, block)  # placed as the worker's writer places them
+            stop = block_writer.placed_end(start, new_blocks, block)  # placed as the worker's writer places them
             writer.lease.check()
             if array.shape[0] < stop:
                 array.resize((stop,))  # before the part leaves: workers only write inside the array
-            next_free = arrays.resume_offset(stop, info.chunk_cells)
+            next_free = block_writer.resume_offset(stop, info.chunk_cells)
             future = client.submit(write_part, locations, info.id, lease, source, dtype, (start, stop), part, part_done, pure=False)
             running.append(future)
 

@@ -2,7 +2,7 @@
 
 Resumable and idempotent: examples are keyed by (dataset, position) and
 (run, example); a re-run skips what is committed and continues. A run's SQL rows
-are committed only after its maps are on disk (see store.arrays.BlockWriter).
+are committed only after its maps are on disk (see store.block_writer.BlockWriter).
 """
 
 from __future__ import annotations

@@ -59,8 +59,6 @@ def compute_saliency(store: Store, run, batch_size: int = 16, progress: bool = F
     info = store.run_info(run)
     if info.status != "complete":
         raise InvalidArgumentError(f"run {info.name!r} is {info.status}: finish its ingest first (run the same ingest command)")
-    if not arrays.group_path_of(info.array_path):
-        raise InvalidArgumentError(f"run {info.name!r} has layout-1 arrays: run `attnstore db upgrade-arrays` first")
     root = store.locations.array_root
     meta = arrays.run_group_attribute(root, info.array_path, arrays.SALIENCY)
     wanted = {"model": info.model, "method": METHOD, "target": TARGET}

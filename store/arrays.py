@@ -14,18 +14,18 @@ Layout 2 (self-describing; docs/SHARING.md shows how to read it with plain zarr 
 
 All arrays have their real length, grown as ingestion goes. SQL (`sequences`) is the index
 attnstore reads; the index arrays mirror it for readers without SQL and `attnstore check`
-verifies that they agree. Layout 1 (before this module wrote groups) kept one 1-D array per
-run at runs/<uuid> with a nominal length of 2**46 cells and no index; it is still read, and
-`attnstore db upgrade-arrays` converts it.
+verifies that they agree. Runs of layout 1 (one bare array at runs/<uuid>, before 2026-11-23) are
+refused where a run's arrays are reached (`RunInfo.array_path`, store/records.py) until
+`attnstore db upgrade-arrays` (store/layout.py) converts them; everything here assumes layout 2.
 
-Blocks are appended through `BlockWriter`, which only ever writes whole chunks (plus the last
-partial chunk when a run finishes), so a chunk that holds committed data is never rewritten:
-a crash cannot damage stored examples. Index arrays are small and derived from SQL; entries are
-added every few commits and at the end (`INDEX_PENDING` while they lag; writes are atomic per chunk
-on local folders and object stores).
+Blocks are appended through store/block_writer.py's `BlockWriter`, which never rewrites a chunk that
+holds committed data. Index arrays are small and derived from SQL; entries are added every few
+commits and at the end (`INDEX_PENDING` while they lag; writes are atomic per chunk on local
+folders and object stores).
 
 Longer than ~500 lines on purpose: the run's array, its index and the read path share the layout's constants and
-chunk arithmetic; split, each part would import the others' privates. The kept summaries' format is store/summaries.py.
+chunk arithmetic; split, each part would import the others' privates. Appending blocks is store/block_writer.py; the
+kept summaries' format store/summaries.py.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -79,8 +78,6 @@ CODECS = {"lossless": DEFAULT_CODEC, "u8": LOSSY_U8_CODEC}
 # Chunks equal to the fill value are written too, so a missing chunk always means damage.
 ARRAY_CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 DEFAULT_CHUNK_CELLS = 1 << 20  # 2 MiB of float16: about 5 MRPC examples, ~3 ms to decode
-# Layout 1 created each run's array with this nominal length (unwritten chunks take no space).
-LEGACY_CAPACITY_CELLS = 1 << 46
 DTYPES = ("float16", "float32")
 LAYOUT = 2
 CELLS = "cells"
@@ -181,7 +178,7 @@ def make_filters(spec: dict, dtype: str) -> list:
 
 
 def root_layout(attributes: dict) -> int | None:
-    """The layout version a root group's attributes declare (None: layout 1, which declared none)."""
+    """The layout version a root group's attributes declare (None where they declare none)."""
     meta = attributes.get("attnstore")
     return meta.get("layout") if isinstance(meta, dict) else None
 
@@ -199,14 +196,12 @@ def run_group_path(run_name: str) -> str:
     return f"runs/{run_slug(run_name)}"
 
 
-def group_path_of(array_path: str) -> str | None:
-    """The run group holding a cells array (layout 2), or None for a layout-1 array."""
-    return array_path[: -len(CELLS) - 1] if array_path.endswith(f"/{CELLS}") else None
-
-
-def run_node_path(array_path: str) -> str:
-    """Everything of a run lives under this key prefix: its group (layout 2) or its array (layout 1)."""
-    return group_path_of(array_path) or array_path
+def group_path_of(array_path: str) -> str:
+    """The run group holding a cells array (runs/<slug>/cells -> runs/<slug>): everything of the run lives under it."""
+    group, _, name = array_path.strip("/").rpartition("/")
+    if name != CELLS or not group:
+        raise InvalidArgumentError(f"{array_path!r} is not a run's cells array (<run group>/{CELLS})")
+    return group
 
 
 def create_run_array(root: str, path: str, *, dtype: str, chunk_cells: int, codec: dict, attributes: dict, shape: int = 0):
@@ -361,7 +356,7 @@ def _open_node(opener, root: str, store, path: str, mode):
 
 
 class RunIndex:
-    """The index arrays of a layout-2 run: one entry per stored example, in storage (offset) order.
+    """The index arrays of a run: one entry per stored example, in storage (offset) order.
 
     `start` entries and `token_count` tokens are already committed (from SQL); `write` replaces
     everything after them, so entries written before a crash and never committed are overwritten.
@@ -369,8 +364,6 @@ class RunIndex:
 
     def __init__(self, root: str, array_path: str, start: int, token_count: int, read_only: bool = False):
         group = group_path_of(array_path)
-        if group is None:
-            raise InvalidArgumentError(f"{array_path} is a layout-1 array: it has no index arrays")
         store = open_root(root, read_only=read_only)
         mode: Literal["r", "r+"] = "r" if read_only else "r+"
         self.group = _open_node(zarr.open_group, root, store, group, mode)
@@ -426,16 +419,14 @@ class RunIndex:
 
 
 class TokenArray:
-    """A layout-2 run's per-token array `name` (value_norm, saliency): its first axis the run's tokens in storage
+    """A run's per-token array `name` (value_norm, saliency): its first axis the run's tokens in storage
     order, as token_id's. `write(start, values)` replaces everything from `start`, so values written past the committed
     tokens (before a crash) are overwritten by the resumed writer."""
 
     def __init__(self, root: str, array_path: str, name: str, read_only: bool = True):
-        group = group_path_of(array_path)
-        if group is None:
-            raise InvalidArgumentError(f"{array_path} is a layout-1 array: it has no per-token arrays ({name})")
         mode: Literal["r", "r+"] = "r" if read_only else "r+"
-        self.array = _open_node(zarr.open_array, root, open_root(root, read_only=read_only), f"{group}/{name}", mode)
+        path = f"{group_path_of(array_path)}/{name}"
+        self.array = _open_node(zarr.open_array, root, open_root(root, read_only=read_only), path, mode)
 
     def write(self, start: int, values: np.ndarray) -> None:
         stop = start + len(values)
@@ -461,28 +452,19 @@ class ValueNorms(TokenArray):
 
 
 def run_group_attribute(root: str, array_path: str, name: str):
-    """Attribute `name` of a layout-2 run's group (None if absent)."""
-    group = group_path_of(array_path)
-    if group is None:
-        return None
-    return zarr.open_group(store=open_root(root, read_only=True), path=group, mode="r").attrs.get(name)
+    """Attribute `name` of a run's group (None if absent)."""
+    return zarr.open_group(store=open_root(root, read_only=True), path=group_path_of(array_path), mode="r").attrs.get(name)
 
 
 def set_run_group_attribute(root: str, array_path: str, name: str, value) -> None:
-    group = group_path_of(array_path)
-    if group is None:
-        raise InvalidArgumentError(f"{array_path} is a layout-1 array: it has no group attributes")
-    zarr.open_group(store=open_root(root, read_only=False), path=group, mode="r+").attrs.update({name: value})
+    zarr.open_group(store=open_root(root, read_only=False), path=group_path_of(array_path), mode="r+").attrs.update({name: value})
 
 
 def create_token_array(root: str, array_path: str, name: str, trailing: tuple[int, ...], dtype: str, chunk_tokens: int, attributes: dict):
-    """An empty per-token array `name` in a layout-2 run's group (replacing one there), checksummed like the index."""
-    group = group_path_of(array_path)
-    if group is None:
-        raise InvalidArgumentError(f"{array_path} is a layout-1 array: it cannot hold per-token arrays ({name})")
+    """An empty per-token array `name` in a run's group (replacing one there), checksummed like the index."""
     return zarr.create_array(
         store=open_root(root, read_only=False),
-        name=f"{group}/{name}",
+        name=f"{group_path_of(array_path)}/{name}",
         shape=(0, *trailing),
         chunks=(chunk_tokens, *trailing),
         dtype=dtype,
@@ -499,9 +481,9 @@ INDEX_PENDING = "index_pending"  # group attribute: a distributed ingest writes 
 
 
 def index_pending(root: str, array_path: str) -> bool:
-    """Whether a layout-2 run's index arrays are left to be written when it completes (a distributed ingest)."""
-    group = group_path_of(array_path)
-    return bool(group and zarr.open_group(store=open_root(root, read_only=True), path=group, mode="r").attrs.get(INDEX_PENDING))
+    """Whether a run's index arrays are left to be written when it completes (a distributed ingest)."""
+    group = zarr.open_group(store=open_root(root, read_only=True), path=group_path_of(array_path), mode="r")
+    return bool(group.attrs.get(INDEX_PENDING))
 
 
 # zarr's LocalStore writes each key to `<key>.<32 hex digits>.partial`, then renames it: a writer killed in between
@@ -570,158 +552,6 @@ def block_cells(array) -> int | None:
             cells = int(codec.blocksize or 0) // int(codec.typesize or array.dtype.itemsize)
             return cells if cells and int(array.chunks[0]) >= 2 * cells else None
     return None
-
-
-def placed_offset(free: int, cells: int, block: int | None) -> int:
-    """Where the next example's `cells` go, the first free offset being `free`: there, unless that would spread them
-    over more blosc blocks of `block` cells than their size needs; then at the next block's start. The gap is zeros
-    that no example owns (compressed to almost nothing). A first read then decodes the fewest blocks: MRPC dev's
-    examples 2.0 blocks of 256 KiB each instead of 2.7, for 8.9 % more cells (zeros) and 0.06 % more bytes stored
-    (docs/PERFORMANCE.md, 2026-11-28, 6063b8b). Never earlier for a later `free`, so a subset of some examples, placed in the
-    same order from the same start, ends no later than all of them (a distributed part's bound)."""
-    if not block or not cells:
-        return free
-    fewest = -(-cells // block)
-    if (free + cells - 1) // block - free // block + 1 > fewest:
-        return -(-free // block) * block
-    return free
-
-
-def placed_end(free: int, sizes: Iterable[int], block: int | None) -> int:
-    """The first free offset once blocks of `sizes` cells are placed in order from `free` (`placed_offset`): the cells
-    a distributed part's examples need (ingest/distributed.py)."""
-    for cells in sizes:
-        free = placed_offset(free, cells, block) + cells
-    return free
-
-
-def resume_offset(stored_end: int, chunk_cells: int) -> int:
-    """First offset a resumed run may write at: the next chunk boundary, never inside a written chunk."""
-    return -(-stored_end // chunk_cells) * chunk_cells
-
-
-def trim(array, end: int) -> None:
-    """Cut a layout-2 cells array to its committed end; chunks wholly past it (cells written, never committed) go."""
-    if array.shape[0] > end:
-        array.resize((end,))
-
-
-class BlockWriter:
-    """Append blocks at increasing offsets; write whole chunks only, until `flush(final=True)`.
-
-    Blocks are copied once, straight into a growing buffer (a block may be a strided
-    view of a padded batch); whole chunks are written from the buffer.
-
-    `flush(wait=False)` writes in a background thread while the caller goes on (commits the rows of
-    earlier chunks, appends the next blocks): one write is in flight at a time, and the array is grown
-    to its end before it starts, so a writer that takes the run over later starts past it.
-    """
-
-    def __init__(self, array, start_offset: int):
-        self.array = array
-        self.chunk = array.chunks[0]
-        self.block_cells = block_cells(array)  # examples are placed so each lies in the fewest blosc blocks
-        if start_offset % self.chunk:
-            raise InvalidArgumentError(f"start offset {start_offset} is not a multiple of the chunk size {self.chunk}")
-        self._base = start_offset  # start of the buffer: everything before it is on disk or being written
-        self._durable = start_offset  # everything before this offset is on disk
-        self._buf = np.empty(4 * self.chunk, dtype=array.dtype)
-        self._buffered = 0
-        self._in_flight: Future[None] | None = None
-        self._in_flight_end = start_offset
-        self._writer: ThreadPoolExecutor | None = None
-        self._failed: BaseException | None = None
-        self._spare: np.ndarray | None = None  # the buffer of the write in flight, or free again once it is done
-
-    @property
-    def next_offset(self) -> int:
-        return self._base + self._buffered
-
-    @property
-    def durable_offset(self) -> int:
-        return self._durable
-
-    def offset_for(self, cells: int) -> int:
-        """Where `append` would put a block of `cells` cells now (`placed_offset`)."""
-        return placed_offset(self.next_offset, cells, self.block_cells)
-
-    def append(self, block: np.ndarray) -> int:
-        n = block.size
-        offset = self.offset_for(n)
-        start = self._buffered + offset - self.next_offset  # after the gap, if any
-        if start + n > self._buf.size:
-            grown = np.empty(max(2 * self._buf.size, start + n), dtype=self._buf.dtype)
-            grown[: self._buffered] = self._buf[: self._buffered]
-            self._buf = grown
-        self._buf[self._buffered : start] = 0  # the gap: zeros no example owns
-        self._buf[start : start + n].reshape(block.shape)[...] = block
-        self._buffered = start + n
-        return offset
-
-    def flush(self, final: bool = False, wait: bool = True) -> int:
-        """Write every whole buffered chunk (and the tail if `final`); return the durable offset.
-
-        `wait=False` (not with `final`): start the write and return the offset made durable by the writes
-        before it. A failed background write raises here, at the next flush, or in `settle()`."""
-        self.settle()
-        n_write = self._buffered if final else (self._buffered // self.chunk) * self.chunk
-        if n_write == 0:
-            return self._durable
-        end = self._base + n_write
-        if self.array.shape[0] < end:  # layout 2 arrays have their real length
-            self.array.resize((end,))
-        data, rest = self._buf[:n_write], self._buffered - n_write
-        if wait or final:
-            self.array[self._base : end] = data
-            self._buf[:rest] = self._buf[n_write : self._buffered].copy()
-        else:  # the write keeps this buffer; the rest moves to the other one (reused: no fresh pages per batch)
-            old, spare = self._buf, self._spare
-            self._buf = spare if spare is not None and spare.size >= max(old.size, rest) else np.empty(old.size, dtype=old.dtype)
-            self._buf[:rest] = old[n_write : self._buffered]
-            self._spare = old
-            if self._writer is None:
-                self._writer = ThreadPoolExecutor(1, thread_name_prefix="attnstore-chunks")
-            self._in_flight = self._writer.submit(self.array.__setitem__, slice(self._base, end), data)
-            self._in_flight_end = end
-        self._buffered = rest
-        self._base = end
-        if final:  # the next write would start inside a chunk now on disk
-            self._base = resume_offset(self._base, self.chunk)
-            self._stop_thread()
-        if self._in_flight is None:
-            self._durable = self._base if final else end
-        return self._durable
-
-    def settle(self) -> int:
-        """Wait for the write in flight, if any (its error is raised here); return the durable offset.
-
-        After a failed background write its cells are no longer buffered, so this writer stays failed:
-        every later flush raises the same error, and no offset past the failure is ever called durable."""
-        if self._failed is not None:
-            raise self._failed
-        if self._in_flight is not None:
-            future, self._in_flight = self._in_flight, None
-            try:
-                future.result()
-            except BaseException as exc:
-                self._failed = exc
-                raise
-            self._durable = self._in_flight_end
-        return self._durable
-
-    def close(self) -> None:
-        """Wait for the write in flight (its error is dropped: its cells are never committed) and stop the thread."""
-        try:
-            self.settle()
-        except Exception:
-            pass
-        finally:
-            self._stop_thread()
-
-    def _stop_thread(self) -> None:
-        if self._writer is not None:
-            self._writer.shutdown()
-            self._writer = None
 
 
 @dataclass(frozen=True)

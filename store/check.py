@@ -2,7 +2,8 @@
 are consistent, every stored map's rows sum to 1, and SQL counts agree with the arrays.
 
 `check_store(store)` returns one row per problem found (an empty frame means healthy) and
-one summary row per run; `attnstore check` prints them and exits 1 on any damage.
+one summary row per run; `attnstore check` prints them and exits 1 on any damage. A run still in
+Zarr layout 1 is not checked: its one problem says to run `attnstore db upgrade-arrays`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sqlalchemy as sa
 from . import arrays, remote, summaries
 from .errors import AttnStoreError, BusyError, DamagedDataError, NotFoundError
 from .float16 import as_float32
+from .records import in_layout_1
 from .schema import Sequence
 
 ROW_SUM_TOLERANCE = 2e-3  # ingest refuses maps off by more than 1e-3; float16 storage adds < 2**-11
@@ -160,6 +162,8 @@ class _BlockCheck:
 
 
 LEFTOVER = "it holds no committed data and can be deleted"
+# A run still in Zarr layout 1 (store/records.py `in_layout_1`): the command first, so a narrow table still shows it.
+LAYOUT_1 = "run `attnstore db upgrade-arrays` to convert it: stored in Zarr layout 1, which this version no longer reads"
 
 
 def _leftovers(store, report: RunReport, info, state: str, repair: bool) -> None:
@@ -168,7 +172,7 @@ def _leftovers(store, report: RunReport, info, state: str, repair: bool) -> None
     files may be writes in flight)."""
     if state == "writing":
         return
-    root, node = store.locations.array_root, arrays.run_node_path(info.array_path)
+    root, node = store.locations.array_root, arrays.group_path_of(info.array_path)
     found = arrays.partial_files(root, node)
     if found and repair:
         from .writer import run_lease_name
@@ -204,7 +208,7 @@ def _summaries(store, report: RunReport, info, repair: bool) -> None:
         report.add(
             f"kept summary {name!r} is incomplete: {damage}; it is not read (the next query rebuilds it); "
             "`attnstore check --repair` removes it",
-            chunk=f"{arrays.run_node_path(info.array_path)}/summary/{name}",
+            chunk=f"{arrays.group_path_of(info.array_path)}/summary/{name}",
         )
 
 
@@ -213,6 +217,10 @@ def check_run(store, run, repair: bool = False) -> RunReport:
     arrays, not the run's: `StoreWriter.block_steps`). `repair`: remove temporary files killed writers left."""
     info = store.run_info(run)
     state, _ = store.run_state(info.id)
+    if in_layout_1(info.stored_array_path):  # refused by every read: reported as needing the upgrade, not checked
+        report = RunReport(run=info.name, state=state)
+        report.add(LAYOUT_1)
+        return report
     with store.pinned(info.id):
         report = RunReport(run=info.name, state=state, checksums=(info.codec or {}).get("checksum") == "crc32c")
         _leftovers(store, report, info, state, repair)
@@ -273,7 +281,7 @@ def _check_token_array(
 ) -> None:
     """A per-token array (value_norm, saliency) holds a finite value (non-negative unless `signed`) for each of the
     `n_tokens` committed tokens (exactly those where `exact`); chunks' checksums are verified as they decode."""
-    where = f"{arrays.run_node_path(info.array_path)}/{name}"
+    where = f"{arrays.group_path_of(info.array_path)}/{name}"
     try:
         values = arrays.TokenArray(store.locations.array_root, info.array_path, name)
         length = values.length()
@@ -305,7 +313,7 @@ def _check_token_array(
 
 
 class _IndexCheck:
-    """Layout 2: the Zarr index arrays say what SQL says (a running run's index may run ahead of SQL), compared
+    """The Zarr index arrays say what SQL says (a running run's index may run ahead of SQL), compared
     a step of SQL's blocks at a time. The first difference is reported; then the comparison stops."""
 
     def __init__(self, report: RunReport, index: arrays.RunIndex, where: str):
@@ -313,9 +321,7 @@ class _IndexCheck:
 
     @classmethod
     def open(cls, report: RunReport, store, info, n: int, complete: bool) -> _IndexCheck | None:
-        if not arrays.group_path_of(info.array_path):
-            return None
-        where = arrays.run_node_path(info.array_path)
+        where = arrays.group_path_of(info.array_path)
         try:
             index = arrays.RunIndex(store.locations.array_root, info.array_path, 0, 0, read_only=True)
         except DamagedDataError as exc:  # a zarr.json that is not JSON: the message names it

@@ -41,6 +41,11 @@ class ReadOnlyStoreError(AttnStoreError, PermissionError):
     """A write was asked of a store opened read-only (no write permission on its database or array root)."""
 
 
+class OldLayoutError(InvalidArgumentError):
+    """A run whose arrays are still in Zarr layout 1 (a bare array at runs/<uuid>, written before 2026-11-23), which this
+    version no longer reads or writes; `attnstore db upgrade-arrays` converts them (store/layout.py)."""
+
+
 class TooLargeError(InvalidArgumentError):
     """A request over a bound (cells per response, examples per query, bytes of a SQL result): HTTP 413."""
 

@@ -1,9 +1,11 @@
-"""Upgrade runs from Zarr layout 1 (one bare array at runs/<uuid>) to layout 2 (a self-describing group).
+"""Upgrade runs from Zarr layout 1 (one bare array at runs/<uuid>, before 2026-11-23) to layout 2 (a self-describing
+group): the way out for a store this version refuses to read (`RunInfo.array_path`, store/records.py), and the one
+module that still opens a layout-1 array.
 
 `upgrade_arrays(store)` converts every layout-1 run: it creates the run's group with its real
 length, copies the compressed chunks byte for byte (same codecs, no decode), writes the index
 arrays from SQL, then points `runs.array_path` at the new cells and deletes the old array. The
-SQL update is the switch: a crash before it leaves the old array in use (and an orphan group the
+SQL update is the switch: a crash before it leaves the old array as it was (and an orphan group the
 next attempt replaces); a crash after it leaves only old chunks to delete, which the next call
 does. `rebuild_index=True` rewrites the index arrays of layout-2 runs from SQL. Each run is
 converted under its write lease, so no ingest writes it meanwhile.
@@ -24,7 +26,7 @@ from zarr.core.sync import sync
 
 from . import arrays
 from .errors import DamagedDataError
-from .records import RunInfo
+from .records import RunInfo, in_layout_1
 from .schema import Run
 from .writer import committed_blocks, run_attributes, run_lease_name, write_index_from_sql
 
@@ -40,7 +42,7 @@ def upgrade_arrays(store: Store, runs: list[str] | None = None, rebuild_index: b
     for name in names:
         started = time.perf_counter()
         info = store.run_info(name)
-        before = 2 if arrays.group_path_of(info.array_path) else 1
+        before = 1 if in_layout_1(info.stored_array_path) else 2
         with store.writer.lease(run_lease_name(info.name), f"upgrading the arrays of run {info.name!r}"):
             if before == 1:
                 copied = _convert(store, info)
@@ -61,8 +63,8 @@ def _write_index(store: Store, info: RunInfo) -> None:
 
 
 def _convert(store: Store, info: RunInfo) -> int:
-    root = store.locations.array_root
-    old = arrays.open_run_array(root, info.array_path, read_only=True)
+    root, old_path = store.locations.array_root, info.stored_array_path
+    old = arrays.open_run_array(root, old_path, read_only=True)
     seqs = committed_blocks(store, info)
     size = info.n_layers * info.n_heads * seqs["length"].to_numpy(np.int64) ** 2
     end = int((seqs["offset"].to_numpy(np.int64) + size).max()) if len(seqs) else 0
@@ -98,9 +100,9 @@ def _convert(store: Store, info: RunInfo) -> int:
                 "run `attnstore check` to list the damage"
             )
         sync(kv.set(arrays.chunk_key(cells, i), data))
-    new_info = dataclasses.replace(info, array_path=cells_path)
+    new_info = dataclasses.replace(info, stored_array_path=cells_path)
     _write_index(store, new_info)
     with store.session() as s:
-        s.execute(sa.update(Run).where(Run.id == info.id, Run.array_path == info.array_path).values(array_path=cells_path))
-    sync(kv.delete_dir(info.array_path))
+        s.execute(sa.update(Run).where(Run.id == info.id, Run.array_path == old_path).values(array_path=cells_path))
+    sync(kv.delete_dir(old_path))
     return n_chunks

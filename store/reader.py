@@ -4,8 +4,9 @@
 user's writes (saved results, pattern labels) and `store.writer` (store/writer.py: what ingest,
 checks and bundles write and read with).
 
-Longer than ~500 lines on purpose: one class, every read a user calls (each a short method over one query); splitting
-it would scatter one public surface over several classes.
+Longer than ~500 lines on purpose: one class, every read a user calls of runs, examples and maps (each a short method
+over one query); splitting it would scatter one public surface over several classes. The reads of saved results (head
+metrics, matches, probes, ablations, pattern labels, models) are its base `SavedResultReads`, in store/results.py.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from .lazy import LazyModule
 from .lru import LRU
 from .migrate import upgrade_command, verify_schema
 from .records import RunInfo
-from .schema import AblationResult, Dataset, Example, HeadMatch, HeadMetric, Mention, Model, ProbeResult, Run, Sequence, Token, Word
+from .results import SavedResultReads
+from .schema import Dataset, Example, Mention, Model, Run, Sequence, Token, Word
 
 if TYPE_CHECKING:
     from . import arrays, direct, remote, summaries
@@ -46,7 +48,7 @@ BLOCK_WINDOWS_KEPT = 64  # 64 x 4,096 examples x 20 bytes: ~5 MB at most, whatev
 RunRef = str | int
 
 
-class StoreReader:
+class StoreReader(SavedResultReads):
     """Read access to a store: SQL metadata at `locations.db_url` plus Zarr arrays under `locations.array_root`.
 
     A store opened with `locations.read_only` (--read-only, ATTNSTORE_READ_ONLY=1), or whose
@@ -192,7 +194,7 @@ class StoreReader:
                 dtype=r.dtype,
                 codec=r.codec,
                 chunk_cells=r.chunk_cells,
-                array_path=r.array_path,
+                stored_array_path=r.array_path,
                 attn_implementation=r.attn_implementation,
                 special_tokens=m.special_tokens,
                 n_stored=r.n_stored,
@@ -505,22 +507,10 @@ class StoreReader:
 
         `layer` / `head` are None (all), an int or a list of ints; the result keeps
         all four axes either way. Rows sum to 1 over the example's L tokens.
-        Damaged or missing chunks raise DamagedDataError naming run, example and chunk.
+        Damaged or missing chunks raise DamagedDataError naming run, example and chunk; a run still in Zarr layout 1,
+        OldLayoutError naming `attnstore db upgrade-arrays`.
         """
-        info = self._maps_info(run)
-        try:
-            return self._maps(info, example, layer, head)
-        except (NotFoundError, DamagedDataError):
-            fresh = self.run_info(run)
-            if fresh.array_path == info.array_path:
-                raise
-            # its arrays moved since its info was kept (`attnstore db upgrade-arrays`): forget what was kept, read again
-            with self._maps_lock:
-                self._static_info = {ref: kept for ref, kept in self._static_info.items() if kept.id != info.id}
-                for key in self._block_windows.keys():
-                    if key[0] == info.id:
-                        self._block_windows.pop(key)
-            return self._maps(self._maps_info(run), example, layer, head)
+        return self._maps(self._maps_info(run), example, layer, head)
 
     def _maps(self, info: RunInfo, example: int, layer, head) -> np.ndarray:
         layers = self._select("layer", layer, info.n_layers)
@@ -553,6 +543,7 @@ class StoreReader:
         info = self._pinned_info.get(run) or self._static_info.get(run)
         if info is None:
             info = self.run_info(run)
+            _ = info.array_path  # a layout-1 run is refused before its info is kept: once upgraded, it is read
             with self._maps_lock:
                 self._static_info[run] = info
         return info
@@ -713,8 +704,6 @@ class StoreReader:
     def saliency_info(self, run: RunRef) -> dict | None:
         """What the run's saliency array holds (model, method, target, n_tokens, complete), or None without one."""
         info = self.run_info(run)
-        if not arrays.group_path_of(info.array_path):
-            return None
         return arrays.run_group_attribute(self.locations.array_root, info.array_path, arrays.SALIENCY)
 
     def iter_saliency(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
@@ -758,171 +747,3 @@ class StoreReader:
                 a = int(starts[k]) - first
                 yield int(positions[k]), window[a : a + int(lengths[k])]
             i = j
-
-    # ------------------------------------------------------------------ saved results and models
-
-    def head_metrics(self, run: RunRef | None = None, metric: str | None = None) -> pd.DataFrame:
-        """Saved per-head values: run, metric, params, layer, head, value (optionally one run / metric)."""
-        q = sa.select(
-            Run.name.label("run"), HeadMetric.metric, HeadMetric.params, HeadMetric.layer, HeadMetric.head, HeadMetric.value
-        ).join(Run, Run.id == HeadMetric.run_id)
-        if run is not None:
-            q = q.where(HeadMetric.run_id == self.run_info(run).id)
-        if metric is not None:
-            q = q.where(HeadMetric.metric == metric)
-        return self._frame(q.order_by(HeadMetric.metric, HeadMetric.layer, HeadMetric.head))
-
-    def head_matches(self, run: RunRef | None = None) -> pd.DataFrame:
-        """Saved cross-model head matches (`attnstore query head_match --save`): run, other, params, layer, head,
-        match_layer, match_head, distance, ... (optionally those of one run A)."""
-        other = sa.orm.aliased(Run)
-        columns = [c for c in HeadMatch.__table__.columns if c.name not in ("id", "run_id", "other_run_id", "created_at")]
-        q = (
-            sa.select(Run.name.label("run"), other.name.label("other"), *columns)
-            .join(Run, Run.id == HeadMatch.run_id)
-            .join(other, other.id == HeadMatch.other_run_id)
-        )
-        if run is not None:
-            q = q.where(HeadMatch.run_id == self.run_info(run).id)
-        frame = self._frame(q.order_by(Run.name, other.name, HeadMatch.params, HeadMatch.layer, HeadMatch.head))
-        return frame.astype({c: "Int64" for c in ("match_layer", "match_head", "best_layer", "best_head", "rank")})
-
-    def probe_results(self) -> pd.DataFrame:
-        """Saved probe results: run, eval_run, kind, uas, train_uas, n_train, n_eval, epochs, final_loss, params."""
-        train, held_out = sa.orm.aliased(Run), sa.orm.aliased(Run)
-        q = (
-            sa.select(
-                train.name.label("run"),
-                held_out.name.label("eval_run"),
-                ProbeResult.kind,
-                ProbeResult.uas,
-                ProbeResult.train_uas,
-                ProbeResult.n_train,
-                ProbeResult.n_eval,
-                ProbeResult.epochs,
-                ProbeResult.final_loss,
-                ProbeResult.params,
-                ProbeResult.created_at,
-            )
-            .join(train, train.id == ProbeResult.run_id)
-            .join(held_out, held_out.id == ProbeResult.eval_run_id)
-            .order_by(ProbeResult.id)
-        )
-        return self._frame(q)
-
-    def model_row(self, name: str) -> dict | None:
-        """The most recent model registered under `name` (id, name, source, init, task, parent_id, training, ...)."""
-        with self.session() as s:
-            m = s.scalars(sa.select(Model).where(Model.name == name).order_by(Model.id.desc())).first()
-            return None if m is None else {c.name: getattr(m, c.name) for c in Model.__table__.columns}
-
-    def models(self) -> pd.DataFrame:
-        """Registered models: id, name, architecture, n_layers, n_heads, init, task, parent, training, created_at."""
-        parent = sa.orm.aliased(Model)
-        q = (
-            sa.select(
-                Model.id,
-                Model.name,
-                Model.architecture,
-                Model.n_layers,
-                Model.n_heads,
-                Model.init,
-                Model.task,
-                parent.name.label("parent"),
-                Model.training,
-                Model.created_at,
-            )
-            .outerjoin(parent, parent.id == Model.parent_id)
-            .order_by(Model.id)
-        )
-        return self._frame(q)
-
-    def ablation_results(self, model: str | None = None, task: str | None = None) -> pd.DataFrame:
-        """Stored evaluations and ablations: model, init, task, split, mode, config, disabled_heads, metric, score,
-        baseline_score, delta (score - baseline), n_examples. Config "none" is the model's plain evaluation."""
-        q = (
-            sa.select(
-                Model.name.label("model"),
-                Model.init,
-                AblationResult.task,
-                AblationResult.split,
-                AblationResult.mode,
-                AblationResult.config,
-                AblationResult.disabled_heads,
-                AblationResult.metric,
-                AblationResult.score,
-                AblationResult.baseline_score,
-                AblationResult.n_examples,
-                AblationResult.created_at,
-            )
-            .join(Model, Model.id == AblationResult.model_id)
-            .order_by(AblationResult.id)
-        )
-        if model is not None:
-            q = q.where(Model.name == model)
-        if task is not None:
-            q = q.where(AblationResult.task == task)
-        frame = self._frame(q)
-        frame["delta"] = frame["score"] - frame["baseline_score"]
-        return frame
-
-    # ------------------------------------------------------------------ attention-pattern labels (Kovaleva et al. K1)
-
-    def example_rows(self, run: RunRef) -> pd.DataFrame:
-        """A run's examples with their row in the original corpus.
-
-        Columns: example (position), example_id, source_row (examples.source_index where the
-        corpus numbers its rows, e.g. a sampled GLUE set, else the position), length, skipped.
-        """
-        info = self.run_info(run)
-        q = (
-            sa.select(
-                Example.position.label("example"), Example.id.label("example_id"), Example.source_index, Sequence.length, Sequence.skipped
-            )
-            .join(Sequence, Sequence.example_id == Example.id)
-            .where(self._visible(info))
-            .order_by(Example.position)
-        )
-        frame = self._frame(q)
-        index = pd.to_numeric(frame["source_index"], errors="coerce")
-        frame["source_row"] = index.where(index.notna(), frame["example"]).astype("int64")
-        return frame[["example", "example_id", "source_row", "length", "skipped"]]
-
-    def pattern_labels(self, run: RunRef | None = None, source: str | None = None) -> pd.DataFrame:
-        """Saved attention-pattern labels (Kovaleva et al. K1), one row per (run, example, layer, head, source).
-
-        Columns: run, model, dataset, split, example (position), example_id, source_row, layer,
-        head, label, source ("human", "rules", "cnn", ...), confidence, created_at.
-        """
-        from .schema import PatternLabel  # imported here so this block stays self-contained
-
-        q = (
-            sa.select(
-                Run.name.label("run"),
-                Model.name.label("model"),
-                Dataset.name.label("dataset"),
-                Dataset.split,
-                Example.position.label("example"),
-                PatternLabel.example_id,
-                Example.source_index,
-                PatternLabel.layer,
-                PatternLabel.head,
-                PatternLabel.label,
-                PatternLabel.source,
-                PatternLabel.confidence,
-                PatternLabel.created_at,
-            )
-            .join(Run, Run.id == PatternLabel.run_id)
-            .join(Model, Model.id == Run.model_id)
-            .join(Dataset, Dataset.id == Run.dataset_id)
-            .join(Example, Example.id == PatternLabel.example_id)
-            .order_by(Run.id, Example.position, PatternLabel.layer, PatternLabel.head, PatternLabel.source)
-        )
-        if run is not None:
-            q = q.where(PatternLabel.run_id == self.run_info(run).id)
-        if source is not None:
-            q = q.where(PatternLabel.source == source)
-        frame = self._frame(q)
-        index = pd.to_numeric(frame["source_index"], errors="coerce")
-        frame.insert(6, "source_row", index.where(index.notna(), frame["example"]).astype("int64"))
-        return frame.drop(columns="source_index")

@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+
+from .errors import OldLayoutError
 
 # The manifest flag of a run that keeps its value norms (store/arrays.py VALUE_NORMS): set when the run is started.
 VALUE_NORMS_FLAG = "value_norms"
+
+
+def in_layout_1(array_path: str) -> bool:
+    """Whether a run's stored array path is Zarr layout 1's bare array (runs/<uuid>, written before 2026-11-23) rather
+    than layout 2's cells array in the run's group (runs/<slug>/cells, store/arrays.py CELLS)."""
+    return not array_path.endswith("/cells")
+
+
+def layout_1_error(run: str) -> OldLayoutError:
+    """The one line a read or write of a layout-1 run's arrays gets, naming the command that converts them."""
+    return OldLayoutError(
+        f"run {run!r} is stored in Zarr layout 1, which this version no longer reads: "
+        "run `attnstore db upgrade-arrays` to convert it (a byte-for-byte chunk copy)"
+    )
 
 
 @dataclass(frozen=True)
@@ -25,7 +42,7 @@ class RunInfo:
     dtype: str
     codec: dict
     chunk_cells: int
-    array_path: str
+    stored_array_path: str  # runs.array_path as SQL holds it, whatever its layout: arrays are reached through `array_path`
     attn_implementation: str
     special_tokens: dict
     n_stored: int
@@ -35,9 +52,22 @@ class RunInfo:
     tokenization: str = "words"
 
     @property
+    def array_path(self) -> str:
+        """The run's cells array under the array root (runs/<slug>/cells), where every read or write of its arrays
+        starts. A run still in Zarr layout 1 is refused here, the one place (`layout_1_error`): past it, attnstore
+        assumes layout 2. What reads SQL only (run listings, tokens, `attnstore sql`) never asks, and keeps working."""
+        if in_layout_1(self.stored_array_path):
+            raise layout_1_error(self.name)
+        return self.stored_array_path
+
+    def as_dict(self) -> dict:
+        """Every field, `array_path` under its column's name as SQL holds it (a layout-1 run's too: shown, never read)."""
+        return {("array_path" if key == "stored_array_path" else key): value for key, value in dataclasses.asdict(self).items()}
+
+    @property
     def has_value_norms(self) -> bool:
         """Whether the run keeps each token's value norm per (layer, head) beside its maps (weights="norm" queries)."""
-        return bool((self.manifest or {}).get(VALUE_NORMS_FLAG)) and self.array_path.endswith("/cells")
+        return bool((self.manifest or {}).get(VALUE_NORMS_FLAG))
 
 
 @dataclass(frozen=True)

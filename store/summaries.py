@@ -6,8 +6,8 @@ row by row, checked, and removed; and `RunSummaries`, the one handle the rest of
 Longer than ~500 lines on purpose: the summary groups' writers and readers are one format, read and changed as one
 (a field's chunking decides how a sample reads it back).
 
-A query's framework (queries/summary.py) decides what is kept and when; this module decides how it is laid out. Only
-layout-2 runs (a group per run, store/arrays.py) keep summaries. Two builders of one summary never write at once:
+A query's framework (queries/engine/) decides what is kept and when; this module decides how it is laid out, in the
+run's group (store/arrays.py). Two builders of one summary never write at once:
 `RunSummaries.keep` holds the summary's lease (`summary:RUN_ID:KEY`) and looks for it again before writing.
 """
 
@@ -25,7 +25,7 @@ from zarr.core.sync import sync
 
 from . import direct, sharded
 from .arrays import INDEX_CODEC, group_path_of, make_codec, open_root
-from .errors import InvalidArgumentError, StorageIOError
+from .errors import StorageIOError
 
 if TYPE_CHECKING:
     from .records import RunInfo
@@ -46,11 +46,9 @@ SUMMARY_ROWS = "rows"
 
 def _open_summary(root: str, array_path: str, name: str, stamp: dict):
     """The zarr group of a run's saved summary `name` if its stamp matches, else None."""
-    group = group_path_of(array_path)
-    if group is None:
-        return None
+    path = f"{group_path_of(array_path)}/summary/{name}"
     try:
-        node = zarr.open_group(store=open_root(root, read_only=True), path=f"{group}/summary/{name}", mode="r")
+        node = zarr.open_group(store=open_root(root, read_only=True), path=path, mode="r")
         return node if node.attrs.get("stamp") == stamp else None
     except (FileNotFoundError, KeyError, ValueError, zarr.errors.NodeNotFoundError):
         return None
@@ -97,11 +95,9 @@ def _complete_summary(root: str, array_path: str, name: str, stamp: dict) -> tup
 
 def stamped_summaries(root: str, array_path: str) -> list[tuple[str, Any]]:
     """(name, group) of every summary kept beside a run that carries a stamp (finished), in name order."""
-    group = group_path_of(array_path)
-    if group is None:
-        return []
+    path = f"{group_path_of(array_path)}/summary"
     try:
-        folder = zarr.open_group(store=open_root(root, read_only=True), path=f"{group}/summary", mode="r")
+        folder = zarr.open_group(store=open_root(root, read_only=True), path=path, mode="r")
         return sorted((name, node) for name, node in folder.groups() if node.attrs.get("stamp") is not None)
     except (FileNotFoundError, KeyError, ValueError, zarr.errors.NodeNotFoundError):
         return []
@@ -109,15 +105,13 @@ def stamped_summaries(root: str, array_path: str) -> list[tuple[str, Any]]:
 
 def remove_summary(root: str, array_path: str, name: str) -> str:
     """Delete a run's kept summary `name` (its whole group); the store key of the group removed."""
-    group = group_path_of(array_path)
-    assert group is not None
-    key = f"{group}/summary/{name}"
+    key = f"{group_path_of(array_path)}/summary/{name}"
     sync(open_root(root, read_only=False).delete_dir(key))
     return key
 
 
 def read_summary(root: str, array_path: str, name: str, stamp: dict) -> dict[str, np.ndarray] | None:
-    """A run's saved per-example summary `name` (layout 2: <run group>/summary/<name>/), whole, if its stamp matches."""
+    """A run's saved per-example summary `name` (<run group>/summary/<name>/), whole, if its stamp matches."""
     found = _complete_summary(root, array_path, name, stamp)
     if found is None:
         return None
@@ -345,12 +339,9 @@ class SummaryRangesWriter:
     the names of the totals' labelled axis, where the kind's totals have one."""
 
     def __init__(self, root: str, array_path: str, name: str, labels: list[str] | None = None) -> None:
-        group = group_path_of(array_path)
-        if group is None:
-            raise InvalidArgumentError(f"{array_path} is a layout-1 array: run `attnstore db upgrade-arrays` to keep summaries")
         self.node = zarr.create_group(
             store=open_root(root, read_only=False),
-            path=f"{group}/summary/{name}/{SUMMARY_RANGES}",
+            path=f"{group_path_of(array_path)}/summary/{name}/{SUMMARY_RANGES}",
             overwrite=True,
             attributes={"stamp": None, "labels": labels},
         )
@@ -447,11 +438,11 @@ class SummaryWriter:
         totals: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
         labels: list[str] | None = None,
     ) -> None:
-        group = group_path_of(array_path)
-        if group is None:
-            raise InvalidArgumentError(f"{array_path} is a layout-1 array: run `attnstore db upgrade-arrays` to keep summaries")
         self.node = zarr.create_group(
-            store=open_root(root, read_only=False), path=f"{group}/summary/{name}", overwrite=True, attributes={"stamp": None}
+            store=open_root(root, read_only=False),
+            path=f"{group_path_of(array_path)}/summary/{name}",
+            overwrite=True,
+            attributes={"stamp": None},
         )
         self.arrays: dict[str, zarr.Array] = {}
         self.encoders: dict[str, sharded.ShardEncoder | None] = {}  # per sharded field: its shards' encoder
@@ -541,29 +532,31 @@ class RunSummaries:
         self.store = store
         self.info = info
         self.root = store.locations.array_root
+        self.array_path = info.array_path  # a run still in Zarr layout 1 is refused here (store/records.py)
 
     @property
     def can_keep(self) -> bool:
-        """Whether the run can keep summaries (its arrays are layout 2); writing also needs a writable store."""
-        return group_path_of(self.info.array_path) is not None
+        """True: every run this version reads can keep summaries (one in Zarr layout 1 is refused before this handle
+        exists); writing also needs a writable store."""
+        return True
 
     def whole(self, name: str, stamp: dict) -> dict[str, np.ndarray] | None:
         """Summary `name`, whole, if it is kept with this stamp and complete."""
-        return read_summary(self.root, self.info.array_path, name, stamp)
+        return read_summary(self.root, self.array_path, name, stamp)
 
     def parts(self, name: str, stamp: dict) -> SummaryParts | None:
         """Summary `name` to read range by range (`.n` examples, `.part(start, stop)`), if kept with this stamp and complete."""
-        return summary_parts(self.root, self.info.array_path, name, stamp)
+        return summary_parts(self.root, self.array_path, name, stamp)
 
     def ranges(self, name: str, stamp: dict) -> SummaryRanges | None:
         """Summary `name`'s range reductions (`.n` ranges, `.block(start, stop)`), if they and it carry this stamp."""
-        return summary_ranges(self.root, self.info.array_path, name, stamp)
+        return summary_ranges(self.root, self.array_path, name, stamp)
 
     def stamped(self) -> list[tuple[str, Any]]:
-        return stamped_summaries(self.root, self.info.array_path)
+        return stamped_summaries(self.root, self.array_path)
 
     def remove(self, name: str) -> str:
-        return remove_summary(self.root, self.info.array_path, name)
+        return remove_summary(self.root, self.array_path, name)
 
     def _building(self, name: str):
         """The lease on building summary `name`, waited for: one process (or thread) builds and writes a summary at a
@@ -594,7 +587,7 @@ class RunSummaries:
             with self._building(name):
                 if self.parts(name, stamp) is not None:
                     return True
-                writer = SummaryWriter(self.root, self.info.array_path, name, totals, labels)
+                writer = SummaryWriter(self.root, self.array_path, name, totals, labels)
                 n = 0
                 for part in parts:
                     writer.append(part)
@@ -623,7 +616,7 @@ class RunSummaries:
                 kept = self.ranges(name, stamp)
                 if kept is not None and n_examples is not None and kept.n_examples() == n_examples:
                     return
-                writer = SummaryRangesWriter(self.root, self.info.array_path, name, labels)
+                writer = SummaryRangesWriter(self.root, self.array_path, name, labels)
                 for n, totals in ranges:
                     writer.append(n, totals)
                 writer.finish(stamp)

@@ -44,9 +44,9 @@ from .schema import (
 )
 
 if TYPE_CHECKING:
-    from . import arrays, remote
+    from . import arrays, block_writer, remote
 else:  # these import zarr: each is imported at its first use, so commands that read SQL only never import zarr (store/lazy.py)
-    arrays, remote = (LazyModule(f"{__package__}.{name}") for name in ("arrays", "remote"))
+    arrays, block_writer, remote = (LazyModule(f"{__package__}.{name}") for name in ("arrays", "block_writer", "remote"))
 
 WORD_FIELDS = ("position", "segment", "sentence", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "char_start", "char_end")
 
@@ -408,7 +408,7 @@ def validate_run_name(name: str) -> None:
 
 
 def run_attributes(session, run: Run) -> dict:
-    """What a run's Zarr group says about itself (layout 2), so the arrays can be read without SQL."""
+    """What a run's Zarr group says about itself, so the arrays can be read without SQL."""
     model, dataset = session.get(Model, run.model_id), session.get(Dataset, run.dataset_id)
     return {
         "run": run.name,
@@ -461,7 +461,7 @@ INDEX_REBUILD_BLOCKS = 4096
 
 
 def write_index_from_sql(writer: StoreWriter, info: RunInfo, step: int = INDEX_REBUILD_BLOCKS) -> arrays.RunIndex:
-    """Rewrite a layout-2 run's index arrays from SQL (its committed blocks, in offset order), `step` blocks at a time."""
+    """Rewrite a run's index arrays from SQL (its committed blocks, in offset order), `step` blocks at a time."""
     index = arrays.RunIndex(writer.store.locations.array_root, info.array_path, 0, 0)
     for blocks, token_ids in writer.block_steps(info.id, step):
         index.write(blocks["example"].tolist(), blocks["offset"].tolist(), blocks["length"].tolist(), token_ids)
@@ -514,7 +514,7 @@ class RunWriter:
         try:
             array = store._array(info, read_only=False)
             if part is None:  # the run's only writer now (a distributed ingest's workers start after this)
-                arrays.remove_partial_files(store.locations.array_root, arrays.run_node_path(info.array_path))
+                arrays.remove_partial_files(store.locations.array_root, arrays.group_path_of(info.array_path))
             with store.engine.connect() as conn:
                 end, n_blocks, n_tokens = conn.execute(
                     sa.select(
@@ -528,17 +528,17 @@ class RunWriter:
             else:
                 # Past everything ever allotted too (the array's length): cells written but never committed are left
                 # alone, so a writer that was cut off (a killed process, a distributed part) cannot overwrite new data.
-                start = arrays.resume_offset(max(int(end or 0), array.shape[0]), info.chunk_cells)
-            self.blocks = arrays.BlockWriter(array, start)
+                start = block_writer.resume_offset(max(int(end or 0), array.shape[0]), info.chunk_cells)
+            self.blocks = block_writer.BlockWriter(array, start)
             # Value norms (when the run keeps them) go to their array before their examples' rows commit, from the
             # committed token count on: norms written before a crash and never committed are overwritten.
             self.norms = None
             self._norm_tokens = int(n_tokens or 0)
             if part is None and info.has_value_norms:
                 self.norms = arrays.ValueNorms(store.locations.array_root, info.array_path, read_only=False)
-            # Layout 2 mirrors the committed index in Zarr; layout-1 runs (resumed after an upgrade of attnstore) have none.
+            # The committed index, mirrored in Zarr (by the coordinator of a distributed ingest, not its parts).
             self.index = None
-            if part is None and arrays.group_path_of(info.array_path):
+            if part is None:
                 self.index = arrays.RunIndex(store.locations.array_root, info.array_path, int(n_blocks or 0), int(n_tokens or 0))
                 if self.index.length() < self.index.n or self.index.group.attrs.get(arrays.INDEX_PENDING):
                     self.index = write_index_from_sql(writer, info)  # after a distributed ingest cut off before it wrote it
@@ -679,10 +679,10 @@ class RunWriter:
         cells array to the committed end (after a distributed ingest, whose workers write neither)."""
         try:
             self.commit(final=True)
-            if rebuild_index and arrays.group_path_of(self.info.array_path):
+            if rebuild_index:
                 self.lease.check()
                 self.index = write_index_from_sql(self._writer, self.info)
-                arrays.trim(self.blocks.array, committed_end(self.store, self.info))
+                block_writer.trim(self.blocks.array, committed_end(self.store, self.info))
             with self.store.session() as s:
                 self.lease.check(s.connection())
                 run = s.get(Run, self.info.id)

@@ -168,10 +168,6 @@ class Server:
         if INLINE.get() and (cells > INLINE_READ_CELLS or is_remote(self.store.locations.array_root)):
             raise NeedsThread
 
-    def can_keep(self, info: "RunInfo") -> bool:
-        """Whether what a query reads of this run's maps is kept (summaries beside the run) for the next time."""
-        return not self.store.read_only and self.store.summaries(info).can_keep
-
     def info(self, run: str) -> "RunInfo":
         """The run's info (`store.run_info`), kept while the store's metadata is unchanged (`version`)."""
         version = self.version()
@@ -267,8 +263,8 @@ class Server:
         """A registered query's result, computed at most once per run state and parameters, one at a time.
 
         Computing it may read the maps of up to `n_examples` examples (where nothing is summarised for it). Where that
-        read is kept for the next time (summaries on a writable store) it is done; where not (a read-only store, a
-        layout-1 run) only when `scan`, else ScanNeededError (409) at the first example read."""
+        read is kept for the next time (summaries on a writable store) it is done; where not (a read-only store) only
+        when `scan`, else ScanNeededError (409) at the first example read."""
         from ...queries import run_query
         from ...store import progress
 
@@ -281,7 +277,7 @@ class Server:
             kept = self._results.get(key)
             if kept is not None:
                 return kept
-            reading = MapsReading(self, info, name, n_examples, refuse=not scan and not self.can_keep(info))
+            reading = MapsReading(self, info, name, n_examples, refuse=not scan and self.store.read_only)
             with progress.reporting(reading.advance):
                 frame = run_query(self.store, name, run=info.id, **kwargs)
             reading.done()
@@ -323,7 +319,7 @@ class MapsReading:
         now = time.monotonic()
         if not self.read:
             if self.refuse:
-                raise ScanNeededError(scan_message(self.srv, self.info, self.name, self.n))
+                raise ScanNeededError(scan_message(self.info, self.name, self.n))
             self.started = self.logged = now
             log.info("%s over run %r: reading the maps of up to %s examples", self.name, self.info.name, self.n or "all")
         self.read += n
@@ -337,20 +333,17 @@ class MapsReading:
             log.info("%s over run %r: %d examples read in %.1f s", self.name, self.info.name, self.read, time.monotonic() - self.started)
 
 
-def scan_message(srv: Server, info: "RunInfo", name: str, n: int | None) -> str:
-    """Why a query's read of the maps was refused, and what prepares the store for it."""
-    why = (
-        "this server's store is read-only"
-        if srv.store.read_only
-        else "this run's arrays are in layout 1 (`attnstore db upgrade-arrays` moves them to layout 2)"
-    )
+def scan_message(info: "RunInfo", name: str, n: int | None) -> str:
+    """Why a query's read of the maps was refused (the server's store is read-only, so nothing read would be kept), and
+    what prepares the store for it."""
     if name == "run_similarity":
         prepare = f"run it once on a writable store: `attnstore query run_similarity --run {info.name} --param other=OTHER`"
     else:
         prepare = f"summarise the run first: `attnstore summarize --run {info.name}`"
     return (
         f"{name} over run {info.name!r} must read the maps of {'up to ' + str(n) if n else 'all its'} examples "
-        f"({info.n_layers} layers x {info.n_heads} heads each): nothing it can read instead is kept for this run, and {why}, "
+        f"({info.n_layers} layers x {info.n_heads} heads each): nothing it can read instead is kept for this run, and "
+        "this server's store is read-only, "
         f"so nothing read now would be kept and every restart would read them again; {prepare} ({PREPARING}), "
         "or ask again with scan=1 to read them now"
     )

@@ -8,9 +8,9 @@
                                   (password hidden), schema revision, runs, models, tables (columns, rows), and the
                                   sha256 + size of every other file
     tables/<table>.jsonl.gz       the exported rows of each table, one JSON object per line, with the source's ids
-    arrays/<store key>            every Zarr store key under each run's node (its group runs/<slug>/ holding `cells`
-                                  and the index arrays, or a layout-1 array runs/<uuid>/), byte for byte (and the
-                                  `zarr.json` of the groups above it), so any array layout travels as it is
+    arrays/<store key>            every Zarr store key under each run's group (runs/<slug>/: `cells`, the index
+                                  arrays, value norms, saliency, kept summaries), byte for byte (and the `zarr.json`
+                                  of the groups above it)
     models/<checkpoint>/...       fine-tuned checkpoints, relative to the models folder (`models.training.checkpoint`)
 
 A bundle is complete only once `manifest.json` exists: a zip is written as FILE.zip.partial and renamed at

@@ -1,10 +1,11 @@
 """Planning an import: what a bundle would add to a store, decided before anything is written.
 
 `_plan` reads the bundle's rows and the target's, and returns a `_Plan`: the runs to import (with their array
-paths, moved for a renamed layout-2 run) and those already there, the models and datasets to add or reuse, the
+paths, moved for a renamed run) and those already there, the models and datasets to add or reuse, the
 checkpoints to copy, the ablation rows not yet stored. Every conflict (a run name or array path the target uses
 for another run, a dataset still being loaded or holding other examples, another checkpoint of the same name,
-table data this attnstore does not know) is raised here, so a refused import writes nothing.
+table data this attnstore does not know) is raised here, so a refused import writes nothing. So is a run in Zarr
+layout 1 (before 2026-11-23), in the bundle or in the target: this version no longer reads that layout.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from .. import arrays
-from ..errors import ConflictError, InvalidArgumentError
+from ..errors import ConflictError, InvalidArgumentError, OldLayoutError
+from ..records import in_layout_1, layout_1_error
 from .container import Bundle
 from .manifest import BLOCK, TABLES, _safe_name
 from .store_files import _checkpoint_files, _node, _open_checkpoint_file, run_uid
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 @dataclass
 class _Plan:
     runs: list[dict]  # bundle rows of the runs to import
-    array_paths: dict[int, str]  # bundle run id -> its array path in the target (the same unless a layout-2 run is renamed)
+    array_paths: dict[int, str]  # bundle run id -> its array path in the target (the same unless the run is renamed)
     already: list[str]
     run_map: dict[int, int]  # bundle run id -> target run id (runs already in the target)
     model_map: dict[int, int]  # bundle model id -> target model id (models already in the target)
@@ -99,12 +101,20 @@ def _plan(store: Store, bundle: Bundle, rename: Mapping[str, str]) -> _Plan:
     describe = store.locations.describe()
     with store.engine.connect() as conn:
         stored = conn.execute(sa.select(t["runs"].c.id, t["runs"].c.name, t["runs"].c.array_path, t["runs"].c.manifest)).all()
+        layout_1 = next((r.name for r in stored if in_layout_1(r.array_path)), None)
+        if layout_1 is not None:
+            raise layout_1_error(layout_1)
         by_uid = {run_uid(r.manifest, r.array_path): r for r in stored}
         by_name = {r.name: r for r in stored}
         by_node = {_node(r.array_path): r for r in stored}
         todo, already, run_map, array_paths = [], [], {}, {}
         for r in runs:
             name = rename.get(r["name"], r["name"])
+            if in_layout_1(r["array_path"]):
+                raise OldLayoutError(
+                    f"bundle {bundle.location} holds run {r['name']!r} in Zarr layout 1 (exported before 2026-11-23), which "
+                    "this version no longer reads: run `attnstore db upgrade-arrays` on the store it came from, then export it again"
+                )
             uid = run_uid(r["manifest"], r["array_path"])
             _safe_name(r["array_path"], f"run {r['name']!r}")
             hit = by_uid.get(uid)
@@ -119,10 +129,8 @@ def _plan(store: Store, bundle: Bundle, rename: Mapping[str, str]) -> _Plan:
                     f"the bundle's is {uid}); import it under another name with --rename {r['name']}=NEW_NAME, or drop the stored run"
                 )
             validate_run_name(name)
-            # A layout-2 run's group is named after the run (runs/<slug>): a renamed run moves to its new name's group.
-            path = r["array_path"]
-            if name != r["name"] and arrays.group_path_of(path):
-                path = f"{arrays.run_group_path(name)}/{arrays.CELLS}"
+            # A run's group is named after the run (runs/<slug>): a renamed run moves to its new name's group.
+            path = r["array_path"] if name == r["name"] else f"{arrays.run_group_path(name)}/{arrays.CELLS}"
             if _node(path) in by_node:
                 raise ConflictError(
                     f"run {name!r}: its arrays would go to {_node(path)}, which run {by_node[_node(path)].name!r} uses "

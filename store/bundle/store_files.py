@@ -19,14 +19,14 @@ if TYPE_CHECKING:
 
 
 def run_uid(manifest: Mapping | None, array_path: str) -> str:
-    """A run's identity across stores: its manifest's "uid" when it has one, else its array folder's name."""
+    """A run's identity across stores: its manifest's "uid" when it has one, else its group's name."""
     uid = (manifest or {}).get("uid") if isinstance(manifest, Mapping) else None
     return str(uid) if uid else _node(array_path).rsplit("/", 1)[-1]
 
 
 def _node(array_path: str) -> str:
-    """The key prefix holding everything of a run: its group (layout 2: runs/<slug>) or its array (layout 1: runs/<uuid>)."""
-    return arrays.run_node_path(array_path.strip("/"))
+    """The key prefix holding everything of a run: its group (runs/<slug>)."""
+    return arrays.group_path_of(array_path)
 
 
 def _zarr_keys(zstore: Any, prefix: str) -> list[str]:

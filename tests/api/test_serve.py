@@ -101,9 +101,29 @@ def test_runs_and_one_run(served, client):
     by_name = client.get(f"/api/runs/{RUN}").json()["run"]
     by_id = client.get(f"/api/runs/{info.id}").json()["run"]
     assert by_name == by_id and by_name["id"] == info.id and by_name["n_heads"] == 3 and by_name["status"] == "complete"
+    assert by_name["array_path"] == "runs/served/cells"
     assert "no run 'nope'" in error_of(client.get("/api/runs/nope"), 404)
     about = client.get("/api/info").json()
     assert about["read_only"] is True and about["limits"]["max_page"] == 500 and about["limits"]["max_cells"] == 2_000_000
+
+
+@pytest.mark.one_backend
+def test_a_layout_1_run_is_described_but_its_maps_and_queries_are_refused_in_one_line(served):
+    """A run in Zarr layout 1 (before 2026-11-23): what the server reads of SQL is served, a read of its arrays answers
+    400 with the line that names `attnstore db upgrade-arrays`."""
+    from attnstore.tests.store.test_layout import make_legacy
+
+    store, _ = served
+    legacy = make_legacy(store, RUN)
+    refusal = (
+        f"run {RUN!r} is stored in Zarr layout 1, which this version no longer reads: "
+        "run `attnstore db upgrade-arrays` to convert it (a byte-for-byte chunk copy)"
+    )
+    with client_for(store) as c:
+        assert c.get(f"/api/runs/{RUN}").json()["run"]["array_path"] == legacy
+        assert c.get(f"/api/runs/{RUN}/examples/1").json()["tokens"][2]["token"] == "dog"
+        assert error_of(c.get(f"/api/runs/{RUN}/examples/1/attention", params={"layer": 0, "head": 0}), 400) == refusal
+        assert error_of(c.get(f"/api/runs/{RUN}/queries/entropy", params={"scan": 1}), 400) == refusal
 
 
 def test_examples_are_paginated_and_filtered(client):

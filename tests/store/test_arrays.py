@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from attnstore.store import arrays
+from attnstore.store import arrays, block_writer
 from attnstore.store.errors import InvalidArgumentError, NotFoundError
 
 
@@ -20,7 +20,7 @@ def test_array_is_zarr_v3_with_named_dimension(tmp_path):
 
 def test_writer_writes_whole_chunks_until_final_flush(tmp_path):
     arr = new_array(tmp_path, chunk=16)
-    w = arrays.BlockWriter(arr, 0)
+    w = block_writer.BlockWriter(arr, 0)
     a = np.arange(1 * 1 * 3 * 3, dtype=np.float16).reshape(1, 1, 3, 3)  # 9 cells
     b = np.arange(100, 100 + 1 * 1 * 4 * 4, dtype=np.float16).reshape(1, 1, 4, 4)  # 16 cells
     assert w.append(a) == 0 and w.append(b) == 9
@@ -33,7 +33,7 @@ def test_writer_writes_whole_chunks_until_final_flush(tmp_path):
 
 def test_iter_blocks_streams_in_offset_order_across_slabs(tmp_path):
     arr = new_array(tmp_path, chunk=8, dtype="float32")
-    w = arrays.BlockWriter(arr, 0)
+    w = block_writer.BlockWriter(arr, 0)
     blocks = [np.full((1, 2, n, n), n, dtype=np.float32) for n in (1, 2, 3, 4, 2)]
     refs = [arrays.BlockRef(i, w.append(b), b.shape[-1]) for i, b in enumerate(blocks)]
     w.flush(final=True)
@@ -55,16 +55,16 @@ def test_iter_blocks_streams_in_offset_order_across_slabs(tmp_path):
 
 
 def test_resume_offset_never_points_into_a_written_chunk():
-    assert arrays.resume_offset(0, 16) == 0
-    assert arrays.resume_offset(1, 16) == 16
-    assert arrays.resume_offset(16, 16) == 16
-    assert arrays.resume_offset(17, 16) == 32
+    assert block_writer.resume_offset(0, 16) == 0
+    assert block_writer.resume_offset(1, 16) == 16
+    assert block_writer.resume_offset(16, 16) == 16
+    assert block_writer.resume_offset(17, 16) == 32
 
 
 def test_unaligned_start_and_missing_array_are_errors(tmp_path):
     arr = new_array(tmp_path)
     with pytest.raises(InvalidArgumentError):
-        arrays.BlockWriter(arr, 3)
+        block_writer.BlockWriter(arr, 3)
     with pytest.raises(NotFoundError, match="not found under"):
         arrays.open_run_array(str(tmp_path), "runs/missing")
 
@@ -74,7 +74,7 @@ def test_an_opened_run_array_still_writes_chunks_equal_to_the_fill_value(tmp_pat
     zeros written by a resumed run would be skipped and later look like damage."""
     arrays.create_run_array(str(tmp_path), "runs/z/cells", dtype="float16", chunk_cells=4, codec=arrays.DEFAULT_CODEC, attributes={})
     opened = arrays.open_run_array(str(tmp_path), "runs/z/cells", read_only=False)
-    writer = arrays.BlockWriter(opened, 0)
+    writer = block_writer.BlockWriter(opened, 0)
     writer.append(np.zeros((1, 1, 2, 4), dtype=np.float16))
     writer.flush(final=True)
     assert sorted(arrays.present_chunks(opened)) == [0, 1]
@@ -104,7 +104,7 @@ def _chunk_threads() -> list:
 
 def test_background_flush_lags_one_write_and_keeps_every_cell(tmp_path):
     arr = new_array(tmp_path, chunk=16)
-    w = arrays.BlockWriter(arr, 0)
+    w = block_writer.BlockWriter(arr, 0)
     blocks = [np.arange(i * 100, i * 100 + n * n, dtype=np.float16).reshape(1, 1, n, n) for i, n in enumerate((3, 4, 5, 2, 4))]
     assert [w.append(b) for b in blocks[:2]] == [0, 9]
     assert w.flush(wait=False) == 0  # chunk 0 is being written: nothing durable yet
@@ -121,7 +121,7 @@ def test_background_flush_lags_one_write_and_keeps_every_cell(tmp_path):
 
 def test_a_failed_background_write_is_raised_and_nothing_after_it_is_durable(tmp_path):
     arr = _FailingWrites(new_array(tmp_path, chunk=16), full_at={16})
-    w = arrays.BlockWriter(arr, 0)
+    w = block_writer.BlockWriter(arr, 0)
     w.append(np.ones((1, 1, 4, 4), np.float16))
     assert w.flush(wait=False) == 0 and w.settle() == 16
     w.append(np.ones((1, 1, 4, 4), np.float16))
@@ -177,13 +177,13 @@ def test_io_left_running_after_an_error_prints_nothing_at_exit():
 
 def test_placed_offset_puts_a_block_in_the_fewest_blosc_blocks():
     # blosc blocks of 8 cells: [0, 8), [8, 16), ...
-    assert arrays.placed_offset(0, 5, 8) == 0
-    assert arrays.placed_offset(3, 5, 8) == 3  # [3, 8): one block, the fewest
-    assert arrays.placed_offset(4, 5, 8) == 8  # [4, 9) would touch two: to the next block's start
-    assert arrays.placed_offset(4, 12, 8) == 4  # [4, 16): two blocks, as few as 12 cells need
-    assert arrays.placed_offset(5, 12, 8) == 8  # [5, 17) would touch three
-    assert arrays.placed_offset(8, 20, 8) == 8 and arrays.placed_offset(9, 16, 8) == 16
-    assert arrays.placed_offset(5, 12, None) == 5 and arrays.placed_offset(5, 0, 8) == 5  # no blocks known; nothing to place
+    assert block_writer.placed_offset(0, 5, 8) == 0
+    assert block_writer.placed_offset(3, 5, 8) == 3  # [3, 8): one block, the fewest
+    assert block_writer.placed_offset(4, 5, 8) == 8  # [4, 9) would touch two: to the next block's start
+    assert block_writer.placed_offset(4, 12, 8) == 4  # [4, 16): two blocks, as few as 12 cells need
+    assert block_writer.placed_offset(5, 12, 8) == 8  # [5, 17) would touch three
+    assert block_writer.placed_offset(8, 20, 8) == 8 and block_writer.placed_offset(9, 16, 8) == 16
+    assert block_writer.placed_offset(5, 12, None) == 5 and block_writer.placed_offset(5, 0, 8) == 5  # no blocks known; nothing to place
 
 
 def test_placed_offsets_of_a_subset_end_no_later():
@@ -196,7 +196,7 @@ def test_placed_offsets_of_a_subset_end_no_later():
         for chosen in (sizes, [n for n, k in zip(sizes, keep) if k]):
             free = start = int(rng.integers(0, 3)) * 16
             for n in chosen:
-                at = arrays.placed_offset(free, n, 16)
+                at = block_writer.placed_offset(free, n, 16)
                 assert at >= free and (at + n - 1) // 16 - at // 16 + 1 == -(-n // 16) or at == free
                 free = at + n
             ends.append(free - start)
@@ -218,7 +218,7 @@ def test_block_cells_only_where_a_chunk_holds_several_blocks(tmp_path):
 def test_writer_pads_so_each_example_lies_in_the_fewest_blocks(tmp_path):
     codec = {**arrays.DEFAULT_CODEC, "blocksize": 16}  # 8 float16 cells a blosc block, 4 blocks a chunk
     arr = arrays.create_run_array(str(tmp_path), "runs/a", dtype="float16", chunk_cells=32, codec=codec, attributes={})
-    w = arrays.BlockWriter(arr, 0)
+    w = block_writer.BlockWriter(arr, 0)
     assert w.block_cells == 8
     blocks = [np.full((1, 1, n, n), n, dtype=np.float16) for n in (2, 3, 2, 1, 3)]  # 4, 9, 4, 1, 9 cells
     offsets = [w.append(b) for b in blocks]

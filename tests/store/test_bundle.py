@@ -20,7 +20,7 @@ from attnstore.store.bundle import FORMAT, export_runs, import_bundle, open_bund
 from attnstore.store.bundle import export as bundle_export
 from attnstore.store.bundle import importing as bundle_importing
 from attnstore.store.check import check_store
-from attnstore.store.errors import ConflictError, CorruptInputError, InvalidArgumentError, NotFoundError
+from attnstore.store.errors import ConflictError, CorruptInputError, InvalidArgumentError, NotFoundError, OldLayoutError
 from attnstore.store.schema import Frame, FrameElement
 
 TOKENS = [["[CLS]", "the", "dog", "bar", "##ks", "[SEP]"], ["[CLS]", "a", "cat", "[SEP]"]]
@@ -246,7 +246,7 @@ def assert_same_runs(src, dst, runs, names=None) -> None:
         for query, params in QUERIES:
             pd.testing.assert_frame_equal(run_query(src, query, run=run, **params), run_query(dst, query, run=name, **params))
         ignored = dict(id=0, model_id=0, dataset_id=0, name="", array_path="" if run != name else None)
-        assert {**src.run_info(run).__dict__, **ignored} == {**dst.run_info(name).__dict__, **ignored}
+        assert {**src.run_info(run).as_dict(), **ignored} == {**dst.run_info(name).as_dict(), **ignored}
 
 
 def test_round_trip_postgresql_to_sqlite_is_identical(pg_databases, tmp_path, make_run):
@@ -327,8 +327,7 @@ def test_bundle_layout_and_manifest(tmp_path, make_run):
 
 def test_run_identity():
     assert run_uid({"uid": "u1"}, "runs/dep/cells") == "u1"
-    assert run_uid({}, "runs/0123abcd") == "0123abcd"  # layout 1: the array's uuid
-    assert run_uid(None, "runs/dep/cells") == "dep"  # layout 2 without a uid: the group's name
+    assert run_uid(None, "runs/dep/cells") == "dep"  # without a uid: the group's name
 
 
 def test_export_a_model_without_runs_carries_its_checkpoint_and_ablations(tmp_path, make_run):
@@ -694,3 +693,36 @@ def test_rows_over_their_bounds_or_with_unknown_columns_are_refused_and_leave_no
     assert check_store(store)[1].empty
     assert import_bundle(store, str(tmp_path / "good")).imported == ("dep", "dep-ft")  # the bundle as exported: whole
     assert_same_runs(src, store, ["dep", "dep-ft"])
+
+
+def test_a_layout_1_run_is_neither_exported_nor_imported_nor_imported_into(tmp_path, make_run):
+    """A run in Zarr layout 1 (before 2026-11-23): its export is refused with the line every read of it gets, before
+    anything is written; a bundle holding one (exported by an older attnstore) is refused, and so is an import into a
+    store holding one, naming `attnstore db upgrade-arrays` and writing nothing."""
+    import shutil
+
+    from .test_layout import make_legacy
+
+    src = sqlite_store(tmp_path / "src")
+    build_source(src, make_run)
+    export_runs(src, ["dep"], str(tmp_path / "good"))
+    make_legacy(src, "dep-ft")
+    with pytest.raises(OldLayoutError) as caught:
+        export_runs(src, ["dep", "dep-ft"], str(tmp_path / "b.zip"))
+    assert str(caught.value) == (
+        "run 'dep-ft' is stored in Zarr layout 1, which this version no longer reads: "
+        "run `attnstore db upgrade-arrays` to convert it (a byte-for-byte chunk copy)"
+    )
+    assert not list(tmp_path.glob("b.zip*"))
+
+    dst = sqlite_store(tmp_path / "dst")
+    before = counts(dst)
+    old = tmp_path / "old"
+    shutil.copytree(tmp_path / "good", old)
+    rewrite_table(old, "runs", lambda rows: [dict(r, array_path="runs/0123abcd") for r in rows])
+    with pytest.raises(OldLayoutError, match=r"holds run 'dep' in Zarr layout 1 .*`attnstore db upgrade-arrays` on the store it came"):
+        import_bundle(dst, str(old))
+    assert counts(dst) == before and tree(Path(dst.locations.array_root) / "runs") == {}
+
+    with pytest.raises(OldLayoutError, match=r"^run 'dep-ft' is stored in Zarr layout 1.*`attnstore db upgrade-arrays`"):
+        import_bundle(src, str(tmp_path / "good"))  # into the store whose dep-ft is in layout 1

@@ -140,7 +140,7 @@ def test_other_invalid_zarr_json_files_are_listed_by_check(store, three, node):
     """The run's group and index arrays (read by check and by plain-zarr readers), and the root group (opened by every
     new ingest) are checked too; queries read the cells only, so they still work."""
     run = three()
-    group = Path(store.locations.array_root) / arrays.run_node_path(store.run_info(run).array_path)
+    group = Path(store.locations.array_root) / arrays.group_path_of(store.run_info(run).array_path)
     root = Path(store.locations.array_root)
     path = {"group": group / "zarr.json", "index": group / "offset" / "zarr.json", "root": root / "zarr.json"}[node]
     path.write_text("{not json", encoding="utf-8")
@@ -177,7 +177,7 @@ def killed_writer_leftover(store, run: str) -> str:
 def test_a_killed_writers_partial_file_is_reported_skipped_by_export_and_repaired(store, three, tmp_path):
     run = three()
     key = killed_writer_leftover(store, run)
-    assert key.startswith(arrays.run_node_path(store.run_info(run).array_path) + "/")
+    assert key.startswith(arrays.group_path_of(store.run_info(run).array_path) + "/")
     summary, problems = check_store(store)
     assert list(problems["chunk"]) == [key] and "leftover temporary file" in problems["problem"].iloc[0], problems
     result = cli(store, "check")
@@ -219,7 +219,7 @@ def test_partial_files_of_a_run_being_written_or_of_a_recent_summary_are_left_al
     finally:
         writer.close()
     run = three()
-    summary = Path(store.locations.array_root) / arrays.run_node_path(store.run_info(run).array_path) / "summary" / "s"
+    summary = Path(store.locations.array_root) / arrays.group_path_of(store.run_info(run).array_path) / "summary" / "s"
     summary.mkdir(parents=True)
     (summary / "zarr.0123456789abcdef0123456789abcdef.partial").write_bytes(b"{}")
     assert check_store(store, [run], repair=True)[1].empty and len(list(summary.iterdir())) == 1

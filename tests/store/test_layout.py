@@ -1,5 +1,7 @@
-"""Zarr layout 2: a run's group describes itself, so plain zarr / xarray read it without attnstore or SQL;
-layout-1 runs are still read and `attnstore db upgrade-arrays` converts them (chunks copied byte for byte).
+"""Zarr layout 2: a run's group describes itself, so plain zarr / xarray read it without attnstore or SQL.
+A run in layout 1 (a bare array at runs/<uuid>, before 2026-11-23) is refused in one line naming
+`attnstore db upgrade-arrays` by every read and write of its arrays (what reads SQL only still works);
+that command converts it (chunks copied byte for byte), and the run then reads as it did.
 
 Hand-built runs (float32, 64-cell chunks) on SQLite and PostgreSQL.
 """
@@ -21,7 +23,8 @@ from zarr.core.sync import sync
 from attnstore.api.cli import main
 from attnstore.queries import run_query
 from attnstore.store import arrays
-from attnstore.store.check import check_store
+from attnstore.store.check import LAYOUT_1, check_store
+from attnstore.store.errors import OldLayoutError
 from attnstore.store.layout import upgrade_arrays
 from attnstore.store.schema import Run
 
@@ -109,6 +112,13 @@ def test_an_interrupted_run_index_holds_only_what_was_committed(store, make_run)
     assert problems.empty, problems
 
 
+LEGACY_CAPACITY_CELLS = 1 << 46  # layout 1 created each run's array with this nominal length
+REFUSAL = (
+    "run 'four' is stored in Zarr layout 1, which this version no longer reads: "
+    "run `attnstore db upgrade-arrays` to convert it (a byte-for-byte chunk copy)"
+)
+
+
 def make_legacy(store, run_name: str) -> str:
     """Turn a layout-2 run into what layout 1 wrote: one bare array at runs/<uuid>, nominal length 2**46."""
     info = store.run_info(run_name)
@@ -119,7 +129,7 @@ def make_legacy(store, run_name: str) -> str:
     legacy = zarr.create_array(
         store=kv,
         name=legacy_path,
-        shape=(arrays.LEGACY_CAPACITY_CELLS,),
+        shape=(LEGACY_CAPACITY_CELLS,),
         chunks=cells.chunks,
         dtype=cells.dtype,
         compressors=cells.compressors,
@@ -130,20 +140,25 @@ def make_legacy(store, run_name: str) -> str:
     for i in sorted(arrays.present_chunks(cells)):
         data = sync(kv.get(arrays.chunk_key(cells, i), prototype=default_buffer_prototype()))
         sync(kv.set(arrays.chunk_key(legacy, i), data))
-    sync(kv.delete_dir(arrays.run_node_path(info.array_path)))
+    sync(kv.delete_dir(arrays.group_path_of(info.array_path)))
     with store.session() as s:
         s.execute(sa.update(Run).where(Run.id == info.id).values(array_path=legacy_path))
     return legacy_path
 
 
-def test_layout_1_runs_are_read_and_upgraded(store, run):
+def refused(call) -> None:
+    """`call()` raises the one line that names `attnstore db upgrade-arrays`."""
+    with pytest.raises(OldLayoutError) as caught:
+        call()
+    assert str(caught.value) == REFUSAL
+
+
+def test_a_layout_1_run_is_refused_until_upgraded_then_reads_as_before(store, run):
     before = run_query(store, "entropy", run=run)
     legacy_path = make_legacy(store, run)
     root = Path(store.locations.array_root)
     assert json.loads((root / legacy_path / "zarr.json").read_text())["shape"] == [2**46]
-    for e, maps in enumerate(MAPS):  # still read as it is
-        np.testing.assert_array_equal(store.attention(run, e), maps)
-    assert check_store(store)[1].empty
+    refused(lambda: store.attention(run, 0))  # refused before its info is kept: the same store reads it once upgraded
 
     report = upgrade_arrays(store)
     assert report[["run", "layout", "action"]].values.tolist() == [["four", 1, "converted to layout 2"]]
@@ -157,6 +172,64 @@ def test_layout_1_runs_are_read_and_upgraded(store, run):
     assert run_query(store, "entropy", run=run).equals(before)
     again = upgrade_arrays(store)
     assert again["action"].tolist() == ["already layout 2"]
+
+
+def test_every_read_and_write_of_a_layout_1_runs_arrays_is_refused_in_one_line(store, run):
+    make_legacy(store, run)
+    refused(lambda: store.attention(run, 1, layer=0))
+    refused(lambda: next(store.iter_attention(run)))
+    refused(lambda: run_query(store, "entropy", run=run))  # a query, whether it would read summaries or maps
+    refused(lambda: run_query(store, "word_maps", run=run, example=0, layer=1, head=1))
+    refused(lambda: store.summaries(run))
+    refused(lambda: store.saliency_info(run))
+    refused(lambda: next(store.iter_saliency(run)))
+    refused(lambda: store.writer.run_writer(run))  # a resumed ingest
+    # what reads SQL only works as ever
+    assert store.runs()["run"].tolist() == ["four"] and store.run_info(run).as_dict()["array_path"].startswith("runs/")
+    assert store.tokens(run, 1)["token"].tolist() == TOKENS[1] and len(store.examples(run)) == 4
+    assert store.sql("SELECT count(*) AS n FROM sequences")["n"].tolist() == [4]
+
+
+def test_computing_saliency_of_a_layout_1_run_is_refused(store, run):
+    pytest.importorskip("torch")
+    from attnstore.ingest.saliency import compute_saliency
+
+    make_legacy(store, run)
+    refused(lambda: compute_saliency(store, run))
+
+
+def test_check_reports_a_layout_1_run_as_needing_the_upgrade(store, run, make_run):
+    make_run(store, MAPS[:2], TOKENS[:2], name="other")
+    make_legacy(store, run)
+    summary, problems = check_store(store)
+    assert problems[["run", "problem"]].values.tolist() == [["four", LAYOUT_1]] and "upgrade-arrays" in LAYOUT_1
+    assert summary.set_index("run").loc["other", "problems"] == 0  # the other runs are checked as ever
+    args = ["--db", store.locations.db_url, "--root", store.locations.array_root]
+    result = CliRunner().invoke(main, ["check", *args])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "attnstore db upgrade-arrays" in result.output
+    upgrade_arrays(store)
+    assert check_store(store)[1].empty
+
+
+def test_cli_refuses_a_layout_1_run_in_one_line_and_upgrade_arrays_converts_it(store, run):
+    make_legacy(store, run)
+    args = ["--db", store.locations.db_url, "--root", store.locations.array_root]
+    runner = CliRunner()
+    for command in (["query", "entropy", "--run", "four"], ["summarize", "--run", "four"]):
+        result = runner.invoke(main, [*command, *args])
+        assert result.exit_code == 1 and result.output.strip() == f"Error: {REFUSAL}", (command, result.output)
+    for command in (["runs"], ["show", "four"], ["tokens", "--run", "four", "--example", "0"], ["sql", "SELECT name FROM runs"]):
+        result = runner.invoke(main, [*command, *args])
+        assert result.exit_code == 0, (command, result.output)
+        assert ("[CLS]" if command[0] == "tokens" else "four") in result.output, (command, result.output)
+    result = runner.invoke(main, ["db", "upgrade-arrays", *args])
+    assert result.exit_code == 0, result.output
+    assert "converted to layout 2" in result.output
+    result = runner.invoke(main, ["query", "entropy", "--run", "four", "--format", "csv", *args])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["db", "upgrade-arrays", "--run", "nope", *args])
+    assert result.exit_code == 1 and "nope" in result.output and "Traceback" not in result.output
 
 
 def test_check_finds_an_index_that_disagrees_with_sql_and_rebuild_fixes_it(store, run):
@@ -181,16 +254,6 @@ def test_check_finds_a_wrong_token_id_in_the_index_reading_sql_a_step_at_a_time(
     ]
     upgrade_arrays(store, rebuild_index=True)
     assert check_store(store)[1].empty
-
-
-def test_cli_upgrade_arrays(store, run):
-    make_legacy(store, run)
-    args = ["--db", store.locations.db_url, "--root", store.locations.array_root]
-    result = CliRunner().invoke(main, ["db", "upgrade-arrays", *args])
-    assert result.exit_code == 0, result.output
-    assert "converted to layout 2" in result.output
-    result = CliRunner().invoke(main, ["db", "upgrade-arrays", "--run", "nope", *args])
-    assert result.exit_code == 1 and "nope" in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.parametrize(

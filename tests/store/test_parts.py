@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from attnstore.store import arrays
+from attnstore.store import arrays, block_writer
 from attnstore.store.check import check_store
 from attnstore.store.errors import InvalidArgumentError, LeaseLostError
 from attnstore.store.leases import LeaseCheck
@@ -37,12 +37,12 @@ def token_rows(tokens: list[str]) -> list[dict]:
 
 def allot(coordinator, parts: list[list[int]]) -> list[tuple[int, int]]:
     """What the coordinator does before sending parts: disjoint chunk-aligned ranges, each as long as its examples
-    placed in order need (`arrays.placed_end`), the array grown to cover them."""
+    placed in order need (`block_writer.placed_end`), the array grown to cover them."""
     ranges, start = [], coordinator.blocks.next_offset
     for positions in parts:
         sizes = [N_LAYERS * N_HEADS * LENGTHS[p] ** 2 for p in positions]
-        ranges.append((start, arrays.placed_end(start, sizes, coordinator.blocks.block_cells)))
-        start = arrays.resume_offset(ranges[-1][1], CHUNK)
+        ranges.append((start, block_writer.placed_end(start, sizes, coordinator.blocks.block_cells)))
+        start = block_writer.resume_offset(ranges[-1][1], CHUNK)
     coordinator.blocks.array.resize((ranges[-1][1],))
     coordinator.index.group.attrs.update({arrays.INDEX_PENDING: True})
     return ranges
@@ -215,7 +215,7 @@ def test_a_part_sized_without_the_gaps_is_refused_before_it_overflows(store, mak
     name, coordinator = make_run(store, maps, tokens, write=0, finish=False, chunk_cells=CHUNK, codec=SMALL_BLOCKS)
     ids = example_ids(store, name)
     (start, stop), *_ = allot(coordinator, [[1, 2]])
-    assert stop - start == arrays.placed_end(0, [100, 64], 16) == 176
+    assert stop - start == block_writer.placed_end(0, [100, 64], 16) == 176
     with pytest.raises(InvalidArgumentError, match="do not fit the cells"):
         write_part(store, coordinator, (start, start + 164), [1, 2], ids, maps, tokens)
     # nothing committed: example 1's last chunk was still buffered (a commit waits for whole chunks) when 2 was refused

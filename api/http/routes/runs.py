@@ -1,8 +1,6 @@
 """/api/info, and the runs and their examples: every run, one run's settings and manifest, a page of a run's
 examples (filtered), one example and its tokens."""
 
-import dataclasses
-
 import numpy as np
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
@@ -23,8 +21,7 @@ def list_runs(srv: Server) -> dict:
 
 
 def run_detail(srv: Server, run: str) -> dict:
-    info = srv.info(run)
-    return {"run": json_value(dataclasses.asdict(info))}
+    return {"run": json_value(srv.info(run).as_dict())}
 
 
 def list_examples(
