@@ -67,6 +67,8 @@ import numpy as np
 import pandas as pd
 
 from .engine import (
+    ATTENTION_ONLY,
+    REQUESTED,
     SummaryKind,
     as_kernel_maps,
     ascending,
@@ -75,6 +77,7 @@ from .engine import (
     kernel,
     register,
     register_kind,
+    requested_examples,
     summary,
     summary_totals,
 )
@@ -360,10 +363,8 @@ def _check_source(source: str) -> None:
         raise InvalidArgumentError("source must name a classifier (rules) or a stored label source (human, cnn, ...)")
 
 
-@register("pattern_classes", per_head=False)
-def pattern_classes(
-    store: Store, *, run, examples=None, max_examples: int | None = 1000, seed: int = 0, save: bool = False
-) -> pd.DataFrame:
+@register("pattern_classes", per_head=False, sources=ATTENTION_ONLY)
+def pattern_classes(store: Store, *, run, max_examples: int | None = 1000, seed: int = 0, save: bool = False) -> pd.DataFrame:
     """Rule-based attention-pattern class of every (example, layer, head) map (Kovaleva et al. Fig 1).
 
     Columns: example, layer, head, label (vertical, diagonal, vertical+diagonal, block,
@@ -376,7 +377,14 @@ def pattern_classes(
     pattern_labels with source "rules".
     """
     info = store.run_info(run)
-    chosen = sample_examples(store, info, examples, max_examples, seed)
+    frame = classified(store, info, sample_examples(store, info, requested_examples(info.id), max_examples, seed))
+    if save:
+        store.save_pattern_labels(frame.assign(run=info.name)[["run", "example", "layer", "head", "label"]], source="rules")
+    return frame
+
+
+def classified(store: Store, info, chosen: list[int]) -> pd.DataFrame:
+    """The rule classes and scores of the maps of examples `chosen` (pattern_classes' columns), from the kept scores."""
     layer, head = np.meshgrid(np.arange(info.n_layers), np.arange(info.n_heads), indexing="ij")
     scored = summary(store, info, PATTERN_SCORES, chosen)  # each example's scores (queries/engine/): kept with the run
     n = len(scored["example"])
@@ -396,18 +404,16 @@ def pattern_classes(
         )
     columns = ["example", "layer", "head", "label", *SCORES]
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
-    frame = frame[columns].sort_values(["example", "layer", "head"], ignore_index=True)
-    if save:
-        store.save_pattern_labels(frame.assign(run=info.name)[["run", "example", "layer", "head", "label"]], source="rules")
-    return frame
+    return frame[columns].sort_values(["example", "layer", "head"], ignore_index=True)
 
 
-def labels_of(store: Store, info, source: str, examples=None, max_examples: int | None = 1000, seed: int = 0) -> pd.DataFrame:
+def labels_of(store: Store, info, source: str, examples=REQUESTED, max_examples: int | None = 1000, seed: int = 0) -> pd.DataFrame:
     """Labels (example, layer, head, label) of a run from `source`: "rules" classifies now, any other
-    source reads pattern_labels (over the same example sample)."""
+    source reads pattern_labels (over the same example sample). `examples`: by default the query request's."""
     _check_source(source)
+    examples = requested_examples(info.id, examples)
     if source == "rules":
-        return pattern_classes(store, run=info.id, examples=examples, max_examples=max_examples, seed=seed)
+        return classified(store, info, sample_examples(store, info, examples, max_examples, seed))
     stored = store.pattern_labels(info.id, source=source)
     if stored.empty:
         raise InvalidArgumentError(
@@ -418,10 +424,8 @@ def labels_of(store: Store, info, source: str, examples=None, max_examples: int 
     return stored[stored["example"].isin(chosen)][["example", "layer", "head", "label"]].reset_index(drop=True)
 
 
-@register("pattern_proportions", per_head=False)
-def pattern_proportions(
-    store: Store, *, run, source: str = "rules", examples=None, max_examples: int | None = 1000, seed: int = 0
-) -> pd.DataFrame:
+@register("pattern_proportions", per_head=False, sources=ATTENTION_ONLY)
+def pattern_proportions(store: Store, *, run, source: str = "rules", max_examples: int | None = 1000, seed: int = 0) -> pd.DataFrame:
     """Share of maps in each attention-pattern class over a run (Kovaleva et al. Fig 2's bars).
 
     Columns: label (the five classes, in order), n_maps, fraction (of all maps read), n_examples.
@@ -430,6 +434,7 @@ def pattern_proportions(
     Over a whole run, source "rules" adds the label counts kept per range of examples.
     """
     info = store.run_info(run)
+    examples = requested_examples(info.id)
     if source == "rules":
         by_head, n_examples = rule_label_counts(store, info, examples, max_examples, seed)
         counts = pd.Series(by_head.sum((0, 1)), index=list(CLASSES))
@@ -448,10 +453,8 @@ def pattern_proportions(
     )
 
 
-@register("pattern_heads")
-def pattern_heads(
-    store: Store, *, run, source: str = "rules", examples=None, max_examples: int | None = 1000, seed: int = 0
-) -> pd.DataFrame:
+@register("pattern_heads", sources=ATTENTION_ONLY)
+def pattern_heads(store: Store, *, run, source: str = "rules", max_examples: int | None = 1000, seed: int = 0) -> pd.DataFrame:
     """Per head, the share of its maps in each attention-pattern class, and its most frequent class.
 
     Columns: layer, head, vertical, diagonal, vertical+diagonal, block, heterogeneous (fractions of
@@ -460,6 +463,7 @@ def pattern_heads(
     """
     info = store.run_info(run)
     full = pd.MultiIndex.from_product([range(info.n_layers), range(info.n_heads)], names=["layer", "head"])
+    examples = requested_examples(info.id)
     if source == "rules":
         by_head, _ = rule_label_counts(store, info, examples, max_examples, seed)
         table = pd.DataFrame(by_head.reshape(-1, len(CLASSES)).astype(np.int64), index=full, columns=list(CLASSES))

@@ -12,16 +12,17 @@ page and never reaches the file) and handed to blosc, which decompresses and uns
 (c-blosc's README_HEADER.rst): a 16-byte header (version, flags, type size, decompressed size, block size, compressed
 size), the start of each block, then the blocks' streams.
 
-Reads for one example (`store.attention`, `keep=True`) keep the blocks they decode a second time in a process-wide
-cache of decoded blocks (`BlockCache`, least recently used first out, `ATTNSTORE_READ_CACHE_MB` megabytes, default
-256; 0 turns it off), so the viewer's and the HTTP API's repeated reads of one example (head by head, layer by layer)
+Reads for one example (`store.attention`, given the store's `block_cache`) keep the blocks they decode a second time
+in that store's cache of decoded blocks (`BlockCache`, least recently used first out, `ATTNSTORE_READ_CACHE_MB`
+megabytes, default 256; 0 turns it off; one per open `Store`, so two stores in a process never share or evict each
+other's), so the viewer's and the HTTP API's repeated reads of one example (head by head, layer by layer)
 cost a copy, while a first read costs what it did (a block is copied into the cache only when read again). A
 kept block is used only while its chunk file has the same inode, size and modification time (one `stat` per chunk
 and read), and only chunks unchanged for `SETTLED_SECONDS` are kept: a file rewritten within the same timestamp tick
 cannot be mistaken for the one kept. Whole-run passes (`iter_attention`) do not fill it. The cache also remembers
 which settled chunk files had their checksum checked over all their bytes, by the same stamp: a later read of other
 cells of such a file reads its header, its block starts and the wanted blocks' bytes only (two `pread`s and one
-`preadv`), without reading and checking the whole chunk again. So a chunk is checked once per process and file
+`preadv`), without reading and checking the whole chunk again. So a chunk is checked once per store and file
 version, not once per read; `attnstore check` checks every chunk whenever it is run.
 
 Anything else (a remote root, the lossy u8 filter, no checksum, a chunk that is missing, fails its checksum, or whose
@@ -167,38 +168,25 @@ class BlockCache:
             self.hits = self.misses = 0
 
 
-_CACHE: BlockCache | None = None
-
-
-def block_cache() -> BlockCache:
-    """The process's cache of decoded blocks, its budget read from ATTNSTORE_READ_CACHE_MB at first use."""
-    global _CACHE
-    if _CACHE is None:
+def new_block_cache(megabytes: float | None = None) -> BlockCache:
+    """An empty cache of decoded blocks of `megabytes` (None: ATTNSTORE_READ_CACHE_MB, else DEFAULT_READ_CACHE_MB)."""
+    if megabytes is None:
         text = os.environ.get(READ_CACHE_ENV, "").strip()
         try:
             megabytes = float(text) if text else DEFAULT_READ_CACHE_MB
         except ValueError:
             raise InvalidArgumentError(f"{READ_CACHE_ENV}={text!r}: give a number of megabytes (0 turns the read cache off)") from None
-        _CACHE = BlockCache(max(0, int(megabytes * (1 << 20))))
-    return _CACHE
+    return BlockCache(max(0, int(megabytes * (1 << 20))))
 
 
 def _forget_after_fork() -> None:
-    """In a forked child: a lock another thread of the parent held would stay held; start with fresh ones (and an
-    empty cache, read again as needed)."""
-    global _CACHE, _FREE_LOCK
-    _CACHE, _FREE_LOCK = None, threading.Lock()
+    """In a forked child: a lock another thread of the parent held would stay held; start with a fresh one."""
+    global _FREE_LOCK
+    _FREE_LOCK = threading.Lock()
     _FREE.clear()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
-
-
-def set_block_cache_budget(megabytes: float) -> BlockCache:
-    """A fresh, empty cache of this budget for the process (benchmarks, tests)."""
-    global _CACHE
-    _CACHE = BlockCache(max(0, int(megabytes * (1 << 20))))
-    return _CACHE
 
 
 def _stamp(st: os.stat_result) -> Stamp:
@@ -242,10 +230,10 @@ class DirectCells:
     def chunk_file(self, index: int) -> str:
         return os.path.join(self.folder, *self.encode_key((index, *self.key_tail)).split("/"))
 
-    def read_rows(self, rows: np.ndarray, keep: bool = False) -> np.ndarray | None:
+    def read_rows(self, rows: np.ndarray, cache: BlockCache | None = None) -> np.ndarray | None:
         """Rows `rows` (ascending, distinct), shaped (len(rows), *trailing), or None where zarr must read them. Only the
         blosc blocks holding them are decompressed; each chunk's file is checked once per call (several runs of rows
-        in one chunk: `_runs`), or once per process where the cache of decoded blocks knows it (`read`)."""
+        in one chunk: `_runs`), or once per store where its cache of decoded blocks (`cache`) knows it (`read`)."""
         rows = np.asarray(rows, dtype=np.int64)
         out = np.empty((len(rows), self.width), dtype=self.dtype)
         chunk_of = rows // (self.chunk // self.width)
@@ -256,15 +244,15 @@ class DirectCells:
         for group in np.split(np.arange(len(lo)), by_chunk) if len(rows) else []:
             pieces = [(int(rows[lo[g]]) * w, (int(rows[hi[g] - 1]) + 1) * w, out[lo[g] : hi[g]].reshape(-1)) for g in group]
             if len(pieces) == 1:
-                got = self.read(pieces[0][0], pieces[0][1], keep)
+                got = self.read(pieces[0][0], pieces[0][1], cache)
                 if got is None:
                     return None
                 pieces[0][2][:] = got
-            elif not self._runs(int(chunk_of[lo[group[0]]]), pieces, keep):
+            elif not self._runs(int(chunk_of[lo[group[0]]]), pieces, cache):
                 return None
         return out.reshape(len(rows), *self.trailing)
 
-    def _runs(self, index: int, pieces: list[tuple[int, int, np.ndarray]], keep: bool) -> bool:
+    def _runs(self, index: int, pieces: list[tuple[int, int, np.ndarray]], cache: BlockCache | None) -> bool:
         """Several ranges of cells (first, last, out) of chunk `index`: its file mapped and its checksum checked once,
         then each run of the blocks they lie in decompressed once, from a frame of its own (a copy of their bytes: the
         mapping is read only). False when anything is off (the caller then reads through zarr, which names it)."""
@@ -315,7 +303,6 @@ class DirectCells:
                 for first, last, out in members:
                     out[:] = dest[first - b0 * per_block : last - b0 * per_block]
             self.block_cells = per_block
-            cache = block_cache() if keep else None
             if cache is not None and cache.budget and st.st_mtime_ns < (time.time() - SETTLED_SECONDS) * 1e9:
                 cache.mark_verified(path, _stamp(st))
             return True
@@ -326,10 +313,9 @@ class DirectCells:
             except BufferError:  # a view of it still alive: unmapped when that goes
                 pass
 
-    def read(self, start: int, stop: int, keep: bool = False) -> np.ndarray | None:
-        """Cells [start, stop), or None where zarr must read them. `keep`: use and fill the cache of decoded blocks
-        (one example's read; not a whole-run pass, which would only push out what readers come back to)."""
-        cache = block_cache() if keep else None
+    def read(self, start: int, stop: int, cache: BlockCache | None = None) -> np.ndarray | None:
+        """Cells [start, stop), or None where zarr must read them. `cache`: the store's cache of decoded blocks, to use
+        and fill (one example's read; not a whole-run pass, which would only push out what readers come back to)."""
         if cache is not None and cache.budget == 0:
             cache = None
         buffers = _take_buffers()

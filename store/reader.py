@@ -93,9 +93,25 @@ class StoreReader(SavedResultReads):
         self._static_info: dict[RunRef, RunInfo] = {}
         self._block_windows: LRU[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = LRU(max_entries=BLOCK_WINDOWS_KEPT)
         self._direct: dict[str, tuple[tuple[int, int, int], direct.DirectCells | None]] = {}
+        self._block_cache: direct.BlockCache | None = None  # made at the first one-example read (`block_cache`)
 
     def __repr__(self) -> str:
         return f"Store({self.locations.describe()})"
+
+    @property
+    def block_cache(self) -> direct.BlockCache:
+        """This store's cache of decoded blocks for one-example reads (store/direct.py), its budget read from
+        ATTNSTORE_READ_CACHE_MB when first needed; `set_read_cache(megabytes)` replaces it."""
+        if self._block_cache is None:
+            with self._maps_lock:
+                if self._block_cache is None:
+                    self._block_cache = direct.new_block_cache()
+        return self._block_cache
+
+    def set_read_cache(self, megabytes: float) -> direct.BlockCache:
+        """A fresh, empty cache of decoded blocks of `megabytes` for this store (0 turns it off)."""
+        self._block_cache = direct.new_block_cache(megabytes)
+        return self._block_cache
 
     def close(self) -> None:
         self.engine.dispose()
@@ -594,7 +610,7 @@ class StoreReader(SavedResultReads):
         whenever that finds anything off, through zarr on a freshly opened array (`arrays.read_cells`), which names
         damage as it always did."""
         reader = None if remote.is_remote(self.locations.array_root) else self._direct_reader(info)
-        if reader is not None and (cells := reader.read(start, stop, keep=True)) is not None:
+        if reader is not None and (cells := reader.read(start, stop, self.block_cache)) is not None:
             return cells
         return arrays.read_cells(self._array(info), start, stop, describe)
 
@@ -631,7 +647,7 @@ class StoreReader(SavedResultReads):
 
     def summaries(self, run: RunRef | RunInfo) -> summaries.RunSummaries:
         """The run's kept summaries (store/summaries.py): `.parts(key, stamp)`, `.ranges(key, stamp)`, `.whole(...)`,
-        `.keep(...)` and `.keep_ranges(...)` (writable stores), `.stamped()`, `.remove(key)`, `.can_keep`."""
+        `.keep(...)` and `.keep_ranges(...)` (writable stores), `.stamped()`, `.remove(key)`."""
         info = run if isinstance(run, RunInfo) else self.run_info(run)
         return summaries.RunSummaries(self, info)  # type: ignore[arg-type]
 

@@ -149,16 +149,16 @@ class ShardedRows:
     def shard_file(self, shard: int) -> str:
         return f"{self._parts[0]}{shard}{self._parts[1]}" if self._parts is not None else self._path(shard)
 
-    def read(self, start: int, stop: int, keep: bool = False) -> np.ndarray | None:
+    def read(self, start: int, stop: int, cache=None) -> np.ndarray | None:
         """Cells [start, stop), whole rows only (a range of examples), flat."""
         if start % self.width or stop % self.width:
             return None
-        got = self.read_rows(np.arange(start // self.width, stop // self.width), keep)
+        got = self.read_rows(np.arange(start // self.width, stop // self.width))
         return None if got is None else got.reshape(-1)
 
-    def read_rows(self, rows: np.ndarray, keep: bool = False) -> np.ndarray | None:
-        """Rows `rows` (ascending, distinct), shaped (len(rows), *trailing). `keep` is DirectCells' (a cache of decoded
-        blocks), unused: an inner chunk is one small read and decode."""
+    def read_rows(self, rows: np.ndarray, cache=None) -> np.ndarray | None:
+        """Rows `rows` (ascending, distinct), shaped (len(rows), *trailing). `cache` is DirectCells' (the store's cache
+        of decoded blocks), unused: an inner chunk is one small read and decode."""
         rows = np.asarray(rows, dtype=np.int64)
         out = np.empty((len(rows), self.width), dtype=self.dtype)
         inner = rows // self.inner_rows

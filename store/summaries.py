@@ -146,8 +146,9 @@ class SummaryParts:
     direct read does not take (a remote root, a chunk not written because it held only zeros, damage) is read through
     zarr, which fills or names it."""
 
-    def __init__(self, node, held: dict | None = None) -> None:
+    def __init__(self, node, held: dict | None = None, cache: direct.BlockCache | None = None) -> None:
         self.arrays = dict(node.arrays()) if held is None else held
+        self.cache = cache  # the store's cache of decoded blocks, for a sample's rows (`rows`)
         self.n = int(self.arrays["example"].shape[0])
         self._direct = {key: _direct_reader(array) for key, array in self.arrays.items()}
 
@@ -189,7 +190,7 @@ class SummaryParts:
         array, reader = self.arrays[key], self._direct[key]
         if not len(rows):
             return np.empty((0, *array.shape[1:]), dtype=array.dtype)
-        got = None if reader is None else reader.read_rows(rows, keep=True)
+        got = None if reader is None else reader.read_rows(rows, self.cache)
         return got if got is not None else np.asarray(array.get_orthogonal_selection((rows,)))
 
     def rows(self, positions: np.ndarray, fields: Iterable[str] | None = None, examples: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -241,10 +242,10 @@ def _direct_reader(array):
     return direct.direct_reader(array) if array.shards is None else sharded.sharded_reader(array)
 
 
-def summary_parts(root: str, array_path: str, name: str, stamp: dict) -> SummaryParts | None:
-    """A run's saved summary `name` for reading in parts, if its stamp matches."""
+def summary_parts(root: str, array_path: str, name: str, stamp: dict, cache: direct.BlockCache | None = None) -> SummaryParts | None:
+    """A run's saved summary `name` for reading in parts, if its stamp matches (`cache`: the store's decoded blocks)."""
     found = _complete_summary(root, array_path, name, stamp)
-    return None if found is None else SummaryParts(*found)
+    return None if found is None else SummaryParts(*found, cache=cache)
 
 
 # A kept summary's range reductions: `summary/<name>/ranges/`, one row per range of examples (the parts the summary was
@@ -534,19 +535,13 @@ class RunSummaries:
         self.root = store.locations.array_root
         self.array_path = info.array_path  # a run still in Zarr layout 1 is refused here (store/records.py)
 
-    @property
-    def can_keep(self) -> bool:
-        """True: every run this version reads can keep summaries (one in Zarr layout 1 is refused before this handle
-        exists); writing also needs a writable store."""
-        return True
-
     def whole(self, name: str, stamp: dict) -> dict[str, np.ndarray] | None:
         """Summary `name`, whole, if it is kept with this stamp and complete."""
         return read_summary(self.root, self.array_path, name, stamp)
 
     def parts(self, name: str, stamp: dict) -> SummaryParts | None:
         """Summary `name` to read range by range (`.n` examples, `.part(start, stop)`), if kept with this stamp and complete."""
-        return summary_parts(self.root, self.array_path, name, stamp)
+        return summary_parts(self.root, self.array_path, name, stamp, self.store.block_cache)
 
     def ranges(self, name: str, stamp: dict) -> SummaryRanges | None:
         """Summary `name`'s range reductions (`.n` ranges, `.block(start, stop)`), if they and it carry this stamp."""

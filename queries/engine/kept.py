@@ -146,7 +146,7 @@ _LAST_ORDERS: weakref.WeakKeyDictionary[Any, tuple[tuple, np.ndarray]] = weakref
 def keep(store: Store, info: RunInfo, kind: SummaryKind, **params) -> SummaryParts | None:
     """The kind's kept summary of every example it covers (`.n`, `.part(start, stop)`), built part by part and kept
     first if it is not (on the Dask scheduler in effect, if any). None where it cannot be kept: a read-only store, a
-    layout-1 run, a run that grew while it was read, or a whole-run pass the kind refuses (InvalidArgumentError from
+    run that grew while it was read, or a whole-run pass the kind refuses (InvalidArgumentError from
     its `prepare`, e.g. a pair of runs that tokenised some example differently)."""
     return _keep(store, info, bound(store, info, kind, params))
 
@@ -156,7 +156,7 @@ def _keep(store: Store, info: RunInfo, b: Bound) -> SummaryParts | None:
     kind, params, state, stamp, key = b.kind, b.params, b.state, b.stamp, b.key
     kept = store.summaries(info)
     saved = kept.parts(key, stamp)
-    if saved is not None or store.read_only or not kept.can_keep:
+    if saved is not None or store.read_only:
         return saved
     order = covered(store, info, kind, params)
 

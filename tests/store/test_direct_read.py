@@ -215,9 +215,7 @@ def settle(folder: Path) -> None:
 
 @pytest.fixture
 def cache():
-    kept = direct.set_block_cache_budget(64)
-    yield kept
-    direct.set_block_cache_budget(direct.DEFAULT_READ_CACHE_MB)
+    return direct.new_block_cache(64)
 
 
 def test_a_kept_read_is_served_from_the_cache_and_equal(tmp_path, cache):
@@ -226,19 +224,19 @@ def test_a_kept_read_is_served_from_the_cache_and_equal(tmp_path, cache):
     settle(tmp_path / "runs" / "x" / "cells")
     reader = direct.direct_reader(array)
     for a, b in [(5, 900), (chunk - 7, chunk + 2000), (3 * chunk, 3 * chunk + 1000)]:
-        first = reader.read(a, b, keep=True)
+        first = reader.read(a, b, cache)
         assert cache.used == 0 or a > 5, "a block read once was kept"
-        second = reader.read(a, b, keep=True)  # read again: now kept
+        second = reader.read(a, b, cache)  # read again: now kept
         hits = cache.hits
-        third = reader.read(a, b, keep=True)
+        third = reader.read(a, b, cache)
         assert cache.hits > hits, f"cells {a}..{b} were decoded again"
         for got in (first, second, third):
             np.testing.assert_array_equal(got, values[a:b])
     third[:] = 0  # the caller's array: changing it changes nothing kept
-    np.testing.assert_array_equal(reader.read(3 * chunk, 3 * chunk + 1000, keep=True), values[3 * chunk : 3 * chunk + 1000])
+    np.testing.assert_array_equal(reader.read(3 * chunk, 3 * chunk + 1000, cache), values[3 * chunk : 3 * chunk + 1000])
     # cells inside blocks already kept come from the cache too; a whole-run pass neither uses nor fills it
     hits, used = cache.hits, cache.used
-    np.testing.assert_array_equal(reader.read(10, 20, keep=True), values[10:20])
+    np.testing.assert_array_equal(reader.read(10, 20, cache), values[10:20])
     assert cache.hits > hits
     np.testing.assert_array_equal(reader.read(0, len(values)), values)
     assert cache.used == used
@@ -250,11 +248,11 @@ def test_a_chunk_changed_after_it_was_kept_is_read_again(tmp_path, cache):
     folder = tmp_path / "runs" / "x" / "cells"
     settle(folder)
     reader = direct.direct_reader(array)
-    reader.read(100, 200, keep=True)
-    reader.read(100, 200, keep=True)
+    reader.read(100, 200, cache)
+    reader.read(100, 200, cache)
     assert cache.used > 0
     damage(folder / "c" / "0", "flipped")  # the file's stamp changes: its kept blocks are not used
-    assert reader.read(100, 200, keep=True) is None  # left to zarr, which names the damage
+    assert reader.read(100, 200, cache) is None  # left to zarr, which names the damage
     with pytest.raises(DamagedDataError):
         arrays.read_cells(array, 100, 200, lambda a, b: "cells")
 
@@ -264,7 +262,7 @@ def test_a_chunk_written_moments_ago_is_not_kept(tmp_path, cache):
     array, values = cells_array(tmp_path, "float16", CODECS["small-blocks"], 1 << 14, 1 << 14)
     reader = direct.direct_reader(array)
     for _ in range(3):
-        np.testing.assert_array_equal(reader.read(0, 500, keep=True), values[:500])
+        np.testing.assert_array_equal(reader.read(0, 500, cache), values[:500])
     assert cache.used == 0
 
 
@@ -272,27 +270,41 @@ def test_the_cache_stays_within_its_budget(tmp_path):
     chunk = 1 << 14
     array, values = cells_array(tmp_path, "float32", CODECS["small-blocks"], chunk, 8 * chunk)
     settle(tmp_path / "runs" / "x" / "cells")
-    kept = direct.set_block_cache_budget(0.02)  # 20 KiB: a few 4 KiB blocks
-    try:
-        reader = direct.direct_reader(array)
-        for a in range(0, len(values) - 3000, 2500):
-            for _ in range(2):
-                np.testing.assert_array_equal(reader.read(a, a + 3000, keep=True), values[a : a + 3000])
-                assert kept.used <= kept.budget
-        assert 0 < len(kept.blocks) <= kept.budget // 4096
-    finally:
-        direct.set_block_cache_budget(direct.DEFAULT_READ_CACHE_MB)
+    kept = direct.new_block_cache(0.02)  # 20 KiB: a few 4 KiB blocks
+    reader = direct.direct_reader(array)
+    for a in range(0, len(values) - 3000, 2500):
+        for _ in range(2):
+            np.testing.assert_array_equal(reader.read(a, a + 3000, kept), values[a : a + 3000])
+            assert kept.used <= kept.budget
+    assert 0 < len(kept.blocks) <= kept.budget // 4096
 
 
 def test_the_cache_budget_comes_from_the_environment(monkeypatch):
-    monkeypatch.setattr(direct, "_CACHE", None)
     monkeypatch.setenv(direct.READ_CACHE_ENV, "0")
-    assert direct.block_cache().budget == 0
-    monkeypatch.setattr(direct, "_CACHE", None)
+    assert direct.new_block_cache().budget == 0
     monkeypatch.setenv(direct.READ_CACHE_ENV, "lots")
     with pytest.raises(InvalidArgumentError, match="ATTNSTORE_READ_CACHE_MB='lots': give a number of megabytes"):
-        direct.block_cache()
-    monkeypatch.setattr(direct, "_CACHE", None)
+        direct.new_block_cache()
+
+
+def test_each_store_has_its_own_cache_of_decoded_blocks(store, make_run, monkeypatch):
+    """One-example reads fill the cache of the store that read them: a second store in the process starts empty and
+    evicts nothing of the first's, and its budget is read when that store first needs it."""
+    from attnstore.store import Store
+
+    tokens = [[f"w{i}" for i in range(64)]] * 3
+    maps = [maps_for(t, i) for i, t in enumerate(tokens)]
+    run = make_run(store, maps, tokens, name="cached", chunk_cells=1 << 15, codec=CODECS["small-blocks"])
+    settle(Path(store.locations.array_root))
+    for _ in range(3):
+        store.attention(run, 1)
+    assert store.block_cache.used > 0 and store.block_cache.hits > 0
+    monkeypatch.setenv(direct.READ_CACHE_ENV, "1")
+    other = Store(store.locations)
+    assert other.block_cache is not store.block_cache and other.block_cache.used == 0
+    assert other.block_cache.budget == 1 << 20 and store.block_cache.budget == direct.DEFAULT_READ_CACHE_MB << 20
+    np.testing.assert_array_equal(other.attention(run, 1), store.attention(run, 1))
+    assert store.set_read_cache(0).budget == 0 and store.block_cache.used == 0
 
 
 def test_a_chunk_checked_whole_once_is_then_read_block_by_block(tmp_path, cache, monkeypatch):
@@ -306,16 +318,15 @@ def test_a_chunk_checked_whole_once_is_then_read_block_by_block(tmp_path, cache,
     checked = []
     real = direct.google_crc32c.value
     monkeypatch.setattr(direct.google_crc32c, "value", lambda data: checked.append(len(data)) or real(data))
-    np.testing.assert_array_equal(reader.read(10, 900, keep=True), values[10:900])
+    np.testing.assert_array_equal(reader.read(10, 900, cache), values[10:900])
     assert len(checked) == 1
     for a, b in [(5000, 7000), (chunk - 100, chunk - 1), (0, chunk)]:  # other blocks of chunk 0, and all of it
-        np.testing.assert_array_equal(reader.read(a, b, keep=True), values[a:b])
+        np.testing.assert_array_equal(reader.read(a, b, cache), values[a:b])
     assert len(checked) == 1, "an unchanged chunk was checked again"
-    np.testing.assert_array_equal(reader.read(chunk + 5, chunk + 50, keep=True), values[chunk + 5 : chunk + 50])
+    np.testing.assert_array_equal(reader.read(chunk + 5, chunk + 50, cache), values[chunk + 5 : chunk + 50])
     assert len(checked) == 2  # chunk 1: checked on its first read
     damage(folder / "c" / "0", "flipped")
     settle(folder)  # even an old-looking file: its stamp (size, time, inode) changed
-    assert reader.read(3000, 3500, keep=True) is None and len(checked) == 3  # read whole, checked, refused
-    direct.set_block_cache_budget(0)
-    np.testing.assert_array_equal(reader.read(chunk + 60, chunk + 90, keep=True), values[chunk + 60 : chunk + 90])
+    assert reader.read(3000, 3500, cache) is None and len(checked) == 3  # read whole, checked, refused
+    np.testing.assert_array_equal(reader.read(chunk + 60, chunk + 90, direct.new_block_cache(0)), values[chunk + 60 : chunk + 90])
     assert len(checked) == 4  # no cache: every read checks its chunk
