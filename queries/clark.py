@@ -145,14 +145,6 @@ def _clark_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def totals_or_zeros(totals: dict[str, np.ndarray], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """The Clark totals, or those of no examples: `_clark_totals` of an empty part (every sum 0, fields of `shape`)."""
-    if totals:
-        return totals
-    empty = {"length": np.zeros(0, np.int64), "n_sep": np.zeros(0, np.int64), "n_cls": np.zeros(0, np.int64)}
-    return _clark_totals(empty | {name: np.zeros((0, *shape)) for name in CLARK_UNITS})
-
-
 # punct: the characters counted as punctuation keys (special_tokens' parameter); the default's summary is `clark`.
 # Version 3: compiled (queries/_clark.c), row entropies summed in float64 (in float32 before: within 1e-7 relative).
 CLARK = register_kind(

@@ -202,18 +202,6 @@ def test_a_read_only_store_adds_the_kept_ranges(store, make_run, monkeypatch):
         np.testing.assert_allclose(ranged.to_numpy(float), frame.to_numpy(float), rtol=RTOL, atol=0)
 
 
-def test_no_examples_give_zero_totals_of_every_field():
-    from attnstore.queries.clark import CLARK_UNITS, totals_or_zeros
-
-    zeros = totals_or_zeros({}, (1, 2))
-    assert set(zeros) >= set(CLARK_UNITS) | {f"mean_{name}" for name in CLARK_UNITS} | {"examples", "n_tokens", "log_length"}
-    for name, value in zeros.items():
-        assert np.shape(value) == ((1, 2) if name.removeprefix("mean_") in CLARK_UNITS else ()), name
-        assert not np.any(value), name
-    kept = {"examples": np.asarray(3)}
-    assert totals_or_zeros(kept, (1, 2)) is kept  # totals of some examples pass through
-
-
 def test_ranges_are_packed_one_array_per_dtype_and_an_older_group_is_derived_again(store, make_run, monkeypatch):
     """The ranges' fields are kept in one array per dtype (a first query creates 2 arrays, not ~40); a group written
     before packing (one array per field, no `fields` attribute) is not read: the writable store derives it again."""
