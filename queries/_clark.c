@@ -7,8 +7,9 @@
    docs/PERFORMANCE.md, 2026-11-28 "the heaviest reduces compiled"). Every sum is accumulated in double from the exact
    float32 values.
 
-   Built by setuptools with the package (pyproject.toml / setup.py); it needs a C compiler and Python's headers. It
-   takes buffers, not numpy arrays, so it builds without numpy's headers. */
+   Built by setuptools with the package, a part of the extension module attnstore.queries._kernels (pyproject.toml's
+   ext-modules, queries/_kernels.c); it needs a C compiler and Python's headers. It takes buffers, not numpy arrays, so
+   it builds without numpy's headers. */
 #include "_kernels.h"
 #include <stdlib.h>
 #include <string.h>
@@ -136,4 +137,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-KERNEL_MODULE(_clark, "The Clark summary's reduce, compiled.", methods)
+KERNEL_PART(_clark, "The Clark summary's reduce, compiled.", methods)

@@ -1,6 +1,7 @@
-/* What the compiled reduces (queries/_clark.c, _patterns.c, _words.c, _rollout.c, _roles.c) share: the size check of a
-   buffer argument, the loop over an example's maps as float16 codes or float64 values, and the module's creation with
-   its KERNEL_VERSION (checked against queries/engine/kernels.py VERSIONS). */
+/* What the compiled reduces (queries/_clark.c, _patterns.c, _words.c: the parts of the one extension module
+   attnstore.queries._kernels, queries/_kernels.c) share: the size check of a buffer argument, the loop over an
+   example's maps as float16 codes or float64 values, and each part's namespace with its KERNEL_VERSION (checked
+   against queries/engine/kernels.py VERSIONS). */
 #ifndef ATTNSTORE_KERNELS_H
 #define ATTNSTORE_KERNELS_H
 
@@ -9,7 +10,8 @@
 #include <stdint.h>
 
 /* 1 when buffer `b` holds `items` items of `itemsize` bytes, else 0 with a ValueError naming `function` and `name`. */
-static int check_size(Py_buffer *b, Py_ssize_t items, Py_ssize_t itemsize, const char *function, const char *name) {
+static inline int check_size(Py_buffer *b, Py_ssize_t items, Py_ssize_t itemsize, const char *function,
+                             const char *name) {
     if (b->len != items * itemsize) {
         PyErr_Format(PyExc_ValueError, "%s: %s holds %zd bytes, not %zd", function, name, b->len, items * itemsize);
         return 0;
@@ -38,16 +40,23 @@ static int check_size(Py_buffer *b, Py_ssize_t items, Py_ssize_t itemsize, const
         }                                                                                                             \
     } while (0)
 
-/* The module `NAME` with `METHODS` and its KERNEL_VERSION. */
-#define KERNEL_MODULE(NAME, DOC, METHODS)                                                                             \
-    static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, #NAME, DOC, -1, METHODS};                              \
-    PyMODINIT_FUNC PyInit_##NAME(void) {                                                                              \
-        PyObject *mod = PyModule_Create(&module);                                                                     \
-        if (mod && PyModule_AddIntConstant(mod, "KERNEL_VERSION", KERNEL_VERSION) < 0) {                              \
-            Py_DECREF(mod);                                                                                           \
+/* The part `NAME` (the file queries/NAME.c): a function `kernel_partNAME` making its namespace, a module object
+   holding `METHODS` and the file's KERNEL_VERSION, which queries/_kernels.c sets as the attribute NAME of
+   attnstore.queries._kernels (`kernel("NAME")` in queries/engine/kernels.py). */
+#define KERNEL_PART(NAME, DOC, METHODS)                                                                               \
+    PyObject *kernel_part##NAME(void) {                                                                               \
+        PyObject *part = PyModule_New("attnstore.queries._kernels." #NAME);                                           \
+        if (part && (PyModule_SetDocString(part, DOC) < 0 || PyModule_AddFunctions(part, METHODS) < 0                 \
+                     || PyModule_AddIntConstant(part, "KERNEL_VERSION", KERNEL_VERSION) < 0)) {                       \
+            Py_DECREF(part);                                                                                          \
             return NULL;                                                                                              \
         }                                                                                                             \
-        return mod;                                                                                                   \
+        return part;                                                                                                  \
     }
+
+/* The parts, each defined by KERNEL_PART in its file. */
+PyObject *kernel_part_clark(void);
+PyObject *kernel_part_patterns(void);
+PyObject *kernel_part_words(void);
 
 #endif

@@ -130,4 +130,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-KERNEL_MODULE(_patterns, "Kovaleva et al.'s raw pattern scores, compiled.", methods)
+KERNEL_PART(_patterns, "Kovaleva et al.'s raw pattern scores, compiled.", methods)

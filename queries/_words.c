@@ -224,4 +224,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-KERNEL_MODULE(_words, "Word-level maps and their argmaxes, compiled.", methods)
+KERNEL_PART(_words, "Word-level maps and their argmaxes, compiled.", methods)

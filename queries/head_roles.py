@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from .common import CAUSAL_NOTE, is_causal, per_head_frame, safe_divide, token_flags
-from .engine import MAP_SOURCES, SummaryKind, as_kernel_maps, kernel, register, register_kind, summary_totals
+from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -50,21 +50,41 @@ def rarest_token(ids: np.ndarray, special: np.ndarray, frequency: dict[int, int]
     return int(candidates[np.argmin(counts)])
 
 
+FLOAT16_INF = 0x7C00  # +inf's bits: every non-negative finite float16 is below it as an unsigned 16-bit integer
+
+
+def confidence_and_best(maps: np.ndarray, sep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(layer, head): each query row's largest weight outside the separator keys, summed over the rows in float64 (0
+    where every key is a separator); (layer, head, query): each row's argmax, the first of equals.
+
+    float16 maps whose values are all non-negative and finite (attention weights) are compared as their bits, unsigned
+    16-bit integers, which order as the values do, equals included: the same maxima and argmaxes without a float64
+    copy of the example. Other maps (and float16 maps with a NaN, an infinity, a negative value or -0.0 anywhere) are
+    compared in float64, by numpy's rules."""
+    kept = ~np.asarray(sep, dtype=bool)
+    if maps.dtype == np.float16:
+        codes = maps.view(np.uint16)
+        best = codes.argmax(-1)
+        if np.take_along_axis(codes, best[..., None], -1).max(initial=0) < FLOAT16_INF:  # each row's largest code
+            if not kept.any():
+                return np.zeros(maps.shape[:2]), best
+            top = codes.max(-1, where=kept, initial=0).view(np.float16)
+            return top.astype(np.float64).sum(-1), best
+    values = np.asarray(maps, dtype=np.float64)
+    outside = values[..., kept] if kept.any() else np.zeros((*values.shape[:-1], 1))
+    return outside.max(-1).sum(-1), values.argmax(-1)
+
+
 def role_counts(maps: np.ndarray, sep: np.ndarray, rare: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One example's (layer, head) maps reduced: each row's largest weight outside the separator keys, summed over the
     rows in float64 (0 where every key is a separator); the rows whose argmax (the first of equals) lies k keys from
     the query, for each k of OFFSETS, (layer, head, offset); the rows whose argmax is the key `rare` (-1: none).
-    Compiled (queries/_roles.c): every cell read once, numpy's rules on float64 values (a NaN is the argmax where it
-    comes first, and the row's maximum)."""
-    n_layers, n_heads, length = maps.shape[0], maps.shape[1], maps.shape[-1]
-    values, table, is_float16 = as_kernel_maps(maps)
-    kept = (~np.asarray(sep, dtype=bool)).astype(np.uint8)
-    confidence = np.empty((n_layers, n_heads))
-    counts = np.empty((n_layers, n_heads, len(OFFSETS)), np.int64)
-    rare_hits = np.empty((n_layers, n_heads), np.int64)
-    offsets = np.asarray(OFFSETS, dtype=np.int64)
-    n_maps = n_layers * n_heads
-    kernel("_roles").roles(values, n_maps, length, kept, offsets, rare, table, confidence, counts, rare_hits, is_float16)
+    (Compiled from d169872 until docs/PERFORMANCE.md, 2026-11-29 "two compiled reduces back to numpy": the C loop took
+    the reduce 1.5-1.6x faster and the first whole-run query 1.0-1.1x.)"""
+    confidence, best = confidence_and_best(maps, sep)
+    offsets = best - np.arange(maps.shape[-1])
+    counts = np.stack([(offsets == k).sum(-1, dtype=np.int64) for k in OFFSETS], axis=-1)  # (layer, head, offset)
+    rare_hits = (best == rare).sum(-1, dtype=np.int64) if rare >= 0 else np.zeros(maps.shape[:2], np.int64)
     return confidence, counts, rare_hits
 
 

@@ -21,13 +21,15 @@ layer l is how much token i's representation after layer l draws on each input t
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
+from ..store.float16 import as_float32
 from .common import CAUSAL_NOTE, is_causal, token_flags
-from .engine import MAP_SOURCES, SummaryKind, as_kernel_maps, kernel, register, register_kind, summary_totals
+from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -39,14 +41,36 @@ DEFAULT_PUNCT = ".,"
 MAX_FLOW_TOKENS = 64
 
 
+# float32 cells cast at a time into a buffer each reduce thread keeps (8 MiB; one layer of a longer example is cast
+# whole): a fresh array per example above 1 MiB is a fresh mmap under the CLI's heap (store/heap.py), and its page
+# faults cost more than the cast.
+CAST_CELLS = 1 << 21
+_CAST = threading.local()
+
+
+def _cast_buffer(n: int) -> np.ndarray:
+    buf = getattr(_CAST, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _CAST.buf = np.empty(max(n, CAST_CELLS), np.float32)
+    return buf[:n]
+
+
 def residual_maps(maps: np.ndarray) -> np.ndarray:
     """(layer, head, L, L) maps -> (layer, L, L): averaged over heads, the identity added, rows renormalised (float64).
-    The head means are compiled (queries/_rollout.c: float16 by table or float64, summed head after head in float64,
-    as numpy's mean over the head axis; equal to it bit for bit)."""
-    n_layers, n_heads, length = maps.shape[0], maps.shape[1], maps.shape[-1]
-    values, table, is_float16 = as_kernel_maps(maps)
-    mean = np.empty((n_layers, length, length))
-    kernel("_rollout").head_means(values, n_layers, n_heads, length, table, mean, is_float16)
+    float16 maps are cast to float32 by table (store/float16.py) a few layers at a time and averaged in float64: the
+    same sums in the same order as numpy's mean of a float64 copy, bit for bit, without that copy. (Compiled from
+    a37eb6c until docs/PERFORMANCE.md, 2026-11-29 "two compiled reduces back to numpy": the C loop took the reduce
+    1.1-1.4x faster and the first whole-run query no faster.)"""
+    n_layers, length = maps.shape[0], maps.shape[-1]
+    if maps.dtype != np.float16:
+        mean = np.asarray(maps, dtype=np.float64).mean(axis=1)
+    else:
+        mean = np.empty((n_layers, length, length))
+        per_part = max(1, CAST_CELLS // max(1, int(np.prod(maps.shape[1:]))))
+        for first in range(0, n_layers, per_part):
+            part = maps[first : first + per_part]
+            cast = as_float32(part, _cast_buffer(part.size).reshape(part.shape))
+            cast.mean(axis=1, dtype=np.float64, out=mean[first : first + per_part])
     mixed = mean + np.eye(length)[None]
     return mixed / mixed.sum(-1, keepdims=True)
 

@@ -10,7 +10,7 @@ trap 'rm -rf "$work" build' EXIT  # setuptools leaves build/ in the tree; stale 
 "$work/venv/bin/pip" install -q "$work"/dist/attnstore-*.whl
 cd "$work"  # away from the source tree: only the installed package can be imported
 "$work/venv/bin/attnstore" --help > /dev/null
-"$work/venv/bin/python" -c "from attnstore.queries.engine.kernels import VERSIONS, kernel; [kernel(name) for name in VERSIONS]"  # the compiled reduces are in the wheel
+"$work/venv/bin/python" -c "from attnstore.queries.engine.kernels import VERSIONS, kernel; [kernel(name) for name in VERSIONS]"  # the compiled reduces' one module, queries/_kernels.c, is in the wheel with every part
 "$work/venv/bin/attnstore" db upgrade --db "sqlite:///$work/new.sqlite"
 "$work/venv/bin/attnstore" db current --db "sqlite:///$work/new.sqlite" | grep -q "up to date"
 "$work/venv/bin/attnstore" runs --db "sqlite:///$work/new.sqlite" --root "$work/z" > /dev/null

@@ -1,6 +1,6 @@
-"""attnstore's compiled reduces (queries/_clark.c, queries/_patterns.c, queries/_roles.c, queries/_rollout.c,
-queries/_words.c), each imported on first use, so a source tree without them still imports and runs the other
-queries, and a missing or stale build fails in one line naming the fix.
+"""attnstore's compiled reduces (queries/_clark.c, queries/_patterns.c, queries/_words.c), the parts of one extension
+module, attnstore.queries._kernels (queries/_kernels.c), imported on first use, so a source tree without it still
+imports and runs the other queries, and a missing or stale build fails in one line naming the fix.
 
 Each C file defines KERNEL_VERSION, raised whenever its arguments or results change; `VERSIONS` holds the version its
 Python callers are written against, so an editable checkout whose build predates its C file says so instead of
@@ -17,25 +17,27 @@ import numpy as np
 from ...store.float16 import value_table
 from ..errors import KernelBuildError
 
-VERSIONS = {"_clark": 1, "_patterns": 1, "_roles": 1, "_rollout": 1, "_words": 1}
+VERSIONS = {"_clark": 1, "_patterns": 1, "_words": 1}
 REBUILD = "rebuild attnstore: pip install -e . (needs a C compiler and Python's headers)"
 
 
 @functools.cache
 def kernel(name: str) -> ModuleType:
-    """The compiled module `attnstore.queries.<name>` if its KERNEL_VERSION is `VERSIONS[name]`; else KernelBuildError
-    (an attnstore error, one line in the CLI, and an ImportError)."""
+    """The part `name` of the compiled module attnstore.queries._kernels (its functions and KERNEL_VERSION, made by
+    queries/<name>.c) if its KERNEL_VERSION is `VERSIONS[name]`; else KernelBuildError (an attnstore error, one line
+    in the CLI, and an ImportError)."""
     version = VERSIONS[name]
     try:
-        module = importlib.import_module(f"..{name}", __package__)  # attnstore.queries.<name>
+        module = importlib.import_module(".._kernels", __package__)  # attnstore.queries._kernels
     except ImportError as exc:
         raise KernelBuildError(f"attnstore's compiled reduce queries/{name}.c is not built: {REBUILD}") from exc
-    built = getattr(module, "KERNEL_VERSION", None)
-    if built != version:
+    part = getattr(module, name, None)  # None: a build from before the file was a part of the module
+    built = getattr(part, "KERNEL_VERSION", None)
+    if part is None or built != version:
         raise KernelBuildError(
             f"attnstore's compiled reduce queries/{name}.c is a stale build (version {built}, want {version}): {REBUILD}"
         )
-    return module
+    return part
 
 
 def as_kernel_maps(maps: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:

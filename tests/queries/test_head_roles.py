@@ -85,15 +85,3 @@ def test_signs_and_non_finite_values_follow_numpy(odd, where):
     maps[0, 1, where[0], where[1]] = odd
     maps[0, 0, 1, 2] = odd
     same_as_numpy(maps, np.array([False, False, True]), 2)
-
-
-def test_the_roles_kernel_refuses_wrong_sizes():
-    from attnstore.queries.engine import kernel
-
-    roles = kernel("_roles").roles
-    maps, kept, offsets = np.zeros((2, 3, 3)), np.ones(3, np.uint8), np.arange(3, dtype=np.int64)
-    outs = (np.zeros(2), np.zeros((2, 3), np.int64), np.zeros(2, np.int64))
-    with pytest.raises(ValueError, match="_roles.roles: counts holds 32 bytes, not 48"):
-        roles(maps, 2, 3, kept, offsets, -1, np.zeros(0, np.float32), outs[0], np.zeros((2, 2), np.int64), outs[2], False)
-    with pytest.raises(ValueError, match="maps of no token"):
-        roles(np.zeros(0), 2, 0, kept[:0], offsets, -1, np.zeros(0, np.float32), *outs, False)
