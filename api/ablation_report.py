@@ -288,20 +288,28 @@ def majority_scores(task: str, n_examples: int | None = None, data_dir: str | No
 def draw_pruning(frame: pd.DataFrame, model: str, task: str, mode: str, majority: dict[str, float] | None = None):
     """The pruning curve of `attnstore prune`: each metric's dev score against the number of heads pruned, with the
     majority-class baseline of each metric as a dashed line of its colour (`majority`: metric -> score; default
-    `majority_scores` of the task's dev data, which the title says is missing where it cannot be read)."""
+    `majority_scores` of the task's dev data, which the title says is missing where it cannot be read). A `procedure`
+    column (how the importance was estimated) draws one curve per procedure and metric, told apart by marker and style."""
     from ..store.plot import new_figure
 
     if majority is None:
         n = int(frame["n_examples"].max()) if "n_examples" in frame and frame["n_examples"].notna().any() else None
         majority = majority_scores(task, n)
     n_heads = max(int(frame["n_pruned"].max()), 1)
-    fig = new_figure(figsize=(5.5, 3.8))
+    fig = new_figure(figsize=(6.5, 3.8))
     ax = fig.add_subplot()
-    for metric, rows in frame.sort_values("n_pruned").groupby("metric", sort=False):
-        (line,) = ax.plot(rows["n_pruned"], rows["score"], marker="o", label=metric)
+    sweeps = frame.groupby("procedure", sort=False) if "procedure" in frame.columns else [(None, frame)]
+    colours: dict[str, str] = {}
+    for k, (procedure, part) in enumerate(sweeps):
+        for metric, rows in part.sort_values("n_pruned").groupby("metric", sort=False):
+            label = metric if procedure is None else f"{metric}: {procedure}"
+            style = dict(marker="osD^v"[k % 5], linestyle=("-", "-.", ":")[k % 3])
+            (line,) = ax.plot(rows["n_pruned"], rows["score"], label=label, **style)
+            colours.setdefault(str(metric), line.get_color())
+    for metric, colour in colours.items():
         if majority and metric in majority:
             value = majority[metric]
-            ax.axhline(value, color=line.get_color(), linestyle="--", linewidth=1, label=f"{metric}: majority class ({value:.1f})")
+            ax.axhline(value, color=colour, linestyle="--", linewidth=1, label=f"{metric}: majority class ({value:.1f})")
     ax.set_xlabel("heads pruned (least important first)")
     ax.set_ylabel("dev score")
     missing = "" if majority else f"; no majority-class line: {_why_no_majority(task)}"

@@ -668,7 +668,13 @@ def report_head_match(locations, run, other, metric, specials, out):
 @click.option("--random-tree-run", default=None, help="The same corpus through a randomly initialised model (the trees' baseline).")
 @click.option("--attribution-run", default=None, help="A fine-tuned model's run with saliency (attnstore saliency).")
 @click.option("--seed-run", default=None, help="The same task fine-tuned with another seed, over the same examples, with saliency.")
-@click.option("--prune", "prune_spec", default=None, metavar="MODEL:TASK", help="Draw the stored pruning steps of MODEL on TASK.")
+@click.option(
+    "--prune",
+    "prune_spec",
+    default=None,
+    metavar="MODEL:TASK",
+    help="Draw the stored pruning steps of MODEL on TASK (a curve per importance procedure).",
+)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @store_options
 @friendly_errors

@@ -166,9 +166,12 @@ def importance(locations, model, task, max_examples, save_to_run, data_dir, fmt,
 @store_options
 @friendly_errors
 def saliency(locations, run_name, batch_size, progress):
-    """Keep, per stored token of RUN, |grad x input| of its classifier's predicted logit (docs/QUERIES.md).
+    """Keep, per stored token of RUN, gradient x input (signed) of its classifier's predicted-class probability.
 
-    The gradient is taken at the word embeddings of the run's own token ids and segments; the values go beside the
+    Per token, sum over the embedding's dimensions of the gradient of the predicted class's softmax
+    probability (a regression model's output) times the word embedding, signed; `attention_attribution`
+    ranks it by its absolute value by default, as Jain & Wallace did (docs/QUERIES.md). The gradient is
+    taken at the word embeddings of the run's own token ids and segments; the values go beside the
     run's maps (the `saliency` array of its group) for the `attention_attribution` query. Interrupted, the same
     command resumes; run again on a finished run, it does nothing.
     """
@@ -184,7 +187,7 @@ def saliency(locations, run_name, batch_size, progress):
 
 @click.command("prune", short_help="Prune heads by importance, 10 % at a time (Michel et al. 2019).")
 @click.option("--model", required=True, help="A fine-tuned model of the store.")
-@click.option("--task", required=True, help="GLUE task whose dev set scores each step (and gives the importance).")
+@click.option("--task", required=True, help="GLUE task whose dev set scores each step.")
 @click.option(
     "--mode",
     default="zero",
@@ -193,20 +196,44 @@ def saliency(locations, run_name, batch_size, progress):
     help="How a pruned head is disabled: zero (its output removed, as Michel et al.), uniform (Kovaleva et al.), mean.",
 )
 @click.option("--fraction", default=0.1, show_default=True, type=float, help="Share of all heads pruned per step.")
-@click.option("--max-examples", default=None, type=int, help="Dev examples for the importance (default: all).")
+@click.option(
+    "--importance-data",
+    default="train",
+    show_default=True,
+    type=click.Choice(("train", "dev")),  # ingest.importance.IMPORTANCE_DATA, not imported at startup
+    help="Where the importance is estimated: train (the model's training data, as the authors' script) or dev "
+    "(the dev set that also scores the curve).",
+)
+@click.option(
+    "--importance-examples",
+    "--max-examples",
+    "max_examples",
+    default=None,
+    type=int,
+    help="Examples for the importance (default: all): a seeded sample of the training data, or the first N dev examples.",
+)
+@click.option(
+    "--reestimate/--estimate-once",
+    default=False,
+    show_default=True,
+    help="Re-estimate the importance before each step with the pruned heads disabled, or estimate it once (the authors' default).",
+)
 @click.option("--figure", "figure_path", default=None, type=click.Path(dir_okay=False), help="Also draw the pruning curve (.png/.svg).")
 @click.option("--data-dir", default=None, type=click.Path(file_okay=False), help="Folder holding glue/ (env ATTNSTORE_DATA).")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @store_options
 @friendly_errors
-def prune(locations, model, task, mode, fraction, max_examples, figure_path, data_dir, fmt, progress):
-    """Prune MODEL's heads by importance on TASK, re-estimating it after each step; one ablation_results row per step.
+def prune(locations, model, task, mode, fraction, importance_data, max_examples, reestimate, figure_path, data_dir, fmt, progress):
+    """Prune MODEL's heads by importance, scoring each step on TASK's dev set; ablation_results rows per step.
 
-    Each step removes `--fraction` of all heads (the least important of those left, importance
-    re-estimated with the pruned ones disabled) and scores the model (config prune:N; with another
-    --fraction or --max-examples, prune[fraction=F,max_examples=M]:N, a sweep of its own). Steps
-    already stored under that config are read back, so an interrupted sweep resumes.
+    By default as the authors' script (Michel et al.): the importance is estimated once, on the model's
+    training data (a model fine-tuned here: the examples it was trained on), and each step removes
+    `--fraction` of all heads, the least important of those left, and scores the model (config
+    prune:N). --importance-data dev, --reestimate, another --fraction or --importance-examples make a
+    sweep of its own (prune[importance=dev,reestimate,fraction=F,max_examples=M]:N), and each row
+    records its procedure (importance_split, importance_examples, importance_schedule). Steps already
+    stored under that config are read back, so an interrupted sweep resumes.
     """
     from ..ingest.evaluate import open_evaluator
     from ..ingest.importance import prune as run_prune
@@ -221,6 +248,8 @@ def prune(locations, model, task, mode, fraction, max_examples, figure_path, dat
         fraction=fraction,
         max_examples=max_examples,
         progress=progress,
+        importance_data=importance_data,
+        reestimate=reestimate,
     )
     emit(frame[["n_pruned", "config", "mode", "metric", "score", "baseline_score"]] if fmt == "table" else frame, fmt)
     if figure_path is not None:

@@ -9,6 +9,7 @@ without saliency) says so in one line instead of failing the report.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,7 @@ import pandas as pd
 from ..queries import run_query
 from ..store.errors import AttnStoreError
 from ..store.plot import new_figure
-from .ablation_report import draw_pruning
+from .ablation_report import draw_pruning, majority_scores
 from .report import _caption, _layer_axis, _legend_beside, _save, _table, left_out
 
 if TYPE_CHECKING:
@@ -108,10 +109,10 @@ def draw_trees(frame: pd.DataFrame, random: pd.DataFrame | None, caption: str):
     return fig
 
 
-def draw_attribution(signed: pd.DataFrame, absolute: pd.DataFrame, n_layers: int, caption: str):
+def draw_attribution(absolute: pd.DataFrame, signed: pd.DataFrame, n_layers: int, caption: str):
     fig = new_figure(figsize=(10, 3.8))
     axes = fig.subplots(1, 2, sharey=True)
-    for ax, frame, title in ((axes[0], signed, "signed saliency (the authors')"), (axes[1], absolute, "|saliency|")):
+    for ax, frame, title in ((axes[0], absolute, "|gradient x input| (the authors')"), (axes[1], signed, "signed gradient x input")):
         by_layer = frame.groupby("layer")[["tau", "tau_norm", "tau_rollout", "tau_random"]].mean()
         best = frame.groupby("layer")["tau"].max()
         ax.plot(by_layer.index, by_layer["tau"], marker="o", label="attention (mean over heads)")
@@ -236,29 +237,35 @@ def primer_report(
 
     if attribution_run is not None:
         try:
-            signed = run_query(store, "attention_attribution", run=attribution_run, seed_run=seed_run)
-            absolute = run_query(store, "attention_attribution", run=attribution_run, saliency="absolute", seed_run=seed_run)
+            absolute = run_query(store, "attention_attribution", run=attribution_run, seed_run=seed_run)  # the default
+            signed = run_query(store, "attention_attribution", run=attribution_run, saliency="signed", seed_run=seed_run)
         except AttnStoreError as exc:
             lines += _section("Attention vs attribution (Jain & Wallace 2019)", [f"Not drawn: {exc}"])
         else:
             a_info = store.run_info(attribution_run)
-            _save(draw_attribution(signed, absolute, a_info.n_layers, _caption(store, attribution_run)), folder, "attribution")
-            signed.to_csv(folder / "attribution_signed.csv", index=False)
+            _save(draw_attribution(absolute, signed, a_info.n_layers, _caption(store, attribution_run)), folder, "attribution")
             absolute.to_csv(folder / "attribution_absolute.csv", index=False)
+            signed.to_csv(folder / "attribution_signed.csv", index=False)
+            both = (absolute, signed)
             summary = pd.DataFrame(
                 {
-                    "saliency": ["signed", "absolute"],
-                    "mean_tau": [signed["tau"].mean(), absolute["tau"].mean()],
-                    "best_head": [_best(signed), _best(absolute)],
-                    "best_tau": [signed["tau"].max(), absolute["tau"].max()],
-                    "mean_tau_norm": [signed["tau_norm"].mean(), absolute["tau_norm"].mean()],
-                    "mean_tau_random": [signed["tau_random"].mean(), absolute["tau_random"].mean()],
-                    "tau_sd": [signed["tau_sd"].mean(), absolute["tau_sd"].mean()],
+                    "saliency": ["absolute (default, the authors')", "signed"],
+                    "mean_tau": [f["tau"].mean() for f in both],
+                    "best_head": [_best(f) for f in both],
+                    "best_tau": [f["tau"].max() for f in both],
+                    "mean_tau_norm": [f["tau_norm"].mean() for f in both],
+                    "mean_tau_random": [f["tau_random"].mean() for f in both],
+                    "tau_sd": [f["tau_sd"].mean() for f in both],
                 }
             )
+            by_layer = pd.DataFrame({"layer": sorted(absolute["layer"].unique())})
+            for label, f in (("absolute", absolute), ("signed", signed)):
+                grouped = f.groupby("layer")["tau"]
+                by_layer[f"{label}_mean_tau"] = grouped.mean().to_numpy()
+                by_layer[f"{label}_best_tau"] = grouped.max().to_numpy()
             seed_line: list[str] = []
             if seed_run is not None:  # how far two fine-tunes' saliencies agree: the yardstick for the heads' taus
-                summary["tau_seed"] = [signed["tau_seed"].iloc[0], absolute["tau_seed"].iloc[0]]
+                summary["tau_seed"] = [f["tau_seed"].iloc[0] for f in both]
             else:
                 how = "--seed-run RUN (the same task fine-tuned with another seed, with saliency) adds it"
                 seed_line = ["", left_out("primer", "the seed baseline tau_seed", how)]
@@ -266,9 +273,14 @@ def primer_report(
                 "Attention vs attribution (Jain & Wallace 2019)",
                 [
                     f"{_caption(store, attribution_run)}. Query `attention_attribution`: Kendall tau between each head's "
-                    "[CLS] row and the run's gradient x input saliency (`attnstore saliency`), per example, then averaged.",
+                    "[CLS] row and the run's gradient x input saliency (`attnstore saliency`), per example, then averaged; "
+                    "ranked by its absolute value by default, as the authors did, and signed as the alternative.",
                     "",
                     _table(summary, folder, "attribution_summary"),
+                    "",
+                    "Per layer, the mean over its heads and the best head:",
+                    "",
+                    _table(by_layer, folder, "attribution_layers"),
                     *seed_line,
                     "",
                     "![attention vs attribution](attribution.png)",
@@ -281,26 +293,33 @@ def primer_report(
     if prune is not None:
         model, task = prune
         frame = store.ablation_results(model=model, task=task)
-        steps = frame[frame["config"].str.startswith("prune:") | (frame["config"] == "none")]
-        if steps[steps["config"] != "none"].empty:
+        parsed = frame["config"].str.extract(r"^(prune(?:\[[^\]]*\])?:)(\d+)$")
+        steps = frame[parsed[0].notna()].assign(sweep=parsed[0], n_pruned=pd.to_numeric(parsed[1]))
+        if steps.empty:
             lines += _section(
                 "Head importance and pruning (Michel et al. 2019)",
                 [f"Not drawn: no pruning steps of {model!r} on {task} are stored (run `attnstore prune`)."],
             )
         else:
-            for mode, rows in steps[steps["config"] != "none"].groupby("mode"):
-                base = steps[steps["config"] == "none"].assign(mode=mode)
-                curve = pd.concat([base, rows]).assign(
-                    n_pruned=lambda f: f["config"].str.replace("none", "prune:0").str.slice(len("prune:")).astype(int)
+            base = frame[frame["config"] == "none"].assign(n_pruned=0)
+            for mode, rows in steps.groupby("mode"):
+                sweeps = sorted(rows.groupby("sweep", sort=False), key=lambda kv: (kv[0] != "prune:", kv[0]))  # the default first
+                curve = pd.concat(
+                    [pd.concat([base.assign(mode=mode), part]).assign(procedure=_procedure(sweep, part)) for sweep, part in sweeps]
                 )
                 _save(draw_pruning(curve, model, task, mode), folder, f"pruning_{mode}")
-                shown = curve.pivot_table(index="n_pruned", columns="metric", values="score").reset_index()
+                shown = curve.pivot_table(index="n_pruned", columns=["procedure", "metric"], values="score", sort=False)
+                shown.columns = [f"{metric}, {procedure}" for procedure, metric in shown.columns]
+                majority = majority_scores(task, int(frame["n_examples"].max()))
                 lines += _section(
                     f"Head importance and pruning (Michel et al. 2019): mask {mode}",
                     [
-                        f"{model} on {task} dev (`attnstore prune`).",
+                        f"{model} on {task} dev (`attnstore prune`): dev score after each step, by how the importance was "
+                        "estimated (the authors' script: on the training data, once; the other: on the dev set that also "
+                        "scores the curve, re-estimated before each step)"
+                        + (f"; majority class: {', '.join(f'{m} {v:.1f}' for m, v in majority.items())}." if majority else "."),
                         "",
-                        _table(shown, folder, f"pruning_{mode}"),
+                        _table(shown.reset_index(), folder, f"pruning_{mode}"),
                         "",
                         f"![pruning](pruning_{mode}.png)",
                     ],
@@ -313,6 +332,17 @@ def primer_report(
     path = folder / "README.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+def _procedure(sweep: str, rows: pd.DataFrame) -> str:
+    """How a pruning sweep estimated its importance, from its rows' procedure columns (its config key where missing)."""
+    first = rows.iloc[0]
+    split, n, schedule = (first.get(k) for k in ("importance_split", "importance_examples", "importance_schedule"))
+    if not isinstance(split, str) or not isinstance(schedule, str):
+        return sweep.rstrip(":")
+    label = f"importance on {split} ({int(n):,} ex.), {'estimated once' if schedule == 'once' else 're-estimated each step'}"
+    other = re.findall(r"fraction=[^,\]]*", sweep)
+    return label + (f", {other[0]}" if other else "") + (" (the authors')" if split == "train" and schedule == "once" else "")
 
 
 def _best(frame: pd.DataFrame) -> str:

@@ -43,6 +43,9 @@ class Evaluator:
     n_layers: int
     n_heads: int
     description: str
+    tokenizer: Any = None  # encodes other data for the model (pruning's importance on the training set)
+    max_length: int = 128
+    data_dir: str | None = None
     _disabler: HeadDisabler | None = None
 
     @property
@@ -133,6 +136,9 @@ def open_evaluator(
         n_layers,
         n_heads,
         description,
+        tokenizer,
+        max_length,
+        data_dir,
     )
 
 

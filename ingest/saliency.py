@@ -5,9 +5,11 @@ tokens (the same ids and segments its maps were made from) and keeps, per token,
 the predicted class's probability (softmax; the output, for regression) with respect to token j's word embedding e_j,
 times e_j, summed over the embedding's dimensions, signed. That is Jain & Wallace's "gradient x input" (their code,
 successar/AttentionExplanation, model/Binary_Classification.py `gradient`: grads['XxE[X]'] = (g * em).sum(-1) of
-sigmoid(predict), read), with their sigmoid output as a softmax class probability here; the query can rank by the
-absolute value instead (queries/attribution.py). Examples are independent in a padded batch (the mask keeps them
-apart), so one backward pass serves a batch.
+sigmoid(predict), read), with their sigmoid output as a softmax class probability here. The values are kept signed;
+the query ranks them by absolute value by default, as the authors' plotting code (Trainers/PlottingBC.py
+`process_grads`) does before Kendall's tau, and signed as an option (queries/attribution.py). For two classes the
+absolute values do not depend on which class's probability is differentiated (p_1 = 1 - p_0). Examples are
+independent in a padded batch (the mask keeps them apart), so one backward pass serves a batch.
 
 The values go to the run group's `saliency` array (float32, tokens in storage order, like `value_norm`); the group's
 attribute `saliency` says what it holds (model, method, target, n_tokens, complete) and is updated after every batch,

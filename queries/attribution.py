@@ -2,7 +2,10 @@
 
 Jain & Wallace asked whether attention weights rank the input tokens as a gradient-based attribution does, measuring
 Kendall's tau between the two per example. Here the attribution is the run's stored saliency (gradient x input of its
-fine-tuned classifier's prediction, `attnstore saliency`, ingest/saliency.py), and the attention is, per head, the row
+fine-tuned classifier's prediction, `attnstore saliency`, ingest/saliency.py), ranked by its magnitude by default as the
+authors did (saliency="absolute": their plotting code, successar/AttentionExplanation Trainers/PlottingBC.py
+`process_grads`, takes the absolute value of gradient x input before Kendall's tau; saliency="signed" ranks the signed
+product instead, a measurement the paper did not make), and the attention is, per head, the row
 of the token the classifier reads: the first special token ([CLS]-like; the last token for a causal model, whose first
 token sees only itself). Compared also: that row of the norm-weighted map (weights="norm", where the run keeps value
 norms) and of the attention rollout up to each layer (queries/rollout.py), and, as the chance level, a random row
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
     from ..store.records import RunInfo
 
 SPECIALS = ("exclude", "include")
-SALIENCY = ("signed", "absolute")
+SALIENCY = ("absolute", "signed")  # the first is the default: the authors' |gradient x input|
 
 
 def kendall_tau_b(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -60,9 +63,11 @@ def kendall_tau_b(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return tau
 
 
-def _prepare(store: Store, info: RunInfo, examples=None, specials: str = "exclude", saliency: str = "signed"):
+def _prepare(store: Store, info: RunInfo, examples=None, specials: str = "exclude", saliency: str = "absolute"):
     if saliency not in SALIENCY:
-        raise InvalidArgumentError(f"saliency={saliency!r}: use 'signed' (Jain & Wallace's gradient x input) or 'absolute'")
+        raise InvalidArgumentError(
+            f"saliency={saliency!r}: use 'absolute' (Jain & Wallace's |gradient x input|) or 'signed' (the signed product)"
+        )
     if specials not in SPECIALS:
         raise InvalidArgumentError(f"specials={specials!r}: use 'exclude' (compare over the non-special tokens) or 'include'")
     meta = store.saliency_info(info.id)
@@ -169,12 +174,12 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 ATTRIBUTION_TAU = register_kind(
     SummaryKind(
         "attribution_tau",
-        1,
+        2,  # 2: the default saliency became "absolute" (the authors'); version 1's default key holds signed taus
         _prepare,
         _reduce,
         read=_read,
         state=_state,
-        defaults={"specials": "exclude", "saliency": "signed"},
+        defaults={"specials": "exclude", "saliency": "absolute"},
         totals=_totals,
     )
 )
@@ -182,7 +187,7 @@ ATTRIBUTION_TAU = register_kind(
 
 @register("attention_attribution", sources=ATTENTION_ONLY)
 def attention_attribution(
-    store: Store, *, run, specials: str = "exclude", saliency: str = "signed", seed_run: str | None = None
+    store: Store, *, run, specials: str = "exclude", saliency: str = "absolute", seed_run: str | None = None
 ) -> pd.DataFrame:
     """Jain & Wallace 2019: per head, mean Kendall tau between the [CLS] row's attention and gradient x input saliency.
 
@@ -198,8 +203,10 @@ def attention_attribution(
       over the same examples and tokens): the mean tau between the two runs' saliencies, the
       same for every head: how far two equally trained models' attributions agree.
     Keys: the non-special tokens (specials="include": all), as the authors' code drops the first
-    and last token. saliency="signed" (default, the authors' gradient x input) or "absolute"
-    (ranked by magnitude, either direction). Needs the run's saliency (`attnstore
+    and last token. saliency="absolute" (default, the authors' |gradient x input|: ranked by
+    magnitude, either direction, as their code takes the absolute value before Kendall's tau) or
+    "signed" (the signed product: words pushing towards the prediction rank above those pushing
+    against it). Needs the run's saliency (`attnstore
     saliency --run RUN`, on a run of a classifier fine-tuned in this store).
     """
     info = store.run_info(run)

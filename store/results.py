@@ -112,7 +112,8 @@ class SavedResultReads:
 
     def ablation_results(self, model: str | None = None, task: str | None = None) -> pd.DataFrame:
         """Stored evaluations and ablations: model, init, task, split, mode, config, disabled_heads, metric, score,
-        baseline_score, delta (score - baseline), n_examples. Config "none" is the model's plain evaluation."""
+        baseline_score, delta (score - baseline), n_examples, and for a pruning step how its importance was estimated
+        (importance_split, importance_examples, importance_schedule). Config "none" is the model's plain evaluation."""
         q = (
             sa.select(
                 Model.name.label("model"),
@@ -126,6 +127,9 @@ class SavedResultReads:
                 AblationResult.score,
                 AblationResult.baseline_score,
                 AblationResult.n_examples,
+                AblationResult.importance_split,
+                AblationResult.importance_examples,
+                AblationResult.importance_schedule,
                 AblationResult.created_at,
             )
             .join(Model, Model.id == AblationResult.model_id)

@@ -276,7 +276,11 @@ class AblationResult(Base):
     `config` names the disabled set canonically ("none", "layer:3", "heads:0:1,2:5"); a
     configuration is stored once per (model, task, split, mode, metric): the unique key makes
     two processes sweeping one model unable to write duplicates. config "none" (no head
-    disabled) is the plain evaluation of the model.
+    disabled) is the plain evaluation of the model. A pruning step (config `prune:N`,
+    `prune[...]:N`) records how the importance that chose its heads was estimated:
+    importance_split ("train" or "dev"), importance_examples (how many), importance_schedule
+    ("once": one estimate orders every step, as the authors' script does by default; "iterative":
+    re-estimated with the pruned heads disabled before each step); NULL for the other rows.
     """
 
     __tablename__ = "ablation_results"
@@ -293,6 +297,9 @@ class AblationResult(Base):
     score: Mapped[float] = mapped_column(sa.Float)
     baseline_score: Mapped[float | None] = mapped_column(sa.Float)
     n_examples: Mapped[int]
+    importance_split: Mapped[str | None] = mapped_column(sa.String(16))
+    importance_examples: Mapped[int | None]
+    importance_schedule: Mapped[str | None] = mapped_column(sa.String(16))
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
 
 

@@ -84,9 +84,10 @@ def test_pruning_removes_the_least_important_heads_step_by_step_and_resumes(stor
     from attnstore.ingest.importance import head_importance, prune
 
     ev = open_evaluator(store, model=tiny_bert, task="SST-2", data_dir=FIXTURES)
-    frame = prune(store, ev, mode="zero", fraction=0.25, max_examples=3, progress=False)  # 8 heads, 2 per step: 2, 4, 6
-    steps = frame[frame["n_pruned"] > 0].drop_duplicates("n_pruned")
-    key = "prune[fraction=0.25,max_examples=3]:"  # the sweep's parameters are in its key
+    # the other procedure: importance on the dev set, re-estimated before each step
+    frame = prune(store, ev, mode="zero", fraction=0.25, max_examples=3, progress=False, importance_data="dev", reestimate=True)
+    steps = frame[frame["n_pruned"] > 0].drop_duplicates("n_pruned")  # 8 heads, 2 per step: 2, 4, 6
+    key = "prune[importance=dev,reestimate,fraction=0.25,max_examples=3]:"  # the sweep's parameters are in its key
     assert steps["config"].tolist() == [f"{key}2", f"{key}4", f"{key}6"] and set(steps["mode"]) == {"zero"}
     masks = [[tuple(h) for h in m] for m in steps["disabled_heads"]]
     assert all(set(a) < set(b) for a, b in zip(masks, masks[1:]))  # each step adds to the last
@@ -98,11 +99,57 @@ def test_pruning_removes_the_least_important_heads_step_by_step_and_resumes(stor
     assert masks[1][2:] == [(int(a), int(b)) for a, b in zip(second["layer"][:2], second["head"][:2])]
     for mask, (_, row) in zip(masks, steps.iterrows()):
         assert row["score"] == pytest.approx(ev.scores(mask, "zero")[row["metric"]])
+    assert set(steps["importance_split"]) == {"dev"} and set(steps["importance_examples"]) == {3}
+    assert set(steps["importance_schedule"]) == {"iterative"}
     n_rows = len(store.ablation_results())
-    again = prune(store, ev, mode="zero", fraction=0.25, max_examples=3, progress=False)  # all stored: read back
+    again = prune(store, ev, mode="zero", fraction=0.25, max_examples=3, progress=False, importance_data="dev", reestimate=True)
     assert len(store.ablation_results()) == n_rows and again["config"].tolist() == frame["config"].tolist()
     with pytest.raises(Exception, match="fraction=1.5: give a share"):
         prune(store, ev, fraction=1.5, progress=False)
+
+
+@pytest.mark.one_backend
+def test_pruning_by_default_estimates_once_on_the_training_data_and_records_it(store, tiny_bert):
+    """Issue item 2: the authors' script estimates the importance on the training data, once (re-estimating only with
+    --exact_pruning); that is the default, and every step's rows say how its importance was estimated."""
+    from attnstore.ingest.classifier import encode
+    from attnstore.ingest.evaluate import open_evaluator
+    from attnstore.ingest.glue import read_split
+    from attnstore.ingest.importance import head_importance, importance_items, prune
+
+    ev = open_evaluator(store, model=tiny_bert, task="SST-2", data_dir=FIXTURES)
+    items, available = importance_items(store, ev, "train", 3)
+    again, _ = importance_items(store, ev, "train", 3)
+    assert available == 5 and len(items) == 3 and [i.input_ids for i in items] == [i.input_ids for i in again]  # seeded
+    train = encode(ev.tokenizer, read_split(ev.task, "glue/SST-2:train", FIXTURES), ev.max_length)
+    assert all(any(i.input_ids == t.input_ids for t in train) for i in items)  # training sentences, not dev ones
+    assert not any(i.input_ids == d.input_ids for i in items for d in ev.items)
+    frame = prune(store, ev, mode="zero", fraction=0.25, max_examples=3, progress=False)
+    steps = frame[frame["n_pruned"] > 0].drop_duplicates("n_pruned")
+    key = "prune[fraction=0.25,max_examples=3]:"  # the default procedure is not named in the key
+    assert steps["config"].tolist() == [f"{key}2", f"{key}4", f"{key}6"]
+    rows = store.ablation_results()
+    rows = rows[rows["config"].str.startswith(key)]
+    assert set(rows["importance_split"]) == {"train"} and set(rows["importance_examples"]) == {3}
+    assert set(rows["importance_schedule"]) == {"once"}
+    base = store.ablation_results()
+    assert base.loc[base["config"] == "none", "importance_split"].isna().all()  # the plain evaluation has no procedure
+    # one estimate, of the whole model, orders every step
+    once = head_importance(ev, items=items).sort_values(["importance", "layer", "head"], kind="stable")
+    order = [(int(a), int(b)) for a, b in zip(once["layer"], once["head"])]
+    masks = [[tuple(h) for h in m] for m in steps["disabled_heads"]]
+    assert masks == [order[:2], order[:4], order[:6]]
+    # a model fine-tuned in this store is estimated on the examples it was trained on: its seeded --train-limit sample
+    real = store.model_row
+    store.model_row = lambda name: {"task": "SST-2", "training": {"hparams": {"train_limit": 4, "seed": 3}}}
+    try:
+        own, n_own = importance_items(store, ev, "train")
+    finally:
+        store.model_row = real
+    sample = encode(ev.tokenizer, read_split(ev.task, "glue/SST-2:train", FIXTURES, 4, 3), ev.max_length)
+    assert n_own == 4 and [i.input_ids for i in own] == [i.input_ids for i in sample]
+    with pytest.raises(Exception, match="importance data 'test': use 'train'"):
+        prune(store, ev, importance_data="test", progress=False)
 
 
 def test_the_prune_command_draws_the_curve(tmp_path, tiny_bert):
@@ -117,6 +164,10 @@ def test_the_prune_command_draws_the_curve(tmp_path, tiny_bert):
     result = CliRunner().invoke(main, [*args, "--figure", str(tmp_path / "curve.png"), "--no-progress", *home])
     assert result.exit_code == 0, result.output
     assert "prune[fraction=0.5,max_examples=2]:4" in result.output and (tmp_path / "curve.png").stat().st_size > 1000
+    other = ["--importance-data", "dev", "--reestimate"]
+    result = CliRunner().invoke(main, [*args, *other, "--no-progress", "--format", "csv", *home])
+    assert result.exit_code == 0, result.output
+    assert "prune[importance=dev,reestimate,fraction=0.5,max_examples=2]:4" in result.output
 
 
 def test_sweeps_with_other_parameters_are_kept_apart(store, tiny_bert):
@@ -128,8 +179,10 @@ def test_sweeps_with_other_parameters_are_kept_apart(store, tiny_bert):
     from attnstore.ingest.evaluate import open_evaluator
     from attnstore.ingest.importance import prune, prune_config
 
-    assert prune_config() == "prune:" and prune_config(0.1, None) == "prune:"
+    assert prune_config() == "prune:" and prune_config(0.1, None) == "prune:" and prune_config(0.1, None, "train", False) == "prune:"
     assert prune_config(0.25, 3) == "prune[fraction=0.25,max_examples=3]:" and prune_config(0.2) == "prune[fraction=0.2]:"
+    assert prune_config(0.1, None, "dev", True) == "prune[importance=dev,reestimate]:"
+    assert prune_config(0.25, 3, "dev") == "prune[importance=dev,fraction=0.25,max_examples=3]:"
     ev = open_evaluator(store, model=tiny_bert, task="SST-2", data_dir=FIXTURES)
     quarter = prune(store, ev, fraction=0.25, max_examples=2, progress=False)  # 2 heads a step: 2, 4, 6
     quarter_rows = store.ablation_results().sort_values(["config", "metric"]).reset_index(drop=True)
@@ -143,7 +196,7 @@ def test_sweeps_with_other_parameters_are_kept_apart(store, tiny_bert):
     everything = store.ablation_results()
     first = everything[everything["config"].isin(quarter_rows["config"])].sort_values(["config", "metric"]).reset_index(drop=True)
     assert first[["config", "metric", "score"]].equals(quarter_rows[["config", "metric", "score"]])
-    # max_examples at least the dev set's size is every example: the default sweep's key
+    # max_examples at least the training set's size is every example: the default sweep's key
     assert set(prune(store, ev, fraction=0.5, max_examples=1000, progress=False)["config"]) == {"none", "prune[fraction=0.5]:4"}
     # steps an older attnstore stored as prune:N with --fraction 0.25 are not extended by a default (10 %) sweep
     with store.engine.begin() as conn:

@@ -54,6 +54,19 @@ def test_saliency_equals_the_gradient_of_each_example_alone(store, tuned_run):
     for example in (0, 3):
         np.testing.assert_allclose(got[example], one_at_a_time(store, tuned_run, "tuned", example), rtol=1e-4, atol=1e-7)
     assert compute_saliency(store, "tuned") == meta  # done: nothing recomputed
+    # signed, as the help says: the product's sign is kept (attention_attribution takes |.| by default)
+    assert meta["target"].startswith("predicted class probability")
+    values = np.concatenate(list(got.values()))
+    assert (values < 0).any() and (values > 0).any()
+
+
+def test_the_help_says_what_is_stored():
+    from click.testing import CliRunner
+
+    from attnstore.api.cli import main
+
+    text = " ".join(CliRunner().invoke(main, ["saliency", "--help"]).output.split())
+    assert "signed" in text and "predicted-class probability" in text and "logit" not in text and "|grad" not in text
 
 
 def test_an_interrupted_computation_resumes_to_the_same_values(store, tuned_run, monkeypatch):

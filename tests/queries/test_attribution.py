@@ -115,17 +115,31 @@ def test_check_verifies_the_saliency_and_a_bundle_carries_it(tmp_path, store, ma
     assert any("saliency" in p["problem"] and "attnstore saliency" in p["problem"] for p in check_run(store, run).problems)
 
 
-def test_signed_or_absolute_saliency(store, make_run):
+def test_absolute_saliency_by_default_signed_as_the_option(store, make_run):
+    """Jain & Wallace rank by |gradient x input| (their plotting code takes the absolute value before Kendall's tau): the
+    default; the signed product is the option. Hand-built saliency of known signs tells the two apart."""
     run = make_run(store, designed(), TOKENS, name="attr-signed")
-    # words a, bb, c: signed ranks c > a > bb, absolute bb > a > c (head 0 ranks a > bb > c)
-    saliency_of(store, run, [[0.0, 0.5, -3.0, 1.0, 0.0], [0.0, 2.0, 1.0, 0.0]])
-    signed = run_query(store, "attention_attribution", run=run).set_index("head")
+    # words a, bb, c of known signs: by magnitude a > bb > c as head 0 ranks them, signed bb > c > a
+    saliency_of(store, run, [[0.0, -3.0, 2.0, 1.0, 0.0], [0.0, 2.0, 1.0, 0.0]])
+    default = run_query(store, "attention_attribution", run=run).set_index("head")
+    signed = run_query(store, "attention_attribution", run=run, saliency="signed").set_index("head")
     absolute = run_query(store, "attention_attribution", run=run, saliency="absolute").set_index("head")
-    tau = {s: kendall_tau_b(np.array([[0.5, 0.2, 0.1]]), np.array(v))[0] for s, v in (("signed", [0.5, -3, 1]), ("absolute", [0.5, 3, 1]))}
+    assert default.equals(absolute) and not default.equals(signed)
+    tau = {s: kendall_tau_b(np.array([[0.5, 0.2, 0.1]]), np.array(v))[0] for s, v in (("signed", [-3, 2, 1]), ("absolute", [3, 2, 1]))}
+    assert tau["absolute"] == pytest.approx(1.0) and tau["signed"] == pytest.approx(-1 / 3)
     assert signed.loc[0, "tau"] == pytest.approx((tau["signed"] + 1) / 2)  # example 1 (dd > e both ways): tau 1
-    assert absolute.loc[0, "tau"] == pytest.approx((tau["absolute"] + 1) / 2)
+    assert absolute.loc[0, "tau"] == pytest.approx(1.0)
+    # head 1 ranks c > bb > a: against the magnitudes -1, against the signed bb > c > a 1/3; example 1 (e > dd) -1
+    assert absolute.loc[1, "tau"] == pytest.approx(-1.0) and signed.loc[1, "tau"] == pytest.approx((1 / 3 - 1) / 2)
     with pytest.raises(InvalidArgumentError, match="saliency='abs'"):
         run_query(store, "attention_attribution", run=run, saliency="abs")
+
+
+def test_summaries_kept_under_the_old_signed_default_are_not_read_as_absolute(store, make_run):
+    from attnstore.queries.attribution import ATTRIBUTION_TAU
+
+    assert ATTRIBUTION_TAU.version >= 2 and ATTRIBUTION_TAU.defaults["saliency"] == "absolute"
+    assert ATTRIBUTION_TAU.key({}) == ATTRIBUTION_TAU.key({"saliency": "absolute"}) != ATTRIBUTION_TAU.key({"saliency": "signed"})
 
 
 def test_kept_taus_follow_a_recomputed_saliency(store, make_run):

@@ -90,7 +90,7 @@ def test_current_revision_reads_what_alembic_reads(db_url):
             conn.execute(sa.text("INSERT INTO alembic_version (version_num) VALUES ('0003')"))
         with pytest.raises(
             SchemaOutOfDateError,
-            match=r"has 2 rows in alembic_version \(0003, 0010\); it must hold one: restore the database from a backup",
+            match=r"has 2 rows in alembic_version \(0003, 0011\); it must hold one: restore the database from a backup",
         ):
             migrate.current_revision(engine)
     finally:
@@ -109,3 +109,45 @@ def test_opening_a_store_does_not_import_alembic(db_url, tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def test_0011_names_the_procedure_of_pruning_steps_stored_before(db_url):
+    """Before 0011 `attnstore prune` estimated importance on the dev set, again before each step, under `prune:N`; that
+    key is now the authors' procedure (training data, once), so the older steps are renamed and say what they were."""
+    from alembic import command
+
+    migrate.upgrade(db_url, "0010")
+    engine = sa.create_engine(db_url)
+    insert = sa.text(
+        "INSERT INTO ablation_results (config, model_id, task, split, mode, disabled_heads, metric, score, baseline_score, "
+        "n_examples, created_at) VALUES (:config, :model, 'SST-2', 'dev', 'zero', '[]', 'accuracy', 80.0, 83.0, 872, CURRENT_TIMESTAMP)"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO models (name, source, weights_sha256, architecture, n_layers, n_heads, max_length, tokenizer, "
+                    "special_tokens, init, created_at) VALUES ('m', 'm', 'x', 'Bert', 1, 2, 8, 'T', '{}', 'pretrained', CURRENT_TIMESTAMP)"
+                )
+            )
+            model_id = conn.execute(sa.text("SELECT id FROM models")).scalar_one()
+            for config in ("none", "prune:8", "prune[fraction=0.25,max_examples=200]:18", "layer:3"):
+                conn.execute(insert, {"config": config, "model": model_id})
+        migrate.upgrade(db_url)
+        query = "SELECT config, importance_split, importance_examples, importance_schedule FROM ablation_results ORDER BY id"
+        with engine.connect() as conn:
+            rows = [tuple(r) for r in conn.execute(sa.text(query))]
+        assert rows == [
+            ("none", None, None, None),
+            ("prune[importance=dev,reestimate]:8", "dev", 872, "iterative"),
+            ("prune[importance=dev,reestimate,fraction=0.25,max_examples=200]:18", "dev", 200, "iterative"),
+            ("layer:3", None, None, None),
+        ]
+        with engine.begin() as conn:  # a step of the new default has no name before 0011: a downgrade drops it
+            conn.execute(insert, {"config": "prune:8", "model": model_id})
+        command.downgrade(migrate.alembic_config(db_url), "0010")
+        with engine.connect() as conn:
+            configs = [r[0] for r in conn.execute(sa.text("SELECT config FROM ablation_results ORDER BY id"))]
+        assert configs == ["none", "prune:8", "prune[fraction=0.25,max_examples=200]:18", "layer:3"]
+    finally:
+        engine.dispose()
