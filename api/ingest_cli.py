@@ -40,7 +40,12 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     type=click.Path(file_okay=False),
     help="Folder holding the built-in datasets' files (env ATTNSTORE_DATA; default ../shared/data).",
 )
-@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Hugging Face model name or local directory.")
+@click.option(
+    "--model",
+    default=DEFAULT_MODEL,
+    show_default=True,
+    help="A packaged model (all-MiniLM-L6-v2; SmolLM2-135M-Instruct, a decoder), a Hugging Face model name or a local directory.",
+)
 @click.option("--name", default=None, help="Run name (default DATASET-SPLIT-MODEL). Re-running a name resumes it.")
 @click.option(
     "--dataset-name",

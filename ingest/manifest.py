@@ -35,6 +35,8 @@ def build_manifest(*, loaded, settings: RunSettings, corpus: str, fmt: str, corp
             "architecture": loaded.architecture,
             "n_layers": loaded.n_layers,
             "n_heads": loaded.n_heads,
+            # a GGUF dequantized to float32 (ingest/gguf.py): the file, its sha256, quantization, the converted weights
+            **({"weights": loaded.provenance} if getattr(loaded, "provenance", None) else {}),
         },
         "tokenizer": {
             "class": type(loaded.tokenizer).__name__,

