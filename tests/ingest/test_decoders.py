@@ -125,21 +125,25 @@ def check_causal_maps(store, run: str, n_layers: int, n_heads: int) -> None:
 
 @pytest.mark.parametrize("arch", GQA_ARCHS)
 def test_gqa_decoder_keeps_causal_maps_and_value_norms(arch, tiny, tmp_path):
-    from attnstore.ingest.model import load_model
+    from attnstore.ingest import norms
+    from attnstore.ingest.model import weights_digest
     from attnstore.store import open_store
 
     path = tiny(arch)
-    loaded = load_model(path)
-    assert (loaded.n_layers, loaded.n_heads, loaded.causal) == (2, 4, True)
-    assert loaded.value_projections is not None and loaded.value_projections.n_kv_heads == 2
     result = cli_ingest(tmp_path, path, arch)
     assert result.exit_code == 0, result.output
-    assert "no value norms" not in result.output
+    assert "no value norms" not in result.output and "initialised at random" not in result.output  # Gemma 3's checkpoint
     store = open_store(db=f"sqlite:///{tmp_path / 'meta.sqlite'}", root=str(tmp_path / "attention.zarr"))
     try:
+        info = store.run_info(arch)
+        assert (info.n_layers, info.n_heads, info.manifest["model"]["causal"]) == (2, 4, True)
         check_causal_maps(store, arch, 2, 4)
         assert store.has_value_norms(arch)
         model = T.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+        projections = norms.find_value_projections(model.get_decoder(), 2, 4)
+        assert projections is not None and projections.n_kv_heads == 2
+        # the stored weights are the checkpoint's, not a random initialisation (Gemma 3's base class cannot map them)
+        assert info.manifest["model"]["weights_sha256"] == weights_digest(model.get_decoder())
         for example in range(3):
             toks = store.tokens(arch, example)
             stored = store.value_norms(arch, example)
@@ -149,7 +153,7 @@ def test_gqa_decoder_keeps_causal_maps_and_value_norms(arch, tiny, tmp_path):
             # query heads 0 and 1 share key/value head 0 but not their o_proj slices: their norms differ
             assert not np.allclose(stored[:, 0], stored[:, 1])
         first = store.tokens(arch, 0)["token_id"].iloc[0]
-        assert (first == loaded.tokenizer.bos_token_id) == (arch in ("llama", "gemma2", "gemma3"))
+        assert (first == T.AutoTokenizer.from_pretrained(path).bos_token_id) == (arch in ("llama", "gemma2", "gemma3"))
     finally:
         store.close()
 
