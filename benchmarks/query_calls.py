@@ -7,8 +7,8 @@ import collections
 import functools
 import inspect
 
-from attnstore.queries.engine import SummaryKind
 from attnstore.queries import run_query
+from attnstore.queries.engine import SummaryKind
 from attnstore.store import open_store
 from attnstore.store.store import Store
 
