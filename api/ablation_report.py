@@ -296,9 +296,10 @@ def draw_pruning(frame: pd.DataFrame, model: str, task: str, mode: str, majority
         n = int(frame["n_examples"].max()) if "n_examples" in frame and frame["n_examples"].notna().any() else None
         majority = majority_scores(task, n)
     n_heads = max(int(frame["n_pruned"].max()), 1)
-    fig = new_figure(figsize=(6.5, 3.8))
+    several = "procedure" in frame.columns
+    fig = new_figure(figsize=(6.5, 5.2) if several else (5.5, 3.8))
     ax = fig.add_subplot()
-    sweeps = frame.groupby("procedure", sort=False) if "procedure" in frame.columns else [(None, frame)]
+    sweeps = frame.groupby("procedure", sort=False) if several else [(None, frame)]
     colours: dict[str, str] = {}
     for k, (procedure, part) in enumerate(sweeps):
         for metric, rows in part.sort_values("n_pruned").groupby("metric", sort=False):
@@ -314,7 +315,10 @@ def draw_pruning(frame: pd.DataFrame, model: str, task: str, mode: str, majority
     ax.set_ylabel("dev score")
     missing = "" if majority else f"; no majority-class line: {_why_no_majority(task)}"
     ax.set_title(f"{model} on {task}: pruning by importance\n(mask: {mode}; {n_heads} pruned at most{missing})", fontsize=8)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
+    if several:  # long labels: below the axes, so the plot keeps the figure's width
+        ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.14), fontsize=7, frameon=False)
+    else:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
     return fig
 
 
