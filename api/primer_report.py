@@ -314,9 +314,9 @@ def primer_report(
                 lines += _section(
                     f"Head importance and pruning (Michel et al. 2019): mask {mode}",
                     [
-                        f"{model} on {task} dev (`attnstore prune`): dev score after each step, by how the importance was "
-                        "estimated (the authors' script: on the training data, once; the other: on the dev set that also "
-                        "scores the curve, re-estimated before each step)"
+                        f"{model} on {task} dev (`attnstore prune`): dev score after each step, one column per stored "
+                        "procedure, named by where the importance was estimated, on how many examples, and whether once "
+                        "(the authors' script's default, on the training data) or again before each step"
                         + (f"; majority class: {', '.join(f'{m} {v:.1f}' for m, v in majority.items())}." if majority else "."),
                         "",
                         _table(shown.reset_index(), folder, f"pruning_{mode}"),
