@@ -3,8 +3,11 @@
 - confidence: the mean over query tokens of the head's largest attention weight, separator keys ([SEP]/eos-like,
   the paper's end-of-sentence symbol) left out of the maximum; pooled over the tokens of all examples, as the
   paper averages "over tokens in a set of sentences".
-- positional: the share of query rows whose most-attended token (ties: the first) sits at each relative offset
-  -3..3; the paper calls a head positional when at least 90 % of rows point to one offset (in practice -1 or +1).
+- positional: per relative offset k in -3..3, the share of query rows whose most-attended token (ties: the first)
+  sits k tokens away, among the rows where offset k exists (row i with 0 <= i + k < length: the first row has no
+  previous token, the last no next one); the paper calls a head positional when at least 90 % of rows point to one
+  offset (in practice -1 or +1). Before version 2 of the kind every row counted, which capped a perfect previous-token
+  head at (length - 1) / length.
 - rare words: the share of query rows whose most-attended token is the example's rarest token (the non-special token
   whose id is least frequent in the run, ties to the first), against the uniform chance of hitting it.
 
@@ -88,6 +91,11 @@ def role_counts(maps: np.ndarray, sep: np.ndarray, rare: int) -> tuple[np.ndarra
     return confidence, counts, rare_hits
 
 
+def offset_rows(length: int) -> np.ndarray:
+    """Per offset of OFFSETS, the query rows of a `length`-token example where that offset is a token: length - |k|."""
+    return np.maximum(length - np.abs(np.asarray(OFFSETS, dtype=np.int64)), 0)
+
+
 def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     flags, ids, frequency = context
     f = flags[example]
@@ -97,6 +105,7 @@ def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     return {
         "confidence_sum": confidence,
         "offset_counts": offset_counts,
+        "offset_rows": offset_rows(length),
         "rare_hits": rare_hits,
         "rows": np.asarray(length, dtype=np.int64),
         "rare_rows": np.asarray(length if rare >= 0 else 0, dtype=np.int64),
@@ -109,6 +118,7 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {
         "confidence_sum": part["confidence_sum"].sum(0),
         "offset_counts": part["offset_counts"].sum(0),
+        "offset_rows": part["offset_rows"].sum(0),
         "rare_hits": part["rare_hits"].sum(0),
         "rows": part["rows"].sum(dtype=np.int64),
         "rare_rows": part["rare_rows"].sum(dtype=np.int64),
@@ -116,7 +126,8 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
-HEAD_ROLES = register_kind(SummaryKind("head_roles", 1, _prepare, _reduce, totals=_totals, threads=True))
+# version 2: offset_rows, the positional share over the rows where each offset exists (version 1: over every row)
+HEAD_ROLES = register_kind(SummaryKind("head_roles", 2, _prepare, _reduce, totals=_totals, threads=True))
 
 
 @register("head_roles", sources=MAP_SOURCES)
@@ -124,19 +135,21 @@ def head_roles(store: Store, *, run) -> pd.DataFrame:
     """Head confidence and roles (Voita et al. 2019): confidence, positional offset, attention to the rarest token.
 
     Columns: layer, head; confidence (mean over query tokens of the largest weight, separator
-    keys left out); top_offset, offset_share (the relative offset -3..3 most rows' largest
-    weight falls on, and the share of rows that do), positional (offset_share >= 0.9, the
-    paper's rule); rare_share (share of rows whose largest weight is on the example's rarest
-    token by the run's token frequencies), rare_chance (that share under uniform attention,
-    1 / L averaged over rows). Pooled over every query token of the run (or `examples`).
+    keys left out; [CLS] is kept, and on sink-heavy models it dominates); top_offset,
+    offset_share (the relative offset -3..3 with the largest share of rows whose largest weight
+    falls on it, among the rows where that offset is a token: not row 0 for -1, nor the last
+    row for +1), positional (offset_share >= 0.9, the paper's rule); rare_share (share of rows
+    whose largest weight is on the example's rarest token by the run's token frequencies, the
+    leftmost of equally rare ones), rare_chance (that share under uniform attention, 1 / L
+    averaged over rows). Pooled over every query token of the run (or `examples`).
     """
     info = store.run_info(run)
     # the whole run adds its kept range reductions (O(ranges)); a subset adds each part's
     totals = summary_totals(store, info, HEAD_ROLES)
     confidence, offsets, rare_hits = (totals[k].astype(np.float64) for k in ("confidence_sum", "offset_counts", "rare_hits"))
     rows, rare_rows, rare_chance = int(totals["rows"]), int(totals["rare_rows"]), float(totals["rare_examples"])
-    share = safe_divide(offsets, rows)
-    top = share.argmax(-1)
+    share = safe_divide(offsets, totals["offset_rows"].astype(np.float64))  # NaN: an offset no row has (short inputs)
+    top = np.where(np.isnan(share), -np.inf, share).argmax(-1)
     frame = per_head_frame(info, confidence=safe_divide(confidence, rows))
     frame["top_offset"] = np.asarray(OFFSETS)[top].ravel()
     frame["offset_share"] = np.take_along_axis(share, top[..., None], -1).ravel()

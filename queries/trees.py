@@ -4,7 +4,8 @@ Per head and sentence, on the word-level map (C5's rule, queries/word_level.py),
 
 - MAX: every word linked to the other word it attends to most (the first of equal weights);
 - MST: the maximum spanning arborescence rooted at the gold root word (Chu-Liu/Edmonds), an edge head -> dependent
-  scoring the dependent's attention to the head, a[dependent, head];
+  scoring the dependent's attention to the head, a[dependent, head]; of several maximum trees (float16 maps tie often),
+  the first in head order: word 0's head as low as a maximum tree allows, then word 1's, ... (`mst_heads`);
 
 and both are scored against the gold dependency tree as **undirected** attachment (UUAS): a gold edge (dependent,
 head) is found when the structure links the two words, in either direction. `specials="exclude"` (default) reads the
@@ -69,13 +70,11 @@ def _cycle(heads: np.ndarray, root: int) -> list[int]:
     return []
 
 
-def mst_heads(scores: np.ndarray, root: int) -> np.ndarray:
-    """Maximum spanning arborescence (Chu-Liu/Edmonds) of scores[dependent, head], rooted at `root`: each node's head,
-    -1 for the root."""
-    s = np.array(scores, dtype=np.float64)
+def _edmonds(s: np.ndarray, root: int) -> np.ndarray:
+    """A maximum spanning arborescence of s[dependent, head] (float64, its diagonal and the root's row -inf), rooted at
+    `root`, by Chu-Liu/Edmonds with numpy's argmax (the first of equals) at every choice: each node's head, -1 for the
+    root. Which of several maximum trees it returns depends on the contractions; `mst_heads` fixes that."""
     n = len(s)
-    np.fill_diagonal(s, -np.inf)
-    s[root, :] = -np.inf  # the root has no head
     heads = s.argmax(1)
     heads[root] = -1
     found = _cycle(heads, root)
@@ -95,13 +94,76 @@ def mst_heads(scores: np.ndarray, root: int) -> np.ndarray:
     gain = s[np.ix_(cycle, rest)] - s[cycle, heads[cycle]][:, None]  # (cycle node, outside head): entering there
     enters = cycle[gain.argmax(0)]
     small[c, :c] = gain.max(0)
-    inner = mst_heads(small, int(index[root]))
+    inner = _edmonds(small, int(index[root]))
     out = heads.copy()
     for k, d in enumerate(rest):
         out[d] = -1 if d == root else (exits[k] if inner[k] == c else rest[inner[k]])
     entry = rest[inner[c]]
     out[enters[index[entry]]] = entry
     return out
+
+
+TIE_TOLERANCE = 1e-12  # two trees whose float64 totals are this close are tied (sums of <= 1 weights err ~1e-14)
+
+
+def _total(s: np.ndarray, heads: np.ndarray) -> float:
+    kept = heads >= 0
+    return float(s[np.flatnonzero(kept), heads[kept]].sum())
+
+
+def _is_ancestor(heads: np.ndarray, node: int, of: int) -> bool:
+    """Whether `node` lies on the path from `of` up to the root."""
+    while of >= 0:
+        if of == node:
+            return True
+        of = int(heads[of])
+    return False
+
+
+def _slack(s: np.ndarray, root: int, total: float) -> tuple[np.ndarray, float]:
+    """Each row's best score (0 for the root's) and how far below the best a head may score and still be in a tree of
+    total `total`: the other rows can make up at most sum(best) - total."""
+    best = s.max(1)
+    best[root] = 0.0
+    return best, float(best.sum()) - total + TIE_TOLERANCE
+
+
+def mst_heads(scores: np.ndarray, root: int) -> np.ndarray:
+    """Maximum spanning arborescence (Chu-Liu/Edmonds) of scores[dependent, head], rooted at `root`: each node's head,
+    -1 for the root. Ties (several trees whose totals are within TIE_TOLERANCE of the maximum): the first in head order,
+    node 0's head as low as a maximum tree allows, then node 1's, and so on (so with no cycle among the best heads,
+    each node's first best head: MAX's rule)."""
+    s = np.array(scores, dtype=np.float64)
+    np.fill_diagonal(s, -np.inf)
+    s[root, :] = -np.inf  # the root has no head
+    heads = _edmonds(s, root)
+    total = _total(s, heads)
+    best, slack = _slack(s, root, total)
+    below = (s >= (best - slack)[:, None]) & (np.arange(len(s))[None, :] < heads[:, None])
+    if not below.any():  # no row has a head before its own that a maximum tree could use: the tree is the first
+        return heads
+    fixed = s.copy()  # the rows decided so far keep only their head
+    for d in range(len(s)):
+        if d == root:
+            continue
+        best, slack = _slack(fixed, root, total)
+        for h in np.flatnonzero(fixed[d, : heads[d]] >= best[d] - slack):
+            other = heads.copy()
+            other[d] = h  # one edge swapped: a tree unless h lies under d; else the best tree with h -> d
+            if _is_ancestor(heads, d, int(h)) or _total(s, other) < total - TIE_TOLERANCE:
+                trial = fixed.copy()
+                trial[d] = -np.inf
+                trial[d, h] = s[d, h]
+                with np.errstate(invalid="ignore"):  # no tree left: -inf - -inf in a contraction, an infinite total
+                    other = _edmonds(trial, root)
+                    if not np.isfinite(_total(trial, other)):
+                        continue
+            if _total(s, other) >= total - TIE_TOLERANCE:
+                heads = other
+                break
+        fixed[d] = -np.inf
+        fixed[d, heads[d]] = s[d, heads[d]]
+    return heads
 
 
 # ---------------------------------------------------------------- per example
@@ -187,7 +249,7 @@ def _totals(part: dict[str, np.ndarray], labels: list[str]) -> dict[str, np.ndar
 HEAD_TREES = register_kind(
     SummaryKind(
         "head_trees",
-        2,  # word maps compiled (queries/_words.c): float64 sums rounded to float32, not float32 products
+        3,  # MST ties: the first maximum tree in head order (2: whichever Chu-Liu/Edmonds' contractions met first)
         _prepare,
         _reduce,
         ragged=("hits", "chain", "relation", "relation_bytes"),

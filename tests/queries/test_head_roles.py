@@ -26,14 +26,16 @@ def designed(length: int = 5) -> np.ndarray:
 def test_confidence_offsets_and_rare_words_by_hand(store, make_run):
     run = make_run(store, [designed(), designed()], TOKENS, name="roles")
     frame = run_query(store, "head_roles", run=run).set_index("head")
-    # head 0: every largest weight is 1; rows 1-4 of each example point one back: 8 of 10 rows at offset -1
+    # head 0: every largest weight is 1; rows 1-4 of each example point one back, and row 0 has no previous token:
+    # 8 of the 8 rows where offset -1 exists
     assert frame.loc[0, "confidence"] == pytest.approx(1.0)
-    assert (frame.loc[0, "top_offset"], frame.loc[0, "offset_share"], frame.loc[0, "positional"]) == (-1, pytest.approx(0.8), False)
+    assert (frame.loc[0, "top_offset"], frame.loc[0, "offset_share"], frame.loc[0, "positional"]) == (-1, pytest.approx(1.0), True)
     assert frame.loc[0, "rare_share"] == pytest.approx(2 / 10)  # only row 4 of each example points at token 3
     # head 1: 0.6 on token 3 is the largest weight once [SEP]'s 0.4 is left out; every row points at the rarest token;
-    # its offsets 3, 2, 1, 0, -1 each once per example (the first of equal shares in -3..3 order is -1)
+    # its offsets 3, 2, 1, 0, -1 each once per example, over the rows where each exists (2, 3, 4, 5, 4 of 5):
+    # +3 has the largest share, 2 of 4
     assert frame.loc[1, "confidence"] == pytest.approx(0.6)
-    assert (frame.loc[1, "top_offset"], frame.loc[1, "offset_share"]) == (-1, pytest.approx(0.2))
+    assert (frame.loc[1, "top_offset"], frame.loc[1, "offset_share"]) == (3, pytest.approx(0.5))
     assert frame.loc[1, "rare_share"] == pytest.approx(1.0) and frame.loc[1, "rare_chance"] == pytest.approx(0.2)
 
 
@@ -41,8 +43,43 @@ def test_a_previous_token_head_over_long_rows_is_positional(store, make_run):
     tokens = ["[CLS]", *(f"{'x' * (k + 1)}" for k in range(10)), "[SEP]"]
     run = make_run(store, [designed(12)], [tokens], name="positional")
     frame = run_query(store, "head_roles", run=run).set_index("head")
-    assert frame.loc[0, "offset_share"] == pytest.approx(11 / 12) and bool(frame.loc[0, "positional"])
+    assert frame.loc[0, "offset_share"] == pytest.approx(1.0) and bool(frame.loc[0, "positional"])
     assert not bool(frame.loc[1, "positional"])
+
+
+def test_a_perfect_previous_token_head_on_short_inputs_is_positional(store, make_run):
+    """Three 3-token inputs: counting row 0 (no previous token) capped the share at 2/3, under the 90 % rule; over the
+    rows where offset -1 exists it is 6/6. A next-token head likewise leaves the last row out."""
+    maps = np.zeros((1, 2, 3, 3), dtype=np.float32)
+    maps[0, 0, [0, 1, 2], [0, 0, 1]] = 1  # previous token; row 0 on itself
+    maps[0, 1, [0, 1, 2], [1, 2, 2]] = 1  # next token; the last row on itself
+    tokens = [["[CLS]", "a", "[SEP]"], ["[CLS]", "bb", "[SEP]"], ["[CLS]", "ccc", "[SEP]"]]
+    frame = run_query(store, "head_roles", run=make_run(store, [maps] * 3, tokens, name="short")).set_index("head")
+    assert (frame.loc[0, "top_offset"], frame.loc[0, "offset_share"], frame.loc[0, "positional"]) == (-1, 1.0, True)
+    assert (frame.loc[1, "top_offset"], frame.loc[1, "offset_share"], frame.loc[1, "positional"]) == (1, 1.0, True)
+
+
+def test_offset_rows_leave_out_the_rows_without_that_offset():
+    from attnstore.queries.head_roles import offset_rows
+
+    assert offset_rows(5).tolist() == [2, 3, 4, 5, 4, 3, 2]  # offsets -3..3
+    assert offset_rows(2).tolist() == [0, 0, 1, 2, 1, 0, 0]
+
+
+def test_tied_rarest_tokens_go_to_the_leftmost(store, make_run):
+    """Every plain token occurs once in the run ("a", "ccc", "dddd" tie as rarest): the rarest is the leftmost, "a" at
+    position 1. Head 0 attends to "dddd" (equally rare, not counted), head 1 to "a"."""
+    from attnstore.queries.head_roles import rarest_token
+
+    special = np.array([True, False, False, False, True])
+    assert rarest_token(np.array([0, 1001, 1003, 1004, 1]), special, {1001: 1, 1003: 1, 1004: 1}) == 1
+    assert rarest_token(np.array([0, 1001, 1003, 1004, 1]), special, {1001: 2, 1003: 1, 1004: 1}) == 2
+    maps = np.zeros((1, 2, 5, 5), dtype=np.float32)
+    maps[0, 0, :, 3] = 1
+    maps[0, 1, :, 1] = 1
+    run = make_run(store, [maps], [["[CLS]", "a", "ccc", "dddd", "[SEP]"]], name="ties")
+    frame = run_query(store, "head_roles", run=run).set_index("head")
+    assert frame["rare_share"].tolist() == [0.0, 1.0]
 
 
 def numpy_role_counts(maps: np.ndarray, sep: np.ndarray, rare: int):

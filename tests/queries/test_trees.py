@@ -3,6 +3,8 @@ hand-built maps with values worked out by hand."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -41,6 +43,79 @@ def test_chu_liu_edmonds_equals_networkx(n):
         assert ours[root] == -1 and (ours >= 0).sum() == n - 1
         assert tree_score(scores, ours) == pytest.approx(tree_score(scores, theirs), abs=1e-12), (n, trial)
         assert (ours == theirs).all()  # random scores: one best tree
+
+
+def first_maximum_tree(scores: np.ndarray, root: int) -> list[int]:
+    """By enumeration: of the trees with the largest total (to 1e-9), the first in head order (node 0's head lowest,
+    then node 1's, ...)."""
+    n = len(scores)
+    found = None
+    for choice in itertools.product(range(n), repeat=n - 1):
+        heads = [*choice[:root], -1, *choice[root:]]
+        if any(h == d for d, h in enumerate(heads)) or not all(reaches_root(heads, d, root) for d in range(n)):
+            continue
+        key = (round(tree_score(scores, np.array(heads)), 9), [-h for h in heads])
+        if found is None or key > found[0]:
+            found = (key, heads)
+    return found[1]
+
+
+def reaches_root(heads: list[int], node: int, root: int) -> bool:
+    seen = set()
+    while node != root:
+        if node in seen:
+            return False
+        seen.add(node)
+        node = heads[node]
+    return True
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_ties_go_to_the_first_maximum_tree_in_head_order(n):
+    rng = np.random.default_rng(10 + n)
+    for trial in range(60):
+        scores = rng.integers(0, 3, (n, n)) / 4  # few distinct values: many maximum trees
+        root = int(rng.integers(n))
+        assert mst_heads(scores, root).tolist() == first_maximum_tree(scores, root), (n, trial)
+
+
+# Two maximum trees of total 2 rooted at node 3: 1 -> 0, 3 -> 1, 0 -> 2 (1 + 0 + 1) and 2 -> 0, 0 -> 1, 3 -> 2
+# (0.5 + 1 + 0.5). The best heads (0 <- 1, 1 <- 0, 2 <- 0) make the cycle 0 <-> 1; Chu-Liu/Edmonds with argmax at
+# every step (before kind version 3) and networkx both return the second; the rule takes the first, whose node 0 has
+# head 1, not 2.
+TIED = np.array([[0, 1, 0.5, 0], [1, 0, 0, 0], [1, 1, 0, 0.5], [0, 0, 0, 0]])
+
+
+def test_a_tied_spanning_tree_by_hand():
+    from attnstore.queries.trees import _edmonds
+
+    ours = mst_heads(TIED, 3)
+    assert ours.tolist() == [1, 3, 0, -1] and tree_score(TIED, ours) == 2.0
+    assert networkx_heads(TIED, 3).tolist() == [2, 0, 3, -1] and tree_score(TIED, networkx_heads(TIED, 3)) == 2.0
+    s = TIED.copy()
+    np.fill_diagonal(s, -np.inf)
+    s[3] = -np.inf
+    assert _edmonds(s, 3).tolist() == [2, 0, 3, -1]  # the contractions alone
+
+
+def test_the_tied_tree_in_a_query(store, make_run):
+    """A quarter of the TIED scores as the word map of "w x y z" (gold: w <- x, x <- z (root), y <- w): the rule's tree is the gold
+    tree (UUAS 1); the other maximum tree (2 -> 0, 0 -> 1, 3 -> 2) would find w-x and w-y only, 2 of 3."""
+    maps = np.zeros((1, 1, 6, 6), dtype=np.float32)
+    maps[0, 0, 1:5, 1:5] = TIED / 4  # the same trees at a quarter of the scores
+    maps[0, 0, :, 0] += 1 - maps[0, 0].sum(1)  # the rest of each row on [CLS]: rows sum to 1
+    words = [
+        dict(form="w", head=1, deprel="nsubj"),
+        dict(form="x", head=3, deprel="obj"),
+        dict(form="y", head=0, deprel="det"),
+        dict(form="z", head=None, deprel="root"),
+    ]
+    run = make_run(
+        store, [maps], [["[CLS]", "w", "x", "y", "z", "[SEP]"]], name="tied", token_words=[[None, 0, 1, 2, 3, None]], words_list=[words]
+    )
+    frame = run_query(store, "head_trees", run=run, min_count=1)
+    assert frame.loc[0, "uuas_mst"] == 1.0
+    assert frame.loc[0, "uuas_max"] == pytest.approx(2 / 3)  # w -> x, x -> w, y -> w, z -> w (its zeros: the first)
 
 
 def test_max_links_take_the_first_of_equals():
