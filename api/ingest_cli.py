@@ -120,6 +120,14 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     help="Keep each token's value norm per (layer, head) beside the maps, for queries' weights=norm (Kobayashi et al. "
     "2020; ~1/L of the maps' size; its cost is in docs/PERFORMANCE.md).",
 )
+@click.option(
+    "--token-loss/--no-token-loss",
+    "token_loss",
+    default=True,
+    show_default=True,
+    help="For a causal LM with its LM head: keep each token's next-token loss (nats, NaN at the last token) from the "
+    "same forward pass, run to the logits instead of stopping at the last map (store.token_loss; docs/ARCHITECTURE.md).",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
 @scheduler_option("the forward passes and the writes of their maps (this process tokenizes and finishes the run)")
 @store_options

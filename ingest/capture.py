@@ -134,3 +134,19 @@ def attention_maps(model, inputs: dict, sources: AttentionSources, run: Callable
     finally:
         _collecting.caught = None
     return tuple(caught)
+
+
+def maps_of_whole_pass(run: Callable[[], Any], sources: AttentionSources) -> tuple[Any, tuple]:
+    """(the output of `run()`, a whole forward pass with output_attentions=True run to its end, and its maps caught
+    as `attention_maps` catches them). Safe to call from several threads at once, where the output's own `attentions`
+    are not: transformers records them with hooks on the shared modules, which catch another thread's pass too."""
+    _install(sources)
+    caught: list = []
+    _collecting.caught, _collecting.n_maps = caught, -1  # never reached: the pass runs on
+    try:
+        output = run()
+    finally:
+        _collecting.caught = None
+    if len(caught) != sources.n_maps:
+        raise RuntimeError(f"caught {len(caught)} attention maps in a whole pass, expected {sources.n_maps}")
+    return output, tuple(caught)

@@ -94,6 +94,9 @@ class LoadedModel:
     # Where the weights came from when they are not the folder's own: a GGUF file dequantized to float32 (ingest/gguf.py:
     # the file, its sha256, quantization, the converted weights' sha256). None: a save_pretrained() folder or hub id.
     provenance: dict | None = None
+    # The checkpoint's causal-LM model around `model` (its decoder), whose pass gives the logits of ingest's per-token
+    # loss (ingest/passes.py); None: not a causal LM, or its checkpoint has no LM head (no loss is kept).
+    lm: Any = None
 
     def record(self) -> dict:
         """Fields of the `models` table."""
@@ -263,26 +266,35 @@ def models_folder(store: Store) -> Path:
     return Path(root)
 
 
+def _is_causal_lm(architecture: str) -> bool:
+    """Whether a checkpoint's `architectures` entry names a model with a causal-LM head (LlamaForCausalLM, GPT2LMHeadModel)."""
+    return architecture.endswith(("ForCausalLM", "LMHeadModel"))
+
+
 def _base_model(source: str, attn_implementation: str, offline: bool):
-    """The checkpoint's base model (AutoModel). A decoder saved as *ForCausalLM whose base class AutoModel cannot map
-    its weights onto (transformers 4.57's Gemma3ForCausalLM: base_model_prefix "language_model", weights under
-    "model.") would come back randomly initialised: its causal-LM class is loaded instead and its decoder kept."""
-    from transformers import AutoModel, AutoModelForCausalLM
+    """(the checkpoint's base model, its causal-LM model or None). A checkpoint saved as *ForCausalLM / *LMHeadModel is
+    loaded through its causal-LM class (AutoModelForCausalLM) and its decoder kept as the base model, with the head for
+    ingest's per-token loss (ingest/passes.py); its head is left out (None) where the checkpoint lacks its weights.
+    That class is also what loads a decoder whose base class AutoModel cannot map its weights onto (transformers 4.57's
+    Gemma3ForCausalLM: base_model_prefix "language_model", weights under "model.") instead of randomly initialising it.
+    Any other checkpoint, or a causal-LM load that leaves decoder weights out, is loaded through AutoModel."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     options = dict(attn_implementation=attn_implementation, local_files_only=offline, output_loading_info=True)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # "Some weights ... newly initialized": checked here instead
     try:
-        loaded: Any = AutoModel.from_pretrained(source, **options)  # (model, loading info)
+        config = AutoConfig.from_pretrained(source, local_files_only=offline)
+        if any(_is_causal_lm(str(a)) for a in getattr(config, "architectures", None) or []):
+            loaded: Any = AutoModelForCausalLM.from_pretrained(source, **options)
+            causal, info = loaded
+            missing = list(info.get("missing_keys", ()))
+            if not [k for k in missing if "lm_head" not in k]:
+                return causal.get_decoder(), (None if missing else causal)
+        loaded = AutoModel.from_pretrained(source, **options)  # (model, loading info)
         model, info = loaded
         missing = [k for k in info.get("missing_keys", ()) if not k.startswith("pooler.")]
-        architectures = getattr(model.config, "architectures", None) or []
-        if missing and any(str(a).endswith("ForCausalLM") for a in architectures):
-            loaded = AutoModelForCausalLM.from_pretrained(source, **options)
-            causal, info = loaded
-            if not [k for k in info.get("missing_keys", ()) if "lm_head" not in k]:
-                model, missing = causal.get_decoder(), []
     finally:
         hf_logging.set_verbosity(verbosity)
     if missing:
@@ -291,7 +303,7 @@ def _base_model(source: str, attn_implementation: str, offline: bool):
             f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})",
             file=sys.stderr,
         )
-    return model
+    return model, None
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "eager") -> LoadedModel:
@@ -325,7 +337,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
             ) from None
         raise _hub_error(name_or_path, exc) from None
     try:
-        model = _base_model(source, attn_implementation, offline)
+        model, lm = _base_model(source, attn_implementation, offline)
     except Exception as exc:
         if local:
             raise ModelError(
@@ -334,6 +346,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
             ) from None
         raise _hub_error(name_or_path, exc) from None
     model.eval()
+    if lm is not None:
+        lm.eval()
     config = model.config
     used = getattr(config, "_attn_implementation", attn_implementation)
     pad_id = pad_token_id(tokenizer)
@@ -375,6 +389,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
         attention_sources=sources,
         value_projections=projections,
         provenance=provenance,
+        lm=lm if probe.causal else None,
     )
 
 

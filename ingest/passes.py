@@ -9,6 +9,7 @@ its checked per-example blocks (also what the benchmarks time).
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from collections.abc import Iterable, Set
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,7 @@ from .model import LoadedModel
 from .progress import progress_bar
 
 ROW_SUM_TOLERANCE = 1e-3
+_WHOLE_PASS = threading.Lock()  # forward_with_loss without capture's hooks
 
 
 def forward_attention(loaded: LoadedModel, batch: list[Encoded], whole: bool = False):
@@ -40,9 +42,59 @@ def forward_attention(loaded: LoadedModel, batch: list[Encoded], whole: bool = F
             attentions = capture.attention_maps(loaded.model, inputs, loaded.attention_sources)
         else:
             attentions = loaded.model(**inputs, output_attentions=True).attentions
+    _require_maps(loaded, attentions)
+    return attentions, lengths
+
+
+def forward_with_loss(loaded: LoadedModel, batch: list[Encoded]):
+    """One eager pass of the causal-LM model (`loaded.lm`) run whole, to its logits: the per-layer attentions, the
+    lengths and each example's per-token loss (`token_loss`), maps and loss from the same pass."""
+    import torch
+
+    lengths = [e.length for e in batch]
+    inputs = loaded.model_inputs(pad_inputs(batch, loaded.pad_id))
+
+    def run():
+        return loaded.lm(**inputs, output_attentions=True, use_cache=False)
+
+    with torch.inference_mode():
+        if loaded.attention_sources is not None:  # the maps caught by this thread's hooks (two passes run at once)
+            output, attentions = capture.maps_of_whole_pass(run, loaded.attention_sources)
+        else:  # the output's own maps, which a pass on another thread would mix into: one such pass at a time
+            with _WHOLE_PASS:
+                output = run()
+            attentions = output.attentions
+        losses = token_loss(output.logits, inputs["input_ids"], lengths)
+    _require_maps(loaded, attentions)
+    return attentions, lengths, losses
+
+
+def _require_maps(loaded: LoadedModel, attentions) -> None:
     if not attentions or attentions[0] is None:
         raise IngestError(f"model {loaded.name!r} returned no attention maps with attn_implementation={loaded.attn_implementation!r}")
-    return attentions, lengths
+
+
+def token_loss_manifest() -> dict:
+    """The run manifest's `token_loss` entry: what the run group's token_loss array holds, its unit."""
+    from ..store import arrays
+
+    return {"array": arrays.TOKEN_LOSS, "dtype": "float32", **arrays.TOKEN_LOSS_ATTRIBUTES}
+
+
+def token_loss(logits, input_ids, lengths: list[int]) -> list[np.ndarray]:
+    """Per example, its next-token loss per token, float32 nats: loss[i] = -log p(token[i+1] | tokens[..i]) from the
+    logits at position i (float32 log-softmax); the last token has no next token: NaN."""
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    for k, n in enumerate(lengths):
+        loss = np.full(n, np.nan, dtype=np.float32)
+        if n > 1:
+            nll = F.cross_entropy(logits[k, : n - 1].float(), input_ids[k, 1:n].to(torch.long), reduction="none")
+            loss[: n - 1] = nll.numpy()
+        out.append(loss)
+    return out
 
 
 def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) -> list:
@@ -71,34 +123,47 @@ def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) 
     return blocks
 
 
-Item = tuple[Encoded, np.ndarray | None, np.ndarray | None]  # (example, maps or None: skipped, value norms or None)
+# (example, maps or None: skipped, value norms or None, per-token loss or None)
+Item = tuple[Encoded, np.ndarray | None, np.ndarray | None, np.ndarray | None]
 
 
-def batch_items(loaded: LoadedModel, dtype: str, batch: list[Encoded], done: Set[int], with_norms: bool = False) -> list[Item]:
+def batch_items(
+    loaded: LoadedModel, dtype: str, batch: list[Encoded], done: Set[int], with_norms: bool = False, with_loss: bool = False
+) -> list[Item]:
     """One planned batch's examples to store, in storage order, with their maps (None: skipped, no tokens) and, with
-    `with_norms`, their value norms (token, layer, head) from the same pass (ingest/norms.py)."""
+    `with_norms`, their value norms (token, layer, head), with `with_loss` their per-token loss (token,), both from the
+    same pass (ingest/norms.py, `token_loss`)."""
     runnable = [e for e in batch if e.input_ids]
-    items: list[Item] = [(e, None, None) for e in batch if not e.input_ids and e.example_id not in done]
+    items: list[Item] = [(e, None, None, None) for e in batch if not e.input_ids and e.example_id not in done]
     if any(e.example_id not in done for e in runnable):
         projections = loaded.value_projections if with_norms else None
         if with_norms and projections is None:
             raise IngestError(f"model {loaded.name!r}: its value and output projections were not found, so no value norms")
+        if with_loss and loaded.lm is None:
+            raise IngestError(f"model {loaded.name!r} has no causal-LM head, so no per-token loss")
         with norms.collecting(projections) as values:
-            attentions, lengths = forward_attention(loaded, runnable)
+            if with_loss:
+                attentions, lengths, losses = forward_with_loss(loaded, runnable)
+            else:
+                (attentions, lengths), losses = forward_attention(loaded, runnable), None
         blocks = to_blocks(attentions, lengths, dtype, runnable)
         per_example = norms.value_norms(projections, values, lengths) if projections is not None else [None] * len(blocks)
-        items += [(e, maps, n) for e, maps, n in zip(runnable, blocks, per_example) if e.example_id not in done]
+        per_loss = losses if losses is not None else [None] * len(blocks)
+        items += [(e, maps, n, lo) for e, maps, n, lo in zip(runnable, blocks, per_example, per_loss) if e.example_id not in done]
     return items
 
 
 def store_items(writer, items: list, overlap: bool = False) -> None:
-    """Hand a batch's examples ((example, maps) or (example, maps, value norms)) to a run writer and commit what is on
-    disk. `overlap`: the batch's chunks are written in the background while the writer goes on (`storage_overlaps`)."""
+    """Hand a batch's examples ((example, maps), (example, maps, value norms) or (example, maps, value norms, per-token
+    loss)) to a run writer and commit what is on disk. `overlap`: the batch's chunks are written in the background while
+    the writer goes on (`storage_overlaps`)."""
     for enc, maps, *rest in items:
         if maps is None:
             writer.add_skipped(enc.example_id, enc.full_length)
         else:
-            writer.add(enc.example_id, maps, enc.tokens, truncated=enc.truncated, norms=rest[0] if rest else None)
+            norms_ = rest[0] if rest else None
+            loss = rest[1] if len(rest) > 1 else None
+            writer.add(enc.example_id, maps, enc.tokens, truncated=enc.truncated, norms=norms_, loss=loss)
     writer.commit(wait=not overlap)
 
 
@@ -160,6 +225,7 @@ def run_batches(
 
     passes, threads = forward_passes()
     with_norms = getattr(writer, "norms", None) is not None  # the run keeps value norms (a distributed part never)
+    with_loss = getattr(writer, "loss", None) is not None  # the run keeps per-token loss (a distributed part never)
     overlap = storage_overlaps() if overlap is None else overlap
     running: deque = deque()  # forward passes, in batch order
     storing: deque = deque()  # store steps, in batch order
@@ -190,7 +256,7 @@ def run_batches(
             for batch in batches:
                 if all(e.example_id in done for e in batch):
                     continue
-                running.append(forward.submit(batch_items, loaded, dtype, batch, done, with_norms))
+                running.append(forward.submit(batch_items, loaded, dtype, batch, done, with_norms, with_loss))
                 while len(running) > passes:
                     n_new += hand_over()
             while running:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..store.errors import BusyError
 from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
 from ..store.leases import clear_stale, live_holder
-from ..store.records import VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
+from ..store.records import TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
 from ..store.writer import run_lease_name, validate_run_name
 from .align import Encoded, can_use_text, encode_batch
 from .annotate import annotate, make_annotator
@@ -31,7 +31,7 @@ from .errors import CorpusError, EmptyCorpusError, IngestError, InvalidArgumentE
 from .feed import Feed
 from .manifest import build_manifest
 from .model import LoadedModel, load_model, models_folder
-from .passes import run_batches
+from .passes import run_batches, token_loss_manifest
 from .progress import progress_bar
 from .settings import RunSettings
 
@@ -404,6 +404,13 @@ def ingest(
                 print("note: value norms are not kept by an ingest on a Dask scheduler (weights=norm needs them)", file=sys.stderr)
         elif settings.value_norms:
             print(f"note: model {loaded.name!r}: no value norms (its value and output projections were not found)", file=sys.stderr)
+        if settings.token_loss and loaded.causal:
+            if loaded.lm is None:
+                print(f"note: model {loaded.name!r}: no per-token loss (its checkpoint has no causal-LM head)", file=sys.stderr)
+            elif scheduler is not None:
+                print("note: per-token loss is not kept by an ingest on a Dask scheduler", file=sys.stderr)
+            else:
+                manifest[TOKEN_LOSS_FLAG] = token_loss_manifest()
         from ..version import __version__
 
         info = store.writer.start_run(
@@ -421,6 +428,11 @@ def ingest(
         if info.has_value_norms and scheduler is not None:
             raise InvalidArgumentError(
                 f"run {run_name!r} keeps value norms, which an ingest on a Dask scheduler does not compute: resume it without --scheduler"
+            )
+        if info.has_token_loss and scheduler is not None:
+            raise InvalidArgumentError(
+                f"run {run_name!r} keeps per-token loss, which an ingest on a Dask scheduler does not compute: "
+                f"resume it without --scheduler"
             )
         done = store.writer.done_example_ids(info.id)
         total = len(plan.chosen) - len(done)

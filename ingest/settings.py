@@ -71,6 +71,8 @@ class RunSettings:
     chunk_cells: int = arrays.DEFAULT_CHUNK_CELLS
     # each token's value norm per (layer, head) beside the maps (ingest/norms.py; recorded in the run's manifest)
     value_norms: bool = True
+    # a causal LM's next-token loss per token beside the maps, from the same pass run to the logits (ingest/passes.py)
+    token_loss: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "read_options", dict(self.read_options))

@@ -95,6 +95,18 @@ NORM_CHUNK_TOKENS = 1 << 12
 # holds is the run group's attribute "saliency".
 SALIENCY = "saliency"
 SALIENCY_CHUNK_TOKENS = 1 << 16
+# Per token, for a causal LM: its next-token loss -log p(token[i+1] | tokens[..i]) in nats, float32, from the pass that
+# made the maps (ingest/passes.py); NaN at each example's last token (no next token). Written like value_norm.
+TOKEN_LOSS = "token_loss"
+LOSS_CHUNK_TOKENS = 1 << 16
+# What the array says of itself to a plain zarr reader (its attributes), as the run's manifest records it.
+TOKEN_LOSS_ATTRIBUTES = {
+    "description": "next-token loss of each token: -log p(token[i+1] | tokens[..i]) under the run's causal LM, "
+    "from the forward pass that made the maps; NaN at each example's last token (no next token); tokens in storage "
+    "order, as token_id",
+    "unit": "nats",
+    "fill": "NaN at each example's last token",
+}
 
 
 DRAIN_TIMEOUT_S = 2.0
@@ -225,10 +237,18 @@ def create_run_array(root: str, path: str, *, dtype: str, chunk_cells: int, code
 
 
 def create_run_group(
-    root: str, run_name: str, *, dtype: str, chunk_cells: int, codec: dict, attributes: dict, value_norms: bool = False
+    root: str,
+    run_name: str,
+    *,
+    dtype: str,
+    chunk_cells: int,
+    codec: dict,
+    attributes: dict,
+    value_norms: bool = False,
+    token_loss: bool = False,
 ) -> str:
     """Create (or replace an orphan of) a run's group with empty cells and index arrays (and an empty `value_norm`
-    array where `value_norms`); returns the cells path.
+    array where `value_norms`, an empty `token_loss` array where `token_loss`); returns the cells path.
 
     Called only while holding the run's name in SQL, so any group already at this path is
     left over from an attempt whose row was never committed.
@@ -246,6 +266,8 @@ def create_run_group(
     if value_norms:
         trailing = (attributes["n_layers"], attributes["n_heads"])
         create_token_array(root, cells.path, VALUE_NORMS, trailing, "float16", NORM_CHUNK_TOKENS, {})
+    if token_loss:
+        create_token_array(root, cells.path, TOKEN_LOSS, (), "float32", LOSS_CHUNK_TOKENS, TOKEN_LOSS_ATTRIBUTES)
     return cells.path
 
 
@@ -419,7 +441,7 @@ class RunIndex:
 
 
 class TokenArray:
-    """A run's per-token array `name` (value_norm, saliency): its first axis the run's tokens in storage
+    """A run's per-token array `name` (value_norm, saliency, token_loss): its first axis the run's tokens in storage
     order, as token_id's. `write(start, values)` replaces everything from `start`, so values written past the committed
     tokens (before a crash) are overwritten by the resumed writer."""
 

@@ -256,6 +256,9 @@ def check_run(store, run, repair: bool = False) -> RunReport:
             blocks.finish()
         if info.has_value_norms:
             _check_value_norms(report, store, info, n_tokens, complete=state == "complete")
+        if info.has_token_loss:
+            fix = "ingest the run again for its per-token loss"
+            _check_token_array(report, store, info, arrays.TOKEN_LOSS, n_tokens, fix, exact=state == "complete", nan_ok=True)
         try:
             saliency = arrays.run_group_attribute(store.locations.array_root, info.array_path, arrays.SALIENCY)
         except Exception as exc:  # the group's zarr.json cannot be read: the index check above reports that once
@@ -277,10 +280,19 @@ def _check_value_norms(report: RunReport, store, info, n_tokens: int, complete: 
 
 
 def _check_token_array(
-    report: RunReport, store, info, name: str, n_tokens: int, fix: str, exact: bool = True, signed: bool = False
+    report: RunReport,
+    store,
+    info,
+    name: str,
+    n_tokens: int,
+    fix: str,
+    exact: bool = True,
+    signed: bool = False,
+    nan_ok: bool = False,
 ) -> None:
-    """A per-token array (value_norm, saliency) holds a finite value (non-negative unless `signed`) for each of the
-    `n_tokens` committed tokens (exactly those where `exact`); chunks' checksums are verified as they decode."""
+    """A per-token array (value_norm, saliency, token_loss) holds a finite value (non-negative unless `signed`; NaN
+    allowed where `nan_ok`: token_loss's last tokens) for each of the `n_tokens` committed tokens (exactly those where
+    `exact`); chunks' checksums are verified as they decode."""
     where = f"{arrays.group_path_of(info.array_path)}/{name}"
     try:
         values = arrays.TokenArray(store.locations.array_root, info.array_path, name)
@@ -305,7 +317,7 @@ def _check_token_array(
                 raise
             report.add(f"{where}: tokens {start}..{stop} cannot be read ({_first_line(exc)}); {fix}", chunk=where)
             return
-        bad = ~np.isfinite(part) | ((part < 0) if not signed else False)
+        bad = (~np.isfinite(part) & ~(np.isnan(part) if nan_ok else False)) | ((part < 0) if not signed else False)
         if bad.any():
             token = start + int(np.argwhere(bad)[0][0])
             report.add(f"{where}: the value of token {token} (in storage order) is not finite (or negative); {fix}", chunk=where)

@@ -93,6 +93,10 @@ class RunHandle:
         """One example's value norms as a (layer, head, key) array (see `Store.value_norms`)."""
         return self.store.value_norms(self.info.id, example)
 
+    def token_loss(self, example: int) -> np.ndarray:
+        """One example's next-token loss per token, (token,) float32 nats (see `Store.token_loss`)."""
+        return self.store.token_loss(self.info.id, example)
+
     def head_metrics(self, metric: str | None = None) -> pd.DataFrame:
         """Saved per-head values of this run (see `Store.head_metrics`)."""
         return self.store.head_metrics(self.info.id, metric)

@@ -717,6 +717,28 @@ class StoreReader(SavedResultReads):
         for example, values in self._iter_token_values(info, norms, examples):
             yield example, np.ascontiguousarray(values.transpose(1, 2, 0), dtype=np.float32)
 
+    def has_token_loss(self, run: RunRef) -> bool:
+        """Whether the run keeps each token's next-token loss (a causal LM's run: `token_loss`)."""
+        return self.run_info(run).has_token_loss
+
+    def token_loss(self, run: RunRef, example: int) -> np.ndarray:
+        """One example's next-token loss per token, a (token,) float32 array in nats: loss[i] = -log p(token[i+1] |
+        tokens[..i]) under the run's causal LM, from the pass that made its maps; NaN at the last token (no next one)."""
+        return next(self.iter_token_loss(run, [example]))[1]
+
+    def iter_token_loss(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """(example, (token,) float32 next-token loss) over the run's committed examples (or `examples`), in storage
+        order, as `iter_attention` gives their maps."""
+        info = self.run_info(run)
+        if not info.has_token_loss:
+            raise InvalidArgumentError(
+                f"run {info.name!r} has no per-token loss (not a causal LM with its LM head, ingested with --no-token-loss, "
+                f"on a Dask scheduler, or before attnstore kept it): ingest a causal LM again under a new --name to get it"
+            )
+        values = arrays.TokenArray(self.locations.array_root, info.array_path, arrays.TOKEN_LOSS)
+        for example, row in self._iter_token_values(info, values, examples):
+            yield example, np.asarray(row, dtype=np.float32)
+
     def saliency_info(self, run: RunRef) -> dict | None:
         """What the run's saliency array holds (model, method, target, n_tokens, complete), or None without one."""
         info = self.run_info(run)

@@ -9,6 +9,8 @@ from .errors import OldLayoutError
 
 # The manifest flag of a run that keeps its value norms (store/arrays.py VALUE_NORMS): set when the run is started.
 VALUE_NORMS_FLAG = "value_norms"
+# The manifest entry of a run that keeps each token's next-token loss (store/arrays.py TOKEN_LOSS): what it is, its unit.
+TOKEN_LOSS_FLAG = "token_loss"
 
 
 def in_layout_1(array_path: str) -> bool:
@@ -68,6 +70,11 @@ class RunInfo:
     def has_value_norms(self) -> bool:
         """Whether the run keeps each token's value norm per (layer, head) beside its maps (weights="norm" queries)."""
         return bool((self.manifest or {}).get(VALUE_NORMS_FLAG))
+
+    @property
+    def has_token_loss(self) -> bool:
+        """Whether the run keeps each token's next-token loss beside its maps (a causal LM's run)."""
+        return bool((self.manifest or {}).get(TOKEN_LOSS_FLAG))
 
 
 @dataclass(frozen=True)

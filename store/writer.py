@@ -27,7 +27,7 @@ from .errors import AttnStoreError, ConflictError, InvalidArgumentError, ReadOnl
 from .identity import dataset_identity
 from .lazy import LazyModule
 from .reader import RunRef, StoreReader
-from .records import VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
+from .records import TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
 from .schema import (
     AblationResult,
     Dataset,
@@ -338,6 +338,7 @@ class StoreWriter:
                     codec=codec,
                     attributes=attributes,
                     value_norms=bool(fields["manifest"].get(VALUE_NORMS_FLAG)),
+                    token_loss=bool(fields["manifest"].get(TOKEN_LOSS_FLAG)),
                 )
             except OSError as exc:
                 raise StorageIOError(
@@ -536,6 +537,11 @@ class RunWriter:
             self._norm_tokens = int(n_tokens or 0)
             if part is None and info.has_value_norms:
                 self.norms = arrays.ValueNorms(store.locations.array_root, info.array_path, read_only=False)
+            # Per-token loss (a causal LM's run) likewise, from the committed token count on.
+            self.loss = None
+            self._loss_tokens = int(n_tokens or 0)
+            if part is None and info.has_token_loss:
+                self.loss = arrays.TokenArray(store.locations.array_root, info.array_path, arrays.TOKEN_LOSS, read_only=False)
             # The committed index, mirrored in Zarr (by the coordinator of a distributed ingest, not its parts).
             self.index = None
             if part is None:
@@ -551,15 +557,28 @@ class RunWriter:
                     f"then run the same ingest command to resume"
                 ) from None
             raise
-        # (end offset, sequence row, token rows, token ids, value norms (token, layer, head) or None)
-        self._pending: list[tuple[int, dict, list[tuple], np.ndarray, np.ndarray | None]] = []
+        # (end offset, sequence row, token rows, token ids, value norms (token, layer, head) or None, loss (token,) or None)
+        self._pending: list[tuple[int, dict, list[tuple], np.ndarray, np.ndarray | None, np.ndarray | None]] = []
         # Index entries committed in SQL, not yet in the Zarr index: written every INDEX_FLUSH_TOKENS tokens and at the end.
         self._index_queue: list[tuple[int, int, int, np.ndarray]] = []  # (example position, offset, length, token ids)
         self._index_tokens = 0
         self._lag_marked = False
+        # Set when a commit fails after writing some examples' per-token values but before their rows committed: the
+        # token counts those arrays are written from no longer follow SQL, so this writer commits nothing more (a new
+        # writer, as a resumed ingest makes, starts again from SQL's committed tokens).
+        self._broken = False
 
-    def add(self, example_id: int, maps: np.ndarray, tokens: list[dict], truncated: bool = False, norms: np.ndarray | None = None) -> None:
-        """`norms`: the example's value norms, (token, layer, head), required where the run keeps them (and only there)."""
+    def add(
+        self,
+        example_id: int,
+        maps: np.ndarray,
+        tokens: list[dict],
+        truncated: bool = False,
+        norms: np.ndarray | None = None,
+        loss: np.ndarray | None = None,
+    ) -> None:
+        """`norms`: the example's value norms, (token, layer, head), required where the run keeps them (and only there);
+        `loss`: its per-token next-token loss, (token,), likewise."""
         expected = (self.info.n_layers, self.info.n_heads)
         if maps.ndim != 4 or maps.shape[:2] != expected or maps.shape[2] != maps.shape[3] or maps.shape[2] != len(tokens):
             raise InvalidArgumentError(f"maps of shape {maps.shape} do not fit {len(tokens)} tokens and {expected} (layer, head)")
@@ -570,6 +589,13 @@ class RunWriter:
             )
         if norms is not None and norms.shape != (len(tokens), *expected):
             raise InvalidArgumentError(f"value norms of shape {norms.shape} do not fit {len(tokens)} tokens and {expected} (layer, head)")
+        if (loss is None) != (self.loss is None) and self.part is None:
+            raise InvalidArgumentError(
+                f"run {self.info.name!r} {'keeps' if self.loss is not None else 'does not keep'} per-token loss: "
+                f"example {example_id} was given {'none' if loss is None else 'some'}"
+            )
+        if loss is not None and loss.shape != (len(tokens),):
+            raise InvalidArgumentError(f"per-token loss of shape {loss.shape} does not fit {len(tokens)} tokens")
         if self.part is not None and self.blocks.offset_for(maps.size) + maps.size > self.part[1]:
             raise InvalidArgumentError(
                 f"example {example_id}'s maps do not fit the cells {self.part[0]}..{self.part[1]} "
@@ -581,11 +607,11 @@ class RunWriter:
         run_id = self.info.id
         toks = [(run_id, example_id, i, *token_values(t)) for i, t in enumerate(tokens)]
         ids = np.fromiter((t["token_id"] for t in tokens), np.int64, len(tokens))
-        self._pending.append((offset + maps.size, seq, toks, ids, norms))
+        self._pending.append((offset + maps.size, seq, toks, ids, norms, loss))
 
     def add_skipped(self, example_id: int, length: int) -> None:
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=None, truncated=False, skipped=True)
-        self._pending.append((0, seq, [], np.empty(0, np.int64), None))
+        self._pending.append((0, seq, [], np.empty(0, np.int64), None, None))
 
     def _flush_blocks(self, final: bool, wait: bool) -> int:
         self.lease.check()
@@ -604,6 +630,11 @@ class RunWriter:
         `wait=False` (ingest's writer thread): the chunks are written in the background while this commits
         the rows of the chunks written before them, so compressing overlaps with SQL and the next batch's
         blocks. Rows then lag one commit; a commit with `wait` or `final` catches up."""
+        if self._broken:
+            raise StorageIOError(
+                f"run {self.info.name!r}: an earlier commit of this writer failed midway, so it commits nothing more; "
+                f"the run is kept as interrupted: run the same ingest command to resume"
+            )
         durable = self._flush_blocks(final, wait)
         ready = [p for p in self._pending if p[0] <= durable]
         self._pending = [p for p in self._pending if p[0] > durable]
@@ -615,7 +646,17 @@ class RunWriter:
         seqs = [p[1] for p in ready]
         toks = [t for p in ready for t in p[2]]
         n_stored = sum(1 for q in seqs if not q["skipped"])
+        try:
+            self._commit_ready(ready, seqs, toks, n_stored, final)
+        except BaseException:
+            self._broken = True
+            raise
+        return len(ready)
+
+    def _commit_ready(self, ready: list, seqs: list[dict], toks: list[tuple], n_stored: int, final: bool) -> None:
+        """The per-token values of the examples now on disk, then (one transaction) their rows."""
         self._write_norms([p[4] for p in ready if p[4] is not None])
+        self._write_loss([p[5] for p in ready if p[5] is not None])
         with self.store.session() as s:
             self.lease.check(s.connection())
             if self.index is not None:
@@ -641,7 +682,6 @@ class RunWriter:
                     n_truncated=Run.n_truncated + sum(1 for q in seqs if q["truncated"]),
                 )
             )
-        return len(ready)
 
     def _write_norms(self, norms: list[np.ndarray]) -> None:
         """The value norms of examples about to commit, after those committed (before their rows: a committed example
@@ -659,6 +699,22 @@ class RunWriter:
                 f"then run the same ingest command to resume"
             ) from None
         self._norm_tokens += len(values)
+
+    def _write_loss(self, losses: list[np.ndarray]) -> None:
+        """The per-token loss of examples about to commit, as `_write_norms` writes their value norms."""
+        if self.loss is None or not losses:
+            return
+        self.lease.check()
+        values = np.concatenate(losses)
+        try:
+            self.loss.write(self._loss_tokens, values)
+        except OSError as exc:
+            raise StorageIOError(
+                f"cannot write the per-token loss of run {self.info.name!r} under {self.store.locations.array_root}: "
+                f"{exc.strerror or exc}; the run is kept as interrupted: free space or fix permissions, "
+                f"then run the same ingest command to resume"
+            ) from None
+        self._loss_tokens += len(values)
 
     def _flush_index(self) -> None:
         assert self.index is not None
