@@ -134,6 +134,7 @@ STORE_METHODS = {
     "save_pattern_labels",
     "save_probe_result",
     "session",
+    "set_read_cache",
     "sql",
     "storage_order",
     "summaries",
