@@ -4,8 +4,9 @@ Per head and sentence, on the word-level map (C5's rule, queries/word_level.py),
 
 - MAX: every word linked to the other word it attends to most (the first of equal weights);
 - MST: the maximum spanning arborescence rooted at the gold root word (Chu-Liu/Edmonds), an edge head -> dependent
-  scoring the dependent's attention to the head, a[dependent, head]; of several maximum trees (float16 maps tie often),
-  the first in head order: word 0's head as low as a maximum tree allows, then word 1's, ... (`mst_heads`);
+  scoring the dependent's attention to the head, a[dependent, head]; of several maximum trees (float16 maps tie often)
+  the one the contractions reach, numpy's first of equals at every choice (`mst_heads`; `first_mst_heads` gives the
+  first in head order, documented and ~6x slower, to measure the spread: docs/QUERIES.md);
 
 and both are scored against the gold dependency tree as **undirected** attachment (UUAS): a gold edge (dependent,
 head) is found when the structure links the two words, in either direction. `specials="exclude"` (default) reads the
@@ -72,8 +73,9 @@ def _cycle(heads: np.ndarray, root: int) -> list[int]:
 
 def _edmonds(s: np.ndarray, root: int) -> np.ndarray:
     """A maximum spanning arborescence of s[dependent, head] (float64, its diagonal and the root's row -inf), rooted at
-    `root`, by Chu-Liu/Edmonds with numpy's argmax (the first of equals) at every choice: each node's head, -1 for the
-    root. Which of several maximum trees it returns depends on the contractions; `mst_heads` fixes that."""
+    `root`, by Chu-Liu/Edmonds with numpy's argmax (the first of equals) at every choice: each node's best head, the
+    first cycle met scanning the nodes in order contracted, its exits and entry the first of equals. Each node's head,
+    -1 for the root."""
     n = len(s)
     heads = s.argmax(1)
     heads[root] = -1
@@ -88,10 +90,10 @@ def _edmonds(s: np.ndarray, root: int) -> np.ndarray:
     index = np.full(n, -1)
     index[rest] = np.arange(c)
     small = np.full((c + 1, c + 1), -np.inf)
-    small[:c, :c] = s[np.ix_(rest, rest)]
-    exits = cycle[s[np.ix_(rest, cycle)].argmax(1)]  # per outside dependent: its best head in the cycle
+    small[:c, :c] = s[rest[:, None], rest]
+    exits = cycle[s[rest[:, None], cycle].argmax(1)]  # per outside dependent: its best head in the cycle
     small[:c, c] = s[rest, exits]
-    gain = s[np.ix_(cycle, rest)] - s[cycle, heads[cycle]][:, None]  # (cycle node, outside head): entering there
+    gain = s[cycle[:, None], rest] - s[cycle, heads[cycle]][:, None]  # (cycle node, outside head): entering there
     enters = cycle[gain.argmax(0)]
     small[c, :c] = gain.max(0)
     inner = _edmonds(small, int(index[root]))
@@ -120,34 +122,71 @@ def _is_ancestor(heads: np.ndarray, node: int, of: int) -> bool:
     return False
 
 
-def _slack(s: np.ndarray, root: int, total: float) -> tuple[np.ndarray, float]:
-    """Each row's best score (0 for the root's) and how far below the best a head may score and still be in a tree of
-    total `total`: the other rows can make up at most sum(best) - total."""
+def _reduced_costs(s: np.ndarray, root: int) -> np.ndarray:
+    """Per edge s[dependent, head]: how much lower than the maximum any tree that uses it must total (Chu-Liu/Edmonds'
+    reduced costs, a lower bound): 0 on the maximum trees' edges, +inf where there is no edge."""
+    n = len(s)
     best = s.max(1)
-    best[root] = 0.0
-    return best, float(best.sum()) - total + TIE_TOLERANCE
+    heads = s.argmax(1)
+    heads[root] = -1
+    found = _cycle(heads, root)
+    with np.errstate(invalid="ignore"):  # -inf - -inf: no edge
+        if not found:
+            rc = best[:, None] - s
+        else:
+            cycle = np.asarray(found, dtype=np.int64)
+            inside = np.zeros(n, dtype=bool)
+            inside[cycle] = True
+            rest = np.flatnonzero(~inside)
+            c = len(rest)
+            index = np.full(n, -1)
+            index[rest] = np.arange(c)
+            small = np.full((c + 1, c + 1), -np.inf)
+            small[:c, :c] = s[rest[:, None], rest]
+            to_rest = s[rest[:, None], cycle]
+            small[:c, c] = to_rest.max(1)
+            gain = s[cycle[:, None], rest] - best[cycle][:, None]
+            small[c, :c] = gain.max(0)
+            inner = _reduced_costs(small, int(index[root]))
+            rc = np.empty((n, n))
+            rc[rest[:, None], rest] = inner[:c, :c]
+            rc[rest[:, None], cycle] = inner[:c, c][:, None] + (small[:c, c][:, None] - to_rest)  # out of the cycle
+            # into it: as the contracted edge, or as a second edge into the cycle (at most gain, <= 0)
+            rc[cycle[:, None], rest] = np.minimum(inner[c, :c][None, :] + (small[c, :c][None, :] - gain), -gain)
+            rc[cycle[:, None], cycle] = best[cycle][:, None] - s[cycle[:, None], cycle]
+    rc[np.isnan(rc)] = np.inf
+    rc[root] = np.inf
+    return rc
+
+
+def _scores(scores: np.ndarray, root: int) -> np.ndarray:
+    s = np.array(scores, dtype=np.float64)
+    np.fill_diagonal(s, -np.inf)
+    s[root, :] = -np.inf  # the root has no head
+    return s
 
 
 def mst_heads(scores: np.ndarray, root: int) -> np.ndarray:
     """Maximum spanning arborescence (Chu-Liu/Edmonds) of scores[dependent, head], rooted at `root`: each node's head,
-    -1 for the root. Ties (several trees whose totals are within TIE_TOLERANCE of the maximum): the first in head order,
-    node 0's head as low as a maximum tree allows, then node 1's, and so on (so with no cycle among the best heads,
-    each node's first best head: MAX's rule)."""
-    s = np.array(scores, dtype=np.float64)
-    np.fill_diagonal(s, -np.inf)
-    s[root, :] = -np.inf  # the root has no head
+    -1 for the root. Of several maximum trees, the one `_edmonds`' choices (numpy's first of equals) reach."""
+    return _edmonds(_scores(scores, root), root)
+
+
+def first_mst_heads(scores: np.ndarray, root: int) -> np.ndarray:
+    """As mst_heads, but of several maximum trees (totals within TIE_TOLERANCE of the maximum) the first in head
+    order: node 0's head as low as a maximum tree allows, then node 1's, and so on (with no cycle among the best heads,
+    each node's first best head: MAX's rule). Not the query's rule: it made the reduce ~6x slower (docs/QUERIES.md)."""
+    s = _scores(scores, root)
     heads = _edmonds(s, root)
+    possible = _reduced_costs(s, root) <= TIE_TOLERANCE  # the edges a maximum tree may use
+    if not (possible & (np.arange(len(s))[None, :] < heads[:, None])).any():
+        return heads  # no node has a head before its own that a maximum tree could use: the tree is the first
     total = _total(s, heads)
-    best, slack = _slack(s, root, total)
-    below = (s >= (best - slack)[:, None]) & (np.arange(len(s))[None, :] < heads[:, None])
-    if not below.any():  # no row has a head before its own that a maximum tree could use: the tree is the first
-        return heads
     fixed = s.copy()  # the rows decided so far keep only their head
     for d in range(len(s)):
         if d == root:
             continue
-        best, slack = _slack(fixed, root, total)
-        for h in np.flatnonzero(fixed[d, : heads[d]] >= best[d] - slack):
+        for h in np.flatnonzero(possible[d, : heads[d]]):
             other = heads.copy()
             other[d] = h  # one edge swapped: a tree unless h lies under d; else the best tree with h -> d
             if _is_ancestor(heads, d, int(h)) or _total(s, other) < total - TIE_TOLERANCE:
@@ -249,7 +288,7 @@ def _totals(part: dict[str, np.ndarray], labels: list[str]) -> dict[str, np.ndar
 HEAD_TREES = register_kind(
     SummaryKind(
         "head_trees",
-        3,  # MST ties: the first maximum tree in head order (2: whichever Chu-Liu/Edmonds' contractions met first)
+        4,  # the answers of 2 (the contractions' tree); 3 took the first maximum tree in head order, ~6x slower
         _prepare,
         _reduce,
         ragged=("hits", "chain", "relation", "relation_bytes"),

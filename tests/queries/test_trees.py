@@ -10,7 +10,7 @@ import pytest
 
 from attnstore.queries import run_query
 from attnstore.queries.errors import InvalidArgumentError
-from attnstore.queries.trees import max_links, mst_heads
+from attnstore.queries.trees import first_mst_heads, max_links, mst_heads
 
 nx = pytest.importorskip("networkx")
 
@@ -72,35 +72,36 @@ def reaches_root(heads: list[int], node: int, root: int) -> bool:
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_ties_go_to_the_first_maximum_tree_in_head_order(n):
+    """first_mst_heads (the documented rule the spread is measured against) equals enumeration; mst_heads returns a
+    maximum tree, not always that one."""
     rng = np.random.default_rng(10 + n)
     for trial in range(60):
         scores = rng.integers(0, 3, (n, n)) / 4  # few distinct values: many maximum trees
         root = int(rng.integers(n))
-        assert mst_heads(scores, root).tolist() == first_maximum_tree(scores, root), (n, trial)
+        first = first_maximum_tree(scores, root)
+        assert first_mst_heads(scores, root).tolist() == first, (n, trial)
+        ours = mst_heads(scores, root)
+        assert ours[root] == -1 and all(reaches_root(ours.tolist(), d, root) for d in range(n))
+        assert tree_score(scores, ours) == pytest.approx(tree_score(scores, np.array(first)), abs=1e-12), (n, trial)
 
 
 # Two maximum trees of total 2 rooted at node 3: 1 -> 0, 3 -> 1, 0 -> 2 (1 + 0 + 1) and 2 -> 0, 0 -> 1, 3 -> 2
 # (0.5 + 1 + 0.5). The best heads (0 <- 1, 1 <- 0, 2 <- 0) make the cycle 0 <-> 1; Chu-Liu/Edmonds with argmax at
-# every step (before kind version 3) and networkx both return the second; the rule takes the first, whose node 0 has
-# head 1, not 2.
+# every step (mst_heads, the query's) and networkx both return the second; the first in head order (first_mst_heads)
+# is the first, whose node 0 has head 1, not 2.
 TIED = np.array([[0, 1, 0.5, 0], [1, 0, 0, 0], [1, 1, 0, 0.5], [0, 0, 0, 0]])
 
 
 def test_a_tied_spanning_tree_by_hand():
-    from attnstore.queries.trees import _edmonds
-
-    ours = mst_heads(TIED, 3)
-    assert ours.tolist() == [1, 3, 0, -1] and tree_score(TIED, ours) == 2.0
-    assert networkx_heads(TIED, 3).tolist() == [2, 0, 3, -1] and tree_score(TIED, networkx_heads(TIED, 3)) == 2.0
-    s = TIED.copy()
-    np.fill_diagonal(s, -np.inf)
-    s[3] = -np.inf
-    assert _edmonds(s, 3).tolist() == [2, 0, 3, -1]  # the contractions alone
+    first = first_mst_heads(TIED, 3)
+    assert first.tolist() == [1, 3, 0, -1] and tree_score(TIED, first) == 2.0
+    assert mst_heads(TIED, 3).tolist() == [2, 0, 3, -1] and tree_score(TIED, mst_heads(TIED, 3)) == 2.0
+    assert networkx_heads(TIED, 3).tolist() == [2, 0, 3, -1]
 
 
 def test_the_tied_tree_in_a_query(store, make_run):
-    """A quarter of the TIED scores as the word map of "w x y z" (gold: w <- x, x <- z (root), y <- w): the rule's tree is the gold
-    tree (UUAS 1); the other maximum tree (2 -> 0, 0 -> 1, 3 -> 2) would find w-x and w-y only, 2 of 3."""
+    """A quarter of the TIED scores as the word map of "w x y z" (gold: w <- x, x <- z (root), y <- w): the query's
+    tree (2 -> 0, 0 -> 1, 3 -> 2) finds w-x and w-y, 2 of 3; the first in head order, as good, is the gold tree (UUAS 1)."""
     maps = np.zeros((1, 1, 6, 6), dtype=np.float32)
     maps[0, 0, 1:5, 1:5] = TIED / 4  # the same trees at a quarter of the scores
     maps[0, 0, :, 0] += 1 - maps[0, 0].sum(1)  # the rest of each row on [CLS]: rows sum to 1
@@ -114,7 +115,7 @@ def test_the_tied_tree_in_a_query(store, make_run):
         store, [maps], [["[CLS]", "w", "x", "y", "z", "[SEP]"]], name="tied", token_words=[[None, 0, 1, 2, 3, None]], words_list=[words]
     )
     frame = run_query(store, "head_trees", run=run, min_count=1)
-    assert frame.loc[0, "uuas_mst"] == 1.0
+    assert frame.loc[0, "uuas_mst"] == pytest.approx(2 / 3)
     assert frame.loc[0, "uuas_max"] == pytest.approx(2 / 3)  # w -> x, x -> w, y -> w, z -> w (its zeros: the first)
 
 
