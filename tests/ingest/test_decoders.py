@@ -65,18 +65,6 @@ def build(arch: str, folder: Path) -> str:
     return str(folder)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cache: dict[str, str] = {}
-
-    def get(arch: str) -> str:
-        if arch not in cache:
-            cache[arch] = build(arch, tmp_path_factory.mktemp(arch))
-        return cache[arch]
-
-    return get
-
-
 def store_args(tmp_path: Path) -> list[str]:
     return ["--db", f"sqlite:///{tmp_path / 'meta.sqlite'}", "--root", str(tmp_path / "attention.zarr")]
 

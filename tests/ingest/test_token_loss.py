@@ -12,21 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 T = pytest.importorskip("transformers")
 
-from attnstore.tests.ingest.test_decoders import CORPUS, build, cli_ingest, store_args  # noqa: E402
+from attnstore.tests.ingest.test_decoders import CORPUS, cli_ingest, store_args  # noqa: E402
 
 LONGER = CORPUS + "Colorless green ideas sleep furiously.\nThe dog ran.\n"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cache: dict[str, str] = {}
-
-    def get(arch: str) -> str:
-        if arch not in cache:
-            cache[arch] = build(arch, tmp_path_factory.mktemp(arch))
-        return cache[arch]
-
-    return get
 
 
 def open_at(tmp_path):
