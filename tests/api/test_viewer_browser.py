@@ -13,192 +13,44 @@ Chromium) each of these tests fails instead, so a green CI run has run them all.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import socket
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from .browser_support import (
+    BLACK,
+    FIXTURES,
+    PURPLE,
+    REQUIRE_ENV,
+    TOKEN_WORDS,
+    TOKENS,
+    WHITE,
+    WORDS,
+    YELLOW,
+    canvas_pixel,
+    hover_head,
+    label_pixel,
+    live_server,
+    missing,
+    model_view_pixel,
+    pick,
+    ready,
+    screenshot_dir,
+    texts,
+    type_sentence,
+    wait_for,
+)
+
 pytestmark = pytest.mark.slow  # a headless browser against a live server
-
-REQUIRE_ENV = "ATTNSTORE_REQUIRE_BROWSER"
-
-
-def browser_required() -> bool:
-    """Whether a missing browser (or serve extra) fails these tests rather than skipping them: CI=true, or
-    ATTNSTORE_REQUIRE_BROWSER set to anything but 0 (`.ci/run` exports it)."""
-    return os.environ.get("CI", "").lower() == "true" or os.environ.get(REQUIRE_ENV, "") not in ("", "0")
-
-
-def missing(why: str) -> None:
-    """Skip for `why`, or fail where the browser tests are required."""
-    if browser_required():
-        pytest.fail(f"the browser tests are required here (CI=true or {REQUIRE_ENV}=1) but {why}", pytrace=False)
-    pytest.skip(why)
-
 
 try:
     import fastapi  # noqa: F401
 except ImportError:
     missing("the serve extra (fastapi, uvicorn) is not installed")
 
-from attnstore.api.serve import create_app  # noqa: E402
 from attnstore.queries import run_query  # noqa: E402
-
-WAIT_S = 20  # every wait for the page is bounded
-FIXTURES = Path(__file__).parents[1] / "fixtures"
-
-TOKENS = [["[CLS]", "the", "cat", "sat", "[SEP]"], ["[CLS]", "a", "dog", "bark", "##ed", "[SEP]"]]
-WORDS = [
-    [
-        dict(form="the", upos="DET", deprel="det", head=1),
-        dict(form="cat", upos="NOUN", deprel="nsubj", head=2),
-        dict(form="sat", upos="VERB", deprel="root"),
-    ],
-    [
-        dict(form="a", upos="DET", deprel="det", head=1),
-        dict(form="dog", upos="NOUN", deprel="nsubj", head=2),
-        dict(form="barked", upos="VERB", deprel="root"),
-    ],
-]
-TOKEN_WORDS = [[None, 0, 1, 2, None], [None, 0, 1, 2, 2, None]]
-
-
-def browser_paths() -> tuple[str, str] | None:
-    binary = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
-    driver = shutil.which("chromedriver") or next((p for p in ("/usr/lib/chromium/chromedriver",) if os.path.exists(p)), None)
-    return (binary, driver) if binary and driver else None
-
-
-@pytest.fixture(scope="module")
-def browser():
-    paths = browser_paths()
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        paths = None
-    if paths is None:
-        missing("headless Chromium is not installed (apt-get install chromium chromium-driver; pip install selenium)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = paths[0]
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1400,1000",
-        "--force-device-scale-factor=1",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(paths[1]), options=options)  # the system driver: nothing is downloaded
-    driver.set_page_load_timeout(WAIT_S)
-    driver.set_script_timeout(WAIT_S)
-    yield driver
-    driver.quit()
-
-
-@contextlib.contextmanager
-def live_server(store, settings=None):
-    """The app under uvicorn on a free 127.0.0.1 port, in a background thread."""
-    import uvicorn
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    app = create_app(store, settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(WAIT_S * 20):
-            if server.started or not thread.is_alive():
-                break
-            thread.join(0.05)
-        assert server.started, "uvicorn did not start"
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        server.should_exit = True
-        thread.join(WAIT_S)
-
-
-def screenshot_dir(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("ATTNSTORE_SCREENSHOTS") or tmp_path)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def wait_for(driver, condition, what: str):
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    try:
-        return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(lambda d: condition(d))
-    except TimeoutException:
-        status = driver.find_element("id", "status").text
-        raise AssertionError(f"timed out waiting for {what}; status line: {status!r}") from None
-
-
-def ready(driver, element_id: str, key: str | None = None, what: str = ""):
-    def check(d):
-        element = d.find_element("id", element_id)
-        return (
-            element
-            if element.get_attribute("data-state") == "ready" and (key is None or element.get_attribute("data-key") == key)
-            else None
-        )
-
-    return wait_for(driver, check, what or f"#{element_id} to be drawn")
-
-
-def texts(driver, selector: str) -> list[str]:
-    return [e.get_attribute("textContent") for e in driver.find_elements("css selector", selector)]
-
-
-def pick(driver, select_id: str, value: str) -> None:
-    from selenium.webdriver.support.ui import Select
-
-    Select(driver.find_element("id", select_id)).select_by_value(value)
-
-
-def canvas_pixel(driver, i: int, j: int) -> list[int]:
-    """The colour drawn at the centre of matrix cell (query i, key j)."""
-    return driver.execute_script(
-        """const fig = document.getElementById('matrix'), c = document.getElementById('matrix-canvas');
-        const cell = Number(fig.dataset.cell), margin = Number(fig.dataset.margin), r = c.width / c.clientWidth;
-        const x = Math.floor((margin + arguments[1] * cell + cell / 2) * r), y = Math.floor((margin + arguments[0] * cell + cell / 2) * r);
-        return Array.from(c.getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3));""",
-        i,
-        j,
-    )
-
-
-YELLOW, PURPLE = [253, 231, 37], [68, 1, 84]  # viridis at 1 and at 0
-
-
-@pytest.fixture
-def hand_store(tmp_path, make_run):
-    from attnstore.store import migrate, open_store
-
-    url = f"sqlite:///{tmp_path / 'meta.sqlite'}"
-    migrate.upgrade(url)
-    store = open_store(db=url, root=str(tmp_path / "attention.zarr"))
-    maps = []
-    for tokens in TOKENS:
-        n = len(tokens)
-        m = np.full((2, 3, n, n), 1.0 / n, dtype=np.float32)  # uniform, except:
-        m[1, 2] = np.eye(n, dtype=np.float32)  # L1-H2 attends to itself
-        m[0, 1] = 0.0
-        m[0, 1, :, 0] = 1.0  # L0-H1 attends to [CLS]
-        maps.append(m)
-    make_run(store, maps, TOKENS, name="hand", words_list=WORDS, token_words=TOKEN_WORDS)
-    store.save_head_metrics("hand", run_query(store, "entropy", run="hand"), prefix="entropy")
-    yield store, maps
-    store.close()
 
 
 def test_viewer_shows_the_maps_heads_and_search(browser, hand_store, tmp_path):
@@ -518,21 +370,6 @@ def test_a_head_is_shown_beside_its_match_in_another_run(browser, hand_store, tm
         reader.close()
 
 
-def label_pixel(driver, i: int, j: int) -> list[int]:
-    """The colour drawn at the centre of the labelling page's cell (query i, key j)."""
-    return driver.execute_script(
-        """const fig = document.getElementById('label-map'), c = document.getElementById('label-canvas');
-        const cell = Number(fig.dataset.cell), margin = Number(fig.dataset.margin), r = c.width / c.clientWidth;
-        const x = Math.floor((margin + arguments[1] * cell + cell / 2) * r), y = Math.floor((margin + arguments[0] * cell + cell / 2) * r);
-        return Array.from(c.getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3));""",
-        i,
-        j,
-    )
-
-
-BLACK, WHITE = [0, 0, 0], [255, 255, 255]
-
-
 def test_labelling_page_writes_the_labellers_labels(browser, hand_store, tmp_path):
     from selenium.webdriver.common.keys import Keys
 
@@ -578,285 +415,6 @@ def test_labelling_page_writes_the_labellers_labels(browser, hand_store, tmp_pat
         message = browser.find_element("id", "status").text
         assert "read-only" in message and "--allow-save" in message and "\n" not in message
     assert len(store.pattern_labels("hand", source="human:tester")) == 3
-
-
-# ------------------------------------------------------------------ the model view and a typed sentence (issue 29)
-
-
-def pixel_of(driver, canvas_id: str, x: float, y: float) -> list[int]:
-    """The colour drawn at CSS pixel (x, y) of a canvas."""
-    return driver.execute_script(
-        """const c = document.getElementById(arguments[0]), r = c.width / c.clientWidth;
-        const x = Math.floor(arguments[1] * r), y = Math.floor(arguments[2] * r);
-        return Array.from(c.getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3));""",
-        canvas_id,
-        x,
-        y,
-    )
-
-
-def model_view_pixel(driver, layer: int, head: int, i: int, j: int) -> list[int]:
-    """The colour at the centre of token cell (query i, key j) of head (layer, head) in the model view's grid."""
-    d = driver.find_element("id", "modelview").get_attribute
-    cell, gap, left, top, n = (float(d(k)) for k in ("data-cell", "data-gap", "data-left", "data-top", "data-tokens"))
-    x = left + head * (cell + gap) + (j + 0.5) * cell / n
-    y = top + layer * (cell + gap) + (i + 0.5) * cell / n
-    return pixel_of(driver, "modelview-canvas", x, y)
-
-
-def zoom_pixel(driver, i: int, j: int) -> list[int]:
-    d = driver.find_element("id", "zoom").get_attribute
-    cell, margin = float(d("data-cell")), float(d("data-margin"))
-    return pixel_of(driver, "zoom-canvas", margin + j * cell + cell / 2, margin + i * cell + cell / 2)
-
-
-def hover_head(driver, layer: int, head: int, click: bool = False) -> None:
-    """Move the pointer over head (layer, head) of the model view (and click it)."""
-    from selenium.webdriver.common.action_chains import ActionChains
-
-    canvas = driver.find_element("id", "modelview-canvas")
-    d = driver.find_element("id", "modelview").get_attribute
-    cell, gap, left, top = (float(d(k)) for k in ("data-cell", "data-gap", "data-left", "data-top"))
-    x = left + head * (cell + gap) + cell / 2 - canvas.size["width"] / 2
-    y = top + layer * (cell + gap) + cell / 2 - canvas.size["height"] / 2
-    chain = ActionChains(driver).move_to_element_with_offset(canvas, int(x), int(y))
-    (chain.click() if click else chain).perform()
-
-
-def npy_requests(driver) -> list[str]:
-    return driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name).filter(n => n.includes('format=npy'));")
-
-
-def test_the_model_view_shows_every_head_and_hovering_shows_one_large(browser, hand_store, tmp_path):
-    store, maps = hand_store
-    with live_server(store) as base:
-        browser.get(base + "#run=hand&example=0&layer=0&head=0")
-        view = ready(browser, "modelview", "hand|0", "the model view")
-        assert (view.get_attribute("data-layers"), view.get_attribute("data-heads"), view.get_attribute("data-tokens")) == ("2", "3", "5")
-        assert len(npy_requests(browser)) == 1  # every map of the example in one request
-        # L1-H2 attends to itself, L0-H1 to [CLS]: bright diagonal, bright first column; the rest uniform (0.2)
-        assert model_view_pixel(browser, 1, 2, 3, 3) == YELLOW and model_view_pixel(browser, 1, 2, 3, 1) == PURPLE
-        assert model_view_pixel(browser, 0, 1, 4, 0) == YELLOW and model_view_pixel(browser, 0, 1, 4, 4) == PURPLE
-        uniform = browser.execute_script("return viridis(Math.round(0.2 * 255) / 255);")
-        assert model_view_pixel(browser, 0, 0, 2, 3) == uniform and model_view_pixel(browser, 1, 1, 0, 4) == uniform
-        # hovering a head shows it large, with its values under the pointer
-        hover_head(browser, 1, 2)
-        ready(browser, "zoom", "hand|0|1|2", "the hovered head, large")
-        assert browser.find_element("id", "zoom-caption").text == "(layer 1, head 2)"
-        assert view.get_attribute("data-hover") == "1,2" and browser.find_element("id", "modelview-mark").is_displayed()
-        assert zoom_pixel(browser, 2, 2) == YELLOW and zoom_pixel(browser, 2, 1) == PURPLE
-        hover_head(browser, 0, 1)
-        ready(browser, "zoom", "hand|0|0|1", "another hovered head")
-        assert zoom_pixel(browser, 3, 0) == YELLOW and zoom_pixel(browser, 3, 3) == PURPLE
-        browser.save_screenshot(str(screenshot_dir(tmp_path) / "viewer-model-view-hand.png"))
-        # clicking a head picks it for the head view and the matrix
-        hover_head(browser, 1, 2, click=True)
-        ready(browser, "headview", "hand|0|1|2", "the clicked head in the head view")
-        assert browser.find_element("id", "head-select").get_attribute("value") == "2"
-        # another example: its own single request; back to the first: from memory
-        browser.find_element("css selector", '#examples li[data-example="1"]').click()
-        ready(browser, "modelview", "hand|1", "the second example's model view")
-        assert browser.find_element("id", "modelview").get_attribute("data-tokens") == "6"
-        assert model_view_pixel(browser, 0, 1, 5, 0) == YELLOW
-        assert len(npy_requests(browser)) == 2
-
-
-@pytest.fixture
-def tiny_store(tmp_path, tiny_bert):
-    pytest.importorskip("torch")
-    from attnstore.ingest.runner import ingest
-    from attnstore.store import migrate, open_store
-
-    url = f"sqlite:///{tmp_path / 'meta.sqlite'}"
-    migrate.upgrade(url)
-    store = open_store(db=url, root=str(tmp_path / "attention.zarr"))
-    corpus = tmp_path / "tiny.txt"
-    corpus.write_text("the cat sat on the mat.\na dog ran.\n", encoding="utf-8")
-    ingest(store, corpus=str(corpus), fmt="text", model=tiny_bert, annotator="whitespace", name="tiny", progress=False)
-    yield store
-    store.close()
-
-
-def type_sentence(driver, text: str, text_b: str = "") -> None:
-    for field, value in (("typed-text", text), ("typed-text-b", text_b)):
-        box = driver.find_element("id", field)
-        box.clear()
-        box.send_keys(value)
-    driver.find_element("id", "typed-go").click()
-
-
-def test_a_typed_sentence_is_run_and_shown_at_once(browser, tiny_store, tiny_bert, tmp_path):
-    from attnstore.api.serve import ServeSettings
-    from attnstore.ingest.scratch import attention_for_text
-
-    text, text_b = "dogs bark.", "cats hiss!"
-    want = attention_for_text(tiny_bert, text, text_b)
-    with live_server(tiny_store) as base:
-        browser.get(base + "#run=tiny&example=0&layer=1&head=2")
-        ready(browser, "modelview", "tiny|0", "the stored example's model view")
-        assert browser.find_element("id", "typed-save-label").get_attribute("hidden")  # read-only: no saving
-        type_sentence(browser, text, text_b)
-        form = ready(browser, "typed-form", what="the typed sentence")
-        ready(browser, "headview", "tiny|typed|1|2", "the typed sentence's head view")
-        assert texts(browser, "#headview-svg text.tok-left") == want.token_texts
-        assert "typed A" in browser.find_element("id", "example-text").text and text_b in browser.find_element("id", "example-text").text
-        assert "not stored" in browser.find_element("id", "typed-about").text
-        view = ready(browser, "modelview", "tiny|typed", "the typed sentence's model view")
-        assert (view.get_attribute("data-layers"), view.get_attribute("data-heads")) == ("2", "4")
-        assert int(view.get_attribute("data-tokens")) == len(want.tokens)
-        for layer, head, i, j in ((0, 0, 0, 0), (1, 3, 2, 5), (1, 2, len(want.tokens) - 1, 1)):
-            value = float(want.attention[layer, head, i, j])
-            expected = browser.execute_script("return viridis(Math.round(arguments[0] * 255) / 255);", value)
-            assert model_view_pixel(browser, layer, head, i, j) == expected, (layer, head, i, j)
-        hover_head(browser, 0, 3)
-        ready(browser, "zoom", "tiny|typed|0|3", "the typed sentence's hovered head")
-        for i, j in ((0, 0), (3, 4)):
-            expected = browser.execute_script("return viridis(arguments[0]);", float(want.attention[0, 3, i, j]))
-            assert zoom_pixel(browser, i, j) == expected
-        ms = float(form.get_attribute("data-ms"))
-        browser.save_screenshot(str(screenshot_dir(tmp_path) / "viewer-typed-tiny.png"))
-        # back to the stored example
-        browser.find_element("id", "typed-back").click()
-        ready(browser, "headview", "tiny|0|1|2", "the stored example again")
-        assert ms < 10_000
-    assert tiny_store.runs()["run"].tolist() == ["tiny"]  # nothing was kept
-    # a server that may write: "save as a run" keeps it as a run of its own
-    with live_server(tiny_store, ServeSettings(allow_save=True, allowed_hosts=("127.0.0.1",))) as base:
-        browser.get(base + "#run=tiny&example=0")
-        ready(browser, "modelview", "tiny|0", "the stored example's model view")
-        assert not browser.find_element("id", "typed-save-label").get_attribute("hidden")
-        browser.find_element("id", "typed-save").click()
-        type_sentence(browser, text, text_b)
-        saved = wait_for(browser, lambda d: d.find_element("id", "typed-form").get_attribute("data-saved") or None, "the saved sentence")
-        assert saved.startswith("scratch/tiny/") and "saved as run" in browser.find_element("id", "typed-about").text
-    np.testing.assert_array_equal(tiny_store.attention(saved, 0), want.attention)
-
-
-def test_without_the_ingest_extra_the_text_box_says_so(browser, tiny_store, monkeypatch):
-    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # as if torch were not installed
-    with live_server(tiny_store) as base:
-        browser.get(base + "#run=tiny&example=0")
-        ready(browser, "modelview", "tiny|0", "the stored example's model view")  # the rest of the viewer works
-        about = wait_for(browser, lambda d: d.find_element("id", "typed-about").text or None, "the text box's note")
-        assert about.startswith("typing a sentence is not available: the ingest extra is not installed (torch is missing)")
-        assert browser.find_element("id", "typed-go").get_attribute("disabled") and browser.find_element("id", "typed-text").get_attribute(
-            "disabled"
-        )
-
-
-# ------------------------------------------------------------------ the URL on Back/Forward, the colour bar (issue 49)
-
-
-def shown_tab(driver) -> str:
-    return next(name for name in ("example", "heads", "search") if not driver.find_element("id", f"view-{name}").get_attribute("hidden"))
-
-
-def showing(driver, tab: str, key: str | None = None, what: str = ""):
-    """Wait until the viewer shows `tab` (and, on the Example tab, the head view of `key`)."""
-
-    def check(d):
-        if shown_tab(d) != tab:
-            return None
-        element = d.find_element("id", "headview")
-        return key is None or (element.get_attribute("data-state") == "ready" and element.get_attribute("data-key") == key)
-
-    wait_for(driver, check, what or f"the {tab} tab showing {key}")
-
-
-def selected_example(driver) -> list[str]:
-    return [li.get_attribute("data-example") for li in driver.find_elements("css selector", "#examples li.selected")]
-
-
-def test_back_forward_and_a_pasted_link_change_the_view(browser, hand_store):
-    """Each choice made in the page is a history entry; Back and Forward show the view their URL names, and a link
-    pasted in the address bar shows its view, without reloading the page."""
-    store, _ = hand_store
-    browser.get_log("browser")  # what earlier tests left in the log
-    with live_server(store) as base:
-        browser.get(base + "#run=hand&example=0&layer=0&head=0")
-        ready(browser, "headview", "hand|0|0|0")
-        browser.execute_script("window.notReloaded = true;")
-        pick(browser, "layer-select", "1")
-        ready(browser, "headview", "hand|0|1|0")
-        pick(browser, "head-select", "2")
-        ready(browser, "headview", "hand|0|1|2")
-        browser.find_element("css selector", '#examples li[data-example="1"]').click()
-        ready(browser, "headview", "hand|1|1|2")
-        browser.find_element("id", "tab-heads").click()
-        ready(browser, "summary", what="the per-head heatmap")
-        assert "tab=heads" in browser.current_url
-
-        browser.back()
-        showing(browser, "example", "hand|1|1|2", "Back: the Example tab again")
-        assert browser.current_url.endswith("#run=hand&example=1&layer=1&head=2&tab=example")
-        browser.back()
-        showing(browser, "example", "hand|0|1|2", "Back: the first example")
-        assert selected_example(browser) == ["0"] and texts(browser, "#headview-svg text.tok-left") == TOKENS[0]
-        browser.back()
-        showing(browser, "example", "hand|0|1|0", "Back: head 0")
-        assert browser.find_element("id", "head-select").get_attribute("value") == "0"
-        browser.back()
-        showing(browser, "example", "hand|0|0|0", "Back: layer 0")
-        assert browser.find_element("id", "layer-select").get_attribute("value") == "0"
-        assert len(browser.find_elements("css selector", "#headview-svg line.attn")) == 25  # uniform: every line
-        browser.forward()
-        showing(browser, "example", "hand|0|1|0", "Forward: layer 1")
-        assert browser.find_element("id", "layer-select").get_attribute("value") == "1"
-        browser.forward()
-        browser.forward()
-        showing(browser, "example", "hand|1|1|2", "Forward: the second example")
-        assert selected_example(browser) == ["1"]
-        browser.forward()
-        showing(browser, "heads", what="Forward: the Heads tab")
-        ready(browser, "summary", what="the per-head heatmap again")
-
-        # a link pasted (or edited) in the address bar: its view, at once
-        browser.get(base + "#run=hand&example=1&layer=0&head=1&tab=example")
-        showing(browser, "example", "hand|1|0|1", "the pasted link's view")
-        lines = browser.find_elements("css selector", "#headview-svg line.attn")
-        assert len(lines) == 6 and {line.get_attribute("data-j") for line in lines} == {"0"}  # L0-H1: to [CLS]
-        assert (
-            browser.find_element("id", "layer-select").get_attribute("value"),
-            browser.find_element("id", "head-select").get_attribute("value"),
-        ) == (
-            "0",
-            "1",
-        )
-        browser.back()  # the Heads tab, from before the link
-        showing(browser, "heads", what="Back from the pasted link")
-        assert browser.execute_script("return window.notReloaded === true;")  # all of it in one page load
-    severe = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
-    assert severe == [], severe
-
-
-def test_the_matrix_has_a_labelled_colour_bar(browser, hand_store, tmp_path):
-    """Beside the matrix: the viridis scale of the attention weights, 0 at the bottom to 1 at the top, ticked and
-    labelled, running beside the heatmap's cells."""
-    import io
-
-    from PIL import Image
-
-    store, _ = hand_store
-    with live_server(store) as base:
-        browser.get(base + "#run=hand&example=0&layer=1&head=2")
-        matrix = ready(browser, "matrix", "hand|0|1|2")
-        bar = browser.find_element("id", "matrix-colorbar")
-        assert texts(browser, "#matrix-colorbar text.tick") == ["0", "0.2", "0.4", "0.6", "0.8", "1"]
-        assert texts(browser, "#matrix-colorbar text.label") == ["attention weight"]
-        top, height = float(bar.get_attribute("data-top")), float(bar.get_attribute("data-height"))
-        assert top == float(matrix.get_attribute("data-margin")) and height >= 5 * float(matrix.get_attribute("data-cell"))
-        canvas, svg = browser.find_element("id", "matrix-canvas").rect, bar.rect
-        assert svg["x"] >= canvas["x"] + canvas["width"] and svg["y"] == canvas["y"]  # beside it, level with it
-        image = Image.open(io.BytesIO(bar.screenshot_as_png)).convert("RGB")
-        for y in (int(top) + 1, int(top + height / 2), int(top + height) - 2):  # the bar's colour at y: viridis there
-            want = browser.execute_script("return viridis(arguments[0]);", 1 - (y + 0.5 - top) / height)
-            assert all(abs(a - b) <= 4 for a, b in zip(image.getpixel((6, y)), want)), (y, image.getpixel((6, y)), want)
-        assert max(abs(a - b) for a, b in zip(image.getpixel((6, int(top) + 1)), YELLOW)) <= 6
-        assert max(abs(a - b) for a, b in zip(image.getpixel((6, int(top + height) - 2)), PURPLE)) <= 6
-        # the other heatmaps with the same scale carry it too: the model view's hovered head
-        ready(browser, "zoom", "hand|0|1|2", "the model view's large head")
-        assert texts(browser, "#zoom-colorbar text.tick")[-1] == "1"
-        browser.save_screenshot(str(screenshot_dir(tmp_path) / "viewer-colorbar-hand.png"))
 
 
 def test_a_missing_browser_fails_where_the_browser_tests_are_required(monkeypatch):
