@@ -97,15 +97,15 @@ def test_threads_asking_the_same_first_query_build_it_once(store, run, monkeypat
 ASK = """
 import json, sys, time
 from attnstore.queries import run_query
-from attnstore.queries import engine as summary
+from attnstore.queries.engine import passes
 from attnstore.store import open_store
 reduced = []
-original = summary.summarise_examples
+original = passes.summarise_examples
 def counted(store, info, kind, examples=None, params=None):
     out = original(store, info, kind, examples, params)
     reduced.append(len(out["example"]))
     return out
-summary.summarise_examples = counted
+passes.summarise_examples = counted  # what a pass calls, range by range
 store = open_store(db=sys.argv[1], root=sys.argv[2])
 while time.time() < float(sys.argv[3]):  # both processes start their query at once
     time.sleep(0.001)
