@@ -686,35 +686,29 @@ class RunWriter:
     def _write_norms(self, norms: list[np.ndarray]) -> None:
         """The value norms of examples about to commit, after those committed (before their rows: a committed example
         never lacks its norms)."""
-        if self.norms is None or not norms:
-            return
-        self.lease.check()
-        values = np.concatenate(norms)
-        try:
-            self.norms.write(self._norm_tokens, values)
-        except OSError as exc:
-            raise StorageIOError(
-                f"cannot write the value norms of run {self.info.name!r} under {self.store.locations.array_root}: "
-                f"{exc.strerror or exc}; the run is kept as interrupted: free space or fix permissions, "
-                f"then run the same ingest command to resume"
-            ) from None
-        self._norm_tokens += len(values)
+        if self.norms is not None:
+            self._norm_tokens += self._write_per_token(self.norms, self._norm_tokens, norms, "value norms")
 
     def _write_loss(self, losses: list[np.ndarray]) -> None:
         """The per-token loss of examples about to commit, as `_write_norms` writes their value norms."""
-        if self.loss is None or not losses:
-            return
+        if self.loss is not None:
+            self._loss_tokens += self._write_per_token(self.loss, self._loss_tokens, losses, "per-token loss")
+
+    def _write_per_token(self, array, start: int, parts: list[np.ndarray], what: str) -> int:
+        """`parts` written to per-token `array` from token `start` on; the number of tokens written (0: none given)."""
+        if not parts:
+            return 0
         self.lease.check()
-        values = np.concatenate(losses)
+        values = np.concatenate(parts)
         try:
-            self.loss.write(self._loss_tokens, values)
+            array.write(start, values)
         except OSError as exc:
             raise StorageIOError(
-                f"cannot write the per-token loss of run {self.info.name!r} under {self.store.locations.array_root}: "
+                f"cannot write the {what} of run {self.info.name!r} under {self.store.locations.array_root}: "
                 f"{exc.strerror or exc}; the run is kept as interrupted: free space or fix permissions, "
                 f"then run the same ingest command to resume"
             ) from None
-        self._loss_tokens += len(values)
+        return len(values)
 
     def _flush_index(self) -> None:
         assert self.index is not None
