@@ -128,6 +128,35 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     help="For a causal LM with its LM head: keep each token's next-token loss (nats, NaN at the last token) from the "
     "same forward pass, run to the logits instead of stopping at the last map (store.token_loss; docs/ARCHITECTURE.md).",
 )
+@click.option(
+    "--tier",
+    default=None,
+    type=click.Choice(["dense", "qk"]),
+    help="dense: store the maps; qk: store each layer's post-RoPE queries and keys and each row's log-sum-exp, and rebuild "
+    "the maps on read (decoders; ~1 %% of the maps' bytes at 8,192 tokens: docs/DECODERS.md). Default: qk for a decoder "
+    "whose examples are longer than where it is smaller, else dense.",
+)
+@click.option(
+    "--qk-dtype",
+    default="float16",
+    show_default=True,
+    type=click.Choice(["float16", "float32"]),
+    help="--tier qk: the stored queries and keys (float32: rebuilt maps within 1e-5 of the model's; float16: half the "
+    "bytes, within the bound in docs/DECODERS.md).",
+)
+@click.option(
+    "--device",
+    default="auto",
+    show_default=True,
+    help="Where the forward passes run: auto (CUDA, else MPS, else the CPU), cpu, cuda, cuda:N or mps. Maps leave it block by block.",
+)
+@click.option(
+    "--compute-dtype",
+    default="float32",
+    show_default=True,
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    help="The weights' dtype in the forward passes (recorded in the run's manifest).",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
 @scheduler_option("the forward passes and the writes of their maps (this process tokenizes and finishes the run)")
 @store_options

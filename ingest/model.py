@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import capture, gguf, norms
+from . import capture, gguf, norms, streaming
 from .errors import InvalidArgumentError, ModelError, ModelNotFoundError, UnsupportedModelError
 
 if TYPE_CHECKING:
@@ -97,6 +97,16 @@ class LoadedModel:
     # The checkpoint's causal-LM model around `model` (its decoder), whose pass gives the logits of ingest's per-token
     # loss (ingest/passes.py); None: not a causal LM, or its checkpoint has no LM head (no loss is kept).
     lm: Any = None
+    # How ingest takes the maps (ingest/streaming.py): "streaming" (the model's attention calls attnstore's, which takes
+    # each layer's weights block by block), "hooks" (eager maps caught where the pass stops, ingest/capture.py) or
+    # "whole" (eager maps from a whole pass).
+    capture: str = "whole"
+    # Where the Q/K tier can rebuild this model's maps: its key/value heads, head size, scale and window per layer
+    # (store/qk.py); None, with `qk_refusal` saying why, where it cannot.
+    qk: dict | None = None
+    qk_refusal: str | None = None
+    device: str = "cpu"  # where the forward passes run (a torch device)
+    compute_dtype: str = "float32"  # the weights' dtype in those passes
 
     def record(self) -> dict:
         """Fields of the `models` table."""
@@ -306,13 +316,43 @@ def _base_model(source: str, attn_implementation: str, offline: bool):
     return model, None
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "eager") -> LoadedModel:
-    """Load a model to run (this process's heap is set for forward passes: store/heap.py)."""
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def resolve_device(device: str) -> str:
+    """A torch device name for `device` ("auto": CUDA, else Apple's MPS, else the CPU), refused in one line when it is not
+    on this machine."""
+    import torch
+
+    cuda, mps = torch.cuda.is_available(), bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    if device == "auto":
+        return "cuda" if cuda else "mps" if mps else "cpu"
+    kind, _, index = device.partition(":")
+    if kind == "cpu" and not index:
+        return "cpu"
+    if kind == "cuda" and cuda and (not index or (index.isdigit() and int(index) < torch.cuda.device_count())):
+        return device
+    if kind == "mps" and mps and not index:
+        return device
+    if kind not in ("cuda", "mps"):
+        raise InvalidArgumentError(f"--device {device!r}: use auto, cpu, cuda, cuda:N or mps")
+    seen = f"{torch.cuda.device_count()} CUDA device(s)" if kind == "cuda" else "no MPS device"
+    raise InvalidArgumentError(f"--device {device!r} is not available on this machine ({seen}); use --device auto or cpu")
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "eager", device: str = "cpu", compute_dtype: str = "float32"
+) -> LoadedModel:
+    """Load a model to run on `device` (resolve_device) with weights in `compute_dtype` (this process's heap is set for
+    forward passes: store/heap.py). Probed and checked on the CPU in float32 first."""
     import torch
     from transformers import AutoTokenizer
 
     from ..store import heap
 
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise InvalidArgumentError(f"--compute-dtype must be one of {COMPUTE_DTYPES}, not {compute_dtype!r}")
+    device = resolve_device(device)
     heap.for_forward()
 
     name, source = resolve_source(name_or_path)
@@ -360,6 +400,19 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
             return model(**probe_inputs, output_attentions=True)
 
     sources = capture.find_sources(model, whole_pass)
+    support = streaming.Support(False, None, "it is not a causal LM (encoders keep the hooks path: docs/DECODERS.md)")
+    if probe.causal:
+        eager_maps = whole_pass().attentions
+
+        def probe_pass():
+            return model(**probe_inputs)
+
+        support = streaming.prepare(model, [lm], probe_pass, eager_maps)
+        if support.streaming:
+            if sources is not None:
+                capture._uninstall(sources)
+            sources = None  # the layers no longer return maps: the sink takes them
+            used = streaming.IMPLEMENTATION
     projections = norms.find_value_projections(model, probe.n_layers, probe.n_heads)
     with torch.no_grad():
         digest = weights_digest(model)
@@ -369,7 +422,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
             f"the weights in {source} are not those converted from {provenance.get('gguf_file')} (sha256 {digest[:12]}, "
             f"recorded {str(provenance.get('weights_sha256'))[:12]}); delete the folder and it is converted again"
         )
-    return LoadedModel(
+    loaded = LoadedModel(
         name=name,
         source=source,
         model=model,
@@ -390,7 +443,17 @@ def load_model(name_or_path: str = DEFAULT_MODEL, attn_implementation: str = "ea
         value_projections=projections,
         provenance=provenance,
         lm=lm if probe.causal else None,
+        capture="streaming" if support.streaming else "hooks" if sources is not None else "whole",
+        qk=support.qk,
+        qk_refusal=support.refusal,
+        device=device,
+        compute_dtype=compute_dtype,
     )
+    if device != "cpu" or compute_dtype != "float32":
+        for m in (model, lm):
+            if m is not None:
+                m.to(device=device, dtype=getattr(torch, compute_dtype))
+    return loaded
 
 
 def pad_token_id(tokenizer) -> int:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from . import capture, norms
+from . import capture, norms, streaming
 from .align import Encoded, pad_inputs
 from .errors import IngestError
 from .model import LoadedModel
@@ -27,17 +27,39 @@ ROW_SUM_TOLERANCE = 1e-3
 _WHOLE_PASS = threading.Lock()  # forward_with_loss without capture's hooks
 
 
-def forward_attention(loaded: LoadedModel, batch: list[Encoded], whole: bool = False):
-    """One eager forward pass; returns the per-layer attentions (batch, head, query, key) and the lengths.
+def _inputs(loaded: LoadedModel, batch: list[Encoded]) -> dict:
+    """The batch padded, only what the model's forward takes, on the model's device."""
+    inputs = loaded.model_inputs(pad_inputs(batch, loaded.pad_id))
+    return inputs if loaded.device == "cpu" else {k: v.to(loaded.device) for k, v in inputs.items()}
 
-    The pass stops at the last map where the model allows it (ingest/capture.py): the maps are
+
+def _sink(loaded: LoadedModel, lengths: list[int], dtype: str, qk_dtype: str | None, stop: bool):
+    """The streaming sink of one pass (ingest/streaming.py): the maps in `dtype`, or, with `qk_dtype`, the Q/K tier's."""
+    import torch
+
+    if qk_dtype is not None:
+        assert loaded.qk is not None  # refused at the run's start otherwise
+        return streaming.QKSink(loaded.n_layers, getattr(torch, qk_dtype), loaded.qk["windows"], lengths)
+    return streaming.DenseSink(loaded.n_layers, loaded.causal, getattr(torch, dtype), stop=stop)
+
+
+def forward_attention(loaded: LoadedModel, batch: list[Encoded], whole: bool = False, dtype: str = "float32", qk_dtype: str | None = None):
+    """One forward pass; returns the maps and the lengths: per layer (batch, head, query, key), or as one (batch, layer,
+    head, query, key) tensor in `dtype` where the streaming capture takes them (ingest/streaming.py), or with
+    `qk_dtype` (the Q/K tier) that capture's (queries, keys, log-sum-exps).
+
+    The pass stops at the last map where the model allows it (ingest/capture.py, ingest/streaming.py): the maps are
     the same. `whole`: run the whole model (what a user recomputing maps runs; benchmarks).
     """
     import torch
 
     lengths = [e.length for e in batch]
-    inputs = loaded.model_inputs(pad_inputs(batch, loaded.pad_id))  # only what the model's forward takes
+    inputs = _inputs(loaded, batch)
     with torch.inference_mode():
+        if loaded.capture == "streaming":
+            sink = _sink(loaded, lengths, dtype, qk_dtype, stop=not whole)
+            streaming.run_with(sink, lambda: loaded.model(**inputs))
+            return sink.result(), lengths
         if loaded.attention_sources is not None and not whole:
             attentions = capture.attention_maps(loaded.model, inputs, loaded.attention_sources)
         else:
@@ -46,18 +68,22 @@ def forward_attention(loaded: LoadedModel, batch: list[Encoded], whole: bool = F
     return attentions, lengths
 
 
-def forward_with_loss(loaded: LoadedModel, batch: list[Encoded]):
-    """One eager pass of the causal-LM model (`loaded.lm`) run whole, to its logits: the per-layer attentions, the
+def forward_with_loss(loaded: LoadedModel, batch: list[Encoded], dtype: str = "float32", qk_dtype: str | None = None):
+    """One pass of the causal-LM model (`loaded.lm`) run whole, to its logits: the maps (as `forward_attention`), the
     lengths and each example's per-token loss (`token_loss`), maps and loss from the same pass."""
     import torch
 
     lengths = [e.length for e in batch]
-    inputs = loaded.model_inputs(pad_inputs(batch, loaded.pad_id))
+    inputs = _inputs(loaded, batch)
 
     def run():
         return loaded.lm(**inputs, output_attentions=True, use_cache=False)
 
     with torch.inference_mode():
+        if loaded.capture == "streaming":
+            sink = _sink(loaded, lengths, dtype, qk_dtype, stop=False)
+            output = streaming.run_with(sink, lambda: loaded.lm(**inputs, use_cache=False))
+            return sink.result(), lengths, token_loss(output.logits, inputs["input_ids"], lengths)
         if loaded.attention_sources is not None:  # the maps caught by this thread's hooks (two passes run at once)
             output, attentions = capture.maps_of_whole_pass(run, loaded.attention_sources)
         else:  # the output's own maps, which a pass on another thread would mix into: one such pass at a time
@@ -92,7 +118,7 @@ def token_loss(logits, input_ids, lengths: list[int]) -> list[np.ndarray]:
         loss = np.full(n, np.nan, dtype=np.float32)
         if n > 1:
             nll = F.cross_entropy(logits[k, : n - 1].float(), input_ids[k, 1:n].to(torch.long), reduction="none")
-            loss[: n - 1] = nll.numpy()
+            loss[: n - 1] = nll.cpu().numpy()
         out.append(loss)
     return out
 
@@ -106,10 +132,13 @@ def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) 
     """
     import torch
 
-    first = attentions[0]
-    out = torch.empty((first.shape[0], len(attentions), *first.shape[1:]), dtype=getattr(torch, dtype))
-    for layer, attn in enumerate(attentions):
-        out[:, layer].copy_(attn)
+    if isinstance(attentions, torch.Tensor):  # the streaming capture's maps, already (batch, layer, head, T, T)
+        out = attentions.to(getattr(torch, dtype))
+    else:
+        first = attentions[0]
+        out = torch.empty((first.shape[0], len(attentions), *first.shape[1:]), dtype=getattr(torch, dtype))
+        for layer, attn in enumerate(attentions):
+            out[:, layer].copy_(attn)
     blocks = []
     for k, n in enumerate(lengths):
         block = out[k, :, :, :n, :n]
@@ -123,16 +152,23 @@ def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) 
     return blocks
 
 
-# (example, maps or None: skipped, value norms or None, per-token loss or None)
-Item = tuple[Encoded, np.ndarray | None, np.ndarray | None, np.ndarray | None]
+# (example, maps (or a Q/K run's (queries, keys, log-sum-exps)) or None: skipped, value norms or None, per-token loss or None)
+Item = tuple[Encoded, np.ndarray | tuple | None, np.ndarray | None, np.ndarray | None]
 
 
 def batch_items(
-    loaded: LoadedModel, dtype: str, batch: list[Encoded], done: Set[int], with_norms: bool = False, with_loss: bool = False
+    loaded: LoadedModel,
+    dtype: str,
+    batch: list[Encoded],
+    done: Set[int],
+    with_norms: bool = False,
+    with_loss: bool = False,
+    qk_dtype: str | None = None,
 ) -> list[Item]:
-    """One planned batch's examples to store, in storage order, with their maps (None: skipped, no tokens) and, with
-    `with_norms`, their value norms (token, layer, head), with `with_loss` their per-token loss (token,), both from the
-    same pass (ingest/norms.py, `token_loss`)."""
+    """One planned batch's examples to store, in storage order, with their maps (None: skipped, no tokens; with
+    `qk_dtype`, a Q/K run's, their queries, keys and log-sum-exps: store/qk.py) and, with `with_norms`, their value
+    norms (token, layer, head), with `with_loss` their per-token loss (token,), both from the same pass
+    (ingest/norms.py, `token_loss`)."""
     runnable = [e for e in batch if e.input_ids]
     items: list[Item] = [(e, None, None, None) for e in batch if not e.input_ids and e.example_id not in done]
     if any(e.example_id not in done for e in runnable):
@@ -143,10 +179,14 @@ def batch_items(
             raise IngestError(f"model {loaded.name!r} has no causal-LM head, so no per-token loss")
         with norms.collecting(projections) as values:
             if with_loss:
-                attentions, lengths, losses = forward_with_loss(loaded, runnable)
+                attentions, lengths, losses = forward_with_loss(loaded, runnable, dtype, qk_dtype)
             else:
-                (attentions, lengths), losses = forward_attention(loaded, runnable), None
-        blocks = to_blocks(attentions, lengths, dtype, runnable)
+                (attentions, lengths), losses = forward_attention(loaded, runnable, dtype=dtype, qk_dtype=qk_dtype), None
+        if qk_dtype is not None:
+            q, k, lse = attentions
+            blocks = [(q[b, :n].copy(), k[b, :n].copy(), lse[b, :n].copy()) for b, n in enumerate(lengths)]
+        else:
+            blocks = to_blocks(attentions, lengths, dtype, runnable)
         per_example = norms.value_norms(projections, values, lengths) if projections is not None else [None] * len(blocks)
         per_loss = losses if losses is not None else [None] * len(blocks)
         items += [(e, maps, n, lo) for e, maps, n, lo in zip(runnable, blocks, per_example, per_loss) if e.example_id not in done]
@@ -163,7 +203,8 @@ def store_items(writer, items: list, overlap: bool = False) -> None:
         else:
             norms_ = rest[0] if rest else None
             loss = rest[1] if len(rest) > 1 else None
-            writer.add(enc.example_id, maps, enc.tokens, truncated=enc.truncated, norms=norms_, loss=loss)
+            qk = maps if isinstance(maps, tuple) else None
+            writer.add(enc.example_id, None if qk else maps, enc.tokens, truncated=enc.truncated, norms=norms_, loss=loss, qk=qk)
     writer.commit(wait=not overlap)
 
 
@@ -226,6 +267,7 @@ def run_batches(
     passes, threads = forward_passes()
     with_norms = getattr(writer, "norms", None) is not None  # the run keeps value norms (a distributed part never)
     with_loss = getattr(writer, "loss", None) is not None  # the run keeps per-token loss (a distributed part never)
+    qk_dtype = writer.info.qk["dtype"] if writer.info.qk else None  # a Q/K run (store/qk.py)
     overlap = storage_overlaps() if overlap is None else overlap
     running: deque = deque()  # forward passes, in batch order
     storing: deque = deque()  # store steps, in batch order
@@ -256,7 +298,7 @@ def run_batches(
             for batch in batches:
                 if all(e.example_id in done for e in batch):
                     continue
-                running.append(forward.submit(batch_items, loaded, dtype, batch, done, with_norms, with_loss))
+                running.append(forward.submit(batch_items, loaded, dtype, batch, done, with_norms, with_loss, qk_dtype))
                 while len(running) > passes:
                     n_new += hand_over()
             while running:

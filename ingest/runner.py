@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 from ..store.errors import BusyError
 from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
 from ..store.leases import clear_stale, live_holder
-from ..store.records import TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
+from ..store.qk import qk_entry
+from ..store.records import QK_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
 from ..store.writer import run_lease_name, validate_run_name
+from . import streaming
 from .align import Encoded, can_use_text, encode_batch
 from .annotate import annotate, make_annotator
 from .corpus import FORMAT_READERS, file_checksum, read_corpus, read_pairs_tsv  # noqa: F401 (read_pairs_tsv: tests take it from here)
@@ -365,9 +367,10 @@ def ingest(
             f"note: {asked[0]} {asked[1]} takes all {len(plan.chosen)} examples of the corpus: the run is over the whole corpus",
             file=sys.stderr,
         )
-    loaded = loaded or load_model(settings.model)
+    loaded = loaded or load_model(settings.model, device=settings.device, compute_dtype=settings.compute_dtype)
     settings = settings.resolved(model_max_length=loaded.max_length, gold=source.gold)
     assert settings.max_length is not None and settings.tokenization is not None  # resolved
+    tier = choose_tier(settings, loaded, source, plan, scheduler)
     run_name = settings.name or f"{source.name}-{plan.split}-{loaded.name}"
     validate_run_name(run_name)
     with (
@@ -411,6 +414,17 @@ def ingest(
                 print("note: per-token loss is not kept by an ingest on a Dask scheduler", file=sys.stderr)
             else:
                 manifest[TOKEN_LOSS_FLAG] = token_loss_manifest()
+        manifest["capture"] = capture_manifest(loaded)
+        manifest["tier"] = tier
+        if tier == "qk":
+            assert loaded.qk is not None  # choose_tier refuses otherwise
+            manifest[QK_FLAG] = qk_entry(
+                dtype=settings.qk_dtype,
+                n_kv_heads=loaded.qk["n_kv_heads"],
+                head_dim=loaded.qk["head_dim"],
+                scales=loaded.qk["scales"],
+                windows=loaded.qk["windows"],
+            )
         from ..version import __version__
 
         info = store.writer.start_run(
@@ -458,6 +472,59 @@ def ingest(
             _mark_interrupted(store, info.id)
             raise
     return IngestResult(info, n_new, seconds, False)
+
+
+def capture_manifest(loaded: LoadedModel) -> dict:
+    """The run manifest's `capture` entry: how the maps were taken (ingest/streaming.py), where and in which dtype."""
+    entry: dict = {"path": loaded.capture, "device": loaded.device, "compute_dtype": loaded.compute_dtype}
+    if loaded.capture == "streaming":
+        entry.update(query_block=streaming.QUERY_BLOCK, output="sdpa (eager where the model soft-caps or has sink logits)")
+    return entry
+
+
+def qk_crossover(loaded: LoadedModel, qk_dtype: str) -> int:
+    """Tokens above which the Q/K tier keeps fewer bytes than dense float16 maps, per token and layer: (H + H_kv) d s
+    + 4 H bytes against H L, the causal maps' H L 2 bytes less the half that are zeros, which compression removes
+    (docs/DECODERS.md measures it on stored runs)."""
+    assert loaded.qk is not None
+    width = 2 if qk_dtype == "float16" else 4
+    per_token = (loaded.n_heads + loaded.qk["n_kv_heads"]) * loaded.qk["head_dim"] * width + 4 * loaded.n_heads
+    return -(-per_token // loaded.n_heads)
+
+
+TIER_SAMPLE = 64  # examples whose token counts choose the default tier
+
+
+def choose_tier(settings: RunSettings, loaded: LoadedModel, source, plan: DatasetPlan, scheduler) -> str:
+    """The run's tier: --tier if given (qk refused in one line where the model's maps cannot be rebuilt from Q/K, or on
+    a Dask scheduler), else qk where it can be used and the corpus's first TIER_SAMPLE chosen examples average more
+    tokens than `qk_crossover`, else dense."""
+    if settings.tier == "qk":
+        if loaded.qk is None:
+            raise InvalidArgumentError(
+                f"--tier qk: the maps of model {loaded.name!r} cannot be rebuilt from stored queries and keys "
+                f"({loaded.qk_refusal}); use --tier dense"
+            )
+        if scheduler is not None:
+            raise InvalidArgumentError(
+                "--tier qk is not written by an ingest on a Dask scheduler: leave out --scheduler or use --tier dense"
+            )
+    if settings.tier is not None:
+        return settings.tier
+    if loaded.qk is None or scheduler is not None:
+        return "dense"
+    chosen = set(plan.chosen[:TIER_SAMPLE])
+    texts = [(r.text_a, r.text_b) for r in islice((r for r in source.read() if r.position in chosen), TIER_SAMPLE)]
+    if not texts:
+        return "dense"
+    tokenizer = loaded.tokenizer
+    lengths = [
+        len(tokenizer(a, b, truncation=True, max_length=settings.max_length)["input_ids"])
+        if b
+        else len(tokenizer(a, truncation=True, max_length=settings.max_length)["input_ids"])
+        for a, b in texts
+    ]
+    return "qk" if sum(lengths) / len(lengths) > qk_crossover(loaded, settings.qk_dtype) else "dense"
 
 
 def _checked(group, tokenization: str):

@@ -73,6 +73,13 @@ class RunSettings:
     value_norms: bool = True
     # a causal LM's next-token loss per token beside the maps, from the same pass run to the logits (ingest/passes.py)
     token_loss: bool = True
+    # "dense" (the maps), "qk" (post-RoPE queries and keys and each row's log-sum-exp, maps rebuilt on read: store/qk.py)
+    # or None: qk for a decoder whose corpus's examples are longer than where the tier is smaller (ingest/runner.py)
+    tier: str | None = None
+    qk_dtype: str = "float16"  # the Q/K tier's stored queries and keys
+    # where the forward passes run ("auto": CUDA, else MPS, else the CPU) and the weights' dtype there
+    device: str = "auto"
+    compute_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "read_options", dict(self.read_options))
@@ -81,6 +88,12 @@ class RunSettings:
             raise InvalidArgumentError(f"--tokenize must be one of {TOKENIZATIONS}, not {self.tokenization!r}")
         if self.truncation not in TRUNCATION_POLICIES:
             raise InvalidArgumentError(f"truncation must be one of {TRUNCATION_POLICIES}, not {self.truncation!r}")
+        if self.tier not in (None, "dense", "qk"):
+            raise InvalidArgumentError(f"--tier must be dense or qk, not {self.tier!r}")
+        if self.qk_dtype not in ("float16", "float32"):
+            raise InvalidArgumentError(f"--qk-dtype must be float16 or float32, not {self.qk_dtype!r}")
+        if self.compute_dtype not in ("float32", "bfloat16", "float16"):
+            raise InvalidArgumentError(f"--compute-dtype must be float32, bfloat16 or float16, not {self.compute_dtype!r}")
         if self.dtype not in arrays.DTYPES:
             raise InvalidArgumentError(f"dtype must be one of {arrays.DTYPES}, not {self.dtype!r}")
         if self.batch_size < 1 or any(v is not None and v < 1 for v in (self.limit, self.sample, self.window_words)):

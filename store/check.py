@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from . import arrays, remote, summaries
+from . import arrays, qk, remote, summaries
 from .errors import AttnStoreError, BusyError, DamagedDataError, NotFoundError
 from .float16 import as_float32
 from .records import in_layout_1
@@ -240,7 +240,10 @@ def check_run(store, run, repair: bool = False) -> RunReport:
             report.add(f"attention array {info.array_path} is missing under {store.locations.array_root}")
         except DamagedDataError as exc:  # its zarr.json is not JSON, or not the metadata attnstore wrote
             report.add(str(exc), chunk=f"{info.array_path}/zarr.json")
-        blocks = None if array is None else _BlockCheck(report, array, info.n_layers, info.n_heads, arrays.quantize_step(info.codec))
+        # a Q/K run keeps no cells (store/qk.py): its three per-token arrays are checked below instead
+        blocks = (
+            None if array is None or info.qk else _BlockCheck(report, array, info.n_layers, info.n_heads, arrays.quantize_step(info.codec))
+        )
         index = _IndexCheck.open(report, store, info, n_stored, complete=state == "complete") if array is not None else None
         n_tokens = 0
         for seqs, token_ids in store.writer.block_steps(info.id):
@@ -256,6 +259,10 @@ def check_run(store, run, repair: bool = False) -> RunReport:
             blocks.finish()
         if info.has_value_norms:
             _check_value_norms(report, store, info, n_tokens, complete=state == "complete")
+        if info.qk:
+            for name in (qk.QUERY, qk.KEY, qk.LSE):
+                fix = "ingest the run again (its maps are rebuilt from this array)"
+                _check_token_array(report, store, info, name, n_tokens, fix, exact=state == "complete", signed=True, step=QK_CHECK_TOKENS)
         if info.has_token_loss:
             fix = "ingest the run again for its per-token loss"
             _check_token_array(report, store, info, arrays.TOKEN_LOSS, n_tokens, fix, exact=state == "complete", nan_ok=True)
@@ -271,6 +278,7 @@ def check_run(store, run, repair: bool = False) -> RunReport:
 
 
 NORM_CHECK_TOKENS = 1 << 16
+QK_CHECK_TOKENS = 1 << 11  # tokens of a Q/K array read at once: 2,048 x 30 layers x 9 heads x 64 float16 = 71 MB (SmolLM2)
 
 
 def _check_value_norms(report: RunReport, store, info, n_tokens: int, complete: bool) -> None:
@@ -289,6 +297,7 @@ def _check_token_array(
     exact: bool = True,
     signed: bool = False,
     nan_ok: bool = False,
+    step: int = NORM_CHECK_TOKENS,
 ) -> None:
     """A per-token array (value_norm, saliency, token_loss) holds a finite value (non-negative unless `signed`; NaN
     allowed where `nan_ok`: token_loss's last tokens) for each of the `n_tokens` committed tokens (exactly those where
@@ -308,8 +317,8 @@ def _check_token_array(
     if length < n_tokens or (exact and length != n_tokens):
         report.add(f"{where} holds {length} tokens, the committed examples {n_tokens}; {fix}")
         return
-    for start in range(0, n_tokens, NORM_CHECK_TOKENS):
-        stop = min(start + NORM_CHECK_TOKENS, n_tokens)
+    for start in range(0, n_tokens, step):
+        stop = min(start + step, n_tokens)
         try:
             part = values.read(start, stop)
         except Exception as exc:

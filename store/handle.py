@@ -73,9 +73,11 @@ class RunHandle:
         """Words of one example (see `Store.words`)."""
         return self.store.words(self.info.id, example)
 
-    def attention(self, example: int, layer: int | Iterable[int] | None = None, head: int | Iterable[int] | None = None) -> np.ndarray:
-        """One example's maps as a (layer, head, query, key) array (see `Store.attention`)."""
-        return self.store.attention(self.info.id, example, layer=layer, head=head)
+    def attention(
+        self, example: int, layer: int | Iterable[int] | None = None, head: int | Iterable[int] | None = None, rows: range | None = None
+    ) -> np.ndarray:
+        """One example's maps as a (layer, head, query, key) array, or a block of its query `rows` (see `Store.attention`)."""
+        return self.store.attention(self.info.id, example, layer=layer, head=head, rows=rows)
 
     def labelled_attention(self, example: int, layer=None, head=None) -> Any:
         """One example's maps as an xarray.DataArray with token coordinates (see `Store.labelled_attention`)."""

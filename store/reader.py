@@ -36,9 +36,11 @@ from .results import SavedResultReads
 from .schema import Dataset, Example, Mention, Model, Run, Sequence, Token, Word
 
 if TYPE_CHECKING:
-    from . import arrays, direct, remote, summaries
+    from . import arrays, direct, qk, remote, summaries
 else:  # these import zarr: each is imported at its first use, so commands that read SQL only never import zarr (store/lazy.py)
-    arrays, direct, remote, summaries = (LazyModule(f"{__package__}.{name}") for name in ("arrays", "direct", "remote", "summaries"))
+    arrays, direct, qk, remote, summaries = (
+        LazyModule(f"{__package__}.{name}") for name in ("arrays", "direct", "qk", "remote", "summaries")
+    )
 
 NORM_READ_TOKENS = 1 << 16  # value norms read at once (x layers x heads float16 values)
 # `attention`'s lookups: the (offset, length) of a window of example positions read from SQL at once, a few windows kept
@@ -518,20 +520,39 @@ class StoreReader(SavedResultReads):
                 raise InvalidArgumentError(f"{name} {v!r} is out of range: the model has {size} {name}s (0..{size - 1})")
         return values
 
-    def attention(self, run: RunRef, example: int, layer=None, head=None) -> np.ndarray:
+    def attention(self, run: RunRef, example: int, layer=None, head=None, rows=None) -> np.ndarray:
         """One example's maps as a (layer, head, query, key) array, never padded.
 
         `layer` / `head` are None (all), an int or a list of ints; the result keeps
         all four axes either way. Rows sum to 1 over the example's L tokens.
+        `rows`: None (all) or a range/slice of query rows (a block of a long example): only those rows are read, or, in
+        a Q/K run (store/qk.py), rebuilt; keys are all L either way.
         Damaged or missing chunks raise DamagedDataError naming run, example and chunk; a run still in Zarr layout 1,
         OldLayoutError naming `attnstore db upgrade-arrays`.
         """
-        return self._maps(self._maps_info(run), example, layer, head)
+        return self._maps(self._maps_info(run), example, layer, head, rows)
 
-    def _maps(self, info: RunInfo, example: int, layer, head) -> np.ndarray:
+    @staticmethod
+    def _rows(rows, length: int) -> range | None:
+        if rows is None:
+            return None
+        if isinstance(rows, (range, slice)) and (rows.step or 1) == 1:
+            start, stop, _ = slice(rows.start, rows.stop).indices(length)
+            if start < stop:
+                return range(start, stop)
+        raise InvalidArgumentError(f"rows {rows!r}: give a range of query rows within the example's {length} tokens, e.g. range(0, 512)")
+
+    def _maps(self, info: RunInfo, example: int, layer, head, rows=None) -> np.ndarray:
         layers = self._select("layer", layer, info.n_layers)
         heads = self._select("head", head, info.n_heads)
         length, offset = self._block_of(info, example)
+        wanted_rows = self._rows(rows, length)
+        if info.qk is not None:
+            chosen = [v % info.n_layers for v in layers] if not isinstance(layers, slice) else list(range(info.n_layers))
+            chosen_heads = [v % info.n_heads for v in heads] if not isinstance(heads, slice) else list(range(info.n_heads))
+            return self._rebuilt(info, self._token_start(info, offset), length, chosen, chosen_heads, wanted_rows)
+        if wanted_rows is not None:
+            return self._maps(info, example, layer, head)[:, :, wanted_rows.start : wanted_rows.stop]
         # Read only the layers asked for (they are contiguous in the block), and only the heads for one layer.
         wanted = range(info.n_layers) if isinstance(layers, slice) else [v % info.n_layers for v in layers]
         first, last = min(wanted), max(wanted)
@@ -552,6 +573,38 @@ class StoreReader(SavedResultReads):
         if isinstance(cols, list) and cols == list(range(n_heads)):
             cols = slice(None)
         return block[rows][:, cols]
+
+    def _token_start(self, info: RunInfo, offset: int) -> int:
+        """A Q/K run's example's first token in storage order: the tokens of the committed blocks before its offset."""
+        q = sa.select(sa.func.coalesce(sa.func.sum(Sequence.length), 0)).where(
+            Sequence.run_id == info.id, Sequence.offset.is_not(None), Sequence.offset < offset
+        )
+        with self.engine.connect() as conn:
+            return int(conn.execute(q).scalar() or 0)
+
+    def _rebuilt(self, info: RunInfo, start: int, length: int, layers: list[int], heads: list[int], rows: range | None) -> np.ndarray:
+        """Maps of a Q/K run's example rebuilt from its stored queries, keys and log-sum-exps (store/qk.py), float32;
+        only the layers asked for are read."""
+        entry = info.qk
+        assert entry is not None
+        lo, hi = min(layers), max(layers) + 1
+        q_array, k_array, lse_array = qk.open_arrays(self.locations.array_root, info.array_path)
+        stop = start + length
+        try:
+            q = np.asarray(q_array.array[start:stop, lo:hi])
+            k = np.asarray(k_array.array[start:stop, lo:hi])
+            lse = np.asarray(lse_array.array[start:stop, lo:hi])
+        except Exception as exc:
+            raise DamagedDataError(
+                f"run {info.name!r}: cannot read its queries and keys for tokens {start}..{stop} ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); run `attnstore check`"
+            ) from None
+        if len(q) != length or len(k) != length or len(lse) != length:
+            raise DamagedDataError(
+                f"run {info.name!r}: its Q/K arrays hold fewer tokens than its committed examples need ({stop}); run `attnstore check`"
+            )
+        shifted = {**entry, "scale": entry["scale"][lo:hi], "window": entry["window"][lo:hi]}
+        return qk.rebuild(q, k, lse, shifted, [v - lo for v in layers], heads, rows)
 
     def _maps_info(self, run: RunRef) -> RunInfo:
         """`run_info`, read from SQL once per store for `attention`, which uses only what never changes of a run (its
@@ -659,8 +712,12 @@ class StoreReader(SavedResultReads):
         return plot_attention(self, run, example, layer=layer, head=head)  # type: ignore[arg-type]
 
     def iter_attention(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
-        """Stream (example, maps) over a run in storage order with bounded memory."""
+        """Stream (example, maps) over a run in storage order with bounded memory (a Q/K run's maps rebuilt, float32,
+        one example at a time)."""
         info = self.run_info(run)
+        if info.qk is not None:
+            yield from self._iter_rebuilt(info, examples)
+            return
         if examples is None:  # the whole run: three int64 columns streamed from SQL, 24 bytes per example
             positions, offsets, lengths = self._in_storage_order(info, Example.position, Sequence.offset, Sequence.length)
         else:
@@ -687,6 +744,21 @@ class StoreReader(SavedResultReads):
         for key, maps in slabs:
             yield int(key), maps  # type: ignore[call-overload]  # keys are the example positions given above
             progress.advance()  # a progress bar listens only where a command asked for one (store/progress.py)
+
+    def _iter_rebuilt(self, info: RunInfo, examples: Iterable[int] | None) -> Iterator[tuple[int, np.ndarray]]:
+        positions, lengths = self._in_storage_order(info, Example.position, Sequence.length)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        if examples is not None:
+            wanted = np.unique(np.fromiter((int(e) for e in examples), dtype=np.int64))
+            missing = np.setdiff1d(wanted, positions)
+            if missing.size:
+                raise NotFoundError(f"run {info.name!r} has no stored example(s) {missing[:10].tolist()}")
+            keep = np.isin(positions, wanted)
+            positions, lengths, starts = positions[keep], lengths[keep], starts[keep]
+        layers, heads = list(range(info.n_layers)), list(range(info.n_heads))
+        for position, length, start in zip(positions.tolist(), lengths.tolist(), starts.tolist()):
+            yield position, self._rebuilt(info, start, length, layers, heads, None)
+            progress.advance()
 
     def has_value_norms(self, run: RunRef) -> bool:
         """Whether the run keeps its value norms (`value_norms`, queries' weights="norm")."""

@@ -11,6 +11,8 @@ from .errors import OldLayoutError
 VALUE_NORMS_FLAG = "value_norms"
 # The manifest entry of a run that keeps each token's next-token loss (store/arrays.py TOKEN_LOSS): what it is, its unit.
 TOKEN_LOSS_FLAG = "token_loss"
+# The manifest entry of a run in the Q/K tier (store/qk.py): its maps are rebuilt from stored queries and keys.
+QK_FLAG = "qk"
 
 
 def in_layout_1(array_path: str) -> bool:
@@ -75,6 +77,17 @@ class RunInfo:
     def has_token_loss(self) -> bool:
         """Whether the run keeps each token's next-token loss beside its maps (a causal LM's run)."""
         return bool((self.manifest or {}).get(TOKEN_LOSS_FLAG))
+
+    @property
+    def qk(self) -> dict | None:
+        """The run's Q/K tier entry (store/qk.py: dtype, key/value heads, head size, scale and window per layer), or None:
+        the run stores its maps (the dense tier)."""
+        return (self.manifest or {}).get(QK_FLAG) or None
+
+    @property
+    def tier(self) -> str:
+        """"qk" (maps rebuilt from stored queries and keys) or "dense" (maps stored)."""
+        return "qk" if self.qk else "dense"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from .errors import AttnStoreError, ConflictError, InvalidArgumentError, ReadOnl
 from .identity import dataset_identity
 from .lazy import LazyModule
 from .reader import RunRef, StoreReader
-from .records import TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
+from .records import QK_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
 from .schema import (
     AblationResult,
     Dataset,
@@ -44,9 +44,9 @@ from .schema import (
 )
 
 if TYPE_CHECKING:
-    from . import arrays, block_writer, remote
+    from . import arrays, block_writer, qk, remote
 else:  # these import zarr: each is imported at its first use, so commands that read SQL only never import zarr (store/lazy.py)
-    arrays, block_writer, remote = (LazyModule(f"{__package__}.{name}") for name in ("arrays", "block_writer", "remote"))
+    arrays, block_writer, qk, remote = (LazyModule(f"{__package__}.{name}") for name in ("arrays", "block_writer", "qk", "remote"))
 
 WORD_FIELDS = ("position", "segment", "sentence", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "char_start", "char_end")
 
@@ -305,6 +305,9 @@ class StoreWriter:
                         "u8" if (run.codec or {}).get("quantize") else "lossless",
                         "u8" if codec.get("quantize") else "lossless",
                     )
+                stored_tier, asked_tier = _tier_of(run.manifest), _tier_of(fields.get("manifest"))
+                if stored_tier != asked_tier:
+                    differs["tier"] = (stored_tier, asked_tier)
                 if differs:
                     what = ", ".join(f"{k} stored={a!r} asked={b!r}" for k, (a, b) in differs.items())
                     raise ConflictError(f"run {name!r} already exists with other settings ({what}); pick another --name")
@@ -340,6 +343,14 @@ class StoreWriter:
                     value_norms=bool(fields["manifest"].get(VALUE_NORMS_FLAG)),
                     token_loss=bool(fields["manifest"].get(TOKEN_LOSS_FLAG)),
                 )
+                if fields["manifest"].get(QK_FLAG):
+                    qk.create_arrays(
+                        self.store.locations.array_root,
+                        array_path,
+                        attributes["n_layers"],
+                        attributes["n_heads"],
+                        fields["manifest"][QK_FLAG],
+                    )
             except OSError as exc:
                 raise StorageIOError(
                     f"cannot create the attention array of run {name!r} under {self.store.locations.array_root}: "
@@ -400,6 +411,12 @@ class StoreWriter:
 
 
 MAX_RUN_NAME = 200
+
+
+def _tier_of(manifest: dict | None) -> str:
+    """ "dense", or "qk/<dtype>" for a Q/K run (a resumed run keeps its tier and Q/K dtype)."""
+    entry = (manifest or {}).get(QK_FLAG)
+    return f"qk/{entry['dtype']}" if entry else "dense"
 
 
 def validate_run_name(name: str) -> None:
@@ -542,6 +559,15 @@ class RunWriter:
             self._loss_tokens = int(n_tokens or 0)
             if part is None and info.has_token_loss:
                 self.loss = arrays.TokenArray(store.locations.array_root, info.array_path, arrays.TOKEN_LOSS, read_only=False)
+            # A Q/K run (store/qk.py) writes no cells: its queries, keys and log-sum-exps go to their per-token arrays like
+            # the value norms, and its offsets stay those its maps would have in the cells, so every offset rule holds.
+            self.qk = None
+            self._qk_tokens = int(n_tokens or 0)
+            self._virtual_end = int(end or 0)
+            if info.qk is not None:
+                if part is not None:
+                    raise InvalidArgumentError(f"run {info.name!r} is in the Q/K tier, which a distributed ingest does not write")
+                self.qk = qk.open_arrays(store.locations.array_root, info.array_path, read_only=False)
             # The committed index, mirrored in Zarr (by the coordinator of a distributed ingest, not its parts).
             self.index = None
             if part is None:
@@ -557,8 +583,9 @@ class RunWriter:
                     f"then run the same ingest command to resume"
                 ) from None
             raise
-        # (end offset, sequence row, token rows, token ids, value norms (token, layer, head) or None, loss (token,) or None)
-        self._pending: list[tuple[int, dict, list[tuple], np.ndarray, np.ndarray | None, np.ndarray | None]] = []
+        # (end offset, sequence row, token rows, token ids, value norms (token, layer, head) or None, loss (token,) or None,
+        # a Q/K run's (queries, keys, log-sum-exps) or None)
+        self._pending: list[tuple[int, dict, list[tuple], np.ndarray, np.ndarray | None, np.ndarray | None, tuple | None]] = []
         # Index entries committed in SQL, not yet in the Zarr index: written every INDEX_FLUSH_TOKENS tokens and at the end.
         self._index_queue: list[tuple[int, int, int, np.ndarray]] = []  # (example position, offset, length, token ids)
         self._index_tokens = 0
@@ -571,16 +598,28 @@ class RunWriter:
     def add(
         self,
         example_id: int,
-        maps: np.ndarray,
+        maps: np.ndarray | None,
         tokens: list[dict],
         truncated: bool = False,
         norms: np.ndarray | None = None,
         loss: np.ndarray | None = None,
+        qk: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """`norms`: the example's value norms, (token, layer, head), required where the run keeps them (and only there);
-        `loss`: its per-token next-token loss, (token,), likewise."""
+        `loss`: its per-token next-token loss, (token,), likewise. A Q/K run takes `qk` (queries (token, layer, head,
+        dim), keys (token, layer, kv head, dim), log-sum-exps (token, layer, head)) and no maps."""
         expected = (self.info.n_layers, self.info.n_heads)
-        if maps.ndim != 4 or maps.shape[:2] != expected or maps.shape[2] != maps.shape[3] or maps.shape[2] != len(tokens):
+        if (qk is None) != (self.qk is None) or (maps is None) == (qk is None):
+            raise InvalidArgumentError(
+                f"run {self.info.name!r} is in the {self.info.tier} tier: example {example_id} needs "
+                f"{'queries, keys and log-sum-exps (qk=) and no maps' if self.qk is not None else 'its maps and no qk='}"
+            )
+        if qk is not None:
+            self._check_qk(example_id, qk, len(tokens))
+        size = self.info.n_layers * self.info.n_heads * len(tokens) ** 2
+        if maps is not None and (
+            maps.ndim != 4 or maps.shape[:2] != expected or maps.shape[2] != maps.shape[3] or maps.shape[2] != len(tokens)
+        ):
             raise InvalidArgumentError(f"maps of shape {maps.shape} do not fit {len(tokens)} tokens and {expected} (layer, head)")
         if (norms is None) != (self.norms is None) and self.part is None:
             raise InvalidArgumentError(
@@ -596,22 +635,33 @@ class RunWriter:
             )
         if loss is not None and loss.shape != (len(tokens),):
             raise InvalidArgumentError(f"per-token loss of shape {loss.shape} does not fit {len(tokens)} tokens")
-        if self.part is not None and self.blocks.offset_for(maps.size) + maps.size > self.part[1]:
+        if maps is not None and self.part is not None and self.blocks.offset_for(maps.size) + maps.size > self.part[1]:
             raise InvalidArgumentError(
                 f"example {example_id}'s maps do not fit the cells {self.part[0]}..{self.part[1]} "
                 f"allotted to this writer of run {self.info.name!r}"
             )
-        offset = self.blocks.append(maps)
-        length = maps.shape[-1]
+        if maps is not None:
+            offset = self.blocks.append(maps)
+        else:
+            offset, self._virtual_end = self._virtual_end, self._virtual_end + size
+        length = len(tokens)
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=offset, truncated=truncated, skipped=False)
         run_id = self.info.id
         toks = [(run_id, example_id, i, *token_values(t)) for i, t in enumerate(tokens)]
         ids = np.fromiter((t["token_id"] for t in tokens), np.int64, len(tokens))
-        self._pending.append((offset + maps.size, seq, toks, ids, norms, loss))
+        self._pending.append((offset + size, seq, toks, ids, norms, loss, qk))
+
+    def _check_qk(self, example_id: int, qk: tuple, n: int) -> None:
+        entry, layers, heads = self.info.qk, self.info.n_layers, self.info.n_heads
+        assert entry is not None
+        shapes = tuple(getattr(a, "shape", None) for a in qk)
+        wanted = ((n, layers, heads, entry["head_dim"]), (n, layers, entry["n_kv_heads"], entry["head_dim"]), (n, layers, heads))
+        if len(qk) != 3 or shapes != wanted:
+            raise InvalidArgumentError(f"example {example_id}: queries, keys and log-sum-exps of shapes {shapes} do not fit {wanted}")
 
     def add_skipped(self, example_id: int, length: int) -> None:
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=None, truncated=False, skipped=True)
-        self._pending.append((0, seq, [], np.empty(0, np.int64), None, None))
+        self._pending.append((0, seq, [], np.empty(0, np.int64), None, None, None))
 
     def _flush_blocks(self, final: bool, wait: bool) -> int:
         self.lease.check()
@@ -635,7 +685,7 @@ class RunWriter:
                 f"run {self.info.name!r}: an earlier commit of this writer failed midway, so it commits nothing more; "
                 f"the run is kept as interrupted: run the same ingest command to resume"
             )
-        durable = self._flush_blocks(final, wait)
+        durable = self._flush_blocks(final, wait) if self.qk is None else self._virtual_end  # a Q/K run's arrays: at commit
         ready = [p for p in self._pending if p[0] <= durable]
         self._pending = [p for p in self._pending if p[0] > durable]
         if not ready:
@@ -657,6 +707,7 @@ class RunWriter:
         """The per-token values of the examples now on disk, then (one transaction) their rows."""
         self._write_norms([p[4] for p in ready if p[4] is not None])
         self._write_loss([p[5] for p in ready if p[5] is not None])
+        self._write_qk([p[6] for p in ready if p[6] is not None])
         with self.store.session() as s:
             self.lease.check(s.connection())
             if self.index is not None:
@@ -693,6 +744,13 @@ class RunWriter:
         """The per-token loss of examples about to commit, as `_write_norms` writes their value norms."""
         if self.loss is not None:
             self._loss_tokens += self._write_per_token(self.loss, self._loss_tokens, losses, "per-token loss")
+
+    def _write_qk(self, parts: list[tuple]) -> None:
+        """A Q/K run's queries, keys and log-sum-exps of examples about to commit, as `_write_norms` writes norms."""
+        if self.qk is not None and parts:
+            for array, values in zip(self.qk, zip(*parts)):
+                written = self._write_per_token(array, self._qk_tokens, list(values), "queries and keys")
+            self._qk_tokens += written
 
     def _write_per_token(self, array, start: int, parts: list[np.ndarray], what: str) -> int:
         """`parts` written to per-token `array` from token `start` on; the number of tokens written (0: none given)."""

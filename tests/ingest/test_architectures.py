@@ -226,20 +226,32 @@ ACCEPTED = {
 BYTE_LEVEL = ("roberta", "gpt2")
 
 
+def eager_model(loaded):
+    """The loaded model, or for a decoder whose maps the streaming capture takes (ingest/streaming.py) an eager copy:
+    with attnstore's attention implementation a model's own pass returns no maps."""
+    if loaded.capture != "streaming":
+        return loaded.model
+    return T.AutoModelForCausalLM.from_pretrained(loaded.source, attn_implementation="eager").eval().get_decoder()
+
+
 def reference_maps(loaded, encoding) -> np.ndarray:
     """(layer, head, L, L) of one unpadded eager forward pass of what the tokenizer gave, less what the forward does not take."""
     accepted = inspect.signature(loaded.model.forward).parameters
     inputs = {k: torch.tensor([v]) for k, v in encoding.items() if k in accepted}
     with torch.inference_mode():
-        out = loaded.model(**inputs, output_attentions=True)
+        out = eager_model(loaded)(**inputs, output_attentions=True)
     return torch.stack(out.attentions, 1)[0].numpy()
 
 
 def check_stopped_pass(loaded) -> None:
-    """Ingest's pass stops at the last map (ingest/capture.py) and returns exactly the whole pass's maps, padded batch included."""
-    from attnstore.ingest import capture
+    """Ingest's pass stops at the last map (ingest/capture.py) and returns exactly the whole pass's maps, padded batch
+    included; a decoder's streaming capture (ingest/streaming.py) returns the eager model's maps within 1e-5."""
+    from attnstore.ingest import capture, streaming
 
-    assert loaded.attention_sources is not None and loaded.attention_sources.n_maps == loaded.n_layers
+    if loaded.causal:  # every decoder here goes through transformers' attention interface
+        assert loaded.capture == "streaming" and loaded.attention_sources is None
+    else:
+        assert loaded.attention_sources is not None and loaded.attention_sources.n_maps == loaded.n_layers
     rows = [loaded.tokenizer("the cat sat on the mat .")["input_ids"], loaded.tokenizer("a dog")["input_ids"]]
     width = max(map(len, rows))
     batch = {
@@ -249,7 +261,17 @@ def check_stopped_pass(loaded) -> None:
     }
     inputs = loaded.model_inputs(batch)
     with torch.inference_mode():
-        whole = loaded.model(**inputs, output_attentions=True).attentions
+        whole = eager_model(loaded)(**inputs, output_attentions=True).attentions
+        if loaded.capture == "streaming":
+            sink = streaming.DenseSink(loaded.n_layers, True, torch.float32, stop=True)
+            streaming.run_with(sink, lambda: loaded.model(**inputs))
+            taken = sink.result()
+            real = inputs["attention_mask"].bool()
+            for layer, eager in enumerate(whole):  # padded rows and keys aside (each path masks them its own way)
+                for b in range(2):
+                    n = int(real[b].sum())
+                    assert (taken[b, layer, :, :n, :n] - eager[b, :, :n, :n]).abs().max() < 1e-5
+            return
         stopped = capture.attention_maps(loaded.model, inputs, loaded.attention_sources)
     assert len(stopped) == len(whole) and all(torch.equal(a, b) for a, b in zip(stopped, whole))
 

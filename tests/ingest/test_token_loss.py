@@ -169,11 +169,11 @@ def test_interrupted_ingest_resumes_with_loss_rows_aligned(tiny, tmp_path, monke
     real_forward, real_write = passes.forward_with_loss, RunWriter._write_loss
     calls = {"forward": 0, "write": 0}
 
-    def flaky_forward(loaded, batch):
+    def flaky_forward(loaded, batch, *args):
         calls["forward"] += 1
         if calls["forward"] == 3:
             raise KeyboardInterrupt
-        return real_forward(loaded, batch)
+        return real_forward(loaded, batch, *args)
 
     def write_then_crash(self, losses):
         real_write(self, losses)

@@ -1,0 +1,315 @@
+"""Streaming capture: each layer's attention taken inside the model's own attention call, one block of query rows
+at a time, never as a layer's whole (batch, head, L, L) float32 tensor.
+
+transformers (4.48+) calls a layer's attention through a registry of implementations (`AttentionInterface`). Ingest
+registers its own, "attnstore": the model's SDPA kernel computes the layer's output, and this thread's sink takes
+the weights. A dense sink recomputes them per block of QUERY_BLOCK rows by calling the model's *own* eager attention
+(`eager_attention_forward` of its modeling module) on the block, keys past the block's last row never computed in a
+causal model, so logit soft-capping, sliding windows and GQA come out as the model computes them, and writes each
+block into the batch's maps in the storage dtype. A Q/K sink keeps the post-RoPE queries and keys and each row's
+log-sum-exp instead (store/qk.py rebuilds the maps from them), after checking, on the first pass of each loaded
+model, that the layer's weights are exp(q.k scale + mask - lse) exactly as the model's eager attention gives them.
+
+The mask is transformers' eager mask (a float mask over (query, key), padding and sliding windows included), which
+the registered name asks for too. Encoders keep ingest/capture.py's path: their maps there are bit-identical to the
+eager model's (docs/DECODERS.md).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import IngestError
+
+IMPLEMENTATION = "attnstore"
+# Rows per block: a causal block's weights are QUERY_BLOCK x (its last row + 1) per head, float32 while computed.
+QUERY_BLOCK = 512
+# A Q/K rebuild must reproduce the model's own eager weights from float32 Q/K to this (max |difference| per weight).
+QK_TOLERANCE = 1e-4
+
+_state = threading.local()  # .sink: the sink of the pass this thread runs (None: outside a capturing pass)
+_register_lock = threading.Lock()
+
+
+def register() -> None:
+    """Register the "attnstore" attention implementation and its mask (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    with _register_lock:
+        AttentionInterface.register(IMPLEMENTATION, capture_attention)
+        AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
+
+
+def eager_function(module):
+    """The eager attention function of `module`'s modeling file (what `attn_implementation="eager"` calls)."""
+    function = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if function is None:
+        raise IngestError(
+            f"{type(module).__name__} has no eager_attention_forward in {type(module).__module__}: its attention cannot be "
+            f"captured block by block; ingest it with attn_implementation='eager' (the whole-pass path)"
+        )
+    return function
+
+
+def capture_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The registered attention: SDPA's output, and the weights to this thread's sink (if a capturing pass runs)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    sink = getattr(_state, "sink", None)
+    if sink is not None:
+        sink.layer(module, query, key, value, attention_mask, scaling, kwargs)
+    if _needs_eager_output(module):
+        output, _ = eager_function(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    else:
+        output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    return output, None
+
+
+def _needs_eager_output(module) -> bool:
+    """Whether SDPA would compute another output than the model: logit soft-capping (Gemma 2) or learned sink logits
+    (gpt-oss), which only the model's eager attention applies."""
+    config = getattr(module, "config", None)
+    return getattr(config, "attn_logit_softcapping", None) is not None or getattr(module, "sinks", None) is not None
+
+
+def _blocks(n_rows: int):
+    for r0 in range(0, n_rows, QUERY_BLOCK):
+        yield r0, min(n_rows, r0 + QUERY_BLOCK)
+
+
+def _mask_block(attention_mask, r0: int, r1: int, n_keys: int):
+    if attention_mask is None or attention_mask.ndim != 4:
+        return attention_mask
+    return attention_mask[:, :, r0:r1, :n_keys]
+
+
+@dataclass
+class DenseSink:
+    """A batch's maps, (batch, layer, head, T, T) in the storage dtype on the CPU, filled block by block."""
+
+    n_layers: int
+    causal: bool
+    dtype: Any  # torch dtype of the stored maps
+    stop: bool = False  # end the pass once the last layer's weights are taken (nothing after them is computed)
+    maps: Any = None
+    _next: int = 0
+
+    def layer(self, module, query, key, value, attention_mask, scaling, kwargs) -> None:
+        import torch
+
+        batch, heads, n, _ = query.shape
+        if self.maps is None:
+            self.maps = torch.zeros((batch, self.n_layers, heads, n, n), dtype=self.dtype)
+        index, self._next = self._next, self._next + 1
+        eager = eager_function(module)
+        options = {k: v for k, v in kwargs.items() if k not in ("output_attentions", "is_causal")}
+        for r0, r1 in _blocks(n):
+            keys = r1 if self.causal else n
+            _, weights = eager(
+                module, query[:, :, r0:r1], key[:, :, :keys], value[:, :, :keys], _mask_block(attention_mask, r0, r1, keys),
+                scaling=scaling, dropout=0.0, **options,
+            )  # fmt: skip
+            self.maps[:, index, :, r0:r1, :keys].copy_(weights)
+        if self.stop and self._next == self.n_layers:
+            raise _Stop
+
+    def result(self):
+        """The maps, (batch, layer, head, T, T) in the sink's dtype."""
+        if self._next != self.n_layers:
+            raise IngestError(f"caught {self._next} layers' attention in a pass, expected {self.n_layers}")
+        return self.maps
+
+
+class _Stop(Exception):
+    """Raised by a dense sink that took the last layer: the rest of the pass is not computed."""
+
+
+@dataclass
+class QKSink:
+    """A batch's post-RoPE queries (batch, T, layer, head, d) and keys (batch, T, layer, kv head, d) in the stored
+    dtype, and each row's float32 log-sum-exp (batch, T, layer, head) of its logits q.k scale + mask, computed from the
+    stored (rounded) Q/K so rebuilt rows sum to 1. `verify`: check each layer's first block against the model's eager
+    weights (from unrounded Q/K) and refuse a model whose weights are not that softmax."""
+
+    n_layers: int
+    dtype: Any  # torch dtype of the stored Q/K
+    windows: list  # per layer, the sliding window a rebuild applies (None: every earlier key), checked against the mask
+    lengths: list  # per example of the batch, its real tokens (the mask is checked within them)
+    verify: bool = False
+    q: Any = None
+    k: Any = None
+    lse: Any = None
+    scales: list = field(default_factory=list)
+    _next: int = 0
+
+    def layer(self, module, query, key, value, attention_mask, scaling, kwargs) -> None:
+        import torch
+
+        batch, heads, n, dim = query.shape
+        kv_heads = key.shape[1]
+        if self.q is None:
+            self.q = torch.empty((batch, n, self.n_layers, heads, dim), dtype=self.dtype)
+            self.k = torch.empty((batch, n, self.n_layers, kv_heads, dim), dtype=self.dtype)
+            self.lse = torch.empty((batch, n, self.n_layers, heads), dtype=torch.float32)
+        index, self._next = self._next, self._next + 1
+        scale = float(scaling if scaling is not None else dim**-0.5)
+        self.scales.append(scale)
+        self.q[:, :, index].copy_(query.transpose(1, 2))
+        self.k[:, :, index].copy_(key.transpose(1, 2))
+        q = self.q[:, :, index].transpose(1, 2).to(torch.float32)  # the stored values, as a rebuild reads them
+        k = self.k[:, :, index].transpose(1, 2).to(torch.float32)
+        group = heads // kv_heads
+        if group > 1:
+            k = k.repeat_interleave(group, dim=1)
+        for r0, r1 in _blocks(n):
+            logits = torch.matmul(q[:, :, r0:r1], k[:, :, :r1].transpose(2, 3)) * scale
+            mask = _mask_block(attention_mask, r0, r1, r1)
+            if mask is not None:
+                self._check_mask(mask, index, r0, r1)
+                logits = logits + mask.to(torch.float32)
+            lse = torch.logsumexp(logits, dim=-1)  # (batch, head, rows)
+            self.lse[:, r0:r1, index].copy_(lse.transpose(1, 2))
+            if self.verify and r0 == 0:
+                self._verify(module, query, key, value, attention_mask, scale, kwargs, r1)
+
+    def _check_mask(self, mask, layer: int, r0: int, r1: int) -> None:
+        """The model's mask of this block, within each example's real tokens, against the rule a rebuild applies (causal,
+        and the layer's sliding window): a model masking otherwise (chunked attention, a prefix) is refused."""
+        import torch
+
+        window = self.windows[layer]
+        i = torch.arange(r0, r1)[:, None]
+        j = torch.arange(r1)[None, :]
+        rule = (j <= i) if window is None else (j <= i) & (i - j < window)
+        for b, n in enumerate(self.lengths):
+            if r0 >= n:
+                continue
+            seen = mask[b, 0, : min(r1, n) - r0, : min(r1, n)].to(rule.device) == 0
+            if not torch.equal(seen, rule[: min(r1, n) - r0, : min(r1, n)]):
+                raise IngestError(
+                    f"layer {layer}: the model masks attention otherwise than causally"
+                    f"{f' within a window of {window}' if window else ''} (chunked or prefix attention), so its maps cannot be "
+                    f"rebuilt from stored Q/K; ingest it with --tier dense"
+                )
+
+    def _verify(self, module, query, key, value, attention_mask, scale, kwargs, r1) -> None:
+        """The model's own eager weights on the first block against exp(q.k scale + mask - lse), all in float32."""
+        import torch
+
+        options = {k: v for k, v in kwargs.items() if k not in ("output_attentions", "is_causal")}
+        mask = _mask_block(attention_mask, 0, r1, r1)
+        _, weights = eager_function(module)(
+            module, query[:, :, :r1], key[:, :, :r1], value[:, :, :r1], mask, scaling=scale, dropout=0.0, **options
+        )
+        group = query.shape[1] // key.shape[1]
+        k = key[:, :, :r1].to(torch.float32).repeat_interleave(group, dim=1) if group > 1 else key[:, :, :r1].to(torch.float32)
+        logits = torch.matmul(query[:, :, :r1].to(torch.float32), k.transpose(2, 3)) * scale
+        if mask is not None:
+            logits = logits + mask.to(torch.float32)
+        rebuilt = torch.softmax(logits, dim=-1)
+        err = (rebuilt - weights.to(torch.float32)).abs().max().item()
+        if not err <= QK_TOLERANCE:
+            raise IngestError(
+                f"layer {len(self.scales) - 1} of {type(module).__name__}: its attention is not softmax(q.k * scale + mask) "
+                f"(max difference {err:.1e} from its eager weights: soft-capping, sink logits or another rule), so its "
+                f"maps cannot be rebuilt from stored Q/K; ingest it with --tier dense"
+            )
+
+    def result(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._next != self.n_layers:
+            raise IngestError(f"caught {self._next} layers' queries and keys in a pass, expected {self.n_layers}")
+        return self.q.numpy(), self.k.numpy(), self.lse.numpy()
+
+
+def run_with(sink, run):
+    """`run()` (a forward pass of a model loaded with the "attnstore" implementation) with `sink` taking this thread's
+    layers; returns run's output. Safe to call from several threads at once (the sink is this thread's)."""
+    _state.sink = sink
+    try:
+        return run()
+    except _Stop:
+        return None
+    finally:
+        _state.sink = None
+
+
+def layer_windows(config, n_layers: int) -> list:
+    """Per layer, its sliding window (None: full causal attention), as transformers' masks apply it: key j is seen
+    by query i when j <= i and i - j < window."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types:
+        return [window if t == "sliding_attention" else None for t in types[:n_layers]]
+    return [window] * n_layers
+
+
+@dataclass(frozen=True)
+class Support:
+    """What streaming capture can do for a loaded model (found at load by `prepare`)."""
+
+    streaming: bool  # the model's attention goes through the "attnstore" implementation, and its maps match eager's
+    qk: dict | None  # n_kv_heads, head_dim, scales and windows per layer, where the Q/K tier can rebuild its maps
+    refusal: str | None  # why not (streaming, or the Q/K tier)
+
+
+STREAMING_TOLERANCE = 1e-4  # the probe's maps through the capture against the eager model's (float32)
+
+
+def prepare(model, related: list, run_probe, eager_maps: tuple) -> Support:
+    """Switch `model` (and the models in `related` sharing its layers: its causal-LM model) to the "attnstore"
+    implementation when its attention goes through transformers' attention interface, and check on the probe
+    (`run_probe()` runs it) that the captured maps are the eager model's `eager_maps`; else leave it as it was."""
+    import torch
+
+    if not getattr(model, "_can_set_attn_implementation", lambda: False)():
+        return Support(False, None, "its attention does not go through transformers' attention interface")
+    register()
+    before = model.config._attn_implementation
+    models = [model, *[m for m in related if m is not None]]
+
+    def switch(name: str) -> None:
+        for m in models:
+            m.set_attn_implementation(name)
+
+    switch(IMPLEMENTATION)
+    n_layers = len(eager_maps)
+    try:
+        with torch.inference_mode():
+            sink = DenseSink(n_layers, causal=True, dtype=torch.float32)
+            run_with(sink, run_probe)
+            maps = sink.result()
+            err = max((maps[:, layer] - b).abs().max().item() for layer, b in enumerate(eager_maps))
+    except Exception as exc:  # any model whose layers this capture does not fit keeps the eager path
+        err, why = float("inf"), f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    else:
+        why = f"its captured maps differ from eager ones by {err:.1e}"
+    if not err <= STREAMING_TOLERANCE:
+        switch(before)
+        return Support(False, None, f"streaming capture does not fit it ({why})")
+    # Rules the probe's few, small logits may not show: refused by name.
+    softcap = getattr(model.config, "attn_logit_softcapping", None)
+    if softcap is not None:
+        return Support(
+            True, None, f"it soft-caps its attention logits (attn_logit_softcapping={softcap}), which a Q/K rebuild does not apply"
+        )
+    if any(getattr(m, "sinks", None) is not None for m in model.modules()):
+        return Support(True, None, "its attention has learned sink logits, which a Q/K rebuild does not apply")
+    if getattr(model.config, "attention_chunk_size", None):
+        return Support(True, None, "it attends in chunks, which a Q/K rebuild does not apply")
+    n = eager_maps[0].shape[-1]
+    windows = layer_windows(model.config, n_layers)
+    try:
+        with torch.inference_mode():
+            qk_sink = QKSink(n_layers, torch.float32, windows, [n] * eager_maps[0].shape[0], verify=True)
+            run_with(qk_sink, run_probe)
+            q, k, _ = qk_sink.result()
+    except IngestError as exc:
+        return Support(True, None, str(exc))
+    entry = {"n_kv_heads": int(k.shape[3]), "head_dim": int(q.shape[4]), "scales": qk_sink.scales, "windows": windows}
+    return Support(True, entry, None)

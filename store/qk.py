@@ -1,0 +1,118 @@
+"""The Q/K tier: a run that keeps, instead of its maps, each layer's post-RoPE queries and keys and each row's
+log-sum-exp, and rebuilds any block of the maps on read.
+
+For example e (tokens t0 .. t0+L-1 in storage order), layer l, query head h with key/value head g = h // (H / H_kv):
+
+    A[l, h, i, j] = exp(q[t0+i, l, h] . k[t0+j, l, g] * scale[l] - lse[t0+i, l, h])   for j <= i (and i - j < window[l])
+    A[l, h, i, j] = 0                                                                  otherwise
+
+with three per-token arrays in the run's group, tokens in storage order as token_id's:
+
+    qk_query (token, layer, head, dim)      the stored dtype (float16 by default, or float32)
+    qk_key   (token, layer, kv_head, dim)   the stored dtype
+    qk_lse   (token, layer, head)           float32, computed at ingest from the stored (rounded) Q/K, so rows sum to 1
+
+Each array's attributes say this too, so plain zarr/xarray can rebuild maps without attnstore. Bytes per token per
+layer: (H + H_kv) d s + 4 H (s: bytes of the stored dtype) against H L 2 for dense float16 maps: the tier is smaller
+above L = (H + H_kv) d s / (2 H) + 2 tokens, before compression (docs/DECODERS.md measures it after).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import zarr
+
+from . import arrays
+
+QK_FLAG = "qk"  # the run manifest's entry of a Q/K run: what qk_entry returns
+QUERY, KEY, LSE = "qk_query", "qk_key", "qk_lse"
+DTYPES = ("float16", "float32")
+CHUNK_TOKENS = 512  # one chunk: 512 tokens of one layer (SmolLM2: 9 x 64 float16 = 576 KiB of queries)
+FORMULA = (
+    "A[l, h, i, j] = exp(qk_query[t0+i, l, h] . qk_key[t0+j, l, h // (n_heads / n_kv_heads)] * scale[l] - qk_lse[t0+i, l, h]) "
+    "for j <= i and i - j < window[l] (no window: null), else 0; t0: the example's first token in storage order "
+    "(the run's token_start index array)"
+)
+
+
+def qk_entry(*, dtype: str, n_kv_heads: int, head_dim: int, scales: list[float], windows: list[int | None]) -> dict:
+    """The run manifest's `qk` entry: everything a rebuild needs besides the arrays."""
+    if dtype not in DTYPES:
+        raise ValueError(f"Q/K dtype must be one of {DTYPES}, not {dtype!r}")
+    return {
+        "dtype": dtype,
+        "n_kv_heads": int(n_kv_heads),
+        "head_dim": int(head_dim),
+        "scale": [float(s) for s in scales],
+        "window": [None if w is None else int(w) for w in windows],
+        "arrays": {"query": QUERY, "key": KEY, "lse": LSE},
+        "formula": FORMULA,
+    }
+
+
+def create_arrays(root: str, cells_path: str, n_layers: int, n_heads: int, entry: dict) -> None:
+    """The three empty per-token arrays of a Q/K run, chunked by CHUNK_TOKENS tokens and one layer."""
+    store = arrays.open_root(root, read_only=False)
+    group = arrays.group_path_of(cells_path)
+    kv, dim, dtype = entry["n_kv_heads"], entry["head_dim"], entry["dtype"]
+    described = {"formula": FORMULA, "scale": entry["scale"], "window": entry["window"]}
+    for name, trailing, array_dtype, dims in (
+        (QUERY, (n_layers, n_heads, dim), dtype, ("token", "layer", "head", "dim")),
+        (KEY, (n_layers, kv, dim), dtype, ("token", "layer", "kv_head", "dim")),
+        (LSE, (n_layers, n_heads), "float32", ("token", "layer", "head")),
+    ):
+        zarr.create_array(
+            store=store,
+            name=f"{group}/{name}",
+            shape=(0, *trailing),
+            chunks=(CHUNK_TOKENS, 1, *trailing[1:]),
+            dtype=array_dtype,
+            compressors=arrays.make_codec(arrays.INDEX_CODEC, array_dtype),
+            fill_value=0,
+            config=arrays.ARRAY_CONFIG,
+            dimension_names=dims,
+            attributes=described,
+            overwrite=True,
+        )
+
+
+def open_arrays(root: str, array_path: str, read_only: bool = True) -> tuple[arrays.TokenArray, arrays.TokenArray, arrays.TokenArray]:
+    return tuple(arrays.TokenArray(root, array_path, name, read_only=read_only) for name in (QUERY, KEY, LSE))  # type: ignore[return-value]
+
+
+def stored_bytes(n_tokens: int, n_layers: int, n_heads: int, entry: dict) -> int:
+    """Raw (uncompressed) bytes the tier keeps for `n_tokens` tokens."""
+    width = np.dtype(entry["dtype"]).itemsize
+    return n_tokens * n_layers * ((n_heads + entry["n_kv_heads"]) * entry["head_dim"] * width + 4 * n_heads)
+
+
+def rebuild(
+    q: np.ndarray, k: np.ndarray, lse: np.ndarray, entry: dict, layers: list[int], heads: list[int], rows: range | None = None
+) -> np.ndarray:
+    """Maps (layer, head, row, key) float32 of one example from its slices of the three arrays (q: (L, layer, head, d),
+    k: (L, layer, kv_head, d), lse: (L, layer, head)), for `layers` x `heads` and query rows `rows` (default all)."""
+    n = q.shape[0]
+    rows = rows if rows is not None else range(n)
+    r0, r1 = rows.start, rows.stop
+    keys = r1  # a causal row sees no key past itself
+    group = q.shape[2] // k.shape[2]
+    out = np.zeros((len(layers), len(heads), r1 - r0, n), dtype=np.float32)
+    i = np.arange(r0, r1)[:, None]
+    j = np.arange(keys)[None, :]
+    for a, layer in enumerate(layers):
+        window = entry["window"][layer]
+        visible = j <= i if window is None else (j <= i) & (i - j < window)
+        scale = np.float32(entry["scale"][layer])
+        for b, head in enumerate(heads):
+            qh = q[r0:r1, layer, head].astype(np.float32, copy=False)
+            kh = k[:keys, layer, head // group].astype(np.float32, copy=False)
+            logits = qh @ kh.T * scale - lse[r0:r1, layer, head].astype(np.float32, copy=False)[:, None]
+            np.exp(logits, out=logits, where=visible)
+            out[a, b, :, :keys] = np.where(visible, logits, np.float32(0))
+    return out
+
+
+def describe(entry: dict[str, Any]) -> str:
+    return f"Q/K tier ({entry['dtype']} queries and keys, {entry['n_kv_heads']} key/value heads of {entry['head_dim']})"
