@@ -31,7 +31,8 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     "fmt",
     default=None,
     type=click.Choice(CORPUS_FORMATS),
-    help="text: one example per line; tsv / pairs-tsv: TSV with a header and one / two text columns; conllu: CoNLL-U with gold annotation.",
+    help="text: one example per line; tsv / pairs-tsv: TSV with a header and one / two text columns; conllu: CoNLL-U "
+    'with gold annotation; jsonl: one JSON object per line whose "text" is a whole document (or --text-a-column).',
 )
 @click.option("--dataset", default=None, metavar="NAME:SPLIT", help="A built-in dataset, e.g. glue/MRPC:dev (see `attnstore datasets`).")
 @click.option(
@@ -84,7 +85,12 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
 @click.option("--limit", default=None, type=int, help="Only the first N examples.")
 @click.option("--sample", default=None, type=int, help="A random sample of N examples (reproducible with --seed).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for --sample.")
-@click.option("--window-words", default=None, type=int, help="gum/ontogum: words per document window (default 128).")
+@click.option(
+    "--window-words",
+    default=None,
+    type=int,
+    help="gum/ontogum: words per document window (default 128; 0: whole documents, for long-context decoders).",
+)
 @click.option("--text-a-column", default=None, help="pairs-tsv: first text column (default: found from the header).")
 @click.option("--text-b-column", default=None, help="pairs-tsv: second text column.")
 @click.option("--label-column", default=None, help="pairs-tsv: label column.")
@@ -175,6 +181,8 @@ def ingest(locations, codec_name, text_a_column, text_b_column, label_column, qu
         read_options = dict(text_a=text_a_column, text_b=text_b_column, label=label_column, quoting=quoting)
     elif options["fmt"] == "tsv":
         read_options = dict(text_a=text_a_column, label=label_column, quoting=quoting)
+    elif options["fmt"] == "jsonl":
+        read_options = dict(text_a=text_a_column, label=label_column)
     require_extra("ingest")
     created = new_store(locations)  # what this command creates, when its store does not exist yet
     store = None

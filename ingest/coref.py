@@ -101,7 +101,7 @@ def _windows(sentences: list[ExampleInput], window_words: int) -> Iterator[list[
     size = 0
     for i, sent in enumerate(sentences):
         n = len(sent.words)
-        if window and size + n > window_words:
+        if window and window_words and size + n > window_words:  # 0: the whole document, one window
             yield window
             window, size = [], 0
         window.append(i)

@@ -108,6 +108,42 @@ def read_text(path) -> Iterator[ExampleInput]:
             position += 1
 
 
+def read_jsonl(path, text_a: str | None = None, label: str | None = None) -> Iterator[ExampleInput]:
+    """One example per line, a JSON object whose `text_a` field (default "text") holds a whole text, however long (a
+    document: ingest keeps it whole up to the model's limit); "id" becomes the example's doc_id, `label` its label."""
+    import json
+
+    field_name = text_a or "text"
+    position = 0
+    for number, line in read_lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CorpusError(
+                path, number, f"not a JSON object ({exc.msg} at column {exc.colno})", "write one JSON object per line"
+            ) from None
+        if not isinstance(record, dict) or not isinstance(record.get(field_name), str):
+            raise CorpusError(
+                path,
+                number,
+                f"no string field {field_name!r}",
+                f"give each line a {field_name!r} text (or name its field with --text-a-column)",
+            )
+        check_no_nul(path, number, record[field_name], f"field {field_name!r}")
+        doc_id = record.get("id")
+        value = record.get(label) if label else None
+        yield ExampleInput(
+            position=position,
+            text_a=record[field_name],
+            label=None if value is None else str(value),
+            doc_id=None if doc_id is None else str(doc_id),
+            source_line=number,
+        )
+        position += 1
+
+
 def _pick(header: list[str], wanted, path, option: str) -> int:
     if wanted not in header:
         raise CorpusError(path, 1, f"no column {wanted!r} in header {header}", f"pass an existing column name to {option}")
@@ -412,6 +448,7 @@ FORMAT_READERS: dict[str, Callable[..., Iterator[ExampleInput]]] = {
     "tsv": read_tsv,
     "pairs-tsv": read_pairs_tsv,
     "conllu": read_conllu,
+    "jsonl": read_jsonl,
 }
 FORMATS = tuple(FORMAT_READERS)
 

@@ -170,6 +170,8 @@ def batch_items(
     norms (token, layer, head), with `with_loss` their per-token loss (token,), both from the same pass
     (ingest/norms.py, `token_loss`)."""
     runnable = [e for e in batch if e.input_ids]
+    if qk_dtype is None:
+        _refuse_oversized(loaded, runnable, dtype)
     items: list[Item] = [(e, None, None, None) for e in batch if not e.input_ids and e.example_id not in done]
     if any(e.example_id not in done for e in runnable):
         projections = loaded.value_projections if with_norms else None
@@ -191,6 +193,24 @@ def batch_items(
         per_loss = losses if losses is not None else [None] * len(blocks)
         items += [(e, maps, n, lo) for e, maps, n, lo in zip(runnable, blocks, per_example, per_loss) if e.example_id not in done]
     return items
+
+
+DENSE_LIMIT_ENV = "ATTNSTORE_DENSE_MB"
+DENSE_LIMIT_MB = 8192  # one example's dense maps in the stored dtype (SmolLM2 at 2,048 tokens: 2.3 GiB float16)
+
+
+def _refuse_oversized(loaded: LoadedModel, batch: list[Encoded], dtype: str) -> None:
+    """One line, before the pass, for an example whose dense maps would not fit in memory (the Q/K tier keeps them)."""
+    limit = float(os.environ.get(DENSE_LIMIT_ENV) or DENSE_LIMIT_MB) * 2**20
+    width = np.dtype(dtype).itemsize
+    for e in batch:
+        need = loaded.n_layers * loaded.n_heads * e.length**2 * width
+        if need > limit:
+            raise IngestError(
+                f"example {e.position} has {e.length} tokens: its dense maps need {need / 2**30:.1f} GiB, over the "
+                f"{limit / 2**30:.1f} GiB limit ({DENSE_LIMIT_ENV}); ingest it under a new --name with --tier qk"
+                f"{'' if loaded.qk else ' (not possible for this model)'} or a smaller --max-length"
+            )
 
 
 def store_items(writer, items: list, overlap: bool = False) -> None:

@@ -96,14 +96,16 @@ class RunSettings:
             raise InvalidArgumentError(f"--compute-dtype must be float32, bfloat16 or float16, not {self.compute_dtype!r}")
         if self.dtype not in arrays.DTYPES:
             raise InvalidArgumentError(f"dtype must be one of {arrays.DTYPES}, not {self.dtype!r}")
-        if self.batch_size < 1 or any(v is not None and v < 1 for v in (self.limit, self.sample, self.window_words)):
-            raise InvalidArgumentError("--batch-size, --limit, --sample and --window-words must be positive")
+        if self.batch_size < 1 or any(v is not None and v < 1 for v in (self.limit, self.sample)):
+            raise InvalidArgumentError("--batch-size, --limit and --sample must be positive")
+        if self.window_words is not None and self.window_words < 0:
+            raise InvalidArgumentError("--window-words must be positive, or 0 for whole documents")
         if self.limit is not None and self.sample is not None:
             raise InvalidArgumentError("use either --limit or --sample, not both")
         if (self.corpus is None) == (self.dataset is None):
             raise InvalidArgumentError("give either --corpus FILE (with --format) or --dataset NAME:SPLIT")
         if self.corpus is not None and self.fmt is None:
-            raise InvalidArgumentError("--corpus needs --format (text, tsv, pairs-tsv or conllu)")
+            raise InvalidArgumentError("--corpus needs --format (text, tsv, pairs-tsv, conllu or jsonl)")
         if self.window_words is not None:
             from .datasets import find_dataset
 

@@ -42,6 +42,16 @@ else:  # these import zarr: each is imported at its first use, so commands that 
         LazyModule(f"{__package__}.{name}") for name in ("arrays", "direct", "qk", "remote", "summaries")
     )
 
+# A Q/K run's maps are rebuilt on read (store/qk.py), float32: one read may build at most this many MiB (a whole
+# example of SmolLM2 at 2,048 tokens is 4.5 GiB, at 8,192 tokens 72 GiB).
+REBUILD_LIMIT_ENV = "ATTNSTORE_REBUILD_MB"
+REBUILD_LIMIT_MB = 6144
+
+
+def rebuild_limit_bytes() -> int:
+    return int(float(os.environ.get(REBUILD_LIMIT_ENV) or REBUILD_LIMIT_MB) * 2**20)
+
+
 NORM_READ_TOKENS = 1 << 16  # value norms read at once (x layers x heads float16 values)
 # `attention`'s lookups: the (offset, length) of a window of example positions read from SQL at once, a few windows kept
 BLOCK_WINDOW = 4096
@@ -587,6 +597,14 @@ class StoreReader(SavedResultReads):
         only the layers asked for are read."""
         entry = info.qk
         assert entry is not None
+        need = len(layers) * len(heads) * (len(rows) if rows is not None else length) * length * 4
+        limit = rebuild_limit_bytes()
+        if need > limit:
+            raise InvalidArgumentError(
+                f"run {info.name!r}: rebuilding {len(layers)} layer(s) x {len(heads)} head(s) of an example of {length} tokens "
+                f"needs {need / 2**30:.1f} GiB, over the {limit / 2**30:.1f} GiB limit; read fewer layers, heads or rows "
+                f"(store.attention(run, example, layer=, head=, rows=)) or raise {REBUILD_LIMIT_ENV} (MiB)"
+            )
         lo, hi = min(layers), max(layers) + 1
         q_array, k_array, lse_array = qk.open_arrays(self.locations.array_root, info.array_path)
         stop = start + length

@@ -86,7 +86,7 @@ class RunInfo:
 
     @property
     def tier(self) -> str:
-        """"qk" (maps rebuilt from stored queries and keys) or "dense" (maps stored)."""
+        """The run's tier: "qk" (maps rebuilt from stored queries and keys) or "dense" (maps stored)."""
         return "qk" if self.qk else "dense"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from attnstore.api.ingest_cli import ingest as ingest_command
 from attnstore.ingest import ingest
-from attnstore.ingest.corpus import FORMAT_READERS, FORMATS, read_conllu, read_corpus, read_pairs_tsv, read_text, read_tsv
+from attnstore.ingest.corpus import FORMAT_READERS, FORMATS, read_conllu, read_corpus, read_jsonl, read_pairs_tsv, read_text, read_tsv
 from attnstore.ingest.errors import CorpusError, InvalidArgumentError
 from attnstore.ingest.manifest import build_manifest
 from attnstore.ingest.model import DEFAULT_MODEL
@@ -36,13 +36,13 @@ def test_defaults_are_the_command_lines():
         (dict(tokenization="chars"), "--tokenize must be one of ('text', 'words'), not 'chars'"),
         (dict(truncation="cut"), "truncation must be one of ('truncate', 'skip'), not 'cut'"),
         (dict(dtype="int8"), "dtype must be one of ('float16', 'float32'), not 'int8'"),
-        (dict(batch_size=0), "--batch-size, --limit, --sample and --window-words must be positive"),
-        (dict(limit=0), "--batch-size, --limit, --sample and --window-words must be positive"),
-        (dict(window_words=-1), "--batch-size, --limit, --sample and --window-words must be positive"),
+        (dict(batch_size=0), "--batch-size, --limit and --sample must be positive"),
+        (dict(limit=0), "--batch-size, --limit and --sample must be positive"),
+        (dict(window_words=-1), "--window-words must be positive, or 0 for whole documents"),
         (dict(limit=2, sample=3), "use either --limit or --sample, not both"),
         (dict(corpus=None), "give either --corpus FILE (with --format) or --dataset NAME:SPLIT"),
         (dict(dataset="glue/MRPC:dev"), "give either --corpus FILE (with --format) or --dataset NAME:SPLIT"),
-        (dict(fmt=None), "--corpus needs --format (text, tsv, pairs-tsv or conllu)"),
+        (dict(fmt=None), "--corpus needs --format (text, tsv, pairs-tsv, conllu or jsonl)"),
         (dict(chunk_cells=0), "--chunk-cells must be a positive number of cells, not 0"),
         (dict(chunk_cells=True), "--chunk-cells must be a positive number of cells, not True"),
         (dict(name="a\tb"), "run name 'a\\tb' is not usable"),
@@ -151,8 +151,8 @@ def test_settings_and_keywords_make_the_same_run(store, tiny_bert):
 
 
 def test_formats_dispatch_through_one_table(tmp_path):
-    assert FORMAT_READERS == {"text": read_text, "tsv": read_tsv, "pairs-tsv": read_pairs_tsv, "conllu": read_conllu}
-    assert FORMATS == ("text", "tsv", "pairs-tsv", "conllu")  # the command line's choices, in this order
+    assert FORMAT_READERS == {"text": read_text, "tsv": read_tsv, "pairs-tsv": read_pairs_tsv, "conllu": read_conllu, "jsonl": read_jsonl}
+    assert FORMATS == ("text", "tsv", "pairs-tsv", "conllu", "jsonl")  # the command line's choices, in this order
     text = tmp_path / "t.txt"
     text.write_text("a b\n\nc\n", encoding="utf-8")
     # readers without reading options (text, CoNLL-U) are given none, whatever read_corpus gets
@@ -161,5 +161,5 @@ def test_formats_dispatch_through_one_table(tmp_path):
     assert [e.text_b for e in read_corpus(MRPC, "pairs-tsv", text_a="#2 String", text_b="#1 String")][0].startswith("He said")
     with pytest.raises(TypeError):
         list(read_corpus(MRPC, "pairs-tsv", no_such_option=1))
-    with pytest.raises(CorpusError, match="unknown format 'xml'.*use one of text, tsv, pairs-tsv, conllu"):
+    with pytest.raises(CorpusError, match="unknown format 'xml'.*use one of text, tsv, pairs-tsv, conllu, jsonl"):
         read_corpus(text, "xml")

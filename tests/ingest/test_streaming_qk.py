@@ -32,14 +32,14 @@ def eager_maps(path: str, token_ids: list[int]) -> np.ndarray:
     return torch.stack(out.attentions, 1)[0].numpy()
 
 
-def ingest_cli(tmp_path: Path, model: str, name: str, corpus: str, *extra: str):
+def ingest_cli(tmp_path: Path, model: str, name: str, corpus: str, *extra: str, fmt: str = "text"):
     from click.testing import CliRunner
 
     from attnstore.api.cli import main
 
-    path = tmp_path / f"{name}.txt"
+    path = tmp_path / f"{name}.{fmt}"
     path.write_text(corpus, encoding="utf-8")
-    args = ["ingest", "--corpus", str(path), "--format", "text", "--annotate", "whitespace", "--no-progress", "--dtype", "float32"]
+    args = ["ingest", "--corpus", str(path), "--format", fmt, "--annotate", "whitespace", "--no-progress", "--dtype", "float32"]
     return CliRunner().invoke(main, [*args, "--model", model, "--name", name, *extra, *store_args(tmp_path)])
 
 
@@ -195,3 +195,45 @@ def test_the_writer_refuses_maps_on_a_qk_run_and_check_finds_a_damaged_array(tin
         assert problems and "qk_key" in problems[0]["problem"]
     finally:
         store.close()
+
+
+def test_a_jsonl_corpus_keeps_each_document_whole_and_bad_lines_are_named(tiny, tmp_path):
+    import json
+
+    from attnstore.ingest.corpus import read_jsonl
+    from attnstore.ingest.errors import CorpusError
+
+    docs = [{"id": "d1", "text": LONG.replace("\n", " ")}, {"id": "d2", "text": "A dog barked.\nThen it slept."}]
+    corpus = "\n".join(json.dumps(d) for d in docs) + "\n"
+    result = ingest_cli(tmp_path, tiny("llama"), "docs", corpus, "--tier", "qk", fmt="jsonl")
+    assert result.exit_code == 0, result.output
+    store = open_tmp_store(tmp_path)
+    try:
+        examples = store.examples("docs")
+        assert examples["doc_id"].tolist() == ["d1", "d2"] and examples["text_a"].tolist()[1] == "A dog barked.\nThen it slept."
+        assert len(store.tokens("docs", 0)) > 40 and store.run_info("docs").tier == "qk"
+    finally:
+        store.close()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"body": "no text"}\n', encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"bad.jsonl:2: no string field 'text'; give each line a 'text' text"):
+        list(read_jsonl(bad))
+    bad.write_text("{not json\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"bad.jsonl:1: not a JSON object"):
+        list(read_jsonl(bad))
+
+
+def test_reads_and_ingests_past_their_memory_limits_are_refused_in_one_line(tiny, tmp_path, monkeypatch):
+    assert ingest_cli(tmp_path, tiny("llama"), "qk", LONG, "--tier", "qk").exit_code == 0
+    store = open_tmp_store(tmp_path)
+    try:
+        n = len(store.tokens("qk", 0))
+        monkeypatch.setenv("ATTNSTORE_REBUILD_MB", str(2 * 4 * n * n * 4 / 2**20 - 1e-6))  # one byte short of example 0
+        with pytest.raises(Exception, match=r"rebuilding 2 layer\(s\) x 4 head\(s\) of an example of \d+ tokens needs .* read fewer"):
+            store.attention("qk", 0)
+        assert store.attention("qk", 0, layer=1).shape == (1, 4, n, n)  # half of it is within the limit
+    finally:
+        store.close()
+    monkeypatch.setenv("ATTNSTORE_DENSE_MB", "0.001")
+    result = ingest_cli(tmp_path, tiny("llama"), "dense", LONG, "--tier", "dense")
+    assert result.exit_code != 0 and "its dense maps need" in result.output and "--tier qk" in result.output
