@@ -80,10 +80,12 @@ def forward_with_loss(loaded: LoadedModel, batch: list[Encoded], dtype: str = "f
         return loaded.lm(**inputs, output_attentions=True, use_cache=False)
 
     with torch.inference_mode():
-        if loaded.capture == "streaming":
+        if loaded.capture == "streaming":  # the decoder's pass, then its LM head a few hundred tokens at a time
             sink = _sink(loaded, lengths, dtype, qk_dtype, stop=False)
-            output = streaming.run_with(sink, lambda: loaded.lm(**inputs, use_cache=False))
-            return sink.result(), lengths, token_loss(output.logits, inputs["input_ids"], lengths)
+            output = streaming.run_with(sink, lambda: loaded.model(**inputs, use_cache=False))
+            if getattr(output, "logits", None) is not None:  # a checkpoint whose decoder is the LM itself (GPT-2's)
+                return sink.result(), lengths, token_loss(output.logits, inputs["input_ids"], lengths)
+            return sink.result(), lengths, token_loss_by_chunks(loaded.lm, output.last_hidden_state, inputs["input_ids"], lengths)
         if loaded.attention_sources is not None:  # the maps caught by this thread's hooks (two passes run at once)
             output, attentions = capture.maps_of_whole_pass(run, loaded.attention_sources)
         else:  # the output's own maps, which a pass on another thread would mix into: one such pass at a time
@@ -119,6 +121,32 @@ def token_loss(logits, input_ids, lengths: list[int]) -> list[np.ndarray]:
         if n > 1:
             nll = F.cross_entropy(logits[k, : n - 1].float(), input_ids[k, 1:n].to(torch.long), reduction="none")
             loss[: n - 1] = nll.cpu().numpy()
+        out.append(loss)
+    return out
+
+
+LOSS_CHUNK = 512  # tokens whose logits exist at once: 512 x SmolLM2's 49,152-token vocabulary = 96 MiB of float32
+
+
+def token_loss_by_chunks(lm, hidden, input_ids, lengths: list[int]) -> list[np.ndarray]:
+    """`token_loss` from the decoder's last hidden states through the causal LM's output layer (and its final logit
+    soft-capping, Gemma 2/3), LOSS_CHUNK tokens at a time: the logits of a whole 8,192-token example (1.5 GiB for
+    SmolLM2) never exist at once."""
+    import torch
+    import torch.nn.functional as F
+
+    head = lm.get_output_embeddings()
+    cap = getattr(lm.config, "final_logit_softcapping", None)
+    out = []
+    for k, n in enumerate(lengths):
+        loss = np.full(n, np.nan, dtype=np.float32)
+        for s in range(0, n - 1, LOSS_CHUNK):
+            e = min(n - 1, s + LOSS_CHUNK)
+            logits = head(hidden[k, s:e]).float()
+            if cap is not None:
+                logits = torch.tanh(logits / cap) * cap
+            nll = F.cross_entropy(logits, input_ids[k, s + 1 : e + 1].to(torch.long), reduction="none")
+            loss[s:e] = nll.cpu().numpy()
         out.append(loss)
     return out
 

@@ -1,0 +1,201 @@
+"""Benchmark: decoder capture and the Q/K tier on SmolLM2-135M-Instruct, printing the targets as ratios measured in one run.
+
+    python benchmarks/decoder_capture.py [--length 2048] [--long 8192] [--data-dir ../shared/data] [--threads 2]
+
+The text is real: GUM dev documents (../shared/data/gum_ontogum/dev) joined and cut to the length. Figures:
+  rebuild error           maps rebuilt from stored float32 (and float16) Q/K vs eager output_attentions   (<= 1e-5 f32)
+  ingest CPU / SDPA       CPU seconds of ingest --tier qk (one document; the model loaded once, in this process)
+                          over a bare SDPA forward pass of the same input                                  (<= 1.5)
+  Q/K bytes / dense       the Q/K arrays on disk over the raw float16 maps (H L^2 2 bytes per layer), and
+                          over the dense tier's arrays on disk at --length                              (<= 5 %, 1.5 %)
+  block rebuild           one 512 x 512 block of one head from the store, median of 50                   (< 10 ms)
+  query / SDPA            `entropy` over the Q/K run, CPU seconds over the bare SDPA pass                 (<= 1.5)
+  peak RSS at --long      `attnstore ingest --tier qk` of one --long-token document, child maxrss       (<= 3 GiB)
+  crossover               tokens above which the Q/K tier's bytes on disk are below the dense tier's
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+
+
+def gum_text(data_dir: Path, tokenizer, n_tokens: int) -> str:
+    """GUM dev documents' sentences, in file order, until the text has at least n_tokens tokens (then cut to them)."""
+    from attnstore.ingest.corpus import read_conllu
+
+    parts: list[str] = []
+    for path in sorted((data_dir / "gum_ontogum" / "dev").glob("*.conllu")):
+        parts += [" ".join(w["form"] for w in s.words) for s in read_conllu(path)]
+        ids = tokenizer(" ".join(parts))["input_ids"]
+        if len(ids) >= n_tokens:
+            return tokenizer.decode(ids[:n_tokens])
+    raise SystemExit(f"GUM dev holds fewer than {n_tokens} tokens")
+
+
+def cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def child_cpu_and_rss() -> tuple[float, float]:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime, r.ru_maxrss / 2**20  # GiB (ru_maxrss is KiB on Linux)
+
+
+def du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def run_cli(args: list[str]) -> tuple[float, float]:
+    """CPU seconds and peak RSS (GiB) of one `attnstore` command in a child process (each call: a fresh child)."""
+    before, _ = child_cpu_and_rss()
+    code = (
+        "import sys; from attnstore.api.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\nelse:\n    code = 0\n"
+        # VmHWM: this process's peak RSS since its exec (ru_maxrss keeps a forked parent's, Linux)
+        "hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]\n"
+        "print('RSS', hwm, file=sys.stderr); sys.exit(code)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"attnstore {' '.join(args[:3])} failed:\n{done.stderr[-2000:]}")
+    rss = next(int(line.split()[1]) for line in done.stderr.splitlines() if line.startswith("RSS")) / 2**20
+    after, _ = child_cpu_and_rss()
+    return after - before, rss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--length", type=int, default=2048)
+    parser.add_argument("--long", type=int, default=8192)
+    parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+
+    import torch
+    import transformers as T
+
+    from attnstore.ingest import streaming
+    from attnstore.ingest.model import load_model
+    from attnstore.store import open_store, qk
+
+    torch.set_num_threads(args.threads)
+    loaded = load_model("SmolLM2-135M-Instruct")
+    assert loaded.capture == "streaming" and loaded.qk is not None, (loaded.capture, loaded.qk_refusal)
+    L, H, layers = args.length, loaded.n_heads, loaded.n_layers
+    text = gum_text(Path(args.data_dir), loaded.tokenizer, L)
+    ids = torch.tensor([loaded.tokenizer(text)["input_ids"][:L]])
+    L = ids.shape[1]
+    kv = loaded.qk["n_kv_heads"]
+    print(f"SmolLM2-135M-Instruct ({layers} layers x {H} heads, {kv} KV heads), {L} tokens of GUM dev, {args.threads} threads")
+
+    sdpa = T.AutoModelForCausalLM.from_pretrained(loaded.source, attn_implementation="sdpa").eval().get_decoder()
+    with torch.inference_mode():
+        sdpa(input_ids=ids[:, :64])
+        t0 = cpu()
+        sdpa(input_ids=ids)
+        bare = cpu() - t0
+    print(f"bare SDPA forward: {bare:.2f} CPU s")
+
+    # Rebuild error: Q/K captured in one pass, maps rebuilt per layer, against eager output_attentions.
+    eager = T.AutoModelForCausalLM.from_pretrained(loaded.source, attn_implementation="eager").eval().get_decoder()
+    with torch.inference_mode():
+        reference = eager(input_ids=ids, output_attentions=True).attentions
+    del eager
+    entry_of = {}
+    for dtype in ("float32", "float16"):
+        sink = streaming.QKSink(layers, getattr(torch, dtype), loaded.qk["windows"], [L])
+        with torch.inference_mode():
+            t0 = cpu()
+            streaming.run_with(sink, lambda: loaded.model(input_ids=ids))
+            capture_s = cpu() - t0
+        q, k, lse = sink.result()
+        entry = qk.qk_entry(
+            dtype=dtype,
+            n_kv_heads=loaded.qk["n_kv_heads"],
+            head_dim=loaded.qk["head_dim"],
+            scales=sink.scales,
+            windows=loaded.qk["windows"],
+        )
+        entry_of[dtype] = entry
+        err = max(
+            float(np.abs(qk.rebuild(q[0], k[0], lse[0], entry, [layer], list(range(H)))[0] - reference[layer][0].numpy()).max())
+            for layer in range(layers)
+        )
+        print(f"Q/K {dtype}: capture pass {capture_s:.2f} CPU s = {capture_s / bare:.2f}x SDPA; rebuilt maps vs eager: max |d| = {err:.1e}")
+    del reference
+
+    bytes_raw_dense = layers * H * L * L * 2
+    print(f"Q/K float16 raw bytes / raw float16 maps at {L}: {qk.stored_bytes(L, layers, H, entry_of['float16']) / bytes_raw_dense:.2%}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        from attnstore.store.migrate import upgrade
+
+        db = f"sqlite:///{tmp_path / 'meta.sqlite'}"
+        upgrade(db)
+        store_args = ["--db", db, "--root", str(tmp_path / "arrays")]
+        doc = tmp_path / "doc.jsonl"
+        doc.write_text(json.dumps({"id": "gum-dev", "text": text}) + "\n", encoding="utf-8")
+        from attnstore.ingest import ingest
+
+        store = open_store(db=db, root=str(tmp_path / "arrays"))
+        for tier in ("qk", "dense"):  # in this process, the model loaded: its load is not counted
+            t0 = cpu()
+            ingest(store, corpus=str(doc), fmt="jsonl", annotator="whitespace", name=tier, tier=tier, loaded=loaded, progress=False)
+            spent = cpu() - t0
+            what = f"ingest --tier {tier} of one {L}-token document (value norms and token loss kept)"
+            print(f"{what}: {spent:.2f} CPU s = {spent / bare:.2f}x SDPA")
+        store.close()
+        qk_disk = sum(du(tmp_path / "arrays" / "runs" / "qk" / name) for name in (qk.QUERY, qk.KEY, qk.LSE))
+        dense_disk = du(tmp_path / "arrays" / "runs" / "dense" / "cells")
+        print(
+            f"on disk at {L}: Q/K {qk_disk / 2**20:.1f} MiB = {qk_disk / bytes_raw_dense:.2%} of the raw float16 maps, "
+            f"{qk_disk / dense_disk:.2%} of the dense tier's {dense_disk / 2**20:.1f} MiB"
+        )
+        store = open_store(db=db, root=str(tmp_path / "arrays"))
+        times = []
+        for i in range(50):
+            layer, head = i % layers, (i * 7) % H
+            t0 = time.perf_counter()
+            block = store.attention("qk", 0, layer=layer, head=head, rows=range(L - 512, L))
+            times.append(time.perf_counter() - t0)
+        assert block.shape == (1, 1, 512, L)
+        print(f"one 512-row block of one head (512 x {L} keys) from the store: median {statistics.median(times) * 1e3:.1f} ms")
+        from attnstore.queries import run_query
+
+        t0 = cpu()
+        run_query(store, "entropy", run="qk")
+        query_s = cpu() - t0
+        print(f"entropy over the Q/K run: {query_s:.2f} CPU s = {query_s / bare:.2f}x the bare SDPA pass")
+        store.close()
+
+        long_text = gum_text(Path(args.data_dir), loaded.tokenizer, args.long)
+        long_doc = tmp_path / "long.jsonl"
+        long_doc.write_text(json.dumps({"id": "gum-dev-long", "text": long_text}) + "\n", encoding="utf-8")
+        long_args = ["ingest", "--corpus", str(long_doc), "--format", "jsonl", "--annotate", "whitespace", "--no-progress"]
+        long_s, long_rss = run_cli([*long_args, "--model", "SmolLM2-135M-Instruct", "--name", "long", "--tier", "qk", *store_args])
+        long_disk = sum(du(tmp_path / "arrays" / "runs" / "long" / name) for name in (qk.QUERY, qk.KEY, qk.LSE))
+        n_long = args.long
+        print(
+            f"ingest --tier qk of one {n_long}-token document (value norms and token loss kept): {long_s:.1f} CPU s, "
+            f"peak RSS {long_rss:.2f} GiB; Q/K on disk {long_disk / 2**20:.1f} MiB = "
+            f"{long_disk / (layers * H * n_long * n_long * 2):.2%} of the raw float16 maps"
+        )
+
+
+if __name__ == "__main__":
+    main()
