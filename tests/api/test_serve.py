@@ -22,6 +22,7 @@ with warnings.catch_warnings():  # starlette's TestClient asks for httpx2; httpx
 
 from attnstore.api.serve import ServeSettings, create_app  # noqa: E402
 from attnstore.queries import run_query  # noqa: E402
+from attnstore.tests.snapshots import store_with  # noqa: E402
 
 RUN = "served"
 TOKENS = [
@@ -62,10 +63,17 @@ def hand_maps(length: int, seed: int) -> np.ndarray:
 
 
 @pytest.fixture
-def served(store, make_run):
+def served(store):
+    return store, [hand_maps(len(t), seed) for seed, t in enumerate(TOKENS)]
+
+
+def build_served(store, make_run):
     maps = [hand_maps(len(t), seed) for seed, t in enumerate(TOKENS)]
     make_run(store, maps, TOKENS, name=RUN, words_list=WORDS, token_words=TOKEN_WORDS)
-    return store, maps
+
+
+# For a test of `served`, the store served builds, built once per session on SQLite and copied (tests/snapshots.py).
+store = store_with("served", build_served)
 
 
 TEST_HOST = ["testserver"]  # the test client's Host header; the server answers only the names it is given
@@ -181,6 +189,9 @@ def test_maps_as_json_and_npy_equal_the_store(served, client):
     array = np.load(io.BytesIO(binary.content), allow_pickle=False)
     assert array.dtype == np.float32 and array.shape == (2, 3, 5, 5)
     np.testing.assert_array_equal(array, store.attention(RUN, 2))
+    block = client.get(f"/api/runs/{RUN}/examples/1/attention", params={"layer": 1, "head": "0-1", "rows": "2-4"}).json()
+    assert block["rows"] == [2, 4] and block["shape"] == [1, 2, 3, 6]
+    np.testing.assert_array_equal(np.array(block["attention"], dtype=np.float32), maps[1][1:2, 0:2, 2:5])
 
 
 @pytest.mark.one_backend
@@ -194,6 +205,8 @@ def test_maps_refuse_bad_input_and_slices_over_the_budget(served):
         assert "0-based heads" in error_of(c.get(url, params={"head": "2-1"}), 400)
         assert "format" in error_of(c.get(url, params={"format": "xml"}), 400)
         assert "digits" in error_of(c.get(url, params={"digits": 12}), 400)
+        assert "the example has 6 query rows (0..5)" in error_of(c.get(url, params={"layer": 0, "head": 0, "rows": "4-6"}), 400)
+        assert "like 0-511" in error_of(c.get(url, params={"layer": 0, "head": 0, "rows": "a-b"}), 400)
         assert "no example 9" in error_of(c.get(f"/api/runs/{RUN}/examples/9/attention"), 404)
         assert "no run 'other'" in error_of(c.get("/api/runs/other/examples/0/attention"), 404)
         # 2 heads x 36 cells = 72 > 60 (JSON); as .npy (budget 100) it is fine, every head (216) is not

@@ -42,29 +42,49 @@ def parse_indices(text: str | None, name: str, size: int) -> list[int]:
     return out
 
 
-def checked_slice(srv: Server, run: str, example: int, layer: str | None, head: str | None, binary: bool) -> tuple:
-    """The run's info, the checked layers and heads and the example's length, within the cell budget of the format."""
+def parse_rows(text: str | None, length: int) -> range | None:
+    """'START-END' (0-based, inclusive) query rows of an example of `length` tokens -> a range; nothing: every row."""
+    if text is None or not text.strip() or text.strip().lower() == "all":
+        return None
+    first, sep, last = text.strip().partition("-")
+    try:
+        start, stop = int(first), (int(last) if sep else int(first)) + 1
+    except ValueError:
+        raise InvalidArgumentError(f"rows={text!r}: give a 0-based range of query rows like 0-511") from None
+    if not 0 <= start < stop <= length:
+        raise InvalidArgumentError(f"rows={text!r} is out of range: the example has {length} query rows (0..{length - 1})")
+    return range(start, stop)
+
+
+def checked_slice(srv: Server, run: str, example: int, layer: str | None, head: str | None, binary: bool, rows: str | None = None) -> tuple:
+    """The run's info, the checked layers, heads, the example's length and its query rows (None: all), within the cell
+    budget of the format."""
     info = srv.info(run)
     layers = parse_indices(layer, "layer", info.n_layers)
     heads = parse_indices(head, "head", info.n_heads)
     length = int(srv.example_row(info, example)["length"])
-    cells = len(layers) * len(heads) * length * length
+    row_range = parse_rows(rows, length)
+    n_rows = length if row_range is None else len(row_range)
+    cells = len(layers) * len(heads) * n_rows * length
     budget = srv.settings.max_cells if binary else srv.settings.max_json_cells
     if cells > budget:
         raise TooLargeError(
-            f"{len(layers)} layer(s) x {len(heads)} head(s) x {length} x {length} tokens = {cells} cells, over this server's "
-            f"budget of {budget} cells per {'.npy' if binary else 'JSON'} response; ask for a slice: layer=L&head=H"
+            f"{len(layers)} layer(s) x {len(heads)} head(s) x {n_rows} x {length} tokens = {cells} cells, over this server's "
+            f"budget of {budget} cells per {'.npy' if binary else 'JSON'} response; ask for a slice: layer=L&head=H&rows=0-511"
             + ("" if binary else f", or format=npy (budget {srv.settings.max_cells})")
         )
-    return info, layers, heads, length
+    return info, layers, heads, length, row_range
 
 
 def read_slice(srv: Server, example: int, checked: tuple) -> tuple[dict, np.ndarray]:
-    """The maps of a checked slice (`checked_slice`): (description, array (layer, head, query, key))."""
-    info, layers, heads, length = checked
+    """The maps of a checked slice (`checked_slice`): (description, array (layer, head, query, key)); a block of query
+    rows where it names one (a Q/K run rebuilds only those: store/qk.py)."""
+    info, layers, heads, length, rows = checked
     srv.reading(read_span(layers, heads, info.n_heads, length))
-    maps = srv.store.attention(info.id, example, layer=layers, head=heads)
+    maps = srv.store.attention(info.id, example, layer=layers, head=heads, rows=rows)
     about = {"run": info.name, "example": example, "layers": layers, "heads": heads, "shape": list(maps.shape), "dtype": str(maps.dtype)}
+    if rows is not None:
+        about["rows"] = [rows.start, rows.stop - 1]
     return about, maps
 
 
@@ -138,21 +158,23 @@ def maps_answer(
     format: str = "json",
     digits: int | None = None,
     gzip: bool = False,
+    rows: str | None = None,
 ) -> Response:
     """The maps endpoint's answer (its parameters' defaults are the endpoint's), in one of the heavy slots; a small one
     kept while the store's metadata is unchanged (as the example answers), a larger one written per request. `gzip`:
     the client accepts gzip, so a large JSON answer goes compressed (`compressed`)."""
     with s.heavy():
-        checked = checked_slice(s, run, example, layer, head, binary=format == "npy")
-        info, layers, heads, length = checked
-        cells = len(layers) * len(heads) * length * length
+        checked = checked_slice(s, run, example, layer, head, binary=format == "npy", rows=rows)
+        info, layers, heads, length, row_range = checked
+        cells = len(layers) * len(heads) * (length if row_range is None else len(row_range)) * length
         packed = format == "json" and gzip
 
         def answer() -> Response:
             plain = maps_response(s, example, checked, format, digits)
             return compressed(plain) if packed else plain
 
-        key = (info.id, info.status, info.n_stored, example, tuple(layers), tuple(heads), format, digits, packed)
+        span = None if row_range is None else (row_range.start, row_range.stop)
+        key = (info.id, info.status, info.n_stored, example, tuple(layers), tuple(heads), span, format, digits, packed)
         if cells <= KEPT_CELLS:
             return s.kept("maps answers", key, answer, 1024)
         if cells <= (KEPT_GZIP_CELLS if packed else KEPT_LARGE_CELLS):
@@ -175,7 +197,7 @@ def compressed(answer: Response) -> Response:
 
 def lanes(settings: ServeSettings) -> list[Lane]:
     """The maps endpoint's plain requests, for the fast lane (lane.py): the parameters as the endpoint bounds them."""
-    params = {"layer": text(200), "head": text(200), "format": choice("json", "npy"), "digits": integer(1, 8)}
+    params = {"layer": text(200), "head": text(200), "format": choice("json", "npy"), "digits": integer(1, 8), "rows": text(40)}
     return [Lane(rf"/api/runs/{RUN}/examples/{EXAMPLE}/attention", params, maps_answer, gzip=True)]
 
 
@@ -194,12 +216,15 @@ def router(settings: ServeSettings) -> APIRouter:
         head: str | None = Heads,
         format: str = Query("json", pattern="^(json|npy)$", description="json (nested lists) or npy (numpy's binary file)."),
         digits: int | None = Query(None, ge=1, le=8, description="JSON only: round to this many decimals."),
+        rows: str | None = Query(
+            None, max_length=40, description="A block of query rows, 0-based and inclusive (0-511): long examples, Q/K runs."
+        ),
         accept_encoding: str = Header("", include_in_schema=False),
         s: Server = Srv,
     ) -> Response:
         """One example's maps (layer, head, query, key), as JSON or .npy, within the cell budget. A JSON answer of 16 KB
         or more goes gzip-compressed to a client that accepts it (Accept-Encoding: gzip)."""
         gz = accepts_gzip(accept_encoding)
-        return await answer_here_or_on_a_thread(s, lambda: maps_answer(s, run, example, layer, head, format, digits, gz))
+        return await answer_here_or_on_a_thread(s, lambda: maps_answer(s, run, example, layer, head, format, digits, gz, rows))
 
     return api
