@@ -237,3 +237,54 @@ def test_reads_and_ingests_past_their_memory_limits_are_refused_in_one_line(tiny
     monkeypatch.setenv("ATTNSTORE_DENSE_MB", "0.001")
     result = ingest_cli(tmp_path, tiny("llama"), "dense", LONG, "--tier", "dense")
     assert result.exit_code != 0 and "its dense maps need" in result.output and "--tier qk" in result.output
+
+
+def test_an_interrupted_qk_run_resumes_to_the_clean_runs_arrays(tiny, tmp_path, monkeypatch):
+    """Cut off in a forward pass, then after a batch's Q/K was written but before its rows committed: the resumed run's
+    maps equal a clean run's bit for bit (batches of one example: the same arithmetic), and check finds nothing."""
+    from attnstore.ingest import passes
+    from attnstore.ingest.runner import ingest
+    from attnstore.store import migrate
+    from attnstore.store.check import check_run
+    from attnstore.store.writer import RunWriter
+
+    path = tiny("llama")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(LONG + SHORT, encoding="utf-8")
+    migrate.upgrade(f"sqlite:///{tmp_path / 'meta.sqlite'}")
+    store = open_tmp_store(tmp_path)
+    options = dict(corpus=str(corpus), fmt="text", annotator="whitespace", model=path, batch_size=1, tier="qk", progress=False)
+    real_forward, real_write = passes.forward_with_loss, RunWriter._write_qk
+    calls = {"forward": 0, "write": 0}
+
+    def flaky_forward(loaded, batch, *args):
+        calls["forward"] += 1
+        if calls["forward"] == 3:
+            raise KeyboardInterrupt
+        return real_forward(loaded, batch, *args)
+
+    def write_then_crash(self, parts):
+        real_write(self, parts)
+        if parts:
+            calls["write"] += 1
+            if calls["write"] == 2:
+                raise KeyboardInterrupt  # queries and keys on disk, the rows of their examples not committed
+
+    try:
+        ingest(store, **options, name="clean")
+        monkeypatch.setattr(passes, "forward_with_loss", flaky_forward)
+        with pytest.raises(KeyboardInterrupt):
+            ingest(store, **options, name="resumed")
+        monkeypatch.setattr(passes, "forward_with_loss", real_forward)
+        monkeypatch.setattr(RunWriter, "_write_qk", write_then_crash)
+        with pytest.raises(KeyboardInterrupt):
+            ingest(store, **options, name="resumed")
+        assert 0 < store.run_info("resumed").n_stored < 6
+        monkeypatch.setattr(RunWriter, "_write_qk", real_write)
+        done = ingest(store, **options, name="resumed")
+        assert done.run.status == "complete" and done.run.n_stored == 6
+        for example in range(6):
+            np.testing.assert_array_equal(store.attention("resumed", example), store.attention("clean", example))
+        assert check_run(store, "resumed").problems == []
+    finally:
+        store.close()
