@@ -39,11 +39,11 @@ _register_lock = threading.Lock()
 def register() -> None:
     """Register the "attnstore" attention implementation and its mask (idempotent)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     with _register_lock:
         AttentionInterface.register(IMPLEMENTATION, capture_attention)
-        AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
+        AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
 
 
 def eager_function(module):
@@ -63,9 +63,13 @@ def capture_attention(module, query, key, value, attention_mask, scaling=None, d
 
     sink = getattr(_state, "sink", None)
     if sink is not None:
-        sink.layer(module, query, key, value, attention_mask, scaling, kwargs)
+        output = sink.layer(module, query, key, value, attention_mask, scaling, kwargs)
+        if output is not None:  # the sink ran the fast kernel itself (QKSink on the CPU: the output and its log-sum-exps)
+            return output, None
     if _needs_eager_output(module):
-        output, _ = eager_function(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        n = query.shape[2]
+        mask = additive_block(attention_mask, 0, n, key.shape[2], query.dtype, query.device, causal=True)
+        output, _ = eager_function(module)(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
     else:
         output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     return output, None
@@ -83,10 +87,32 @@ def _blocks(n_rows: int):
         yield r0, min(n_rows, r0 + QUERY_BLOCK)
 
 
-def _mask_block(attention_mask, r0: int, r1: int, n_keys: int):
+def additive_block(attention_mask, r0: int, r1: int, n_keys: int, dtype, device, causal: bool):
+    """Rows r0..r1 and the first n_keys keys of the layer's mask as the eager functions add it: 0 where a key is seen,
+    the dtype's minimum where not. The mask is SDPA's (transformers' sdpa_mask): None where the model skips it (causal
+    attention, no padding: here the causal rule), or booleans (True: seen)."""
+    import torch
+
+    if attention_mask is not None and attention_mask.ndim == 4:
+        block = attention_mask[:, :, r0:r1, :n_keys]
+        if block.dtype != torch.bool:
+            return block
+        return torch.zeros((), dtype=dtype, device=device).masked_fill(~block, torch.finfo(dtype).min)
+    if not causal:
+        return None
+    i = torch.arange(r0, r1, device=device)[:, None]
+    j = torch.arange(n_keys, device=device)[None, :]
+    return torch.zeros((r1 - r0, n_keys), dtype=dtype, device=device).masked_fill(j > i, torch.finfo(dtype).min)[None, None]
+
+
+def _seen(attention_mask, b: int, r0: int, r1: int, n_keys: int):
+    """Which keys rows r0..r1 of example b see, as booleans (None: the causal rule, the mask was skipped)."""
+    import torch
+
     if attention_mask is None or attention_mask.ndim != 4:
-        return attention_mask
-    return attention_mask[:, :, r0:r1, :n_keys]
+        return None
+    block = attention_mask[b, 0, r0:r1, :n_keys]
+    return block if block.dtype == torch.bool else block == 0
 
 
 @dataclass
@@ -111,10 +137,10 @@ class DenseSink:
         options = {k: v for k, v in kwargs.items() if k not in ("output_attentions", "is_causal")}
         for r0, r1 in _blocks(n):
             keys = r1 if self.causal else n
+            mask = additive_block(attention_mask, r0, r1, keys, query.dtype, query.device, self.causal)
             _, weights = eager(
-                module, query[:, :, r0:r1], key[:, :, :keys], value[:, :, :keys], _mask_block(attention_mask, r0, r1, keys),
-                scaling=scaling, dropout=0.0, **options,
-            )  # fmt: skip
+                module, query[:, :, r0:r1], key[:, :, :keys], value[:, :, :keys], mask, scaling=scaling, dropout=0.0, **options
+            )
             self.maps[:, index, :, r0:r1, :keys].copy_(weights)
         if self.stop and self._next == self.n_layers:
             raise _Stop
@@ -148,7 +174,9 @@ class QKSink:
     scales: list = field(default_factory=list)
     _next: int = 0
 
-    def layer(self, module, query, key, value, attention_mask, scaling, kwargs) -> None:
+    def layer(self, module, query, key, value, attention_mask, scaling, kwargs):
+        """Keep the layer's Q/K and log-sum-exps; on the CPU, return the layer's output too (torch's flash kernel gives
+        both at the cost of SDPA alone: benchmarks/decoder_capture.py), else None (the caller computes it)."""
         import torch
 
         batch, heads, n, dim = query.shape
@@ -162,36 +190,59 @@ class QKSink:
         self.scales.append(scale)
         self.q[:, :, index].copy_(query.transpose(1, 2))
         self.k[:, :, index].copy_(key.transpose(1, 2))
-        q = self.q[:, :, index].transpose(1, 2).to(torch.float32)  # the stored values, as a rebuild reads them
-        k = self.k[:, :, index].transpose(1, 2).to(torch.float32)
+        self._check_mask(attention_mask, index, n)
+        if self.verify:
+            self._verify(module, query, key, value, attention_mask, scale, kwargs, min(n, QUERY_BLOCK))
         group = heads // kv_heads
+        if query.device.type == "cpu" and not self.verify:
+            return self._flash(query, key, value, attention_mask, scale, group, index)
+        q = self.q[:, :, index].transpose(1, 2).to(query.device, torch.float32)  # the stored values, as a rebuild reads them
+        k = self.k[:, :, index].transpose(1, 2).to(query.device, torch.float32)
         if group > 1:
             k = k.repeat_interleave(group, dim=1)
         for r0, r1 in _blocks(n):
             logits = torch.matmul(q[:, :, r0:r1], k[:, :, :r1].transpose(2, 3)) * scale
-            mask = _mask_block(attention_mask, r0, r1, r1)
-            if mask is not None:
-                self._check_mask(mask, index, r0, r1)
-                logits = logits + mask.to(torch.float32)
-            lse = torch.logsumexp(logits, dim=-1)  # (batch, head, rows)
+            mask = additive_block(attention_mask, r0, r1, r1, torch.float32, query.device, causal=True)
+            lse = torch.logsumexp(logits + mask, dim=-1)  # (batch, head, rows)
             self.lse[:, r0:r1, index].copy_(lse.transpose(1, 2))
-            if self.verify and r0 == 0:
-                self._verify(module, query, key, value, attention_mask, scale, kwargs, r1)
+        return None
 
-    def _check_mask(self, mask, layer: int, r0: int, r1: int) -> None:
-        """The model's mask of this block, within each example's real tokens, against the rule a rebuild applies (causal,
-        and the layer's sliding window): a model masking otherwise (chunked attention, a prefix) is refused."""
+    def _flash(self, query, key, value, attention_mask, scale: float, group: int, index: int):
+        """The layer's output and log-sum-exps from torch's CPU flash kernel; with float16 Q/K the log-sum-exps are taken
+        again from the stored values (so rebuilt rows sum to 1), the output from the model's own."""
+        import torch
+
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        n = query.shape[2]
+        causal = attention_mask is None or attention_mask.ndim != 4
+        mask = None if causal else additive_block(attention_mask, 0, n, n, query.dtype, query.device, causal=True)
+        k, v = (key, value) if group == 1 else (key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1))
+        output, lse = flash(query, k, v, 0.0, causal, attn_mask=mask, scale=scale)[:2]
+        if self.dtype != torch.float32 or query.dtype != torch.float32:
+            q32 = self.q[:, :, index].transpose(1, 2).to(torch.float32)
+            k32 = self.k[:, :, index].transpose(1, 2).to(torch.float32)
+            k32 = k32 if group == 1 else k32.repeat_interleave(group, dim=1)
+            mask32 = None if mask is None else mask.to(torch.float32)
+            _, lse = flash(q32, k32, v.to(torch.float32), 0.0, causal, attn_mask=mask32, scale=scale)[:2]
+        self.lse[:, :, index].copy_(lse.transpose(1, 2))
+        return output.transpose(1, 2).contiguous()
+
+    def _check_mask(self, attention_mask, layer: int, n: int) -> None:
+        """The model's mask, within each example's real tokens, against the rule a rebuild applies (causal, and the
+        layer's sliding window): a model masking otherwise (chunked attention, a prefix) is refused."""
         import torch
 
         window = self.windows[layer]
-        i = torch.arange(r0, r1)[:, None]
-        j = torch.arange(r1)[None, :]
-        rule = (j <= i) if window is None else (j <= i) & (i - j < window)
-        for b, n in enumerate(self.lengths):
-            if r0 >= n:
-                continue
-            seen = mask[b, 0, : min(r1, n) - r0, : min(r1, n)].to(rule.device) == 0
-            if not torch.equal(seen, rule[: min(r1, n) - r0, : min(r1, n)]):
+        for b, length in enumerate(self.lengths):
+            seen = _seen(attention_mask, b, 0, length, length)
+            if seen is None:
+                if window is None or length <= window:
+                    continue
+                seen = torch.ones((length, length), dtype=torch.bool).tril()  # skipped: the model attends causally
+            i = torch.arange(length, device=seen.device)[:, None]
+            j = torch.arange(length, device=seen.device)[None, :]
+            rule = (j <= i) if window is None else (j <= i) & (i - j < window)
+            if not torch.equal(seen, rule):
                 raise IngestError(
                     f"layer {layer}: the model masks attention otherwise than causally"
                     f"{f' within a window of {window}' if window else ''} (chunked or prefix attention), so its maps cannot be "
@@ -203,15 +254,13 @@ class QKSink:
         import torch
 
         options = {k: v for k, v in kwargs.items() if k not in ("output_attentions", "is_causal")}
-        mask = _mask_block(attention_mask, 0, r1, r1)
+        mask = additive_block(attention_mask, 0, r1, r1, query.dtype, query.device, causal=True)
         _, weights = eager_function(module)(
             module, query[:, :, :r1], key[:, :, :r1], value[:, :, :r1], mask, scaling=scale, dropout=0.0, **options
         )
         group = query.shape[1] // key.shape[1]
         k = key[:, :, :r1].to(torch.float32).repeat_interleave(group, dim=1) if group > 1 else key[:, :, :r1].to(torch.float32)
-        logits = torch.matmul(query[:, :, :r1].to(torch.float32), k.transpose(2, 3)) * scale
-        if mask is not None:
-            logits = logits + mask.to(torch.float32)
+        logits = torch.matmul(query[:, :, :r1].to(torch.float32), k.transpose(2, 3)) * scale + mask.to(torch.float32)
         rebuilt = torch.softmax(logits, dim=-1)
         err = (rebuilt - weights.to(torch.float32)).abs().max().item()
         if not err <= QK_TOLERANCE:
