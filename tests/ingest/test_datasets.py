@@ -88,6 +88,14 @@ def gold_mention_count(folder: Path) -> int:
     return opened
 
 
+def test_gum_documents_whole_with_window_words_0():
+    """--window-words 0: one example per document (the long corpus for decoders), every mention in it."""
+    whole = examples("gum/ontogum:dev", window_words=0)
+    assert [w.doc_id for w in whole] == sorted({w.doc_id for w in whole}) and len(whole) == 2
+    assert sum(len(w.mentions) for w in whole) == gold_mention_count(DATA / "gum_ontogum" / "dev")
+    assert [len(w.words) for w in whole] == [sum(len(x.words) for x in examples("gum/ontogum:dev") if x.doc_id == w.doc_id) for w in whole]
+
+
 def test_gum_windows_mentions_and_heads():
     windows = examples("gum/ontogum:dev", window_words=30)
     assert len({w.doc_id for w in windows}) == 2 and len(windows) > 2
