@@ -89,28 +89,30 @@ def stored_bytes(n_tokens: int, n_layers: int, n_heads: int, entry: dict) -> int
 
 
 def rebuild(
-    q: np.ndarray, k: np.ndarray, lse: np.ndarray, entry: dict, layers: list[int], heads: list[int], rows: range | None = None
+    q: np.ndarray, k: np.ndarray, lse: np.ndarray, entry: dict, layers: list[int], heads: list[int], rows: range | None = None, n_keys: int | None = None
 ) -> np.ndarray:
-    """Maps (layer, head, row, key) float32 of one example from its slices of the three arrays (q: (L, layer, head, d),
-    k: (L, layer, kv_head, d), lse: (L, layer, head)), for `layers` x `heads` and query rows `rows` (default all)."""
-    n = q.shape[0]
-    rows = rows if rows is not None else range(n)
-    r0, r1 = rows.start, rows.stop
-    keys = r1  # a causal row sees no key past itself
+    """Maps (layer, head, row, key) float32 of one example from its slices of the three arrays, for `layers` x `heads`
+    and query rows `rows` (default all): q and lse hold those rows ((rows, layer, head, d), (rows, layer, head)), k the
+    example's keys up to the last row ((keys, layer, kv_head, d)); `n_keys`: the example's length (the result's last
+    axis; default the keys given). A causal row sees no key past itself, so keys past the last row are never read."""
+    rows = rows if rows is not None else range(q.shape[0])
+    n_keys = n_keys if n_keys is not None else k.shape[0]
+    keys = rows.stop
     group = q.shape[2] // k.shape[2]
-    out = np.zeros((len(layers), len(heads), r1 - r0, n), dtype=np.float32)
-    i = np.arange(r0, r1)[:, None]
+    out = np.zeros((len(layers), len(heads), len(rows), n_keys), dtype=np.float32)
+    i = np.arange(rows.start, rows.stop)[:, None]
     j = np.arange(keys)[None, :]
     for a, layer in enumerate(layers):
         window = entry["window"][layer]
         visible = j <= i if window is None else (j <= i) & (i - j < window)
+        bias = np.where(visible, np.float32(0), np.float32(-np.inf))  # exp(-inf) = 0: what a row does not see
         scale = np.float32(entry["scale"][layer])
         for b, head in enumerate(heads):
-            qh = q[r0:r1, layer, head].astype(np.float32, copy=False)
-            kh = k[:keys, layer, head // group].astype(np.float32, copy=False)
-            logits = qh @ kh.T * scale - lse[r0:r1, layer, head].astype(np.float32, copy=False)[:, None]
-            np.exp(logits, out=logits, where=visible)
-            out[a, b, :, :keys] = np.where(visible, logits, np.float32(0))
+            logits = q[:, layer, head].astype(np.float32, copy=False) @ k[:keys, layer, head // group].astype(np.float32, copy=False).T
+            logits *= scale
+            logits -= lse[:, layer, head].astype(np.float32, copy=False)[:, None]
+            logits += bias
+            np.exp(logits, out=out[a, b, :, :keys])
     return out
 
 

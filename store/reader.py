@@ -105,6 +105,7 @@ class StoreReader(SavedResultReads):
         self._static_info: dict[RunRef, RunInfo] = {}
         self._block_windows: LRU[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = LRU(max_entries=BLOCK_WINDOWS_KEPT)
         self._direct: dict[str, tuple[tuple[int, int, int], direct.DirectCells | None]] = {}
+        self._qk_handles: dict[str, tuple] = {}  # a Q/K run's three arrays by array path (`_qk_arrays`)
         self._block_cache: direct.BlockCache | None = None  # made at the first one-example read (`block_cache`)
 
     def __repr__(self) -> str:
@@ -606,23 +607,36 @@ class StoreReader(SavedResultReads):
                 f"(store.attention(run, example, layer=, head=, rows=)) or raise {REBUILD_LIMIT_ENV} (MiB)"
             )
         lo, hi = min(layers), max(layers) + 1
-        q_array, k_array, lse_array = qk.open_arrays(self.locations.array_root, info.array_path)
+        rows = rows if rows is not None else range(length)
         stop = start + length
+        q_array, k_array, lse_array = self._qk_arrays(info, stop)
+        # only the rows asked for, and the keys up to the last of them (a causal row sees none past itself)
+        first, last = start + rows.start, start + rows.stop
         try:
-            q = np.asarray(q_array.array[start:stop, lo:hi])
-            k = np.asarray(k_array.array[start:stop, lo:hi])
-            lse = np.asarray(lse_array.array[start:stop, lo:hi])
+            q = np.asarray(q_array.array[first:last, lo:hi])
+            k = np.asarray(k_array.array[start:last, lo:hi])
+            lse = np.asarray(lse_array.array[first:last, lo:hi])
         except Exception as exc:
             raise DamagedDataError(
                 f"run {info.name!r}: cannot read its queries and keys for tokens {start}..{stop} ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}); run `attnstore check`"
             ) from None
-        if len(q) != length or len(k) != length or len(lse) != length:
+        if len(q) != len(rows) or len(k) != rows.stop or len(lse) != len(rows):
             raise DamagedDataError(
                 f"run {info.name!r}: its Q/K arrays hold fewer tokens than its committed examples need ({stop}); run `attnstore check`"
             )
         shifted = {**entry, "scale": entry["scale"][lo:hi], "window": entry["window"][lo:hi]}
-        return qk.rebuild(q, k, lse, shifted, [v - lo for v in layers], heads, rows)
+        return qk.rebuild(q, k, lse, shifted, [v - lo for v in layers], heads, rows, n_keys=length)
+
+    def _qk_arrays(self, info: RunInfo, stop: int) -> tuple:
+        """A Q/K run's three arrays, opened once per store while they hold `stop` tokens (opened again when a run being
+        written has grown past what the kept handles say)."""
+        kept = self._qk_handles.get(info.array_path)
+        if kept is None or kept[0].length() < stop:
+            kept = qk.open_arrays(self.locations.array_root, info.array_path)
+            with self._maps_lock:
+                self._qk_handles[info.array_path] = kept
+        return kept
 
     def _maps_info(self, run: RunRef) -> RunInfo:
         """`run_info`, read from SQL once per store for `attention`, which uses only what never changes of a run (its
