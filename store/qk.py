@@ -89,7 +89,14 @@ def stored_bytes(n_tokens: int, n_layers: int, n_heads: int, entry: dict) -> int
 
 
 def rebuild(
-    q: np.ndarray, k: np.ndarray, lse: np.ndarray, entry: dict, layers: list[int], heads: list[int], rows: range | None = None, n_keys: int | None = None
+    q: np.ndarray,
+    k: np.ndarray,
+    lse: np.ndarray,
+    entry: dict,
+    layers: list[int],
+    heads: list[int],
+    rows: range | None = None,
+    n_keys: int | None = None,
 ) -> np.ndarray:
     """Maps (layer, head, row, key) float32 of one example from its slices of the three arrays, for `layers` x `heads`
     and query rows `rows` (default all): q and lse hold those rows ((rows, layer, head, d), (rows, layer, head)), k the

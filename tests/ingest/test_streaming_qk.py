@@ -174,7 +174,27 @@ def test_bad_tier_and_device_are_refused_in_one_line(tiny, tmp_path):
     assert not (tmp_path / "meta.sqlite").exists()  # nothing half-written: the store these commands created is gone
 
 
-def test_the_writer_refuses_maps_on_a_qk_run_and_check_finds_a_damaged_array(tiny, tmp_path):
+def check_bundle(store, run: str, tmp_path: Path) -> None:
+    """A bundle carries a Q/K run: the imported run rebuilds the same maps and checks clean."""
+    from attnstore.store import migrate, open_store
+    from attnstore.store.bundle import export_runs, import_bundle
+    from attnstore.store.check import check_run
+
+    export_runs(store, [run], str(tmp_path / "b.zip"))
+    url = f"sqlite:///{tmp_path / 'dst.sqlite'}"
+    migrate.upgrade(url)
+    dst = open_store(db=url, root=str(tmp_path / "dst.zarr"))
+    try:
+        import_bundle(dst, str(tmp_path / "b.zip"))
+        assert dst.run_info(run).tier == "qk"
+        for example in range(3):
+            np.testing.assert_array_equal(dst.attention(run, example), store.attention(run, example))
+        assert check_run(dst, run).problems == []
+    finally:
+        dst.close()
+
+
+def test_the_writer_refuses_maps_on_a_qk_run_a_bundle_carries_it_and_check_finds_damage(tiny, tmp_path):
     from attnstore.store.check import check_run
     from attnstore.store.errors import InvalidArgumentError
 
@@ -188,6 +208,7 @@ def test_the_writer_refuses_maps_on_a_qk_run_and_check_finds_a_damaged_array(tin
                 writer.add(99, np.zeros((2, 4, 1, 1), np.float32), [{"token_id": 1}])
         finally:
             writer.close()
+        check_bundle(store, "qk", tmp_path)
         chunk = tmp_path / "attention.zarr" / "runs" / "qk" / "qk_key" / "c" / "0" / "1" / "0" / "0"
         assert chunk.is_file()
         chunk.write_bytes(b"damaged")
