@@ -548,8 +548,9 @@ class StoreReader(SavedResultReads):
         if rows is None:
             return None
         if isinstance(rows, (range, slice)) and (rows.step or 1) == 1:
-            start, stop, _ = slice(rows.start, rows.stop).indices(length)
-            if start < stop:
+            start = 0 if rows.start is None else rows.start
+            stop = length if rows.stop is None else rows.stop
+            if 0 <= start < stop <= length:
                 return range(start, stop)
         raise InvalidArgumentError(f"rows {rows!r}: give a range of query rows within the example's {length} tokens, e.g. range(0, 512)")
 

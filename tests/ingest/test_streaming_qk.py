@@ -16,6 +16,9 @@ T = pytest.importorskip("transformers")
 
 from attnstore.tests.ingest.test_decoders import store_args  # noqa: E402
 
+pytestmark = pytest.mark.model  # tiny random models through torch (~1 min in all): out of `make test-fast`, whose
+# edit loop has the store side in tests/store/test_qk_tier.py
+
 LONG = (
     "The cat sat on the mat and the dog barked at the cat, and it ran away from the dog into the garden.\n"
     "Don't stop me now, the cat sat on the mat while the dog ran.\n"

@@ -129,9 +129,11 @@ def hand_run(
     chunk_cells: int = 64,
     codec=None,
     value_norms: bool = False,
+    manifest: dict | None = None,
 ):
     """A hand-made model's run over `dataset_id`, started as ingest starts one (chunks of 64 cells by default); returns its
-    RunInfo. Also what conftest's `make_run` starts its runs with."""
+    RunInfo. Also what conftest's `make_run` starts its runs with. `manifest`: entries of the run's manifest (a Q/K
+    run's `qk`)."""
     model_id = store.writer.find_or_create_model(
         name=f"hand-{name}",
         source="tests",
@@ -156,7 +158,7 @@ def hand_run(
         batch_size=1,
         code_version="test",
         corpus_checksum="x",
-        manifest={"value_norms": True} if value_norms else {},
+        manifest={**({"value_norms": True} if value_norms else {}), **(manifest or {})},
     )
 
 

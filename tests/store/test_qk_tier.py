@@ -1,0 +1,139 @@
+"""The Q/K tier's store side (store/qk.py) on hand-made queries and keys, without a model: what a run writes, what a
+read rebuilds (exact softmax of q.k scale over the causal, windowed keys), blocks of rows, check, and bad input."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from attnstore.store import qk
+from attnstore.store.errors import InvalidArgumentError
+from attnstore.store.records import ExampleInput
+from attnstore.tests.queries.helpers import hand_run
+
+LAYERS, HEADS, KV, DIM = 2, 4, 2, 3
+SCALES, WINDOWS = [0.5, 0.25], [None, 2]
+LENGTHS = [4, 6, 1]
+
+
+def softmax_maps(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """(layer, head, L, L): softmax over the keys each row sees, computed the long way in float64."""
+    n = q.shape[0]
+    out = np.zeros((LAYERS, HEADS, n, n))
+    for layer in range(LAYERS):
+        for head in range(HEADS):
+            for i in range(n):
+                seen = [j for j in range(i + 1) if WINDOWS[layer] is None or i - j < WINDOWS[layer]]
+                logits = np.array([q[i, layer, head] @ k[j, layer, head // (HEADS // KV)] * SCALES[layer] for j in seen], dtype=np.float64)
+                out[layer, head, i, seen] = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    return out
+
+
+def lse_of(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    n = q.shape[0]
+    lse = np.zeros((n, LAYERS, HEADS), dtype=np.float32)
+    for layer in range(LAYERS):
+        for head in range(HEADS):
+            for i in range(n):
+                seen = [j for j in range(i + 1) if WINDOWS[layer] is None or i - j < WINDOWS[layer]]
+                logits = np.array([q[i, layer, head] @ k[j, layer, head // (HEADS // KV)] * SCALES[layer] for j in seen])
+                lse[i, layer, head] = np.log(np.exp(logits - logits.max()).sum()) + logits.max()
+    return lse
+
+
+@pytest.fixture
+def qk_run(store):
+    """A run in the Q/K tier (float32) of three examples (4, 6 and 1 tokens), written as ingest writes one."""
+    rng = np.random.default_rng(0)
+    dataset_id, _ = store.writer.find_or_create_dataset(
+        name="hand-qk", split="test", checksum=uuid.uuid4().hex, format="text", source="tests", annotator="whitespace"
+    )
+    words = [
+        [
+            dict(
+                position=i,
+                segment=0,
+                form=f"w{i}",
+                lemma=None,
+                upos=None,
+                xpos=None,
+                head=None,
+                deprel=None,
+                char_start=None,
+                char_end=None,
+            )
+            for i in range(n)
+        ]
+        for n in LENGTHS
+    ]
+    store.writer.add_examples(
+        dataset_id,
+        [ExampleInput(position=p, text_a=" ".join(w["form"] for w in ws), words=tuple(ws)) for p, ws in enumerate(words)],
+        "whitespace",
+    )
+    store.writer.complete_dataset(dataset_id)
+    entry = qk.qk_entry(dtype="float32", n_kv_heads=KV, head_dim=DIM, scales=SCALES, windows=WINDOWS)
+    info = hand_run(
+        store, "qk", dataset_id=dataset_id, n_layers=LAYERS, n_heads=HEADS, dtype="float32", specials={}, manifest={"qk": entry}
+    )
+    ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
+    writer = store.writer.run_writer(info.id)
+    values = []
+    for position, n in enumerate(LENGTHS):
+        q = rng.normal(size=(n, LAYERS, HEADS, DIM)).astype(np.float32)
+        k = rng.normal(size=(n, LAYERS, KV, DIM)).astype(np.float32)
+        tokens = [
+            dict(token=f"w{i}", token_id=1000 + i, word_position=i, segment=0, is_special=False, char_start=None, char_end=None)
+            for i in range(n)
+        ]
+        writer.add(ids[position], None, tokens, qk=(q, k, lse_of(q, k)))
+        writer.commit()
+        values.append((q, k))
+    writer.finish(0.0)
+    return values
+
+
+def test_reads_rebuild_the_softmax_of_the_stored_queries_and_keys(store, qk_run):
+    from attnstore.store.check import check_run
+
+    info = store.run_info("qk")
+    assert info.tier == "qk" and info.qk["window"] == WINDOWS
+    for example, (q, k) in enumerate(qk_run):
+        expected = softmax_maps(q, k)
+        maps = store.attention("qk", example)
+        assert maps.dtype == np.float32 and maps.shape == expected.shape
+        np.testing.assert_allclose(maps, expected, atol=1e-6)
+        np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-6)
+        assert (maps[1][..., np.tril(np.ones((len(q), len(q)), bool), -2)] == 0).all()  # layer 1's window of 2
+    np.testing.assert_array_equal(
+        store.attention("qk", 1, layer=1, head=[3, 0], rows=range(2, 5)), store.attention("qk", 1)[1:, [3, 0], 2:5]
+    )
+    streamed = dict(store.iter_attention("qk", [2, 0]))
+    assert sorted(streamed) == [0, 2] and np.array_equal(streamed[0], store.attention("qk", 0))
+    assert check_run(store, "qk").problems == []
+    with pytest.raises(InvalidArgumentError, match=r"rows range\(3, 9\).*within the example's 4 tokens"):
+        store.attention("qk", 0, rows=range(3, 9))
+
+
+def test_the_writer_refuses_maps_and_ill_shaped_queries_on_a_qk_run(store, qk_run):
+    info = store.run_info("qk")
+    writer = store.writer.run_writer(info.id)
+    tokens = [dict(token="w0", token_id=1000, word_position=0, segment=0, is_special=False, char_start=None, char_end=None)]
+    try:
+        with pytest.raises(InvalidArgumentError, match="is in the qk tier: example 9 needs queries, keys and log-sum-exps"):
+            writer.add(9, np.ones((LAYERS, HEADS, 1, 1), np.float32), tokens)
+        bad = (np.zeros((1, LAYERS, HEADS, DIM + 1)), np.zeros((1, LAYERS, KV, DIM)), np.zeros((1, LAYERS, HEADS)))
+        with pytest.raises(InvalidArgumentError, match="do not fit"):
+            writer.add(9, None, tokens, qk=bad)
+    finally:
+        writer.close()
+
+
+def test_qk_entry_and_bytes():
+    entry = qk.qk_entry(dtype="float16", n_kv_heads=3, head_dim=64, scales=[0.125] * 30, windows=[None] * 30)
+    # SmolLM2 at 8,192 tokens: (9 + 3) x 64 x 2 + 4 x 9 bytes per token and layer, against 9 x 8,192 x 2 for the maps
+    assert qk.stored_bytes(8192, 30, 9, entry) / (30 * 9 * 8192 * 8192 * 2) == pytest.approx(0.0107, abs=1e-4)
+    with pytest.raises(ValueError, match="Q/K dtype must be one of"):
+        qk.qk_entry(dtype="int8", n_kv_heads=3, head_dim=64, scales=[], windows=[])
