@@ -293,19 +293,28 @@ def _tell_reused(notify: Callable[[str], None] | None, plan: DatasetPlan, existi
 # A batch's attention is batch x layers x heads x T x T floats: cap batch x T^2 so long
 # inputs get smaller batches and peak memory does not depend on the corpus's lengths.
 MAX_BATCH_PAIRS = 32 * 128 * 128
+# A Q/K run's batch keeps batch x T x layers x (heads + kv heads) x d values: linear in T, so its batches are filled to a
+# token budget instead (one 8,192-token document, or four of 2,048).
+MAX_BATCH_TOKENS = 8192
 
 
 def plan_batches(
-    encoded: Iterable[Encoded], batch_size: int, window_batches: int = 8, max_pairs: int = MAX_BATCH_PAIRS
+    encoded: Iterable[Encoded],
+    batch_size: int,
+    window_batches: int = 8,
+    max_pairs: int = MAX_BATCH_PAIRS,
+    max_tokens: int | None = None,
 ) -> Iterator[list[Encoded]]:
     """Batches of similar length (sorted within windows of a few batches), at most `batch_size`
-    examples and `max_pairs` (batch x longest length squared) token pairs each."""
+    examples and `max_pairs` (batch x longest length squared) token pairs each, or with `max_tokens` (the Q/K tier) at
+    most that many tokens (batch x longest length) instead."""
     it = iter(encoded)
     while window := list(islice(it, batch_size * window_batches)):
         window.sort(key=lambda e: e.length)
         batch: list[Encoded] = []
         for e in window:
-            if batch and (len(batch) == batch_size or (len(batch) + 1) * e.length**2 > max_pairs):
+            size = (len(batch) + 1) * (e.length if max_tokens is not None else e.length**2)
+            if batch and (len(batch) == batch_size or size > (max_tokens if max_tokens is not None else max_pairs)):
                 yield batch
                 batch = []
             batch.append(e)
@@ -456,7 +465,13 @@ def ingest(
             with feed or nullcontext():
                 examples = feed.examples() if feed is not None else store.writer.dataset_examples(dataset_id)
                 batches = planned_batches(
-                    examples, loaded, settings.tokenization, settings.max_length, settings.truncation, settings.batch_size
+                    examples,
+                    loaded,
+                    settings.tokenization,
+                    settings.max_length,
+                    settings.truncation,
+                    settings.batch_size,
+                    max_tokens=MAX_BATCH_TOKENS if info.qk else None,
                 )
                 if scheduler is None:
                     n_new = run_batches(writer, loaded, settings.dtype, info, done, batches, total, progress)
@@ -553,7 +568,7 @@ def _mark_interrupted(store: Store, run_id: int) -> None:
 
 
 def planned_batches(
-    examples: Iterator[StoredExample], loaded: LoadedModel, tokenization, max_length, truncation, batch_size
+    examples: Iterator[StoredExample], loaded: LoadedModel, tokenization, max_length, truncation, batch_size, max_tokens: int | None = None
 ) -> Iterator[list[Encoded]]:
     """The batches of a dataset's `examples` (all of them, in corpus order), tokenized as they are
     planned (already-stored examples included, see `run_batches`)."""
@@ -563,4 +578,4 @@ def planned_batches(
         for group in iter(lambda: list(islice(pending, 256)), [])
         for enc in encode_batch(loaded.tokenizer_for(tokenization), _checked(group, tokenization), max_length, truncation, tokenization)
     )
-    return plan_batches(encoded, batch_size)
+    return plan_batches(encoded, batch_size, max_tokens=max_tokens)

@@ -19,3 +19,10 @@ def test_long_inputs_get_smaller_batches():
     assert all(len(b) * max(e.length for e in b) ** 2 <= 3 * 100**2 for b in batches)
     assert [len(b) for b in batches] == [8, 3, 3, 3, 3]
     assert sum(len(b) for b in batches) == 20
+
+
+def test_qk_batches_are_filled_to_a_token_budget():
+    """The Q/K tier's batches grow with length, not its square: 8,192 tokens hold four of 2,048 or one of 8,192."""
+    items = [enc(i, n) for i, n in enumerate([2048] * 5 + [8192, 100])]
+    batches = list(plan_batches(items, batch_size=32, window_batches=4, max_tokens=8192))
+    assert [[e.length for e in b] for b in batches] == [[100, 2048, 2048, 2048], [2048, 2048], [8192]]
