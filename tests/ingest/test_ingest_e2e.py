@@ -113,9 +113,9 @@ def test_two_forward_passes_at_once_store_what_one_pass_stores(store, loaded_mod
         seen = set()
         real_forward = passes.forward_attention
 
-        def noting_forward(loaded, batch):
+        def noting_forward(loaded, batch, **options):
             seen.add((threading.get_ident(), torch.get_num_threads()))
-            return real_forward(loaded, batch)
+            return real_forward(loaded, batch, **options)
 
         monkeypatch.setattr(passes, "forward_attention", noting_forward)
         options = dict(corpus=str(MRPC), fmt="pairs-tsv", annotator="whitespace", loaded=loaded_model, batch_size=2, progress=False)
@@ -175,11 +175,11 @@ def test_interrupted_run_resumes_without_duplicates_or_loss(store, loaded_model,
     real_forward = passes.forward_attention
     calls = {"n": 0}
 
-    def flaky_forward(loaded, batch):
+    def flaky_forward(loaded, batch, **options):
         calls["n"] += 1
         if calls["n"] == 4:
             raise KeyboardInterrupt
-        return real_forward(loaded, batch)
+        return real_forward(loaded, batch, **options)
 
     monkeypatch.setattr(passes, "forward_attention", flaky_forward)
     with pytest.raises(KeyboardInterrupt):
