@@ -26,8 +26,8 @@ def pytest_addoption(parser):
         "--backend",
         choices=("both", "sqlite", "postgresql"),
         default=os.environ.get(BACKEND_ENV, "both"),
-        help=f"Run the tests parametrised over db_url on one backend only (default both; env {BACKEND_ENV}). "
-        "`make test-fast` uses sqlite; CI runs both.",
+        help=f"Run the tests parametrised over db_url on one backend only (default both; env {BACKEND_ENV}); sqlite also "
+        "leaves out the tests that ask for a PostgreSQL server themselves (PG_FIXTURES). `make test-fast` uses sqlite; CI runs both.",
     )
 
 
@@ -62,6 +62,8 @@ def pytest_generate_tests(metafunc):
 # Tests using these fixtures start servers or clusters of real processes (moto's S3 server, Dask's LocalCluster):
 # they are `slow` too, and `make test-fast` leaves them out.
 SLOW_FIXTURES = {"s3_endpoint", "cluster"}
+# Tests using these fixtures need the PostgreSQL server whatever `db_url` is: `--backend sqlite` leaves them out.
+PG_FIXTURES = {"pg_admin_url", "pg_databases", "migrated_pg_template"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by mark
@@ -76,6 +78,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         callspec = getattr(item, "callspec", None)
         param = callspec.params.get("db_url") if callspec is not None else None
+        # a test that asks for a PostgreSQL server itself (no db_url parameter) is a PostgreSQL test too
+        param = param or ("postgresql" if PG_FIXTURES & set(getattr(item, "fixturenames", ())) else None)
         (drop if param is not None and param != backend else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -270,6 +274,14 @@ def db_url(request, tmp_path):
     url = new_database(template)
     request.addfinalizer(lambda: new_database.release(url, template))  # after `store` is closed
     return url
+
+
+@pytest.fixture(scope="session")
+def store_snapshots(tmp_path_factory, migrated_sqlite):
+    """Stores built once per session (of an xdist worker) on SQLite and copied for each test (tests/snapshots.py)."""
+    from attnstore.tests.snapshots import StoreSnapshots
+
+    return StoreSnapshots(tmp_path_factory, migrated_sqlite)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from attnstore.api.cli import main
 from attnstore.queries import run_query
+from attnstore.tests.snapshots import store_with
 
 TOKENS = [["[CLS]", "a", "b", "c", "d", "[SEP]", "e", "f", "[SEP]"], ["[CLS]", "x", "y", "z", "[SEP]"]]
 
@@ -24,9 +25,16 @@ def maps_for(length: int) -> np.ndarray:
 
 
 @pytest.fixture
-def labelled_store(store, make_run):
-    run = make_run(store, [maps_for(len(t)) for t in TOKENS], TOKENS, name="tiny")
-    return store, run
+def labelled_store(store):
+    return store, "tiny"
+
+
+def build_labelled_store(store, make_run):
+    make_run(store, [maps_for(len(t)) for t in TOKENS], TOKENS, name="tiny")
+
+
+# For a test of `labelled_store`: the store build_labelled_store fills, built once per session on SQLite and copied (tests/snapshots.py).
+store = store_with("labelled_store", build_labelled_store)
 
 
 def store_args(store):

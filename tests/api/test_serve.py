@@ -72,7 +72,7 @@ def build_served(store, make_run):
     make_run(store, maps, TOKENS, name=RUN, words_list=WORDS, token_words=TOKEN_WORDS)
 
 
-# For a test of `served`, the store served builds, built once per session on SQLite and copied (tests/snapshots.py).
+# For a test of `served`: the store build_served fills, built once per session on SQLite and copied (tests/snapshots.py).
 store = store_with("served", build_served)
 
 

@@ -27,6 +27,7 @@ from attnstore.api.http.middleware import keep_run_segment  # noqa: E402
 from attnstore.api.serve import ServeSettings, allowed_hosts_for, create_app  # noqa: E402
 from attnstore.queries import run_query  # noqa: E402
 from attnstore.store.errors import InvalidArgumentError  # noqa: E402
+from attnstore.tests.snapshots import store_with  # noqa: E402
 
 TOKENS = [["[CLS]", "the", "cat", "sat", "[SEP]"], ["[CLS]", "a", "dog", "bark", "##ed", "[SEP]"]]
 WORDS = [
@@ -57,13 +58,18 @@ def maps_for(seed: int) -> list[np.ndarray]:
 
 
 @pytest.fixture
-def named(store, make_run):
+def named(store):
     """A store with one run per name of NAMES, each with its own maps."""
-    maps = {}
+    return store, {name: maps_for(seed) for seed, name in enumerate(NAMES)}
+
+
+def build_named(store, make_run):
     for seed, name in enumerate(NAMES):
-        maps[name] = maps_for(seed)
-        make_run(store, maps[name], TOKENS, name=name, words_list=WORDS, token_words=TOKEN_WORDS)
-    return store, maps
+        make_run(store, maps_for(seed), TOKENS, name=name, words_list=WORDS, token_words=TOKEN_WORDS)
+
+
+# For a test of `named`: the store build_named fills, built once per session on SQLite and copied (tests/snapshots.py).
+store = store_with("named", build_named)
 
 
 def error_of(response, status: int) -> str:

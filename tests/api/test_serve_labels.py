@@ -18,6 +18,7 @@ with warnings.catch_warnings():
 from attnstore.api.pattern_labels import export_labels, labeller_source, next_map  # noqa: E402
 from attnstore.api.serve import ServeSettings, create_app  # noqa: E402
 from attnstore.queries.patterns import classify_maps  # noqa: E402
+from attnstore.tests.snapshots import store_with  # noqa: E402
 
 RUN = "tolabel"
 TOKENS = [["[CLS]", "a", "b", "c", "d", "[SEP]"], ["[CLS]", "e", "f", "g", "[SEP]"]]
@@ -34,10 +35,16 @@ def maps_of(length: int) -> np.ndarray:
 
 
 @pytest.fixture
-def labelled_store(store, make_run):
-    maps = [maps_of(len(t)) for t in TOKENS]
-    make_run(store, maps, TOKENS, name=RUN)
-    return store, maps
+def labelled_store(store):
+    return store, [maps_of(len(t)) for t in TOKENS]
+
+
+def build_labelled_store(store, make_run):
+    make_run(store, [maps_of(len(t)) for t in TOKENS], TOKENS, name=RUN)
+
+
+# For a test of `labelled_store`: the store build_labelled_store fills, built once per session on SQLite and copied (tests/snapshots.py).
+store = store_with("labelled_store", build_labelled_store)
 
 
 def client_for(store, **settings) -> TestClient:

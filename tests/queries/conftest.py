@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 
+from attnstore.tests.snapshots import store_with
+
 TOKENS = [["[CLS]", "a", ",", "b", "[SEP]"], ["[CLS]", "c", "[SEP]"]]
 
 
@@ -22,7 +24,15 @@ def hand_maps_fixture():
     return hand_maps
 
 
-@pytest.fixture
-def hand_run(store, make_run):
-    """Two ragged examples (L=5, L=3) spread over 64-cell chunks, stored as float32."""
+def build_hand_run(store, make_run):
     return make_run(store, [hand_maps(len(t)) for t in TOKENS], TOKENS, name="hand")
+
+
+# For a test of `hand_run`, the store with that run, built once per session on SQLite and copied (tests/snapshots.py).
+store = store_with("hand_run", build_hand_run)
+
+
+@pytest.fixture
+def hand_run(store):
+    """Two ragged examples (L=5, L=3) spread over 64-cell chunks, stored as float32 (built by `store` above)."""
+    return "hand"

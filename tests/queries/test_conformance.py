@@ -21,6 +21,7 @@ from attnstore.queries.engine import SOURCES
 from attnstore.queries.errors import InvalidArgumentError
 from attnstore.store.errors import NotFoundError
 from attnstore.tests.queries.helpers import has_summaries, read_only_store
+from attnstore.tests.snapshots import store_with
 from attnstore.tests.store.conftest import QUERY_PARAMS, annotated_run  # noqa: F401 (a fixture)
 
 load_all(plugins=False)
@@ -29,9 +30,17 @@ RANGE_KINDS = sorted(name for name, kind in summary_module.KINDS.items() if kind
 RTOL = 1e-12  # the kept ranges and the parts add the same per-range totals in the same order (queries/engine/)
 
 
-@pytest.fixture
-def run(store, annotated_run):  # noqa: F811 (the fixture imported above)
+def build_run(store, annotated_run):  # noqa: F811 (the fixture imported above)
     return annotated_run(store)
+
+
+# The store with the annotated run, built once per session on SQLite and copied for each test (tests/snapshots.py).
+store = store_with("run", build_run, helper="annotated_run")
+
+
+@pytest.fixture
+def run(store):
+    return "shared"  # annotated_run's name
 
 
 def same(a: pd.DataFrame, b: pd.DataFrame, name: str) -> None:

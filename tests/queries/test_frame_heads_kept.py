@@ -21,6 +21,7 @@ from attnstore.store import open_store
 from attnstore.store.errors import InvalidArgumentError
 from attnstore.tests.queries import reference
 from attnstore.tests.queries.helpers import frame_dataset, hand_run, positions_to_ids, token_rows, write_blocks
+from attnstore.tests.snapshots import store_with
 
 SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
 CORE_TYPES = ("Core", "Peripheral", "Extra-Thematic", "Core-Unexpressed", "")
@@ -102,7 +103,15 @@ def build_run(store, name: str, examples: list) -> str:
 
 @pytest.fixture
 def frame_run(store):
-    return build_run(store, "keptframes", [random_example(seed) for seed in range(N_EXAMPLES)])
+    return "keptframes"
+
+
+def build_frame_run(store, make_run):
+    build_run(store, "keptframes", [random_example(seed) for seed in range(N_EXAMPLES)])
+
+
+# For a test of `frame_run`: the store build_frame_run fills, built once per session on SQLite and copied (tests/snapshots.py).
+store = store_with("frame_run", build_frame_run)
 
 
 def naive(store, name, **params):

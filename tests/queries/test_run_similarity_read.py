@@ -66,12 +66,30 @@ def textbook(store, a: str, b: str, examples) -> np.ndarray:
 
 
 @pytest.fixture(params=["float16", "float32"])
-def two_runs(request, store, make_run):
-    dtype = request.param
-    first = [random_maps(n, k, dtype) for k, n in enumerate(LENGTHS)]
-    second = [random_maps(n, 100 + k, dtype) for k, n in enumerate(LENGTHS)]
-    base = make_run(store, first, [tokens_of(n) for n in LENGTHS], name="first", specials=SPECIALS, dtype=dtype)
-    return base, other_run(store, base, "second", second, order=(3, 7, 0, 5, 1, 6, 2, 4))  # another storage order
+def dtype(request):
+    return request.param
+
+
+@pytest.fixture
+def store(db_url, tmp_path, store_snapshots, make_run, dtype):
+    """A store with `two_runs` in it, built once per session and dtype on SQLite and copied for each test
+    (tests/snapshots.py); every test here uses them."""
+
+    def build(store):
+        first = [random_maps(n, k, dtype) for k, n in enumerate(LENGTHS)]
+        second = [random_maps(n, 100 + k, dtype) for k, n in enumerate(LENGTHS)]
+        base = make_run(store, first, [tokens_of(n) for n in LENGTHS], name="first", specials=SPECIALS, dtype=dtype)
+        return base, other_run(store, base, "second", second, order=(3, 7, 0, 5, 1, 6, 2, 4))  # another storage order
+
+    store, runs = store_snapshots.open(db_url, tmp_path, f"test_run_similarity_read:{dtype}", build)
+    assert runs == ("first", "second")
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def two_runs(store):
+    return "first", "second"
 
 
 @pytest.mark.parametrize("group_cells", [module.BATCH_CELLS, 300, 1])  # one group; a few; one example each

@@ -20,6 +20,7 @@ from attnstore.queries.engine import kept as engine_kept
 from attnstore.queries.engine import passes as engine_passes
 from attnstore.store import open_store
 from attnstore.tests.queries import reference
+from attnstore.tests.snapshots import store_with
 
 TOKENS = [
     ["[CLS]", "a", ",", "b", "[SEP]"],
@@ -45,9 +46,17 @@ def same(a, b):
         np.testing.assert_allclose(a[column].to_numpy(float), b[column].to_numpy(float), rtol=1e-12, atol=1e-15, equal_nan=True)
 
 
-@pytest.fixture
-def run(store, make_run):
+def build_run(store, make_run):
     return make_run(store, MAPS, TOKENS, name="sums", dtype="float16")
+
+
+# For a test of `run`, the store with the run, built once per session on SQLite and copied (tests/snapshots.py).
+store = store_with("run", build_run)
+
+
+@pytest.fixture
+def run(store):
+    return "sums"
 
 
 @pytest.mark.parametrize("name", QUERIES)

@@ -27,6 +27,7 @@ from attnstore.store.check import LAYOUT_1, check_store
 from attnstore.store.errors import OldLayoutError
 from attnstore.store.layout import upgrade_arrays
 from attnstore.store.schema import Run
+from attnstore.tests.snapshots import store_with
 
 TOKENS = [["[CLS]", "a", "b", "[SEP]"], ["[CLS]", "c", "d", "e", "[SEP]"], ["[CLS]", "f", "[SEP]"], ["[CLS]", "g", "h", "[SEP]"]]
 
@@ -40,9 +41,17 @@ def maps_for(tokens, seed):
 MAPS = [maps_for(t, i) for i, t in enumerate(TOKENS)]
 
 
-@pytest.fixture
-def run(store, make_run):
+def build_run(store, make_run):
     return make_run(store, MAPS, TOKENS, name="four")
+
+
+# For a test of `run`, the store with the run, built once per session on SQLite and copied (tests/snapshots.py).
+store = store_with("run", build_run)
+
+
+@pytest.fixture
+def run(store):
+    return "four"
 
 
 def plain_read(root: str, run_name: str, example: int) -> np.ndarray:

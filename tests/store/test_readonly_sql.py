@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 from attnstore.store import readonly
 from attnstore.store.errors import InvalidArgumentError
+from attnstore.tests.snapshots import store_with
 
 VIEWS = {"word_annotations", "negated_examples", "mention_antecedents", "frame_element_spans", "token_annotations"}
 
@@ -36,11 +37,18 @@ def sqlite_file(store) -> str:
 
 
 @pytest.fixture
-def filled(store, make_run):
+def filled(store):
+    return store
+
+
+def build_filled(store, make_run):
     """The store with one hand-built run (rows in models, datasets, examples, words, runs, tokens)."""
     maps = np.full((1, 2, 4, 4), 0.25, dtype=np.float32)
     make_run(store, [maps, maps], [["[CLS]", "a", "b", "[SEP]"], ["[CLS]", "c", "d", "[SEP]"]], name="ro")
-    return store
+
+
+# For a test of `filled`: the store build_filled fills, built once per session on SQLite and copied (tests/snapshots.py).
+store = store_with("filled", build_filled)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from attnstore.store import readonly, sql_policy
 from attnstore.store.errors import InvalidArgumentError, TooLargeError
+from attnstore.tests.snapshots import store_with
 
 SECRETS = [
     "SELECT rolname, rolpassword FROM pg_authid",
@@ -59,10 +60,17 @@ SIDE_EFFECTS = [
 
 
 @pytest.fixture
-def filled(store, make_run):
+def filled(store):
+    return store
+
+
+def build_filled(store, make_run):
     maps = np.full((1, 2, 4, 4), 0.25, dtype=np.float32)
     make_run(store, [maps, maps], [["[CLS]", "a", "b", "[SEP]"], ["[CLS]", "c", "d", "[SEP]"]], name="ro")
-    return store
+
+
+# For a test of `filled`: the store build_filled fills, built once per session on SQLite and copied (tests/snapshots.py).
+store = store_with("filled", build_filled)
 
 
 def is_pg(store) -> bool:
