@@ -31,3 +31,19 @@ def test_streaming_heads_by_hand(store, heads_run):
     assert df.attrs["examples"] == 1  # only the 5-token example has rows past sinks + recent
     with pytest.raises(Exception, match="recent=0: give a positive number of tokens"):
         run_query(store, "streaming_heads", run=heads_run, recent=0)
+
+
+def test_entropy_by_position_by_hand(store, heads_run):
+    import math
+
+    df = run_query(store, "entropy_by_position", run=heads_run)
+    assert sorted(df["bin"].unique()) == [0, 1, 2]  # rows 0 | 1-2 | 3-6 (the 5-token example's rows 3, 4)
+    head0 = df[df["head"] == 0].set_index("bin")
+    # head 0's row i >= 1: 0.5 on the sink and 0.5 / i on each of keys 1..i: H = -0.5 log 0.5 - 0.5 log(0.5 / i)
+    h = lambda i: -0.5 * math.log(0.5) - 0.5 * math.log(0.5 / i)  # noqa: E731
+    assert head0.loc[0, "entropy"] == pytest.approx(0.0) and head0.loc[0, "rows"] == 3  # row 0 of each example
+    assert head0.loc[1, "entropy"] == pytest.approx((h(1) + h(2) + h(1) + h(2)) / 4) and head0.loc[1, "rows"] == 4
+    assert head0.loc[2, "entropy"] == pytest.approx((h(3) + h(4)) / 2)
+    assert head0.loc[2, "uniform_entropy"] == pytest.approx((math.log(4) + math.log(5)) / 2)
+    assert (df[df["head"] == 1]["entropy"] == 0).all()  # one key per row
+    assert (head0[["first_position", "last_position"]].to_numpy() == [[0, 0], [1, 2], [3, 6]]).all()
