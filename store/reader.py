@@ -779,15 +779,7 @@ class StoreReader(SavedResultReads):
             progress.advance()  # a progress bar listens only where a command asked for one (store/progress.py)
 
     def _iter_rebuilt(self, info: RunInfo, examples: Iterable[int] | None) -> Iterator[tuple[int, np.ndarray]]:
-        positions, lengths = self._in_storage_order(info, Example.position, Sequence.length)
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        if examples is not None:
-            wanted = np.unique(np.fromiter((int(e) for e in examples), dtype=np.int64))
-            missing = np.setdiff1d(wanted, positions)
-            if missing.size:
-                raise NotFoundError(f"run {info.name!r} has no stored example(s) {missing[:10].tolist()}")
-            keep = np.isin(positions, wanted)
-            positions, lengths, starts = positions[keep], lengths[keep], starts[keep]
+        positions, lengths, starts = self._token_spans(info, examples)
         layers, heads = list(range(info.n_layers)), list(range(info.n_heads))
         for position, length, start in zip(positions.tolist(), lengths.tolist(), starts.tolist()):
             yield position, self._rebuilt(info, start, length, layers, heads, None)
@@ -863,8 +855,9 @@ class StoreReader(SavedResultReads):
         for example, row in self._iter_token_values(info, values, examples):
             yield example, row.astype(np.float32)
 
-    def _iter_token_values(self, info: RunInfo, array: arrays.TokenArray, examples) -> Iterator[tuple[int, np.ndarray]]:
-        """(example, its rows of a per-token array) in storage order, one read per window of nearby examples."""
+    def _token_spans(self, info: RunInfo, examples: Iterable[int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(positions, lengths, first tokens) of the run's committed examples (or `examples`) in storage order: where
+        each one's rows of a per-token array start (tokens are stored back to back in that order)."""
         positions, lengths = self._in_storage_order(info, Example.position, Sequence.length)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         if examples is not None:
@@ -874,6 +867,11 @@ class StoreReader(SavedResultReads):
                 raise NotFoundError(f"run {info.name!r} has no stored example(s) {missing[:10].tolist()}")
             keep = np.isin(positions, wanted)
             positions, lengths, starts = positions[keep], lengths[keep], starts[keep]
+        return positions, lengths, starts
+
+    def _iter_token_values(self, info: RunInfo, array: arrays.TokenArray, examples) -> Iterator[tuple[int, np.ndarray]]:
+        """(example, its rows of a per-token array) in storage order, one read per window of nearby examples."""
+        positions, lengths, starts = self._token_spans(info, examples)
         i = 0
         while i < len(positions):
             j = i + 1
