@@ -11,7 +11,7 @@ import inspect
 import random
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from itertools import islice
@@ -22,11 +22,10 @@ from ..store.errors import BusyError
 from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
 from ..store.leases import clear_stale, live_holder
 from ..store.qk import qk_entry
-from ..store.records import QK_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
+from ..store.records import QK_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo
 from ..store.writer import run_lease_name, validate_run_name
-from . import streaming
-from .align import Encoded, can_use_text, encode_batch
 from .annotate import annotate, make_annotator
+from .batches import MAX_BATCH_TOKENS, planned_batches
 from .corpus import FORMAT_READERS, file_checksum, read_corpus, read_pairs_tsv  # noqa: F401 (read_pairs_tsv: tests take it from here)
 from .datasets import dataset_path, find_dataset, path_checksum, resolve_data_dir
 from .errors import CorpusError, EmptyCorpusError, IngestError, InvalidArgumentError
@@ -36,6 +35,7 @@ from .model import LoadedModel, load_model, models_folder
 from .passes import run_batches, token_loss_manifest
 from .progress import progress_bar
 from .settings import RunSettings
+from .tiers import capture_manifest, choose_tier
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -290,38 +290,6 @@ def _tell_reused(notify: Callable[[str], None] | None, plan: DatasetPlan, existi
         )
 
 
-# A batch's attention is batch x layers x heads x T x T floats: cap batch x T^2 so long
-# inputs get smaller batches and peak memory does not depend on the corpus's lengths.
-MAX_BATCH_PAIRS = 32 * 128 * 128
-# A Q/K run's batch keeps batch x T x layers x (heads + kv heads) x d values: linear in T, so its batches are filled to a
-# token budget instead (one 8,192-token document, or four of 2,048).
-MAX_BATCH_TOKENS = 8192
-
-
-def plan_batches(
-    encoded: Iterable[Encoded],
-    batch_size: int,
-    window_batches: int = 8,
-    max_pairs: int = MAX_BATCH_PAIRS,
-    max_tokens: int | None = None,
-) -> Iterator[list[Encoded]]:
-    """Batches of similar length (sorted within windows of a few batches), at most `batch_size`
-    examples and `max_pairs` (batch x longest length squared) token pairs each, or with `max_tokens` (the Q/K tier) at
-    most that many tokens (batch x longest length) instead."""
-    it = iter(encoded)
-    while window := list(islice(it, batch_size * window_batches)):
-        window.sort(key=lambda e: e.length)
-        batch: list[Encoded] = []
-        for e in window:
-            size = (len(batch) + 1) * (e.length if max_tokens is not None else e.length**2)
-            if batch and (len(batch) == batch_size or size > (max_tokens if max_tokens is not None else max_pairs)):
-                yield batch
-                batch = []
-            batch.append(e)
-        if batch:
-            yield batch
-
-
 def ingest(
     store: Store,
     settings: RunSettings | None = None,
@@ -489,68 +457,6 @@ def ingest(
     return IngestResult(info, n_new, seconds, False)
 
 
-def capture_manifest(loaded: LoadedModel) -> dict:
-    """The run manifest's `capture` entry: how the maps were taken (ingest/streaming.py), where and in which dtype."""
-    entry: dict = {"path": loaded.capture, "device": loaded.device, "compute_dtype": loaded.compute_dtype}
-    if loaded.capture == "streaming":
-        entry.update(query_block=streaming.QUERY_BLOCK, output="sdpa (eager where the model soft-caps or has sink logits)")
-    return entry
-
-
-def qk_crossover(loaded: LoadedModel, qk_dtype: str) -> int:
-    """Tokens above which the Q/K tier keeps fewer bytes than dense float16 maps, per token and layer: (H + H_kv) d s
-    + 4 H bytes against H L, the causal maps' H L 2 bytes less the half that are zeros, which compression removes
-    (docs/DECODERS.md measures it on stored runs)."""
-    assert loaded.qk is not None
-    width = 2 if qk_dtype == "float16" else 4
-    per_token = (loaded.n_heads + loaded.qk["n_kv_heads"]) * loaded.qk["head_dim"] * width + 4 * loaded.n_heads
-    return -(-per_token // loaded.n_heads)
-
-
-TIER_SAMPLE = 64  # examples whose token counts choose the default tier
-
-
-def choose_tier(settings: RunSettings, loaded: LoadedModel, source, plan: DatasetPlan, scheduler) -> str:
-    """The run's tier: --tier if given (qk refused in one line where the model's maps cannot be rebuilt from Q/K, or on
-    a Dask scheduler), else qk where it can be used and the corpus's first TIER_SAMPLE chosen examples average more
-    tokens than `qk_crossover`, else dense."""
-    if settings.tier == "qk":
-        if loaded.qk is None:
-            raise InvalidArgumentError(
-                f"--tier qk: the maps of model {loaded.name!r} cannot be rebuilt from stored queries and keys "
-                f"({loaded.qk_refusal}); use --tier dense"
-            )
-        if scheduler is not None:
-            raise InvalidArgumentError(
-                "--tier qk is not written by an ingest on a Dask scheduler: leave out --scheduler or use --tier dense"
-            )
-    if settings.tier is not None:
-        return settings.tier
-    if loaded.qk is None or scheduler is not None:
-        return "dense"
-    chosen = set(plan.chosen[:TIER_SAMPLE])
-    texts = [(r.text_a, r.text_b) for r in islice((r for r in source.read() if r.position in chosen), TIER_SAMPLE)]
-    if not texts:
-        return "dense"
-    tokenizer = loaded.tokenizer
-    lengths = [
-        len(tokenizer(a, b, truncation=True, max_length=settings.max_length)["input_ids"])
-        if b
-        else len(tokenizer(a, truncation=True, max_length=settings.max_length)["input_ids"])
-        for a, b in texts
-    ]
-    return "qk" if sum(lengths) / len(lengths) > qk_crossover(loaded, settings.qk_dtype) else "dense"
-
-
-def _checked(group, tokenization: str):
-    if tokenization == "text" and not can_use_text(group):
-        raise InvalidArgumentError(
-            "--tokenize text needs each word's character offsets, which this dataset's words lack "
-            "(gold-tokenized corpora): use --tokenize words"
-        )
-    return group
-
-
 def _refuse_if_busy(store: Store, run_name: str) -> None:
     holder = live_holder(store.engine, run_lease_name(run_name))
     if holder is not None:
@@ -565,17 +471,3 @@ def _mark_interrupted(store: Store, run_id: int) -> None:
         store.writer.fail_run(run_id, status="interrupted")
     except Exception:
         pass  # e.g. the database is on the full disk too: a run whose writer is gone reads as interrupted anyway
-
-
-def planned_batches(
-    examples: Iterator[StoredExample], loaded: LoadedModel, tokenization, max_length, truncation, batch_size, max_tokens: int | None = None
-) -> Iterator[list[Encoded]]:
-    """The batches of a dataset's `examples` (all of them, in corpus order), tokenized as they are
-    planned (already-stored examples included, see `run_batches`)."""
-    pending = examples
-    encoded = (
-        enc
-        for group in iter(lambda: list(islice(pending, 256)), [])
-        for enc in encode_batch(loaded.tokenizer_for(tokenization), _checked(group, tokenization), max_length, truncation, tokenization)
-    )
-    return plan_batches(encoded, batch_size, max_tokens=max_tokens)

@@ -27,8 +27,9 @@ from zarr.core.sync import sync
 from . import arrays
 from .errors import DamagedDataError
 from .records import RunInfo, in_layout_1
+from .run_blocks import committed_blocks, run_attributes, write_index_from_sql
 from .schema import Run
-from .writer import committed_blocks, run_attributes, run_lease_name, write_index_from_sql
+from .writer import run_lease_name
 
 if TYPE_CHECKING:
     from .store import Store

@@ -26,7 +26,7 @@ from sqlalchemy.orm import sessionmaker
 from . import progress
 from .config import Locations, root_writable
 from .db import check_connection, create_engine, session_scope, sql_write_denied, sqlite_path, sqlite_writable
-from .errors import DamagedDataError, InvalidArgumentError, NotFoundError
+from .errors import InvalidArgumentError, NotFoundError
 from .frames import sql_frame
 from .lazy import LazyModule
 from .lru import LRU
@@ -34,6 +34,7 @@ from .migrate import upgrade_command, verify_schema
 from .records import RunInfo
 from .results import SavedResultReads
 from .schema import Dataset, Example, Mention, Model, Run, Sequence, Token, Word
+from .token_reads import TokenReads
 
 if TYPE_CHECKING:
     from . import arrays, direct, qk, remote, summaries
@@ -42,17 +43,6 @@ else:  # these import zarr: each is imported at its first use, so commands that 
         LazyModule(f"{__package__}.{name}") for name in ("arrays", "direct", "qk", "remote", "summaries")
     )
 
-# A Q/K run's maps are rebuilt on read (store/qk.py), float32: one read may build at most this many MiB (a whole
-# example of SmolLM2 at 2,048 tokens is 4.5 GiB, at 8,192 tokens 72 GiB).
-REBUILD_LIMIT_ENV = "ATTNSTORE_REBUILD_MB"
-REBUILD_LIMIT_MB = 6144
-
-
-def rebuild_limit_bytes() -> int:
-    return int(float(os.environ.get(REBUILD_LIMIT_ENV) or REBUILD_LIMIT_MB) * 2**20)
-
-
-NORM_READ_TOKENS = 1 << 16  # value norms read at once (x layers x heads float16 values)
 # `attention`'s lookups: the (offset, length) of a window of example positions read from SQL at once, a few windows kept
 BLOCK_WINDOW = 4096
 BLOCK_WINDOWS_KEPT = 64  # 64 x 4,096 examples x 20 bytes: ~5 MB at most, whatever the run's size
@@ -60,7 +50,7 @@ BLOCK_WINDOWS_KEPT = 64  # 64 x 4,096 examples x 20 bytes: ~5 MB at most, whatev
 RunRef = str | int
 
 
-class StoreReader(SavedResultReads):
+class StoreReader(SavedResultReads, TokenReads):
     """Read access to a store: SQL metadata at `locations.db_url` plus Zarr arrays under `locations.array_root`.
 
     A store opened with `locations.read_only` (--read-only, ATTNSTORE_READ_ONLY=1), or whose
@@ -586,59 +576,6 @@ class StoreReader(SavedResultReads):
             cols = slice(None)
         return block[rows][:, cols]
 
-    def _token_start(self, info: RunInfo, offset: int) -> int:
-        """A Q/K run's example's first token in storage order: the tokens of the committed blocks before its offset."""
-        q = sa.select(sa.func.coalesce(sa.func.sum(Sequence.length), 0)).where(
-            Sequence.run_id == info.id, Sequence.offset.is_not(None), Sequence.offset < offset
-        )
-        with self.engine.connect() as conn:
-            return int(conn.execute(q).scalar() or 0)
-
-    def _rebuilt(self, info: RunInfo, start: int, length: int, layers: list[int], heads: list[int], rows: range | None) -> np.ndarray:
-        """Maps of a Q/K run's example rebuilt from its stored queries, keys and log-sum-exps (store/qk.py), float32;
-        only the layers asked for are read."""
-        entry = info.qk
-        assert entry is not None
-        need = len(layers) * len(heads) * (len(rows) if rows is not None else length) * length * 4
-        limit = rebuild_limit_bytes()
-        if need > limit:
-            raise InvalidArgumentError(
-                f"run {info.name!r}: rebuilding {len(layers)} layer(s) x {len(heads)} head(s) of an example of {length} tokens "
-                f"needs {need / 2**30:.1f} GiB, over the {limit / 2**30:.1f} GiB limit; read fewer layers, heads or rows "
-                f"(store.attention(run, example, layer=, head=, rows=)) or raise {REBUILD_LIMIT_ENV} (MiB)"
-            )
-        lo, hi = min(layers), max(layers) + 1
-        rows = rows if rows is not None else range(length)
-        stop = start + length
-        q_array, k_array, lse_array = self._qk_arrays(info, stop)
-        # only the rows asked for, and the keys up to the last of them (a causal row sees none past itself)
-        first, last = start + rows.start, start + rows.stop
-        try:
-            q = np.asarray(q_array.array[first:last, lo:hi])
-            k = np.asarray(k_array.array[start:last, lo:hi])
-            lse = np.asarray(lse_array.array[first:last, lo:hi])
-        except Exception as exc:
-            raise DamagedDataError(
-                f"run {info.name!r}: cannot read its queries and keys for tokens {start}..{stop} ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}); run `attnstore check`"
-            ) from None
-        if len(q) != len(rows) or len(k) != rows.stop or len(lse) != len(rows):
-            raise DamagedDataError(
-                f"run {info.name!r}: its Q/K arrays hold fewer tokens than its committed examples need ({stop}); run `attnstore check`"
-            )
-        shifted = {**entry, "scale": entry["scale"][lo:hi], "window": entry["window"][lo:hi]}
-        return qk.rebuild(q, k, lse, shifted, [v - lo for v in layers], heads, rows, n_keys=length)
-
-    def _qk_arrays(self, info: RunInfo, stop: int) -> tuple:
-        """A Q/K run's three arrays, opened once per store while they hold `stop` tokens (opened again when a run being
-        written has grown past what the kept handles say)."""
-        kept = self._qk_handles.get(info.array_path)
-        if kept is None or kept[0].length() < stop:
-            kept = qk.open_arrays(self.locations.array_root, info.array_path)
-            with self._maps_lock:
-                self._qk_handles[info.array_path] = kept
-        return kept
-
     def _maps_info(self, run: RunRef) -> RunInfo:
         """`run_info`, read from SQL once per store for `attention`, which uses only what never changes of a run (its
         id, name, model shape, array path, codec); a pinned snapshot's info first."""
@@ -777,114 +714,3 @@ class StoreReader(SavedResultReads):
         for key, maps in slabs:
             yield int(key), maps  # type: ignore[call-overload]  # keys are the example positions given above
             progress.advance()  # a progress bar listens only where a command asked for one (store/progress.py)
-
-    def _iter_rebuilt(self, info: RunInfo, examples: Iterable[int] | None) -> Iterator[tuple[int, np.ndarray]]:
-        positions, lengths, starts = self._token_spans(info, examples)
-        layers, heads = list(range(info.n_layers)), list(range(info.n_heads))
-        for position, length, start in zip(positions.tolist(), lengths.tolist(), starts.tolist()):
-            yield position, self._rebuilt(info, start, length, layers, heads, None)
-            progress.advance()
-
-    def has_value_norms(self, run: RunRef) -> bool:
-        """Whether the run keeps its value norms (`value_norms`, queries' weights="norm")."""
-        return self.run_info(run).has_value_norms
-
-    def require_value_norms(self, run: RunRef) -> None:
-        """Refuse, in one line naming the run, a run that keeps no value norms."""
-        info = self.run_info(run)
-        if not info.has_value_norms:
-            raise InvalidArgumentError(
-                f"run {info.name!r} has no value norms (ingested before attnstore kept them, with --no-norms, on a Dask "
-                f"scheduler, or its model's value and output projections were not found): ingest it again under a new "
-                f"--name to use them"
-            )
-
-    def value_norms(self, run: RunRef, example: int) -> np.ndarray:
-        """One example's value norms as a (layer, head, key) float32 array: ||f_h(x_j)||, the norm of token j's value
-        vector through head h's slice of the output projection (value bias included, output bias not; Kobayashi et
-        al. 2020), stored as float16. Weighting the maps by them, a[l, h, i, j] * n[l, h, j] = ||a_ij f_h(x_j)||."""
-        return next(self.iter_value_norms(run, [example]))[1]
-
-    def iter_value_norms(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
-        """(example, (layer, head, key) float32 value norms) over the run's committed examples (or `examples`), in
-        storage order, as `iter_attention` gives their maps."""
-        info = self.run_info(run)
-        self.require_value_norms(info.id)
-        norms = arrays.ValueNorms(self.locations.array_root, info.array_path)
-        for example, values in self._iter_token_values(info, norms, examples):
-            yield example, np.ascontiguousarray(values.transpose(1, 2, 0), dtype=np.float32)
-
-    def has_token_loss(self, run: RunRef) -> bool:
-        """Whether the run keeps each token's next-token loss (a causal LM's run: `token_loss`)."""
-        return self.run_info(run).has_token_loss
-
-    def token_loss(self, run: RunRef, example: int) -> np.ndarray:
-        """One example's next-token loss per token, a (token,) float32 array in nats: loss[i] = -log p(token[i+1] |
-        tokens[..i]) under the run's causal LM, from the pass that made its maps; NaN at the last token (no next one)."""
-        return next(self.iter_token_loss(run, [example]))[1]
-
-    def iter_token_loss(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
-        """(example, (token,) float32 next-token loss) over the run's committed examples (or `examples`), in storage
-        order, as `iter_attention` gives their maps."""
-        info = self.run_info(run)
-        if not info.has_token_loss:
-            raise InvalidArgumentError(
-                f"run {info.name!r} has no per-token loss (not a causal LM with its LM head, ingested with --no-token-loss, "
-                f"on a Dask scheduler, or before attnstore kept it): ingest a causal LM again under a new --name to get it"
-            )
-        values = arrays.TokenArray(self.locations.array_root, info.array_path, arrays.TOKEN_LOSS)
-        for example, row in self._iter_token_values(info, values, examples):
-            yield example, np.asarray(row, dtype=np.float32)
-
-    def saliency_info(self, run: RunRef) -> dict | None:
-        """What the run's saliency array holds (model, method, target, n_tokens, complete), or None without one."""
-        info = self.run_info(run)
-        return arrays.run_group_attribute(self.locations.array_root, info.array_path, arrays.SALIENCY)
-
-    def iter_saliency(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
-        """(example, (token,) float32 saliency) over the run's committed examples (or `examples`), in storage order:
-        gradient x input of its fine-tuned model's prediction per token (`attnstore saliency`, ingest/saliency.py)."""
-        info = self.run_info(run)
-        meta = self.saliency_info(info.id)
-        if not meta or not meta.get("complete"):
-            raise InvalidArgumentError(
-                f"run {info.name!r} has no saliency{' (its computation was cut off)' if meta else ''}: "
-                f"run `attnstore saliency --run {info.name}` (its model must be a classifier fine-tuned in this store)"
-            )
-        values = arrays.TokenArray(self.locations.array_root, info.array_path, arrays.SALIENCY)
-        for example, row in self._iter_token_values(info, values, examples):
-            yield example, row.astype(np.float32)
-
-    def _token_spans(self, info: RunInfo, examples: Iterable[int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(positions, lengths, first tokens) of the run's committed examples (or `examples`) in storage order: where
-        each one's rows of a per-token array start (tokens are stored back to back in that order)."""
-        positions, lengths = self._in_storage_order(info, Example.position, Sequence.length)
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        if examples is not None:
-            wanted = np.unique(np.fromiter((int(e) for e in examples), dtype=np.int64))
-            missing = np.setdiff1d(wanted, positions)
-            if missing.size:
-                raise NotFoundError(f"run {info.name!r} has no stored example(s) {missing[:10].tolist()}")
-            keep = np.isin(positions, wanted)
-            positions, lengths, starts = positions[keep], lengths[keep], starts[keep]
-        return positions, lengths, starts
-
-    def _iter_token_values(self, info: RunInfo, array: arrays.TokenArray, examples) -> Iterator[tuple[int, np.ndarray]]:
-        """(example, its rows of a per-token array) in storage order, one read per window of nearby examples."""
-        positions, lengths, starts = self._token_spans(info, examples)
-        i = 0
-        while i < len(positions):
-            j = i + 1
-            while j < len(positions) and starts[j] + lengths[j] - starts[i] <= NORM_READ_TOKENS:
-                j += 1
-            first, last = int(starts[i]), int(starts[j - 1] + lengths[j - 1])
-            window = array.read(first, last)
-            if len(window) != last - first:
-                raise DamagedDataError(
-                    f"run {info.name!r}: its {array.array.basename} array holds {array.length()} tokens, fewer than its "
-                    f"committed examples need ({last}); run `attnstore check`"
-                )
-            for k in range(i, j):
-                a = int(starts[k]) - first
-                yield int(positions[k]), window[a : a + int(lengths[k])]
-            i = j

@@ -1,5 +1,5 @@
 from attnstore.ingest.align import Encoded
-from attnstore.ingest.runner import plan_batches
+from attnstore.ingest.batches import plan_batches
 
 
 def enc(i, length):

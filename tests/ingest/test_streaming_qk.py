@@ -151,7 +151,7 @@ def test_qk_tier_bytes_and_float16_error(tiny, tmp_path):
 def test_default_tier_follows_the_corpus_lengths(tiny, tmp_path):
     """Tiny llama (4 heads, 2 key/value heads of 8, float16 Q/K): the tier is smaller above (6 * 8 * 2 + 16) / 4 = 28 tokens."""
     from attnstore.ingest.model import load_model
-    from attnstore.ingest.runner import qk_crossover
+    from attnstore.ingest.tiers import qk_crossover
 
     path = tiny("llama")
     assert qk_crossover(load_model(path), "float16") == 28

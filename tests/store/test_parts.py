@@ -13,7 +13,7 @@ from attnstore.store import arrays, block_writer
 from attnstore.store.check import check_store
 from attnstore.store.errors import InvalidArgumentError, LeaseLostError
 from attnstore.store.leases import LeaseCheck
-from attnstore.store.writer import write_index_from_sql
+from attnstore.store.run_blocks import write_index_from_sql
 
 LENGTHS = [3, 5, 4, 6, 2, 5]
 N_LAYERS, N_HEADS, CHUNK = 2, 2, 64
