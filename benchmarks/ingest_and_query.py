@@ -37,9 +37,9 @@ import numpy as np
 
 from attnstore.ingest import file_source, ingest, register_dataset
 from attnstore.ingest.align import encode_batch
+from attnstore.ingest.batches import plan_batches
 from attnstore.ingest.model import load_model
 from attnstore.ingest.passes import forward_attention
-from attnstore.ingest.runner import plan_batches
 from attnstore.queries import QUERIES, load_all, run_query
 from attnstore.queries.clark import CLARK, relative_position
 from attnstore.queries.engine import KINDS, keep, run_kinds

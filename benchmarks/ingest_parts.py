@@ -25,9 +25,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from attnstore.ingest import file_source, ingest, register_dataset
 from attnstore.ingest.align import encode_batch
+from attnstore.ingest.batches import plan_batches
 from attnstore.ingest.model import load_model
 from attnstore.ingest.passes import forward_attention
-from attnstore.ingest.runner import plan_batches
 from attnstore.store import migrate, open_store
 from attnstore.store import writer as run_writer
 

@@ -80,8 +80,8 @@ def main() -> None:
     from attnstore import __version__
     from attnstore.ingest import file_source, register_dataset
     from attnstore.ingest.align import encode_batch
+    from attnstore.ingest.batches import plan_batches
     from attnstore.ingest.model import load_model
-    from attnstore.ingest.runner import plan_batches
     from attnstore.store import arrays, block_writer, migrate, open_store
     from attnstore.store.check import check_store
     from attnstore.store.cluster import split

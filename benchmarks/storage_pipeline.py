@@ -61,9 +61,9 @@ import numpy as np
 from attnstore import __version__
 from attnstore.ingest import file_source, register_dataset
 from attnstore.ingest.align import encode_batch
+from attnstore.ingest.batches import plan_batches
 from attnstore.ingest.model import load_model
 from attnstore.ingest.passes import forward_attention, to_blocks
-from attnstore.ingest.runner import plan_batches
 from attnstore.store import arrays, migrate, open_store
 
 DEFAULT_CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue" / "MRPC" / "dev.tsv"
