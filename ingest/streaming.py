@@ -7,12 +7,13 @@ the weights. A dense sink recomputes them per block of QUERY_BLOCK rows by calli
 (`eager_attention_forward` of its modeling module) on the block, keys past the block's last row never computed in a
 causal model, so logit soft-capping, sliding windows and GQA come out as the model computes them, and writes each
 block into the batch's maps in the storage dtype. A Q/K sink keeps the post-RoPE queries and keys and each row's
-log-sum-exp instead (store/qk.py rebuilds the maps from them), after checking, on the first pass of each loaded
-model, that the layer's weights are exp(q.k scale + mask - lse) exactly as the model's eager attention gives them.
+log-sum-exp instead (store/qk.py rebuilds the maps from them); on the CPU it takes the layer's output and its
+log-sum-exps from torch's flash kernel in one call. At load (`prepare`) the captured maps are checked against the
+model's eager ones, and the Q/K formula exp(q.k scale + mask - lse) against its eager weights.
 
-The mask is transformers' eager mask (a float mask over (query, key), padding and sliding windows included), which
-the registered name asks for too. Encoders keep ingest/capture.py's path: their maps there are bit-identical to the
-eager model's (docs/DECODERS.md).
+The mask is SDPA's (transformers' sdpa_mask, registered under the same name): None where the model skips it (causal,
+no padding), else booleans; the eager functions get it as an additive block (`additive_block`). Encoders keep
+ingest/capture.py's path: their maps there are bit-identical to the eager model's (docs/DECODERS.md).
 """
 
 from __future__ import annotations
