@@ -60,10 +60,5 @@ def choose_tier(settings: RunSettings, loaded: LoadedModel, source, plan: Datase
     if not texts:
         return "dense"
     tokenizer = loaded.tokenizer
-    lengths = [
-        len(tokenizer(a, b, truncation=True, max_length=settings.max_length)["input_ids"])
-        if b
-        else len(tokenizer(a, truncation=True, max_length=settings.max_length)["input_ids"])
-        for a, b in texts
-    ]
+    lengths = [len(tokenizer(a, b or None, truncation=True, max_length=settings.max_length)["input_ids"]) for a, b in texts]
     return "qk" if sum(lengths) / len(lengths) > qk_crossover(loaded, settings.qk_dtype) else "dense"

@@ -114,8 +114,10 @@ def rebuild(
         visible = j <= i if window is None else (j <= i) & (i - j < window)
         bias = np.where(visible, np.float32(0), np.float32(-np.inf))  # exp(-inf) = 0: what a row does not see
         scale = np.float32(entry["scale"][layer])
+        # each key/value head's keys as float32 once per layer, not once per query head reading them (GQA: 3x here)
+        kv = {g: np.ascontiguousarray(k[:keys, layer, g].T, dtype=np.float32) for g in {h // group for h in heads}}
         for b, head in enumerate(heads):
-            logits = q[:, layer, head].astype(np.float32, copy=False) @ k[:keys, layer, head // group].astype(np.float32, copy=False).T
+            logits = q[:, layer, head].astype(np.float32, copy=False) @ kv[head // group]
             logits *= scale
             logits -= lse[:, layer, head].astype(np.float32, copy=False)[:, None]
             logits += bias
