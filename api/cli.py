@@ -126,10 +126,12 @@ def db_current(locations):
 @columns_option
 @friendly_errors
 def datasets(data_dir, fmt, columns):
-    """List the built-in datasets: size, license, source, and whether their files are present."""
+    """List the built-in datasets: size, license, source, and whether their files are present (a generated dataset is
+    made from the model's tokenizer at ingest)."""
     import pandas as pd
 
     from ..ingest.datasets import BUILTIN, resolve_data_dir
+    from ..ingest.generated import PER_LENGTH, REPEATED_TOKENS
 
     root = resolve_data_dir(data_dir)
     rows = [
@@ -143,6 +145,16 @@ def datasets(data_dir, fmt, columns):
         )
         for s in BUILTIN
     ]
+    rows.append(
+        dict(
+            dataset=f"{REPEATED_TOKENS}:T20,50,200",
+            size=f"{PER_LENGTH} examples per length T (any lengths; --seed)",
+            annotation="spacy",
+            license="generated",
+            source="random tokens of the model's own tokenizer, repeated once (Olsson et al. 2022)",
+            present=True,
+        )
+    )
     emit(pd.DataFrame(rows), fmt, columns=columns)
     if fmt == "table":
         click.echo(f"data directory: {root}", err=True)

@@ -34,7 +34,12 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     help="text: one example per line; tsv / pairs-tsv: TSV with a header and one / two text columns; conllu: CoNLL-U "
     'with gold annotation; jsonl: one JSON object per line whose "text" is a whole document (or --text-a-column).',
 )
-@click.option("--dataset", default=None, metavar="NAME:SPLIT", help="A built-in dataset, e.g. glue/MRPC:dev (see `attnstore datasets`).")
+@click.option(
+    "--dataset",
+    default=None,
+    metavar="NAME:SPLIT",
+    help="A built-in dataset, e.g. glue/MRPC:dev, or a generated one: generated/repeated_tokens:T20,50,200 (`attnstore datasets`).",
+)
 @click.option(
     "--data-dir",
     default=None,
@@ -84,7 +89,7 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
 )
 @click.option("--limit", default=None, type=int, help="Only the first N examples.")
 @click.option("--sample", default=None, type=int, help="A random sample of N examples (reproducible with --seed).")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed for --sample.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed for --sample, and of a generated dataset's tokens.")
 @click.option(
     "--window-words",
     default=None,

@@ -30,6 +30,7 @@ from .corpus import FORMAT_READERS, file_checksum, read_corpus, read_pairs_tsv  
 from .datasets import dataset_path, find_dataset, path_checksum, resolve_data_dir
 from .errors import CorpusError, EmptyCorpusError, IngestError, InvalidArgumentError
 from .feed import Feed
+from .generated import RepeatedTokens, is_generated
 from .manifest import build_manifest
 from .model import LoadedModel, load_model, models_folder
 from .passes import run_batches, token_loss_manifest
@@ -112,6 +113,23 @@ def builtin_source(key: str, data_dir: str | None = None, **overrides) -> Corpus
         read=lambda: spec.reader(path, **options),
         license=spec.license,
         options=reading_options(spec.reader, options),  # the label map too: it changes the labels
+    )
+
+
+def generated_source(key: str, loaded: LoadedModel, *, seed: int = 0, max_length: int | None = None) -> CorpusSource:
+    """A generated dataset (ingest/generated.py) for this model's tokenizer: `generated/repeated_tokens:T20,50,200`."""
+    name, _, split = key.partition(":")
+    generator = RepeatedTokens(loaded.tokenizer, split, model=loaded.name, seed=seed, max_length=max_length)
+    return CorpusSource(
+        name=name,
+        split=f"{split}-seed{seed}",
+        fmt="repeated_tokens",
+        source=f"generated from {loaded.name}'s tokenizer",
+        checksum=generator.checksum(),
+        gold=False,
+        read=generator.read,
+        license="generated (no license needed)",
+        options=generator.options,
     )
 
 
@@ -326,6 +344,8 @@ def ingest(
     if settings.corpus is not None:
         assert settings.fmt is not None  # refused by RunSettings
         source = file_source(settings.corpus, settings.fmt, settings.dataset_name, settings.split, **settings.read_options)
+    elif is_generated(settings.dataset):
+        source = None  # made from the model's tokenizer, once it is loaded
     else:
         assert settings.dataset is not None  # refused by RunSettings: one of corpus and dataset
         source = builtin_source(settings.dataset, settings.data_dir, window_words=settings.window_words)
@@ -337,6 +357,10 @@ def ingest(
     finetuned = registered if registered is not None and (registered.get("training") or {}).get("checkpoint") else None
     if finetuned is not None:  # a model fine-tuned in this store: its encoder, from the store's models folder
         loaded = load_model(str(models_folder(store) / finetuned["training"]["checkpoint"]))
+    if source is None:
+        assert settings.dataset is not None
+        loaded = loaded or load_model(settings.model, device=settings.device, compute_dtype=settings.compute_dtype)
+        source = generated_source(settings.dataset, loaded, seed=settings.seed, max_length=settings.max_length or loaded.max_length)
     plan = plan_dataset(source, limit=settings.limit, sample=settings.sample, seed=settings.seed)
     asked = ("--sample", settings.sample) if settings.sample is not None else ("--limit", settings.limit)
     if asked[1] is not None and plan.split == source.split:

@@ -221,6 +221,8 @@ class StoreReader(SavedResultReads, TokenReads):
                 n_skipped=r.n_skipped,
                 manifest=r.manifest,
                 tokenization=r.tokenization,
+                dataset_format=d.format,
+                dataset_options=d.options or {},
             )
 
     def examples(self, run: RunRef, texts: bool = True) -> pd.DataFrame:

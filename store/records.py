@@ -54,6 +54,8 @@ class RunInfo:
     n_skipped: int
     manifest: dict = field(default_factory=dict)
     tokenization: str = "words"
+    dataset_format: str = ""  # how the dataset's examples were read or made (datasets.format: pairs-tsv, repeated_tokens)
+    dataset_options: dict = field(default_factory=dict)  # and with which options (datasets.options)
 
     @property
     def array_path(self) -> str:

@@ -322,8 +322,13 @@ def make_run():
         codec=None,
         write=None,
         norms_list=None,
+        token_ids=None,
+        dataset_format="text",
+        dataset_options=None,
     ):
         """norms_list: per example, its value norms (layer, head, L); the run then keeps value norms.
+        token_ids: per example, each token's id (default: the special's id, else 1000 + the string's length);
+        dataset_format, dataset_options: the dataset's (a generated dataset's "repeated_tokens", its lengths).
         write: how many of the examples to store (default all; the rest are only in the dataset).
         words_list: per example, word dicts (form, head, deprel, upos, ...) replacing one word per
         non-special token; token_words: per example, each token's word position (None for specials);
@@ -333,7 +338,13 @@ def make_run():
         from attnstore.store.records import ExampleInput
 
         dataset_id, _ = store.writer.find_or_create_dataset(
-            name=f"hand-{name}", split="test", checksum=uuid.uuid4().hex, format="text", source="tests", annotator="whitespace"
+            name=f"hand-{name}",
+            split="test",
+            checksum=uuid.uuid4().hex,
+            format=dataset_format,
+            options=dataset_options,
+            source="tests",
+            annotator="whitespace",
         )
         inputs = []
         for position, toks in enumerate(token_lists):
@@ -402,7 +413,7 @@ def make_run():
                 rows.append(
                     dict(
                         token=tok,
-                        token_id=special_ids.get(tok, 1000 + len(tok)),
+                        token_id=special_ids.get(tok, 1000 + len(tok)) if token_ids is None else int(token_ids[position][t]),
                         word_position=position_of_word,
                         segment=0,
                         is_special=special,

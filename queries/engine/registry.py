@@ -38,6 +38,9 @@ class QuerySpec:
     # gives it `examples` and `weights` (ENGINE_PARAMS), which its function does not take. Empty: a query of its own
     # kind (one example's map, a pair of runs), whose function takes what it reads.
     sources: tuple[str, ...] = ()
+    # The datasets it answers on: None, any; else (datasets.format, how to make one), e.g. a generated dataset whose
+    # examples the analysis is defined on (ingest/generated.py). `run_query` refuses any other run in one line.
+    dataset: tuple[str, str] | None = None
 
     def parameters(self) -> dict[str, inspect.Parameter]:
         """Keyword parameters a user may set (besides store and run): the function's own, then the engine's."""
@@ -66,10 +69,18 @@ class PluginWarning(UserWarning):
     """A query plugin could not be loaded: its queries are missing; every other query works."""
 
 
-def register(name: str, *, per_head: bool = True, save: Callable[..., str] | None = None, sources: tuple[str, ...] = ()):
+def register(
+    name: str,
+    *,
+    per_head: bool = True,
+    save: Callable[..., str] | None = None,
+    sources: tuple[str, ...] = (),
+    dataset: tuple[str, str] | None = None,
+):
     """Register `func(store, *, run, ...)` as query `name`. `sources`: for a query over one run's maps, the map
     sources it answers from (queries/engine/request.py: MAP_SOURCES, ATTENTION_ONLY); the engine then owns its `examples` and
-    `weights`, so its function takes neither and reads them through the framework (queries/engine/request.py)."""
+    `weights`, so its function takes neither and reads them through the framework (queries/engine/request.py).
+    `dataset`: (the dataset format it needs, how to make such a dataset), for a query defined on generated inputs."""
 
     def wrap(func):
         summary = (func.__doc__ or "").strip().splitlines()[0]
@@ -85,7 +96,7 @@ def register(name: str, *, per_head: bool = True, save: Callable[..., str] | Non
                 f"query {name!r} of {func.__module__} ({_source}) is registered already, by {taken.func.__module__} "
                 f"({taken.source}): give it another name"
             )
-        QUERIES[name] = QuerySpec(name, func, summary, per_head, save, _source, tuple(sources))
+        QUERIES[name] = QuerySpec(name, func, summary, per_head, save, _source, tuple(sources), dataset)
         return func
 
     return wrap

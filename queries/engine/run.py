@@ -31,6 +31,11 @@ def run_query(store: Store, name: str, *, run, **params):
         examples = _positions(examples)
     with store.pinned(run) as info:
         check_index_params(spec, params, info.n_layers, info.n_heads, info.name)  # head=-1 is refused, not head 11
+        if spec.dataset is not None and info.dataset_format != spec.dataset[0]:
+            raise InvalidArgumentError(
+                f"query {spec.name!r} needs a run over a {spec.dataset[0]} dataset; run {info.name!r} is over "
+                f"{info.dataset}:{info.split} ({info.dataset_format}): {spec.dataset[1]}"
+            )
         state, holder = store.run_state(info.id)
         n_stored = store.n_committed(info.id)
         if n_stored == 0:

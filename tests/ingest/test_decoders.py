@@ -268,3 +268,38 @@ def test_smollm2_converts_once_and_records_its_provenance(tmp_path, monkeypatch)
         assert (maps[..., np.triu(np.ones(maps.shape[-2:], dtype=bool), 1)] == 0).all()
     finally:
         store.close()
+
+    # The same converted model on the generated repeated-token dataset (ingest/generated.py): SmolLM2 has induction heads
+    # (queries/induction_heads.py), and each head's score and the loss gain agree with a computation from transformers'
+    # own eager maps and logits. In this test so the conversion above serves both.
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from attnstore.ingest import ingest
+    from attnstore.queries import run_query
+
+    store = open_store(db=f"sqlite:///{tmp_path / 'meta.sqlite'}", root=str(tmp_path / "attention.zarr"))
+    try:
+        ingest(store, dataset="generated/repeated_tokens:T8,24", limit=4, name="repeated", loaded=loaded, progress=False)
+        induction = run_query(store, "induction_heads", run="repeated")
+        duplicate = run_query(store, "duplicate_token_heads", run="repeated")
+        assert induction.attrs["examples_per_length"] == {8: 2, 24: 2}
+        assert induction["induction"].max() > 0.5 and duplicate["duplicate"].max() > 0.3
+        assert all(gain > 1.0 for gain in induction.attrs["loss_gain"].values())  # the second copy is predicted
+        eager = AutoModelForCausalLM.from_pretrained(loaded.source, attn_implementation="eager", dtype=torch.float32).eval()
+        scores, gains = {8: [], 24: []}, {8: [], 24: []}
+        for _, row in store.examples("repeated").iterrows():
+            t = int(row["label"])
+            ids = loaded.tokenizer(row["text_a"], return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                out = eager(ids, output_attentions=True)
+            maps = torch.stack(out.attentions)[:, 0].numpy()
+            rows = np.arange(ids.shape[1] - t, ids.shape[1])
+            scores[t].append(maps[..., rows, rows - t + 1].mean(-1))
+            loss = torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:], reduction="none").numpy()
+            gains[t].append(loss[rows[0] - t : rows[0] - 1].mean() - loss[rows[0] : rows[-1]].mean())
+        for t in (8, 24):
+            np.testing.assert_allclose(induction[f"induction_T{t}"], np.mean(scores[t], 0).ravel(), atol=2e-3)  # float16 maps
+            assert induction.attrs["loss_gain"][t] == pytest.approx(float(np.mean(gains[t])), abs=1e-3)
+    finally:
+        store.close()

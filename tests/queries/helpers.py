@@ -221,3 +221,48 @@ def token_rows(tokens: list[str], token_words: list, specials: dict) -> list[dic
         dict(token=t, token_id=ids.get(t, 1000 + k), word_position=w, segment=0, is_special=w is None, char_start=None, char_end=None)
         for k, (t, w) in enumerate(zip(tokens, token_words))
     ]
+
+
+# A repeated-token run (ingest/generated.py's layout): a first token, then T ids, then the same T ids; 1 layer x 3 heads
+# with a known stripe each: head 0 induction (row i of the second copy on i - T + 1), head 1 duplicate (on i - T),
+# head 2 previous token (on i - 1). Every other row on token 0. The last example is not a repetition (its copies differ).
+REPEATED_IDS = [[7, 21, 22, 23, 21, 22, 23], [7, 31, 32, 33, 31, 32, 33], [7, 41, 42, 41, 42], [7, 51, 52, 53, 54]]
+REPEATED_LENGTHS = [3, 2]
+
+
+def repeated_maps(ids: list[int], t: int | None) -> np.ndarray:
+    n = len(ids)
+    maps = np.zeros((1, 3, n, n), dtype=np.float32)
+    maps[..., 0] = 1.0  # every row on the first token...
+    for i in range(1, n):
+        maps[0, 2, i] = 0
+        maps[0, 2, i, i - 1] = 1.0  # ...except head 2's: always the previous token
+    if t:
+        for i in range(n - t, n):  # the second copy's rows
+            for head, key in ((0, i - t + 1), (1, i - t)):
+                maps[0, head, i] = 0
+                maps[0, head, i, key] = 1.0
+    return maps
+
+
+def repeated_run(store, make_run, name: str = "repeated") -> str:
+    """A causal run over a `repeated_tokens` dataset of REPEATED_IDS (lengths 3, 3, 2; the last one none)."""
+    import sqlalchemy as sa
+
+    lengths = [3, 3, 2, None]
+    maps = [repeated_maps(ids, t) for ids, t in zip(REPEATED_IDS, lengths, strict=True)]
+    tokens = [[f"w{i}" for i in ids] for ids in REPEATED_IDS]
+    run = make_run(
+        store,
+        maps,
+        tokens,
+        name=name,
+        specials={},
+        token_ids=REPEATED_IDS,
+        norms_list=[np.linspace(0.5, 1.5, 3 * len(ids), dtype=np.float32).reshape(1, 3, len(ids)) for ids in REPEATED_IDS],
+        dataset_format="repeated_tokens",
+        dataset_options={"lengths": REPEATED_LENGTHS, "seed": 0},
+    )
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE models SET causal = :c WHERE id = :i"), {"c": True, "i": store.run_info(run).model_id})
+    return run

@@ -6,7 +6,8 @@ read-only store, for the whole run and for `examples=`; it answers from each sou
 declare, a source that does not exist and an empty selection are refused in one line. Every kind with a range
 reduction: the kept ranges' totals equal the per-example path's. A new query or kind joins the family by being
 registered. One annotated run (tests/store/conftest.py: words, dependency trees, mentions, a FrameNet set, value
-norms, a saliency), on SQLite and PostgreSQL.
+norms, a saliency), and for a query that needs a generated dataset (`register(dataset=...)`) a run over one
+(tests/queries/helpers.py), on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from attnstore.queries import engine as summary_module
 from attnstore.queries.engine import SOURCES
 from attnstore.queries.errors import InvalidArgumentError
 from attnstore.store.errors import NotFoundError
-from attnstore.tests.queries.helpers import has_summaries, read_only_store
+from attnstore.tests.queries.helpers import has_summaries, read_only_store, repeated_run
 from attnstore.tests.snapshots import store_with
 from attnstore.tests.store.conftest import QUERY_PARAMS, annotated_run  # noqa: F401 (a fixture)
 
@@ -31,6 +32,7 @@ RTOL = 1e-12  # the kept ranges and the parts add the same per-range totals in t
 
 
 def build_run(store, annotated_run):  # noqa: F811 (the fixture imported above)
+    repeated_run(store, annotated_run.make_run)  # "repeated": a run over a generated repeated-token dataset
     return annotated_run(store)
 
 
@@ -41,6 +43,12 @@ store = store_with("run", build_run, helper="annotated_run")
 @pytest.fixture
 def run(store):
     return "shared"  # annotated_run's name
+
+
+def run_for(name: str) -> str:
+    """The fixture run query `name` answers on: the annotated run, or the run over the generated dataset it needs."""
+    dataset = QUERIES[name].dataset
+    return "shared" if dataset is None else {"repeated_tokens": "repeated"}[dataset[0]]
 
 
 def same(a: pd.DataFrame, b: pd.DataFrame, name: str) -> None:
@@ -60,6 +68,7 @@ def test_the_family_is_the_registry():
 
 @pytest.mark.parametrize("name", ENGINE_QUERIES)
 def test_kept_equals_computed_for_the_run_and_for_examples(store, run, name):
+    run = run_for(name)  # the fixture `run` builds the store's runs
     params = QUERY_PARAMS.get(name, {})
     with read_only_store(store) as reader:  # nothing kept: computed for each call alone
         computed = run_query(reader, name, run=run, **params)
@@ -73,6 +82,7 @@ def test_kept_equals_computed_for_the_run_and_for_examples(store, run, name):
 
 @pytest.mark.parametrize("name", ENGINE_QUERIES)
 def test_each_declared_source_answers_and_any_other_is_refused(store, run, name):
+    run = run_for(name)  # the fixture `run` builds the store's runs
     spec = QUERIES[name]
     params = QUERY_PARAMS.get(name, {})
     for source in spec.sources:

@@ -1,0 +1,122 @@
+"""Generated datasets: inputs built from a model's own vocabulary, reproducible from a seed.
+
+`generated/repeated_tokens:T20,50,200` is Olsson et al. 2022's test for induction heads: a first token, then T random
+tokens, then the same T tokens again; a head that attends from each second-copy token to the token after its first
+occurrence is an induction head (queries/induction_heads.py). Each example is stored as text, so it is a dataset of
+the store like any corpus (tokens, words, SQL), and its options record what makes it: the seed, the lengths, the
+number of examples per length, the first token and the candidate tokens.
+
+The random tokens are drawn from the tokenizer's vocabulary entries that decode to ASCII letters and that a space and
+those letters encode to, alone (" cat"), so the stored text tokenizes to exactly the ids drawn; every example is
+checked for that before anything is stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from ..store.records import ExampleInput
+from .errors import InvalidArgumentError
+
+REPEATED_TOKENS = "generated/repeated_tokens"
+GENERATED = (REPEATED_TOKENS,)
+PER_LENGTH = 16  # examples per T (TransformerLens' head detector uses a batch of 10 to 20)
+FIRST_WORD = "The"  # no BOS is added by SmolLM2's tokenizer: the first token is an ordinary word, the same in all
+WORD = re.compile(r"[A-Za-z]{2,}")
+
+
+def is_generated(dataset: str | None) -> bool:
+    return dataset is not None and dataset.split(":", 1)[0] in GENERATED
+
+
+def parse_lengths(split: str) -> list[int]:
+    """`T20,50,200` -> [20, 50, 200]."""
+    if not re.fullmatch(r"T\d+(,\d+)*", split):
+        raise InvalidArgumentError(
+            f"{REPEATED_TOKENS}:{split}: name the lengths as T followed by numbers, e.g. {REPEATED_TOKENS}:T20,50,200"
+        )
+    lengths = [int(t) for t in split[1:].split(",")]
+    if any(t < 2 for t in lengths) or len(set(lengths)) != len(lengths):
+        raise InvalidArgumentError(f"{REPEATED_TOKENS}:{split}: each length T must be at least 2 and given once")
+    return lengths
+
+
+def candidate_tokens(tokenizer) -> list[int]:
+    """The vocabulary ids that decode to two or more ASCII letters and that a space and those letters encode to, alone
+    (byte-level BPE's " cat", WordPiece's "cat", SentencePiece's "▁cat")."""
+    vocab = tokenizer.get_vocab()
+    specials = set(tokenizer.all_special_ids)
+    ids = sorted(i for i in vocab.values() if i not in specials)
+    words = [tokenizer.decode([i]).strip() for i in ids]
+    chosen = [(i, w) for i, w in zip(ids, words, strict=True) if WORD.fullmatch(w)]
+    encoded = tokenizer([" " + w for _, w in chosen], add_special_tokens=False)["input_ids"]
+    return [i for (i, _), e in zip(chosen, encoded, strict=True) if e == [i]]
+
+
+class RepeatedTokens:
+    """The examples of `generated/repeated_tokens:T...` for one tokenizer: `per_length` examples for each T, in the
+    order example 0 of every T, then example 1, ... (so `--limit` keeps every length)."""
+
+    def __init__(
+        self, tokenizer, split: str, *, model: str = "", seed: int = 0, per_length: int = PER_LENGTH, max_length: int | None = None
+    ):
+        self.lengths = parse_lengths(split)
+        self.model = model or type(tokenizer).__name__
+        self.seed, self.per_length, self.tokenizer = seed, per_length, tokenizer
+        first = tokenizer(FIRST_WORD, add_special_tokens=False)["input_ids"]
+        if len(first) != 1:
+            raise InvalidArgumentError(f"this tokenizer splits {FIRST_WORD!r} into {len(first)} tokens: the generator needs it as one")
+        self.first = first[0]
+        self.added = len(tokenizer(FIRST_WORD)["input_ids"]) - 1  # special tokens the tokenizer adds (a BOS, an EOS)
+        self.candidates = candidate_tokens(tokenizer)
+        if len(self.candidates) < max(self.lengths):
+            raise InvalidArgumentError(f"this tokenizer has {len(self.candidates)} single-word tokens, fewer than T={max(self.lengths)}")
+        longest = max(self.lengths)
+        needed = self.added + 1 + 2 * longest
+        if max_length is not None and needed > max_length:
+            raise InvalidArgumentError(
+                f"{REPEATED_TOKENS}:{split}: T={longest} makes {needed} tokens, over the limit of {max_length}; "
+                f"use T up to {(max_length - 1 - self.added) // 2}"
+            )
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """What makes the examples, stored as the dataset's options."""
+        return {
+            "lengths": self.lengths,
+            "per_length": self.per_length,
+            "seed": self.seed,
+            "first_token": self.first,
+            "first_word": FIRST_WORD,
+            "candidates": f"{len(self.candidates)} ids in [{self.candidates[0]}, {self.candidates[-1]}]: "
+            "ASCII letters that a space and the letters encode to",
+            "tokenizer": self.model,  # the model whose tokenizer drew them (a path on this machine would differ elsewhere)
+        }
+
+    def token_ids(self) -> Iterator[tuple[int, list[int]]]:
+        """(T, the T random ids) for every example, in dataset order: one generator per T, seeded with (seed, T)."""
+        streams = {t: random.Random(f"{self.seed}:{t}") for t in self.lengths}
+        for _ in range(self.per_length):
+            for t in self.lengths:
+                yield t, streams[t].sample(self.candidates, t)  # no id twice in a copy: each first occurrence is unique
+
+    def read(self) -> Iterator[ExampleInput]:
+        for position, (t, ids) in enumerate(self.token_ids()):
+            copy = "".join(" " + self.tokenizer.decode([i]).strip() for i in ids)
+            text = FIRST_WORD + copy * 2
+            got = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if got != [self.first, *ids, *ids]:  # candidate_tokens' check holds for each alone: this, for the sequence
+                raise InvalidArgumentError(f"{REPEATED_TOKENS}: example {position} does not tokenize back to the ids drawn")
+            yield ExampleInput(position=position, text_a=text, doc_id=f"T{t}", label=str(t))
+
+    def checksum(self) -> str:
+        """sha256 of the options and every example's ids: what identifies the dataset in the store."""
+        digest = hashlib.sha256(json.dumps(self.options, sort_keys=True).encode())
+        for t, ids in self.token_ids():
+            digest.update(f"{t}:{','.join(map(str, ids))};".encode())
+        return digest.hexdigest()
