@@ -8,6 +8,7 @@ tests/ingest/test_s3_ingest.py ingests with the real model and kills the ingest 
 from __future__ import annotations
 
 import io
+import os
 import socket
 import sys
 import time
@@ -117,14 +118,61 @@ def test_a_read_on_s3_is_one_get_per_object_without_a_head_first(pair):
     assert any(key.endswith("zarr.json") for key in got) and not [key for key in heads if "/cells/c/" not in key], calls
 
 
+# Where the package's read paths live: a query reaches the array root only through these (its own module computes on
+# what they return). The modules that read a local root's files directly (direct.py, sharded.py) and the store's
+# choice of that reader are never taken on S3, whose reads go through zarr (arrays.read_cells and friends) instead.
+READ_PATH_DIRS = ("store", os.path.join("queries", "engine"))
+LOCAL_ONLY_FILES = ("direct.py", "sharded.py")
+
+
+def read_path_functions(store, name: str, params: dict):
+    """(run_query's frame of query `name` on the run "shared", the functions of attnstore/store/ and
+    attnstore/queries/engine/ it ran in this thread, as "file:qualname", less those only a local root takes)."""
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    folders = tuple(os.path.join(package, d) + os.sep for d in READ_PATH_DIRS)
+    seen: set[str] = set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            path = frame.f_code.co_filename
+            if path.startswith(folders) and os.path.basename(path) not in LOCAL_ONLY_FILES:
+                seen.add(f"{os.path.relpath(path, package)}:{frame.f_code.co_qualname}")
+
+    sys.setprofile(profile)
+    try:
+        value = run_query(store, name, run="shared", **params)
+    finally:
+        sys.setprofile(None)
+    return value, {f for f in seen if not f.endswith("StoreReader._direct_reader")}
+
+
 @pytest.mark.one_backend
 def test_every_query_on_s3_equals_the_same_run_on_a_local_root(pair, every_query):
+    """Every registered query runs on the local root (and answers); every read path they take there is then taken on
+    S3 by at least one query whose frame equals the local one.
+
+    A query reads the array root only through the store's and the query engine's functions (attnstore/store/,
+    attnstore/queries/engine/: maps one example or a whole run at a time, value norms, saliency, token arrays, kept
+    summaries and their ranges, written and read back); what its own module does with the numbers does not depend on
+    where they came from. So the queries are run on S3 one at a time, each next one the query whose local run
+    called the most of those functions not yet called on S3, until every function any query called on the local root
+    (less the local root's direct readers, store/direct.py and store/sharded.py, which S3 replaces by zarr's reads)
+    has been called on S3 too; the test fails if some never is. This covers every distinct read path with ~10 of
+    the ~35 queries (each costs 1.5-2.5 s on the moto server, ~40 requests), and a new query with a read path of its
+    own is added to the S3 runs by itself."""
     on_s3, local = pair
+    wants, local_paths = {}, {}
     for name, params in every_query.items():
-        got = run_query(on_s3, name, run="shared", **params)
-        want = run_query(local, name, run="shared", **params)
-        assert not want.empty, name
-        pd.testing.assert_frame_equal(got, want, obj=name)
+        wants[name], local_paths[name] = read_path_functions(local, name, params)
+        assert not wants[name].empty, name
+    uncovered, on_s3_runs = set().union(*local_paths.values()), []
+    while uncovered:
+        name = max((n for n in every_query if n not in on_s3_runs), key=lambda n: len(local_paths[n] & uncovered), default=None)
+        assert name is not None and local_paths[name] & uncovered, f"never called on S3: {sorted(uncovered)} ({on_s3_runs})"
+        got, s3_paths = read_path_functions(on_s3, name, every_query[name])
+        pd.testing.assert_frame_equal(got, wants[name], obj=name)
+        on_s3_runs.append(name)
+        uncovered -= s3_paths
 
 
 def test_check_passes_and_a_deleted_chunk_object_is_reported_as_damage(pair, s3_endpoint, s3_root):
