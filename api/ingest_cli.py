@@ -136,8 +136,9 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     "token_loss",
     default=True,
     show_default=True,
-    help="For a causal LM with its LM head: keep each token's next-token loss (nats, NaN at the last token) from the "
-    "same forward pass, run to the logits instead of stopping at the last map (store.token_loss; docs/ARCHITECTURE.md).",
+    help="For a causal LM with its LM head: keep each token's next-token loss (nats, NaN at the last token) and its "
+    "hidden-state peak per layer (massive activations) from the same forward pass, run to the logits instead of stopping "
+    "at the last map (store.token_loss; docs/ARCHITECTURE.md).",
 )
 @click.option(
     "--tier",

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from . import capture, norms, streaming
+from . import activations, capture, norms, streaming
 from .align import Encoded, pad_inputs
 from .errors import IngestError
 from .model import LoadedModel
@@ -180,8 +180,9 @@ def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) 
     return blocks
 
 
-# (example, maps (or a Q/K run's (queries, keys, log-sum-exps)) or None: skipped, value norms or None, per-token loss or None)
-Item = tuple[Encoded, np.ndarray | tuple | None, np.ndarray | None, np.ndarray | None]
+# (example, maps (or a Q/K run's (queries, keys, log-sum-exps)) or None: skipped, value norms or None, per-token loss or None,
+# hidden-state peaks or None)
+Item = tuple[Encoded, np.ndarray | tuple | None, np.ndarray | None, np.ndarray | None, np.ndarray | None]
 
 
 def batch_items(
@@ -192,22 +193,27 @@ def batch_items(
     with_norms: bool = False,
     with_loss: bool = False,
     qk_dtype: str | None = None,
+    with_peaks: bool = False,
 ) -> list[Item]:
     """One planned batch's examples to store, in storage order, with their maps (None: skipped, no tokens; with
     `qk_dtype`, a Q/K run's, their queries, keys and log-sum-exps: store/qk.py) and, with `with_norms`, their value
     norms (token, layer, head), with `with_loss` their per-token loss (token,), both from the same pass
-    (ingest/norms.py, `token_loss`)."""
+    (ingest/norms.py, `token_loss`), with `with_peaks` (a whole pass: `with_loss` too) their hidden-state peaks (token,
+    layer, 3: ingest/activations.py)."""
     runnable = [e for e in batch if e.input_ids]
     if qk_dtype is None:
         _refuse_oversized(loaded, runnable, dtype)
-    items: list[Item] = [(e, None, None, None) for e in batch if not e.input_ids and e.example_id not in done]
+    items: list[Item] = [(e, None, None, None, None) for e in batch if not e.input_ids and e.example_id not in done]
     if any(e.example_id not in done for e in runnable):
         projections = loaded.value_projections if with_norms else None
         if with_norms and projections is None:
             raise IngestError(f"model {loaded.name!r}: its value and output projections were not found, so no value norms")
         if with_loss and loaded.lm is None:
             raise IngestError(f"model {loaded.name!r} has no causal-LM head, so no per-token loss")
-        with norms.collecting(projections) as values:
+        layers = activations.decoder_layers(loaded.model, loaded.n_layers) if with_peaks else None
+        if with_peaks and (layers is None or not with_loss):
+            raise IngestError(f"model {loaded.name!r}: hidden-state peaks need a whole pass of its {loaded.n_layers} decoder layers")
+        with norms.collecting(projections) as values, activations.collecting(layers) as caught:
             if with_loss:
                 attentions, lengths, losses = forward_with_loss(loaded, runnable, dtype, qk_dtype)
             else:
@@ -219,7 +225,12 @@ def batch_items(
             blocks = to_blocks(attentions, lengths, dtype, runnable)
         per_example = norms.value_norms(projections, values, lengths) if projections is not None else [None] * len(blocks)
         per_loss = losses if losses is not None else [None] * len(blocks)
-        items += [(e, maps, n, lo) for e, maps, n, lo in zip(runnable, blocks, per_example, per_loss) if e.example_id not in done]
+        per_peaks = activations.hidden_peaks(caught, loaded.n_layers, lengths) if layers is not None else [None] * len(blocks)
+        items += [
+            (e, maps, n, lo, pk)
+            for e, maps, n, lo, pk in zip(runnable, blocks, per_example, per_loss, per_peaks)
+            if e.example_id not in done
+        ]
     return items
 
 
@@ -251,8 +262,11 @@ def store_items(writer, items: list, overlap: bool = False) -> None:
         else:
             norms_ = rest[0] if rest else None
             loss = rest[1] if len(rest) > 1 else None
+            peaks = rest[2] if len(rest) > 2 else None
             qk = maps if isinstance(maps, tuple) else None
-            writer.add(enc.example_id, None if qk else maps, enc.tokens, truncated=enc.truncated, norms=norms_, loss=loss, qk=qk)
+            writer.add(
+                enc.example_id, None if qk else maps, enc.tokens, truncated=enc.truncated, norms=norms_, loss=loss, qk=qk, peaks=peaks
+            )
     writer.commit(wait=not overlap)
 
 
@@ -315,6 +329,7 @@ def run_batches(
     passes, threads = forward_passes()
     with_norms = getattr(writer, "norms", None) is not None  # the run keeps value norms (a distributed part never)
     with_loss = getattr(writer, "loss", None) is not None  # the run keeps per-token loss (a distributed part never)
+    with_peaks = getattr(writer, "peaks", None) is not None  # and hidden-state peaks (likewise)
     qk_dtype = writer.info.qk["dtype"] if writer.info.qk else None  # a Q/K run (store/qk.py)
     overlap = storage_overlaps() if overlap is None else overlap
     running: deque = deque()  # forward passes, in batch order
@@ -346,7 +361,7 @@ def run_batches(
             for batch in batches:
                 if all(e.example_id in done for e in batch):
                     continue
-                running.append(forward.submit(batch_items, loaded, dtype, batch, done, with_norms, with_loss, qk_dtype))
+                running.append(forward.submit(batch_items, loaded, dtype, batch, done, with_norms, with_loss, qk_dtype, with_peaks))
                 while len(running) > passes:
                     n_new += hand_over()
             while running:

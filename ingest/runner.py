@@ -22,8 +22,9 @@ from ..store.errors import BusyError
 from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
 from ..store.leases import clear_stale, live_holder
 from ..store.qk import qk_entry
-from ..store.records import QK_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo
+from ..store.records import HIDDEN_PEAKS_FLAG, QK_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo
 from ..store.writer import run_lease_name, validate_run_name
+from .activations import decoder_layers, peaks_manifest
 from .annotate import annotate, make_annotator
 from .batches import MAX_BATCH_TOKENS, planned_batches
 from .corpus import FORMAT_READERS, file_checksum, read_corpus, read_pairs_tsv  # noqa: F401 (read_pairs_tsv: tests take it from here)
@@ -415,6 +416,8 @@ def ingest(
                 print("note: per-token loss is not kept by an ingest on a Dask scheduler", file=sys.stderr)
             else:
                 manifest[TOKEN_LOSS_FLAG] = token_loss_manifest()
+                if decoder_layers(loaded.model, loaded.n_layers) is not None:  # massive activations, from the same pass
+                    manifest[HIDDEN_PEAKS_FLAG] = peaks_manifest()
         manifest["capture"] = capture_manifest(loaded)
         manifest["tier"] = tier
         if tier == "qk":

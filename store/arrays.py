@@ -99,6 +99,18 @@ SALIENCY_CHUNK_TOKENS = 1 << 16
 # made the maps (ingest/passes.py); NaN at each example's last token (no next token). Written like value_norm.
 TOKEN_LOSS = "token_loss"
 LOSS_CHUNK_TOKENS = 1 << 16
+# Per (token, layer), for a causal LM: the layer's output hidden state's largest-magnitude entry (its signed value and its
+# dimension) and the median magnitude over the dimensions, float32 (ingest/activations.py; Sun et al. 2024's massive
+# activations). Written like token_loss.
+HIDDEN_PEAKS = "hidden_peak"
+PEAK_FIELDS = ("value", "dim", "median_abs")
+PEAK_CHUNK_TOKENS = 1 << 12
+HIDDEN_PEAKS_ATTRIBUTES = {
+    "description": "per token and layer, the layer's output hidden state (the residual stream after the layer): the "
+    "entry of largest magnitude (its signed value, its dimension) and the median magnitude over the dimensions (torch's "
+    "median: the lower middle value); tokens in storage order, as token_id",
+    "fields": list(PEAK_FIELDS),
+}
 # What the array says of itself to a plain zarr reader (its attributes), as the run's manifest records it.
 TOKEN_LOSS_ATTRIBUTES = {
     "description": "next-token loss of each token: -log p(token[i+1] | tokens[..i]) under the run's causal LM, "
@@ -246,9 +258,11 @@ def create_run_group(
     attributes: dict,
     value_norms: bool = False,
     token_loss: bool = False,
+    hidden_peaks: bool = False,
 ) -> str:
     """Create (or replace an orphan of) a run's group with empty cells and index arrays (and an empty `value_norm`
-    array where `value_norms`, an empty `token_loss` array where `token_loss`); returns the cells path.
+    array where `value_norms`, an empty `token_loss` array where `token_loss`, an empty `hidden_peak` array where
+    `hidden_peaks`); returns the cells path.
 
     Called only while holding the run's name in SQL, so any group already at this path is
     left over from an attempt whose row was never committed.
@@ -268,6 +282,11 @@ def create_run_group(
         create_token_array(root, cells.path, VALUE_NORMS, trailing, "float16", NORM_CHUNK_TOKENS, {})
     if token_loss:
         create_token_array(root, cells.path, TOKEN_LOSS, (), "float32", LOSS_CHUNK_TOKENS, TOKEN_LOSS_ATTRIBUTES)
+    if hidden_peaks:
+        trailing = (attributes["n_layers"], len(PEAK_FIELDS))
+        create_token_array(
+            root, cells.path, HIDDEN_PEAKS, trailing, "float32", PEAK_CHUNK_TOKENS, HIDDEN_PEAKS_ATTRIBUTES, ("token", "layer", "field")
+        )
     return cells.path
 
 
@@ -482,8 +501,18 @@ def set_run_group_attribute(root: str, array_path: str, name: str, value) -> Non
     zarr.open_group(store=open_root(root, read_only=False), path=group_path_of(array_path), mode="r+").attrs.update({name: value})
 
 
-def create_token_array(root: str, array_path: str, name: str, trailing: tuple[int, ...], dtype: str, chunk_tokens: int, attributes: dict):
-    """An empty per-token array `name` in a run's group (replacing one there), checksummed like the index."""
+def create_token_array(
+    root: str,
+    array_path: str,
+    name: str,
+    trailing: tuple[int, ...],
+    dtype: str,
+    chunk_tokens: int,
+    attributes: dict,
+    dimension_names: tuple[str, ...] | None = None,
+):
+    """An empty per-token array `name` in a run's group (replacing one there), checksummed like the index; its axes
+    token, then `dimension_names`' or the maps' (layer, head)."""
     return zarr.create_array(
         store=open_root(root, read_only=False),
         name=f"{group_path_of(array_path)}/{name}",
@@ -493,7 +522,7 @@ def create_token_array(root: str, array_path: str, name: str, trailing: tuple[in
         compressors=make_codec(INDEX_CODEC, dtype),
         fill_value=0,
         config=ARRAY_CONFIG,
-        dimension_names=("token", *AXES[: len(trailing)]),
+        dimension_names=dimension_names or ("token", *AXES[: len(trailing)]),
         attributes=attributes,
         overwrite=True,
     )

@@ -266,6 +266,9 @@ def check_run(store, run, repair: bool = False) -> RunReport:
         if info.has_token_loss:
             fix = "ingest the run again for its per-token loss"
             _check_token_array(report, store, info, arrays.TOKEN_LOSS, n_tokens, fix, exact=state == "complete", nan_ok=True)
+        if info.has_hidden_peaks:
+            fix = "ingest the run again for its hidden-state peaks"
+            _check_token_array(report, store, info, arrays.HIDDEN_PEAKS, n_tokens, fix, exact=state == "complete", signed=True)
         try:
             saliency = arrays.run_group_attribute(store.locations.array_root, info.array_path, arrays.SALIENCY)
         except Exception as exc:  # the group's zarr.json cannot be read: the index check above reports that once

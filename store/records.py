@@ -11,6 +11,8 @@ from .errors import OldLayoutError
 VALUE_NORMS_FLAG = "value_norms"
 # The manifest entry of a run that keeps each token's next-token loss (store/arrays.py TOKEN_LOSS): what it is, its unit.
 TOKEN_LOSS_FLAG = "token_loss"
+# The manifest entry of a run that keeps each token's hidden-state peak per layer (store/arrays.py HIDDEN_PEAKS).
+HIDDEN_PEAKS_FLAG = "hidden_peaks"
 # The manifest entry of a run in the Q/K tier (store/qk.py): its maps are rebuilt from stored queries and keys.
 QK_FLAG = "qk"
 
@@ -79,6 +81,11 @@ class RunInfo:
     def has_token_loss(self) -> bool:
         """Whether the run keeps each token's next-token loss beside its maps (a causal LM's run)."""
         return bool((self.manifest or {}).get(TOKEN_LOSS_FLAG))
+
+    @property
+    def has_hidden_peaks(self) -> bool:
+        """Whether the run keeps each token's hidden-state peak per layer (massive activations: a causal LM's run)."""
+        return bool((self.manifest or {}).get(HIDDEN_PEAKS_FLAG))
 
     @property
     def qk(self) -> dict | None:

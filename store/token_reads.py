@@ -163,6 +163,20 @@ class TokenReads:
         for example, row in self._iter_token_values(info, values, examples):
             yield example, np.asarray(row, dtype=np.float32)
 
+    def iter_hidden_peaks(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """(example, (token, layer, 3) float32) over the run's committed examples (or `examples`), in storage order: per
+        token and layer, the layer's output hidden state's largest-magnitude entry (signed), its dimension and the median
+        magnitude (store/arrays.py HIDDEN_PEAKS; Sun et al. 2024's massive activations)."""
+        info = self.run_info(run)
+        if not info.has_hidden_peaks:
+            raise InvalidArgumentError(
+                f"run {info.name!r} keeps no hidden-state peaks (not a causal LM with its LM head, ingested with --no-token-loss, "
+                f"on a Dask scheduler, or before attnstore kept them): ingest a causal LM again under a new --name to get them"
+            )
+        values = arrays.TokenArray(self.locations.array_root, info.array_path, arrays.HIDDEN_PEAKS)
+        for example, rows in self._iter_token_values(info, values, examples):
+            yield example, np.asarray(rows, dtype=np.float32)
+
     def saliency_info(self, run: RunRef) -> dict | None:
         """What the run's saliency array holds (model, method, target, n_tokens, complete), or None without one."""
         info = self.run_info(run)

@@ -27,7 +27,7 @@ from .errors import AttnStoreError, ConflictError, InvalidArgumentError, ReadOnl
 from .identity import dataset_identity
 from .lazy import LazyModule
 from .reader import RunRef, StoreReader
-from .records import QK_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
+from .records import HIDDEN_PEAKS_FLAG, QK_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
 from .run_blocks import committed_end, run_attributes, write_index_from_sql
 from .schema import (
     AblationResult,
@@ -343,6 +343,7 @@ class StoreWriter:
                     attributes=attributes,
                     value_norms=bool(fields["manifest"].get(VALUE_NORMS_FLAG)),
                     token_loss=bool(fields["manifest"].get(TOKEN_LOSS_FLAG)),
+                    hidden_peaks=bool(fields["manifest"].get(HIDDEN_PEAKS_FLAG)),
                 )
                 if fields["manifest"].get(QK_FLAG):
                     qk.create_arrays(
@@ -498,6 +499,10 @@ class RunWriter:
             self._loss_tokens = int(n_tokens or 0)
             if part is None and info.has_token_loss:
                 self.loss = arrays.TokenArray(store.locations.array_root, info.array_path, arrays.TOKEN_LOSS, read_only=False)
+            self.peaks = None  # hidden-state peaks (massive activations) likewise
+            self._peak_tokens = int(n_tokens or 0)
+            if part is None and info.has_hidden_peaks:
+                self.peaks = arrays.TokenArray(store.locations.array_root, info.array_path, arrays.HIDDEN_PEAKS, read_only=False)
             # A Q/K run (store/qk.py) writes no cells: its queries, keys and log-sum-exps go to their per-token arrays like
             # the value norms, and its offsets stay those its maps would have in the cells, so every offset rule holds.
             self.qk = None
@@ -523,8 +528,10 @@ class RunWriter:
                 ) from None
             raise
         # (end offset, sequence row, token rows, token ids, value norms (token, layer, head) or None, loss (token,) or None,
-        # a Q/K run's (queries, keys, log-sum-exps) or None)
-        self._pending: list[tuple[int, dict, list[tuple], np.ndarray, np.ndarray | None, np.ndarray | None, tuple | None]] = []
+        # a Q/K run's (queries, keys, log-sum-exps) or None, hidden-state peaks (token, layer, field) or None)
+        self._pending: list[
+            tuple[int, dict, list[tuple], np.ndarray, np.ndarray | None, np.ndarray | None, tuple | None, np.ndarray | None]
+        ] = []
         # Index entries committed in SQL, not yet in the Zarr index: written every INDEX_FLUSH_TOKENS tokens and at the end.
         self._index_queue: list[tuple[int, int, int, np.ndarray]] = []  # (example position, offset, length, token ids)
         self._index_tokens = 0
@@ -543,10 +550,12 @@ class RunWriter:
         norms: np.ndarray | None = None,
         loss: np.ndarray | None = None,
         qk: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+        peaks: np.ndarray | None = None,
     ) -> None:
         """`norms`: the example's value norms, (token, layer, head), required where the run keeps them (and only there);
-        `loss`: its per-token next-token loss, (token,), likewise. A Q/K run takes `qk` (queries (token, layer, head,
-        dim), keys (token, layer, kv head, dim), log-sum-exps (token, layer, head)) and no maps."""
+        `loss`: its per-token next-token loss, (token,), likewise; `peaks`: its hidden-state peaks (token, layer, field),
+        likewise. A Q/K run takes `qk` (queries (token, layer, head, dim), keys (token, layer, kv head, dim), log-sum-exps
+        (token, layer, head)) and no maps."""
         expected = (self.info.n_layers, self.info.n_heads)
         if (qk is None) != (self.qk is None) or (maps is None) == (qk is None):
             raise InvalidArgumentError(
@@ -574,6 +583,13 @@ class RunWriter:
             )
         if loss is not None and loss.shape != (len(tokens),):
             raise InvalidArgumentError(f"per-token loss of shape {loss.shape} does not fit {len(tokens)} tokens")
+        if (peaks is None) != (self.peaks is None) and self.part is None:
+            raise InvalidArgumentError(
+                f"run {self.info.name!r} {'keeps' if self.peaks is not None else 'does not keep'} hidden-state peaks: "
+                f"example {example_id} was given {'none' if peaks is None else 'some'}"
+            )
+        if peaks is not None and peaks.shape != (len(tokens), self.info.n_layers, len(arrays.PEAK_FIELDS)):
+            raise InvalidArgumentError(f"hidden-state peaks of shape {peaks.shape} do not fit {len(tokens)} tokens")
         if maps is not None and self.part is not None and self.blocks.offset_for(maps.size) + maps.size > self.part[1]:
             raise InvalidArgumentError(
                 f"example {example_id}'s maps do not fit the cells {self.part[0]}..{self.part[1]} "
@@ -588,7 +604,7 @@ class RunWriter:
         run_id = self.info.id
         toks = [(run_id, example_id, i, *token_values(t)) for i, t in enumerate(tokens)]
         ids = np.fromiter((t["token_id"] for t in tokens), np.int64, len(tokens))
-        self._pending.append((offset + size, seq, toks, ids, norms, loss, qk))
+        self._pending.append((offset + size, seq, toks, ids, norms, loss, qk, peaks))
 
     def _check_qk(self, example_id: int, qk: tuple, n: int) -> None:
         entry, layers, heads = self.info.qk, self.info.n_layers, self.info.n_heads
@@ -600,7 +616,7 @@ class RunWriter:
 
     def add_skipped(self, example_id: int, length: int) -> None:
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=None, truncated=False, skipped=True)
-        self._pending.append((0, seq, [], np.empty(0, np.int64), None, None, None))
+        self._pending.append((0, seq, [], np.empty(0, np.int64), None, None, None, None))
 
     def _flush_blocks(self, final: bool, wait: bool) -> int:
         self.lease.check()
@@ -647,6 +663,10 @@ class RunWriter:
         self._write_norms([p[4] for p in ready if p[4] is not None])
         self._write_loss([p[5] for p in ready if p[5] is not None])
         self._write_qk([p[6] for p in ready if p[6] is not None])
+        if self.peaks is not None:
+            self._peak_tokens += self._write_per_token(
+                self.peaks, self._peak_tokens, [p[7] for p in ready if p[7] is not None], "hidden-state peaks"
+            )
         with self.store.session() as s:
             self.lease.check(s.connection())
             if self.index is not None:

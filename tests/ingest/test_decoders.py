@@ -142,8 +142,48 @@ def test_gqa_decoder_keeps_causal_maps_and_value_norms(arch, tiny, tmp_path):
             assert not np.allclose(stored[:, 0], stored[:, 1])
         first = store.tokens(arch, 0)["token_id"].iloc[0]
         assert (first == T.AutoTokenizer.from_pretrained(path).bos_token_id) == (arch in ("llama", "gemma2", "gemma3"))
+        check_hidden_peaks(store, arch, model)
     finally:
         store.close()
+
+
+def check_hidden_peaks(store, run: str, model) -> None:
+    """The stored hidden-state peaks (ingest/activations.py) are those of each decoder layer's output, caught here by
+    hooks of the test's own on the eager model: the largest-magnitude entry (signed), its dimension, the median."""
+    from attnstore.queries import run_query
+
+    assert store.run_info(run).has_hidden_peaks
+    base = model.get_decoder()
+    layers = base.layers if hasattr(base, "layers") else base.h
+    every = []
+    for example, stored in store.iter_hidden_peaks(run):
+        ids = store.tokens(run, example)["token_id"].tolist()
+        outputs: list = []
+
+        def keep(module, args, output, outputs=outputs):
+            outputs.append(output[0] if isinstance(output, tuple) else output)
+
+        hooks = [layer.register_forward_hook(keep) for layer in layers]
+        try:
+            with torch.inference_mode():
+                base(input_ids=torch.tensor([ids]))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        hidden = torch.stack(outputs, dim=2)[0].float().numpy()  # (token, layer, hidden)
+        dim = np.abs(hidden).argmax(-1)
+        assert stored.shape == (len(ids), len(layers), 3)
+        np.testing.assert_array_equal(stored[..., 1], dim)
+        np.testing.assert_allclose(stored[..., 0], np.take_along_axis(hidden, dim[..., None], -1)[..., 0], rtol=1e-4, atol=1e-5)
+        lower_median = np.sort(np.abs(hidden), -1)[..., (hidden.shape[-1] - 1) // 2]  # torch.median: the lower middle
+        np.testing.assert_allclose(stored[..., 2], lower_median, rtol=1e-4, atol=1e-5)
+        every.append(hidden)
+    # massive_activations: per layer the largest magnitude over every token of the run, and the median of the medians
+    frame = run_query(store, "massive_activations", run=run)
+    hidden = np.concatenate(every)  # (all tokens, layer, hidden)
+    np.testing.assert_allclose(np.abs(frame["peak"]), np.abs(hidden).max(axis=(0, 2)), rtol=1e-4)
+    np.testing.assert_allclose(frame["median"], np.median(np.sort(np.abs(hidden), -1)[..., (hidden.shape[-1] - 1) // 2], axis=0), rtol=1e-4)
+    assert frame["dim"].tolist() == np.abs(hidden).max(0).argmax(-1).tolist()
 
 
 def test_gpt2_decoder_is_causal_without_value_norms(tiny, tmp_path):
@@ -266,6 +306,13 @@ def test_smollm2_converts_once_and_records_its_provenance(tmp_path, monkeypatch)
         assert maps.shape[:2] == (30, 9)
         np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-4)
         assert (maps[..., np.triu(np.ones(maps.shape[-2:], dtype=bool), 1)] == 0).all()
+        # Sun et al.'s massive activations: from a middle layer on, one entry of the first token's hidden state is
+        # thousands of times the median (dimension 507 in SmolLM2-135M-Instruct)
+        from attnstore.queries import run_query
+
+        massive = run_query(store, "massive_activations", run="smol").set_index("layer")
+        assert (massive.loc[12:27, "ratio"] > 1000).all() and (massive.loc[12:, "position"] == 0).all()
+        assert set(massive.loc[12:, "dim"]) == {507}
     finally:
         store.close()
 

@@ -67,7 +67,10 @@ def annotated_run(make_run):
         words = [[dict(form=w, lemma=w, upos=u, head=h, deprel=d) for w, u, h, d in s] for s in SENTENCES]
         maps = [random_maps(rng, 2, 3, len(t)) for t in tokens]
         norms = [rng.random((2, 3, len(t))).astype(np.float16).astype(np.float32) + 0.5 for t in tokens]  # weights=norm
-        run = make_run(store, maps, tokens, name=name, words_list=words, mentions_list=MENTIONS, norms_list=norms)
+        peaks = [
+            np.stack([rng.normal(size=(len(t), 2)) * 50, rng.integers(0, 8, (len(t), 2)), rng.random((len(t), 2))], -1) for t in tokens
+        ]
+        run = make_run(store, maps, tokens, name=name, words_list=words, mentions_list=MENTIONS, norms_list=norms, peaks_list=peaks)
         add_frame(store, run)
         write_saliency(store, run, [rng.normal(size=len(t)) for t in tokens])  # attention_attribution
         return run

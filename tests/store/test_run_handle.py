@@ -113,6 +113,7 @@ STORE_METHODS = {
     "has_token_loss",
     "token_loss",
     "iter_token_loss",
+    "iter_hidden_peaks",
     "require_value_norms",
     "value_norms",
     "labelled_attention",
