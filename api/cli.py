@@ -674,6 +674,26 @@ def report_head_match(locations, run, other, metric, specials, out):
     click.echo(f"wrote {path} and its tables and figures")
 
 
+@report.command("llm", short_help="Write a decoder's sinks, head types, induction curve and massive activations.")
+@click.option("--run", required=True, help="A causal LM's run over real text (e.g. gum/ontogum:dev).")
+@click.option("--repeated-run", default=None, help="The same model's run over generated/repeated_tokens:T20,50,200 (induction).")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@store_options
+@friendly_errors
+def report_llm(locations, run, repeated_run, out):
+    """Attention sinks by layer beside massive activations, a map of head types (layers x heads), the induction curve
+    over T and the best induction heads, heavy hitters: tables (CSV, llm.md) and PNG/SVG figures (docs/QUERIES.md)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise click.ClickException("figures need matplotlib: pip install 'attnstore[report]'") from None
+    from .llm_report import llm_report
+
+    with reading_progress("report llm: examples read"):
+        path = llm_report(open_store(locations), run, out, repeated_run=repeated_run)
+    click.echo(f"wrote {path} and its tables and figures")
+
+
 @report.command("primer", short_help="Write the Primer's analyses: norms, rollout, roles, trees, attribution, pruning.")
 @click.option("--run", required=True, help="The run for norm-based attention, rollout and head roles.")
 @click.option("--tree-run", default=None, help="A run over a corpus with gold trees (e.g. ud/en_ewt:dev) for trees from heads.")
