@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -95,7 +94,7 @@ def test_threads_asking_the_same_first_query_build_it_once(store, run, monkeypat
 
 
 ASK = """
-import json, sys, time
+import json, os, sys, time
 from attnstore.queries import run_query
 from attnstore.queries.engine import passes
 from attnstore.store import open_store
@@ -107,7 +106,8 @@ def counted(store, info, kind, examples=None, params=None):
     return out
 passes.summarise_examples = counted  # what a pass calls, range by range
 store = open_store(db=sys.argv[1], root=sys.argv[2])
-while time.time() < float(sys.argv[3]):  # both processes start their query at once
+print("ready", flush=True)
+while not os.path.exists(sys.argv[3]):  # both processes start their query at once, when the test makes this file
     time.sleep(0.001)
 frame = run_query(store, "entropy", run="sums")
 print(json.dumps({"reduced": sum(reduced), "frame": frame.to_dict(orient="list")}))
@@ -115,17 +115,20 @@ print(json.dumps({"reduced": sum(reduced), "frame": frame.to_dict(orient="list")
 
 
 @pytest.mark.slow
-def test_two_processes_asking_the_same_first_query(store, run):
+def test_two_processes_asking_the_same_first_query(store, run, tmp_path):
     """The report's case (the loser exited with a traceback in 21 of 21 tries), five times on each backend."""
     where = [store.locations.db_url, store.locations.array_root]
     first = None
-    for _ in range(5):
+    for attempt in range(5):
         shutil.rmtree(os.path.join(store.locations.array_root, "runs", "sums", "summary"), ignore_errors=True)
-        start = time.time() + 3.0  # after both interpreters have imported everything
+        gate = tmp_path / f"go-{attempt}"  # made once both interpreters have imported everything and opened the store
         procs = [
-            subprocess.Popen([sys.executable, "-c", ASK, *where, str(start)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen([sys.executable, "-c", ASK, *where, str(gate)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)
         ]
+        for p in procs:
+            p.stdout.readline()  # "ready" (or "" if it failed: its error is asserted below)
+        gate.touch()
         outputs = [p.communicate(timeout=120) for p in procs]
         for p, (_, err) in zip(procs, outputs):
             assert p.returncode == 0, err[-3000:]
