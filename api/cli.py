@@ -130,8 +130,8 @@ def datasets(data_dir, fmt, columns):
     made from the model's tokenizer at ingest)."""
     import pandas as pd
 
-    from ..ingest.datasets import BUILTIN, resolve_data_dir
-    from ..ingest.generated import PER_LENGTH, REPEATED_TOKENS
+    from ..ingest.datasets import BUILTIN, find_dataset, resolve_data_dir
+    from ..ingest.generated import DEPTHS, HAYSTACK, NEEDLE, PER_LENGTH, REPEATED_TOKENS
 
     root = resolve_data_dir(data_dir)
     rows = [
@@ -153,6 +153,16 @@ def datasets(data_dir, fmt, columns):
             license="generated",
             source="random tokens of the model's own tokenizer, repeated once (Olsson et al. 2022)",
             present=True,
+        )
+    )
+    rows.append(
+        dict(
+            dataset=f"{NEEDLE}:L1000,2000",
+            size=f"{len(DEPTHS)} depths per context length L (any lengths)",
+            annotation="spacy",
+            license=f"the haystack's ({HAYSTACK})",
+            source=f"a needle in {HAYSTACK}'s documents, then the question (Wu et al. 2024); ingest with --generate 50",
+            present=(root / find_dataset(HAYSTACK).path).exists(),
         )
     )
     emit(pd.DataFrame(rows), fmt, columns=columns)
@@ -677,12 +687,14 @@ def report_head_match(locations, run, other, metric, specials, out):
 @report.command("llm", short_help="Write a decoder's sinks, head types, induction curve and massive activations.")
 @click.option("--run", required=True, help="A causal LM's run over real text (e.g. gum/ontogum:dev).")
 @click.option("--repeated-run", default=None, help="The same model's run over generated/repeated_tokens:T20,50,200 (induction).")
+@click.option("--needle-run", default=None, help="The same model's run over generated/needle:L... with --generate (retrieval heads).")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @store_options
 @friendly_errors
-def report_llm(locations, run, repeated_run, out):
+def report_llm(locations, run, repeated_run, needle_run, out):
     """Attention sinks by layer beside massive activations, a map of head types (layers x heads), the induction curve
-    over T and the best induction heads, heavy hitters: tables (CSV, llm.md) and PNG/SVG figures (docs/QUERIES.md)."""
+    over T and the best induction heads, retrieval heads, heavy hitters: tables (CSV, llm.md) and PNG/SVG figures
+    (docs/QUERIES.md)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -690,7 +702,7 @@ def report_llm(locations, run, repeated_run, out):
     from .llm_report import llm_report
 
     with reading_progress("report llm: examples read"):
-        path = llm_report(open_store(locations), run, out, repeated_run=repeated_run)
+        path = llm_report(open_store(locations), run, out, repeated_run=repeated_run, needle_run=needle_run)
     click.echo(f"wrote {path} and its tables and figures")
 
 

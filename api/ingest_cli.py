@@ -169,6 +169,14 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     type=click.Choice(["float32", "bfloat16", "float16"]),
     help="The weights' dtype in the forward passes (recorded in the run's manifest).",
 )
+@click.option(
+    "--generate",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="A causal LM continues each example's text greedily by up to N tokens (stopping after a newline), and the text "
+    "and the generation are stored as one sequence, the generated tokens as segment 1 (retrieval_heads; docs/DECODERS.md).",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
 @scheduler_option("the forward passes and the writes of their maps (this process tokenizes and finishes the run)")
 @store_options

@@ -134,9 +134,10 @@ def draw_curve(curve: pd.DataFrame, induction: pd.DataFrame, title: str):
     return fig
 
 
-def llm_report(store: Store, run, out: str, repeated_run=None) -> Path:
-    """Write llm.md, its tables and figures for `run` (real text; a causal LM) and `repeated_run` (the generated
-    repeated-token dataset, for induction and duplicate heads) into `out`."""
+def llm_report(store: Store, run, out: str, repeated_run=None, needle_run=None) -> Path:
+    """Write llm.md, its tables and figures for `run` (real text; a causal LM), `repeated_run` (the generated
+    repeated-token dataset, for induction and duplicate heads) and `needle_run` (needle-in-a-haystack prompts ingested
+    with their generation, for retrieval heads) into `out`."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     info = store.run_info(run)
@@ -158,7 +159,8 @@ def llm_report(store: Store, run, out: str, repeated_run=None) -> Path:
     lines += ["## Attention sinks and massive activations", ""]
     per_layer = sinks.groupby("layer")[["position_0", "position_1", "importance"]].mean().reset_index()
     if massive is not None:
-        per_layer = per_layer.merge(massive[["layer", "peak", "position", "dim", "median", "ratio", "first_token_share"]], on="layer")
+        peaks = massive[["layer", "peak", "position", "token", "dim", "median", "ratio", "first_token_share"]]
+        per_layer = per_layer.merge(peaks, on="layer")
     lines += [
         f"Gu et al.'s Sink_1^eps (window {sinks.attrs['window']}, eps {sinks.attrs['epsilon']}): "
         f"{sinks.attrs['sink_percentage']:.1f} % of (example, layer, head) over {sinks.attrs['windowed_examples']} examples "
@@ -191,8 +193,24 @@ def llm_report(store: Store, run, out: str, repeated_run=None) -> Path:
         )
 
     lines += ["", "## Heavy hitters (H2O)", "", _table(hitters.nlargest(10, "mass_top10"), folder, "heavy_hitters"), ""]
-    lines += ["", "## Retrieval heads", ""]
-    lines.append(left_out("llm", "retrieval heads (Wu et al. 2024)", "they need ingest of a generation, which attnstore does not do yet"))
+    lines += ["", "## Retrieval heads (Wu et al. 2024)", ""]
+    if needle_run is not None:
+        retrieval = run_query(store, "retrieval_heads", run=needle_run)
+        lines += [
+            f"{_caption(store, needle_run)}: the answer recalled the needle (ROUGE-1 recall > 0.5) in "
+            f"{retrieval.attrs['retrieved']} of {retrieval.attrs['examples']} examples; "
+            f"{int(retrieval['retrieval_head'].sum())} heads score over {retrieval.attrs['threshold']}.",
+            "",
+            _table(retrieval.nlargest(10, "retrieval"), folder, "retrieval_heads"),
+            "",
+        ]
+        if induction is not None:
+            both = retrieval.merge(induction[["layer", "head", "induction"]], on=["layer", "head"])
+            corr = float(both["retrieval"].corr(both["induction"], method="spearman"))
+            lines += [f"Spearman correlation of the heads' retrieval and induction scores: {corr:.2f}.", ""]
+    else:
+        how = "give --needle-run (a run of generated/needle:L1000,2000 ingested with --generate 50)"
+        lines.append(left_out("llm", "retrieval heads (Wu et al. 2024)", how))
     lines += ["", "Figures: " + ", ".join(figures), ""]
     path = folder / "llm.md"
     path.write_text("\n".join(lines), encoding="utf-8")

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if TYPE_CHECKING:
-    from .runner import CorpusSource, IngestResult, builtin_source, file_source, ingest, register_dataset
+    from .runner import IngestResult, ingest, register_dataset
+    from .sources import CorpusSource, builtin_source, file_source
 
 __all__ = ["CorpusSource", "IngestResult", "builtin_source", "file_source", "ingest", "register_dataset"]
 

@@ -4,7 +4,7 @@ capped so that a batch's maps (or, for a Q/K run, its queries and keys) fit in m
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Set
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -58,14 +58,28 @@ def _checked(group, tokenization: str):
 
 
 def planned_batches(
-    examples: Iterator[StoredExample], loaded: LoadedModel, tokenization, max_length, truncation, batch_size, max_tokens: int | None = None
+    examples: Iterator[StoredExample],
+    loaded: LoadedModel,
+    tokenization,
+    max_length,
+    truncation,
+    batch_size,
+    max_tokens: int | None = None,
+    generate: int = 0,
+    done: Set[int] = frozenset(),
 ) -> Iterator[list[Encoded]]:
     """The batches of a dataset's `examples` (all of them, in corpus order), tokenized as they are
-    planned (already-stored examples included, see `run_batches`)."""
+    planned (already-stored examples included, see `run_batches`). `generate`: each example continued by the model's
+    greedy generation of up to that many tokens (ingest/generation.py), except those in `done` (stored already: the
+    batch that holds them is not run)."""
     pending = examples
     encoded = (
         enc
         for group in iter(lambda: list(islice(pending, 256)), [])
         for enc in encode_batch(loaded.tokenizer_for(tokenization), _checked(group, tokenization), max_length, truncation, tokenization)
     )
+    if generate:
+        from .generation import with_generation
+
+        encoded = (e if e.example_id in done else with_generation(loaded, e, generate, max_length) for e in encoded)
     return plan_batches(encoded, batch_size, max_tokens=max_tokens)

@@ -24,7 +24,7 @@ from ..store.records import ExampleInput
 from .errors import InvalidArgumentError
 
 REPEATED_TOKENS = "generated/repeated_tokens"
-GENERATED = (REPEATED_TOKENS,)
+GENERATED = (REPEATED_TOKENS, "generated/needle")  # the keys is_generated knows
 PER_LENGTH = 16  # examples per T (TransformerLens' head detector uses a batch of 10 to 20)
 FIRST_WORD = "The"  # no BOS is added by SmolLM2's tokenizer: the first token is an ordinary word, the same in all
 WORD = re.compile(r"[A-Za-z]{2,}")
@@ -119,4 +119,87 @@ class RepeatedTokens:
         digest = hashlib.sha256(json.dumps(self.options, sort_keys=True).encode())
         for t, ids in self.token_ids():
             digest.update(f"{t}:{','.join(map(str, ids))};".encode())
+        return digest.hexdigest()
+
+
+NEEDLE = "generated/needle"
+# Wu et al. 2024's defaults (nightdessert/Retrieval_Head retrieval_head_detection.py): the needle, the question, the
+# prompt of chat models, the 150-token buffer left for the prompt's other parts and the answer.
+NEEDLE_TEXT = "\nThe best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.\n"
+QUESTION = "What is the best thing to do in San Francisco?"
+DEPTHS = (0, 25, 50, 75, 100)  # percent of the context before the needle
+BUFFER = 150
+HAYSTACK = "gum/ontogum:dev"  # the real corpus the context is cut from: its documents' texts, in file order
+
+
+def parse_context_lengths(split: str) -> list[int]:
+    """`L1000,2000` -> [1000, 2000]."""
+    if not re.fullmatch(r"L\d+(,\d+)*", split):
+        raise InvalidArgumentError(f"{NEEDLE}:{split}: name the context lengths as L followed by numbers, e.g. {NEEDLE}:L1000,2000")
+    lengths = [int(n) for n in split[1:].split(",")]
+    if any(n <= BUFFER + 50 for n in lengths) or len(set(lengths)) != len(lengths):
+        raise InvalidArgumentError(f"{NEEDLE}:{split}: each context length must be over {BUFFER + 50} tokens and given once")
+    return lengths
+
+
+class NeedleHaystack:
+    """The examples of `generated/needle:L...`: for each context length L and depth d (DEPTHS), GUM's documents cut to
+    L - BUFFER tokens with the needle put in at d % of them (moved back to the sentence break before), then the
+    question; in the tokenizer's chat template where it has one, as the authors prompt chat models. Ingest them with
+    `--generate 50` (ingest/generation.py) for `retrieval_heads`."""
+
+    def __init__(self, tokenizer, split: str, documents: list[str], *, model: str = "", max_length: int | None = None):
+        self.lengths = parse_context_lengths(split)
+        self.tokenizer, self.model = tokenizer, model or type(tokenizer).__name__
+        if max_length is not None and max(self.lengths) > max_length:
+            raise InvalidArgumentError(f"{NEEDLE}:{split}: L={max(self.lengths)} is over the model's limit of {max_length} tokens")
+        self.context = tokenizer("\n\n".join(documents), add_special_tokens=False)["input_ids"]
+        if len(self.context) < max(self.lengths):
+            raise InvalidArgumentError(f"{NEEDLE}:{split}: the haystack ({HAYSTACK}) has only {len(self.context)} tokens")
+        self.needle_ids = tokenizer(NEEDLE_TEXT, add_special_tokens=False)["input_ids"]
+        self.periods = set(tokenizer(".", add_special_tokens=False)["input_ids"])
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {
+            "lengths": self.lengths,
+            "depths": list(DEPTHS),
+            "needle": NEEDLE_TEXT,
+            "question": QUESTION,
+            "needle_ids": self.needle_ids,
+            "haystack": HAYSTACK,
+            "buffer": BUFFER,
+            "chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
+            "tokenizer": self.model,
+        }
+
+    def prompt(self, length: int, depth: int) -> str:
+        """The authors' `insert_needle`, then their prompt."""
+        budget = length - BUFFER
+        context = self.context[: budget - len(self.needle_ids)]
+        if depth == 100:
+            ids = context + self.needle_ids
+        else:
+            point = int(len(context) * depth / 100)
+            while point > 0 and context[point - 1] not in self.periods:  # back to the sentence break before
+                point -= 1
+            ids = context[:point] + self.needle_ids + context[point:]
+        text = self.tokenizer.decode(ids)
+        if self.options["chat_template"]:
+            content = f"<book>{text}</book>\nBased on the content of the book, Question: {QUESTION}\nAnswer:"
+            messages = [{"role": "user", "content": content}]
+            return str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        return f"{text}Based on the content of the book, Question: {QUESTION}\nAnswer:"
+
+    def read(self) -> Iterator[ExampleInput]:
+        position = 0
+        for length in self.lengths:
+            for depth in DEPTHS:
+                yield ExampleInput(position=position, text_a=self.prompt(length, depth), doc_id=f"L{length}-d{depth}", label=str(depth))
+                position += 1
+
+    def checksum(self) -> str:
+        digest = hashlib.sha256(json.dumps(self.options, sort_keys=True).encode())
+        for example in self.read():
+            digest.update(example.text_a.encode())
         return digest.hexdigest()

@@ -7,15 +7,13 @@ are committed only after its maps are on disk (see store.block_writer.BlockWrite
 
 from __future__ import annotations
 
-import inspect
 import random
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import islice
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..store.errors import BusyError
@@ -28,15 +26,16 @@ from .activations import decoder_layers, peaks_manifest
 from .annotate import annotate, make_annotator
 from .batches import MAX_BATCH_TOKENS, planned_batches
 from .corpus import FORMAT_READERS, file_checksum, read_corpus, read_pairs_tsv  # noqa: F401 (read_pairs_tsv: tests take it from here)
-from .datasets import dataset_path, find_dataset, path_checksum, resolve_data_dir
-from .errors import CorpusError, EmptyCorpusError, IngestError, InvalidArgumentError
+from .errors import EmptyCorpusError, IngestError, InvalidArgumentError
 from .feed import Feed
-from .generated import RepeatedTokens, is_generated
+from .generated import is_generated
+from .generation import check_generation, generation_manifest
 from .manifest import build_manifest
 from .model import LoadedModel, load_model, models_folder
 from .passes import run_batches, token_loss_manifest
 from .progress import progress_bar
 from .settings import RunSettings
+from .sources import CorpusSource, builtin_source, file_source, generated_source
 from .tiers import capture_manifest, choose_tier
 
 if TYPE_CHECKING:
@@ -51,87 +50,6 @@ class IngestResult:
     n_new: int
     seconds: float
     already_complete: bool
-
-
-@dataclass(frozen=True)
-class CorpusSource:
-    """Where a dataset's examples come from: a user's file or a built-in dataset."""
-
-    name: str
-    split: str
-    fmt: str
-    source: str
-    checksum: str
-    gold: bool
-    read: Callable[[], Iterator]
-    license: str | None = None
-    options: dict = field(default_factory=dict)
-
-
-def reading_options(reader: Callable[..., Iterator] | None, options: dict) -> dict:
-    """The reading options that decide a reader's examples, canonical: those given (None = not given), with
-    the reader's other defaults filled in, and without options the reader does not take (read_corpus
-    ignores them). Stored as the dataset's options and part of its identity (store/identity.py)."""
-    given = {k: v for k, v in options.items() if v is not None}
-    if reader is None:
-        return given
-    params = list(inspect.signature(reader).parameters.values())[1:]  # after the path
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        names = {p.name for p in params}
-        given = {k: v for k, v in given.items() if k in names}
-    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty and p.default is not None}
-    return {**defaults, **given}
-
-
-def file_source(corpus: str, fmt: str, name: str | None = None, split: str | None = None, **read_options) -> CorpusSource:
-    path = Path(corpus)
-    if not path.is_file():
-        raise CorpusError(path, None, "no such file", "check the --corpus path")
-    return CorpusSource(
-        name=name or path.parent.name or "corpus",
-        split=split or path.stem,
-        fmt=fmt,
-        source=str(path.resolve()),
-        checksum=file_checksum(path),
-        gold=fmt == "conllu",
-        read=lambda: read_corpus(path, fmt, **read_options),
-        options=reading_options(FORMAT_READERS.get(fmt), read_options),
-    )
-
-
-def builtin_source(key: str, data_dir: str | None = None, **overrides) -> CorpusSource:
-    spec = find_dataset(key)
-    root = resolve_data_dir(data_dir)
-    path = dataset_path(spec, root)
-    options = {**spec.options, **{k: v for k, v in overrides.items() if v is not None}}
-    return CorpusSource(
-        name=spec.name,
-        split=spec.split,
-        fmt=spec.reader.__name__,
-        source=str(path.resolve()),
-        checksum=path_checksum(path),
-        gold=spec.annotation == "gold",
-        read=lambda: spec.reader(path, **options),
-        license=spec.license,
-        options=reading_options(spec.reader, options),  # the label map too: it changes the labels
-    )
-
-
-def generated_source(key: str, loaded: LoadedModel, *, seed: int = 0, max_length: int | None = None) -> CorpusSource:
-    """A generated dataset (ingest/generated.py) for this model's tokenizer: `generated/repeated_tokens:T20,50,200`."""
-    name, _, split = key.partition(":")
-    generator = RepeatedTokens(loaded.tokenizer, split, model=loaded.name, seed=seed, max_length=max_length)
-    return CorpusSource(
-        name=name,
-        split=f"{split}-seed{seed}",
-        fmt="repeated_tokens",
-        source=f"generated from {loaded.name}'s tokenizer",
-        checksum=generator.checksum(),
-        gold=False,
-        read=generator.read,
-        license="generated (no license needed)",
-        options=generator.options,
-    )
 
 
 def select_positions(n: int, limit: int | None, sample: int | None, seed: int) -> tuple[list[int], str]:
@@ -361,7 +279,8 @@ def ingest(
     if source is None:
         assert settings.dataset is not None
         loaded = loaded or load_model(settings.model, device=settings.device, compute_dtype=settings.compute_dtype)
-        source = generated_source(settings.dataset, loaded, seed=settings.seed, max_length=settings.max_length or loaded.max_length)
+        limit = settings.max_length or loaded.max_length
+        source = generated_source(settings.dataset, loaded, seed=settings.seed, max_length=limit, data_dir=settings.data_dir)
     plan = plan_dataset(source, limit=settings.limit, sample=settings.sample, seed=settings.seed)
     asked = ("--sample", settings.sample) if settings.sample is not None else ("--limit", settings.limit)
     if asked[1] is not None and plan.split == source.split:
@@ -370,6 +289,7 @@ def ingest(
             file=sys.stderr,
         )
     loaded = loaded or load_model(settings.model, device=settings.device, compute_dtype=settings.compute_dtype)
+    check_generation(loaded, settings.generate)
     settings = settings.resolved(model_max_length=loaded.max_length, gold=source.gold)
     assert settings.max_length is not None and settings.tokenization is not None  # resolved
     tier = choose_tier(settings, loaded, source, plan, scheduler)
@@ -420,6 +340,8 @@ def ingest(
                     manifest[HIDDEN_PEAKS_FLAG] = peaks_manifest()
         manifest["capture"] = capture_manifest(loaded)
         manifest["tier"] = tier
+        if settings.generate:
+            manifest["generation"] = generation_manifest(settings.generate)
         if tier == "qk":
             assert loaded.qk is not None  # choose_tier refuses otherwise
             manifest[QK_FLAG] = qk_entry(
@@ -467,6 +389,8 @@ def ingest(
                     settings.truncation,
                     settings.batch_size,
                     max_tokens=MAX_BATCH_TOKENS if info.qk else None,
+                    generate=settings.generate,
+                    done=done,
                 )
                 if scheduler is None:
                     n_new = run_batches(writer, loaded, settings.dtype, info, done, batches, total, progress)

@@ -80,6 +80,9 @@ class RunSettings:
     # where the forward passes run ("auto": CUDA, else MPS, else the CPU) and the weights' dtype there
     device: str = "auto"
     compute_dtype: str = "float32"
+    # tokens a causal LM generates greedily after each example's text, stored with it as one sequence (0: none;
+    # ingest/generation.py)
+    generate: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "read_options", dict(self.read_options))
@@ -96,6 +99,8 @@ class RunSettings:
             raise InvalidArgumentError(f"--compute-dtype must be float32, bfloat16 or float16, not {self.compute_dtype!r}")
         if self.dtype not in arrays.DTYPES:
             raise InvalidArgumentError(f"dtype must be one of {arrays.DTYPES}, not {self.dtype!r}")
+        if isinstance(self.generate, bool) or not isinstance(self.generate, int) or self.generate < 0:
+            raise InvalidArgumentError(f"--generate must be a number of tokens (0: none), not {self.generate!r}")
         if self.batch_size < 1 or any(v is not None and v < 1 for v in (self.limit, self.sample)):
             raise InvalidArgumentError("--batch-size, --limit and --sample must be positive")
         if self.window_words is not None and self.window_words < 0:

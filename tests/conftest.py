@@ -326,11 +326,13 @@ def make_run():
         dataset_format="text",
         dataset_options=None,
         peaks_list=None,
+        token_segments=None,
     ):
         """norms_list: per example, its value norms (layer, head, L); the run then keeps value norms.
         token_ids: per example, each token's id (default: the special's id, else 1000 + the string's length);
         dataset_format, dataset_options: the dataset's (a generated dataset's "repeated_tokens", its lengths);
-        peaks_list: per example, its hidden-state peaks (token, layer, 3): the run then keeps them.
+        peaks_list: per example, its hidden-state peaks (token, layer, 3): the run then keeps them;
+        token_segments: per example, each token's segment (default 0; a generation's tokens are segment 1).
         write: how many of the examples to store (default all; the rest are only in the dataset).
         words_list: per example, word dicts (form, head, deprel, upos, ...) replacing one word per
         non-special token; token_words: per example, each token's word position (None for specials);
@@ -418,7 +420,7 @@ def make_run():
                         token=tok,
                         token_id=special_ids.get(tok, 1000 + len(tok)) if token_ids is None else int(token_ids[position][t]),
                         word_position=position_of_word,
-                        segment=0,
+                        segment=0 if token_segments is None else int(token_segments[position][t]),
                         is_special=special,
                         char_start=None,
                         char_end=None,

@@ -52,7 +52,8 @@ def test_llm_report_writes_every_table_and_figure(store, make_run, text_run, tmp
     sinks = pd.read_csv(folder / "sinks_by_layer.csv")
     assert sinks.loc[0, "ratio"] == 900.0 and sinks.loc[0, "position"] == 0 and sinks.loc[0, "dim"] == 5
     text = path.read_text()
-    assert "Left out: retrieval heads (Wu et al. 2024)" in text and "report llm: Left out: retrieval heads" in capsys.readouterr().err
+    assert "Left out: retrieval heads (Wu et al. 2024); give --needle-run" in text
+    assert "report llm: Left out: retrieval heads" in capsys.readouterr().err
 
 
 def test_without_a_repeated_run_the_induction_section_says_how_to_get_it(store, text_run, tmp_path):

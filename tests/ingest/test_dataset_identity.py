@@ -23,7 +23,8 @@ from attnstore.ingest import builtin_source, file_source, register_dataset
 from attnstore.ingest import runner as runner_module
 from attnstore.ingest.annotate import WhitespaceAnnotator
 from attnstore.ingest.datasets import BUILTIN
-from attnstore.ingest.runner import plan_dataset, reading_options
+from attnstore.ingest.runner import plan_dataset
+from attnstore.ingest.sources import reading_options
 from attnstore.store import migrate, open_store
 from attnstore.store.identity import dataset_identity
 

@@ -266,3 +266,55 @@ def repeated_run(store, make_run, name: str = "repeated") -> str:
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE models SET causal = :c WHERE id = :i"), {"c": True, "i": store.run_info(run).model_id})
     return run
+
+
+# A needle-in-a-haystack run with its generation (ingest/generation.py's layout): 1 layer x 3 heads; prompt ids with the
+# needle [51, 52, 53, 54] at positions 3..6, then the generated tokens (segment 1). Head 0 copies: each generating row
+# (the token before each generated one) puts its top attention on the needle position holding the token it writes;
+# head 1 on the first token; head 2 on the needle but one position off (no copy).
+NEEDLE_IDS = [51, 52, 53, 54]
+NEEDLE_WORDS = {51: "Ġsandwich", 52: "Ġin", 53: "ĠDolores", 54: "ĠPark", 60: "Ġnothing", 61: "Ġhere"}
+NEEDLE_PROMPTS = [[7, 8, 9, 51, 52, 53, 54, 10, 11], [7, 51, 52, 53, 54, 9, 10], [7, 8, 51, 52, 53, 54, 9]]
+# the first answer recalls the whole needle, the second none of it, the third 3 of its 4 words (recall 0.75 > 0.5)
+NEEDLE_ANSWERS = [[51, 52, 53, 54], [60, 61], [51, 53, 54]]
+
+
+def needle_maps(prompt: list[int], answer: list[int]) -> np.ndarray:
+    ids = prompt + answer
+    n, start = len(ids), len(prompt)
+    first = prompt.index(NEEDLE_IDS[0])
+    maps = np.zeros((1, 3, n, n), dtype=np.float32)
+    maps[..., 0] = 1.0
+    for step, token in enumerate(answer):
+        row = start - 1 + step
+        if token in NEEDLE_IDS:
+            key = first + NEEDLE_IDS.index(token)
+            maps[0, 0, row] = 0
+            maps[0, 0, row, key], maps[0, 0, row, 0] = 0.6, 0.4
+            maps[0, 2, row] = 0
+            maps[0, 2, row, key - 1], maps[0, 2, row, 0] = 0.6, 0.4
+    return maps
+
+
+def needle_run(store, make_run, name: str = "needle") -> str:
+    """A causal run over a `needle` dataset (needle "sandwich in Dolores Park"), each example prompt + generation."""
+    import sqlalchemy as sa
+
+    maps = [needle_maps(p, a) for p, a in zip(NEEDLE_PROMPTS, NEEDLE_ANSWERS, strict=True)]
+    ids = [p + a for p, a in zip(NEEDLE_PROMPTS, NEEDLE_ANSWERS, strict=True)]
+    tokens = [[NEEDLE_WORDS.get(i, f"w{i}") for i in e] for e in ids]
+    segments = [[0] * len(p) + [1] * len(a) for p, a in zip(NEEDLE_PROMPTS, NEEDLE_ANSWERS, strict=True)]
+    run = make_run(
+        store,
+        maps,
+        tokens,
+        name=name,
+        specials={},
+        token_ids=ids,
+        token_segments=segments,
+        dataset_format="needle",
+        dataset_options={"needle": "sandwich in Dolores Park", "needle_ids": NEEDLE_IDS},
+    )
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE models SET causal = :c WHERE id = :i"), {"c": True, "i": store.run_info(run).model_id})
+    return run

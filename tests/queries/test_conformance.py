@@ -21,7 +21,7 @@ from attnstore.queries import engine as summary_module
 from attnstore.queries.engine import SOURCES
 from attnstore.queries.errors import InvalidArgumentError
 from attnstore.store.errors import NotFoundError
-from attnstore.tests.queries.helpers import has_summaries, read_only_store, repeated_run
+from attnstore.tests.queries.helpers import has_summaries, needle_run, read_only_store, repeated_run
 from attnstore.tests.snapshots import store_with
 from attnstore.tests.store.conftest import QUERY_PARAMS, annotated_run  # noqa: F401 (a fixture)
 
@@ -33,6 +33,7 @@ RTOL = 1e-12  # the kept ranges and the parts add the same per-range totals in t
 
 def build_run(store, annotated_run):  # noqa: F811 (the fixture imported above)
     repeated_run(store, annotated_run.make_run)  # "repeated": a run over a generated repeated-token dataset
+    needle_run(store, annotated_run.make_run)  # "needle": a needle-in-a-haystack run with its generation
     return annotated_run(store)
 
 
@@ -48,7 +49,7 @@ def run(store):
 def run_for(name: str) -> str:
     """The fixture run query `name` answers on: the annotated run, or the run over the generated dataset it needs."""
     dataset = QUERIES[name].dataset
-    return "shared" if dataset is None else {"repeated_tokens": "repeated"}[dataset[0]]
+    return "shared" if dataset is None else {"repeated_tokens": "repeated", "needle": "needle"}[dataset[0]]
 
 
 def same(a: pd.DataFrame, b: pd.DataFrame, name: str) -> None:
