@@ -19,6 +19,7 @@ above L = (H + H_kv) d s / (2 H) + 2 tokens, before compression (docs/DECODERS.m
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -127,3 +128,70 @@ def rebuild(
 
 def describe(entry: dict[str, Any]) -> str:
     return f"Q/K tier ({entry['dtype']} queries and keys, {entry['n_kv_heads']} key/value heads of {entry['head_dim']})"
+
+
+POOL_CHUNK_ROWS = 1024  # rows of logits at once: 1,024 x 8,192 float32 = 32 MiB
+
+
+def max_pool(values: np.ndarray, factor: int, fill: float = 0.0) -> np.ndarray:
+    """(rows, keys) -> (ceil(rows / factor), ceil(keys / factor)): the maximum of each factor x factor block, the part
+    past the edges taken as `fill`."""
+    if factor == 1:
+        return values
+    n_rows, n_cols = -(-values.shape[0] // factor), -(-values.shape[1] // factor)
+    if values.shape != (n_rows * factor, n_cols * factor):
+        padded = np.full((n_rows * factor, n_cols * factor), fill, dtype=values.dtype)
+        padded[: values.shape[0], : values.shape[1]] = values
+        values = padded
+    # keys first (a contiguous inner axis), then rows: 4x faster than one reduction over both axes of a 4-d view
+    return values.reshape(n_rows * factor, n_cols, factor).max(axis=2).reshape(n_rows, factor, n_cols).max(axis=1)
+
+
+def rebuild_pooled(
+    q: np.ndarray, k: np.ndarray, lse: np.ndarray, entry: dict, layer: int, head: int, rows: range, n_keys: int, factor: int
+) -> np.ndarray:
+    """One head's map over query rows `rows` max-pooled by `factor` over rows and keys, (ceil(len(rows) / factor),
+    ceil(n_keys / factor)) float32, as `max_pool(rebuild(...))` gives it, without the map: the weight exp(logit - lse)
+    grows with the logit, so a block's largest weight is exp of its largest logit - lse, and only the pooled values are
+    exponentiated (`rows` starts on a multiple of `factor`; q and lse hold those rows, k the keys up to the last one).
+    What a row does not see is -inf: masked only in the blocks the diagonal or the layer's window crosses."""
+    group = q.shape[2] // k.shape[2]
+    window = entry["window"][layer]
+    scale = np.float32(entry["scale"][layer])
+    # logit * scale - lse as one matmul: the queries scaled, with -lse as one more column against a row of ones
+    keys_t = np.ones((k.shape[-1] + 1, rows.stop), dtype=np.float32)
+    keys_t[:-1] = k[: rows.stop, layer, head // group].T
+    queries = np.empty((len(rows), q.shape[-1] + 1), dtype=np.float32)
+    queries[:, :-1] = q[:, layer, head]
+    queries[:, :-1] *= scale
+    queries[:, -1] = -lse[:, layer, head]
+    n_cols = -(-n_keys // factor)
+    pooled = np.full((-(-len(rows) // factor), n_cols), -np.inf, dtype=np.float32)
+    chunk = max(factor, POOL_CHUNK_ROWS // factor * factor)
+
+    def pool_chunk(a: int) -> None:
+        b = min(len(rows), a + chunk)
+        first, last = rows.start + a, rows.start + b  # the example's rows; they see keys up to `last` only
+        width = -(-last // factor) * factor
+        logits = np.empty((-(-(b - a) // factor) * factor, width), dtype=np.float32)
+        logits[b - a :] = -np.inf  # the padding past the last row and past the last key
+        logits[:, last:] = -np.inf
+        block = logits[: b - a, :last]
+        np.matmul(queries[a:b], keys_t[:, :last], out=block)
+        i = np.arange(first, last)[:, None]
+        if window is None:
+            corner = block[:, first:last]  # the only keys a row of the chunk may not see: those past it
+            corner[np.arange(first, last)[None, :] > i] = -np.inf
+        else:
+            block[(np.arange(last)[None, :] > i) | (i - np.arange(last)[None, :] >= window)] = -np.inf
+        pooled[a // factor : a // factor + len(logits) // factor, : width // factor] = max_pool(logits, factor)
+
+    starts = range(0, len(rows), chunk)
+    if len(starts) > 1:  # numpy's matmul and reductions release the GIL: the chunks on every core
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(len(starts), os.cpu_count() or 1)) as pool:
+            list(pool.map(pool_chunk, starts))
+    else:
+        pool_chunk(0)
+    return np.exp(pooled)

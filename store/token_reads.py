@@ -52,6 +52,12 @@ class TokenReads:
 
         def _in_storage_order(self, info: RunInfo, *columns) -> list[np.ndarray]: ...
 
+        def _maps_info(self, run: RunRef) -> RunInfo: ...
+
+        def _block_of(self, info: RunInfo, example: int) -> tuple[int, int]: ...
+
+        def _maps(self, info: RunInfo, example: int, layer, head, rows=None) -> np.ndarray: ...
+
     def _token_start(self, info: RunInfo, offset: int) -> int:
         """A Q/K run's example's first token in storage order: the tokens of the committed blocks before its offset."""
         q = sa.select(sa.func.coalesce(sa.func.sum(Sequence.length), 0)).where(
@@ -94,6 +100,26 @@ class TokenReads:
             )
         shifted = {**entry, "scale": entry["scale"][lo:hi], "window": entry["window"][lo:hi]}
         return qk.rebuild(q, k, lse, shifted, [v - lo for v in layers], heads, rows, n_keys=length)
+
+    def pooled_attention(self, run: RunRef, example: int, layer: int, head: int, rows: range, factor: int) -> np.ndarray:
+        """One head's map over query rows `rows` (starting on a multiple of `factor`), each factor x factor block of
+        cells reduced to its largest weight: (ceil(len(rows) / factor), ceil(length / factor)) float32, what a zoomed-out
+        view of a long map shows (api/http/routes/tiles.py). A Q/K run computes it without rebuilding the map
+        (`qk.rebuild_pooled`); a dense run reads the rows and pools them."""
+        info = self._maps_info(run)
+        length, offset = self._block_of(info, example)
+        if rows.start % factor or not 0 <= rows.start < rows.stop <= length:
+            raise InvalidArgumentError(f"rows {rows!r}: give rows within the example's {length} tokens, starting on a multiple of {factor}")
+        if info.qk is None:
+            return qk.max_pool(self._maps(info, example, [layer], [head], rows)[0, 0].astype(np.float32), factor)
+        start = self._token_start(info, offset)
+        q_array, k_array, lse_array = self._qk_arrays(info, start + length)
+        first, last = start + rows.start, start + rows.stop
+        q = np.asarray(q_array.array[first:last, layer : layer + 1])
+        k = np.asarray(k_array.array[start:last, layer : layer + 1])
+        lse = np.asarray(lse_array.array[first:last, layer : layer + 1])
+        shifted = {**info.qk, "scale": info.qk["scale"][layer : layer + 1], "window": info.qk["window"][layer : layer + 1]}
+        return qk.rebuild_pooled(q, k, lse, shifted, 0, head, rows, length, factor)
 
     def _qk_arrays(self, info: RunInfo, stop: int) -> tuple:
         """A Q/K run's three arrays, opened once per store while they hold `stop` tokens (opened again when a run being

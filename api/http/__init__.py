@@ -87,7 +87,7 @@ def create_app(
     from .lane import FastLane
     from .middleware import AllowedHosts, RequestGuard, RunSegment
     from .responses import add_error_handlers, answers, without_validation_answers
-    from .routes import labels, maps, metrics, queries, runs, scratch, search, sql, web
+    from .routes import labels, maps, metrics, queries, runs, scratch, search, sql, tiles, web
 
     settings = settings or ServeSettings()
     if allowed_hosts is not None:
@@ -141,7 +141,7 @@ def create_app(
             return response
 
     # ---- API (in this order: the schema lists the paths as they are added)
-    for resource in (runs, maps, scratch, metrics, queries, search, sql, labels):
+    for resource in (runs, maps, tiles, scratch, metrics, queries, search, sql, labels):
         app.include_router(resource.router(settings))
 
     # ---- the viewer and the API reference (static files, no build step, nothing from outside)

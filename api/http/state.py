@@ -353,6 +353,6 @@ _MISSING = object()
 
 
 def _body_bytes(value: Any) -> int:
-    """A kept answer's body size (0 for what has none); a byte budget sums them when one is added (a miss costs
-    milliseconds anyway)."""
-    return len(getattr(value, "body", b""))
+    """A kept answer's body size, or a kept array's (a map's pooled band); 0 for what has neither. A byte budget sums
+    them when one is added (a miss costs milliseconds anyway)."""
+    return len(getattr(value, "body", b"")) or int(getattr(value, "nbytes", 0))

@@ -117,6 +117,35 @@ def test_reads_rebuild_the_softmax_of_the_stored_queries_and_keys(store, qk_run)
         store.attention("qk", 0, rows=range(3, 9))
 
 
+def test_pooled_maps_are_the_max_pool_of_the_rebuilt_ones(store, qk_run, monkeypatch):
+    """`store.pooled_attention` (the long-map tiles): on a Q/K run, from the logits without the map, each block's largest
+    weight exactly as max-pooling the rebuilt map gives it, causal and windowed, from any block of rows, in one chunk
+    of rows or several (on threads); on a dense run, the pooled rows read."""
+    for chunk in (qk.POOL_CHUNK_ROWS, 2):  # 2: the 6-token example's rows in three chunks
+        monkeypatch.setattr(qk, "POOL_CHUNK_ROWS", chunk)
+        for example, (q, _) in enumerate(qk_run):
+            n = len(q)
+            for layer in range(LAYERS):
+                for head in (0, 3):
+                    for factor, first in ((1, 0), (2, 0), (2, 2), (4, 0), (8, 0)):
+                        if first >= n:
+                            continue
+                        rows = range(first, n)
+                        full = store.attention("qk", example, layer=[layer], head=[head], rows=rows)[0, 0]
+                        pooled = store.pooled_attention("qk", example, layer, head, rows, factor)
+                        np.testing.assert_allclose(pooled, qk.max_pool(full, factor), rtol=1e-6, atol=0)
+    assert qk.max_pool(np.arange(12.0).reshape(3, 4), 2).tolist() == [[5.0, 7.0], [9.0, 11.0]]  # edges padded with 0
+    with pytest.raises(InvalidArgumentError, match=r"starting on a multiple of 2"):
+        store.pooled_attention("qk", 1, 0, 0, range(1, 6), 2)
+
+
+def test_pooled_maps_of_a_dense_run(store, make_run):
+    rng = np.random.default_rng(1)
+    maps = rng.dirichlet(np.ones(5), size=(1, 2, 5)).astype(np.float32)
+    make_run(store, [maps], [[f"t{i}" for i in range(5)]], name="dense", specials={})
+    np.testing.assert_array_equal(store.pooled_attention("dense", 0, 0, 1, range(0, 5), 2), qk.max_pool(maps[0, 1], 2))
+
+
 def test_the_writer_refuses_maps_and_ill_shaped_queries_on_a_qk_run(store, qk_run):
     info = store.run_info("qk")
     writer = store.writer.run_writer(info.id)

@@ -20,6 +20,10 @@ def router() -> APIRouter:
     def label() -> FileResponse:
         return FileResponse(WEB_DIR / "label.html", headers={"Cache-Control": "no-cache"})
 
+    @api.get("/long", include_in_schema=False)
+    def long_map() -> FileResponse:
+        return FileResponse(WEB_DIR / "long.html", headers={"Cache-Control": "no-cache"})
+
     @api.get("/docs", include_in_schema=False)
     def docs() -> FileResponse:
         return FileResponse(WEB_DIR / "docs.html", headers={"Cache-Control": "no-cache"})
