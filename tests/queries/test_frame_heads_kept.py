@@ -16,7 +16,7 @@ import zarr
 
 from attnstore.queries import run_query
 from attnstore.queries.engine import concatenate, summarise_examples, summary
-from attnstore.queries.frame_heads import LU_FE_MAX
+from attnstore.queries.frame_heads import FRAMES_SQL, LU_FE_MAX
 from attnstore.store import open_store
 from attnstore.store.errors import InvalidArgumentError
 from attnstore.tests.queries import reference
@@ -119,6 +119,44 @@ def naive(store, name, **params):
     return outcome(store, name, query=reference.query, **params)
 
 
+class ReadOnce:
+    """The store as the naive reference reads it over many filter settings: the run's data it reads whatever the
+    setting (the FrameNet rows, the examples, word counts, token tables and maps) read from the store once and kept,
+    since nothing writes them during the test; everything else (the query's own calls, run state, kept summaries) is
+    the store's. Each of the 104 settings read them all again: 11 of the 17 s on PostgreSQL."""
+
+    def __init__(self, store) -> None:
+        self._store, self._kept = store, {}
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def _once(self, key, read):
+        if key not in self._kept:
+            self._kept[key] = read()
+        return self._kept[key]
+
+    def sql(self, query, params=None, **limits):
+        if query != FRAMES_SQL or limits:
+            return self._store.sql(query, params, **limits)
+        return self._once(("sql", repr(params)), lambda: self._store.sql(query, params)).copy()
+
+    def examples(self, run, texts=True):
+        return self._once(("examples", run, texts), lambda: self._store.examples(run, texts)).copy()
+
+    def word_counts(self, run):
+        return dict(self._once(("word_counts", run), lambda: self._store.word_counts(run)))
+
+    def token_table(self, run, examples=None):
+        wanted = None if examples is None else tuple(int(e) for e in examples)
+        return self._once(("token_table", run, wanted), lambda: self._store.token_table(run, wanted)).copy()
+
+    def iter_attention(self, run, examples=None):
+        wanted = None if examples is None else tuple(int(e) for e in examples)
+        kept = self._once(("maps", run, wanted), lambda: [(e, maps.copy()) for e, maps in self._store.iter_attention(run, wanted)])
+        return ((e, maps.copy()) for e, maps in kept)
+
+
 def outcome(store, name, query=run_query, **params):
     """The frame, or the error's message (the query and its reference must refuse alike)."""
     try:
@@ -164,10 +202,11 @@ def test_kept_maxima_give_the_naive_values_and_counts(store, frame_run, monkeypa
     monkeypatch.setattr("attnstore.queries.engine.kinds.SUMMARY_RANGE", range_size)
     settings = FILTERS if range_size == 4096 else FILTERS[::5]
     passed = 0
+    read_once = ReadOnce(store)
     for filters in settings:
         params = dict(run=frame_run, **filters)
         result = outcome(store, "frame_heads", **params)
-        assert_same(result, naive(store, "frame_heads", **params))
+        assert_same(result, naive(read_once, "frame_heads", **params))
         passed += not isinstance(result, str)
     assert passed > len(settings) / 2  # most settings keep sentences; the rest raise the same error naming the same counts
     for params in (dict(), dict(min_distance=1, core="set"), dict(max_fe_words=2, examples=[1, 2, 3, 5, 6], percentile=90.0)):
