@@ -107,22 +107,46 @@ def rebuild(
     n_keys = n_keys if n_keys is not None else k.shape[0]
     keys = rows.stop
     group = q.shape[2] // k.shape[2]
+    d = q.shape[-1]
     out = np.zeros((len(layers), len(heads), len(rows), n_keys), dtype=np.float32)
     i = np.arange(rows.start, rows.stop)[:, None]
-    j = np.arange(keys)[None, :]
+    corner = np.arange(rows.start, rows.stop)[None, :] > i  # of keys rows.start.., those past each row
+    jobs = []
     for a, layer in enumerate(layers):
-        window = entry["window"][layer]
-        visible = j <= i if window is None else (j <= i) & (i - j < window)
-        bias = np.where(visible, np.float32(0), np.float32(-np.inf))  # exp(-inf) = 0: what a row does not see
-        scale = np.float32(entry["scale"][layer])
-        # each key/value head's keys as float32 once per layer, not once per query head reading them (GQA: 3x here)
-        kv = {g: np.ascontiguousarray(k[:keys, layer, g].T, dtype=np.float32) for g in {h // group for h in heads}}
-        for b, head in enumerate(heads):
-            logits = q[:, layer, head].astype(np.float32, copy=False) @ kv[head // group]
-            logits *= scale
-            logits -= lse[:, layer, head].astype(np.float32, copy=False)[:, None]
-            logits += bias
-            np.exp(logits, out=out[a, b, :, :keys])
+        # each key/value head's keys as float32 once per layer, not once per query head reading them (GQA: 3x here),
+        # with a row of ones: logit * scale - lse is then one matmul of the scaled queries and a -lse column
+        kv = {}
+        for g in {h // group for h in heads}:
+            kv[g] = np.ones((d + 1, keys), dtype=np.float32)
+            kv[g][:d] = k[:keys, layer, g].T
+        jobs += [(a, b, layer, head, kv[head // group]) for b, head in enumerate(heads)]
+
+    def one(job) -> None:
+        a, b, layer, head, keys_t = job
+        window, scale = entry["window"][layer], np.float32(entry["scale"][layer])
+        queries = np.empty((len(rows), d + 1), dtype=np.float32)
+        queries[:, :d] = q[:, layer, head]
+        queries[:, :d] *= scale
+        queries[:, d] = -lse[:, layer, head]
+        logits = out[a, b, :, :keys]
+        np.matmul(queries, keys_t, out=logits)
+        if window is None:  # only keys from the first row on can lie past a row
+            logits[:, rows.start :][corner] = -np.inf
+        else:
+            j = np.arange(keys)[None, :]
+            logits[(j > i) | (i - j >= window)] = -np.inf
+        np.exp(logits, out=logits)  # exp(-inf) = 0: what a row does not see
+
+    # numpy's matmul and exp release the GIL: the heads on every core
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if workers > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(one, jobs))
+    else:
+        for job in jobs:
+            one(job)
     return out
 
 
