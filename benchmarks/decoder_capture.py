@@ -80,7 +80,7 @@ def run_cli(args: list[str]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--length", type=int, default=2048)
-    parser.add_argument("--long", type=int, default=8192)
+    parser.add_argument("--long", type=int, default=8192, help="the long document's tokens (0: skip it)")
     parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -188,6 +188,8 @@ def main() -> None:
         dense_query_s = cpu() - t0
         print(f"entropy over the dense run: {dense_query_s:.2f} CPU s = {dense_query_s / bare:.2f}x the bare SDPA pass")
         store.close()
+        if not args.long:
+            return
 
         long_text = gum_text(Path(args.data_dir), loaded.tokenizer, args.long)
         long_doc = tmp_path / "long.jsonl"
