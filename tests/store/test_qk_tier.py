@@ -45,6 +45,10 @@ def lse_of(q: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 @pytest.fixture
 def qk_run(store):
+    return write_qk_run(store)
+
+
+def write_qk_run(store):
     """A run in the Q/K tier (float32) of three examples (4, 6 and 1 tokens), written as ingest writes one."""
     rng = np.random.default_rng(0)
     dataset_id, _ = store.writer.find_or_create_dataset(
@@ -137,6 +141,28 @@ def test_pooled_maps_are_the_max_pool_of_the_rebuilt_ones(store, qk_run, monkeyp
     assert qk.max_pool(np.arange(12.0).reshape(3, 4), 2).tolist() == [[5.0, 7.0], [9.0, 11.0]]  # edges padded with 0
     with pytest.raises(InvalidArgumentError, match=r"starting on a multiple of 2"):
         store.pooled_attention("qk", 1, 0, 0, range(1, 6), 2)
+
+
+def test_a_qk_run_on_s3_reads_as_on_a_local_root(store, qk_run, s3_root, tmp_path):
+    """The Q/K arrays written to and read from object storage (the test S3 server): maps, blocks of rows and pooled
+    tiles equal the local run's, and `check` passes there."""
+    from attnstore.store import migrate, open_store
+    from attnstore.store.check import check_run
+
+    url = f"sqlite:///{tmp_path / 's3.sqlite'}"
+    migrate.upgrade(url)
+    with open_store(db=url, root=s3_root) as remote:
+        write_qk_run(remote)
+        for example in range(len(LENGTHS)):
+            np.testing.assert_array_equal(remote.attention("qk", example), store.attention("qk", example))
+        rows = range(2, 6)
+        np.testing.assert_array_equal(
+            remote.attention("qk", 1, layer=1, head=[0, 3], rows=rows), store.attention("qk", 1, layer=1, head=[0, 3], rows=rows)
+        )
+        np.testing.assert_array_equal(
+            remote.pooled_attention("qk", 1, 0, 2, range(0, 6), 2), store.pooled_attention("qk", 1, 0, 2, range(0, 6), 2)
+        )
+        assert check_run(remote, "qk").problems == []
 
 
 def test_pooled_maps_of_a_dense_run(store, make_run):
