@@ -253,6 +253,7 @@ def test_openapi_lists_every_error_answer_with_its_body(named):
         ("get", "/api/runs/{run}/examples"): {"404"},
         ("get", "/api/runs/{run}/examples/{example}"): {"404"},
         ("get", "/api/runs/{run}/examples/{example}/attention"): {"404", "413"},
+        ("get", "/api/runs/{run}/examples/{example}/tile"): {"404"},
         ("post", "/api/runs/{run}/scratch"): {"403", "404", "413", "501"},
         ("get", "/api/runs/{run}/head_metrics"): {"404"},
         ("get", "/api/runs/{run}/head_metrics/{metric}"): {"404", "409"},
