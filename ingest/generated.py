@@ -9,6 +9,10 @@ number of examples per length, the first token and the candidate tokens.
 The random tokens are drawn from the tokenizer's vocabulary entries that decode to ASCII letters and that a space and
 those letters encode to, alone (" cat"), so the stored text tokenizes to exactly the ids drawn; every example is
 checked for that before anything is stored.
+
+`generated/needle:L1000,2000` is Wu et al. 2024's needle-in-a-haystack test for retrieval heads: a real corpus's
+documents cut to L tokens with a needle sentence at five depths, then the question; ingested with the model's own
+answer (`--generate`, ingest/generation.py) for queries/retrieval_heads.py.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from ..store.records import ExampleInput
 from .errors import InvalidArgumentError
 
 REPEATED_TOKENS = "generated/repeated_tokens"
-GENERATED = (REPEATED_TOKENS, "generated/needle")  # the keys is_generated knows
+NEEDLE = "generated/needle"
+GENERATED = (REPEATED_TOKENS, NEEDLE)
 PER_LENGTH = 16  # examples per T (TransformerLens' head detector uses a batch of 10 to 20)
 FIRST_WORD = "The"  # no BOS is added by SmolLM2's tokenizer: the first token is an ordinary word, the same in all
 WORD = re.compile(r"[A-Za-z]{2,}")
@@ -122,7 +127,6 @@ class RepeatedTokens:
         return digest.hexdigest()
 
 
-NEEDLE = "generated/needle"
 # Wu et al. 2024's defaults (nightdessert/Retrieval_Head retrieval_head_detection.py): the needle, the question, the
 # prompt of chat models, the 150-token buffer left for the prompt's other parts and the answer.
 NEEDLE_TEXT = "\nThe best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.\n"

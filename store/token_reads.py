@@ -180,28 +180,29 @@ class TokenReads:
         """(example, (token,) float32 next-token loss) over the run's committed examples (or `examples`), in storage
         order, as `iter_attention` gives their maps."""
         info = self.run_info(run)
-        if not info.has_token_loss:
-            raise InvalidArgumentError(
-                f"run {info.name!r} has no per-token loss (not a causal LM with its LM head, ingested with --no-token-loss, "
-                f"on a Dask scheduler, or before attnstore kept it): ingest a causal LM again under a new --name to get it"
-            )
-        values = arrays.TokenArray(self.locations.array_root, info.array_path, arrays.TOKEN_LOSS)
-        for example, row in self._iter_token_values(info, values, examples):
-            yield example, np.asarray(row, dtype=np.float32)
+        return self._iter_causal_lm_values(info, info.has_token_loss, arrays.TOKEN_LOSS, "has no per-token loss", "it", examples)
 
     def iter_hidden_peaks(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """(example, (token, layer, 3) float32) over the run's committed examples (or `examples`), in storage order: per
         token and layer, the layer's output hidden state's largest-magnitude entry (signed), its dimension and the median
         magnitude (store/arrays.py HIDDEN_PEAKS; Sun et al. 2024's massive activations)."""
         info = self.run_info(run)
-        if not info.has_hidden_peaks:
+        return self._iter_causal_lm_values(
+            info, info.has_hidden_peaks, arrays.HIDDEN_PEAKS, "keeps no hidden-state peaks", "them", examples
+        )
+
+    def _iter_causal_lm_values(
+        self, info: RunInfo, kept: bool, name: str, lacks: str, it: str, examples
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """A causal LM's per-token array `name` (token_loss, hidden_peak) per example, float32; refused in one line (saying
+        the run `lacks` it) where the run keeps none. Checked before the first example is asked for."""
+        if not kept:
             raise InvalidArgumentError(
-                f"run {info.name!r} keeps no hidden-state peaks (not a causal LM with its LM head, ingested with --no-token-loss, "
-                f"on a Dask scheduler, or before attnstore kept them): ingest a causal LM again under a new --name to get them"
+                f"run {info.name!r} {lacks} (not a causal LM with its LM head, ingested with --no-token-loss, on a Dask "
+                f"scheduler, or before attnstore kept {it}): ingest a causal LM again under a new --name to get {it}"
             )
-        values = arrays.TokenArray(self.locations.array_root, info.array_path, arrays.HIDDEN_PEAKS)
-        for example, rows in self._iter_token_values(info, values, examples):
-            yield example, np.asarray(rows, dtype=np.float32)
+        values = arrays.TokenArray(self.locations.array_root, info.array_path, name)
+        return ((example, np.asarray(rows, dtype=np.float32)) for example, rows in self._iter_token_values(info, values, examples))
 
     def saliency_info(self, run: RunRef) -> dict | None:
         """What the run's saliency array holds (model, method, target, n_tokens, complete), or None without one."""

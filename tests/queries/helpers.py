@@ -230,6 +230,14 @@ REPEATED_IDS = [[7, 21, 22, 23, 21, 22, 23], [7, 31, 32, 33, 31, 32, 33], [7, 41
 REPEATED_LENGTHS = [3, 2]
 
 
+def mark_causal(store, run: str) -> None:
+    """Mark a hand-made run's model causal (a decoder's), as ingest records a probed model."""
+    import sqlalchemy as sa
+
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE models SET causal = :c WHERE id = :i"), {"c": True, "i": store.run_info(run).model_id})
+
+
 def repeated_maps(ids: list[int], t: int | None) -> np.ndarray:
     n = len(ids)
     maps = np.zeros((1, 3, n, n), dtype=np.float32)
@@ -247,8 +255,6 @@ def repeated_maps(ids: list[int], t: int | None) -> np.ndarray:
 
 def repeated_run(store, make_run, name: str = "repeated") -> str:
     """A causal run over a `repeated_tokens` dataset of REPEATED_IDS (lengths 3, 3, 2; the last one none)."""
-    import sqlalchemy as sa
-
     lengths = [3, 3, 2, None]
     maps = [repeated_maps(ids, t) for ids, t in zip(REPEATED_IDS, lengths, strict=True)]
     tokens = [[f"w{i}" for i in ids] for ids in REPEATED_IDS]
@@ -263,8 +269,7 @@ def repeated_run(store, make_run, name: str = "repeated") -> str:
         dataset_format="repeated_tokens",
         dataset_options={"lengths": REPEATED_LENGTHS, "seed": 0},
     )
-    with store.engine.begin() as conn:
-        conn.execute(sa.text("UPDATE models SET causal = :c WHERE id = :i"), {"c": True, "i": store.run_info(run).model_id})
+    mark_causal(store, run)
     return run
 
 
@@ -298,8 +303,6 @@ def needle_maps(prompt: list[int], answer: list[int]) -> np.ndarray:
 
 def needle_run(store, make_run, name: str = "needle") -> str:
     """A causal run over a `needle` dataset (needle "sandwich in Dolores Park"), each example prompt + generation."""
-    import sqlalchemy as sa
-
     maps = [needle_maps(p, a) for p, a in zip(NEEDLE_PROMPTS, NEEDLE_ANSWERS, strict=True)]
     ids = [p + a for p, a in zip(NEEDLE_PROMPTS, NEEDLE_ANSWERS, strict=True)]
     tokens = [[NEEDLE_WORDS.get(i, f"w{i}") for i in e] for e in ids]
@@ -315,6 +318,5 @@ def needle_run(store, make_run, name: str = "needle") -> str:
         dataset_format="needle",
         dataset_options={"needle": "sandwich in Dolores Park", "needle_ids": NEEDLE_IDS},
     )
-    with store.engine.begin() as conn:
-        conn.execute(sa.text("UPDATE models SET causal = :c WHERE id = :i"), {"c": True, "i": store.run_info(run).model_id})
+    mark_causal(store, run)
     return run
