@@ -69,7 +69,8 @@ def store_args(tmp_path: Path) -> list[str]:
     return ["--db", f"sqlite:///{tmp_path / 'meta.sqlite'}", "--root", str(tmp_path / "attention.zarr")]
 
 
-def cli_ingest(tmp_path: Path, model: str, name: str, corpus: str = CORPUS):
+def cli_ingest(tmp_path: Path, model: str, name: str, corpus: str = CORPUS, *options: str):
+    """`attnstore ingest` of `corpus` (one example a line) with `model` into run `name`, float32 maps, and `options`."""
     from click.testing import CliRunner
 
     from attnstore.api.cli import main
@@ -77,7 +78,7 @@ def cli_ingest(tmp_path: Path, model: str, name: str, corpus: str = CORPUS):
     path = tmp_path / "corpus.txt"
     path.write_text(corpus, encoding="utf-8")
     args = ["ingest", "--corpus", str(path), "--format", "text", "--annotate", "whitespace", "--no-progress", "--dtype", "float32"]
-    return CliRunner().invoke(main, [*args, "--model", model, "--name", name, *store_args(tmp_path)])
+    return CliRunner().invoke(main, [*args, *options, "--model", model, "--name", name, *store_args(tmp_path)])
 
 
 def direct_norms(model, token_ids: list[int]) -> np.ndarray:
@@ -189,29 +190,10 @@ def check_hidden_peaks(store, run: str, model) -> None:
 def test_generate_stores_the_prompt_and_the_greedy_generation_as_one_sequence(tiny, tmp_path):
     """--generate N (ingest/generation.py): each example continued by the model's greedy decoding (as transformers'
     own generate decodes), the generated tokens stored as segment 1 with the maps over the whole sequence."""
-    from click.testing import CliRunner
-
-    from attnstore.api.cli import main
     from attnstore.store import open_store
 
     path = tiny("llama")
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(CORPUS, encoding="utf-8")
-    args = [
-        "ingest",
-        "--corpus",
-        str(corpus),
-        "--format",
-        "text",
-        "--annotate",
-        "whitespace",
-        "--no-progress",
-        "--generate",
-        "6",
-        "--dtype",
-        "float32",
-    ]
-    result = CliRunner().invoke(main, [*args, "--model", path, "--name", "gen", *store_args(tmp_path)])
+    result = cli_ingest(tmp_path, path, "gen", CORPUS, "--generate", "6")
     assert result.exit_code == 0, result.output
     model = T.AutoModelForCausalLM.from_pretrained(path).eval()
     tok = T.AutoTokenizer.from_pretrained(path)
@@ -232,7 +214,7 @@ def test_generate_stores_the_prompt_and_the_greedy_generation_as_one_sequence(ti
             assert store.attention("gen", example).shape[-1] == len(prompt) + len(generated)
     finally:
         store.close()
-    encoder = CliRunner().invoke(main, [*args, "--model", "all-MiniLM-L6-v2", "--name", "enc", *store_args(tmp_path)])
+    encoder = cli_ingest(tmp_path, "all-MiniLM-L6-v2", "enc", CORPUS, "--generate", "6")
     assert (
         encoder.exit_code != 0
         and "Error: --generate needs a causal LM with its LM head; model 'all-MiniLM-L6-v2' is not causal" in encoder.output
