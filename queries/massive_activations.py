@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .engine import register
+from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -39,6 +40,8 @@ def massive_activations(store: Store, *, run, examples=None) -> pd.DataFrame:
         owners.append(np.full(len(peaks), example))
         medians.append(peaks[..., 2])
         first.append(np.abs(peaks[..., 0]).argmax(0) == 0)  # (layer,): the example's own peak on its first token
+    if not entries:
+        raise InvalidArgumentError(f"examples={examples!r} selects no stored example of run {info.name!r}")
     stacked = np.concatenate(entries)  # (token, layer, 2): signed value, dim
     position, owner = np.concatenate(positions), np.concatenate(owners)
     magnitude = np.abs(stacked[..., 0])

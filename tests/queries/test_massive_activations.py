@@ -33,6 +33,8 @@ def test_massive_activations_by_hand(store, peaks_run):
     assert df.loc[0, "first_token_share"] == 0.5 and df.loc[1, "first_token_share"] == 0.0
     some = run_query(store, "massive_activations", run=peaks_run, examples=[0]).set_index("layer")
     assert some.loc[0, "peak"] == 50.0 and some.loc[0, "median"] == 2.0
+    with pytest.raises(InvalidArgumentError, match=r"^examples=\[\] selects no stored example of run 'peaks'"):
+        run_query(store, "massive_activations", run=peaks_run, examples=[])
 
 
 def test_a_run_without_peaks_is_refused_in_one_line(store, make_run):
