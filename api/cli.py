@@ -32,6 +32,7 @@ from .common import (
 # Commands defined in other modules: name -> ("module:attribute" under attnstore.api, the short help listed by --help).
 LAZY_COMMANDS = {
     "ingest": (".ingest_cli:ingest", "Run a model over a corpus and store every attention map."),
+    "work": (".ingest_cli:work", "Be one worker of a run planned with `ingest --for-workers N`."),
     "probe": (".probe_cli:probe", "Attention probes for dependency parsing: train, list."),
     "finetune": (".models_cli:finetune", "Fine-tune a model on a GLUE task and keep it in the store."),
     "evaluate": (".models_cli:evaluate", "Score a model on a GLUE task's dev set; stored once."),

@@ -177,11 +177,20 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     help="A causal LM continues each example's text greedily by up to N tokens (stopping after a newline), and the text "
     "and the generation are stored as one sequence, the generated tokens as segment 1 (retrieval_heads; docs/DECODERS.md).",
 )
+@click.option(
+    "--for-workers",
+    "workers",
+    default=None,
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Plan the run for N worker processes instead of running it here: tokenize and split it into parts, then exit. "
+    "Each worker is `attnstore work --run NAME --worker I --of N` (a Slurm array, a Kubernetes Indexed Job: docs/SCALING.md).",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
 @scheduler_option("the forward passes and the writes of their maps (this process tokenizes and finishes the run)")
 @store_options
 @friendly_errors
-def ingest(locations, codec_name, text_a_column, text_b_column, label_column, quoting, progress, scheduler, **options):
+def ingest(locations, codec_name, text_a_column, text_b_column, label_column, quoting, progress, scheduler, workers, **options):
     """Run a model once over a corpus and store every attention map.
 
     Interrupted runs resume when the same command is run again: no example is
@@ -203,7 +212,7 @@ def ingest(locations, codec_name, text_a_column, text_b_column, label_column, qu
     try:
         store = open_store(locations, create=True)
         settings = RunSettings(**options, codec=dict(CODECS[codec_name]), read_options=read_options)
-        result = run_ingest(store, settings, progress=progress, scheduler=scheduler)
+        result = run_ingest(store, settings, progress=progress, scheduler=scheduler, workers=workers)
     except BaseException as exc:
         removed = remove_if_unused(store, created)
         if isinstance(exc, KeyboardInterrupt):
@@ -216,6 +225,14 @@ def ingest(locations, codec_name, text_a_column, text_b_column, label_column, qu
             sys.exit(130)
         raise
     run = result.run
+    if result.planned_parts or result.already_planned:
+        n = workers
+        click.echo(
+            f"run {run.name!r} is planned{' already' if result.already_planned else ''}: {result.planned_parts} parts for {n} "
+            f"workers; start each one, in any order, on any host that reaches the store: "
+            f"attnstore work --run {run.name} --worker I --of {n}   (I = 0..{n - 1})"
+        )
+        return
     if result.already_complete:
         click.echo(f"run {run.name!r} is already complete ({run.n_stored} examples); nothing to do")
         return
@@ -289,3 +306,62 @@ def remove_if_unused(store, created: NewStore | None) -> bool:
             folder.rmdir()  # only when empty: nothing but what this command made
     click.echo(f"nothing was stored: removed the new store this command created ({created.db})", err=True)
     return True
+
+
+@click.command(short_help="Be one worker of a run planned with `ingest --for-workers N`.")
+@click.option("--run", "run_name", required=True, help="The planned run.")
+@click.option(
+    "--worker",
+    default=None,
+    type=int,
+    metavar="I",
+    help="This worker's index, 0..N-1 (default: ATTNSTORE_WORKER, SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX).",
+)
+@click.option(
+    "--of",
+    "of",
+    default=None,
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="The number of workers, checked against the plan (default: ATTNSTORE_WORKERS or SLURM_ARRAY_TASK_COUNT).",
+)
+@click.option(
+    "--device",
+    default="auto",
+    show_default=True,
+    help="Where this worker's forward passes run: auto, cpu, cuda, cuda:N, mps; {worker} is replaced by the index "
+    "(cuda:{worker}: one GPU per worker on one host). Under Slurm or Kubernetes, CUDA_VISIBLE_DEVICES with auto.",
+)
+@click.option(
+    "--threads",
+    default=None,
+    type=click.IntRange(min=1),
+    help="torch's CPU threads for this worker (default: every core; give N workers on one host cores/N each).",
+)
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@store_options
+@friendly_errors
+def work(locations, run_name, worker, of, device, threads, progress):
+    """Compute and store this worker's parts of a planned run (parts I, I+N, I+2N, ...), then complete the run when
+    every part is in. Restarted with the same index after a crash or kill, it goes on where it stopped: nothing is
+    lost or stored twice. A second process with an index that is running is refused.
+    """
+    from ..ingest.workers import work as run_work
+
+    require_extra("ingest")
+    store = open_store(locations)
+    result = run_work(store, run_name, worker, of, device=device, threads=threads, progress=progress)
+    if result.already_complete:
+        click.echo(f"run {result.run!r} is complete; nothing to do")
+        return
+    state = (
+        "this worker completed the run"
+        if result.completed
+        else "the run is complete"
+        if not result.parts_left
+        else f"{result.parts_left} parts of the run are left to other workers"
+    )
+    click.echo(
+        f"worker {result.worker} of {result.workers}, run {result.run!r}: {result.n_new} new examples from {result.parts} "
+        f"parts in {result.seconds:.1f}s; {state}"
+    )

@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from ..store.errors import BusyError
+from ..store.errors import BusyError, ConflictError
 from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
 from ..store.leases import clear_stale, live_holder
+from ..store.parts import PLAN
 from ..store.qk import qk_entry
 from ..store.records import HIDDEN_PEAKS_FLAG, QK_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo
 from ..store.writer import run_lease_name, validate_run_name
@@ -50,6 +51,8 @@ class IngestResult:
     n_new: int
     seconds: float
     already_complete: bool
+    planned_parts: int = 0  # planned for worker processes (`workers`), not run: its parts
+    already_planned: bool = False
 
 
 def select_positions(n: int, limit: int | None, sample: int | None, seed: int) -> tuple[list[int], str]:
@@ -234,6 +237,7 @@ def ingest(
     progress: bool = True,
     loaded: LoadedModel | None = None,
     scheduler: str | None = None,
+    workers: int | None = None,
     **options,
 ) -> IngestResult:
     """Ingest a corpus file or a built-in dataset with a model into a run, as `settings` say (created, or
@@ -249,7 +253,8 @@ def ingest(
     then not loaded); `scheduler` (local, local:N, tcp://HOST:PORT; default ATTNSTORE_SCHEDULER, else none)
     runs the forward passes and the writes on Dask workers, each into its own range of the run's cells, while
     this process plans and tokenizes the batches and holds the run's lease (ingest/distributed.py): the maps,
-    and their order in storage, are those a single process would write, and it resumes the same way.
+    and their order in storage, are those a single process would write, and it resumes the same way. `workers`:
+    plan the run for that many worker processes (ingest/workers.py, `attnstore work`) instead of running it here.
     """
     if settings is None:
         settings = RunSettings.of(**options)
@@ -258,6 +263,11 @@ def ingest(
     from ..store.cluster import check_scheduler, current_scheduler
 
     scheduler = check_scheduler(scheduler) if scheduler is not None else current_scheduler()
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise InvalidArgumentError(f"--for-workers must be a positive number of worker processes, not {workers!r}")
+    if workers is not None and scheduler is not None:
+        raise InvalidArgumentError("--for-workers plans the run for worker processes; leave out --scheduler (or ATTNSTORE_SCHEDULER)")
+    parallel = scheduler is not None or workers is not None  # parts written by other processes: no per-token extras
     store.writer.require_writable()
     started = time.perf_counter()
     if settings.corpus is not None:
@@ -292,7 +302,7 @@ def ingest(
     check_generation(loaded, settings.generate)
     settings = settings.resolved(model_max_length=loaded.max_length, gold=source.gold)
     assert settings.max_length is not None and settings.tokenization is not None  # resolved
-    tier = choose_tier(settings, loaded, source, plan, scheduler)
+    tier = choose_tier(settings, loaded, source, plan, scheduler or ("workers" if workers else None))
     run_name = settings.name or f"{source.name}-{plan.split}-{loaded.name}"
     validate_run_name(run_name)
     with (
@@ -323,17 +333,17 @@ def ingest(
         if settings.tokenization == "words":
             manifest["tokenizer"].update(loaded.word_tokenizer_options)  # e.g. add_prefix_space for byte-level BPE
         if settings.value_norms and loaded.value_projections is not None:
-            if scheduler is None:
+            if not parallel:
                 manifest[VALUE_NORMS_FLAG] = True
             else:
-                print("note: value norms are not kept by an ingest on a Dask scheduler (weights=norm needs them)", file=sys.stderr)
+                print(f"note: value norms are not kept by an ingest {_where(workers)} (weights=norm needs them)", file=sys.stderr)
         elif settings.value_norms:
             print(f"note: model {loaded.name!r}: no value norms (its value and output projections were not found)", file=sys.stderr)
         if settings.token_loss and loaded.causal:
             if loaded.lm is None:
                 print(f"note: model {loaded.name!r}: no per-token loss (its checkpoint has no causal-LM head)", file=sys.stderr)
-            elif scheduler is not None:
-                print("note: per-token loss is not kept by an ingest on a Dask scheduler", file=sys.stderr)
+            elif parallel:
+                print(f"note: per-token loss is not kept by an ingest {_where(workers)}", file=sys.stderr)
             else:
                 manifest[TOKEN_LOSS_FLAG] = token_loss_manifest()
                 if decoder_layers(loaded.model, loaded.n_layers) is not None:  # massive activations, from the same pass
@@ -365,14 +375,18 @@ def ingest(
         )
         if info.status == "complete":
             return IngestResult(info, 0, 0.0, True)
-        if info.has_value_norms and scheduler is not None:
+        entry = _plan_entry(info, workers)
+        if entry is not None:
+            return IngestResult(info, 0, 0.0, False, entry["parts"], already_planned=True)
+        if info.has_value_norms and parallel:
             raise InvalidArgumentError(
-                f"run {run_name!r} keeps value norms, which an ingest on a Dask scheduler does not compute: resume it without --scheduler"
+                f"run {run_name!r} keeps value norms, which an ingest {_where(workers)} does not compute: resume it without "
+                f"{'--for-workers' if workers else '--scheduler'}"
             )
-        if info.has_token_loss and scheduler is not None:
+        if info.has_token_loss and parallel:
             raise InvalidArgumentError(
-                f"run {run_name!r} keeps per-token loss, which an ingest on a Dask scheduler does not compute: "
-                f"resume it without --scheduler"
+                f"run {run_name!r} keeps per-token loss, which an ingest {_where(workers)} does not compute: "
+                f"resume it without {'--for-workers' if workers else '--scheduler'}"
             )
         done = store.writer.done_example_ids(info.id)
         total = len(plan.chosen) - len(done)
@@ -392,6 +406,12 @@ def ingest(
                     generate=settings.generate,
                     done=done,
                 )
+                if workers is not None:
+                    from .workers import plan_parts
+
+                    parts = plan_parts(writer, done, batches, total, workers, loaded.source, settings.compute_dtype, progress)
+                    writer.close()
+                    return IngestResult(store.run_info(info.id), 0, time.perf_counter() - run_started, False, parts)
                 if scheduler is None:
                     n_new = run_batches(writer, loaded, settings.dtype, info, done, batches, total, progress)
                 else:
@@ -406,6 +426,25 @@ def ingest(
             _mark_interrupted(store, info.id)
             raise
     return IngestResult(info, n_new, seconds, False)
+
+
+def _where(workers: int | None) -> str:
+    return "planned for worker processes" if workers else "on a Dask scheduler"
+
+
+def _plan_entry(info: RunInfo, workers: int | None) -> dict | None:
+    """A run planned for workers is written by them alone: refused unless this is the same plan asked again (then its
+    plan entry)."""
+    entry = info.manifest.get(PLAN)
+    if entry is None:
+        return None
+    n = entry["workers"]
+    start = f"start `attnstore work --run {info.name} --worker I --of {n}` for I = 0..{n - 1}"
+    if workers is None:
+        raise ConflictError(f"run {info.name!r} is planned for {n} worker processes, which write it: {start}")
+    if workers != n:
+        raise ConflictError(f"run {info.name!r} is planned for {n} workers already (a plan is fixed once made): {start}")
+    return entry
 
 
 def _refuse_if_busy(store: Store, run_name: str) -> None:

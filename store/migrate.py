@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # The newest script in migrations/versions. A new migration changes it too: tests/store/test_migrations.py checks it
 # against Alembic's own reading of the scripts (`script_head`).
-HEAD_REVISION = "0011"
+HEAD_REVISION = "0012"
 VERSION_TABLE = "alembic_version"  # Alembic's default, which migrations/env.py keeps
 
 

@@ -351,6 +351,23 @@ class HeadMatch(Base):
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
 
 
+class IngestPart(Base):
+    """One part of a run planned for worker processes (`attnstore ingest --for-workers N`, `attnstore work`): its
+    batches of tokenized examples (zlib-compressed JSON) and the cells allotted to its first attempt; a retry is
+    allotted cells past the array's end (store/parts.py)."""
+
+    __tablename__ = "ingest_parts"
+
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    part: Mapped[int] = mapped_column(primary_key=True)
+    batches: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    n_examples: Mapped[int]
+    cell_start: Mapped[int] = mapped_column(sa.BigInteger)
+    cell_stop: Mapped[int] = mapped_column(sa.BigInteger)
+    attempts: Mapped[int] = mapped_column(default=0)
+    finished_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True))
+
+
 class Lease(Base):
     """Who may write a resource ("run:NAME", "dataset:KEY") now: one row while a writer holds it.
 

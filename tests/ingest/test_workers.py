@@ -1,0 +1,231 @@
+"""Engine-free workers (`ingest --for-workers N`, `attnstore work`): a planned run's parts computed by independent
+processes that share only the store equal a one-process run bit for bit, in any order, for any N, after a worker is
+killed with SIGKILL and restarted with its index; bad input (an index running twice, a wrong worker count, a plan
+changed underneath, a plain ingest of a planned run) is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from attnstore.store import migrate, open_store
+from attnstore.store.check import check_store
+from attnstore.store.errors import BusyError, ConflictError, InvalidArgumentError
+
+pytest.importorskip("torch")
+
+MRPC = Path(__file__).parents[1] / "fixtures" / "mrpc_dev_head.tsv"
+N_EXAMPLES = 12
+OPTIONS = dict(fmt="pairs-tsv", annotator="whitespace", batch_size=2, chunk_cells=4096, progress=False)
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, tiny_bert):
+    """The reference: the same ingest in one process."""
+    from attnstore.ingest import ingest
+
+    folder = tmp_path_factory.mktemp("one-process")
+    url = f"sqlite:///{folder / 'meta.sqlite'}"
+    migrate.upgrade(url)
+    store = open_store(db=url, root=str(folder / "attention.zarr"))
+    ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", **OPTIONS)
+    return store
+
+
+def plan(store, tiny_bert, workers: int, name: str = "k"):
+    from attnstore.ingest import ingest
+
+    return ingest(store, corpus=str(MRPC), model=tiny_bert, name=name, workers=workers, **OPTIONS)
+
+
+def assert_same_run(store, reference, name: str = "k", same_order: bool = True) -> None:
+    info = store.run_info(name)
+    assert info.status == "complete" and info.n_stored == N_EXAMPLES
+    got = dict(store.iter_attention(name))
+    want = dict(reference.iter_attention("k"))
+    assert got.keys() == want.keys() == set(range(N_EXAMPLES))
+    for example in want:
+        np.testing.assert_array_equal(got[example], want[example], err_msg=f"example {example}")
+    columns = ["example", "position", "token_id"]
+    assert store.token_table(name)[columns].equals(reference.token_table("k")[columns])
+    if same_order:  # no part was retried: stored in plan order, as one process stores them
+        order = list(reference.examples("k").sort_values("offset")["example"])
+        assert list(store.examples(name).sort_values("offset")["example"]) == order
+    _, problems = check_store(store, [name])
+    assert problems.empty, problems.to_string()
+    assert store.sql("SELECT count(*) AS n FROM leases")["n"][0] == 0
+
+
+@pytest.mark.parametrize("workers, order", [(1, [0]), (2, [1, 0]), (3, [2, 0, 1])])
+def test_workers_in_any_order_write_the_one_process_run(store, tiny_bert, one_process, workers, order):
+    from attnstore.ingest.workers import work
+
+    planned = plan(store, tiny_bert, workers)
+    # 6 batches of 2 examples: parts of 2 batches for one worker (at least 4 parts each), else of one batch
+    assert planned.planned_parts == (3 if workers == 1 else 6) and planned.run.status == "running"
+    assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 0  # planned, nothing computed
+    results = [work(store, "k", i, workers, progress=False) for i in order]
+    assert [r.completed for r in results] == [False] * (workers - 1) + [True]
+    assert sum(r.n_new for r in results) == N_EXAMPLES and results[-1].parts_left == 0
+    assert_same_run(store, one_process)
+    # each part starts on a chunk of its own
+    offsets = list(store.examples("k").sort_values("offset")["offset"])
+    per_part = 4 if workers == 1 else 2
+    assert all(o % OPTIONS["chunk_cells"] == 0 for o in offsets[::per_part]), offsets
+    again = work(store, "k", 0, workers, progress=False)
+    assert again.already_complete and again.n_new == 0
+
+
+@pytest.mark.one_backend("sqlite")
+def test_the_cli_plans_and_its_workers_say_what_they_did(store, tiny_bert, one_process, db_url, tmp_path):
+    from attnstore.api.cli import main
+
+    where = ["--db", db_url, "--root", str(tmp_path / "attention.zarr")]
+    common = ["--corpus", str(MRPC), "--format", "pairs-tsv", "--annotate", "whitespace", "--batch-size", "2"]
+    common += ["--chunk-cells", "4096", "--model", tiny_bert, "--name", "k", "--no-progress", *where]
+    runner = CliRunner()
+    out = runner.invoke(main, ["ingest", *common, "--for-workers", "2"])
+    assert out.exit_code == 0, out.output
+    assert "run 'k' is planned: 6 parts for 2 workers" in out.output and "attnstore work --run k --worker I --of 2" in out.output
+    again = runner.invoke(main, ["ingest", *common, "--for-workers", "2"])
+    assert again.exit_code == 0 and "is planned already: 6 parts" in again.output
+    other = runner.invoke(main, ["ingest", *common, "--for-workers", "3"])
+    assert other.exit_code == 1 and "planned for 2 workers already" in other.output
+    plain = runner.invoke(main, ["ingest", *common])
+    assert plain.exit_code == 1 and "is planned for 2 worker processes, which write it" in plain.output
+    wrong = runner.invoke(main, ["work", "--run", "k", "--worker", "0", "--of", "3", "--no-progress", *where])
+    assert wrong.exit_code == 1 and "planned for 2 workers, and this one was started as one of 3" in wrong.output
+    past = runner.invoke(main, ["work", "--run", "k", "--worker", "2", "--no-progress", *where])
+    assert past.exit_code == 1 and "worker 2 does not exist" in past.output
+    # the index from a job array's environment (Slurm)
+    first = runner.invoke(main, ["work", "--run", "k", "--no-progress", *where], env={"SLURM_ARRAY_TASK_ID": "1"})
+    assert first.exit_code == 0 and "worker 1 of 2, run 'k': 6 new examples from 3 parts" in first.output, first.output
+    assert "3 parts of the run are left to other workers" in first.output
+    last = runner.invoke(main, ["work", "--run", "k", "--worker", "0", "--of", "2", "--no-progress", *where])
+    assert last.exit_code == 0 and "this worker completed the run" in last.output, last.output
+    done = runner.invoke(main, ["work", "--run", "k", "--worker", "1", "--of", "2", "--no-progress", *where])
+    assert done.exit_code == 0 and "run 'k' is complete; nothing to do" in done.output
+    assert_same_run(store, one_process)
+
+
+@pytest.mark.one_backend("sqlite")
+def test_two_workers_with_one_index_at_once_one_is_refused(store, tiny_bert):
+    from attnstore.ingest.workers import work
+
+    plan(store, tiny_bert, 2)
+    with store.writer.lease("run:k:worker:1/2", "worker 1 of 2 of run 'k'"):  # worker 1 is running
+        with pytest.raises(BusyError, match=r"worker 1 of 2 of run 'k' is running already \(.*pid .*\): one process per index"):
+            work(store, "k", 1, 2, progress=False)
+    assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 0
+
+
+@pytest.mark.one_backend("sqlite")
+def test_a_plan_changed_under_a_worker_stops_it(store, tiny_bert, monkeypatch):
+    from attnstore.ingest import workers
+    from attnstore.store import parts
+
+    plan(store, tiny_bert, 1)
+    real = parts.part_batches
+    calls = []
+
+    def replanned(store_, run_id, part):  # between the worker's parts, the run's plan is replaced
+        calls.append(part)
+        if len(calls) == 1:  # while the first part is computed
+            with store.engine.begin() as conn:
+                manifest = conn.scalar(sa.text("SELECT manifest FROM runs WHERE id = :i"), {"i": run_id})
+                manifest = json.loads(manifest) if isinstance(manifest, str) else manifest
+                manifest["plan"]["digest"] = "0" * 64
+                conn.execute(sa.text("UPDATE runs SET manifest = :m WHERE id = :i"), {"m": json.dumps(manifest), "i": run_id})
+        return real(store_, run_id, part)
+
+    monkeypatch.setattr(parts, "part_batches", replanned)
+    with pytest.raises(ConflictError, match=r"the plan of run 'k' changed while this worker ran \(digest \w{12} -> 000000000000\)"):
+        workers.work(store, "k", 0, 1, progress=False)
+    assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 4  # the part begun before the change is kept
+
+
+@pytest.mark.one_backend("sqlite")
+def test_a_run_not_planned_is_refused_and_bad_indexes_too(store, tiny_bert, monkeypatch):
+    from attnstore.ingest import ingest
+    from attnstore.ingest.workers import check_worker, work
+
+    ingest(store, corpus=str(MRPC), model=tiny_bert, name="plain", limit=2, **OPTIONS)
+    assert work(store, "plain", 0, 1, progress=False).already_complete
+    with store.engine.begin() as conn:  # as a plain ingest cut off leaves it
+        conn.execute(sa.text("UPDATE runs SET status = 'interrupted'"))
+    with pytest.raises(InvalidArgumentError, match="run 'plain' was not planned for worker processes"):
+        work(store, "plain", 0, 1, progress=False)
+    for name in ("ATTNSTORE_WORKER", "SLURM_ARRAY_TASK_ID", "JOB_COMPLETION_INDEX", "ATTNSTORE_WORKERS", "SLURM_ARRAY_TASK_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(InvalidArgumentError, match="give --worker I"):
+        check_worker(None, None)
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "x")
+    with pytest.raises(InvalidArgumentError, match=r"JOB_COMPLETION_INDEX='x' is not a worker index"):
+        check_worker(None, None)
+    with pytest.raises(InvalidArgumentError, match="worker index -1 is negative"):
+        check_worker(-1, 2)
+    with pytest.raises(InvalidArgumentError, match="--for-workers plans the run for worker processes; leave out --scheduler"):
+        ingest(store, corpus=str(MRPC), model=tiny_bert, name="x", workers=2, scheduler="local", **OPTIONS)
+
+
+# A worker killed with SIGKILL at its n-th commit of rows (after its cells are on disk), in a process of its own.
+KILLED_WORKER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from attnstore.store import open_store
+    from attnstore.store.writer import RunWriter
+    from attnstore.ingest.workers import work
+
+    db, root, worker, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    commit = RunWriter._commit_ready
+    calls = []
+
+    def dying(self, *args):
+        calls.append(1)
+        if len(calls) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return commit(self, *args)
+
+    RunWriter._commit_ready = dying
+    work(open_store(db=db, root=root), "k", worker, 2, progress=False)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.one_backend("sqlite")
+def test_a_worker_killed_mid_part_restarts_with_its_index_and_the_run_is_the_same(store, tiny_bert, one_process, db_url, tmp_path):
+    from attnstore.ingest.workers import work
+
+    root = str(tmp_path / "attention.zarr")
+    plan(store, tiny_bert, 2)
+    for worker, kill_at in ((0, 2), (0, 3)):  # killed in its second part, then in the fourth part after restarting
+        proc = subprocess.run([sys.executable, "-c", KILLED_WORKER, db_url, root, str(worker), str(kill_at)], env=ENV, timeout=120)
+        assert proc.returncode == -signal.SIGKILL
+    # Rows commit example by example here (each block spans chunks): the first process stored one example of part 0;
+    # the second finished part 0 (its second attempt), stored one example of part 2 and was killed in its second.
+    assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 3
+    state = store.sql("SELECT part, attempts, finished_at IS NOT NULL AS finished, cell_stop FROM ingest_parts ORDER BY part")
+    assert state["attempts"].tolist() == [2, 0, 1, 0, 0, 0] and state["finished"].astype(bool).tolist() == [True] + [False] * 5
+    planned_end = int(state["cell_stop"].max())
+    first = work(store, "k", 0, 2, progress=False)  # restarted: the killed worker's lease is taken over at once
+    assert first.n_new == 3 and not first.completed and first.parts_left == 3
+    last = work(store, "k", 1, 2, progress=False)
+    assert last.completed
+    assert_same_run(store, one_process, same_order=False)
+    # the retried parts' examples went past the planned cells: the cells of a cut-off attempt are never reused
+    state = store.sql("SELECT part, attempts FROM ingest_parts ORDER BY part")
+    assert state["attempts"].tolist() == [2, 1, 2, 1, 1, 1]
+    past = store.sql('SELECT example_id FROM sequences WHERE "offset" >= :end', {"end": planned_end})
+    assert len(past) == 2  # the second attempts' examples: one of part 0, one of part 2
