@@ -229,3 +229,23 @@ def test_a_worker_killed_mid_part_restarts_with_its_index_and_the_run_is_the_sam
     assert state["attempts"].tolist() == [2, 1, 2, 1, 1, 1]
     past = store.sql('SELECT example_id FROM sequences WHERE "offset" >= :end', {"end": planned_end})
     assert len(past) == 2  # the second attempts' examples: one of part 0, one of part 2
+
+
+def test_workers_sharing_an_s3_root_write_the_one_process_run(db_url, s3_root, tiny_bert, one_process):
+    """The cluster setting: a database (PostgreSQL, or SQLite on a shared disk) and object storage shared by the
+    workers, a retried part among them."""
+    from attnstore.ingest import ingest
+    from attnstore.ingest.workers import work
+
+    migrate.upgrade(db_url)
+    store = open_store(db=db_url, root=s3_root)
+    try:
+        # chunks of 256 Ki cells: fewer objects to write to the test server (the maps do not depend on the chunking)
+        ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", workers=2, **{**OPTIONS, "chunk_cells": 262144})
+        with store.engine.begin() as conn:  # part 1 as a cut-off first attempt leaves it: counted, nothing committed
+            conn.execute(sa.text("UPDATE ingest_parts SET attempts = 1 WHERE part = 1"))
+        assert not work(store, "k", 1, 2, progress=False).completed
+        assert work(store, "k", 0, 2, progress=False).completed
+        assert_same_run(store, one_process, same_order=False)
+    finally:
+        store.close()
