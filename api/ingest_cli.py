@@ -338,10 +338,17 @@ def remove_if_unused(store, created: NewStore | None) -> bool:
     type=click.IntRange(min=1),
     help="torch's CPU threads for this worker (default: every core; give N workers on one host cores/N each).",
 )
+@click.option(
+    "--wait",
+    is_flag=True,
+    default=False,
+    help="If a process with this index is running, wait until it ends or goes silent for the lease's stale period "
+    "(ATTNSTORE_LEASE_STALE_SECONDS, 60 s) instead of stopping: for an index restarted on another host.",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @store_options
 @friendly_errors
-def work(locations, run_name, worker, of, device, threads, progress):
+def work(locations, run_name, worker, of, device, threads, wait, progress):
     """Compute and store this worker's parts of a planned run (parts I, I+N, I+2N, ...), then complete the run when
     every part is in. Restarted with the same index after a crash or kill, it goes on where it stopped: nothing is
     lost or stored twice. A second process with an index that is running is refused.
@@ -350,7 +357,7 @@ def work(locations, run_name, worker, of, device, threads, progress):
 
     require_extra("ingest")
     store = open_store(locations)
-    result = run_work(store, run_name, worker, of, device=device, threads=threads, progress=progress)
+    result = run_work(store, run_name, worker, of, device=device, threads=threads, wait=wait, progress=progress)
     if result.already_complete:
         click.echo(f"run {result.run!r} is complete; nothing to do")
         return

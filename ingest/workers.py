@@ -20,6 +20,7 @@ The maps equal a one-process run's bit for bit: the same batches (same padding),
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -137,11 +138,14 @@ def work(
     *,
     device: str = "auto",
     threads: int | None = None,
+    wait: bool = False,
     progress: bool = True,
 ) -> WorkResult:
     """Be worker `worker` of the `of` the run was planned for: compute and store its parts, then complete the run if
     every part is in. `device` may name the worker's index: `cuda:{worker}`. `threads`: torch's threads (default:
-    torch's own choice, every core; give N workers on one host cores/N each)."""
+    torch's own choice, every core; give N workers on one host cores/N each). `wait`: if a process with this index is
+    running, wait until it ends or goes silent past the lease's stale period (a restarted index on another host),
+    rather than stop."""
     store.writer.require_writable()
     worker, of = check_worker(worker, of)
     info = store.run_info(run)
@@ -162,11 +166,15 @@ def work(
         raise InvalidArgumentError(f"worker {worker} does not exist: run {info.name!r} was planned for workers 0..{workers - 1}")
     what = f"worker {worker} of {workers} of run {info.name!r}"
     try:
-        lease = store.writer.lease(f"run:{info.name}:worker:{worker}/{workers}", what)
+        on_wait = (lambda msg: print(msg, file=sys.stderr)) if progress else None
+        lease = store.writer.lease(f"run:{info.name}:worker:{worker}/{workers}", what, wait=wait, on_wait=on_wait)
     except BusyError:
         holder = live_holder(store.engine, f"run:{info.name}:worker:{worker}/{workers}")
         by = holder.describe() if holder is not None else "another process"
-        raise BusyError(f"{what} is running already ({by}): one process per index; this one stops") from None
+        raise BusyError(
+            f"{what} is running already ({by}): one process per index; this one stops (--wait: wait for it to end or go "
+            f"silent past the lease's stale period, as a restarted index on another host must)"
+        ) from None
     started = time.perf_counter()
     n_new = n_parts = 0
     try:
@@ -180,7 +188,7 @@ def work(
             for state in mine:
                 _check_plan(store, info, entry)
                 if loaded is None:  # loaded once, and only when there is something to compute
-                    loaded = load_model(entry["model"], device=device.format(worker=worker), compute_dtype=entry["compute_dtype"])
+                    loaded = load_model(entry["model"], device=device.replace("{worker}", str(worker)), compute_dtype=entry["compute_dtype"])
                 written = _work_part(store, info, loaded, state, lease)
                 n_new += written
                 n_parts += 1 if written else 0

@@ -127,7 +127,28 @@ def test_two_workers_with_one_index_at_once_one_is_refused(store, tiny_bert):
     with store.writer.lease("run:k:worker:1/2", "worker 1 of 2 of run 'k'"):  # worker 1 is running
         with pytest.raises(BusyError, match=r"worker 1 of 2 of run 'k' is running already \(.*pid .*\): one process per index"):
             work(store, "k", 1, 2, progress=False)
-    assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 0
+        # --wait: waits for the running one (here it ends after 0.5 s), then works
+        import threading
+
+        lease = store.writer.lease("run:k:worker:0/2", "worker 0 of 2 of run 'k'")
+        threading.Timer(0.5, lease.release).start()
+        assert work(store, "k", 0, 2, wait=True, progress=False).n_new == 6
+    assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 6
+
+
+@pytest.mark.one_backend("sqlite")
+def test_each_worker_names_its_own_device(store, tiny_bert):
+    """`cuda:{worker}`: worker 1 asks for cuda:1 (which this machine lacks: refused in one line before any write)."""
+    import torch
+
+    from attnstore.ingest.workers import work
+
+    if torch.cuda.device_count() > 1:
+        pytest.skip("this machine has a cuda:1")
+    plan(store, tiny_bert, 2)
+    with pytest.raises(InvalidArgumentError, match=r"--device 'cuda:1' is not available on this machine"):
+        work(store, "k", 1, 2, device="cuda:{worker}", progress=False)
+    assert work(store, "k", 0, 2, device="cpu", progress=False).n_new == 6
 
 
 @pytest.mark.one_backend("sqlite")
