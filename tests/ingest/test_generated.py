@@ -16,6 +16,25 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(resolve_source("all-MiniLM-L6-v2")[1])
 
 
+@pytest.fixture(scope="module", autouse=True)
+def candidates_once():
+    """candidate_tokens (decoding the whole vocabulary, ~1 s on MiniLM's) once per tokenizer in this module: a pure
+    function of the tokenizer, so every RepeatedTokens below draws from the same list it would compute again."""
+    from attnstore.ingest import generated
+
+    computed: dict[int, list[int]] = {}
+    real = generated.candidate_tokens
+
+    def once(tokenizer) -> list[int]:
+        if id(tokenizer) not in computed:
+            computed[id(tokenizer)] = real(tokenizer)
+        return computed[id(tokenizer)]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(generated, "candidate_tokens", once)
+        yield
+
+
 def test_examples_repeat_their_ids_and_the_seed_reproduces_them(tokenizer):
     made = RepeatedTokens(tokenizer, "T5,8", model="all-MiniLM-L6-v2", seed=3, per_length=2)
     examples = list(made.read())
