@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 from ..store import arrays, block_writer
 from ..store import parts as planned
@@ -46,6 +46,8 @@ def part_size(n_batches: int, workers: int) -> int:
     return max(1, min(PART_BATCHES, -(-n_batches // (PARTS_PER_WORKER * workers))))
 
 
+ENCODED_FIELDS = tuple(f.name for f in fields(Encoded))
+
 # The environment variables that give a worker its index and the worker count, in the order they are looked at.
 INDEX_VARIABLES = ("ATTNSTORE_WORKER", "SLURM_ARRAY_TASK_ID", "JOB_COMPLETION_INDEX")
 COUNT_VARIABLES = ("ATTNSTORE_WORKERS", "SLURM_ARRAY_TASK_COUNT")
@@ -65,7 +67,7 @@ def plan_parts(writer, done, batches, total: int, workers: int, model: str, comp
         examples = [e for batch in part for e in batch]
         sizes = (per_pair * e.length**2 for e in examples if e.input_ids and e.example_id not in done)
         stop = block_writer.placed_end(next_free, sizes, block)  # placed as the worker's writer places them
-        blob = planned.pack([[asdict(e) for e in batch] for batch in part])
+        blob = planned.pack([[_fields(e) for e in batch] for batch in part])
         found.append(planned.PlannedPart(len(found), blob, len(examples), next_free, stop))
         next_free = block_writer.resume_offset(stop, info.chunk_cells)
 
@@ -93,6 +95,12 @@ def plan_parts(writer, done, batches, total: int, workers: int, model: str, comp
     )
     planned.save_plan(store, info, found, entry)
     return len(found)
+
+
+def _fields(e: Encoded) -> dict:
+    """An example's fields for JSON, as `Encoded(**fields)` reads them back (dataclasses.asdict deep-copies every
+    token's dict: 15 % of planning 1,600 MRPC pairs, by py-spy)."""
+    return {f: getattr(e, f) for f in ENCODED_FIELDS}
 
 
 def check_worker(worker: int | None, of: int | None) -> tuple[int, int | None]:
@@ -188,7 +196,8 @@ def work(
             for state in mine:
                 _check_plan(store, info, entry)
                 if loaded is None:  # loaded once, and only when there is something to compute
-                    loaded = load_model(entry["model"], device=device.replace("{worker}", str(worker)), compute_dtype=entry["compute_dtype"])
+                    on = device.replace("{worker}", str(worker))
+                    loaded = load_model(entry["model"], device=on, compute_dtype=entry["compute_dtype"])
                 written = _work_part(store, info, loaded, state, lease)
                 n_new += written
                 n_parts += 1 if written else 0
