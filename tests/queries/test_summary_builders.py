@@ -93,51 +93,98 @@ def test_threads_asking_the_same_first_query_build_it_once(store, run, monkeypat
     assert check_store(store)[1].empty
 
 
+# One interpreter imports what a query needs once; for each attempt it forks two processes that count the examples their
+# summary passes reduce, open the store, say they are ready and wait for the gate file, then ask the same first query
+# (a fresh interpreter per process spent ~1 s of CPU importing the same modules, 20 times a test).
 ASK = """
-import json, os, sys, time
+import atexit, json, os, sys, time, traceback
 from attnstore.queries import run_query
 from attnstore.queries.engine import passes
 from attnstore.store import open_store
-reduced = []
-original = passes.summarise_examples
-def counted(store, info, kind, examples=None, params=None):
-    out = original(store, info, kind, examples, params)
-    reduced.append(len(out["example"]))
-    return out
-passes.summarise_examples = counted  # what a pass calls, range by range
-store = open_store(db=sys.argv[1], root=sys.argv[2])
-print("ready", flush=True)
-while not os.path.exists(sys.argv[3]):  # both processes start their query at once, when the test makes this file
-    time.sleep(0.001)
-frame = run_query(store, "entropy", run="sums")
-print(json.dumps({"reduced": sum(reduced), "frame": frame.to_dict(orient="list")}))
+def ask(db, root, gate, answer):
+    reduced = []
+    original = passes.summarise_examples
+    def counted(store, info, kind, examples=None, params=None):
+        out = original(store, info, kind, examples, params)
+        reduced.append(len(out["example"]))
+        return out
+    passes.summarise_examples = counted  # what a pass calls, range by range
+    store = open_store(db=db, root=root)
+    open(answer + ".ready", "w").close()
+    while not os.path.exists(gate):  # both processes start their query at once, when the test makes this file
+        time.sleep(0.001)
+    frame = run_query(store, "entropy", run="sums")
+    with open(answer + ".tmp", "w") as f:
+        json.dump({"reduced": sum(reduced), "frame": frame.to_dict(orient="list")}, f)
+    os.replace(answer + ".tmp", answer)
+    store.close()
+for line in sys.stdin:  # an attempt: the gate file and each process's answer file
+    gate, *answers = json.loads(line)
+    pids = []
+    for answer in answers:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                ask(sys.argv[1], sys.argv[2], gate, answer)
+                code = 0
+            except BaseException:
+                with open(answer + ".err", "w") as f:
+                    traceback.print_exc(file=f)
+            finally:
+                atexit._run_exitfuncs()
+                os._exit(code)
+        pids.append(pid)
+    codes = {}
+    while not all(pid in codes or os.path.exists(a + ".ready") for pid, a in zip(pids, answers)):  # each ready, or ended
+        for pid in pids:
+            if pid not in codes and (done := os.waitpid(pid, os.WNOHANG))[0]:
+                codes[pid] = os.waitstatus_to_exitcode(done[1])
+        time.sleep(0.001)
+    print("ready", flush=True)
+    print(json.dumps([codes[pid] if pid in codes else os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]), flush=True)
 """
 
 
 @pytest.mark.slow
 def test_two_processes_asking_the_same_first_query(store, run, tmp_path):
     """The report's case (the loser exited with a traceback in 21 of 21 tries), five times on each backend."""
-    where = [store.locations.db_url, store.locations.array_root]
-    first = None
-    for attempt in range(5):
-        shutil.rmtree(os.path.join(store.locations.array_root, "runs", "sums", "summary"), ignore_errors=True)
-        gate = tmp_path / f"go-{attempt}"  # made once both interpreters have imported everything and opened the store
-        procs = [
-            subprocess.Popen([sys.executable, "-c", ASK, *where, str(gate)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(2)
-        ]
-        for p in procs:
-            p.stdout.readline()  # "ready" (or "" if it failed: its error is asserted below)
-        gate.touch()
-        outputs = [p.communicate(timeout=120) for p in procs]
-        for p, (_, err) in zip(procs, outputs):
-            assert p.returncode == 0, err[-3000:]
-        answers = [json.loads(out) for out, _ in outputs]
-        assert sorted(a["reduced"] for a in answers) == [0, len(TOKENS)]  # one built it, the other read it
-        assert answers[0]["frame"] == answers[1]["frame"]
-        first = first or answers[0]["frame"]
-        assert answers[0]["frame"] == first
-        assert check_store(store)[1].empty
+    import select
+
+    asker = subprocess.Popen(
+        [sys.executable, "-c", ASK, store.locations.db_url, store.locations.array_root],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def line() -> str:
+        assert select.select([asker.stdout], [], [], 120)[0], "the two processes did not end within 120 s"
+        return asker.stdout.readline()
+
+    try:
+        first = None
+        for attempt in range(5):
+            shutil.rmtree(os.path.join(store.locations.array_root, "runs", "sums", "summary"), ignore_errors=True)
+            gate = tmp_path / f"go-{attempt}"  # made once both processes have opened the store
+            answers = [tmp_path / f"answer-{attempt}-{i}" for i in range(2)]
+            asker.stdin.write(json.dumps([str(gate), *map(str, answers)]) + "\n")
+            asker.stdin.flush()
+            assert line() == "ready\n"  # (or both ended: their errors are asserted below)
+            gate.touch()
+            codes = json.loads(line())
+            for code, answer in zip(codes, answers):
+                err = answer.with_name(answer.name + ".err")
+                assert code == 0, err.read_text()[-3000:] if err.exists() else code
+            answers = [json.loads(answer.read_text()) for answer in answers]
+            assert sorted(a["reduced"] for a in answers) == [0, len(TOKENS)]  # one built it, the other read it
+            assert answers[0]["frame"] == answers[1]["frame"]
+            first = first or answers[0]["frame"]
+            assert answers[0]["frame"] == first
+            assert check_store(store)[1].empty
+    finally:
+        asker.stdin.close()
+        asker.wait(timeout=60)
 
 
 def test_an_incomplete_summary_is_named_by_check_and_built_again(store, run):
