@@ -1,144 +1,96 @@
-"""Distributed ingest on Dask (`ingest --scheduler`): the workers run the forward passes and write the maps.
+"""Distributed ingest on Dask (`ingest --scheduler`): the engine-free workers of ingest/workers.py, launched as Dask
+tasks.
 
-This process (the coordinator) holds the run's write lease, reads and tokenizes the dataset and
-plans the batches exactly as a one-process ingest does. It groups consecutive batches into parts
-of `PART_BATCHES` and allots each part a disjoint range of the run's cells: the part's exact size
-(every block's layers x heads x L x L is known once it is tokenized), starting at a chunk
-boundary past everything allotted before. It grows the cells array to cover the range before it
-sends the part, so the workers never resize it.
+This process (the coordinator) holds the run's write lease. It plans the run for K workers, K being the cluster's
+worker count when the run is first planned, exactly as `ingest --for-workers K` would (`plan_parts`: the parts'
+tokenized batches and their cells, in SQL). It then sends K tasks, one per worker index, and each runs `work()` in a
+Dask worker: it takes its index's lease, loads the model once per worker process (kept there for later tasks) and
+writes its parts straight into their cells. Only the run's name and the store's locations travel through the
+scheduler; the maps never do. When the tasks are done, the coordinator writes the index arrays from SQL, cuts the
+array to the committed end and completes the run (a worker never completes it: the coordinator holds its lease).
 
-A worker (`write_part`) loads the model once, runs the part's forward passes and writes its
-blocks into its range with the same `RunWriter` a single process uses: whole chunks, then the
-part's last partial chunk, each batch's SQL rows (sequences, tokens) committed once its cells are
-on disk, in a transaction that checks the coordinator's lease (its token travels with the
-part). Ranges are disjoint and chunk-aligned, so no two writers ever touch one chunk;
-`sequences`' primary key (run, example) keeps an example from being registered twice.
-
-When every part is in, the coordinator writes the index arrays from SQL, cuts the array to
-the committed end and marks the run complete. Storage order is plan order, as in one process,
-and the maps are bit-identical (same batches, same padding).
-
-Interrupted (a worker fails, the command is killed): committed parts and batches stay. The next
-ingest plans only the examples not committed and allots their ranges past the array's length:
-cells a cut-off writer may still be writing are never reused, so a late write cannot damage new
-data, and a late commit fails its lease check. Cells written but never committed are left as
-unused chunks between parts (at most a part's worth per interruption).
+Interrupted (a worker dies, the command is killed): committed examples stay, and the plan stays. Dask retries a task
+whose worker died; the same command later sends the tasks again. A task whose index is still running elsewhere
+waits for it (`wait=True`), and a retried part's examples go to fresh cells (ingest/workers.py). A run planned with
+`--for-workers N` may be run on a cluster too: its N indices are sent as tasks.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import time
 from collections.abc import Iterable, Set
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from ..store import arrays, block_writer
-from ..store.cluster import PARTS_PER_WORKER, client_for
+from ..store import parts as planned
+from ..store.cluster import client_for
 from .align import Encoded
 from .model import LoadedModel, load_model
-from .passes import run_batches
 from .progress import progress_bar
+from .workers import plan_parts, work
 
 if TYPE_CHECKING:
     from ..store.writer import RunWriter
 
-# Batches per part: a part is a worker's unit of work and ends in one partial chunk (its only waste).
-PART_BATCHES = 4
+# Models loaded by this process when it is a Dask worker, by (source, compute dtype): loaded once, used by every task.
+_WORKER_MODELS: dict[tuple[str, str], LoadedModel] = {}
 
-# Models loaded by this process when it is a Dask worker, by source: loaded once, used for every part.
-_WORKER_MODELS: dict[str, LoadedModel] = {}
+POLL_SECONDS = 0.5  # how often the coordinator's progress bar reads the committed count
 
 
-def write_part(
-    locations: dict,
-    run_id: int,
-    lease: tuple[str, str, str],
-    source: str,
-    dtype: str,
-    cells: tuple[int, int],
-    batches: list[list[Encoded]],
-    done: Set[int],
-) -> int:
-    """On a worker: compute and store one part's batches in the allotted `cells` (start, stop), leaving out the
-    examples in `done` (stored before); returns examples stored."""
+def work_task(locations: dict, run: str, worker: int, workers: int) -> int:
+    """On a Dask worker: be worker `worker` of `workers` of the planned `run`; returns examples stored."""
     from ..store import Store
     from ..store.config import Locations
-    from ..store.leases import LeaseCheck
 
-    loaded = _WORKER_MODELS.get(source)
-    if loaded is None:
-        loaded = _WORKER_MODELS[source] = load_model(source)
     store = Store(Locations(**locations))
     try:
-        resource, what, token = lease
-        writer = store.writer.run_writer(run_id, LeaseCheck(store.engine, resource, what, token), part=cells)
-        try:
-            # As in one process: the next batch's forward pass overlaps this one's compression, writes and commit.
-            # The worker's own chunk writes wait for their commit: the other workers' passes use the other cores.
-            n = run_batches(writer, loaded, dtype, writer.info, done, batches, total=0, progress=False, overlap=False)
-            writer.commit(final=True)  # the part's last, partial chunk
-            return n
-        finally:
-            writer.close()  # ends its background chunk write
+        entry = planned.plan_of(store, store.run_info(run).id) or {}
+        key = (entry.get("model", ""), entry.get("compute_dtype", "float32"))
+        loaded = _WORKER_MODELS.get(key)
+        if loaded is None and key[0]:
+            loaded = _WORKER_MODELS[key] = load_model(key[0], compute_dtype=key[1])
+        return work(store, run, worker, workers, loaded=loaded, wait=True, progress=False).n_new
     finally:
         store.engine.dispose()
 
 
 def ingest_on_cluster(
-    scheduler: str, writer: RunWriter, source: str, dtype: str, done: Set[int], batches: Iterable[list[Encoded]], total: int, progress: bool
+    scheduler: str,
+    writer: RunWriter,
+    loaded: LoadedModel,
+    compute_dtype: str,
+    done: Set[int],
+    batches: Iterable[list[Encoded]],
+    total: int,
+    progress: bool,
 ) -> int:
     """Store the run's missing examples on the scheduler's workers; returns how many were stored. `writer` is the
     coordinator's (it holds the lease and finishes the run); it writes no cells itself."""
     info, store = writer.info, writer.store
-    per_pair = info.n_layers * info.n_heads
-    lease = (writer.lease.resource, writer.lease.what, writer.lease.token)
-    locations = asdict(store.locations)
-    array = writer.blocks.array
-    next_free = writer.blocks.next_offset  # a chunk boundary past every cell allotted before
-    block = writer.blocks.block_cells
-    running: deque = deque()
-    n_new = 0
-    if writer.index is not None:  # SQL runs ahead of the index arrays until the run completes: `check` knows
-        writer.index.group.attrs.update({arrays.INDEX_PENDING: True})
-
-    with client_for(scheduler) as client, progress_bar(total, f"ingesting {info.name}", progress) as bar:
-        ahead = PARTS_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
-
-        def send(part: list[list[Encoded]]) -> None:
-            nonlocal next_free
-            examples = [e for batch in part for e in batch]
-            part_done = frozenset(e.example_id for e in examples if e.example_id in done)
-            start = next_free
-            new_blocks = (per_pair * e.length**2 for e in examples if e.input_ids and e.example_id not in done)
-            stop = block_writer.placed_end(start, new_blocks, block)  # placed as the worker's writer places them
-            writer.lease.check()
-            if array.shape[0] < stop:
-                array.resize((stop,))  # before the part leaves: workers only write inside the array
-            next_free = block_writer.resume_offset(stop, info.chunk_cells)
-            future = client.submit(write_part, locations, info.id, lease, source, dtype, (start, stop), part, part_done, pure=False)
-            running.append(future)
-
-        def collect() -> int:
-            n = running.popleft().result()
-            bar.update(n)
-            return n
-
-        part: list[list[Encoded]] = []
+    with client_for(scheduler) as client:
+        entry = planned.plan_of(store, info.id)
+        if entry is None:
+            n_workers = max(1, len(client.scheduler_info().get("workers", {})))
+            plan_parts(writer, done, batches, total, n_workers, loaded.source, compute_dtype, progress)
+            entry = planned.plan_of(store, info.id)
+            assert entry is not None
+        n_workers = int(entry["workers"])
+        locations = asdict(store.locations)
+        start = planned.committed(store, info.id)
+        futures = [client.submit(work_task, locations, info.name, i, n_workers, pure=False) for i in range(n_workers)]
         try:
-            for batch in batches:
-                if all(e.example_id in done for e in batch):
-                    continue
-                part.append(batch)
-                if len(part) == PART_BATCHES:
-                    send(part)
-                    part = []
-                    while len(running) > ahead:
-                        n_new += collect()
-            if part:
-                send(part)
-            while running:
-                n_new += collect()
+            with progress_bar(total, f"ingesting {info.name} on {n_workers} workers", progress) as bar:
+                shown = 0
+                while not all(f.done() for f in futures):
+                    time.sleep(POLL_SECONDS)
+                    writer.lease.check()  # keeps the coordinator's lease fresh while the workers run
+                    now = planned.committed(store, info.id) - start
+                    bar.update(now - shown)
+                    shown = now
+                n_new = sum(f.result() for f in futures)  # a task's error is raised here
+                bar.update(n_new - shown)
         except BaseException:
-            client.cancel(list(running))
+            client.cancel(futures)
             raise
     return n_new

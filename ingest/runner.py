@@ -251,10 +251,10 @@ def ingest(
 
     How it runs, not what it stores: `progress` bars; `loaded`, a model already loaded (settings.model is
     then not loaded); `scheduler` (local, local:N, tcp://HOST:PORT; default ATTNSTORE_SCHEDULER, else none)
-    runs the forward passes and the writes on Dask workers, each into its own range of the run's cells, while
-    this process plans and tokenizes the batches and holds the run's lease (ingest/distributed.py): the maps,
-    and their order in storage, are those a single process would write, and it resumes the same way. `workers`:
-    plan the run for that many worker processes (ingest/workers.py, `attnstore work`) instead of running it here.
+    plans the run for the cluster's workers and runs each worker index as a Dask task, while this process holds
+    the run's lease and completes it (ingest/distributed.py): the maps, and their order in storage, are those a
+    single process would write, and it resumes the same way. `workers`: plan the run for that many worker
+    processes (ingest/workers.py, `attnstore work`) instead of running it here.
     """
     if settings is None:
         settings = RunSettings.of(**options)
@@ -375,7 +375,7 @@ def ingest(
         )
         if info.status == "complete":
             return IngestResult(info, 0, 0.0, True)
-        entry = _plan_entry(info, workers)
+        entry = _plan_entry(info, workers) if scheduler is None else None  # a cluster runs a planned run's workers
         if entry is not None:
             return IngestResult(info, 0, 0.0, False, entry["parts"], already_planned=True)
         if info.has_value_norms and parallel:
@@ -417,7 +417,7 @@ def ingest(
                 else:
                     from .distributed import ingest_on_cluster
 
-                    n_new = ingest_on_cluster(scheduler, writer, loaded.source, settings.dtype, done, batches, total, progress)
+                    n_new = ingest_on_cluster(scheduler, writer, loaded, settings.compute_dtype, done, batches, total, progress)
             seconds = time.perf_counter() - run_started
             timings = {"timings": {"total_seconds": time.perf_counter() - started}}
             info = writer.finish(seconds, timings, rebuild_index=scheduler is not None)
@@ -441,7 +441,7 @@ def _plan_entry(info: RunInfo, workers: int | None) -> dict | None:
     n = entry["workers"]
     start = f"start `attnstore work --run {info.name} --worker I --of {n}` for I = 0..{n - 1}"
     if workers is None:
-        raise ConflictError(f"run {info.name!r} is planned for {n} worker processes, which write it: {start}")
+        raise ConflictError(f"run {info.name!r} is planned for {n} worker processes, which write it: {start} (or --scheduler)")
     if workers != n:
         raise ConflictError(f"run {info.name!r} is planned for {n} workers already (a plan is fixed once made): {start}")
     return entry

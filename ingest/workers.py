@@ -31,7 +31,7 @@ from ..store.leases import live_holder
 from ..store.writer import run_lease_name
 from .align import Encoded
 from .errors import InvalidArgumentError
-from .model import load_model
+from .model import LoadedModel, load_model
 from .passes import run_batches
 from .progress import progress_bar
 
@@ -147,13 +147,14 @@ def work(
     device: str = "auto",
     threads: int | None = None,
     wait: bool = False,
+    loaded: LoadedModel | None = None,
     progress: bool = True,
 ) -> WorkResult:
     """Be worker `worker` of the `of` the run was planned for: compute and store its parts, then complete the run if
     every part is in. `device` may name the worker's index: `cuda:{worker}`. `threads`: torch's threads (default:
     torch's own choice, every core; give N workers on one host cores/N each). `wait`: if a process with this index is
     running, wait until it ends or goes silent past the lease's stale period (a restarted index on another host),
-    rather than stop."""
+    rather than stop. `loaded`: the model, loaded already (a Dask worker keeps it for its later tasks)."""
     store.writer.require_writable()
     worker, of = check_worker(worker, of)
     info = store.run_info(run)
@@ -191,7 +192,6 @@ def work(
 
             torch.set_num_threads(threads)
         mine = [p for p in planned.part_states(store, info.id) if p.part % workers == worker and not p.finished]
-        loaded = None
         with progress_bar(sum(p.n_examples for p in mine), f"worker {worker}/{workers} {info.name}", progress) as bar:
             for state in mine:
                 _check_plan(store, info, entry)

@@ -136,6 +136,14 @@ def finish_part(store, run_id: int, part: int, lease, seconds: float) -> None:
         s.execute(sa.update(Run).where(Run.id == run_id).values(ingest_seconds=sa.func.coalesce(Run.ingest_seconds, 0.0) + seconds))
 
 
+def committed(store, run_id: int) -> int:
+    """Examples of the run whose rows are committed (stored or skipped)."""
+    from .schema import Sequence
+
+    with store.engine.connect() as conn:
+        return int(conn.scalar(sa.select(sa.func.count()).select_from(Sequence).where(Sequence.run_id == run_id)) or 0)
+
+
 def cells_lease_name(run_name: str) -> str:
     return f"run:{run_name}:cells"
 

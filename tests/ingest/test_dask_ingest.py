@@ -64,13 +64,15 @@ def assert_same_run(store, reference) -> None:
     assert store.sql("SELECT count(*) AS n FROM leases")["n"][0] == 0
 
 
-def test_two_workers_write_disjoint_parts_of_the_one_process_run(store, tiny_bert, cluster, one_process, monkeypatch):
-    from attnstore.ingest import distributed, ingest
+def test_two_workers_write_disjoint_parts_of_the_one_process_run(store, tiny_bert, cluster, one_process):
+    from attnstore.ingest import ingest
 
-    monkeypatch.setattr(distributed, "PART_BATCHES", 1)  # 6 parts of one batch (2 examples) for 2 workers
     result = ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", scheduler=cluster, **OPTIONS)
     assert result.n_new == N_EXAMPLES
     assert_same_run(store, one_process)
+    # planned for the cluster's 2 workers: 6 parts of one batch (2 examples), at least 4 parts a worker where it can
+    plan = store.run_info("k").manifest["plan"]
+    assert (plan["workers"], plan["parts"]) == (2, 6)
     # each part starts on a chunk of its own: the first block of every pair of examples
     offsets = list(store.examples("k").sort_values("offset")["offset"])
     assert all(o % OPTIONS["chunk_cells"] == 0 for o in offsets[::2]), offsets
@@ -125,6 +127,17 @@ def test_a_killed_distributed_ingest_resumes_to_the_same_run(tmp_path, tiny_bert
     assert proc.returncode == -signal.SIGKILL and 0 < before < N_EXAMPLES, (proc.returncode, before)
     done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert_same_run(store, one_process)
+
+
+def test_a_run_planned_for_workers_runs_on_a_cluster(store, tiny_bert, cluster, one_process):
+    """`ingest --for-workers 3` then the same ingest with --scheduler: the cluster runs the plan's 3 worker indices."""
+    from attnstore.ingest import ingest
+
+    planned = ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", workers=3, **OPTIONS)
+    assert planned.planned_parts == 6
+    result = ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", scheduler=cluster, **OPTIONS)
+    assert result.n_new == N_EXAMPLES
     assert_same_run(store, one_process)
 
 
