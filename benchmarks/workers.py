@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -118,8 +119,16 @@ def main() -> None:
         if args.dask and not args.kills_only:
             seconds = run([*common, "--name", "dask-2", "--scheduler", "local:2"])
             print(f"{'Dask LocalCluster, 2 x 1 thread':34s} {seconds:8.2f} {n / seconds:7.1f} {alone / seconds:13.2f}x  {equal('dask-2')}")
+            import cloudpickle
+
+            from attnstore.ingest.distributed import work_task
+
             plan_bytes = store.sql("SELECT sum(length(batches)) AS b FROM ingest_parts")["b"][0]
-            print(f"bytes of the 2-worker plan in SQL (zlib JSON): {int(plan_bytes):,}; maps through any engine: 0")
+            task = len(cloudpickle.dumps((work_task, asdict(store.locations), "dask-2", 0, 2)))
+            print(
+                f"bytes of the 2-worker plan in SQL (zlib JSON): {int(plan_bytes) // 3:,} a plan; through the Dask scheduler: "
+                f"{task:,} a task (2 tasks; the result an int); maps through any engine: 0"
+            )
         if args.kills:
             rng = random.Random(args.seed)
             name = "killed"
