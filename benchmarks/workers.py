@@ -123,10 +123,12 @@ def main() -> None:
 
             from attnstore.ingest.distributed import work_task
 
-            plan_bytes = store.sql("SELECT sum(length(batches)) AS b FROM ingest_parts")["b"][0]
+            plan_bytes = store.sql(
+                "SELECT sum(length(batches)) AS b FROM ingest_parts WHERE run_id = (SELECT id FROM runs WHERE name = 'dask-2')"
+            )["b"][0]
             task = len(cloudpickle.dumps((work_task, asdict(store.locations), "dask-2", 0, 2)))
             print(
-                f"bytes of the 2-worker plan in SQL (zlib JSON): {int(plan_bytes) // 3:,} a plan; through the Dask scheduler: "
+                f"bytes of the Dask run's plan in SQL (zlib JSON): {int(plan_bytes):,}; through the Dask scheduler: "
                 f"{task:,} a task (2 tasks; the result an int); maps through any engine: 0"
             )
         if args.kills:
