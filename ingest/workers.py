@@ -3,9 +3,9 @@ processes that share only the store (`attnstore work --run R --worker I --of N`)
 Indexed Job, a Ray actor pool, or N shells.
 
 The plan (`plan_parts`, in the planning ingest's process, which holds the run's lease while it plans) tokenizes the
-dataset and groups its batches into parts of `PART_BATCHES`, exactly as a Dask coordinator does
-(ingest/distributed.py): each part gets a disjoint range of cells starting on a chunk boundary, and the array is
-grown over all of them. store/parts.py keeps the parts and their digest.
+dataset into the batches one process would run and groups them into parts (`part_size`): each part gets a disjoint
+range of cells starting on a chunk boundary, and the array is grown over all of them. store/parts.py keeps the parts
+and their digest. A Dask ingest plans the same way and runs these workers as tasks (ingest/distributed.py).
 
 A worker (`work`) holds a lease on its index (a second process with the same index is refused), loads the model
 once and takes parts I, I+N, I+2N, ... For each part not finished it counts an attempt, writes the part's examples
