@@ -27,7 +27,7 @@ from ..store.cluster import client_for
 from .align import Encoded
 from .model import LoadedModel, load_model
 from .progress import progress_bar
-from .workers import plan_parts, work
+from .workers import LOADING, plan_parts, work
 
 if TYPE_CHECKING:
     from ..store.writer import RunWriter
@@ -47,9 +47,10 @@ def work_task(locations: dict, run: str, worker: int, workers: int) -> int:
     try:
         entry = planned.plan_of(store, store.run_info(run).id) or {}
         key = (entry.get("model", ""), entry.get("compute_dtype", "float32"))
-        loaded = _WORKER_MODELS.get(key)
-        if loaded is None and key[0]:
-            loaded = _WORKER_MODELS[key] = load_model(key[0], compute_dtype=key[1])
+        with LOADING:  # a worker's tasks may be threads of one process
+            loaded = _WORKER_MODELS.get(key)
+            if loaded is None and key[0]:
+                loaded = _WORKER_MODELS[key] = load_model(key[0], compute_dtype=key[1])
         return work(store, run, worker, workers, loaded=loaded, wait=True, progress=False).n_new
     finally:
         store.engine.dispose()

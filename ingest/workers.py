@@ -8,7 +8,8 @@ range of cells starting on a chunk boundary, and the array is grown over all of 
 and their digest. A Dask ingest plans the same way and runs these workers as tasks (ingest/distributed.py).
 
 A worker (`work`) holds a lease on its index (a second process with the same index is refused), loads the model
-once and takes parts I, I+N, I+2N, ... For each part not finished it counts an attempt, writes the part's examples
+once and takes parts under a lease each: its own (I, I+N, I+2N, ...) first, then the others' not taken, from the
+last (`_claim_next`), so the work balances itself. For each part it counts an attempt, writes the part's examples
 not yet committed, each batch's rows committed under its lease once the cells are on disk (the one-process
 writer, with the part's cells), and marks the part finished. A retried part's examples go to fresh cells past the
 array's end. Whichever worker finds every part finished completes the run (the index arrays from SQL, the array
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, fields
 
@@ -47,6 +49,10 @@ def part_size(n_batches: int, workers: int) -> int:
 
 
 ENCODED_FIELDS = tuple(f.name for f in fields(Encoded))
+
+# One model load at a time in a process: transformers' loading is not thread-safe (two at once in threads fail with
+# "Tensor on device cpu is not on the expected device meta"), and workers may be threads (a Dask worker's tasks).
+LOADING = threading.Lock()
 
 # The environment variables that give a worker its index and the worker count, in the order they are looked at.
 INDEX_VARIABLES = ("ATTNSTORE_WORKER", "SLURM_ARRAY_TASK_ID", "JOB_COMPLETION_INDEX")
@@ -191,14 +197,19 @@ def work(
             import torch
 
             torch.set_num_threads(threads)
-        mine = [p for p in planned.part_states(store, info.id) if p.part % workers == worker and not p.finished]
-        with progress_bar(sum(p.n_examples for p in mine), f"worker {worker}/{workers} {info.name}", progress) as bar:
-            for state in mine:
-                _check_plan(store, info, entry)
-                if loaded is None:  # loaded once, and only when there is something to compute
-                    on = device.replace("{worker}", str(worker))
-                    loaded = load_model(entry["model"], device=on, compute_dtype=entry["compute_dtype"])
-                written = _work_part(store, info, loaded, state, lease)
+        todo = sum(p.n_examples for p in planned.part_states(store, info.id) if not p.finished)
+        with progress_bar(todo, f"worker {worker}/{workers} {info.name}", progress) as bar:
+            while (claimed := _claim_next(store, info, worker, workers)) is not None:
+                state, part_lease = claimed
+                try:
+                    _check_plan(store, info, entry)
+                    if loaded is None:  # loaded once, and only when there is something to compute
+                        on = device.replace("{worker}", str(worker))
+                        with LOADING:
+                            loaded = load_model(entry["model"], device=on, compute_dtype=entry["compute_dtype"])
+                    written = _work_part(store, info, loaded, state, part_lease)
+                finally:
+                    part_lease.release()
                 n_new += written
                 n_parts += 1 if written else 0
                 bar.update(state.n_examples)
@@ -207,6 +218,26 @@ def work(
         lease.release()
     completed = not left and complete_run(store, info)
     return WorkResult(info.name, worker, workers, n_parts, n_new, time.perf_counter() - started, left, completed, False)
+
+
+def _claim_next(store, info, worker: int, workers: int):
+    """The next part to compute and its lease, or None: this worker's own parts (I, I+N, ...) first, then the other
+    workers' from the last one back. A worker that starts late or runs slow leaves its parts to the others, and a
+    part held by a live process is never computed twice at once. A part whose process died is taken over (at once on
+    the same host, after the lease's stale period elsewhere) and retried."""
+    unfinished = [p for p in planned.part_states(store, info.id) if not p.finished]
+    own = [p for p in unfinished if p.part % workers == worker]
+    others = [p for p in reversed(unfinished) if p.part % workers != worker]
+    for state in own + others:
+        try:
+            lease = store.writer.lease(planned.part_lease_name(info.name, state.part), f"part {state.part} of run {info.name!r}")
+        except BusyError:
+            continue  # another worker computes it
+        now = planned.part_state(store, info.id, state.part)
+        if now is not None and not now.finished:
+            return now, lease
+        lease.release()  # finished meanwhile by the worker that held it
+    return None
 
 
 def _check_plan(store, info, entry: dict) -> None:

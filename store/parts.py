@@ -96,7 +96,9 @@ class PartState:
     finished: bool
 
 
-def part_states(store, run_id: int) -> list[PartState]:
+def part_states(store, run_id: int, part: int | None = None) -> list[PartState]:
+    """The run's parts (or the one `part`), in order."""
+    where = [IngestPart.run_id == run_id] if part is None else [IngestPart.run_id == run_id, IngestPart.part == part]
     with store.engine.connect() as conn:
         rows = conn.execute(
             sa.select(
@@ -107,10 +109,18 @@ def part_states(store, run_id: int) -> list[PartState]:
                 IngestPart.attempts,
                 IngestPart.finished_at.is_not(None),
             )
-            .where(IngestPart.run_id == run_id)
+            .where(*where)
             .order_by(IngestPart.part)
         ).all()
     return [PartState(*row) for row in rows]
+
+
+def part_state(store, run_id: int, part: int) -> PartState | None:
+    return next((p for p in part_states(store, run_id, part) if p.part == part), None)
+
+
+def part_lease_name(run_name: str, part: int) -> str:
+    return f"run:{run_name}:part:{part}"
 
 
 def part_batches(store, run_id: int, part: int) -> list[list[dict]]:

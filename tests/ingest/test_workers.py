@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from attnstore.store import migrate, open_store
+from attnstore.store import migrate, open_store, parts
 from attnstore.store.check import check_store
 from attnstore.store.errors import BusyError, ConflictError, InvalidArgumentError
 
@@ -69,22 +69,69 @@ def assert_same_run(store, reference, name: str = "k", same_order: bool = True) 
 
 @pytest.mark.parametrize("workers, order", [(1, [0]), (2, [1, 0]), (3, [2, 0, 1])])
 def test_workers_in_any_order_write_the_one_process_run(store, tiny_bert, one_process, workers, order):
+    """The workers run at once (threads, each with its own store), started in `order`."""
+    import threading
+    from dataclasses import asdict
+
     from attnstore.ingest.workers import work
+    from attnstore.store import Store
+    from attnstore.store.config import Locations
 
     planned = plan(store, tiny_bert, workers)
     # 6 batches of 2 examples: parts of 2 batches for one worker (at least 4 parts each), else of one batch
     assert planned.planned_parts == (3 if workers == 1 else 6) and planned.run.status == "running"
     assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 0  # planned, nothing computed
-    results = [work(store, "k", i, workers, progress=False) for i in order]
-    assert [r.completed for r in results] == [False] * (workers - 1) + [True]
-    assert sum(r.n_new for r in results) == N_EXAMPLES and results[-1].parts_left == 0
-    assert_same_run(store, one_process)
+    results, errors = [], []
+
+    def worker(i: int) -> None:
+        own = Store(Locations(**asdict(store.locations)))
+        try:
+            results.append(work(own, "k", i, workers, progress=False))
+        except BaseException as exc:  # raised again below, in the test's thread
+            errors.append(exc)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in order]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert sum(r.completed for r in results) == 1 and sum(r.n_new for r in results) == N_EXAMPLES
+    assert_same_run(store, one_process)  # every part's first attempt: in plan order, as one process stores them
     # each part starts on a chunk of its own
     offsets = list(store.examples("k").sort_values("offset")["offset"])
     per_part = 4 if workers == 1 else 2
     assert all(o % OPTIONS["chunk_cells"] == 0 for o in offsets[::per_part]), offsets
+    assert store.sql("SELECT max(attempts) AS a FROM ingest_parts")["a"][0] == 1  # no part computed twice
     again = work(store, "k", 0, workers, progress=False)
     assert again.already_complete and again.n_new == 0
+
+
+def test_a_worker_takes_its_own_parts_then_the_others_not_taken(store, tiny_bert, one_process):
+    from attnstore.ingest.workers import work
+    from attnstore.store.parts import part_lease_name
+
+    plan(store, tiny_bert, 2)
+    order = []
+    real = parts.part_batches
+
+    def seen(store_, run_id, part):
+        order.append(part)
+        return real(store_, run_id, part)
+
+    parts.part_batches = seen
+    try:
+        with store.writer.lease(part_lease_name("k", 4), "part 4 of run 'k'"):  # worker 0 computes part 4 meanwhile
+            result = work(store, "k", 1, 2, progress=False)
+    finally:
+        parts.part_batches = real
+    assert order == [1, 3, 5, 2, 0]  # its own in order, then the others' from the last, part 4 left to its holder
+    assert (result.n_new, result.parts, result.parts_left, result.completed) == (10, 5, 1, False)
+    last = work(store, "k", 0, 2, progress=False)
+    assert (last.n_new, last.parts, last.completed) == (2, 1, True)
+    assert_same_run(store, one_process)
 
 
 @pytest.mark.one_backend("sqlite")
@@ -108,12 +155,13 @@ def test_the_cli_plans_and_its_workers_say_what_they_did(store, tiny_bert, one_p
     assert wrong.exit_code == 1 and "planned for 2 workers, and this one was started as one of 3" in wrong.output
     past = runner.invoke(main, ["work", "--run", "k", "--worker", "2", "--no-progress", *where])
     assert past.exit_code == 1 and "worker 2 does not exist" in past.output
-    # the index from a job array's environment (Slurm)
-    first = runner.invoke(main, ["work", "--run", "k", "--no-progress", *where], env={"SLURM_ARRAY_TASK_ID": "1"})
-    assert first.exit_code == 0 and "worker 1 of 2, run 'k': 6 new examples from 3 parts" in first.output, first.output
-    assert "3 parts of the run are left to other workers" in first.output
+    # the index from a job array's environment (Slurm); part 0 is being computed by worker 0 meanwhile
+    with store.writer.lease("run:k:part:0", "part 0 of run 'k'"):
+        first = runner.invoke(main, ["work", "--run", "k", "--no-progress", *where], env={"SLURM_ARRAY_TASK_ID": "1"})
+    assert first.exit_code == 0 and "worker 1 of 2, run 'k': 10 new examples from 5 parts" in first.output, first.output
+    assert "1 parts of the run are left to other workers" in first.output
     last = runner.invoke(main, ["work", "--run", "k", "--worker", "0", "--of", "2", "--no-progress", *where])
-    assert last.exit_code == 0 and "this worker completed the run" in last.output, last.output
+    assert last.exit_code == 0 and "2 new examples from 1 parts" in last.output and "this worker completed the run" in last.output
     done = runner.invoke(main, ["work", "--run", "k", "--worker", "1", "--of", "2", "--no-progress", *where])
     assert done.exit_code == 0 and "run 'k' is complete; nothing to do" in done.output
     assert_same_run(store, one_process)
@@ -132,8 +180,8 @@ def test_two_workers_with_one_index_at_once_one_is_refused(store, tiny_bert):
 
         lease = store.writer.lease("run:k:worker:0/2", "worker 0 of 2 of run 'k'")
         threading.Timer(0.5, lease.release).start()
-        assert work(store, "k", 0, 2, wait=True, progress=False).n_new == 6
-    assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 6
+        assert work(store, "k", 0, 2, wait=True, progress=False).n_new == 12  # every part: worker 1 is stopped
+    assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 12
 
 
 @pytest.mark.one_backend("sqlite")
@@ -148,7 +196,7 @@ def test_each_worker_names_its_own_device(store, tiny_bert):
     plan(store, tiny_bert, 2)
     with pytest.raises(InvalidArgumentError, match=r"--device 'cuda:1' is not available on this machine"):
         work(store, "k", 1, 2, device="cuda:{worker}", progress=False)
-    assert work(store, "k", 0, 2, device="cpu", progress=False).n_new == 6
+    assert work(store, "k", 0, 2, device="cpu", progress=False).n_new == N_EXAMPLES
 
 
 @pytest.mark.one_backend("sqlite")
@@ -240,10 +288,10 @@ def test_a_worker_killed_mid_part_restarts_with_its_index_and_the_run_is_the_sam
     state = store.sql("SELECT part, attempts, finished_at IS NOT NULL AS finished, cell_stop FROM ingest_parts ORDER BY part")
     assert state["attempts"].tolist() == [2, 0, 1, 0, 0, 0] and state["finished"].astype(bool).tolist() == [True] + [False] * 5
     planned_end = int(state["cell_stop"].max())
-    first = work(store, "k", 0, 2, progress=False)  # restarted: the killed worker's lease is taken over at once
-    assert first.n_new == 3 and not first.completed and first.parts_left == 3
-    last = work(store, "k", 1, 2, progress=False)
-    assert last.completed
+    # restarted: the killed process's leases are taken over at once; it finishes part 2, then does every part left
+    first = work(store, "k", 0, 2, progress=False)
+    assert (first.n_new, first.parts, first.completed) == (9, 5, True)
+    assert work(store, "k", 1, 2, progress=False).already_complete
     assert_same_run(store, one_process, same_order=False)
     # the retried parts' examples went past the planned cells: the cells of a cut-off attempt are never reused
     state = store.sql("SELECT part, attempts FROM ingest_parts ORDER BY part")
@@ -265,8 +313,9 @@ def test_workers_sharing_an_s3_root_write_the_one_process_run(db_url, s3_root, t
         ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", workers=2, **{**OPTIONS, "chunk_cells": 262144})
         with store.engine.begin() as conn:  # part 1 as a cut-off first attempt leaves it: counted, nothing committed
             conn.execute(sa.text("UPDATE ingest_parts SET attempts = 1 WHERE part = 1"))
-        assert not work(store, "k", 1, 2, progress=False).completed
-        assert work(store, "k", 0, 2, progress=False).completed
+        first = work(store, "k", 1, 2, progress=False)  # every part (it takes worker 0's too)
+        assert (first.n_new, first.completed) == (N_EXAMPLES, True)
+        assert work(store, "k", 0, 2, progress=False).already_complete
         assert_same_run(store, one_process, same_order=False)
     finally:
         store.close()
