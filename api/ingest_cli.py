@@ -343,7 +343,8 @@ def remove_if_unused(store, created: NewStore | None) -> bool:
     is_flag=True,
     default=False,
     help="If a process with this index is running, wait until it ends or goes silent for the lease's stale period "
-    "(ATTNSTORE_LEASE_STALE_SECONDS, 60 s) instead of stopping: for an index restarted on another host.",
+    "(ATTNSTORE_LEASE_STALE_SECONDS, 60 s) instead of stopping: for an index restarted on another host. If the run is "
+    "not planned yet, wait for its plan (workers started with their planner).",
 )
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @store_options

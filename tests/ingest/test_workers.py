@@ -185,6 +185,34 @@ def test_two_workers_with_one_index_at_once_one_is_refused(store, tiny_bert):
 
 
 @pytest.mark.one_backend("sqlite")
+def test_a_worker_started_before_its_plan_waits_for_it(store, tiny_bert, one_process):
+    import threading
+    from dataclasses import asdict
+
+    from attnstore.ingest.workers import work
+    from attnstore.store import Store
+    from attnstore.store.config import Locations
+
+    results = []
+    own = Store(Locations(**asdict(store.locations)))
+    waiting = threading.Thread(target=lambda: results.append(work(own, "k", 1, 2, wait=True, progress=False)))
+    waiting.start()  # the run does not exist yet
+    plan(store, tiny_bert, 2)
+    waiting.join(timeout=120)
+    own.close()
+    assert results and (results[0].n_new, results[0].completed) == (N_EXAMPLES, True)
+    assert_same_run(store, one_process)
+    # a run that exists unplanned, with nobody planning it, is refused at once even with --wait
+    from attnstore.ingest import ingest
+
+    ingest(store, corpus=str(MRPC), model=tiny_bert, name="plain", limit=2, **OPTIONS)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE runs SET status = 'interrupted' WHERE name = 'plain'"))
+    with pytest.raises(InvalidArgumentError, match="run 'plain' was not planned for worker processes"):
+        work(store, "plain", 0, 1, wait=True, progress=False)
+
+
+@pytest.mark.one_backend("sqlite")
 def test_each_worker_names_its_own_device(store, tiny_bert):
     """`cuda:{worker}`: worker 1 asks for cuda:1 (which this machine lacks: refused in one line before any write)."""
     import torch
