@@ -8,7 +8,8 @@ whose dataset is annotated beforehand. It times:
 
 - one process using every core (`attnstore ingest`, torch's default threads);
 - the run planned for 1 and for 2 workers, then the workers at once, each with one torch thread
-  (`attnstore work --threads 1`): throughput = examples / (plan + workers' wall time), and the workers alone;
+  (`attnstore work --threads 1`): throughput = examples / (plan + workers' wall time), and the workers alone; and
+  2 workers started together with their plan (`work --wait`: they import torch while the plan is made);
 - with --dask, the same ingest on a LocalCluster of 2 single-threaded workers (`--scheduler local:2`), and the bytes
   its coordinator sent through the scheduler (the pickled parts; the maps never travel: workers write them);
 - --kills N: 2 workers, one of them killed with SIGKILL at a random moment once it has stored something since it
@@ -72,16 +73,20 @@ def main() -> None:
         subprocess.run([*CLI, *cmd], check=True, env=env, stdout=subprocess.DEVNULL)
         return time.perf_counter() - t
 
-    def workers(name: str, n: int) -> float:
+    def workers(name: str, n: int, plan: list[str] | None = None) -> float:
+        """The n workers' wall time; with `plan`, that planning command started with them (`work --wait`)."""
         t = time.perf_counter()
         procs = [
             subprocess.Popen(
-                [*CLI, "work", "--run", name, "--worker", str(i), "--of", str(n), "--threads", "1", "--no-progress", *where],
+                [*CLI, "work", "--run", name, "--worker", str(i), "--of", str(n), "--threads", "1", "--wait", "--no-progress", *where],
                 env=env,
                 stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             for i in range(n)
         ]
+        if plan is not None:
+            run(plan)
         for p in procs:
             if p.wait() != 0:
                 raise SystemExit(f"a worker of {name} failed ({p.returncode})")
@@ -116,6 +121,10 @@ def main() -> None:
             label = f"{count} worker{'s' if count > 1 else ''} x 1 thread (plan {plan:.1f} s)"
             print(f"{label:34s} {total:8.2f} {n / total:7.1f} {alone / total:13.2f}x  {equal(name)}")
             print(f"{'  the workers alone':34s} {computed:8.2f} {n / computed:7.1f} {alone / computed:13.2f}x")
+            if count == 2:
+                name = "with-plan-2"
+                together = workers(name, 2, plan=[*common, "--name", name, "--for-workers", "2"])
+                print(f"{'  started with their plan':34s} {together:8.2f} {n / together:7.1f} {alone / together:13.2f}x  {equal(name)}")
         if args.dask and not args.kills_only:
             seconds = run([*common, "--name", "dask-2", "--scheduler", "local:2"])
             print(f"{'Dask LocalCluster, 2 x 1 thread':34s} {seconds:8.2f} {n / seconds:7.1f} {alone / seconds:13.2f}x  {equal('dask-2')}")
