@@ -27,7 +27,7 @@ from ..store.cluster import client_for
 from .align import Encoded
 from .model import LoadedModel, load_model
 from .progress import progress_bar
-from .workers import LOADING, plan_parts, work
+from .workers import LOADING, plan_parts, warm_imports, work
 
 if TYPE_CHECKING:
     from ..store.writer import RunWriter
@@ -70,6 +70,7 @@ def ingest_on_cluster(
     coordinator's (it holds the lease and finishes the run); it writes no cells itself."""
     info, store = writer.info, writer.store
     with client_for(scheduler) as client:
+        client.run(warm_imports, wait=False, on_error="ignore")  # the workers import torch while this process plans
         entry = planned.plan_of(store, info.id)
         if entry is None:
             n_workers = max(1, len(client.scheduler_info().get("workers", {})))

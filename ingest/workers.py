@@ -225,6 +225,14 @@ def work(
 PLAN_POLL_SECONDS = 0.5
 
 
+def warm_imports() -> None:
+    """Import what a model load needs (torch, transformers' auto classes): most of a worker's start-up."""
+    import torch  # noqa: F401
+    import transformers
+
+    transformers.AutoConfig, transformers.AutoModel, transformers.AutoTokenizer  # noqa: B018 (their lazy imports)
+
+
 def _wait_for_plan(store, run: str, progress: bool):
     """The run once it is planned or complete. Meanwhile the imports a model load needs are done (most of a worker's
     start-up: 6.7 of the 12.4 s of planning MRPC train, by py-spy), so a worker started with its planner is ready when
@@ -244,10 +252,7 @@ def _wait_for_plan(store, run: str, progress: bool):
             print(f"waiting for run {run!r} to be planned (attnstore ingest ... --for-workers N)", file=sys.stderr)
             told = True
         if not warmed:
-            import torch  # noqa: F401
-            import transformers
-
-            transformers.AutoConfig, transformers.AutoModel, transformers.AutoTokenizer  # noqa: B018 (their lazy imports)
+            warm_imports()
             warmed = True
             continue
         time.sleep(PLAN_POLL_SECONDS)
