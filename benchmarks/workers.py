@@ -55,6 +55,7 @@ def main() -> None:
     parser.add_argument("--dask", action="store_true", help="Also time the ingest on a LocalCluster of 2 workers.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the kill moments.")
     parser.add_argument("--kills-only", action="store_true", help="Only the one-process run and the kills.")
+    parser.add_argument("--counts", default="1,2", help="Worker counts to time (comma-separated).")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="attnstore-workers-"))
@@ -113,7 +114,7 @@ def main() -> None:
         print(header)
         print("-" * len(header))
         print(f"{'one process, every core':34s} {alone:8.2f} {n / alone:7.1f} {1.0:13.2f}x")
-        for count in () if args.kills_only else (1, 2):
+        for count in () if args.kills_only else [int(c) for c in args.counts.split(",")]:
             name = f"workers-{count}"
             plan = run([*common, "--name", name, "--for-workers", str(count)])
             computed = workers(name, count)

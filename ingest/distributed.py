@@ -70,7 +70,8 @@ def ingest_on_cluster(
     coordinator's (it holds the lease and finishes the run); it writes no cells itself."""
     info, store = writer.info, writer.store
     with client_for(scheduler) as client:
-        client.run(warm_imports, wait=False, on_error="ignore")  # the workers import torch while this process plans
+        # The workers import torch while this process plans: a task on each, ahead of its work task.
+        warming = [client.submit(warm_imports, pure=False, workers=[w]) for w in client.scheduler_info().get("workers", {})]
         entry = planned.plan_of(store, info.id)
         if entry is None:
             n_workers = max(1, len(client.scheduler_info().get("workers", {})))
@@ -81,6 +82,7 @@ def ingest_on_cluster(
         locations = asdict(store.locations)
         start = planned.committed(store, info.id)
         futures = [client.submit(work_task, locations, info.name, i, n_workers, pure=False) for i in range(n_workers)]
+        del warming  # done or not, nothing to wait for
         try:
             with progress_bar(total, f"ingesting {info.name} on {n_workers} workers", progress) as bar:
                 shown = 0
