@@ -34,19 +34,6 @@ def cluster():
         yield local.scheduler_address
 
 
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory, tiny_bert):
-    """The reference: the same ingest without a scheduler."""
-    from attnstore.ingest import ingest
-
-    folder = tmp_path_factory.mktemp("one-process")
-    url = f"sqlite:///{folder / 'meta.sqlite'}"
-    migrate.upgrade(url)
-    store = open_store(db=url, root=str(folder / "attention.zarr"))
-    ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", **OPTIONS)
-    return store
-
-
 def assert_same_run(store, reference) -> None:
     info = store.run_info("k")
     assert info.status == "complete" and info.n_stored == N_EXAMPLES

@@ -30,19 +30,6 @@ OPTIONS = dict(fmt="pairs-tsv", annotator="whitespace", batch_size=2, chunk_cell
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory, tiny_bert):
-    """The reference: the same ingest in one process."""
-    from attnstore.ingest import ingest
-
-    folder = tmp_path_factory.mktemp("one-process")
-    url = f"sqlite:///{folder / 'meta.sqlite'}"
-    migrate.upgrade(url)
-    store = open_store(db=url, root=str(folder / "attention.zarr"))
-    ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", **OPTIONS)
-    return store
-
-
 def plan(store, tiny_bert, workers: int, name: str = "k"):
     from attnstore.ingest import ingest
 
