@@ -186,11 +186,39 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     help="Plan the run for N worker processes instead of running it here: tokenize and split it into parts, then exit. "
     "Each worker is `attnstore work --run NAME --worker I --of N` (a Slurm array, a Kubernetes Indexed Job: docs/SCALING.md).",
 )
+@click.option(
+    "--as-worker",
+    "as_worker",
+    default=None,
+    type=click.IntRange(min=0),
+    metavar="I",
+    help="With --for-workers N: once the run is planned, go on as worker I of the N with the model loaded to plan (start "
+    "the others with `attnstore work --wait`); again after a crash, it resumes that worker.",
+)
+@click.option(
+    "--worker-threads",
+    default=None,
+    type=click.IntRange(min=1),
+    help="With --as-worker: torch's CPU threads for its work (default: every core; N workers on one host: cores/N each).",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
 @scheduler_option("the forward passes and the writes of their maps (this process tokenizes and finishes the run)")
 @store_options
 @friendly_errors
-def ingest(locations, codec_name, text_a_column, text_b_column, label_column, quoting, progress, scheduler, workers, **options):
+def ingest(
+    locations,
+    codec_name,
+    text_a_column,
+    text_b_column,
+    label_column,
+    quoting,
+    progress,
+    scheduler,
+    workers,
+    as_worker,
+    worker_threads,
+    **options,
+):
     """Run a model once over a corpus and store every attention map.
 
     Interrupted runs resume when the same command is run again: no example is
@@ -212,7 +240,9 @@ def ingest(locations, codec_name, text_a_column, text_b_column, label_column, qu
     try:
         store = open_store(locations, create=True)
         settings = RunSettings(**options, codec=dict(CODECS[codec_name]), read_options=read_options)
-        result = run_ingest(store, settings, progress=progress, scheduler=scheduler, workers=workers)
+        result = run_ingest(
+            store, settings, progress=progress, scheduler=scheduler, workers=workers, as_worker=as_worker, worker_threads=worker_threads
+        )
     except BaseException as exc:
         removed = remove_if_unused(store, created)
         if isinstance(exc, KeyboardInterrupt):
@@ -225,6 +255,9 @@ def ingest(locations, codec_name, text_a_column, text_b_column, label_column, qu
             sys.exit(130)
         raise
     run = result.run
+    if result.worked is not None:
+        _say_worked(result.worked)
+        return
     if result.planned_parts or result.already_planned:
         n = workers
         click.echo(
@@ -358,7 +391,10 @@ def work(locations, run_name, worker, of, device, threads, wait, progress):
 
     require_extra("ingest")
     store = open_store(locations)
-    result = run_work(store, run_name, worker, of, device=device, threads=threads, wait=wait, progress=progress)
+    _say_worked(run_work(store, run_name, worker, of, device=device, threads=threads, wait=wait, progress=progress))
+
+
+def _say_worked(result) -> None:
     if result.already_complete:
         click.echo(f"run {result.run!r} is complete; nothing to do")
         return

@@ -9,7 +9,8 @@ whose dataset is annotated beforehand. It times:
 - one process using every core (`attnstore ingest`, torch's default threads);
 - the run planned for 1 and for 2 workers, then the workers at once, each with one torch thread
   (`attnstore work --threads 1`): throughput = examples / (plan + workers' wall time), and the workers alone; and
-  2 workers started together with their plan (`work --wait`: they import torch while the plan is made);
+  2 workers started together with their plan (`work --wait`: they import torch while the plan is made); and the
+  planning command going on as worker 0 (`--as-worker 0`) with worker 1 started beside it;
 - with --dask, the same ingest on a LocalCluster of 2 single-threaded workers (`--scheduler local:2`), and the bytes
   its coordinator sent through the scheduler (the pickled parts; the maps never travel: workers write them);
 - --kills N: 2 workers, one of them killed with SIGKILL at a random moment once it has stored something since it
@@ -74,8 +75,8 @@ def main() -> None:
         subprocess.run([*CLI, *cmd], check=True, env=env, stdout=subprocess.DEVNULL)
         return time.perf_counter() - t
 
-    def workers(name: str, n: int, plan: list[str] | None = None) -> float:
-        """The n workers' wall time; with `plan`, that planning command started with them (`work --wait`)."""
+    def workers(name: str, n: int, plan: list[str] | None = None, first: int = 0) -> float:
+        """The wall time of workers first..n-1; with `plan`, that planning command started with them (`work --wait`)."""
         t = time.perf_counter()
         procs = [
             subprocess.Popen(
@@ -84,7 +85,7 @@ def main() -> None:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            for i in range(n)
+            for i in range(first, n)
         ]
         if plan is not None:
             run(plan)
@@ -126,6 +127,10 @@ def main() -> None:
                 name = "with-plan-2"
                 together = workers(name, 2, plan=[*common, "--name", name, "--for-workers", "2"])
                 print(f"{'  started with their plan':34s} {together:8.2f} {n / together:7.1f} {alone / together:13.2f}x  {equal(name)}")
+                name = "as-worker-2"
+                planner = [*common, "--name", name, "--for-workers", "2", "--as-worker", "0", "--worker-threads", "1"]
+                joined = workers(name, 2, plan=planner, first=1)
+                print(f"{'  the planner as worker 0':34s} {joined:8.2f} {n / joined:7.1f} {alone / joined:13.2f}x  {equal(name)}")
         if args.dask and not args.kills_only:
             seconds = run([*common, "--name", "dask-2", "--scheduler", "local:2"])
             print(f"{'Dask LocalCluster, 2 x 1 thread':34s} {seconds:8.2f} {n / seconds:7.1f} {alone / seconds:13.2f}x  {equal('dask-2')}")

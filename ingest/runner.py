@@ -53,6 +53,7 @@ class IngestResult:
     already_complete: bool
     planned_parts: int = 0  # planned for worker processes (`workers`), not run: its parts
     already_planned: bool = False
+    worked: Any = None  # with `as_worker`: the planning process's own WorkResult as that worker (ingest/workers.py)
 
 
 def select_positions(n: int, limit: int | None, sample: int | None, seed: int) -> tuple[list[int], str]:
@@ -238,6 +239,8 @@ def ingest(
     loaded: LoadedModel | None = None,
     scheduler: str | None = None,
     workers: int | None = None,
+    as_worker: int | None = None,
+    worker_threads: int | None = None,
     **options,
 ) -> IngestResult:
     """Ingest a corpus file or a built-in dataset with a model into a run, as `settings` say (created, or
@@ -254,8 +257,32 @@ def ingest(
     plans the run for the cluster's workers and runs each worker index as a Dask task, while this process holds
     the run's lease and completes it (ingest/distributed.py): the maps, and their order in storage, are those a
     single process would write, and it resumes the same way. `workers`: plan the run for that many worker
-    processes (ingest/workers.py, `attnstore work`) instead of running it here.
+    processes (ingest/workers.py, `attnstore work`) instead of running it here; with `as_worker` I, this process
+    then goes on as worker I of them (`worker_threads`: its torch threads), with the model it loaded to plan: one
+    interpreter's imports and model load fewer than a separate `attnstore work`.
     """
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise InvalidArgumentError(f"--for-workers must be a positive number of worker processes, not {workers!r}")
+    if worker_threads is not None and as_worker is None:
+        raise InvalidArgumentError("--worker-threads sets the threads of --as-worker's work; give it with --as-worker I")
+    if as_worker is not None and (
+        workers is None or isinstance(as_worker, bool) or not isinstance(as_worker, int) or not 0 <= as_worker < workers
+    ):
+        raise InvalidArgumentError(
+            f"--as-worker {as_worker!r}: give it with --for-workers N, as an index 0..N-1"
+            if workers is not None
+            else "--as-worker I goes with --for-workers N: the planning process is then worker I of the N"
+        )
+    result, loaded = _ingest(store, settings, progress, loaded, scheduler, workers, options)
+    if as_worker is None or result.already_complete:
+        return result
+    from .workers import work
+
+    worked = work(store, result.run.name, as_worker, workers, threads=worker_threads, loaded=loaded, progress=progress)
+    return replace(result, run=store.run_info(result.run.id), worked=worked)
+
+
+def _ingest(store, settings, progress, loaded, scheduler, workers, options) -> tuple[IngestResult, LoadedModel]:
     if settings is None:
         settings = RunSettings.of(**options)
     elif options:
@@ -263,8 +290,6 @@ def ingest(
     from ..store.cluster import check_scheduler, current_scheduler
 
     scheduler = check_scheduler(scheduler) if scheduler is not None else current_scheduler()
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise InvalidArgumentError(f"--for-workers must be a positive number of worker processes, not {workers!r}")
     if workers is not None and scheduler is not None:
         raise InvalidArgumentError("--for-workers plans the run for worker processes; leave out --scheduler (or ATTNSTORE_SCHEDULER)")
     parallel = scheduler is not None or workers is not None  # parts written by other processes: no per-token extras
@@ -374,10 +399,10 @@ def ingest(
             manifest=manifest,
         )
         if info.status == "complete":
-            return IngestResult(info, 0, 0.0, True)
+            return IngestResult(info, 0, 0.0, True), loaded
         entry = _plan_entry(info, workers) if scheduler is None else None  # a cluster runs a planned run's workers
         if entry is not None:
-            return IngestResult(info, 0, 0.0, False, entry["parts"], already_planned=True)
+            return IngestResult(info, 0, 0.0, False, entry["parts"], already_planned=True), loaded
         if info.has_value_norms and parallel:
             raise InvalidArgumentError(
                 f"run {run_name!r} keeps value norms, which an ingest {_where(workers)} does not compute: resume it without "
@@ -411,7 +436,7 @@ def ingest(
 
                     parts = plan_parts(writer, done, batches, total, workers, loaded.source, settings.compute_dtype, progress)
                     writer.close()
-                    return IngestResult(store.run_info(info.id), 0, time.perf_counter() - run_started, False, parts)
+                    return IngestResult(store.run_info(info.id), 0, time.perf_counter() - run_started, False, parts), loaded
                 if scheduler is None:
                     n_new = run_batches(writer, loaded, settings.dtype, info, done, batches, total, progress)
                 else:
@@ -425,7 +450,7 @@ def ingest(
             writer.close()  # its background chunk write ends before the run is marked interrupted
             _mark_interrupted(store, info.id)
             raise
-    return IngestResult(info, n_new, seconds, False)
+    return IngestResult(info, n_new, seconds, False), loaded
 
 
 def _where(workers: int | None) -> str:

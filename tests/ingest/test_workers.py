@@ -239,6 +239,49 @@ def test_a_plan_changed_under_a_worker_stops_it(store, tiny_bert, monkeypatch):
     assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 4  # the part begun before the change is kept
 
 
+def test_the_planner_goes_on_as_a_worker_with_its_model(store, tiny_bert, one_process, db_url, monkeypatch):
+    """`ingest --for-workers 2 --as-worker 0` plans, then is worker 0 with the model it loaded; worker 1, started before
+    the plan with --wait, shares the parts. Run again (a restarted planner), it finds the run complete."""
+    import threading
+    from dataclasses import asdict
+
+    from attnstore.api.cli import main
+    from attnstore.ingest import ingest
+    from attnstore.ingest import workers as workers_module
+    from attnstore.ingest.workers import work
+    from attnstore.store import Store
+    from attnstore.store.config import Locations
+
+    results = []
+    own = Store(Locations(**asdict(store.locations)))
+    waiting = threading.Thread(target=lambda: results.append(work(own, "k", 1, 2, wait=True, progress=False)))
+    waiting.start()
+    loads = []  # the workers' model loads: worker 1's alone (the planner's is the plan's)
+    real = workers_module.load_model
+    monkeypatch.setattr(workers_module, "load_model", lambda *a, **k: loads.append(a) or real(*a, **k))
+    result = ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", workers=2, as_worker=0, worker_threads=1, **OPTIONS)
+    waiting.join(timeout=120)
+    own.close()
+    assert len(loads) == (1 if results[0].parts else 0)
+    assert result.planned_parts == 6 and result.worked.worker == 0 and result.run.status in ("running", "complete")
+    assert result.worked.n_new + results[0].n_new == N_EXAMPLES and result.worked.completed + results[0].completed == 1
+    assert store.run_info("k").status == "complete"
+    assert_same_run(store, one_process)
+    where = ["--db", db_url, "--root", store.locations.array_root]
+    common = ["ingest", "--corpus", str(MRPC), "--format", "pairs-tsv", "--annotate", "whitespace", "--batch-size", "2"]
+    common += ["--chunk-cells", "4096", "--model", tiny_bert, "--name", "k", "--no-progress", "--for-workers", "2", *where]
+    again = CliRunner().invoke(main, [*common, "--as-worker", "0"])
+    assert again.exit_code == 0 and "run 'k' is already complete" in again.output, again.output
+    for extra, says in (
+        (["--as-worker", "2"], "--as-worker 2: give it with --for-workers N, as an index 0..N-1"),
+        (["--worker-threads", "1"], "--worker-threads sets the threads of --as-worker's work; give it with --as-worker I"),
+    ):
+        out = CliRunner().invoke(main, [*common, *extra])
+        assert out.exit_code == 1 and says in out.output, out.output
+    with pytest.raises(InvalidArgumentError, match="--as-worker I goes with --for-workers N"):
+        ingest(store, corpus=str(MRPC), model=tiny_bert, name="k2", as_worker=0, **OPTIONS)
+
+
 @pytest.mark.one_backend("sqlite")
 def test_a_run_not_planned_is_refused_and_bad_indexes_too(store, tiny_bert, monkeypatch):
     from attnstore.ingest import ingest
