@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..store.float16 import TINY, plogp, value_plogp_table
+from ..store.qk import LayerMaps
 from .common import CAUSAL_NOTE, check_average, is_causal, per_head_frame, safe_divide, token_flags
 from .engine import MAP_SOURCES, SummaryKind, kernel, register, register_kind, summary_totals
 
@@ -45,9 +46,10 @@ CLARK_FIELDS = (
 
 def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.ndarray) -> dict[str, np.ndarray]:
     """One example's (layer, head) sums over its query tokens, as `relative_position`, `special_tokens` and `entropy`
-    use them: maps (layer, head, query, key); cls / sep / punct: boolean masks of the keys. Each field is float64 of
-    shape (layer, head), summed over the example's query tokens (`received_*` over its keys of that kind as well;
-    `received_other` over keys of none of the three; `sep_from_*` over separator / other query tokens)."""
+    use them: maps (layer, head, query, key), or a Q/K run's `LayerMaps`; cls / sep / punct: boolean masks of the
+    keys. Each field is float64 of shape (layer, head), summed over the example's query tokens (`received_*` over its
+    keys of that kind as well; `received_other` over keys of none of the three; `sep_from_*` over separator / other
+    query tokens)."""
     n_layers, n_heads, length = maps.shape[0], maps.shape[1], maps.shape[-1]
     keys = (np.asarray(cls, np.uint8) * KEY_CLS) | (np.asarray(sep, np.uint8) * KEY_SEP)
     keys |= np.asarray(punct, np.uint8) * KEY_PUNCT
@@ -57,11 +59,22 @@ def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.n
         codes = np.ascontiguousarray(maps).view(np.uint16)
         kernel("_clark").sums(codes, n_maps, length, keys, value_plogp_table(), out, True)
     else:
-        values = np.ascontiguousarray(maps, dtype=np.float32)
-        logs = np.maximum(values, TINY)  # row_entropy's float32 p log p (below), 0 log 0 = 0
-        np.log(logs, out=logs)
-        logs *= values
-        kernel("_clark").sums(values, n_maps, length, keys, logs, out, False)
+        # A layer at a time through one scratch buffer (a Q/K run's maps rebuilt a layer at a time, `LayerMaps`): a whole
+        # example's maps and p log p took 2 x 4.5 GiB at 2,048 tokens (`python benchmarks/decoder_capture.py`).
+        if isinstance(maps, LayerMaps):
+            layer_of = maps.layer
+        else:
+            values = np.ascontiguousarray(maps, dtype=np.float32).reshape(n_layers, n_heads, length, length)
+            layer_of = values.__getitem__
+        logs = np.empty((n_heads, length, length), np.float32)
+        sums = np.empty((len(CLARK_FIELDS), n_heads), np.float64)
+        for layer in range(n_layers):
+            layer_maps = layer_of(layer)
+            np.maximum(layer_maps, TINY, out=logs)  # row_entropy's float32 p log p (below), 0 log 0 = 0
+            np.log(logs, out=logs)
+            logs *= layer_maps
+            kernel("_clark").sums(layer_maps, n_heads, length, keys, logs, sums, False)
+            out[:, layer] = sums
     return dict(zip(CLARK_FIELDS, out, strict=True))
 
 
@@ -148,7 +161,9 @@ def _clark_totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 # punct: the characters counted as punctuation keys (special_tokens' parameter); the default's summary is `clark`.
 # Version 3: compiled (queries/_clark.c), row entropies summed in float64 (in float32 before: within 1e-7 relative).
 CLARK = register_kind(
-    SummaryKind("clark", 3, _clark_prepare, _clark_reduce, defaults={"punct": DEFAULT_PUNCT}, totals=_clark_totals, threads=True)
+    SummaryKind(
+        "clark", 3, _clark_prepare, _clark_reduce, defaults={"punct": DEFAULT_PUNCT}, totals=_clark_totals, threads=True, by_layer=True
+    )
 )
 
 

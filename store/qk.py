@@ -89,6 +89,9 @@ def stored_bytes(n_tokens: int, n_layers: int, n_heads: int, entry: dict) -> int
     return n_tokens * n_layers * ((n_heads + entry["n_kv_heads"]) * entry["head_dim"] * width + 4 * n_heads)
 
 
+REBUILD_ROWS = 256  # query rows rebuilt at once per head: 256 x 8,192 float32 = 8 MiB
+
+
 def rebuild(
     q: np.ndarray,
     k: np.ndarray,
@@ -98,19 +101,23 @@ def rebuild(
     heads: list[int],
     rows: range | None = None,
     n_keys: int | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Maps (layer, head, row, key) float32 of one example from its slices of the three arrays, for `layers` x `heads`
     and query rows `rows` (default all): q and lse hold those rows ((rows, layer, head, d), (rows, layer, head)), k the
     example's keys up to the last row ((keys, layer, kv_head, d)); `n_keys`: the example's length (the result's last
-    axis; default the keys given). A causal row sees no key past itself, so keys past the last row are never read."""
+    axis; default the keys given); `out`: a float32 buffer of the result's shape to rebuild into (default a new one).
+    A causal row sees no key past itself, so keys past the last row are never read."""
     rows = rows if rows is not None else range(q.shape[0])
     n_keys = n_keys if n_keys is not None else k.shape[0]
     keys = rows.stop
     group = q.shape[2] // k.shape[2]
     d = q.shape[-1]
-    out = np.zeros((len(layers), len(heads), len(rows), n_keys), dtype=np.float32)
-    i = np.arange(rows.start, rows.stop)[:, None]
-    corner = np.arange(rows.start, rows.stop)[None, :] > i  # of keys rows.start.., those past each row
+    reused = out is not None  # its cells outside each block's keys are zeroed here (a new buffer's are zero already)
+    if out is None:
+        out = np.zeros((len(layers), len(heads), len(rows), n_keys), dtype=np.float32)
+    elif out.shape != (len(layers), len(heads), len(rows), n_keys) or out.dtype != np.float32:
+        raise ValueError(f"out: float32 of shape {(len(layers), len(heads), len(rows), n_keys)} expected, not {out.dtype} {out.shape}")
     jobs = []
     for a, layer in enumerate(layers):
         # each key/value head's keys as float32 once per layer, not once per query head reading them (GQA: 3x here),
@@ -128,14 +135,26 @@ def rebuild(
         queries[:, :d] = q[:, layer, head]
         queries[:, :d] *= scale
         queries[:, d] = -lse[:, layer, head]
-        logits = out[a, b, :, :keys]
-        np.matmul(queries, keys_t, out=logits)
-        if window is None:  # only keys from the first row on can lie past a row
-            logits[:, rows.start :][corner] = -np.inf
-        else:
-            j = np.arange(keys)[None, :]
-            logits[(j > i) | (i - j >= window)] = -np.inf
-        np.exp(logits, out=logits)  # exp(-inf) = 0: what a row does not see
+        # Row blocks, each against the keys its rows may see only (a causal block's rows see none past its last row; a
+        # window's, none before its first row's window): about half the products and exponentials of whole rows, and
+        # the mask is a block's corner (`python benchmarks/decoder_capture.py`, "entropy over the Q/K run").
+        for r0 in range(0, len(rows), REBUILD_ROWS):
+            r1 = min(r0 + REBUILD_ROWS, len(rows))
+            first, last = rows.start + r0, rows.start + r1
+            lo = 0 if window is None else max(0, first - window + 1)
+            if reused:
+                out[a, b, r0:r1, :lo] = 0
+                out[a, b, r0:r1, last:] = 0
+            logits = out[a, b, r0:r1, lo:last]
+            np.matmul(queries[r0:r1], keys_t[:, lo:last], out=logits)
+            i = np.arange(first, last)[:, None]
+            j = np.arange(lo, last)[None, :]
+            if window is None:  # only the block's last r1 - r0 keys can lie past a row
+                corner = logits[:, first - lo :]
+                corner[j[:, first - lo :] > i] = -np.inf
+            else:
+                logits[(j > i) | (i - j >= window)] = -np.inf
+            np.exp(logits, out=logits)  # exp(-inf) = 0: what a row does not see; keys outside the block stay 0
 
     # numpy's matmul and exp release the GIL: the heads on every core
     workers = min(len(jobs), os.cpu_count() or 1)
@@ -148,6 +167,34 @@ def rebuild(
         for job in jobs:
             one(job)
     return out
+
+
+class LayerMaps:
+    """One example's maps (layer, head, row, key), rebuilt from its queries, keys and log-sum-exps a layer at a time
+    (`layer(i)`), for reduces that go layer by layer: the whole example's maps are never held (4.5 GiB for SmolLM2 at
+    2,048 tokens, where a layer is 151 MiB), and every layer is rebuilt into one buffer. `np.asarray` rebuilds them
+    all. q, k and lse hold the example's tokens ((tokens, layer, head, d), (tokens, layer, kv_head, d), (tokens,
+    layer, head))."""
+
+    def __init__(self, q: np.ndarray, k: np.ndarray, lse: np.ndarray, entry: dict):
+        self._q, self._k, self._lse, self._entry = q, k, lse, entry
+        length, n_layers, n_heads = lse.shape
+        self.shape = (n_layers, n_heads, length, length)
+        self.ndim = 4
+        self.size = n_layers * n_heads * length * length
+        self.dtype = np.dtype(np.float32)
+        self._buffer: np.ndarray | None = None
+
+    def layer(self, index: int) -> np.ndarray:
+        """Layer `index`'s maps (head, row, key) float32, in a buffer the next call rebuilds into."""
+        if self._buffer is None:
+            self._buffer = np.empty((1, *self.shape[1:]), np.float32)
+        heads = list(range(self.shape[1]))
+        return rebuild(self._q, self._k, self._lse, self._entry, [index], heads, out=self._buffer)[0]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        maps = rebuild(self._q, self._k, self._lse, self._entry, list(range(self.shape[0])), list(range(self.shape[1])))
+        return maps if dtype is None else maps.astype(dtype, copy=False)
 
 
 def describe(entry: dict[str, Any]) -> str:

@@ -683,12 +683,12 @@ class StoreReader(SavedResultReads, TokenReads):
 
         return plot_attention(self, run, example, layer=layer, head=head)  # type: ignore[arg-type]
 
-    def iter_attention(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    def iter_attention(self, run: RunRef, examples: Iterable[int] | None = None, by_layer: bool = False) -> Iterator[tuple[int, Any]]:
         """Stream (example, maps) over a run in storage order with bounded memory (a Q/K run's maps rebuilt, float32,
-        one example at a time)."""
+        one example at a time; with `by_layer`, as `qk.LayerMaps`, rebuilt a layer at a time as they are read)."""
         info = self.run_info(run)
         if info.qk is not None:
-            yield from self._iter_rebuilt(info, examples)
+            yield from self._iter_rebuilt(info, examples, by_layer)
             return
         if examples is None:  # the whole run: three int64 columns streamed from SQL, 24 bytes per example
             positions, offsets, lengths = self._in_storage_order(info, Example.position, Sequence.offset, Sequence.length)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import sqlalchemy as sa
@@ -81,6 +81,13 @@ class TokenReads:
             )
         lo, hi = min(layers), max(layers) + 1
         rows = rows if rows is not None else range(length)
+        q, k, lse = self._qk_slices(info, start, length, lo, hi, rows)
+        shifted = {**entry, "scale": entry["scale"][lo:hi], "window": entry["window"][lo:hi]}
+        return qk.rebuild(q, k, lse, shifted, [v - lo for v in layers], heads, rows, n_keys=length)
+
+    def _qk_slices(self, info: RunInfo, start: int, length: int, lo: int, hi: int, rows: range) -> tuple:
+        """An example's stored queries and log-sum-exps of `rows`, and its keys up to the last of them, for layers
+        lo..hi-1."""
         stop = start + length
         q_array, k_array, lse_array = self._qk_arrays(info, stop)
         # only the rows asked for, and the keys up to the last of them (a causal row sees none past itself)
@@ -98,8 +105,7 @@ class TokenReads:
             raise DamagedDataError(
                 f"run {info.name!r}: its Q/K arrays hold fewer tokens than its committed examples need ({stop}); run `attnstore check`"
             )
-        shifted = {**entry, "scale": entry["scale"][lo:hi], "window": entry["window"][lo:hi]}
-        return qk.rebuild(q, k, lse, shifted, [v - lo for v in layers], heads, rows, n_keys=length)
+        return q, k, lse
 
     def pooled_attention(self, run: RunRef, example: int, layer: int, head: int, rows: range, factor: int) -> np.ndarray:
         """One head's map over query rows `rows` (starting on a multiple of `factor`), each factor x factor block of
@@ -131,11 +137,17 @@ class TokenReads:
                 self._qk_handles[info.array_path] = kept
         return kept
 
-    def _iter_rebuilt(self, info: RunInfo, examples: Iterable[int] | None) -> Iterator[tuple[int, np.ndarray]]:
+    def _iter_rebuilt(self, info: RunInfo, examples: Iterable[int] | None, by_layer: bool = False) -> Iterator[tuple[int, Any]]:
+        """(example, maps) rebuilt whole, or with `by_layer` as `qk.LayerMaps` (rebuilt a layer at a time as the reduce
+        reaches it)."""
         positions, lengths, starts = self._token_spans(info, examples)
         layers, heads = list(range(info.n_layers)), list(range(info.n_heads))
+        assert info.qk is not None
         for position, length, start in zip(positions.tolist(), lengths.tolist(), starts.tolist()):
-            yield position, self._rebuilt(info, start, length, layers, heads, None)
+            if by_layer:
+                yield position, qk.LayerMaps(*self._qk_slices(info, start, length, 0, info.n_layers, range(length)), info.qk)
+            else:
+                yield position, self._rebuilt(info, start, length, layers, heads, None)
             progress.advance()
 
     def has_value_norms(self, run: RunRef) -> bool:

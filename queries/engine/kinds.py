@@ -70,6 +70,9 @@ class SummaryKind:
     # `reduce` may run on several threads at once (numpy alone, its loops release the GIL, nothing shared is changed):
     # one pass then reads and decodes on its thread while the others reduce (`reduced`), every core busy.
     threads: bool = False
+    # `reduce` takes a Q/K run's maps as `store.qk.LayerMaps` (maps.layer(i), rebuilt a layer at a time) as well as
+    # arrays: an example's maps are then never rebuilt whole (weights="attention"; "norm" weights whole arrays).
+    by_layer: bool = False
 
     def bind(self, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Its parameters with the defaults filled in; an unknown one is a programming error. `weights` (every kind that

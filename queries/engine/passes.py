@@ -42,10 +42,13 @@ def summarise_examples(
     pool = _reduce_pool() if kind.threads and kind.read is None else None
     if pool is not None:  # the context (SQL) is read on the pool while this thread reads the first maps
         context: Any = pool.submit(kind.prepare, store, info, examples, **params)
-        pairs = iter_weighted_maps(store, info, examples, weights)
+        pairs = iter_weighted_maps(store, info, examples, weights, kind.by_layer)
     else:
         context = kind.prepare(store, info, examples, **params)
-        pairs = kind.read(store, info, examples, context) if kind.read is not None else iter_weighted_maps(store, info, examples, weights)
+        if kind.read is not None:
+            pairs = kind.read(store, info, examples, context)
+        else:
+            pairs = iter_weighted_maps(store, info, examples, weights, kind.by_layer)
     order: list[int] = []
     rows: list[dict[str, np.ndarray]] = []
     for example, row in reduced(kind, context, pairs, pool):

@@ -19,10 +19,10 @@ if TYPE_CHECKING:
     from ...store.records import RunInfo
 
 
-def iter_maps(store: Store, info: RunInfo, examples=REQUESTED) -> Iterator[tuple[int, np.ndarray]]:
+def iter_maps(store: Store, info: RunInfo, examples=REQUESTED, by_layer: bool = False) -> Iterator[tuple[int, np.ndarray]]:
     """(example, maps as stored, float16 or float32) over a run (its examples `examples`; within a query call, by
-    default the request's), streamed; reduce with dtype=np.float64."""
-    yield from store.iter_attention(info.id, requested_examples(info.id, examples))
+    default the request's), streamed; reduce with dtype=np.float64. `by_layer`: a Q/K run's maps as `qk.LayerMaps`."""
+    yield from store.iter_attention(info.id, requested_examples(info.id, examples), by_layer=by_layer)
 
 
 # What a per-head query reads: the attention weights a_ij, or (Kobayashi et al. 2020) the weights times the value norms,
@@ -47,10 +47,13 @@ def weighted_maps(maps: np.ndarray, norms: np.ndarray) -> np.ndarray:
     return np.divide(w, total, out=np.zeros_like(w), where=total > 0)
 
 
-def iter_weighted_maps(store: Store, info: RunInfo, examples=None, weights: str = "attention") -> Iterator[tuple[int, np.ndarray]]:
-    """`iter_maps`, or with weights="norm" each example's `weighted_maps` (a run without value norms is refused)."""
+def iter_weighted_maps(
+    store: Store, info: RunInfo, examples=None, weights: str = "attention", by_layer: bool = False
+) -> Iterator[tuple[int, np.ndarray]]:
+    """`iter_maps` (`by_layer` as there), or with weights="norm" each example's `weighted_maps` (a run without value
+    norms is refused)."""
     if check_weights(weights) == "attention":
-        yield from iter_maps(store, info, examples)
+        yield from iter_maps(store, info, examples, by_layer)
         return
     for example, maps, norms in iter_maps_with_norms(store, info, examples):
         yield example, weighted_maps(maps, norms)

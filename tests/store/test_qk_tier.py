@@ -121,6 +121,29 @@ def test_reads_rebuild_the_softmax_of_the_stored_queries_and_keys(store, qk_run)
         store.attention("qk", 0, rows=range(3, 9))
 
 
+@pytest.mark.parametrize("block", [1, 2, 256])
+def test_maps_rebuilt_in_row_blocks_and_a_layer_at_a_time_are_the_softmax(store, qk_run, monkeypatch, block):
+    """Row blocks of 1, 2 and 256 rows (each against the keys its rows see: causal and layer 1's window of 2), and a
+    layer at a time into one reused buffer (`LayerMaps`, as a `by_layer` kind reads a Q/K run): the same maps; the
+    Clark sums of a `LayerMaps` equal those of its array bit for bit."""
+    from attnstore.queries.clark import example_sums
+
+    monkeypatch.setattr(qk, "REBUILD_ROWS", block)
+    streamed = dict(store.iter_attention("qk", by_layer=True))
+    assert sorted(streamed) == [0, 1, 2]
+    for example, (q, k) in enumerate(qk_run):
+        expected = softmax_maps(q, k)
+        np.testing.assert_allclose(store.attention("qk", example), expected, atol=1e-6)
+        lazy = streamed[example]
+        assert isinstance(lazy, qk.LayerMaps) and lazy.shape == expected.shape and lazy.dtype == np.float32
+        for layer in (1, 0, 1):  # the buffer reused: a windowed layer, then a causal one, then the windowed one again
+            np.testing.assert_allclose(lazy.layer(layer), expected[layer], atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(lazy), store.attention("qk", example))
+        flags = [np.arange(len(q)) == 0, np.zeros(len(q), bool), np.arange(len(q)) % 3 == 2]
+        by_layer, whole = example_sums(lazy, *flags), example_sums(np.asarray(lazy), *flags)
+        assert all(np.array_equal(by_layer[f], whole[f]) for f in whole)
+
+
 def test_pooled_maps_are_the_max_pool_of_the_rebuilt_ones(store, qk_run, monkeypatch):
     """`store.pooled_attention` (the long-map tiles): on a Q/K run, from the logits without the map, each block's largest
     weight exactly as max-pooling the rebuilt map gives it, causal and windowed, from any block of rows, in one chunk
