@@ -107,6 +107,9 @@ class LoadedModel:
     qk_refusal: str | None = None
     device: str = "cpu"  # where the forward passes run (a torch device)
     compute_dtype: str = "float32"  # the weights' dtype in those passes
+    # Learned sink logits (gpt-oss): each head's softmax has one more logit no token holds, so its rows over the
+    # tokens sum to less than 1, and 1 - a row's sum is the sink's mass (kept as the model computes it).
+    sink_logits: bool = False
 
     def record(self) -> dict:
         """Fields of the `models` table."""
@@ -436,6 +439,7 @@ def load_model(
         attn_implementation=used,
         causal=probe.causal,
         inputs=probe.inputs,
+        sink_logits=probe.sink_logits,
         pad_id=pad_id,
         word_tokenizer=word_tokenizer,
         word_tokenizer_options=word_options,
@@ -530,6 +534,7 @@ class Probe:
     n_heads: int
     causal: bool
     inputs: tuple[str, ...]
+    sink_logits: bool = False
 
 
 def _shape(t) -> str:
@@ -612,8 +617,11 @@ def probe_model(model, tokenizer, name: str, pad_id: int) -> Probe:
             f"num_attention_heads={declared} ({why}); attnstore would store an incomplete picture"
         )
     maps = torch.stack([a.float() for a in both], 1)  # (batch, layer, head, query, key)
-    err = (maps[0].sum(-1) - 1).abs().max().item()
-    if err > 1e-3:
+    sink_logits = has_sink_logits(model)
+    sums = maps[0].sum(-1)
+    # with learned sink logits a row may sum to anything in (0, 1]: the sink holds the rest
+    err = (sums - 1).clamp(min=0).max().item() if sink_logits else (sums - 1).abs().max().item()
+    if err > 1e-3 or (sink_logits and sums.min().item() <= 0):
         raise UnsupportedModelError(
             f"{kind} returns attention rows that do not sum to 1 (max error {err:.2e}); attnstore needs softmax attention probabilities"
         )
@@ -625,7 +633,12 @@ def probe_model(model, tokenizer, name: str, pad_id: int) -> Probe:
             f"(max difference {drift:.2e}); attnstore batches inputs with right padding"
         )
     causal = bool((torch.triu(maps[0], diagonal=1) == 0).all())
-    return Probe(n_layers=len(both), n_heads=n_heads, causal=causal, inputs=inputs)
+    return Probe(n_layers=len(both), n_heads=n_heads, causal=causal, inputs=inputs, sink_logits=sink_logits)
+
+
+def has_sink_logits(model) -> bool:
+    """Whether the model's attention has learned sink logits (a `sinks` parameter per layer: gpt-oss)."""
+    return any(getattr(m, "sinks", None) is not None for m in model.modules())
 
 
 def _byte_level_without_prefix_space(tokenizer) -> bool:

@@ -151,8 +151,9 @@ def token_loss_by_chunks(lm, hidden, input_ids, lengths: list[int]) -> list[np.n
     return out
 
 
-def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) -> list:
-    """Per example, its unpadded (layer, head, L, L) maps in `dtype`, checked: real rows sum to 1 over real keys.
+def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded], sink_logits: bool = False) -> list:
+    """Per example, its unpadded (layer, head, L, L) maps in `dtype`, checked: real rows sum to 1 over real keys (with
+    learned `sink_logits`, to at most 1: the sink holds the rest).
 
     One conversion pass into a preallocated (batch, layer, head, T, T) array; the
     blocks are views of it. The check runs on the stored values (float16 rounding
@@ -170,7 +171,8 @@ def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded]) 
     blocks = []
     for k, n in enumerate(lengths):
         block = out[k, :, :, :n, :n]
-        err = (block.sum(-1, dtype=torch.float32) - 1).abs().max().item()
+        over = block.sum(-1, dtype=torch.float32) - 1
+        err = (over.clamp(min=0) if sink_logits else over.abs()).max().item()
         if err > ROW_SUM_TOLERANCE:
             raise IngestError(
                 f"attention rows of example {batch[k].position} do not sum to 1 over its real tokens "
@@ -222,7 +224,7 @@ def batch_items(
             q, k, lse = attentions
             blocks = [(q[b, :n].copy(), k[b, :n].copy(), lse[b, :n].copy()) for b, n in enumerate(lengths)]
         else:
-            blocks = to_blocks(attentions, lengths, dtype, runnable)
+            blocks = to_blocks(attentions, lengths, dtype, runnable, loaded.sink_logits)
         per_example = norms.value_norms(projections, values, lengths) if projections is not None else [None] * len(blocks)
         per_loss = losses if losses is not None else [None] * len(blocks)
         per_peaks = activations.hidden_peaks(caught, loaded.n_layers, lengths) if layers is not None else [None] * len(blocks)

@@ -176,7 +176,7 @@ def attention_for_text(
     if max_tokens is not None and encoded.length > max_tokens:
         raise TooLargeError(f"the typed text is {encoded.length} tokens, over the limit of {max_tokens} tokens")
     attentions, lengths = forward_like_ingest(loaded, encoded)
-    (maps,) = to_blocks(attentions, lengths, dtype, [encoded])
+    (maps,) = to_blocks(attentions, lengths, dtype, [encoded], loaded.sink_logits)
     seconds = time.perf_counter() - started
     return ScratchMaps(
         model=loaded.name,

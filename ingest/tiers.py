@@ -21,6 +21,8 @@ def capture_manifest(loaded: LoadedModel) -> dict:
     entry: dict = {"path": loaded.capture, "device": loaded.device, "compute_dtype": loaded.compute_dtype}
     if loaded.capture == "streaming":
         entry.update(query_block=streaming.QUERY_BLOCK, output="sdpa (eager where the model soft-caps or has sink logits)")
+    if loaded.sink_logits:  # rows sum to less than 1; queries.attention_sink reports the sinks' mass
+        entry["sink_logits"] = True
     return entry
 
 

@@ -36,16 +36,26 @@ WINDOW = 64  # Gu et al.'s T
 EPSILON = 0.3  # Gu et al.'s eps
 
 
+def has_sink_logits(info: RunInfo) -> bool:
+    """Whether the run's model has learned sink logits (gpt-oss): its rows sum to less than 1, the rest on the sink."""
+    return bool((info.manifest or {}).get("capture", {}).get("sink_logits"))
+
+
 def _prepare(store: Store, info: RunInfo, examples=None, window: int = WINDOW, epsilon: float = EPSILON):
-    return is_causal(store, info), int(window), float(epsilon)
+    return is_causal(store, info), int(window), float(epsilon), has_sink_logits(info)
 
 
 def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     """Per (layer, head): the mean attention on each of the first positions over the rows that see it, and on the
-    first `window` tokens the first token's importance and whether it passes epsilon."""
-    causal, window, epsilon = context
+    first `window` tokens the first token's importance and whether it passes epsilon; with learned sink logits, the
+    mean over the rows of the mass on the sink, 1 - the row's sum (0 otherwise, where no row is summed)."""
+    causal, window, epsilon, sink_logits = context
     n = maps.shape[-1]
     out: dict[str, np.ndarray] = {}
+    if sink_logits:
+        out["learned_sink"] = 1.0 - maps.astype(np.float64).sum(-1).mean(-1)
+    else:
+        out["learned_sink"] = np.zeros(maps.shape[:2])
     for p in range(POSITIONS):
         if p < n:
             column = maps[..., p:, p] if causal else maps[..., :, p]
@@ -70,6 +80,7 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     out = {f"position_{p}": part[f"position_{p}"].sum(0) for p in range(POSITIONS)}
     out.update({f"has_{p}": np.asarray(part[f"has_{p}"].sum(), np.int64) for p in range(POSITIONS)})
     out["importance"] = part["importance"].sum(0)
+    out["learned_sink"] = part["learned_sink"].sum(0)
     out["sink"] = part["sink"].sum(0)
     out["windowed"] = np.asarray(part["windowed"].sum(), np.int64)
     out["examples"] = np.asarray(len(part["windowed"]), np.int64)
@@ -77,7 +88,7 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 SINKS = register_kind(
-    SummaryKind("attention_sink", 1, _prepare, _reduce, defaults={"window": WINDOW, "epsilon": EPSILON}, totals=_totals, threads=True)
+    SummaryKind("attention_sink", 2, _prepare, _reduce, defaults={"window": WINDOW, "epsilon": EPSILON}, totals=_totals, threads=True)
 )
 
 
@@ -90,7 +101,9 @@ def attention_sink(store: Store, *, run, window: int = WINDOW, epsilon: float = 
       a causal model, all rows in an encoder), then over the examples that have the position;
     importance: Gu et al.'s importance of the first token on each example's first `window` tokens, the mean over the
       `window` queries of their attention on it, averaged over the examples with at least `window` tokens;
-    sink_share: the share of those examples in which the importance exceeds `epsilon`.
+    sink_share: the share of those examples in which the importance exceeds `epsilon`;
+    learned_sink (models with learned sink logits, gpt-oss; NaN for others): the mass each row puts on the sink logit,
+      1 - the row's sum over the tokens, averaged over the rows, then over the examples.
     frame.attrs: sink_percentage (Gu et al.'s Sink_1^epsilon: the percentage of (example, layer, head) over the
     windowed examples whose importance exceeds epsilon), window, epsilon, windowed_examples, short_examples (fewer
     tokens than `window`: left out of the three).
@@ -105,6 +118,8 @@ def attention_sink(store: Store, *, run, window: int = WINDOW, epsilon: float = 
     windowed = int(sums["windowed"])
     columns["importance"] = safe_divide(sums["importance"], windowed)
     columns["sink_share"] = safe_divide(sums["sink"], windowed)
+    learned = safe_divide(sums["learned_sink"], int(sums["examples"]))
+    columns["learned_sink"] = learned if has_sink_logits(info) else np.full_like(learned, np.nan)
     frame = per_head_frame(info, **columns)
     cells = windowed * info.n_layers * info.n_heads
     frame.attrs.update(

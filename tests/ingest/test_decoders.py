@@ -58,6 +58,20 @@ def build(arch: str, folder: Path) -> str:
         model = T.Gemma3ForCausalLM(config)
     elif arch == "gpt2":
         model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=64))
+    elif arch == "gpt_oss":  # learned sink logits (rows sum to less than 1), mixture of experts, a sliding-window layer
+        config = T.GptOssConfig(
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_scaling=None,
+            **common,
+        )
+        model = T.GptOssForCausalLM(config)
+        with torch.no_grad():  # the sinks start at 0 (a fixed share); spread them as trained ones are
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 1.0)
     else:
         raise ValueError(arch)
     model.save_pretrained(folder)
@@ -232,6 +246,39 @@ def test_gpt2_decoder_is_causal_without_value_norms(tiny, tmp_path):
     try:
         check_causal_maps(store, "gpt2", 2, 4)
         assert not store.has_value_norms("gpt2")
+    finally:
+        store.close()
+
+
+def test_learned_sink_logits_are_kept_as_the_model_computes_them(tiny, tmp_path):
+    """gpt-oss: each head's softmax has a learned sink logit, so its rows over the tokens sum to less than 1. The
+    streaming capture stores them as eager attention gives them, the manifest says so, `attention_sink` reports the
+    sinks' mass, and the Q/K tier (which does not apply sinks) is refused in one line."""
+    from attnstore.queries import run_query
+    from attnstore.store import open_store
+
+    path = tiny("gpt_oss")
+    refused = cli_ingest(tmp_path, path, "qk", CORPUS, "--tier", "qk")
+    assert refused.exit_code == 1 and "learned sink logits, which a Q/K rebuild does not apply); use --tier dense" in refused.output
+    result = cli_ingest(tmp_path, path, "oss")  # the default tier: dense, the Q/K tier cannot rebuild these maps
+    assert result.exit_code == 0, result.output
+    store = open_store(db=f"sqlite:///{tmp_path / 'meta.sqlite'}", root=str(tmp_path / "attention.zarr"))
+    try:
+        info = store.run_info("oss")
+        assert info.tier == "dense" and info.manifest["capture"]["sink_logits"] is True
+        model = T.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+        learned = []
+        for example in range(3):
+            ids = store.tokens("oss", example)["token_id"].tolist()
+            with torch.inference_mode():
+                eager = torch.stack(model(input_ids=torch.tensor([ids]), output_attentions=True).attentions, 1)[0].numpy()
+            maps = store.attention("oss", example)
+            np.testing.assert_allclose(maps, eager, atol=1e-6)
+            sums = maps.astype(np.float64).sum(-1)
+            assert sums.max() <= 1 + 1e-6 and sums.min() < 0.99  # the sinks hold the rest
+            learned.append(1 - sums.mean(-1))
+        df = run_query(store, "attention_sink", run="oss")
+        np.testing.assert_allclose(df["learned_sink"].to_numpy(), np.mean(learned, 0).ravel(), atol=1e-6)
     finally:
         store.close()
 

@@ -51,3 +51,35 @@ def test_a_window_longer_than_every_example_leaves_the_score_empty_and_bad_windo
     assert df["position_0"].notna().all()
     with pytest.raises(Exception, match="window=0: give a positive number of tokens"):
         run_query(store, "attention_sink", run=sink_run, window=0)
+
+
+def test_learned_sink_mass_of_a_model_with_sink_logits(store, make_run):
+    """Rows that sum to less than 1 (learned sink logits, gpt-oss): `learned_sink` is 1 - the row's sum, averaged over
+    the rows, then the examples; NaN on a run whose model has none."""
+    import sqlalchemy as sa
+
+    from attnstore.store.schema import Run
+
+    tokens = [["a", "b", "c", "d", "e"], ["f", "g", "h"]]
+    maps = [sink_maps(len(t)) for t in tokens]
+    for m in maps:
+        m[0, 0] *= 0.75  # head 0 leaves a quarter of every row on the sink
+        m[0, 1, 1:] *= 0.5  # head 1 half of every row but the first
+    run = make_run(store, maps, tokens, name="learned", specials=SPECIALS)
+    mark_causal(store, run)
+    manifest = {**store.run_info(run).manifest, "capture": {"path": "streaming", "sink_logits": True}}  # as ingest records it
+    with store.engine.begin() as conn:
+        conn.execute(sa.update(Run).where(Run.name == run).values(manifest=manifest))
+    from attnstore.store import open_store
+
+    fresh = open_store(db=store.locations.db_url, root=store.locations.array_root)  # the run's info is read again
+    try:
+        df = run_query(fresh, "attention_sink", run=run).set_index("head")
+    finally:
+        fresh.close()
+    plain = make_run(store, [sink_maps(len(t)) for t in tokens], tokens, name="plain", specials=SPECIALS)
+    assert run_query(store, "attention_sink", run=plain)["learned_sink"].isna().all()  # no sink logits: no column values
+    assert df.loc[0, "learned_sink"] == pytest.approx(0.25)
+    # head 1: 5 tokens: rows 1..4 of 5 leave 0.5 -> 0.4; 3 tokens: rows 1..2 of 3 -> 1/3
+    assert df.loc[1, "learned_sink"] == pytest.approx((0.4 + 1 / 3) / 2)
+    assert df.loc[0, "position_0"] == pytest.approx(0.75 * ((1 + 2) / 5 + 2 / 3) / 2)
