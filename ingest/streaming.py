@@ -195,8 +195,12 @@ class QKSink:
         if self.verify:
             self._verify(module, query, key, value, attention_mask, scale, kwargs, min(n, QUERY_BLOCK))
         group = heads // kv_heads
+        # learned sink logits (gpt-oss): one more logit per head that no token holds; the stored log-sum-exps include
+        # it, so rebuilt rows sum to less than 1 as the model's do
+        sinks = getattr(module, "sinks", None)
+        sink = None if sinks is None else sinks.detach().to(query.device, torch.float32).reshape(1, -1, 1)
         if query.device.type == "cpu" and not self.verify:
-            return self._flash(query, key, value, attention_mask, scale, group, index)
+            return self._flash(query, key, value, attention_mask, scale, group, index, sink)
         q = self.q[:, :, index].transpose(1, 2).to(query.device, torch.float32)  # the stored values, as a rebuild reads them
         k = self.k[:, :, index].transpose(1, 2).to(query.device, torch.float32)
         if group > 1:
@@ -205,12 +209,16 @@ class QKSink:
             logits = torch.matmul(q[:, :, r0:r1], k[:, :, :r1].transpose(2, 3)) * scale
             mask = additive_block(attention_mask, r0, r1, r1, torch.float32, query.device, causal=True)
             lse = torch.logsumexp(logits + mask, dim=-1)  # (batch, head, rows)
+            if sink is not None:
+                lse = torch.logaddexp(lse, sink)
             self.lse[:, r0:r1, index].copy_(lse.transpose(1, 2))
         return None
 
-    def _flash(self, query, key, value, attention_mask, scale: float, group: int, index: int):
+    def _flash(self, query, key, value, attention_mask, scale: float, group: int, index: int, sink=None):
         """The layer's output and log-sum-exps from torch's CPU flash kernel; with float16 Q/K the log-sum-exps are taken
-        again from the stored values (so rebuilt rows sum to 1), the output from the model's own."""
+        again from the stored values (so rebuilt rows sum to 1), the output from the model's own. `sink`: learned sink
+        logits (1, head, 1), added to the log-sum-exps; the output, flash's softmax over the tokens alone, is scaled by
+        the tokens' share exp(lse - (lse with the sink)), as the model's eager attention computes it."""
         import torch
 
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -219,12 +227,18 @@ class QKSink:
         mask = None if causal else additive_block(attention_mask, 0, n, n, query.dtype, query.device, causal=True)
         k, v = (key, value) if group == 1 else (key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1))
         output, lse = flash(query, k, v, 0.0, causal, attn_mask=mask, scale=scale)[:2]
+        if sink is not None:
+            with_sink = torch.logaddexp(lse, sink)
+            output = output * torch.exp(lse - with_sink).unsqueeze(-1).to(output.dtype)
+            lse = with_sink
         if self.dtype != torch.float32 or query.dtype != torch.float32:
             q32 = self.q[:, :, index].transpose(1, 2).to(torch.float32)
             k32 = self.k[:, :, index].transpose(1, 2).to(torch.float32)
             k32 = k32 if group == 1 else k32.repeat_interleave(group, dim=1)
             mask32 = None if mask is None else mask.to(torch.float32)
             _, lse = flash(q32, k32, v.to(torch.float32), 0.0, causal, attn_mask=mask32, scale=scale)[:2]
+            if sink is not None:
+                lse = torch.logaddexp(lse, sink)
         self.lse[:, :, index].copy_(lse.transpose(1, 2))
         return output.transpose(1, 2).contiguous()
 
@@ -262,7 +276,11 @@ class QKSink:
         group = query.shape[1] // key.shape[1]
         k = key[:, :, :r1].to(torch.float32).repeat_interleave(group, dim=1) if group > 1 else key[:, :, :r1].to(torch.float32)
         logits = torch.matmul(query[:, :, :r1].to(torch.float32), k.transpose(2, 3)) * scale + mask.to(torch.float32)
-        rebuilt = torch.softmax(logits, dim=-1)
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+        sinks = getattr(module, "sinks", None)
+        if sinks is not None:  # learned sink logits: the share of the row the sink takes is left out of the tokens'
+            lse = torch.logaddexp(lse, sinks.detach().to(lse.device, torch.float32).reshape(1, -1, 1, 1))
+        rebuilt = torch.exp(logits - lse)
         err = (rebuilt - weights.to(torch.float32)).abs().max().item()
         if not err <= QK_TOLERANCE:
             raise IngestError(
@@ -348,8 +366,6 @@ def prepare(model, related: list, run_probe, eager_maps: tuple) -> Support:
         return Support(
             True, None, f"it soft-caps its attention logits (attn_logit_softcapping={softcap}), which a Q/K rebuild does not apply"
         )
-    if any(getattr(m, "sinks", None) is not None for m in model.modules()):
-        return Support(True, None, "its attention has learned sink logits, which a Q/K rebuild does not apply")
     if getattr(model.config, "attention_chunk_size", None):
         return Support(True, None, "it attends in chunks, which a Q/K rebuild does not apply")
     n = eager_maps[0].shape[-1]

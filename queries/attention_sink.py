@@ -36,13 +36,8 @@ WINDOW = 64  # Gu et al.'s T
 EPSILON = 0.3  # Gu et al.'s eps
 
 
-def has_sink_logits(info: RunInfo) -> bool:
-    """Whether the run's model has learned sink logits (gpt-oss): its rows sum to less than 1, the rest on the sink."""
-    return bool((info.manifest or {}).get("capture", {}).get("sink_logits"))
-
-
 def _prepare(store: Store, info: RunInfo, examples=None, window: int = WINDOW, epsilon: float = EPSILON):
-    return is_causal(store, info), int(window), float(epsilon), has_sink_logits(info)
+    return is_causal(store, info), int(window), float(epsilon), info.sink_logits
 
 
 def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
@@ -119,7 +114,7 @@ def attention_sink(store: Store, *, run, window: int = WINDOW, epsilon: float = 
     columns["importance"] = safe_divide(sums["importance"], windowed)
     columns["sink_share"] = safe_divide(sums["sink"], windowed)
     learned = safe_divide(sums["learned_sink"], int(sums["examples"]))
-    columns["learned_sink"] = learned if has_sink_logits(info) else np.full_like(learned, np.nan)
+    columns["learned_sink"] = learned if info.sink_logits else np.full_like(learned, np.nan)
     frame = per_head_frame(info, **columns)
     cells = windowed * info.n_layers * info.n_heads
     frame.attrs.update(

@@ -48,8 +48,9 @@ class _BlockCheck:
     chunks present, and the bad ones). `step`: the codec's largest change per value (lossy runs), which a row
     of L values may add up L times."""
 
-    def __init__(self, report: RunReport, array, n_layers: int, n_heads: int, step: float = 0.0):
+    def __init__(self, report: RunReport, array, n_layers: int, n_heads: int, step: float = 0.0, sink_logits: bool = False):
         self.report, self.array, self.n_layers, self.n_heads, self.step = report, array, n_layers, n_heads, step
+        self.sink_logits = sink_logits  # learned sink logits (gpt-oss): rows sum to at most 1, the sink holds the rest
         self.chunk = array.chunks[0]
         self.present = arrays.present_chunks(array)
         self.bad: dict[int, str] = {}
@@ -129,7 +130,8 @@ class _BlockCheck:
                     continue
                 maps = as_float32(block.reshape(n_layers, n_heads, length, length))  # float16 by table, as numpy casts
                 sums = maps.sum(-1)
-                err = float(np.nanmax(np.abs(sums - 1))) if sums.size else 0.0
+                over = np.maximum(sums - 1, 0) if self.sink_logits else np.abs(sums - 1)
+                err = float(np.nanmax(over)) if sums.size else 0.0
                 if not np.isfinite(maps).all() or (maps < 0).any() or err > ROW_SUM_TOLERANCE + length * self.step:
                     report.add(
                         f"maps are not attention distributions (max row-sum error {err:.3g}): wrong or overwritten data",
@@ -242,7 +244,16 @@ def check_run(store, run, repair: bool = False) -> RunReport:
             report.add(str(exc), chunk=f"{info.array_path}/zarr.json")
         # a Q/K run keeps no cells (store/qk.py): its three per-token arrays are checked below instead
         blocks = (
-            None if array is None or info.qk else _BlockCheck(report, array, info.n_layers, info.n_heads, arrays.quantize_step(info.codec))
+            None
+            if array is None or info.qk
+            else _BlockCheck(
+                report,
+                array,
+                info.n_layers,
+                info.n_heads,
+                arrays.quantize_step(info.codec),
+                sink_logits=info.sink_logits,
+            )
         )
         index = _IndexCheck.open(report, store, info, n_stored, complete=state == "complete") if array is not None else None
         n_tokens = 0

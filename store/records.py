@@ -88,6 +88,12 @@ class RunInfo:
         return bool((self.manifest or {}).get(HIDDEN_PEAKS_FLAG))
 
     @property
+    def sink_logits(self) -> bool:
+        """Whether the run's model has learned sink logits (gpt-oss): its rows sum to at most 1, the sink holding the
+        rest (ingest records it in the manifest's `capture` entry)."""
+        return bool((self.manifest or {}).get("capture", {}).get("sink_logits"))
+
+    @property
     def qk(self) -> dict | None:
         """The run's Q/K tier entry (store/qk.py: dtype, key/value heads, head size, scale and window per layer), or None:
         the run stores its maps (the dense tier)."""

@@ -251,34 +251,41 @@ def test_gpt2_decoder_is_causal_without_value_norms(tiny, tmp_path):
 
 
 def test_learned_sink_logits_are_kept_as_the_model_computes_them(tiny, tmp_path):
-    """gpt-oss: each head's softmax has a learned sink logit, so its rows over the tokens sum to less than 1. The
-    streaming capture stores them as eager attention gives them, the manifest says so, `attention_sink` reports the
-    sinks' mass, and the Q/K tier (which does not apply sinks) is refused in one line."""
+    """gpt-oss: each head's softmax has a learned sink logit, so its rows over the tokens sum to less than 1. The dense
+    tier stores them as eager attention gives them; the Q/K tier keeps the sinks in its log-sum-exps and rebuilds the
+    same rows, while the layers' outputs (hence the per-token loss) stay the model's; the manifest says so, `check`
+    passes, and `attention_sink` reports the sinks' mass."""
+    import torch.nn.functional as F
+
     from attnstore.queries import run_query
     from attnstore.store import open_store
+    from attnstore.store.check import check_run
 
     path = tiny("gpt_oss")
-    refused = cli_ingest(tmp_path, path, "qk", CORPUS, "--tier", "qk")
-    assert refused.exit_code == 1 and "learned sink logits, which a Q/K rebuild does not apply); use --tier dense" in refused.output
-    result = cli_ingest(tmp_path, path, "oss")  # the default tier: dense, the Q/K tier cannot rebuild these maps
-    assert result.exit_code == 0, result.output
+    for name, tier in (("oss", "dense"), ("oss-qk", "qk")):
+        result = cli_ingest(tmp_path, path, name, CORPUS, "--tier", tier, "--qk-dtype", "float32")
+        assert result.exit_code == 0, result.output
     store = open_store(db=f"sqlite:///{tmp_path / 'meta.sqlite'}", root=str(tmp_path / "attention.zarr"))
     try:
-        info = store.run_info("oss")
-        assert info.tier == "dense" and info.manifest["capture"]["sink_logits"] is True
+        assert store.run_info("oss-qk").tier == "qk"
         model = T.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
-        learned = []
-        for example in range(3):
-            ids = store.tokens("oss", example)["token_id"].tolist()
-            with torch.inference_mode():
-                eager = torch.stack(model(input_ids=torch.tensor([ids]), output_attentions=True).attentions, 1)[0].numpy()
-            maps = store.attention("oss", example)
-            np.testing.assert_allclose(maps, eager, atol=1e-6)
-            sums = maps.astype(np.float64).sum(-1)
-            assert sums.max() <= 1 + 1e-6 and sums.min() < 0.99  # the sinks hold the rest
-            learned.append(1 - sums.mean(-1))
-        df = run_query(store, "attention_sink", run="oss")
-        np.testing.assert_allclose(df["learned_sink"].to_numpy(), np.mean(learned, 0).ravel(), atol=1e-6)
+        for run in ("oss", "oss-qk"):
+            assert store.run_info(run).sink_logits and check_run(store, run).problems == []
+            learned = []
+            for example in range(3):
+                ids = store.tokens(run, example)["token_id"].tolist()
+                with torch.inference_mode():
+                    out = model(input_ids=torch.tensor([ids]), output_attentions=True)
+                eager = torch.stack(out.attentions, 1)[0].numpy()
+                maps = store.attention(run, example)
+                np.testing.assert_allclose(maps, eager, atol=1e-5)
+                sums = maps.astype(np.float64).sum(-1)
+                assert sums.max() <= 1 + 1e-5 and sums.min() < 0.99  # the sinks hold the rest
+                learned.append(1 - sums.mean(-1))
+                loss = F.cross_entropy(out.logits[0, :-1], torch.tensor(ids[1:]), reduction="none").numpy()
+                np.testing.assert_allclose(store.token_loss(run, example)[:-1], loss, atol=1e-4)
+            df = run_query(store, "attention_sink", run=run)
+            np.testing.assert_allclose(df["learned_sink"].to_numpy(), np.mean(learned, 0).ravel(), atol=1e-5)
     finally:
         store.close()
 
