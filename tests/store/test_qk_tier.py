@@ -126,9 +126,11 @@ def test_maps_rebuilt_in_row_blocks_and_a_layer_at_a_time_are_the_softmax(store,
     """Row blocks of 1, 2 and 256 rows (each against the keys its rows see: causal and layer 1's window of 2), and a
     layer at a time into one reused buffer (`LayerMaps`, as a `by_layer` kind reads a Q/K run): the same maps; the
     Clark sums of a `LayerMaps` equal those of its array bit for bit."""
+    from attnstore.queries import clark
     from attnstore.queries.clark import example_sums
 
     monkeypatch.setattr(qk, "REBUILD_ROWS", block)
+    monkeypatch.setattr(clark, "CAUSAL_ROWS", block)  # a causal layer's p log p over the keys each row block sees
     streamed = dict(store.iter_attention("qk", by_layer=True))
     assert sorted(streamed) == [0, 1, 2]
     for example, (q, k) in enumerate(qk_run):
