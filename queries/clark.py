@@ -44,7 +44,7 @@ CLARK_FIELDS = (
 )
 
 
-def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.ndarray) -> dict[str, np.ndarray]:
+def example_sums(maps: np.ndarray | LayerMaps, cls: np.ndarray, sep: np.ndarray, punct: np.ndarray) -> dict[str, np.ndarray]:
     """One example's (layer, head) sums over its query tokens, as `relative_position`, `special_tokens` and `entropy`
     use them: maps (layer, head, query, key), or a Q/K run's `LayerMaps`; cls / sep / punct: boolean masks of the
     keys. Each field is float64 of shape (layer, head), summed over the example's query tokens (`received_*` over its
@@ -62,11 +62,11 @@ def example_sums(maps: np.ndarray, cls: np.ndarray, sep: np.ndarray, punct: np.n
         # A layer at a time through one scratch buffer (a Q/K run's maps rebuilt a layer at a time, `LayerMaps`): a whole
         # example's maps and p log p took 2 x 4.5 GiB at 2,048 tokens (`python benchmarks/decoder_capture.py`).
         causal = isinstance(maps, LayerMaps)  # a Q/K run's rows: no key past a row, so p log p is 0 there
-        if causal:
+        if isinstance(maps, LayerMaps):
             layer_of = maps.layer
         else:
             values = np.ascontiguousarray(maps, dtype=np.float32).reshape(n_layers, n_heads, length, length)
-            layer_of = values.__getitem__
+            layer_of = values.__getitem__  # type: ignore[assignment]  # values[i]: (head, row, key), as maps.layer(i)
         logs = np.empty((n_heads, length, length), np.float32)
         sums = np.empty((len(CLARK_FIELDS), n_heads), np.float64)
         blocks = [(r, min(length, r + CAUSAL_ROWS)) for r in range(0, length, CAUSAL_ROWS)] if causal else [(0, length)]

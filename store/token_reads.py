@@ -85,7 +85,9 @@ class TokenReads:
         shifted = {**entry, "scale": entry["scale"][lo:hi], "window": entry["window"][lo:hi]}
         return qk.rebuild(q, k, lse, shifted, [v - lo for v in layers], heads, rows, n_keys=length)
 
-    def _qk_slices(self, info: RunInfo, start: int, length: int, lo: int, hi: int, rows: range) -> tuple:
+    def _qk_slices(
+        self, info: RunInfo, start: int, length: int, lo: int, hi: int, rows: range
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """An example's stored queries and log-sum-exps of `rows`, and its keys up to the last of them, for layers
         lo..hi-1."""
         stop = start + length
