@@ -183,8 +183,9 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     default=None,
     type=click.IntRange(min=1),
     metavar="N",
-    help="Plan the run for N worker processes instead of running it here: tokenize and split it into parts, then exit. "
-    "Each worker is `attnstore work --run NAME --worker I --of N` (a Slurm array, a Kubernetes Indexed Job: docs/SCALING.md).",
+    help="Plan the run for N worker processes instead of running it here: tokenize and split it into parts, then exit "
+    "(or, with --as-worker I, go on as worker I). Each worker is `attnstore work --run NAME --worker I --of N` (a Slurm "
+    "array, a Kubernetes Indexed Job: docs/SCALING.md).",
 )
 @click.option(
     "--as-worker",
