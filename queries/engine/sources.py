@@ -22,7 +22,11 @@ if TYPE_CHECKING:
 def iter_maps(store: Store, info: RunInfo, examples=REQUESTED, by_layer: bool = False) -> Iterator[tuple[int, np.ndarray]]:
     """(example, maps as stored, float16 or float32) over a run (its examples `examples`; within a query call, by
     default the request's), streamed; reduce with dtype=np.float64. `by_layer`: a Q/K run's maps as `qk.LayerMaps`."""
-    yield from store.iter_attention(info.id, requested_examples(info.id, examples), by_layer=by_layer)
+    examples = requested_examples(info.id, examples)
+    if by_layer and info.qk is not None:  # only a Q/K run's maps come a layer at a time
+        yield from store.iter_attention(info.id, examples, by_layer=True)
+    else:
+        yield from store.iter_attention(info.id, examples)
 
 
 # What a per-head query reads: the attention weights a_ij, or (Kobayashi et al. 2020) the weights times the value norms,
