@@ -265,6 +265,8 @@ def ingest(
         raise InvalidArgumentError(f"--for-workers must be a positive number of worker processes, not {workers!r}")
     if worker_threads is not None and as_worker is None:
         raise InvalidArgumentError("--worker-threads sets the threads of --as-worker's work; give it with --as-worker I")
+    if worker_threads is not None and (isinstance(worker_threads, bool) or not isinstance(worker_threads, int) or worker_threads < 1):
+        raise InvalidArgumentError(f"--worker-threads must be a positive number of threads, not {worker_threads!r}")
     if as_worker is not None and (
         workers is None or isinstance(as_worker, bool) or not isinstance(as_worker, int) or not 0 <= as_worker < workers
     ):

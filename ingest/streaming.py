@@ -83,6 +83,15 @@ def _needs_eager_output(module) -> bool:
     return getattr(config, "attn_logit_softcapping", None) is not None or getattr(module, "sinks", None) is not None
 
 
+def _sink_logits(module, device):
+    """A layer's learned sink logits (gpt-oss: one more logit per head that no token holds) as float32 (1, head, 1),
+    or None."""
+    import torch
+
+    sinks = getattr(module, "sinks", None)
+    return None if sinks is None else sinks.detach().to(device, torch.float32).reshape(1, -1, 1)
+
+
 def _blocks(n_rows: int):
     for r0 in range(0, n_rows, QUERY_BLOCK):
         yield r0, min(n_rows, r0 + QUERY_BLOCK)
@@ -195,10 +204,7 @@ class QKSink:
         if self.verify:
             self._verify(module, query, key, value, attention_mask, scale, kwargs, min(n, QUERY_BLOCK))
         group = heads // kv_heads
-        # learned sink logits (gpt-oss): one more logit per head that no token holds; the stored log-sum-exps include
-        # it, so rebuilt rows sum to less than 1 as the model's do
-        sinks = getattr(module, "sinks", None)
-        sink = None if sinks is None else sinks.detach().to(query.device, torch.float32).reshape(1, -1, 1)
+        sink = _sink_logits(module, query.device)  # the stored log-sum-exps include it: rows sum to < 1 as the model's
         if query.device.type == "cpu" and not self.verify:
             return self._flash(query, key, value, attention_mask, scale, group, index, sink)
         q = self.q[:, :, index].transpose(1, 2).to(query.device, torch.float32)  # the stored values, as a rebuild reads them
@@ -277,9 +283,9 @@ class QKSink:
         k = key[:, :, :r1].to(torch.float32).repeat_interleave(group, dim=1) if group > 1 else key[:, :, :r1].to(torch.float32)
         logits = torch.matmul(query[:, :, :r1].to(torch.float32), k.transpose(2, 3)) * scale + mask.to(torch.float32)
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-        sinks = getattr(module, "sinks", None)
-        if sinks is not None:  # learned sink logits: the share of the row the sink takes is left out of the tokens'
-            lse = torch.logaddexp(lse, sinks.detach().to(lse.device, torch.float32).reshape(1, -1, 1, 1))
+        sink = _sink_logits(module, lse.device)
+        if sink is not None:  # the share of the row the sink takes is left out of the tokens'
+            lse = torch.logaddexp(lse, sink.unsqueeze(-1))
         rebuilt = torch.exp(logits - lse)
         err = (rebuilt - weights.to(torch.float32)).abs().max().item()
         if not err <= QK_TOLERANCE:

@@ -48,7 +48,7 @@ def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     n = maps.shape[-1]
     out: dict[str, np.ndarray] = {}
     if sink_logits:
-        out["learned_sink"] = 1.0 - maps.astype(np.float64).sum(-1).mean(-1)
+        out["learned_sink"] = 1.0 - maps.sum(-1, dtype=np.float64).mean(-1)
     else:
         out["learned_sink"] = np.zeros(maps.shape[:2])
     for p in range(POSITIONS):

@@ -61,24 +61,23 @@ def example_sums(maps: np.ndarray | LayerMaps, cls: np.ndarray, sep: np.ndarray,
     else:
         # A layer at a time through one scratch buffer (a Q/K run's maps rebuilt a layer at a time, `LayerMaps`): a whole
         # example's maps and p log p took 2 x 4.5 GiB at 2,048 tokens (`python benchmarks/decoder_capture.py`).
-        causal = isinstance(maps, LayerMaps)  # a Q/K run's rows: no key past a row, so p log p is 0 there
-        if isinstance(maps, LayerMaps):
+        if isinstance(maps, LayerMaps):  # a Q/K run's rows: no key past a row, so p log p is 0 there
             layer_of = maps.layer
+            blocks = [(r, min(length, r + CAUSAL_ROWS)) for r in range(0, length, CAUSAL_ROWS)]
+            logs = np.zeros((n_heads, length, length), np.float32)  # the keys past each block stay 0 for every layer
         else:
             values = np.ascontiguousarray(maps, dtype=np.float32).reshape(n_layers, n_heads, length, length)
             layer_of = values.__getitem__  # type: ignore[assignment]  # values[i]: (head, row, key), as maps.layer(i)
-        logs = np.empty((n_heads, length, length), np.float32)
+            blocks = [(0, length)]
+            logs = np.empty((n_heads, length, length), np.float32)
         sums = np.empty((len(CLARK_FIELDS), n_heads), np.float64)
-        blocks = [(r, min(length, r + CAUSAL_ROWS)) for r in range(0, length, CAUSAL_ROWS)] if causal else [(0, length)]
         for layer in range(n_layers):
             layer_maps = layer_of(layer)
-            for r0, r1 in blocks:  # row_entropy's float32 p log p (below), 0 log 0 = 0; causal: the keys rows r0..r1 see
-                keys_seen = r1 if causal else length
-                part = logs[:, r0:r1, :keys_seen]
-                np.maximum(layer_maps[:, r0:r1, :keys_seen], TINY, out=part)
+            for r0, r1 in blocks:  # row_entropy's float32 p log p (below), 0 log 0 = 0, over the keys rows r0..r1 see
+                part = logs[:, r0:r1, :r1]
+                np.maximum(layer_maps[:, r0:r1, :r1], TINY, out=part)
                 np.log(part, out=part)
-                part *= layer_maps[:, r0:r1, :keys_seen]
-                logs[:, r0:r1, keys_seen:] = 0
+                part *= layer_maps[:, r0:r1, :r1]
             kernel("_clark").sums(layer_maps, n_heads, length, keys, logs, sums, False)
             out[:, layer] = sums
     return dict(zip(CLARK_FIELDS, out, strict=True))

@@ -280,6 +280,8 @@ def test_the_planner_goes_on_as_a_worker_with_its_model(store, tiny_bert, one_pr
         assert out.exit_code == 1 and says in out.output, out.output
     with pytest.raises(InvalidArgumentError, match="--as-worker I goes with --for-workers N"):
         ingest(store, corpus=str(MRPC), model=tiny_bert, name="k2", as_worker=0, **OPTIONS)
+    with pytest.raises(InvalidArgumentError, match="--worker-threads must be a positive number of threads, not 0"):
+        ingest(store, corpus=str(MRPC), model=tiny_bert, name="k2", workers=2, as_worker=0, worker_threads=0, **OPTIONS)
 
 
 @pytest.mark.one_backend("sqlite")
