@@ -22,6 +22,7 @@ from .align import Encoded, pad_inputs
 from .errors import IngestError
 from .model import LoadedModel
 from .progress import progress_bar
+from .row_stats import RowStats
 
 ROW_SUM_TOLERANCE = 1e-3
 _WHOLE_PASS = threading.Lock()  # forward_with_loss without capture's hooks
@@ -33,20 +34,29 @@ def _inputs(loaded: LoadedModel, batch: list[Encoded]) -> dict:
     return inputs if loaded.device == "cpu" else {k: v.to(loaded.device) for k, v in inputs.items()}
 
 
-def _sink(loaded: LoadedModel, lengths: list[int], dtype: str, qk_dtype: str | None, stop: bool):
-    """The streaming sink of one pass (ingest/streaming.py): the maps in `dtype`, or, with `qk_dtype`, the Q/K tier's."""
+def _sink(loaded: LoadedModel, lengths: list[int], dtype: str, qk_dtype: str | None, stop: bool, rows: RowStats | None = None):
+    """The streaming sink of one pass (ingest/streaming.py): the maps in `dtype`, or, with `qk_dtype`, the Q/K tier's;
+    `rows`: the pass's row statistics, reduced as each block passes."""
     import torch
 
     if qk_dtype is not None:
         assert loaded.qk is not None  # refused at the run's start otherwise
-        return streaming.QKSink(loaded.n_layers, getattr(torch, qk_dtype), loaded.qk["windows"], lengths)
-    return streaming.DenseSink(loaded.n_layers, loaded.causal, getattr(torch, dtype), stop=stop)
+        return streaming.QKSink(loaded.n_layers, getattr(torch, qk_dtype), loaded.qk["windows"], lengths, rows=rows)
+    return streaming.DenseSink(loaded.n_layers, loaded.causal, getattr(torch, dtype), stop=stop, rows=rows)
 
 
-def forward_attention(loaded: LoadedModel, batch: list[Encoded], whole: bool = False, dtype: str = "float32", qk_dtype: str | None = None):
+def forward_attention(
+    loaded: LoadedModel,
+    batch: list[Encoded],
+    whole: bool = False,
+    dtype: str = "float32",
+    qk_dtype: str | None = None,
+    rows: RowStats | None = None,
+):
     """One forward pass; returns the maps and the lengths: per layer (batch, head, query, key), or as one (batch, layer,
     head, query, key) tensor in `dtype` where the streaming capture takes them (ingest/streaming.py), or with
-    `qk_dtype` (the Q/K tier) that capture's (queries, keys, log-sum-exps).
+    `qk_dtype` (the Q/K tier) that capture's (queries, keys, log-sum-exps). `rows`: row statistics the streaming
+    capture fills as each block passes.
 
     The pass stops at the last map where the model allows it (ingest/capture.py, ingest/streaming.py): the maps are
     the same. `whole`: run the whole model (what a user recomputing maps runs; benchmarks).
@@ -57,7 +67,7 @@ def forward_attention(loaded: LoadedModel, batch: list[Encoded], whole: bool = F
     inputs = _inputs(loaded, batch)
     with torch.inference_mode():
         if loaded.capture == "streaming":
-            sink = _sink(loaded, lengths, dtype, qk_dtype, stop=not whole)
+            sink = _sink(loaded, lengths, dtype, qk_dtype, stop=not whole, rows=rows)
             streaming.run_with(sink, lambda: loaded.model(**inputs))
             return sink.result(), lengths
         if loaded.attention_sources is not None and not whole:
@@ -68,9 +78,11 @@ def forward_attention(loaded: LoadedModel, batch: list[Encoded], whole: bool = F
     return attentions, lengths
 
 
-def forward_with_loss(loaded: LoadedModel, batch: list[Encoded], dtype: str = "float32", qk_dtype: str | None = None):
-    """One pass of the causal-LM model (`loaded.lm`) run whole, to its logits: the maps (as `forward_attention`), the
-    lengths and each example's per-token loss (`token_loss`), maps and loss from the same pass."""
+def forward_with_loss(
+    loaded: LoadedModel, batch: list[Encoded], dtype: str = "float32", qk_dtype: str | None = None, rows: RowStats | None = None
+):
+    """One pass of the causal-LM model (`loaded.lm`) run whole, to its logits: the maps (as `forward_attention`, `rows`
+    likewise), the lengths and each example's per-token loss (`token_loss`), maps and loss from the same pass."""
     import torch
 
     lengths = [e.length for e in batch]
@@ -81,7 +93,7 @@ def forward_with_loss(loaded: LoadedModel, batch: list[Encoded], dtype: str = "f
 
     with torch.inference_mode():
         if loaded.capture == "streaming":  # the decoder's pass, then its LM head a few hundred tokens at a time
-            sink = _sink(loaded, lengths, dtype, qk_dtype, stop=False)
+            sink = _sink(loaded, lengths, dtype, qk_dtype, stop=False, rows=rows)
             output = streaming.run_with(sink, lambda: loaded.model(**inputs, use_cache=False))
             if getattr(output, "logits", None) is not None:  # a checkpoint whose decoder is the LM itself (GPT-2's)
                 return sink.result(), lengths, token_loss(output.logits, inputs["input_ids"], lengths)
@@ -183,8 +195,8 @@ def to_blocks(attentions, lengths: list[int], dtype: str, batch: list[Encoded], 
 
 
 # (example, maps (or a Q/K run's (queries, keys, log-sum-exps)) or None: skipped, value norms or None, per-token loss or None,
-# hidden-state peaks or None)
-Item = tuple[Encoded, np.ndarray | tuple | None, np.ndarray | None, np.ndarray | None, np.ndarray | None]
+# hidden-state peaks or None, row statistics (stats, top keys) or None)
+Item = tuple[Encoded, np.ndarray | tuple | None, np.ndarray | None, np.ndarray | None, np.ndarray | None, tuple | None]
 
 
 def batch_items(
@@ -196,16 +208,18 @@ def batch_items(
     with_loss: bool = False,
     qk_dtype: str | None = None,
     with_peaks: bool = False,
+    with_rows: bool = False,
 ) -> list[Item]:
     """One planned batch's examples to store, in storage order, with their maps (None: skipped, no tokens; with
     `qk_dtype`, a Q/K run's, their queries, keys and log-sum-exps: store/qk.py) and, with `with_norms`, their value
     norms (token, layer, head), with `with_loss` their per-token loss (token,), both from the same pass
     (ingest/norms.py, `token_loss`), with `with_peaks` (a whole pass: `with_loss` too) their hidden-state peaks (token,
-    layer, 3: ingest/activations.py)."""
+    layer, 3: ingest/activations.py), with `with_rows` their row statistics (store/row_stats.py), reduced as the streaming
+    capture's blocks pass."""
     runnable = [e for e in batch if e.input_ids]
     if qk_dtype is None:
         _refuse_oversized(loaded, runnable, dtype)
-    items: list[Item] = [(e, None, None, None, None) for e in batch if not e.input_ids and e.example_id not in done]
+    items: list[Item] = [(e, None, None, None, None, None) for e in batch if not e.input_ids and e.example_id not in done]
     if any(e.example_id not in done for e in runnable):
         projections = loaded.value_projections if with_norms else None
         if with_norms and projections is None:
@@ -215,11 +229,14 @@ def batch_items(
         layers = activations.decoder_layers(loaded.model, loaded.n_layers) if with_peaks else None
         if with_peaks and (layers is None or not with_loss):
             raise IngestError(f"model {loaded.name!r}: hidden-state peaks need a whole pass of its {loaded.n_layers} decoder layers")
+        if with_rows and (loaded.capture != "streaming" or not loaded.causal):
+            raise IngestError(f"model {loaded.name!r}: row statistics need a causal model's streaming capture")
+        rows = RowStats([e.length for e in runnable], loaded.n_layers) if with_rows else None
         with norms.collecting(projections) as values, activations.collecting(layers) as caught:
             if with_loss:
-                attentions, lengths, losses = forward_with_loss(loaded, runnable, dtype, qk_dtype)
+                attentions, lengths, losses = forward_with_loss(loaded, runnable, dtype, qk_dtype, rows)
             else:
-                (attentions, lengths), losses = forward_attention(loaded, runnable, dtype=dtype, qk_dtype=qk_dtype), None
+                (attentions, lengths), losses = forward_attention(loaded, runnable, dtype=dtype, qk_dtype=qk_dtype, rows=rows), None
         if qk_dtype is not None:
             q, k, lse = attentions
             blocks = [(q[b, :n].copy(), k[b, :n].copy(), lse[b, :n].copy()) for b, n in enumerate(lengths)]
@@ -228,9 +245,10 @@ def batch_items(
         per_example = norms.value_norms(projections, values, lengths) if projections is not None else [None] * len(blocks)
         per_loss = losses if losses is not None else [None] * len(blocks)
         per_peaks = activations.hidden_peaks(caught, loaded.n_layers, lengths) if layers is not None else [None] * len(blocks)
+        per_rows = rows.results() if rows is not None else [None] * len(blocks)
         items += [
-            (e, maps, n, lo, pk)
-            for e, maps, n, lo, pk in zip(runnable, blocks, per_example, per_loss, per_peaks)
+            (e, maps, n, lo, pk, rs)
+            for e, maps, n, lo, pk, rs in zip(runnable, blocks, per_example, per_loss, per_peaks, per_rows)
             if e.example_id not in done
         ]
     return items
@@ -265,9 +283,18 @@ def store_items(writer, items: list, overlap: bool = False) -> None:
             norms_ = rest[0] if rest else None
             loss = rest[1] if len(rest) > 1 else None
             peaks = rest[2] if len(rest) > 2 else None
+            rows = rest[3] if len(rest) > 3 else None
             qk = maps if isinstance(maps, tuple) else None
             writer.add(
-                enc.example_id, None if qk else maps, enc.tokens, truncated=enc.truncated, norms=norms_, loss=loss, qk=qk, peaks=peaks
+                enc.example_id,
+                None if qk else maps,
+                enc.tokens,
+                truncated=enc.truncated,
+                norms=norms_,
+                loss=loss,
+                qk=qk,
+                peaks=peaks,
+                rows=rows,
             )
     writer.commit(wait=not overlap)
 
@@ -332,6 +359,7 @@ def run_batches(
     with_norms = getattr(writer, "norms", None) is not None  # the run keeps value norms (a distributed part never)
     with_loss = getattr(writer, "loss", None) is not None  # the run keeps per-token loss (a distributed part never)
     with_peaks = getattr(writer, "peaks", None) is not None  # and hidden-state peaks (likewise)
+    with_rows = getattr(writer, "rows", None) is not None  # and row statistics (likewise)
     qk_dtype = writer.info.qk["dtype"] if writer.info.qk else None  # a Q/K run (store/qk.py)
     overlap = storage_overlaps() if overlap is None else overlap
     running: deque = deque()  # forward passes, in batch order
@@ -363,7 +391,8 @@ def run_batches(
             for batch in batches:
                 if all(e.example_id in done for e in batch):
                     continue
-                running.append(forward.submit(batch_items, loaded, dtype, batch, done, with_norms, with_loss, qk_dtype, with_peaks))
+                extras = (with_norms, with_loss, qk_dtype, with_peaks, with_rows)
+                running.append(forward.submit(batch_items, loaded, dtype, batch, done, *extras))
                 while len(running) > passes:
                     n_new += hand_over()
             while running:

@@ -16,12 +16,13 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from ..store import row_stats
 from ..store.errors import BusyError, ConflictError
 from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
 from ..store.leases import clear_stale, live_holder
 from ..store.parts import PLAN
 from ..store.qk import qk_entry
-from ..store.records import HIDDEN_PEAKS_FLAG, QK_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo
+from ..store.records import HIDDEN_PEAKS_FLAG, QK_FLAG, ROW_STATS_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo
 from ..store.writer import run_lease_name, validate_run_name
 from .activations import decoder_layers, peaks_manifest
 from .annotate import annotate, make_annotator
@@ -375,6 +376,11 @@ def _ingest(store, settings, progress, loaded, scheduler, workers, options) -> t
                 manifest[TOKEN_LOSS_FLAG] = token_loss_manifest()
                 if decoder_layers(loaded.model, loaded.n_layers) is not None:  # massive activations, from the same pass
                     manifest[HIDDEN_PEAKS_FLAG] = peaks_manifest()
+        if settings.row_stats and loaded.causal and loaded.capture == "streaming":
+            if parallel:
+                print(f"note: row statistics are not kept by an ingest {_where(workers)}", file=sys.stderr)
+            else:
+                manifest[ROW_STATS_FLAG] = row_stats.manifest()
         manifest["capture"] = capture_manifest(loaded)
         manifest["tier"] = tier
         if settings.generate:
@@ -413,6 +419,11 @@ def _ingest(store, settings, progress, loaded, scheduler, workers, options) -> t
         if info.has_token_loss and parallel:
             raise InvalidArgumentError(
                 f"run {run_name!r} keeps per-token loss, which an ingest {_where(workers)} does not compute: "
+                f"resume it without {'--for-workers' if workers else '--scheduler'}"
+            )
+        if info.has_row_stats and parallel:
+            raise InvalidArgumentError(
+                f"run {run_name!r} keeps row statistics, which an ingest {_where(workers)} does not compute: "
                 f"resume it without {'--for-workers' if workers else '--scheduler'}"
             )
         done = store.writer.done_example_ids(info.id)

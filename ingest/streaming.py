@@ -133,6 +133,7 @@ class DenseSink:
     causal: bool
     dtype: Any  # torch dtype of the stored maps
     stop: bool = False  # end the pass once the last layer's weights are taken (nothing after them is computed)
+    rows: Any = None  # ingest/row_stats.RowStats: each block's rows reduced as they pass (a causal model's), or None
     maps: Any = None
     _next: int = 0
 
@@ -152,6 +153,8 @@ class DenseSink:
                 module, query[:, :, r0:r1], key[:, :, :keys], value[:, :, :keys], mask, scaling=scaling, dropout=0.0, **options
             )
             self.maps[:, index, :, r0:r1, :keys].copy_(weights)
+            if self.rows is not None:
+                self.rows.block(index, r0, weights)
         if self.stop and self._next == self.n_layers:
             raise _Stop
 
@@ -178,6 +181,7 @@ class QKSink:
     windows: list  # per layer, the sliding window a rebuild applies (None: every earlier key), checked against the mask
     lengths: list  # per example of the batch, its real tokens (the mask is checked within them)
     verify: bool = False
+    rows: Any = None  # ingest/row_stats.RowStats: each block's rows, rebuilt from the stored Q/K, reduced; or None
     q: Any = None
     k: Any = None
     lse: Any = None
@@ -206,7 +210,10 @@ class QKSink:
         group = heads // kv_heads
         sink = _sink_logits(module, query.device)  # the stored log-sum-exps include it: rows sum to < 1 as the model's
         if query.device.type == "cpu" and not self.verify:
-            return self._flash(query, key, value, attention_mask, scale, group, index, sink)
+            output = self._flash(query, key, value, attention_mask, scale, group, index, sink)
+            if self.rows is not None:
+                self._reduce_rows(index, attention_mask, scale, group)
+            return output
         q = self.q[:, :, index].transpose(1, 2).to(query.device, torch.float32)  # the stored values, as a rebuild reads them
         k = self.k[:, :, index].transpose(1, 2).to(query.device, torch.float32)
         if group > 1:
@@ -218,7 +225,25 @@ class QKSink:
             if sink is not None:
                 lse = torch.logaddexp(lse, sink)
             self.lse[:, r0:r1, index].copy_(lse.transpose(1, 2))
+            if self.rows is not None:
+                self.rows.block(index, r0, torch.exp(logits + mask - lse.unsqueeze(-1)))
         return None
+
+    def _reduce_rows(self, index: int, attention_mask, scale: float, group: int) -> None:
+        """The layer's rows rebuilt from the stored Q/K and log-sum-exps a block at a time, as store/qk.py rebuilds
+        them, handed to the row statistics."""
+        import torch
+
+        q = self.q[:, :, index].transpose(1, 2).to(torch.float32)
+        k = self.k[:, :, index].transpose(1, 2).to(torch.float32)
+        if group > 1:
+            k = k.repeat_interleave(group, dim=1)
+        lse = self.lse[:, :, index].transpose(1, 2)  # (batch, head, token)
+        for r0, r1 in _blocks(q.shape[2]):
+            logits = torch.matmul(q[:, :, r0:r1], k[:, :, :r1].transpose(2, 3)).mul_(scale)
+            mask = additive_block(attention_mask, r0, r1, r1, torch.float32, q.device, causal=True)
+            logits.add_(mask).sub_(lse[:, :, r0:r1, None]).exp_()
+            self.rows.block(index, r0, logits)
 
     def _flash(self, query, key, value, attention_mask, scale: float, group: int, index: int, sink=None):
         """The layer's output and log-sum-exps from torch's CPU flash kernel; with float16 Q/K the log-sum-exps are taken

@@ -52,6 +52,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from . import remote
+from . import row_stats as rows
 from .errors import DamagedDataError, InvalidArgumentError, NotFoundError
 
 AXES = ("layer", "head", "query", "key")
@@ -259,10 +260,11 @@ def create_run_group(
     value_norms: bool = False,
     token_loss: bool = False,
     hidden_peaks: bool = False,
+    row_stats: bool = False,
 ) -> str:
     """Create (or replace an orphan of) a run's group with empty cells and index arrays (and an empty `value_norm`
     array where `value_norms`, an empty `token_loss` array where `token_loss`, an empty `hidden_peak` array where
-    `hidden_peaks`); returns the cells path.
+    `hidden_peaks`, empty `row_stats` and `row_top` arrays where `row_stats`); returns the cells path.
 
     Called only while holding the run's name in SQL, so any group already at this path is
     left over from an attempt whose row was never committed.
@@ -287,6 +289,12 @@ def create_run_group(
         create_token_array(
             root, cells.path, HIDDEN_PEAKS, trailing, "float32", PEAK_CHUNK_TOKENS, HIDDEN_PEAKS_ATTRIBUTES, ("token", "layer", "field")
         )
+    if row_stats:
+        layers, heads = attributes["n_layers"], attributes["n_heads"]
+        axes = ("token", "layer", "head", "field")
+        stats_shape, top_shape = (layers, heads, len(rows.FIELDS)), (layers, heads, rows.TOP_K)
+        create_token_array(root, cells.path, rows.STATS, stats_shape, "float16", rows.CHUNK_TOKENS, rows.ATTRIBUTES, axes)
+        create_token_array(root, cells.path, rows.TOP, top_shape, "int32", rows.CHUNK_TOKENS, rows.TOP_ATTRIBUTES, (*axes[:3], "rank"))
     return cells.path
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from . import arrays, qk, remote, summaries
+from . import arrays, qk, remote, row_stats, summaries
 from .errors import AttnStoreError, BusyError, DamagedDataError, NotFoundError
 from .float16 import as_float32
 from .records import in_layout_1
@@ -280,6 +280,11 @@ def check_run(store, run, repair: bool = False) -> RunReport:
         if info.has_hidden_peaks:
             fix = "ingest the run again for its hidden-state peaks"
             _check_token_array(report, store, info, arrays.HIDDEN_PEAKS, n_tokens, fix, exact=state == "complete", signed=True)
+        if info.has_row_stats:
+            fix = "ingest the run again for its row statistics (its maps are unaffected)"
+            exact = state == "complete"
+            _check_token_array(report, store, info, row_stats.STATS, n_tokens, fix, exact=exact, step=ROW_CHECK_TOKENS)
+            _check_token_array(report, store, info, row_stats.TOP, n_tokens, fix, exact=exact, signed=True, step=ROW_CHECK_TOKENS)
         try:
             saliency = arrays.run_group_attribute(store.locations.array_root, info.array_path, arrays.SALIENCY)
         except Exception as exc:  # the group's zarr.json cannot be read: the index check above reports that once
@@ -292,6 +297,7 @@ def check_run(store, run, repair: bool = False) -> RunReport:
 
 
 NORM_CHECK_TOKENS = 1 << 16
+ROW_CHECK_TOKENS = 1 << 12  # tokens of row statistics read at once (store/token_reads.py ROW_READ_TOKENS)
 QK_CHECK_TOKENS = 1 << 11  # tokens of a Q/K array read at once: 2,048 x 30 layers x 9 heads x 64 float16 = 71 MB (SmolLM2)
 
 

@@ -13,6 +13,8 @@ VALUE_NORMS_FLAG = "value_norms"
 TOKEN_LOSS_FLAG = "token_loss"
 # The manifest entry of a run that keeps each token's hidden-state peak per layer (store/arrays.py HIDDEN_PEAKS).
 HIDDEN_PEAKS_FLAG = "hidden_peaks"
+# The manifest entry of a run that keeps per-row statistics of every head's attention (store/row_stats.py).
+ROW_STATS_FLAG = "row_stats"
 # The manifest entry of a run in the Q/K tier (store/qk.py): its maps are rebuilt from stored queries and keys.
 QK_FLAG = "qk"
 
@@ -86,6 +88,11 @@ class RunInfo:
     def has_hidden_peaks(self) -> bool:
         """Whether the run keeps each token's hidden-state peak per layer (massive activations: a causal LM's run)."""
         return bool((self.manifest or {}).get(HIDDEN_PEAKS_FLAG))
+
+    @property
+    def has_row_stats(self) -> bool:
+        """Whether the run keeps per-row statistics of every head's attention (store/row_stats.py: a causal LM's run)."""
+        return bool((self.manifest or {}).get(ROW_STATS_FLAG))
 
     @property
     def sink_logits(self) -> bool:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import sqlalchemy as sa
 
-from . import progress
+from . import progress, row_stats
 from .errors import DamagedDataError, InvalidArgumentError, NotFoundError
 from .lazy import LazyModule
 from .records import RunInfo
@@ -32,6 +32,7 @@ else:  # these import zarr: each is imported at its first use (store/lazy.py)
 REBUILD_LIMIT_ENV = "ATTNSTORE_REBUILD_MB"
 REBUILD_LIMIT_MB = 6144
 NORM_READ_TOKENS = 1 << 16  # value norms read at once (x layers x heads float16 values)
+ROW_READ_TOKENS = 1 << 12  # row statistics read at once: 4,096 x SmolLM2's 270 heads x 94 bytes = 104 MB
 
 
 def rebuild_limit_bytes() -> int:
@@ -218,6 +219,25 @@ class TokenReads:
         values = arrays.TokenArray(self.locations.array_root, info.array_path, name)
         return ((example, np.asarray(rows, dtype=np.float32)) for example, rows in self._iter_token_values(info, values, examples))
 
+    def iter_row_stats(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, row_stats.ExampleRows]]:
+        """(example, its per-row attention statistics) over the run's committed examples (or `examples`), in storage
+        order (store/row_stats.py); refused in one line where the run keeps none."""
+        info = self.run_info(run)
+        if not info.has_row_stats:
+            raise InvalidArgumentError(
+                f"run {info.name!r} keeps no per-row attention statistics (not a causal LM's run with streaming capture, "
+                f"ingested with --no-row-stats, on workers or a Dask scheduler, or before attnstore kept them): read its "
+                f"maps, or ingest it again under a new --name"
+            )
+        root = self.locations.array_root
+        stats, top = (arrays.TokenArray(root, info.array_path, name) for name in (row_stats.STATS, row_stats.TOP))
+        pairs = zip(
+            self._iter_token_values(info, stats, examples, ROW_READ_TOKENS), self._iter_token_values(info, top, examples, ROW_READ_TOKENS)
+        )
+        for (example, values), (same, keys) in pairs:
+            assert example == same, (example, same)  # both in storage order
+            yield example, row_stats.ExampleRows(values, keys)
+
     def saliency_info(self, run: RunRef) -> dict | None:
         """What the run's saliency array holds (model, method, target, n_tokens, complete), or None without one."""
         info = self.run_info(run)
@@ -251,13 +271,16 @@ class TokenReads:
             positions, lengths, starts = positions[keep], lengths[keep], starts[keep]
         return positions, lengths, starts
 
-    def _iter_token_values(self, info: RunInfo, array: arrays.TokenArray, examples) -> Iterator[tuple[int, np.ndarray]]:
-        """(example, its rows of a per-token array) in storage order, one read per window of nearby examples."""
+    def _iter_token_values(
+        self, info: RunInfo, array: arrays.TokenArray, examples, window_tokens: int = NORM_READ_TOKENS
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """(example, its rows of a per-token array) in storage order, one read per window of nearby examples (at most
+        `window_tokens` tokens, or one example)."""
         positions, lengths, starts = self._token_spans(info, examples)
         i = 0
         while i < len(positions):
             j = i + 1
-            while j < len(positions) and starts[j] + lengths[j] - starts[i] <= NORM_READ_TOKENS:
+            while j < len(positions) and starts[j] + lengths[j] - starts[i] <= window_tokens:
                 j += 1
             first, last = int(starts[i]), int(starts[j - 1] + lengths[j - 1])
             window = array.read(first, last)

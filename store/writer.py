@@ -22,12 +22,12 @@ import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 
-from . import leases
+from . import leases, row_stats
 from .errors import AttnStoreError, ConflictError, InvalidArgumentError, ReadOnlyStoreError, StorageIOError
 from .identity import dataset_identity
 from .lazy import LazyModule
 from .reader import RunRef, StoreReader
-from .records import HIDDEN_PEAKS_FLAG, QK_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
+from .records import HIDDEN_PEAKS_FLAG, QK_FLAG, ROW_STATS_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo, StoredExample
 from .run_blocks import committed_end, run_attributes, write_index_from_sql
 from .schema import (
     AblationResult,
@@ -344,6 +344,7 @@ class StoreWriter:
                     value_norms=bool(fields["manifest"].get(VALUE_NORMS_FLAG)),
                     token_loss=bool(fields["manifest"].get(TOKEN_LOSS_FLAG)),
                     hidden_peaks=bool(fields["manifest"].get(HIDDEN_PEAKS_FLAG)),
+                    row_stats=bool(fields["manifest"].get(ROW_STATS_FLAG)),
                 )
                 if fields["manifest"].get(QK_FLAG):
                     qk.create_arrays(
@@ -503,6 +504,12 @@ class RunWriter:
             self._peak_tokens = int(n_tokens or 0)
             if part is None and info.has_hidden_peaks:
                 self.peaks = arrays.TokenArray(store.locations.array_root, info.array_path, arrays.HIDDEN_PEAKS, read_only=False)
+            self.rows = None  # per-row attention statistics (store/row_stats.py) likewise: (stats, top) arrays
+            self._row_tokens = int(n_tokens or 0)
+            if part is None and info.has_row_stats:
+                root = store.locations.array_root
+                names = (row_stats.STATS, row_stats.TOP)
+                self.rows = tuple(arrays.TokenArray(root, info.array_path, name, read_only=False) for name in names)
             # A Q/K run (store/qk.py) writes no cells: its queries, keys and log-sum-exps go to their per-token arrays like
             # the value norms, and its offsets stay those its maps would have in the cells, so every offset rule holds.
             self.qk = None
@@ -528,9 +535,10 @@ class RunWriter:
                 ) from None
             raise
         # (end offset, sequence row, token rows, token ids, value norms (token, layer, head) or None, loss (token,) or None,
-        # a Q/K run's (queries, keys, log-sum-exps) or None, hidden-state peaks (token, layer, field) or None)
+        # a Q/K run's (queries, keys, log-sum-exps) or None, hidden-state peaks (token, layer, field) or None, row
+        # statistics (stats, top) or None)
         self._pending: list[
-            tuple[int, dict, list[tuple], np.ndarray, np.ndarray | None, np.ndarray | None, tuple | None, np.ndarray | None]
+            tuple[int, dict, list[tuple], np.ndarray, np.ndarray | None, np.ndarray | None, tuple | None, np.ndarray | None, tuple | None]
         ] = []
         # Index entries committed in SQL, not yet in the Zarr index: written every INDEX_FLUSH_TOKENS tokens and at the end.
         self._index_queue: list[tuple[int, int, int, np.ndarray]] = []  # (example position, offset, length, token ids)
@@ -551,10 +559,12 @@ class RunWriter:
         loss: np.ndarray | None = None,
         qk: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
         peaks: np.ndarray | None = None,
+        rows: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """`norms`: the example's value norms, (token, layer, head), required where the run keeps them (and only there);
         `loss`: its per-token next-token loss, (token,), likewise; `peaks`: its hidden-state peaks (token, layer, field),
-        likewise. A Q/K run takes `qk` (queries (token, layer, head, dim), keys (token, layer, kv head, dim), log-sum-exps
+        likewise; `rows`: its row statistics (store/row_stats.py: stats (token, layer, head, field), top keys (token,
+        layer, head, k)), likewise. A Q/K run takes `qk` (queries (token, layer, head, dim), keys (token, layer, kv head, dim), log-sum-exps
         (token, layer, head)) and no maps."""
         expected = (self.info.n_layers, self.info.n_heads)
         if (qk is None) != (self.qk is None) or (maps is None) == (qk is None):
@@ -590,6 +600,17 @@ class RunWriter:
             )
         if peaks is not None and peaks.shape != (len(tokens), self.info.n_layers, len(arrays.PEAK_FIELDS)):
             raise InvalidArgumentError(f"hidden-state peaks of shape {peaks.shape} do not fit {len(tokens)} tokens")
+        if (rows is None) != (self.rows is None) and self.part is None:
+            raise InvalidArgumentError(
+                f"run {self.info.name!r} {'keeps' if self.rows is not None else 'does not keep'} row statistics: "
+                f"example {example_id} was given {'none' if rows is None else 'some'}"
+            )
+        if rows is not None and (
+            len(rows) != 2
+            or rows[0].shape != (len(tokens), *expected, len(row_stats.FIELDS))
+            or rows[1].shape != (len(tokens), *expected, row_stats.TOP_K)
+        ):
+            raise InvalidArgumentError(f"row statistics of shapes {[r.shape for r in rows]} do not fit {len(tokens)} tokens and {expected}")
         if maps is not None and self.part is not None and self.blocks.offset_for(maps.size) + maps.size > self.part[1]:
             raise InvalidArgumentError(
                 f"example {example_id}'s maps do not fit the cells {self.part[0]}..{self.part[1]} "
@@ -604,7 +625,7 @@ class RunWriter:
         run_id = self.info.id
         toks = [(run_id, example_id, i, *token_values(t)) for i, t in enumerate(tokens)]
         ids = np.fromiter((t["token_id"] for t in tokens), np.int64, len(tokens))
-        self._pending.append((offset + size, seq, toks, ids, norms, loss, qk, peaks))
+        self._pending.append((offset + size, seq, toks, ids, norms, loss, qk, peaks, rows))
 
     def _check_qk(self, example_id: int, qk: tuple, n: int) -> None:
         entry, layers, heads = self.info.qk, self.info.n_layers, self.info.n_heads
@@ -616,7 +637,7 @@ class RunWriter:
 
     def add_skipped(self, example_id: int, length: int) -> None:
         seq = dict(run_id=self.info.id, example_id=example_id, length=length, offset=None, truncated=False, skipped=True)
-        self._pending.append((0, seq, [], np.empty(0, np.int64), None, None, None, None))
+        self._pending.append((0, seq, [], np.empty(0, np.int64), None, None, None, None, None))
 
     def _flush_blocks(self, final: bool, wait: bool) -> int:
         self.lease.check()
@@ -667,6 +688,12 @@ class RunWriter:
             self._peak_tokens += self._write_per_token(
                 self.peaks, self._peak_tokens, [p[7] for p in ready if p[7] is not None], "hidden-state peaks"
             )
+        if self.rows is not None:
+            given = [p[8] for p in ready if p[8] is not None]
+            for array, part in zip(self.rows, ([g[0] for g in given], [g[1] for g in given])):
+                written = self._write_per_token(array, self._row_tokens, part, "row statistics")
+            if given:
+                self._row_tokens += written
         with self.store.session() as s:
             self.lease.check(s.connection())
             if self.index is not None:

@@ -1,0 +1,109 @@
+"""Per-row statistics of every head's attention, reduced while each block of rows passes the capture.
+
+A causal LM's streaming capture (ingest/streaming.py) forms each layer's weights QUERY_BLOCK rows at a time: the dense
+tier to store them, the Q/K tier only for this. `RowStats.block` reduces each block, in float32, to the fields of
+store/row_stats.py: the attention on the first positions, the row's entropy and sum, its mass by log2 distance, its
+top keys, and (summed over the blocks) each key's column. The decoder queries (attention_sink, previous_token_heads,
+streaming_heads, entropy_by_position, heavy_hitters) then answer a run from these without reading a map.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..store import row_stats as fmt
+
+# Distances whose cumulative mass is taken: mass on d < 2^b for b = 0 .. DISTANCE_BINS - 2 (the last bin is the rest).
+_LIMITS = tuple(1 << b for b in range(fmt.DISTANCE_BINS - 1))
+
+
+@dataclass
+class RowStats:
+    """One pass's row statistics, (batch, token, layer, head, field) float32 and (batch, token, layer, head, k) top
+    keys, filled layer by layer and block by block; `lengths`: each example's real tokens (right-padded batch)."""
+
+    lengths: list[int]
+    n_layers: int
+    stats: Any = None  # (batch, layer, head, token, field) float32: each block's rows written in place
+    top: Any = None  # (batch, layer, head, token, k) int32
+    column: Any = None  # (batch, layer, head, key) float64: the attention each key gets from the example's real rows
+    _padded: Any = field(default=None, repr=False)  # (batch, 1, row, 1) float32, 0 on padding rows; None: no padding
+    _scratch: Any = field(default=None, repr=False)  # float32, reused by every block as (batch, head, rows, keys)
+
+    def block(self, layer: int, r0: int, weights) -> None:
+        """Rows r0 .. r0 + r of layer `layer`: `weights` (batch, head, r, keys) of a causal layer, each row's keys past
+        it 0 (the mask's), keys from 0. Each reduction is one vectorised torch op over the block (`xlogy` and float64
+        sums are 6-17x slower than the log and float32 sums used: benchmarks/decoder_capture.py --row-stats)."""
+        import torch
+
+        w = weights.to(torch.float32)
+        batch, heads, r, keys = w.shape
+        device = w.device
+        n = max(self.lengths)
+        if self.stats is None:
+            self.stats = torch.zeros((batch, self.n_layers, heads, n, len(fmt.FIELDS)), dtype=torch.float32)
+            self.top = torch.full((batch, self.n_layers, heads, n, fmt.TOP_K), -1, dtype=torch.int32)
+            self.column = torch.zeros((batch, self.n_layers, heads, n), dtype=torch.float64)
+            if min(self.lengths) < n:
+                real = torch.arange(n)[None, :] < torch.tensor(self.lengths)[:, None]
+                self._padded = real.to(device, torch.float32)[:, None, :, None]
+        if self._scratch is None or self._scratch.numel() < w.numel():
+            self._scratch = torch.empty(batch * heads * r * n, dtype=torch.float32, device=device)  # fresh pages are slow to touch
+        scratch = self._scratch[: w.numel()].view(w.shape)
+        on_cpu = device.type == "cpu"
+        out = self.stats[:, layer, :, r0 : r0 + r] if on_cpu else torch.zeros((batch, heads, r, len(fmt.FIELDS)), device=device)
+        first = min(fmt.POSITIONS, keys)
+        out[..., fmt.FIRST.start : fmt.FIRST.start + first] = w[..., :first]
+        logs = torch.add(w, torch.finfo(torch.float32).tiny, out=scratch).log_()  # 0 log 0 = 0: masked keys add 0
+        out[..., fmt.FIELD["entropy"]] = -torch.einsum("bhrk,bhrk->bhr", w, logs)
+        mass = w.sum(-1)
+        out[..., fmt.FIELD["mass"]] = mass
+        rows = torch.arange(r0, r0 + r, device=device)
+        cumulative = torch.cumsum(w, -1, out=scratch)
+        at_row = cumulative.gather(-1, rows.clamp(max=keys - 1).view(1, 1, r, 1).expand(batch, heads, r, 1))
+        back = rows[:, None] - torch.tensor(_LIMITS, device=device)[None, :]  # (r, limit): the last key at distance >= limit
+        before = cumulative.gather(-1, back.clamp(min=0).expand(batch, heads, r, len(_LIMITS)))
+        within = at_row - torch.where(back >= 0, before, torch.zeros((), device=device))  # the mass on d < limit
+        bins = out[..., fmt.DISTANCE]
+        bins[..., 0] = within[..., 0]
+        bins[..., 1:-1] = within[..., 1:] - within[..., :-1]
+        bins[..., -1] = mass - within[..., -1]
+        k = min(fmt.TOP_K, keys)
+        values, indices = torch.topk(w, k, dim=-1)
+        out[..., fmt.TOP_VALUES.start : fmt.TOP_VALUES.start + k] = values
+        if not on_cpu:  # an accelerator's block: its few numbers per row come back to the CPU
+            self.stats[:, layer, :, r0 : r0 + r] = out.cpu()
+        self.top[:, layer, :, r0 : r0 + r, :k] = torch.where(values > 0, indices, -1).to(torch.int32).cpu()
+        weighted = w if self._padded is None else w * self._padded[:, :, r0 : r0 + r]  # padding rows give no column mass
+        self.column[:, layer, :, :keys] += weighted.sum(-2).cpu()
+
+    def example(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Example b's (stats float16 (token, layer, head, field), top keys int32 (token, layer, head, k))."""
+        import torch
+
+        n = self.lengths[b]
+        with torch.inference_mode():  # the buffers were made in the pass's inference mode
+            stats = self.stats[b, :, :, :n]
+            seen_by = torch.arange(n, 0, -1, dtype=torch.float64)  # rows at or after key k: n - k
+            stats[..., fmt.FIELD["column"]] = (self.column[b, :, :, :n] / seen_by).to(torch.float32)
+            return stats.permute(2, 0, 1, 3).to(torch.float16).numpy(), self.top[b, :, :, :n].permute(2, 0, 1, 3).contiguous().numpy()
+
+    def results(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        if self.stats is None:
+            raise RuntimeError("no attention block reached the row statistics")
+        return [self.example(b) for b in range(len(self.lengths))]
+
+
+def from_maps(maps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One example's row statistics from its (layer, head, L, L) causal maps (what ingest computes from the rows as
+    they pass): for tests and for checking a stored run against its maps."""
+    import torch
+
+    layers = maps.shape[0]
+    collector = RowStats([maps.shape[-1]], layers)
+    for layer in range(layers):
+        collector.block(layer, 0, torch.from_numpy(np.ascontiguousarray(maps[layer], dtype=np.float32))[None])
+    return collector.example(0)

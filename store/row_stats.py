@@ -1,0 +1,87 @@
+"""Per-row statistics of a causal LM's attention, kept at ingest: what the decoder queries read instead of the maps.
+
+While each block of rows passes (ingest/row_stats.py), ingest reduces every row of every head to a few numbers, taken
+from the full float32 row before the maps are rounded to their storage dtype (or, in the Q/K tier, never stored):
+
+- `first_0` .. `first_3`: the attention on positions 0 .. 3 (0 for a position after the row);
+- `entropy`: the row's entropy, -sum_j a_ij log a_ij, in nats;
+- `mass`: the row's sum: 1, or less with learned sink logits (gpt-oss), where the sink holds the rest;
+- `column`: this token as a key: the attention it gets summed over the rows at or after it, divided by their number
+  (n - k in an n-token example: H2O's normalised accumulated score);
+- `distance_0` .. `distance_15`: the row's attention by distance d = i - j: bin 0 holds d = 0, bin b (1 .. 14)
+  2^(b-1) <= d < 2^b, bin 15 every d >= 2^14; so the mass on the last w keys is a sum of bins for w a power of 2;
+- `top_0` .. `top_7`: the row's 8 largest weights, largest first; their keys are in the `row_top` array (int32, -1
+  where the row has fewer keys). The row's residual mass is `mass` minus their sum.
+
+`row_stats` holds the 31 values (token, layer, head, field) in float16 (2^-11 relative), `row_top` the 8 keys: 94
+bytes per row and head, against 2 n bytes for a float16 map row of an n-token example. Tokens are in storage order,
+as token_id's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+STATS = "row_stats"
+TOP = "row_top"
+POSITIONS = 4
+DISTANCE_BINS = 16
+TOP_K = 8
+FIELDS = (
+    *(f"first_{p}" for p in range(POSITIONS)),
+    "entropy",
+    "mass",
+    "column",
+    *(f"distance_{b}" for b in range(DISTANCE_BINS)),
+    *(f"top_{k}" for k in range(TOP_K)),
+)
+FIELD = {name: i for i, name in enumerate(FIELDS)}
+FIRST = slice(FIELD["first_0"], FIELD["first_0"] + POSITIONS)
+DISTANCE = slice(FIELD["distance_0"], FIELD["distance_0"] + DISTANCE_BINS)
+TOP_VALUES = slice(FIELD["top_0"], FIELD["top_0"] + TOP_K)
+CHUNK_TOKENS = 1 << 8  # 256 tokens x SmolLM2's 270 heads x 31 float16: 4.3 MB a chunk before compression
+BYTES_PER_ROW_HEAD = len(FIELDS) * 2 + TOP_K * 4
+
+ATTRIBUTES = {
+    "description": "per token (as a query row) and head, statistics of its attention row taken from the full float32 "
+    "row at ingest; `column` is per token as a key; tokens in storage order, as token_id (attnstore store/row_stats.py)",
+    "fields": list(FIELDS),
+    "distance_bins": "bin 0: d = 0; bin b: 2^(b-1) <= d < 2^b; bin 15: d >= 2^14 (d = row - key)",
+}
+TOP_ATTRIBUTES = {"description": f"per token and head, the keys of the row's {TOP_K} largest weights (top_0 .. top_7), -1 for none"}
+
+
+def manifest() -> dict:
+    """The run manifest's `row_stats` entry: what the two arrays hold."""
+    return {"arrays": [STATS, TOP], "dtype": "float16", "top_dtype": "int32", "top_k": TOP_K, **ATTRIBUTES}
+
+
+def bins_within(recent: int) -> int | None:
+    """How many distance bins hold exactly the keys i - recent + 1 .. i (d < recent), or None where `recent` is not a
+    power of 2 up to 2^14 (the bins cannot give it)."""
+    if recent < 1 or recent & (recent - 1) or recent > 1 << (DISTANCE_BINS - 2):
+        return None
+    return recent.bit_length()  # d < 1: bin 0; d < 2^b: bins 0 .. b
+
+
+@dataclass(frozen=True)
+class ExampleRows:
+    """One example's row statistics: `stats` (token, layer, head, field) float16 as stored, `top` (token, layer, head,
+    TOP_K) int32."""
+
+    stats: np.ndarray
+    top: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return int(self.stats.shape[0])
+
+    def field(self, name: str) -> np.ndarray:
+        """(layer, head, token) float64 of one field."""
+        return self.stats[..., FIELD[name]].astype(np.float64).transpose(1, 2, 0)
+
+    def fields(self, part: slice) -> np.ndarray:
+        """(layer, head, token, k) float64 of consecutive fields (FIRST, DISTANCE, TOP_VALUES)."""
+        return self.stats[..., part].astype(np.float64).transpose(1, 2, 0, 3)
