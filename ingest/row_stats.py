@@ -70,9 +70,13 @@ class RowStats:
         bins = out[..., fmt.DISTANCE]
         bins[..., 0] = within[..., 0]
         bins[..., 1:-1] = within[..., 1:] - within[..., :-1]
-        bins[..., -1] = mass - within[..., -1]
+        bins[..., -1] = at_row[..., 0] - within[..., -1]  # the row's cumulative sum, not `mass`: exact 0 where none
         k = min(fmt.TOP_K, keys)
         values, indices = torch.topk(w, k, dim=-1)
+        indices, by_key = indices.sort(-1)  # equal weights: the earlier key first, as numpy's argmax picks
+        values = values.gather(-1, by_key)
+        values, by_value = values.sort(dim=-1, descending=True, stable=True)
+        indices = indices.gather(-1, by_value)
         out[..., fmt.TOP_VALUES.start : fmt.TOP_VALUES.start + k] = values
         if not on_cpu:  # an accelerator's block: its few numbers per row come back to the CPU
             self.stats[:, layer, :, r0 : r0 + r] = out.cpu()

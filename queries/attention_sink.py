@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..store.row_stats import FIRST, ExampleRows
 from .common import CAUSAL_NOTE, is_causal, per_head_frame, safe_divide
 from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 
@@ -69,6 +70,24 @@ def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
+def _rows(context, example: int, rows: ExampleRows) -> dict[str, np.ndarray]:
+    """`_reduce`'s fields from a causal LM run's row statistics: the first positions' columns and the rows' sums."""
+    _, window, epsilon, sink_logits = context
+    n = rows.n
+    first = rows.fields(FIRST)  # (layer, head, row, position)
+    shape = first.shape[:2]
+    out: dict[str, np.ndarray] = {"learned_sink": (1.0 - rows.field("mass")).mean(-1) if sink_logits else np.zeros(shape)}
+    for p in range(POSITIONS):
+        out[f"position_{p}"] = first[..., p:, p].mean(-1) if p < n else np.zeros(shape)
+        out[f"has_{p}"] = np.asarray(int(p < n), np.int64)
+    windowed = n >= window
+    importance = first[..., :window, 0].sum(-1) / window if windowed else np.zeros(shape)
+    out["importance"] = importance
+    out["sink"] = (importance > epsilon).astype(np.int64) if windowed else np.zeros(shape, np.int64)
+    out["windowed"] = np.asarray(int(windowed), np.int64)
+    return out
+
+
 def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Sums over a range's examples: each position's mean and the examples that have it, the first token's importance
     and its sinks over the windowed examples, the windowed and all examples."""
@@ -83,7 +102,16 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 SINKS = register_kind(
-    SummaryKind("attention_sink", 2, _prepare, _reduce, defaults={"window": WINDOW, "epsilon": EPSILON}, totals=_totals, threads=True)
+    SummaryKind(
+        "attention_sink",
+        2,
+        _prepare,
+        _reduce,
+        defaults={"window": WINDOW, "epsilon": EPSILON},
+        totals=_totals,
+        threads=True,
+        rows=_rows,
+    )
 )
 
 

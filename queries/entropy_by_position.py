@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..store.row_stats import ExampleRows
 from .common import is_causal
 from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 
@@ -36,15 +37,27 @@ def bin_of(n: int) -> np.ndarray:
 def _reduce(causal, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     """Per (layer, head, bin): the summed row entropy and, per bin, the rows and their summed log(keys seen)."""
     n = maps.shape[-1]
-    bins = bin_of(n)
-    entropy = np.zeros((*maps.shape[:2], BINS))
+    entropy = np.zeros((*maps.shape[:2], n))
     for layer in range(maps.shape[0]):  # one layer at a time: a (head, L, L) float32 temporary, not the example's
         a = maps[layer].astype(np.float32)
         plogp = np.zeros_like(a)
         np.multiply(a, np.log(a, where=a > 0, out=np.zeros_like(a)), out=plogp, where=a > 0)
-        rows = -plogp.sum(-1, dtype=np.float64)  # (head, L)
-        for b in range(min(BINS, int(bins[-1]) + 1)):
-            entropy[layer, :, b] = rows[:, bins == b].sum(-1)
+        entropy[layer] = -plogp.sum(-1, dtype=np.float64)  # (head, L)
+    return _binned(causal, entropy)
+
+
+def _rows(causal, example: int, rows: ExampleRows) -> dict[str, np.ndarray]:
+    """`_reduce` from a causal LM run's row statistics: each row's entropy, kept at ingest."""
+    return _binned(causal, rows.field("entropy"))
+
+
+def _binned(causal: bool, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-row entropies (layer, head, row) -> `_reduce`'s fields."""
+    n = rows.shape[-1]
+    bins = bin_of(n)
+    entropy = np.zeros((*rows.shape[:2], BINS))
+    for b in range(min(BINS, int(bins[-1]) + 1)):
+        entropy[:, :, b] = rows[:, :, bins == b].sum(-1)
     seen = np.log(np.arange(1, n + 1) if causal else np.full(n, n, dtype=np.float64))
     counts = np.bincount(bins, minlength=BINS)[:BINS]
     bound = np.bincount(bins, weights=seen, minlength=BINS)[:BINS]
@@ -55,7 +68,7 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"entropy": part["entropy"].sum(0), "rows": part["rows"].sum(0), "uniform": part["uniform"].sum(0)}
 
 
-ENTROPY_BINS = register_kind(SummaryKind("entropy_bins", 1, _prepare, _reduce, totals=_totals))
+ENTROPY_BINS = register_kind(SummaryKind("entropy_bins", 1, _prepare, _reduce, totals=_totals, rows=_rows))
 
 
 @register("entropy_by_position", sources=MAP_SOURCES)

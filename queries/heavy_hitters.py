@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..store.row_stats import ExampleRows
 from .common import is_causal, per_head_frame, safe_divide
 from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 
@@ -42,11 +43,25 @@ def _prepare(store: Store, info: RunInfo, examples=None):
 
 
 def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
-    causal, classes, _ = context
+    causal, _, _ = context
     n = maps.shape[-1]
     column = maps.astype(np.float64).sum(-2)  # (layer, head, key): the attention each key gets
     seen = (n - np.arange(n)) if causal else np.full(n, n)
-    order = np.argsort(-(column / seen), axis=-1, kind="stable")  # ties: the earlier key first
+    return _shares(context, example, column, column / seen)
+
+
+def _rows(context, example: int, rows: ExampleRows) -> dict[str, np.ndarray]:
+    """`_reduce` from a causal LM run's row statistics: each key's column over the n - k rows that see it, kept at
+    ingest (float16: keys whose scores differ by less than 2^-11 relative may swap ranks)."""
+    score = rows.field("column")
+    return _shares(context, example, score * (rows.n - np.arange(rows.n)), score)
+
+
+def _shares(context, example: int, column: np.ndarray, score: np.ndarray) -> dict[str, np.ndarray]:
+    """The fields from each key's column sum and score (layer, head, key)."""
+    _, classes, _ = context
+    n = column.shape[-1]
+    order = np.argsort(-score, axis=-1, kind="stable")  # ties: the earlier key first
     out = {}
     for share in SHARES:
         top = order[..., : math.ceil(share * n)]
@@ -67,7 +82,7 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-HEAVY = register_kind(SummaryKind("heavy_hitters", 1, _prepare, _reduce, totals=_totals, threads=True))
+HEAVY = register_kind(SummaryKind("heavy_hitters", 1, _prepare, _reduce, totals=_totals, threads=True, rows=_rows))
 
 
 @register("heavy_hitters", sources=MAP_SOURCES)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..store.row_stats import DISTANCE, ExampleRows
 from .common import per_head_frame, safe_divide
 from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 
@@ -33,11 +34,18 @@ def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     return {"previous": maps[..., rows, rows - 1].astype(np.float64).mean(-1), "counted": np.asarray(1, np.int64)}
 
 
+def _rows(context, example: int, rows: ExampleRows) -> dict[str, np.ndarray]:
+    """`_reduce` from a causal LM run's row statistics: A[i, i - 1] is the mass at distance 1 (distance bin 1)."""
+    if rows.n < 2:
+        return {"previous": np.zeros(rows.stats.shape[1:3]), "counted": np.asarray(0, np.int64)}
+    return {"previous": rows.fields(DISTANCE)[..., 1:, 1].mean(-1), "counted": np.asarray(1, np.int64)}
+
+
 def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"previous": part["previous"].sum(0), "counted": np.asarray(part["counted"].sum(), np.int64)}
 
 
-PREVIOUS = register_kind(SummaryKind("previous_token", 1, _prepare, _reduce, totals=_totals, threads=True))
+PREVIOUS = register_kind(SummaryKind("previous_token", 1, _prepare, _reduce, totals=_totals, threads=True, rows=_rows))
 
 
 @register("previous_token_heads", sources=MAP_SOURCES)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..store.row_stats import DISTANCE, FIRST, POSITIONS, ExampleRows, bins_within
 from .common import per_head_frame, safe_divide
 from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 from .errors import InvalidArgumentError
@@ -45,11 +46,39 @@ def _reduce(context, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     return {"kept": kept.mean(-1), "counted": np.asarray(1, np.int64)}
 
 
+def _rows(context, example: int, rows: ExampleRows) -> dict[str, np.ndarray]:
+    """`_reduce` from a causal LM run's row statistics: the first `sinks` positions plus the distance bins below
+    `recent` (a power of 2: `_rows_accept`); for rows i >= sinks + recent the two sets of keys are apart."""
+    sinks, recent = context
+    first = sinks + recent
+    if rows.n <= first:
+        return {"kept": np.zeros(rows.stats.shape[1:3]), "counted": np.asarray(0, np.int64)}
+    within = bins_within(recent)
+    kept = rows.fields(FIRST)[..., first:, :sinks].sum(-1) + rows.fields(DISTANCE)[..., first:, :within].sum(-1)
+    return {"kept": kept.mean(-1), "counted": np.asarray(1, np.int64)}
+
+
+def _rows_accept(params) -> bool:
+    """Row statistics give the kept mass for sinks up to 4 and a power-of-2 window up to 2^14."""
+    return params["sinks"] <= POSITIONS and bins_within(params["recent"]) is not None
+
+
 def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"kept": part["kept"].sum(0), "counted": np.asarray(part["counted"].sum(), np.int64)}
 
 
-KEPT = register_kind(SummaryKind("sink_window_mass", 1, _prepare, _reduce, defaults={"sinks": SINKS, "recent": RECENT}, totals=_totals))
+KEPT = register_kind(
+    SummaryKind(
+        "sink_window_mass",
+        1,
+        _prepare,
+        _reduce,
+        defaults={"sinks": SINKS, "recent": RECENT},
+        totals=_totals,
+        rows=_rows,
+        rows_accept=_rows_accept,
+    )
+)
 
 
 @register("streaming_heads", sources=MAP_SOURCES)

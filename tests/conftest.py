@@ -327,19 +327,21 @@ def make_run():
         dataset_options=None,
         peaks_list=None,
         token_segments=None,
+        row_stats=False,
     ):
         """norms_list: per example, its value norms (layer, head, L); the run then keeps value norms.
         token_ids: per example, each token's id (default: the special's id, else 1000 + the string's length);
         dataset_format, dataset_options: the dataset's (a generated dataset's "repeated_tokens", its lengths);
         peaks_list: per example, its hidden-state peaks (token, layer, 3): the run then keeps them;
         token_segments: per example, each token's segment (default 0; a generation's tokens are segment 1).
+        row_stats: the run keeps per-row statistics of its (causal) maps, computed from them as ingest does.
         write: how many of the examples to store (default all; the rest are only in the dataset).
         words_list: per example, word dicts (form, head, deprel, upos, ...) replacing one word per
         non-special token; token_words: per example, each token's word position (None for specials);
         mentions_list: per example, mention dicts (word_start, word_end, head, entity, kind, doc_order)."""
         n_layers, n_heads = maps_list[0].shape[:2]
         special_ids = {v["token"]: v["id"] for v in specials.values()}
-        from attnstore.store.records import HIDDEN_PEAKS_FLAG, ExampleInput
+        from attnstore.store.records import HIDDEN_PEAKS_FLAG, ROW_STATS_FLAG, ExampleInput
 
         dataset_id, _ = store.writer.find_or_create_dataset(
             name=f"hand-{name}",
@@ -402,7 +404,11 @@ def make_run():
             chunk_cells=chunk_cells,
             codec=codec,
             value_norms=norms_list is not None,
-            manifest={HIDDEN_PEAKS_FLAG: {"array": "hidden_peak"}} if peaks_list is not None else None,
+            manifest={
+                **({HIDDEN_PEAKS_FLAG: {"array": "hidden_peak"}} if peaks_list is not None else {}),
+                **({ROW_STATS_FLAG: {"arrays": ["row_stats", "row_top"]}} if row_stats else {}),
+            }
+            or None,
         )
         ids = dict(store.sql("SELECT position, id FROM examples WHERE dataset_id = :d", {"d": dataset_id}).values.tolist())
         writer = store.writer.run_writer(info.id)
@@ -429,7 +435,12 @@ def make_run():
                 word += 0 if special else 1
             norms = None if norms_list is None else np.asarray(norms_list[position]).transpose(2, 0, 1)  # (token, layer, head)
             peaks = None if peaks_list is None else np.asarray(peaks_list[position], dtype=np.float32)
-            writer.add(ids[position], np.asarray(maps), rows, norms=norms, peaks=peaks)
+            stats = None
+            if row_stats:
+                from attnstore.ingest.row_stats import from_maps
+
+                stats = from_maps(np.asarray(maps, dtype=np.float32))
+            writer.add(ids[position], np.asarray(maps), rows, norms=norms, peaks=peaks, rows=stats)
             writer.commit()
         if finish:
             writer.finish(0.0)

@@ -73,6 +73,12 @@ class SummaryKind:
     # `reduce` takes a Q/K run's maps as `store.qk.LayerMaps` (maps.layer(i), rebuilt a layer at a time) as well as
     # arrays: an example's maps are then never rebuilt whole (weights="attention"; "norm" weights whole arrays).
     by_layer: bool = False
+    # `rows(context, example, rows)` gives the same fields as `reduce` from the example's per-row statistics
+    # (store/row_stats.ExampleRows), which a causal LM's run keeps from ingest: a pass over such a run then reads no
+    # map (engine/sources.py `reads_rows`). `rows_accept(params)`: whether the statistics give the kind for these
+    # parameters (None: for any).
+    rows: Callable[[Any, int, Any], dict[str, np.ndarray]] | None = None
+    rows_accept: Callable[[Mapping[str, Any]], bool] | None = None
 
     def bind(self, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Its parameters with the defaults filled in; an unknown one is a programming error. `weights` (every kind that
@@ -80,6 +86,8 @@ class SummaryKind:
         "norm" (the maps weighted by the value norms, rows renormalised: `queries.common.weighted_maps`)."""
         params = dict(params or {})
         weights = check_weights(params.pop("weights", "attention"))
+        if weights == "maps" and self.rows is None:  # the maps are what it reads anyway: one key
+            weights = "attention"
         if weights != "attention" and self.read is not None:
             raise InvalidArgumentError(f"weights={weights!r} is for queries over one run's maps; {self.name!r} reads something else")
         unknown = set(params) - set(self.defaults)

@@ -22,7 +22,7 @@ from ...store.pools import SizedPool
 from . import kinds
 from .kinds import SummaryKind, _assemble, kind_named
 from .selection import covered, ranges
-from .sources import iter_weighted_maps
+from .sources import iter_weighted_maps, reads_rows
 
 __all__ = ["check_scheduler", "client_for", "current_scheduler", "map_ranges", "split", "use_scheduler"]
 
@@ -38,19 +38,27 @@ def summarise_examples(
     params = kind.bind(params)
     if examples is None:
         examples = covered(store, info, kind, params)
+    from_rows = reads_rows(info, kind.rows, kind.rows_accept, params)
     weights = params.pop("weights", "attention")
+    order: list[int] = []
+    rows: list[dict[str, np.ndarray]] = []
+    if from_rows:  # the run's per-row statistics: a few numbers per row, no map read or rebuilt
+        context: Any = kind.prepare(store, info, examples, **params)
+        assert kind.rows is not None
+        for example, stats in store.iter_row_stats(info.id, examples):
+            order.append(example)
+            rows.append(kind.rows(context, example, stats))
+        return _assemble(kind, order, rows)
     pool = _reduce_pool() if kind.threads and kind.read is None else None
     if pool is not None:  # the context (SQL) is read on the pool while this thread reads the first maps
-        context: Any = pool.submit(kind.prepare, store, info, examples, **params)
-        pairs = iter_weighted_maps(store, info, examples, weights, kind.by_layer)
+        context = pool.submit(kind.prepare, store, info, examples, **params)
+        pairs: Iterable[tuple[int, Any]] = iter_weighted_maps(store, info, examples, weights, kind.by_layer)
     else:
         context = kind.prepare(store, info, examples, **params)
         if kind.read is not None:
             pairs = kind.read(store, info, examples, context)
         else:
             pairs = iter_weighted_maps(store, info, examples, weights, kind.by_layer)
-    order: list[int] = []
-    rows: list[dict[str, np.ndarray]] = []
     for example, row in reduced(kind, context, pairs, pool):
         order.append(example)
         rows.append(row)

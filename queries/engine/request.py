@@ -18,14 +18,18 @@ from types import MappingProxyType
 
 from ..errors import InvalidArgumentError
 
-# The map sources a query over one run's maps may read. "attention": the maps as stored; "norm": each key's attention
-# weighted by its value norm ||f_h(x_j)||, rows renormalised (Kobayashi et al. 2020; runs ingested with value norms).
+# The map sources a query over one run's maps may read. "attention": the attention weights, from the per-row statistics
+# a causal LM's run keeps (store/row_stats.py) where the query's kind answers from them, else the maps as stored;
+# "maps": the maps as stored, always; "norm": each key's attention weighted by its value norm ||f_h(x_j)||, rows
+# renormalised (Kobayashi et al. 2020; runs ingested with value norms).
 SOURCES: dict[str, str] = {
-    "attention": "the maps as stored",
+    "attention": "the attention weights: from the per-row statistics a causal LM's run keeps where the query answers from "
+    "them (no map is read), else the maps as stored",
+    "maps": "the maps as stored, even where the run keeps row statistics the query could answer from (to check them)",
     "norm": "each key's attention weighted by its value norm (Kobayashi et al. 2020), rows renormalised; runs ingested with value norms",
 }
-MAP_SOURCES = ("attention", "norm")  # what a query whose reduce reads only the maps answers from: any source
-ATTENTION_ONLY = ("attention",)  # a query that reads the stored maps beside something else (value norms, gradients)
+MAP_SOURCES = ("attention", "maps", "norm")  # what a query whose reduce reads only the maps answers from: any source
+ATTENTION_ONLY = ("attention", "maps")  # a query that reads the stored maps beside something else (value norms, gradients)
 
 # The parameters the engine gives every query over one run's maps (QuerySpec.parameters lists them after its own).
 ENGINE_PARAMS = ("examples", "weights")
@@ -89,7 +93,7 @@ def requested_examples(run_id: int, examples=REQUESTED):
 def requested_source(run_id: int, params: Mapping) -> dict:
     """`params` with `weights` set to the current request's source for run `run_id`, where the caller gave none."""
     request = current_request(run_id)
-    if "weights" in params or request is None or request.source == "attention":
+    if "weights" in params or request is None or request.source == "attention":  # "maps" is kept: it binds another key
         return dict(params)
     return {**params, "weights": request.source}
 

@@ -53,7 +53,7 @@ def run_query(store: Store, name: str, *, run, **params):
         if not spec.sources:
             frame = spec.func(store, run=run, **params)
         else:
-            if source != "attention":
+            if source == "norm":
                 store.require_value_norms(info.id)  # a run without them: one line, before anything is read
             request = QueryRequest(spec.name, info.id, info.name, MappingProxyType(dict(params)), examples, source, state, n_stored)
             with serving(request):

@@ -32,14 +32,15 @@ def iter_maps(store: Store, info: RunInfo, examples=REQUESTED, by_layer: bool = 
 # What a per-head query reads: the attention weights a_ij, or (Kobayashi et al. 2020) the weights times the value norms,
 # a_ij ||f_h(x_j)|| = ||a_ij f_h(x_j)||, each row renormalised to sum to 1 (so entropies, argmaxes and shares read as
 # for attention; a row whose weighted values are all 0 stays 0).
-WEIGHTS = ("attention", "norm")
+WEIGHTS = ("attention", "maps", "norm")
 
 
 def check_weights(weights: str) -> str:
     if weights not in WEIGHTS:
         raise InvalidArgumentError(
-            f"weights={weights!r}: use 'attention' (the maps) or 'norm' (the maps weighted by each key's value norm, "
-            f"Kobayashi et al. 2020; runs ingested with value norms)"
+            f"weights={weights!r}: use 'attention' (the weights: a causal LM run's row statistics where the query answers "
+            f"from them, else the maps), 'maps' (the maps as stored, always) or 'norm' (the maps weighted by each key's "
+            f"value norm, Kobayashi et al. 2020; runs ingested with value norms)"
         )
     return weights
 
@@ -56,11 +57,20 @@ def iter_weighted_maps(
 ) -> Iterator[tuple[int, np.ndarray]]:
     """`iter_maps` (`by_layer` as there), or with weights="norm" each example's `weighted_maps` (a run without value
     norms is refused)."""
-    if check_weights(weights) == "attention":
+    if check_weights(weights) in ("attention", "maps"):
         yield from iter_maps(store, info, examples, by_layer)
         return
     for example, maps, norms in iter_maps_with_norms(store, info, examples):
         yield example, weighted_maps(maps, norms)
+
+
+def reads_rows(info: RunInfo, rows_reduce, accepts, params: dict) -> bool:
+    """Whether a kind's pass over run `info` reads its per-row statistics (store/row_stats.py) instead of its maps: the
+    run keeps them, the kind reduces them (`rows_reduce`), its parameters are ones they give (`accepts(params)`; None:
+    any), and the call asks for the attention weights (not weights="maps" or "norm")."""
+    if rows_reduce is None or not info.has_row_stats or params.get("weights", "attention") != "attention":
+        return False
+    return accepts is None or bool(accepts({k: v for k, v in params.items() if k != "weights"}))
 
 
 def iter_maps_with_norms(store: Store, info: RunInfo, examples=REQUESTED) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
