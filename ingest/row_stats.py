@@ -59,8 +59,6 @@ class RowStats:
         out[..., fmt.FIRST.start : fmt.FIRST.start + first] = w[..., :first]
         logs = torch.add(w, torch.finfo(torch.float32).tiny, out=scratch).log_()  # 0 log 0 = 0: masked keys add 0
         out[..., fmt.FIELD["entropy"]] = -torch.einsum("bhrk,bhrk->bhr", w, logs)
-        mass = w.sum(-1)
-        out[..., fmt.FIELD["mass"]] = mass
         rows = torch.arange(r0, r0 + r, device=device)
         cumulative = torch.cumsum(w, -1, out=scratch)
         at_row = cumulative.gather(-1, rows.clamp(max=keys - 1).view(1, 1, r, 1).expand(batch, heads, r, 1))
@@ -70,7 +68,8 @@ class RowStats:
         bins = out[..., fmt.DISTANCE]
         bins[..., 0] = within[..., 0]
         bins[..., 1:-1] = within[..., 1:] - within[..., :-1]
-        bins[..., -1] = at_row[..., 0] - within[..., -1]  # the row's cumulative sum, not `mass`: exact 0 where none
+        bins[..., -1] = at_row[..., 0] - within[..., -1]  # exact 0 where the row reaches no such distance
+        out[..., fmt.FIELD["learned_sink"]] = 1 - at_row[..., 0]  # a causal row's cumulative sum at itself: its sum
         k = min(fmt.TOP_K, keys)
         values, indices = torch.topk(w, k, dim=-1)
         indices, by_key = indices.sort(-1)  # equal weights: the earlier key first, as numpy's argmax picks
@@ -78,6 +77,7 @@ class RowStats:
         values, by_value = values.sort(dim=-1, descending=True, stable=True)
         indices = indices.gather(-1, by_value)
         out[..., fmt.TOP_VALUES.start : fmt.TOP_VALUES.start + k] = values
+        out.clamp_(min=0)  # every field is a mass or an entropy: float32 differences of sums may dip below 0 by ~1e-7
         if not on_cpu:  # an accelerator's block: its few numbers per row come back to the CPU
             self.stats[:, layer, :, r0 : r0 + r] = out.cpu()
         self.top[:, layer, :, r0 : r0 + r, :k] = torch.where(values > 0, indices, -1).to(torch.int32).cpu()

@@ -76,7 +76,7 @@ def _rows(context, example: int, rows: ExampleRows) -> dict[str, np.ndarray]:
     n = rows.n
     first = rows.fields(FIRST)  # (layer, head, row, position)
     shape = first.shape[:2]
-    out: dict[str, np.ndarray] = {"learned_sink": (1.0 - rows.field("mass")).mean(-1) if sink_logits else np.zeros(shape)}
+    out: dict[str, np.ndarray] = {"learned_sink": rows.field("learned_sink").mean(-1) if sink_logits else np.zeros(shape)}
     for p in range(POSITIONS):
         out[f"position_{p}"] = first[..., p:, p].mean(-1) if p < n else np.zeros(shape)
         out[f"has_{p}"] = np.asarray(int(p < n), np.int64)

@@ -5,13 +5,14 @@ from the full float32 row before the maps are rounded to their storage dtype (or
 
 - `first_0` .. `first_3`: the attention on positions 0 .. 3 (0 for a position after the row);
 - `entropy`: the row's entropy, -sum_j a_ij log a_ij, in nats;
-- `mass`: the row's sum: 1, or less with learned sink logits (gpt-oss), where the sink holds the rest;
+- `learned_sink`: 1 - the row's sum: the share a learned sink logit takes (gpt-oss), about 0 for other models (kept
+  this way, not as the sum, so float16 keeps a small share to 2^-11 of itself, not of 1);
 - `column`: this token as a key: the attention it gets summed over the rows at or after it, divided by their number
   (n - k in an n-token example: H2O's normalised accumulated score);
 - `distance_0` .. `distance_15`: the row's attention by distance d = i - j: bin 0 holds d = 0, bin b (1 .. 14)
   2^(b-1) <= d < 2^b, bin 15 every d >= 2^14; so the mass on the last w keys is a sum of bins for w a power of 2;
 - `top_0` .. `top_7`: the row's 8 largest weights, largest first; their keys are in the `row_top` array (int32, -1
-  where the row has fewer keys). The row's residual mass is `mass` minus their sum.
+  where the row has fewer keys). The row's residual mass is 1 - `learned_sink` - their sum.
 
 `row_stats` holds the 31 values (token, layer, head, field) in float16 (2^-11 relative), `row_top` the 8 keys: 94
 bytes per row and head, against 2 n bytes for a float16 map row of an n-token example. Tokens are in storage order,
@@ -32,7 +33,7 @@ TOP_K = 8
 FIELDS = (
     *(f"first_{p}" for p in range(POSITIONS)),
     "entropy",
-    "mass",
+    "learned_sink",
     "column",
     *(f"distance_{b}" for b in range(DISTANCE_BINS)),
     *(f"top_{k}" for k in range(TOP_K)),

@@ -89,7 +89,7 @@ def test_each_declared_source_answers_and_any_other_is_refused(store, run, name)
     for source in spec.sources:
         assert not run_query(store, name, run=run, weights=source, **params).empty, (name, source)
     for source in sorted(set(SOURCES) - set(spec.sources)):
-        with pytest.raises(InvalidArgumentError, match=rf"^query '{name}' answers from 'attention' only, not weights='{source}'"):
+        with pytest.raises(InvalidArgumentError, match=rf"^query '{name}' answers from 'attention', 'maps' only, not weights='{source}'"):
             run_query(store, name, run=run, weights=source, **params)
     with pytest.raises(InvalidArgumentError, match=r"^weights='bogus' is no map source; the sources are 'attention': "):
         run_query(store, name, run=run, weights="bogus", **params)

@@ -114,6 +114,7 @@ STORE_METHODS = {
     "token_loss",
     "iter_token_loss",
     "iter_hidden_peaks",
+    "iter_row_stats",
     "pooled_attention",
     "require_value_norms",
     "value_norms",
