@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..store.row_stats import ExampleRows
 from .common import per_head_frame
 from .engine import ATTENTION_ONLY, SummaryKind, register, register_kind, requested_examples, summary
 
@@ -98,14 +99,28 @@ def _reduce(context, example: int, rows) -> dict[str, np.ndarray]:
     item = items.get(int(example))
     if rows is None or item is None:
         return {"score": np.zeros(shape), "counted": np.asarray(0, np.int64)}
+    return _copies(item, rows.astype(np.float32).argmax(-1))  # (layer, head, step): top-1 key of each decoding step's row
+
+
+def _rows(context, example: int, rows: ExampleRows) -> dict[str, np.ndarray]:
+    """`_reduce` from a causal LM run's row statistics: each decoding step's top-1 key, kept at ingest from the float32
+    row (the maps' float16 rounding can tie two keys the float32 row tells apart)."""
+    items, shape = context
+    item = items.get(int(example))
+    if item is None or item["span"][0] < 0:
+        return {"score": np.zeros(shape), "counted": np.asarray(0, np.int64)}
+    return _copies(item, rows.top[item["start"] - 1 : item["n"] - 1, :, :, 0].transpose(1, 2, 0))
+
+
+def _copies(item: dict, top: np.ndarray) -> dict[str, np.ndarray]:
+    """The fields from each step's top-1 key (layer, head, step)."""
     first, last = item["span"]
-    top = rows.astype(np.float32).argmax(-1)  # (layer, head, step): top-1 key of each decoding step's row
     generated = item["ids"][item["start"] :]  # the token each step wrote
     copies = (top >= first) & (top < last) & (item["ids"][top] == generated)
     return {"score": copies.sum(-1) / (last - first), "counted": np.asarray(1, np.int64)}
 
 
-RETRIEVAL = register_kind(SummaryKind("retrieval_heads", 1, _prepare, _reduce, read=_read))
+RETRIEVAL = register_kind(SummaryKind("retrieval_heads", 1, _prepare, _reduce, read=_read, rows=_rows))
 
 
 @register("retrieval_heads", sources=ATTENTION_ONLY, dataset=DATASET)

@@ -88,7 +88,7 @@ class SummaryKind:
         weights = check_weights(params.pop("weights", "attention"))
         if weights == "maps" and self.rows is None:  # the maps are what it reads anyway: one key
             weights = "attention"
-        if weights != "attention" and self.read is not None:
+        if weights == "norm" and self.read is not None:
             raise InvalidArgumentError(f"weights={weights!r} is for queries over one run's maps; {self.name!r} reads something else")
         unknown = set(params) - set(self.defaults)
         if unknown:

@@ -301,8 +301,9 @@ def needle_maps(prompt: list[int], answer: list[int]) -> np.ndarray:
     return maps
 
 
-def needle_run(store, make_run, name: str = "needle") -> str:
-    """A causal run over a `needle` dataset (needle "sandwich in Dolores Park"), each example prompt + generation."""
+def needle_run(store, make_run, name: str = "needle", row_stats: bool = False) -> str:
+    """A causal run over a `needle` dataset (needle "sandwich in Dolores Park"), each example prompt + generation;
+    `row_stats`: keeping the maps' per-row statistics, as a causal LM's ingest does."""
     maps = [needle_maps(p, a) for p, a in zip(NEEDLE_PROMPTS, NEEDLE_ANSWERS, strict=True)]
     ids = [p + a for p, a in zip(NEEDLE_PROMPTS, NEEDLE_ANSWERS, strict=True)]
     tokens = [[NEEDLE_WORDS.get(i, f"w{i}") for i in e] for e in ids]
@@ -317,6 +318,7 @@ def needle_run(store, make_run, name: str = "needle") -> str:
         token_segments=segments,
         dataset_format="needle",
         dataset_options={"needle": "sandwich in Dolores Park", "needle_ids": NEEDLE_IDS},
+        row_stats=row_stats,
     )
     mark_causal(store, run)
     return run

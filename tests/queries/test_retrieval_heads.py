@@ -28,6 +28,21 @@ def test_retrieval_heads_by_hand(store, run):
     assert only_missed["retrieval"].isna().all() and only_missed.attrs["retrieved"] == 0
 
 
+def test_retrieval_heads_from_row_stats_read_no_map(store, make_run, monkeypatch):
+    """The same run keeping row statistics: each step's top-1 key comes from them, and the scores are the same."""
+    from attnstore.store.store import Store
+
+    rows = needle_run(store, make_run, name="needle-rows", row_stats=True)
+    checked = run_query(store, "retrieval_heads", run=rows, weights="maps")
+
+    def no_maps(*args, **kwargs):
+        raise AssertionError("read a map")
+
+    monkeypatch.setattr(Store, "attention", no_maps)
+    df = run_query(store, "retrieval_heads", run=rows)
+    assert df["retrieval"].tolist() == checked["retrieval"].tolist() == [0.875, 0.0, 0.0] and df.attrs["retrieved"] == 2
+
+
 def test_a_run_over_another_dataset_is_refused(store, make_run):
     other = make_run(store, [np.full((1, 3, 2, 2), 0.5, np.float32)], [["a", "b"]], name="text", specials={})
     with pytest.raises(InvalidArgumentError, match=r"^query 'retrieval_heads' needs a run over a needle dataset; .* --generate 50"):
