@@ -146,7 +146,7 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     default=True,
     show_default=True,
     help="For a causal LM captured block by block: keep per-row statistics of every head's attention (the first "
-    "positions, entropy, mass by distance, top keys, each key's column; 94 bytes per row and head), from which "
+    "positions, entropy, mass by distance, top keys, each key's column; 96 bytes per row and head), from which "
     "attention_sink, previous_token_heads, streaming_heads, entropy_by_position and heavy_hitters answer without reading "
     "the maps (store/row_stats.py; its cost is in docs/DECODERS.md).",
 )

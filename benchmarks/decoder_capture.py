@@ -12,6 +12,9 @@ The text is real: GUM dev documents (../shared/data/gum_ontogum/dev) joined and 
                           over the dense tier's arrays on disk at --length                              (<= 5 %, 1.5 %)
   block rebuild           one 512 x 512 block of one head from the store, median of 50                   (< 10 ms)
   query / SDPA            `entropy` over the Q/K run, CPU seconds over the bare SDPA pass                 (<= 1.5)
+  row statistics          each tier's ingest with them (the default) over --no-row-stats; their bytes on disk
+                          per row and head (<= 100) and over the Q/K arrays; the five queries that answer from
+                          them, first call (nothing kept yet) from them against weights="maps" (the maps rebuilt)
   peak RSS at --long      `attnstore ingest --tier qk` of one --long-token document, child maxrss       (<= 3 GiB)
   crossover               tokens above which the Q/K tier's bytes on disk are below the dense tier's
 """
@@ -162,11 +165,16 @@ def main() -> None:
 
         store = open_store(db=db, root=str(tmp_path / "arrays"))
         for tier in ("qk", "dense"):  # in this process, the model loaded: its load is not counted
-            t0 = cpu()
-            ingest(store, corpus=str(doc), fmt="jsonl", annotator="whitespace", name=tier, tier=tier, loaded=loaded, progress=False)
-            spent = cpu() - t0
-            what = f"ingest --tier {tier} of one {L}-token document (value norms and token loss kept)"
-            print(f"{what}: {spent:.2f} CPU s = {spent / bare:.2f}x SDPA, {spent / bare_lm:.2f}x SDPA on to the logits")
+            spent_of = {}
+            for name, row_stats in ((tier, True), (f"{tier}-no-rows", False)):
+                t0 = cpu()
+                options = dict(fmt="jsonl", annotator="whitespace", tier=tier, loaded=loaded, progress=False, row_stats=row_stats)
+                ingest(store, corpus=str(doc), name=name, **options)
+                spent_of[row_stats] = spent = cpu() - t0
+                flag = "" if row_stats else " --no-row-stats"
+                what = f"ingest --tier {tier}{flag} of one {L}-token document (value norms and token loss kept)"
+                print(f"{what}: {spent:.2f} CPU s = {spent / bare:.2f}x SDPA, {spent / bare_lm:.2f}x SDPA on to the logits")
+            print(f"  row statistics cost the {tier} ingest {spent_of[True] / spent_of[False]:.2f}x its time without them")
         t0 = cpu()
         options = dict(fmt="jsonl", annotator="whitespace", tier="qk", token_loss=False, loaded=loaded, progress=False)
         ingest(store, corpus=str(doc), name="qk-no-loss", **options)
@@ -174,6 +182,13 @@ def main() -> None:
         print(f"ingest --tier qk --no-token-loss of the same document (value norms kept): {spent:.2f} CPU s = {spent / bare:.2f}x SDPA")
         store.close()
         qk_disk = sum(du(tmp_path / "arrays" / "runs" / "qk" / name) for name in (qk.QUERY, qk.KEY, qk.LSE))
+        from attnstore.store import row_stats
+
+        rows_disk = sum(du(tmp_path / "arrays" / "runs" / "qk" / name) for name in (row_stats.STATS, row_stats.TOP))
+        print(
+            f"row statistics on disk at {L}: {rows_disk / 2**20:.1f} MiB = {rows_disk / (L * layers * H):.0f} bytes per row and "
+            f"head ({row_stats.BYTES_PER_ROW_HEAD} raw), {rows_disk / qk_disk:.2f}x the Q/K arrays"
+        )
         dense_disk = du(tmp_path / "arrays" / "runs" / "dense" / "cells")
         print(
             f"on disk at {L}: Q/K {qk_disk / 2**20:.1f} MiB = {qk_disk / bytes_raw_dense:.2%} of the raw float16 maps, "
@@ -200,6 +215,18 @@ def main() -> None:
         run_query(store, "entropy", run="dense")
         dense_query_s = cpu() - t0
         print(f"entropy over the dense run: {dense_query_s:.2f} CPU s = {dense_query_s / bare:.2f}x the bare SDPA pass")
+        for query in ("attention_sink", "previous_token_heads", "streaming_heads", "entropy_by_position", "heavy_hitters"):
+            seconds, frames = {}, {}
+            for weights in ("attention", "maps"):  # a first call each: the two keep separate summaries
+                t0, w0 = cpu(), time.perf_counter()
+                frames[weights] = run_query(store, query, run="qk", weights=weights).select_dtypes("number")
+                seconds[weights] = (cpu() - t0, time.perf_counter() - w0)
+            err = float(np.nanmax(np.abs(frames["attention"].to_numpy(float) - frames["maps"].to_numpy(float))))
+            (rc, rw), (mc, _) = seconds["attention"], seconds["maps"]
+            print(
+                f"{query} over the Q/K run: from row statistics {rc:.2f} CPU s ({rw:.2f} s wall), from the rebuilt maps "
+                f"{mc:.2f} CPU s ({mc / bare:.2f}x SDPA): {mc / max(rc, 1e-9):.0f}x; max |difference| {err:.1e}"
+            )
         store.close()
         if not args.long:
             return

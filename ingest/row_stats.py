@@ -16,6 +16,10 @@ import numpy as np
 
 from ..store import row_stats as fmt
 
+SUBNORMAL = 2e-38  # just above float32's smallest normal number (1.18e-38)
+# The smallest logit minus log-sum-exp a Q/K rebuild exponentiates: exp(-87) = 1.6e-38 is still normal (then
+# counted as 0, under SUBNORMAL); exp of anything lower gives subnormal results, 8x slower to compute.
+LOWEST_LOG_WEIGHT = -87.0
 # Distances whose cumulative mass is taken: mass on d < 2^b for b = 0 .. DISTANCE_BINS - 2 (the last bin is the rest).
 _LIMITS = tuple(1 << b for b in range(fmt.DISTANCE_BINS - 1))
 
@@ -39,7 +43,9 @@ class RowStats:
         sums are 6-17x slower than the log and float32 sums used: benchmarks/decoder_capture.py --row-stats)."""
         import torch
 
-        w = weights.to(torch.float32)
+        # Weights under SUBNORMAL count as 0: float32 subnormals (a softmax's far tail holds many) take the CPU's slow
+        # path in every later multiply. In place: both callers are done with the block.
+        w = torch.nn.functional.threshold_(weights.to(torch.float32), SUBNORMAL, 0.0)
         batch, heads, r, keys = w.shape
         device = w.device
         n = max(self.lengths)
@@ -92,7 +98,11 @@ class RowStats:
         with torch.inference_mode():  # the buffers were made in the pass's inference mode
             stats = self.stats[b, :, :, :n]
             seen_by = torch.arange(n, 0, -1, dtype=torch.float64)  # rows at or after key k: n - k
-            stats[..., fmt.FIELD["column"]] = (self.column[b, :, :, :n] / seen_by).to(torch.float32)
+            column = (self.column[b, :, :, :n] / seen_by).to(torch.float32)
+            high = column.to(torch.float16)
+            high = torch.where(high.to(torch.float32) > column, torch.nextafter(high, torch.zeros_like(high)), high)
+            stats[..., fmt.FIELD["column"]] = high.to(torch.float32)  # rounded down, so that the rest is >= 0
+            stats[..., fmt.FIELD["column_rest"]] = column - high.to(torch.float32)
             return stats.permute(2, 0, 1, 3).to(torch.float16).numpy(), self.top[b, :, :, :n].permute(2, 0, 1, 3).contiguous().numpy()
 
     def results(self) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import IngestError
+from .row_stats import LOWEST_LOG_WEIGHT
 
 IMPLEMENTATION = "attnstore"
 # Rows per block: a causal block's weights are QUERY_BLOCK x (its last row + 1) per head, float32 while computed.
@@ -242,7 +243,7 @@ class QKSink:
         for r0, r1 in _blocks(q.shape[2]):
             logits = torch.matmul(q[:, :, r0:r1], k[:, :, :r1].transpose(2, 3)).mul_(scale)
             mask = additive_block(attention_mask, r0, r1, r1, torch.float32, q.device, causal=True)
-            logits.add_(mask).sub_(lse[:, :, r0:r1, None]).exp_()
+            logits.add_(mask).sub_(lse[:, :, r0:r1, None]).clamp_(min=LOWEST_LOG_WEIGHT).exp_()
             self.rows.block(index, r0, logits)
 
     def _flash(self, query, key, value, attention_mask, scale: float, group: int, index: int, sink=None):

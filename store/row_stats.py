@@ -8,13 +8,15 @@ from the full float32 row before the maps are rounded to their storage dtype (or
 - `learned_sink`: 1 - the row's sum: the share a learned sink logit takes (gpt-oss), about 0 for other models (kept
   this way, not as the sum, so float16 keeps a small share to 2^-11 of itself, not of 1);
 - `column`: this token as a key: the attention it gets summed over the rows at or after it, divided by their number
-  (n - k in an n-token example: H2O's normalised accumulated score);
+  (n - k in an n-token example: H2O's normalised accumulated score), rounded down to float16, and `column_rest`, what
+  that rounding dropped, so that their sum (`ExampleRows.column`) keeps it to about 2^-22 relative: keys are ranked
+  by it;
 - `distance_0` .. `distance_15`: the row's attention by distance d = i - j: bin 0 holds d = 0, bin b (1 .. 14)
   2^(b-1) <= d < 2^b, bin 15 every d >= 2^14; so the mass on the last w keys is a sum of bins for w a power of 2;
 - `top_0` .. `top_7`: the row's 8 largest weights, largest first; their keys are in the `row_top` array (int32, -1
   where the row has fewer keys). The row's residual mass is 1 - `learned_sink` - their sum.
 
-`row_stats` holds the 31 values (token, layer, head, field) in float16 (2^-11 relative), `row_top` the 8 keys: 94
+`row_stats` holds the 32 values (token, layer, head, field) in float16 (2^-11 relative), `row_top` the 8 keys: 96
 bytes per row and head, against 2 n bytes for a float16 map row of an n-token example. Tokens are in storage order,
 as token_id's.
 """
@@ -35,6 +37,7 @@ FIELDS = (
     "entropy",
     "learned_sink",
     "column",
+    "column_rest",
     *(f"distance_{b}" for b in range(DISTANCE_BINS)),
     *(f"top_{k}" for k in range(TOP_K)),
 )
@@ -42,7 +45,7 @@ FIELD = {name: i for i, name in enumerate(FIELDS)}
 FIRST = slice(FIELD["first_0"], FIELD["first_0"] + POSITIONS)
 DISTANCE = slice(FIELD["distance_0"], FIELD["distance_0"] + DISTANCE_BINS)
 TOP_VALUES = slice(FIELD["top_0"], FIELD["top_0"] + TOP_K)
-CHUNK_TOKENS = 1 << 8  # 256 tokens x SmolLM2's 270 heads x 31 float16: 4.3 MB a chunk before compression
+CHUNK_TOKENS = 1 << 8  # 256 tokens x SmolLM2's 270 heads x 32 float16: 4.4 MB a chunk before compression
 BYTES_PER_ROW_HEAD = len(FIELDS) * 2 + TOP_K * 4
 
 ATTRIBUTES = {
@@ -82,6 +85,10 @@ class ExampleRows:
     def field(self, name: str) -> np.ndarray:
         """(layer, head, token) float64 of one field."""
         return self.stats[..., FIELD[name]].astype(np.float64).transpose(1, 2, 0)
+
+    def column(self) -> np.ndarray:
+        """(layer, head, key) float64: each key's column over the rows at or after it, `column` + `column_rest`."""
+        return self.field("column") + self.field("column_rest")
 
     def fields(self, part: slice) -> np.ndarray:
         """(layer, head, token, k) float64 of consecutive fields (FIRST, DISTANCE, TOP_VALUES)."""

@@ -32,7 +32,7 @@ else:  # these import zarr: each is imported at its first use (store/lazy.py)
 REBUILD_LIMIT_ENV = "ATTNSTORE_REBUILD_MB"
 REBUILD_LIMIT_MB = 6144
 NORM_READ_TOKENS = 1 << 16  # value norms read at once (x layers x heads float16 values)
-ROW_READ_TOKENS = 1 << 12  # row statistics read at once: 4,096 x SmolLM2's 270 heads x 94 bytes = 104 MB
+ROW_READ_TOKENS = 1 << 12  # row statistics read at once: 4,096 x SmolLM2's 270 heads x 96 bytes = 106 MB
 
 
 def rebuild_limit_bytes() -> int:
