@@ -410,6 +410,12 @@ def test_smollm2_converts_once_and_records_its_provenance(tmp_path, monkeypatch,
         massive = run_query(store, "massive_activations", run="smol").set_index("layer")
         assert (massive.loc[12:27, "ratio"] > 1000).all() and (massive.loc[12:, "position"] == 0).all()
         assert set(massive.loc[12:, "dim"]) == {507}
+        # The decoder queries answer from the run's row statistics (store/row_stats.py), as from its float16 maps
+        assert run.has_row_stats
+        for query in ("attention_sink", "previous_token_heads", "streaming_heads", "entropy_by_position", "heavy_hitters"):
+            rows, from_maps = run_query(store, query, run="smol"), run_query(store, query, run="smol", weights="maps")
+            numeric = rows.select_dtypes("number").columns
+            np.testing.assert_allclose(rows[numeric].to_numpy(float), from_maps[numeric].to_numpy(float), rtol=2e-3, atol=2e-3)
     finally:
         store.close()
 
