@@ -45,7 +45,7 @@ class RowStats:
 
         # Weights under SUBNORMAL count as 0: float32 subnormals (a softmax's far tail holds many) take the CPU's slow
         # path in every later multiply. In place: both callers are done with the block.
-        w = torch.nn.functional.threshold_(weights.to(torch.float32), SUBNORMAL, 0.0)
+        w = torch.nn.functional.threshold_(weights.to(torch.float32), SUBNORMAL, 0.0)  # type: ignore[attr-defined]
         batch, heads, r, keys = w.shape
         device = w.device
         n = max(self.lengths)
