@@ -286,6 +286,23 @@ def ingest(
         f"(the run: {run.n_stored} stored, {run.n_truncated} truncated, {run.n_skipped} skipped; max length {run.max_length}, "
         f"truncation={run.truncation})"
     )
+    if run.has_row_stats and run.status == "complete" and run.n_stored:
+        _keep_row_summaries(store, run)
+
+
+def _keep_row_summaries(store, run) -> None:
+    """Keep the summaries of the queries that answer from a run's row statistics (docs/DECODERS.md), read from them
+    now: each such query then answers the whole run from its kept totals, whatever its size."""
+    import time
+
+    from ..queries.engine import keep, run_kinds
+
+    started = time.perf_counter()
+    kinds = [kind for kind in run_kinds().values() if kind.rows is not None and kind.read is None]
+    for kind in kinds:
+        keep(store, run, kind)
+    names = ", ".join(kind.name for kind in kinds)
+    click.echo(f"kept {len(kinds)} summaries from the run's row statistics ({names}) in {time.perf_counter() - started:.1f}s", err=True)
 
 
 def _local(url_or_path: str) -> Path | None:

@@ -411,19 +411,10 @@ def _ingest(store, settings, progress, loaded, scheduler, workers, options) -> t
         entry = _plan_entry(info, workers) if scheduler is None else None  # a cluster runs a planned run's workers
         if entry is not None:
             return IngestResult(info, 0, 0.0, False, entry["parts"], already_planned=True), loaded
-        if info.has_value_norms and parallel:
+        kept = {"value norms": info.has_value_norms, "per-token loss": info.has_token_loss, "row statistics": info.has_row_stats}
+        for what in (w for w, has in kept.items() if has and parallel):
             raise InvalidArgumentError(
-                f"run {run_name!r} keeps value norms, which an ingest {_where(workers)} does not compute: resume it without "
-                f"{'--for-workers' if workers else '--scheduler'}"
-            )
-        if info.has_token_loss and parallel:
-            raise InvalidArgumentError(
-                f"run {run_name!r} keeps per-token loss, which an ingest {_where(workers)} does not compute: "
-                f"resume it without {'--for-workers' if workers else '--scheduler'}"
-            )
-        if info.has_row_stats and parallel:
-            raise InvalidArgumentError(
-                f"run {run_name!r} keeps row statistics, which an ingest {_where(workers)} does not compute: "
+                f"run {run_name!r} keeps {what}, which an ingest {_where(workers)} does not compute: "
                 f"resume it without {'--for-workers' if workers else '--scheduler'}"
             )
         done = store.writer.done_example_ids(info.id)

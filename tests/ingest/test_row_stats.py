@@ -76,15 +76,23 @@ def test_row_stats_of_each_tier_equal_the_eager_maps_fields(arch, tiny, tmp_path
 
 
 def test_no_row_stats_keeps_none_and_the_queries_read_the_maps(tiny, tmp_path):
+    """--no-row-stats keeps none; the default keeps them and, once the run is complete, the command keeps the
+    summaries of the queries that read them, so each answers the whole run from its kept totals."""
     from attnstore.queries import run_query
 
     path = tiny("llama")
+    outputs = {}
     for name, extra in (("without", ("--no-row-stats",)), ("with", ())):
         result = ingest_cli(tmp_path, path, name, LONG, *extra)
         assert result.exit_code == 0, result.output
+        outputs[name] = result.output
+    assert "kept 5 summaries from the run's row statistics" in outputs["with"] and "summaries" not in outputs["without"]
     store = open_tmp_store(tmp_path)
     try:
         assert not store.run_info("without").has_row_stats and store.run_info("with").has_row_stats
+        kept = {name for name, _ in store.summaries("with").stamped()}
+        assert {"attention_sink", "previous_token", "sink_window_mass", "entropy_bins", "heavy_hitters"} <= kept
+        assert not store.summaries("without").stamped()
         a, b = run_query(store, "attention_sink", run="without"), run_query(store, "attention_sink", run="with")
         np.testing.assert_allclose(a["position_0"], b["position_0"], rtol=2**-9, atol=1e-4)  # float16 maps against rows
     finally:
