@@ -143,12 +143,12 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
 @click.option(
     "--row-stats/--no-row-stats",
     "row_stats",
-    default=True,
-    show_default=True,
+    default=None,
     help="For a causal LM captured block by block: keep per-row statistics of every head's attention (the first "
     "positions, entropy, mass by distance, top keys, each key's column; 96 bytes per row and head), from which "
-    "attention_sink, previous_token_heads, streaming_heads, entropy_by_position and heavy_hitters answer without reading "
-    "the maps (store/row_stats.py; its cost is in docs/DECODERS.md).",
+    "attention_sink, previous_token_heads, streaming_heads, entropy_by_position, heavy_hitters and retrieval_heads answer "
+    "without reading the maps (docs/DECODERS.md, with their cost). Default: with --tier qk, whose maps a query would "
+    "rebuild; a dense run of short examples reads its maps about as fast.",
 )
 @click.option(
     "--tier",

@@ -376,7 +376,7 @@ def _ingest(store, settings, progress, loaded, scheduler, workers, options) -> t
                 manifest[TOKEN_LOSS_FLAG] = token_loss_manifest()
                 if decoder_layers(loaded.model, loaded.n_layers) is not None:  # massive activations, from the same pass
                     manifest[HIDDEN_PEAKS_FLAG] = peaks_manifest()
-        if settings.row_stats and loaded.causal and loaded.capture == "streaming":
+        if (settings.row_stats if settings.row_stats is not None else tier == "qk") and loaded.causal and loaded.capture == "streaming":
             if parallel:
                 print(f"note: row statistics are not kept by an ingest {_where(workers)}", file=sys.stderr)
             else:

@@ -74,8 +74,9 @@ class RunSettings:
     # a causal LM's next-token loss per token beside the maps, from the same pass run to the logits (ingest/passes.py)
     token_loss: bool = True
     # a causal LM's per-row attention statistics, reduced from each block of rows as the capture passes it
-    # (ingest/row_stats.py, store/row_stats.py): what the decoder queries answer from without reading the maps
-    row_stats: bool = True
+    # (ingest/row_stats.py, store/row_stats.py): what the decoder queries answer from without reading the maps; None: with
+    # the Q/K tier, whose maps a query would rebuild (a dense run of short examples reads its maps faster than these)
+    row_stats: bool | None = None
     # "dense" (the maps), "qk" (post-RoPE queries and keys and each row's log-sum-exp, maps rebuilt on read: store/qk.py)
     # or None: qk for a decoder whose corpus's examples are longer than where the tier is smaller (ingest/runner.py)
     tier: str | None = None

@@ -379,7 +379,8 @@ def test_smollm2_converts_once_and_records_its_provenance(tmp_path, monkeypatch,
     loads = []
     monkeypatch.setattr(runner, "load_model", lambda *a, **k: loads.append(load_model(*a, **k)) or loads[-1])
     started = time.perf_counter()
-    result = cli_ingest(tmp_path, "SmolLM2-135M-Instruct", "smol", "The cat sat on the mat.\nIt was warm.\n", "--device", "cpu")
+    args = ("--device", "cpu", "--row-stats")  # a dense run keeps row statistics when asked
+    result = cli_ingest(tmp_path, "SmolLM2-135M-Instruct", "smol", "The cat sat on the mat.\nIt was warm.\n", *args)
     print(f"load + two-sentence ingest {time.perf_counter() - started:.1f} s")
     assert result.exit_code == 0, result.output
     assert "converting" not in result.output + capfd.readouterr().err  # not a timing: CI is noisy

@@ -47,7 +47,7 @@ def test_row_stats_of_each_tier_equal_the_eager_maps_fields(arch, tiny, tmp_path
     monkeypatch.setattr(streaming, "QUERY_BLOCK", 3)
     path = tiny(arch)
     for name, tier in (("dense", "dense"), ("qk", "qk")):
-        result = ingest_cli(tmp_path, path, name, LONG, "--tier", tier, "--qk-dtype", "float32", "--device", "cpu")
+        result = ingest_cli(tmp_path, path, name, LONG, "--tier", tier, "--qk-dtype", "float32", "--device", "cpu", "--row-stats")
         assert result.exit_code == 0, result.output
     store = open_tmp_store(tmp_path)
     try:
@@ -76,13 +76,14 @@ def test_row_stats_of_each_tier_equal_the_eager_maps_fields(arch, tiny, tmp_path
 
 
 def test_no_row_stats_keeps_none_and_the_queries_read_the_maps(tiny, tmp_path):
-    """--no-row-stats keeps none; the default keeps them and, once the run is complete, the command keeps the
-    summaries of the queries that read them, so each answers the whole run from its kept totals."""
+    """By default a Q/K run keeps row statistics and a dense one does not; --no-row-stats keeps none. Once a run that
+    keeps them is complete, the command keeps the summaries of the queries that read them, so each answers the whole
+    run from its kept totals."""
     from attnstore.queries import run_query
 
     path = tiny("llama")
     outputs = {}
-    for name, extra in (("without", ("--no-row-stats",)), ("with", ())):
+    for name, extra in (("without", ("--tier", "qk", "--no-row-stats")), ("with", ("--tier", "qk")), ("dense", ("--tier", "dense"))):
         result = ingest_cli(tmp_path, path, name, LONG, *extra)
         assert result.exit_code == 0, result.output
         outputs[name] = result.output
@@ -90,6 +91,7 @@ def test_no_row_stats_keeps_none_and_the_queries_read_the_maps(tiny, tmp_path):
     store = open_tmp_store(tmp_path)
     try:
         assert not store.run_info("without").has_row_stats and store.run_info("with").has_row_stats
+        assert not store.run_info("dense").has_row_stats and "summaries" not in outputs["dense"]
         kept = {name for name, _ in store.summaries("with").stamped()}
         assert {"attention_sink", "previous_token", "sink_window_mass", "entropy_bins", "heavy_hitters"} <= kept
         assert not store.summaries("without").stamped()
