@@ -111,6 +111,7 @@ SINKS = register_kind(
         totals=_totals,
         threads=True,
         rows=_rows,
+        rows_fields=("first", "learned_sink"),
     )
 )
 

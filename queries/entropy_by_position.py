@@ -68,7 +68,7 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"entropy": part["entropy"].sum(0), "rows": part["rows"].sum(0), "uniform": part["uniform"].sum(0)}
 
 
-ENTROPY_BINS = register_kind(SummaryKind("entropy_bins", 1, _prepare, _reduce, totals=_totals, rows=_rows))
+ENTROPY_BINS = register_kind(SummaryKind("entropy_bins", 1, _prepare, _reduce, totals=_totals, rows=_rows, rows_fields=("entropy",)))
 
 
 @register("entropy_by_position", sources=MAP_SOURCES)

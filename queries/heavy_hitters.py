@@ -82,7 +82,9 @@ def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-HEAVY = register_kind(SummaryKind("heavy_hitters", 1, _prepare, _reduce, totals=_totals, threads=True, rows=_rows))
+HEAVY = register_kind(
+    SummaryKind("heavy_hitters", 1, _prepare, _reduce, totals=_totals, threads=True, rows=_rows, rows_fields=("column", "column_rest"))
+)
 
 
 @register("heavy_hitters", sources=MAP_SOURCES)

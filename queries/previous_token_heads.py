@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from ..store.row_stats import DISTANCE, ExampleRows
+from ..store.row_stats import ExampleRows
 from .common import per_head_frame, safe_divide
 from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 
@@ -38,14 +38,16 @@ def _rows(context, example: int, rows: ExampleRows) -> dict[str, np.ndarray]:
     """`_reduce` from a causal LM run's row statistics: A[i, i - 1] is the mass at distance 1 (distance bin 1)."""
     if rows.n < 2:
         return {"previous": np.zeros(rows.stats.shape[1:3]), "counted": np.asarray(0, np.int64)}
-    return {"previous": rows.fields(DISTANCE)[..., 1:, 1].mean(-1), "counted": np.asarray(1, np.int64)}
+    return {"previous": rows.field("distance_1")[..., 1:].mean(-1), "counted": np.asarray(1, np.int64)}
 
 
 def _totals(part: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"previous": part["previous"].sum(0), "counted": np.asarray(part["counted"].sum(), np.int64)}
 
 
-PREVIOUS = register_kind(SummaryKind("previous_token", 1, _prepare, _reduce, totals=_totals, threads=True, rows=_rows))
+PREVIOUS = register_kind(
+    SummaryKind("previous_token", 1, _prepare, _reduce, totals=_totals, threads=True, rows=_rows, rows_fields=("distance_1",))
+)
 
 
 @register("previous_token_heads", sources=MAP_SOURCES)

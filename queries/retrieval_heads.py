@@ -120,7 +120,9 @@ def _copies(item: dict, top: np.ndarray) -> dict[str, np.ndarray]:
     return {"score": copies.sum(-1) / (last - first), "counted": np.asarray(1, np.int64)}
 
 
-RETRIEVAL = register_kind(SummaryKind("retrieval_heads", 1, _prepare, _reduce, read=_read, rows=_rows))
+RETRIEVAL = register_kind(
+    SummaryKind("retrieval_heads", 1, _prepare, _reduce, read=_read, rows=_rows, rows_fields=("top_0",), rows_top=True)
+)
 
 
 @register("retrieval_heads", sources=ATTENTION_ONLY, dataset=DATASET)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from ..store.row_stats import DISTANCE, FIRST, POSITIONS, ExampleRows, bins_within
+from ..store.row_stats import POSITIONS, ExampleRows, bins_within
 from .common import per_head_frame, safe_divide
 from .engine import MAP_SOURCES, SummaryKind, register, register_kind, summary_totals
 from .errors import InvalidArgumentError
@@ -53,9 +53,14 @@ def _rows(context, example: int, rows: ExampleRows) -> dict[str, np.ndarray]:
     first = sinks + recent
     if rows.n <= first:
         return {"kept": np.zeros(rows.stats.shape[1:3]), "counted": np.asarray(0, np.int64)}
-    within = bins_within(recent)
-    kept = rows.fields(FIRST)[..., first:, :sinks].sum(-1) + rows.fields(DISTANCE)[..., first:, :within].sum(-1)
+    kept = sum(rows.field(name)[..., first:] for name in _fields({"sinks": sinks, "recent": recent}))
     return {"kept": kept.mean(-1), "counted": np.asarray(1, np.int64)}
+
+
+def _fields(params) -> tuple[str, ...]:
+    """The statistics `_rows` reads: the first `sinks` positions and the distance bins below `recent`."""
+    within = bins_within(params["recent"]) or 0
+    return (*(f"first_{p}" for p in range(params["sinks"])), *(f"distance_{b}" for b in range(within)))
 
 
 def _rows_accept(params) -> bool:
@@ -77,6 +82,7 @@ KEPT = register_kind(
         totals=_totals,
         rows=_rows,
         rows_accept=_rows_accept,
+        rows_fields=_fields,
     )
 )
 

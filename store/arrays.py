@@ -293,7 +293,8 @@ def create_run_group(
         layers, heads = attributes["n_layers"], attributes["n_heads"]
         axes = ("token", "layer", "head", "field")
         stats_shape, top_shape = (layers, heads, len(rows.FIELDS)), (layers, heads, rows.TOP_K)
-        create_token_array(root, cells.path, rows.STATS, stats_shape, "float16", rows.CHUNK_TOKENS, rows.ATTRIBUTES, axes)
+        by_field = (layers, heads, 1)  # a query reads the few fields it needs
+        create_token_array(root, cells.path, rows.STATS, stats_shape, "float16", rows.CHUNK_TOKENS, rows.ATTRIBUTES, axes, by_field)
         create_token_array(root, cells.path, rows.TOP, top_shape, "int32", rows.CHUNK_TOKENS, rows.TOP_ATTRIBUTES, (*axes[:3], "rank"))
     return cells.path
 
@@ -484,9 +485,11 @@ class TokenArray:
         if len(values):
             self.array[start:stop] = values.astype(self.array.dtype, copy=False)
 
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Tokens [start, stop), as stored."""
-        return np.asarray(self.array[start:stop])
+    def read(self, start: int, stop: int, last: list[int] | None = None) -> np.ndarray:
+        """Tokens [start, stop), as stored; `last`: only these entries of the last axis (row_stats' fields)."""
+        if last is None:
+            return np.asarray(self.array[start:stop])
+        return np.asarray(self.array.oindex[start:stop, ..., last])
 
     def length(self) -> int:
         return int(self.array.shape[0])
@@ -518,14 +521,16 @@ def create_token_array(
     chunk_tokens: int,
     attributes: dict,
     dimension_names: tuple[str, ...] | None = None,
+    trailing_chunks: tuple[int, ...] | None = None,
 ):
     """An empty per-token array `name` in a run's group (replacing one there), checksummed like the index; its axes
-    token, then `dimension_names`' or the maps' (layer, head)."""
+    token, then `dimension_names`' or the maps' (layer, head); chunks of `chunk_tokens` tokens by `trailing_chunks`
+    (default: whole trailing axes)."""
     return zarr.create_array(
         store=open_root(root, read_only=False),
         name=f"{group_path_of(array_path)}/{name}",
         shape=(0, *trailing),
-        chunks=(chunk_tokens, *trailing),
+        chunks=(chunk_tokens, *(trailing_chunks or trailing)),
         dtype=dtype,
         compressors=make_codec(INDEX_CODEC, dtype),
         fill_value=0,

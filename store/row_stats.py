@@ -45,7 +45,9 @@ FIELD = {name: i for i, name in enumerate(FIELDS)}
 FIRST = slice(FIELD["first_0"], FIELD["first_0"] + POSITIONS)
 DISTANCE = slice(FIELD["distance_0"], FIELD["distance_0"] + DISTANCE_BINS)
 TOP_VALUES = slice(FIELD["top_0"], FIELD["top_0"] + TOP_K)
-CHUNK_TOKENS = 1 << 8  # 256 tokens x SmolLM2's 270 heads x 32 float16: 4.4 MB a chunk before compression
+# Chunks of one field of 1,024 tokens (1,024 x SmolLM2's 270 heads x 2 bytes: 553 KB before compression): a query reads
+# only the fields it needs (attention_sink 5 of 32).
+CHUNK_TOKENS = 1 << 10
 BYTES_PER_ROW_HEAD = len(FIELDS) * 2 + TOP_K * 4
 
 ATTRIBUTES = {
@@ -70,21 +72,41 @@ def bins_within(recent: int) -> int | None:
     return recent.bit_length()  # d < 1: bin 0; d < 2^b: bins 0 .. b
 
 
+def field_indices(names: tuple[str, ...] | None) -> list[int] | None:
+    """The positions in FIELDS of `names` (field names, or group names: "first", "distance", "top"), sorted; None: all."""
+    if names is None:
+        return None
+    groups = {"first": FIRST, "distance": DISTANCE, "top": TOP_VALUES}
+    wanted: set[int] = set()
+    for name in names:
+        part = groups.get(name)
+        wanted.update(range(part.start, part.stop) if part is not None else [FIELD[name]])
+    return sorted(wanted)
+
+
 @dataclass(frozen=True)
 class ExampleRows:
-    """One example's row statistics: `stats` (token, layer, head, field) float16 as stored, `top` (token, layer, head,
-    TOP_K) int32."""
+    """One example's row statistics: `stats` (token, layer, head, field) float16 as stored, of the fields `read` (their
+    positions in FIELDS; None: all), and `top` (token, layer, head, TOP_K) int32 keys, or None where not read."""
 
     stats: np.ndarray
-    top: np.ndarray
+    top: np.ndarray | None
+    read: list[int] | None = None
 
     @property
     def n(self) -> int:
         return int(self.stats.shape[0])
 
+    def _at(self, index: int) -> int:
+        if self.read is None:
+            return index
+        if index not in self.read:
+            raise KeyError(f"row statistic {FIELDS[index]!r} was not read (read: {[FIELDS[i] for i in self.read]})")
+        return self.read.index(index)
+
     def field(self, name: str) -> np.ndarray:
         """(layer, head, token) float64 of one field."""
-        return self.stats[..., FIELD[name]].astype(np.float64).transpose(1, 2, 0)
+        return self.stats[..., self._at(FIELD[name])].astype(np.float64).transpose(1, 2, 0)
 
     def column(self) -> np.ndarray:
         """(layer, head, key) float64: each key's column over the rows at or after it, `column` + `column_rest`."""
@@ -92,4 +114,5 @@ class ExampleRows:
 
     def fields(self, part: slice) -> np.ndarray:
         """(layer, head, token, k) float64 of consecutive fields (FIRST, DISTANCE, TOP_VALUES)."""
-        return self.stats[..., part].astype(np.float64).transpose(1, 2, 0, 3)
+        at = [self._at(i) for i in range(part.start, part.stop)]
+        return self.stats[..., at[0] : at[-1] + 1].astype(np.float64).transpose(1, 2, 0, 3)

@@ -219,9 +219,12 @@ class TokenReads:
         values = arrays.TokenArray(self.locations.array_root, info.array_path, name)
         return ((example, np.asarray(rows, dtype=np.float32)) for example, rows in self._iter_token_values(info, values, examples))
 
-    def iter_row_stats(self, run: RunRef, examples: Iterable[int] | None = None) -> Iterator[tuple[int, row_stats.ExampleRows]]:
+    def iter_row_stats(
+        self, run: RunRef, examples: Iterable[int] | None = None, fields: tuple[str, ...] | None = None, top: bool = True
+    ) -> Iterator[tuple[int, row_stats.ExampleRows]]:
         """(example, its per-row attention statistics) over the run's committed examples (or `examples`), in storage
-        order (store/row_stats.py); refused in one line where the run keeps none."""
+        order (store/row_stats.py); refused in one line where the run keeps none. `fields`: only these (names, or the
+        groups "first", "distance", "top"; None: all), each stored in chunks of its own; `top`: the top keys too."""
         info = self.run_info(run)
         if not info.has_row_stats:
             raise InvalidArgumentError(
@@ -230,13 +233,16 @@ class TokenReads:
                 f"maps, or ingest it again under a new --name"
             )
         root = self.locations.array_root
-        stats, top = (arrays.TokenArray(root, info.array_path, name) for name in (row_stats.STATS, row_stats.TOP))
-        pairs = zip(
-            self._iter_token_values(info, stats, examples, ROW_READ_TOKENS), self._iter_token_values(info, top, examples, ROW_READ_TOKENS)
-        )
-        for (example, values), (same, keys) in pairs:
+        read = row_stats.field_indices(fields)
+        values = self._iter_token_values(info, arrays.TokenArray(root, info.array_path, row_stats.STATS), examples, ROW_READ_TOKENS, read)
+        if not top:
+            for example, stats in values:
+                yield example, row_stats.ExampleRows(stats, None, read)
+            return
+        keys = self._iter_token_values(info, arrays.TokenArray(root, info.array_path, row_stats.TOP), examples, ROW_READ_TOKENS)
+        for (example, stats), (same, top_keys) in zip(values, keys):
             assert example == same, (example, same)  # both in storage order
-            yield example, row_stats.ExampleRows(values, keys)
+            yield example, row_stats.ExampleRows(stats, top_keys, read)
 
     def saliency_info(self, run: RunRef) -> dict | None:
         """What the run's saliency array holds (model, method, target, n_tokens, complete), or None without one."""
@@ -272,10 +278,10 @@ class TokenReads:
         return positions, lengths, starts
 
     def _iter_token_values(
-        self, info: RunInfo, array: arrays.TokenArray, examples, window_tokens: int = NORM_READ_TOKENS
+        self, info: RunInfo, array: arrays.TokenArray, examples, window_tokens: int = NORM_READ_TOKENS, entries: list[int] | None = None
     ) -> Iterator[tuple[int, np.ndarray]]:
         """(example, its rows of a per-token array) in storage order, one read per window of nearby examples (at most
-        `window_tokens` tokens, or one example)."""
+        `window_tokens` tokens, or one example); `entries`: only these entries of its last axis."""
         positions, lengths, starts = self._token_spans(info, examples)
         i = 0
         while i < len(positions):
@@ -283,7 +289,7 @@ class TokenReads:
             while j < len(positions) and starts[j] + lengths[j] - starts[i] <= window_tokens:
                 j += 1
             first, last = int(starts[i]), int(starts[j - 1] + lengths[j - 1])
-            window = array.read(first, last)
+            window = array.read(first, last, entries)
             if len(window) != last - first:
                 raise DamagedDataError(
                     f"run {info.name!r}: its {array.array.basename} array holds {array.length()} tokens, fewer than its "

@@ -79,6 +79,11 @@ class SummaryKind:
     # parameters (None: for any).
     rows: Callable[[Any, int, Any], dict[str, np.ndarray]] | None = None
     rows_accept: Callable[[Mapping[str, Any]], bool] | None = None
+    # The statistics `rows` reads (field names, or the groups "first", "distance", "top"; None: all; each field is
+    # stored in chunks of its own), or a function of the bound parameters giving them, and whether it reads each
+    # row's top keys (`row_top`).
+    rows_fields: tuple[str, ...] | Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
+    rows_top: bool = False
 
     def bind(self, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Its parameters with the defaults filled in; an unknown one is a programming error. `weights` (every kind that

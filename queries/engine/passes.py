@@ -45,7 +45,8 @@ def summarise_examples(
     if from_rows:  # the run's per-row statistics: a few numbers per row, no map read or rebuilt
         context: Any = kind.prepare(store, info, examples, **params)
         assert kind.rows is not None
-        for example, stats in store.iter_row_stats(info.id, examples):
+        fields = kind.rows_fields(params) if callable(kind.rows_fields) else kind.rows_fields
+        for example, stats in store.iter_row_stats(info.id, examples, fields, kind.rows_top):
             order.append(example)
             rows.append(kind.rows(context, example, stats))
         return _assemble(kind, order, rows)

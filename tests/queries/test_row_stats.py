@@ -120,6 +120,12 @@ def test_a_writer_refuses_row_stats_a_run_does_not_keep_and_the_reader_says_so(s
 
     with pytest.raises(InvalidArgumentError, match="keeps no per-row attention statistics"):
         next(store.iter_row_stats(runs["plain"]))
+    example, some = next(store.iter_row_stats(runs["rows"], fields=("entropy", "first"), top=False))  # a few fields only
+    whole = dict(store.iter_row_stats(runs["rows"]))[example]
+    assert some.top is None and some.stats.shape[-1] == 5 and np.array_equal(some.fields(fmt.FIRST), whole.fields(fmt.FIRST))
+    assert np.array_equal(some.field("entropy"), whole.field("entropy"))
+    with pytest.raises(KeyError, match="row statistic 'column' was not read"):
+        some.field("column")
     tokens = [["a", "b"]]
     run, writer = make_run(store, [sink_maps(2)], tokens, name="unfinished", specials=SPECIALS, row_stats=True, finish=False)
     try:
