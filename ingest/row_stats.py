@@ -31,7 +31,7 @@ class RowStats:
 
     lengths: list[int]
     n_layers: int
-    stats: Any = None  # (batch, layer, head, token, field) float32: each block's rows written in place
+    stats: Any = None  # (batch, layer, head, token, field) float16, as stored: each block's rows written in place
     top: Any = None  # (batch, layer, head, token, k) int32
     column: Any = None  # (batch, layer, head, key) float64: the attention each key gets from the example's real rows
     _padded: Any = field(default=None, repr=False)  # (batch, 1, row, 1) float32, 0 on padding rows; None: no padding
@@ -50,7 +50,7 @@ class RowStats:
         device = w.device
         n = max(self.lengths)
         if self.stats is None:
-            self.stats = torch.zeros((batch, self.n_layers, heads, n, len(fmt.FIELDS)), dtype=torch.float32)
+            self.stats = torch.zeros((batch, self.n_layers, heads, n, len(fmt.FIELDS)), dtype=torch.float16)
             self.top = torch.full((batch, self.n_layers, heads, n, fmt.TOP_K), -1, dtype=torch.int32)
             self.column = torch.zeros((batch, self.n_layers, heads, n), dtype=torch.float64)
             if min(self.lengths) < n:
@@ -59,8 +59,7 @@ class RowStats:
         if self._scratch is None or self._scratch.numel() < w.numel():
             self._scratch = torch.empty(batch * heads * r * n, dtype=torch.float32, device=device)  # fresh pages are slow to touch
         scratch = self._scratch[: w.numel()].view(w.shape)
-        on_cpu = device.type == "cpu"
-        out = self.stats[:, layer, :, r0 : r0 + r] if on_cpu else torch.zeros((batch, heads, r, len(fmt.FIELDS)), device=device)
+        out = torch.zeros((batch, heads, r, len(fmt.FIELDS)), device=device)  # float32 while computed
         first = min(fmt.POSITIONS, keys)
         out[..., fmt.FIRST.start : fmt.FIRST.start + first] = w[..., :first]
         logs = torch.add(w, torch.finfo(torch.float32).tiny, out=scratch).log_()  # 0 log 0 = 0: masked keys add 0
@@ -84,8 +83,7 @@ class RowStats:
         indices = indices.gather(-1, by_value)
         out[..., fmt.TOP_VALUES.start : fmt.TOP_VALUES.start + k] = values
         out.clamp_(min=0)  # every field is a mass or an entropy: float32 differences of sums may dip below 0 by ~1e-7
-        if not on_cpu:  # an accelerator's block: its few numbers per row come back to the CPU
-            self.stats[:, layer, :, r0 : r0 + r] = out.cpu()
+        self.stats[:, layer, :, r0 : r0 + r] = out.to("cpu", torch.float16)  # an accelerator's too: a few numbers per row
         self.top[:, layer, :, r0 : r0 + r, :k] = torch.where(values > 0, indices, -1).to(torch.int32).cpu()
         weighted = w if self._padded is None else w * self._padded[:, :, r0 : r0 + r]  # padding rows give no column mass
         self.column[:, layer, :, :keys] += weighted.sum(-2).cpu()
@@ -101,9 +99,9 @@ class RowStats:
             column = (self.column[b, :, :, :n] / seen_by).to(torch.float32)
             high = column.to(torch.float16)
             high = torch.where(high.to(torch.float32) > column, torch.nextafter(high, torch.zeros_like(high)), high)
-            stats[..., fmt.FIELD["column"]] = high.to(torch.float32)  # rounded down, so that the rest is >= 0
-            stats[..., fmt.FIELD["column_rest"]] = column - high.to(torch.float32)
-            return stats.permute(2, 0, 1, 3).to(torch.float16).numpy(), self.top[b, :, :, :n].permute(2, 0, 1, 3).contiguous().numpy()
+            stats[..., fmt.FIELD["column"]] = high  # rounded down, so that the rest is >= 0
+            stats[..., fmt.FIELD["column_rest"]] = (column - high.to(torch.float32)).to(torch.float16)
+            return stats.permute(2, 0, 1, 3).contiguous().numpy(), self.top[b, :, :, :n].permute(2, 0, 1, 3).contiguous().numpy()
 
     def results(self) -> list[tuple[np.ndarray, np.ndarray]]:
         if self.stats is None:

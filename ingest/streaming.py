@@ -93,9 +93,10 @@ def _sink_logits(module, device):
     return None if sinks is None else sinks.detach().to(device, torch.float32).reshape(1, -1, 1)
 
 
-def _blocks(n_rows: int):
-    for r0 in range(0, n_rows, QUERY_BLOCK):
-        yield r0, min(n_rows, r0 + QUERY_BLOCK)
+def _blocks(n_rows: int, size: int | None = None):
+    size = size or QUERY_BLOCK
+    for r0 in range(0, n_rows, size):
+        yield r0, min(n_rows, r0 + size)
 
 
 def additive_block(attention_mask, r0: int, r1: int, n_keys: int, dtype, device, causal: bool):
@@ -183,6 +184,7 @@ class QKSink:
     lengths: list  # per example of the batch, its real tokens (the mask is checked within them)
     verify: bool = False
     rows: Any = None  # ingest/row_stats.RowStats: each block's rows, rebuilt from the stored Q/K, reduced; or None
+    _logits: Any = None  # a block's logits while the row statistics take them (float32, reused)
     q: Any = None
     k: Any = None
     lse: Any = None
@@ -240,8 +242,13 @@ class QKSink:
         if group > 1:
             k = k.repeat_interleave(group, dim=1)
         lse = self.lse[:, :, index].transpose(1, 2)  # (batch, head, token)
-        for r0, r1 in _blocks(q.shape[2]):
-            logits = torch.matmul(q[:, :, r0:r1], k[:, :, :r1].transpose(2, 3)).mul_(scale)
+        batch, heads, n, _ = q.shape
+        rows = min(n, QUERY_BLOCK // 2)  # half blocks: the logits and the statistics' scratch are 2 x 76 MiB at 8,192 tokens
+        if self._logits is None or self._logits.numel() < batch * heads * rows * n:
+            self._logits = torch.empty(batch * heads * rows * n)  # reused: fresh pages cost a fault each
+        for r0, r1 in _blocks(n, rows):
+            logits = self._logits[: batch * heads * (r1 - r0) * r1].view(batch, heads, r1 - r0, r1)
+            torch.matmul(q[:, :, r0:r1], k[:, :, :r1].transpose(2, 3), out=logits).mul_(scale)
             mask = additive_block(attention_mask, r0, r1, r1, torch.float32, q.device, causal=True)
             logits.add_(mask).sub_(lse[:, :, r0:r1, None]).clamp_(min=LOWEST_LOG_WEIGHT).exp_()
             self.rows.block(index, r0, logits)
