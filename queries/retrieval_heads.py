@@ -109,6 +109,7 @@ def _rows(context, example: int, rows: ExampleRows) -> dict[str, np.ndarray]:
     item = items.get(int(example))
     if item is None or item["span"][0] < 0:
         return {"score": np.zeros(shape), "counted": np.asarray(0, np.int64)}
+    assert rows.top is not None  # the kind reads them (rows_top)
     return _copies(item, rows.top[item["start"] - 1 : item["n"] - 1, :, :, 0].transpose(1, 2, 0))
 
 

@@ -53,7 +53,7 @@ def _rows(context, example: int, rows: ExampleRows) -> dict[str, np.ndarray]:
     first = sinks + recent
     if rows.n <= first:
         return {"kept": np.zeros(rows.stats.shape[1:3]), "counted": np.asarray(0, np.int64)}
-    kept = sum(rows.field(name)[..., first:] for name in _fields({"sinks": sinks, "recent": recent}))
+    kept = np.sum([rows.field(name)[..., first:] for name in _fields({"sinks": sinks, "recent": recent})], axis=0)
     return {"kept": kept.mean(-1), "counted": np.asarray(1, np.int64)}
 
 
