@@ -137,3 +137,16 @@ def test_a_writer_refuses_row_stats_a_run_does_not_keep_and_the_reader_says_so(s
             writer.add(int(ids.iloc[0]), sink_maps(2)[0:1].reshape(1, 2, 2, 2), [dict(token="a")] * 2, rows=(stats[:1], top[:1]))
     finally:
         writer.close()
+
+
+def test_check_names_row_stats_cut_short(store, runs):
+    """A row_stats array missing a committed token's values: `check` names it and the fix, in one line."""
+    from attnstore.store import arrays
+    from attnstore.store.check import check_run
+
+    info = store.run_info(runs["rows"])
+    assert check_run(store, runs["rows"]).problems == []
+    stats = arrays.TokenArray(store.locations.array_root, info.array_path, fmt.STATS, read_only=False)
+    stats.array.resize((stats.length() - 1, *stats.array.shape[1:]))
+    (problem,) = check_run(store, runs["rows"]).problems
+    assert "row_stats holds" in problem["problem"] and "ingest the run again for its row statistics" in problem["problem"]
