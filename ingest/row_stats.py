@@ -40,7 +40,7 @@ class RowStats:
     def block(self, layer: int, r0: int, weights) -> None:
         """Rows r0 .. r0 + r of layer `layer`: `weights` (batch, head, r, keys) of a causal layer, each row's keys past
         it 0 (the mask's), keys from 0. Each reduction is one vectorised torch op over the block (`xlogy` and float64
-        sums are 6-17x slower than the log and float32 sums used: benchmarks/decoder_capture.py --row-stats)."""
+        sums were 11-17x slower than the log and float32 sums used: docs/PERFORMANCE.md, 2026-11-29 (night))."""
         import torch
 
         # Weights under SUBNORMAL count as 0: float32 subnormals (a softmax's far tail holds many) take the CPU's slow
