@@ -295,10 +295,10 @@ def _keep_row_summaries(store, run) -> None:
     now: each such query then answers the whole run from its kept totals, whatever its size."""
     import time
 
-    from ..queries.engine import keep, run_kinds
+    from ..queries.engine import keep, row_kinds
 
     started = time.perf_counter()
-    kinds = [kind for kind in run_kinds().values() if kind.rows is not None and kind.read is None]
+    kinds = row_kinds(run)
     for kind in kinds:
         keep(store, run, kind)
     names = ", ".join(kind.name for kind in kinds)

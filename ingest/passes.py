@@ -231,7 +231,7 @@ def batch_items(
             raise IngestError(f"model {loaded.name!r}: hidden-state peaks need a whole pass of its {loaded.n_layers} decoder layers")
         if with_rows and (loaded.capture != "streaming" or not loaded.causal):
             raise IngestError(f"model {loaded.name!r}: row statistics need a causal model's streaming capture")
-        rows = RowStats([e.length for e in runnable], loaded.n_layers) if with_rows else None
+        rows = RowStats([e.length for e in runnable], loaded.n_layers, [e.input_ids for e in runnable]) if with_rows else None
         with norms.collecting(projections) as values, activations.collecting(layers) as caught:
             if with_loss:
                 attentions, lengths, losses = forward_with_loss(loaded, runnable, dtype, qk_dtype, rows)

@@ -3,8 +3,10 @@
 A causal LM's streaming capture (ingest/streaming.py) forms each layer's weights QUERY_BLOCK rows at a time: the dense
 tier to store them, the Q/K tier only for this. `RowStats.block` reduces each block, in float32, to the fields of
 store/row_stats.py: the attention on the first positions, the row's entropy and sum, its mass by log2 distance, its
-top keys, and (summed over the blocks) each key's column. The decoder queries (attention_sink, previous_token_heads,
-streaming_heads, entropy_by_position, heavy_hitters) then answer a run from these without reading a map.
+top keys, the attention on the key where the row's token last occurred and on the one after it, and (summed over the
+blocks) each key's column. The decoder queries (attention_sink, previous_token_heads, streaming_heads,
+entropy_by_position, heavy_hitters, retrieval_heads, induction_heads, duplicate_token_heads) then answer a run from
+these without reading a map.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ class RowStats:
 
     lengths: list[int]
     n_layers: int
+    token_ids: list | None = None  # each example's token ids: the `duplicate` and `induction` fields (None: all 0)
     stats: Any = None  # (batch, layer, head, token, field) float16, as stored: each block's rows written in place
     top: Any = None  # (batch, layer, head, token, k) int32
     column: Any = None  # (batch, layer, head, key) float64: the attention each key gets from the example's real rows
     _padded: Any = field(default=None, repr=False)  # (batch, 1, row, 1) float32, 0 on padding rows; None: no padding
     _scratch: Any = field(default=None, repr=False)  # float32, reused by every block as (batch, head, rows, keys)
+    _earlier: Any = field(default=None, repr=False)  # (batch, token) int64: the latest earlier position of its id, -1
 
     def block(self, layer: int, r0: int, weights) -> None:
         """Rows r0 .. r0 + r of layer `layer`: `weights` (batch, head, r, keys) of a causal layer, each row's keys past
@@ -56,6 +60,8 @@ class RowStats:
             if min(self.lengths) < n:
                 real = torch.arange(n)[None, :] < torch.tensor(self.lengths)[:, None]
                 self._padded = real.to(device, torch.float32)[:, None, :, None]
+            if self.token_ids is not None:
+                self._earlier = torch.from_numpy(fmt.earlier_occurrences(self.token_ids, n)).to(device)
         if self._scratch is None or self._scratch.numel() < w.numel():
             self._scratch = torch.empty(batch * heads * r * n, dtype=torch.float32, device=device)  # fresh pages are slow to touch
         scratch = self._scratch[: w.numel()].view(w.shape)
@@ -82,6 +88,12 @@ class RowStats:
         values, by_value = values.sort(dim=-1, descending=True, stable=True)
         indices = indices.gather(-1, by_value)
         out[..., fmt.TOP_VALUES.start : fmt.TOP_VALUES.start + k] = values
+        if self._earlier is not None:  # the key holding the row's token id last time, and the one after it
+            earlier = self._earlier[:, r0 : r0 + r]
+            seen = (earlier >= 0).to(torch.float32)[:, None, :]
+            at = earlier.clamp(min=0)[:, None, :, None].expand(batch, heads, r, 1)
+            out[..., fmt.FIELD["duplicate"]] = w.gather(-1, at)[..., 0] * seen
+            out[..., fmt.FIELD["induction"]] = w.gather(-1, (at + 1).clamp(max=keys - 1))[..., 0] * seen  # <= the row
         out.clamp_(min=0)  # every field is a mass or an entropy: float32 differences of sums may dip below 0 by ~1e-7
         self.stats[:, layer, :, r0 : r0 + r] = out.to("cpu", torch.float16)  # an accelerator's too: a few numbers per row
         self.top[:, layer, :, r0 : r0 + r, :k] = torch.where(values > 0, indices, -1).to(torch.int32).cpu()
@@ -109,13 +121,13 @@ class RowStats:
         return [self.example(b) for b in range(len(self.lengths))]
 
 
-def from_maps(maps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One example's row statistics from its (layer, head, L, L) causal maps (what ingest computes from the rows as
-    they pass): for tests and for checking a stored run against its maps."""
+def from_maps(maps: np.ndarray, token_ids=None) -> tuple[np.ndarray, np.ndarray]:
+    """One example's row statistics from its (layer, head, L, L) causal maps and its token ids (what ingest computes
+    from the rows as they pass): for tests and for checking a stored run against its maps."""
     import torch
 
     layers = maps.shape[0]
-    collector = RowStats([maps.shape[-1]], layers)
+    collector = RowStats([maps.shape[-1]], layers, None if token_ids is None else [list(token_ids)])
     for layer in range(layers):
         collector.block(layer, 0, torch.from_numpy(np.ascontiguousarray(maps[layer], dtype=np.float32))[None])
     return collector.example(0)

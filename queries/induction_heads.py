@@ -15,6 +15,10 @@ not change with the attention the head puts elsewhere, and it does not reward a 
 The in-context loss gain (Olsson et al.'s "in-context learning score" for this input) is the mean next-token loss over
 the first copy's tokens minus that over the second copy's, each without its first token (which nothing predicts), from
 the run's per-token loss (`frame.attrs["loss_gain"]`, per T, in nats).
+
+On a run that keeps per-row statistics (store/row_stats.py: a causal LM's, kept at ingest) the scores come from
+them, a few numbers per row, instead of the maps: each row's attention on the latest earlier key holding its token
+id and on the key after it, which in the second copy are i - T and i - T + 1.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ..store.row_stats import ExampleRows
 from .common import per_head_frame
 from .engine import MAP_SOURCES, SummaryKind, register, register_kind, requested_examples, summary
 from .errors import InvalidArgumentError
@@ -77,7 +82,32 @@ def _reduce(layout, example: int, maps: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-REPEATED = register_kind(SummaryKind("repeated_tokens", 1, _prepare, _reduce, threads=True))
+# The row statistic of each offset's key: ingest/generated.py draws no id twice in a copy, so a second-copy row's token
+# last occurred T before it (store/row_stats.py `duplicate`, `induction`); distance bin 1 is the distance-1 key alone.
+ROW_FIELDS = {"induction": "induction", "duplicate": "duplicate", "previous": "distance_1"}
+
+
+def _rows(layout, example: int, rows: ExampleRows) -> dict[str, np.ndarray]:
+    """`_reduce` from a run's row statistics (a causal LM's, kept at ingest): no map read."""
+    first, t = layout.get(int(example), (0, 0))
+    out: dict[str, np.ndarray] = {"length": np.asarray(t, np.int64)}
+    for name, field in ROW_FIELDS.items():
+        out[name] = rows.field(field)[..., first : first + t].mean(-1) if t else np.zeros(rows.stats.shape[1:3])
+    return out
+
+
+REPEATED = register_kind(
+    SummaryKind(
+        "repeated_tokens",
+        1,
+        _prepare,
+        _reduce,
+        threads=True,
+        rows=_rows,
+        rows_fields=tuple(ROW_FIELDS.values()),
+        dataset=DATASET[0],
+    )
+)
 
 
 def _scores(store: Store, info: RunInfo, name: str) -> tuple[pd.DataFrame, dict[int, int]]:

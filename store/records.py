@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from . import row_stats
 from .errors import OldLayoutError
 
 # The manifest flag of a run that keeps its value norms (store/arrays.py VALUE_NORMS): set when the run is started.
@@ -93,6 +94,13 @@ class RunInfo:
     def has_row_stats(self) -> bool:
         """Whether the run keeps per-row statistics of every head's attention (store/row_stats.py: a causal LM's run)."""
         return bool((self.manifest or {}).get(ROW_STATS_FLAG))
+
+    @property
+    def row_stats_fields(self) -> tuple[str, ...]:
+        """The row-statistics fields the run keeps (store/row_stats.py: all, or the first 32 in a run kept before the
+        others existed); () without row statistics."""
+        entry = (self.manifest or {}).get(ROW_STATS_FLAG)
+        return row_stats.stored_fields(entry) if entry else ()
 
     @property
     def sink_logits(self) -> bool:

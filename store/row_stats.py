@@ -14,11 +14,15 @@ from the full float32 row before the maps are rounded to their storage dtype (or
 - `distance_0` .. `distance_15`: the row's attention by distance d = i - j: bin 0 holds d = 0, bin b (1 .. 14)
   2^(b-1) <= d < 2^b, bin 15 every d >= 2^14; so the mass on the last w keys is a sum of bins for w a power of 2;
 - `top_0` .. `top_7`: the row's 8 largest weights, largest first; their keys are in the `row_top` array (int32, -1
-  where the row has fewer keys). The row's residual mass is 1 - `learned_sink` - their sum.
+  where the row has fewer keys). The row's residual mass is 1 - `learned_sink` - their sum;
+- `duplicate`: the attention on the latest earlier token with the row's token id, and `induction`: on the token after
+  that one (0 where the id did not occur before): Olsson et al.'s duplicate-token and prefix-matching keys. On
+  ingest/generated.py's repeated tokens (no id twice in a copy) they are A[i, i - T] and A[i, i - T + 1] for each
+  second-copy row i (queries/induction_heads.py).
 
-`row_stats` holds the 32 values (token, layer, head, field) in float16 (2^-11 relative), `row_top` the 8 keys: 96
+`row_stats` holds the 34 values (token, layer, head, field) in float16 (2^-11 relative), `row_top` the 8 keys: 100
 bytes per row and head, against 2 n bytes for a float16 map row of an n-token example. Tokens are in storage order,
-as token_id's.
+as token_id's. Runs kept before `duplicate` and `induction` existed hold the first 32 fields (`stored_fields`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ FIELDS = (
     "column_rest",
     *(f"distance_{b}" for b in range(DISTANCE_BINS)),
     *(f"top_{k}" for k in range(TOP_K)),
+    "duplicate",  # last, so that the positions of the 32 fields kept before them hold in every run
+    "induction",
 )
 FIELD = {name: i for i, name in enumerate(FIELDS)}
 FIRST = slice(FIELD["first_0"], FIELD["first_0"] + POSITIONS)
@@ -62,6 +68,24 @@ TOP_ATTRIBUTES = {"description": f"per token and head, the keys of the row's {TO
 def manifest() -> dict:
     """The run manifest's `row_stats` entry: what the two arrays hold."""
     return {"arrays": [STATS, TOP], "dtype": "float16", "top_dtype": "int32", "top_k": TOP_K, **ATTRIBUTES}
+
+
+def stored_fields(entry: dict) -> tuple[str, ...]:
+    """The fields a run keeps, from its manifest's `row_stats` entry: FIELDS, or the first 32 of them in a run kept
+    before `duplicate` and `induction` (its entry lists them)."""
+    return tuple(entry.get("fields", FIELDS))
+
+
+def earlier_occurrences(token_ids, n: int):
+    """(example, n) int64: for each position, the latest earlier position holding the same token id, -1 for none (and
+    past an example's end): where the `duplicate` and `induction` fields look."""
+    earlier = np.full((len(token_ids), n), -1, dtype=np.int64)
+    for b, ids in enumerate(token_ids):
+        last: dict[int, int] = {}
+        for i, token in enumerate(list(ids)[:n]):
+            earlier[b, i] = last.get(token, -1)
+            last[token] = i
+    return earlier
 
 
 def bins_within(recent: int) -> int | None:

@@ -439,7 +439,7 @@ def make_run():
             if row_stats:
                 from attnstore.ingest.row_stats import from_maps
 
-                stats = from_maps(np.asarray(maps, dtype=np.float32))
+                stats = from_maps(np.asarray(maps, dtype=np.float32), [r["token_id"] for r in rows])
             writer.add(ids[position], np.asarray(maps), rows, norms=norms, peaks=peaks, rows=stats)
             writer.commit()
         if finish:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from .kept import Bound, bound, committed_state, is_kept, keep, kept_order, summary, summary_parts
 from .kernels import as_kernel_maps, kernel
 from .kinds import KINDS, SUMMARY_RANGE, SummaryKind, concatenate, kind_named, ragged_rows, range_reduction, register_kind, run_kinds
-from .passes import reduce_threads, summarise_examples, summarise_on, use_scheduler
+from .passes import reduce_threads, row_kinds, summarise_examples, summarise_on, use_scheduler
 from .registry import QUERIES, QuerySpec, get_query, load_all, register
 from .request import (
     ATTENTION_ONLY,
@@ -91,6 +91,7 @@ __all__ = [
     "ranged_maps",
     "ranges",
     "reduce_threads",
+    "row_kinds",
     "register",
     "register_kind",
     "requested_examples",

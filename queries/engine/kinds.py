@@ -84,6 +84,9 @@ class SummaryKind:
     # row's top keys (`row_top`).
     rows_fields: tuple[str, ...] | Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
     rows_top: bool = False
+    # The dataset format its examples are defined on (datasets.format, e.g. "repeated_tokens"), None: any; a run over
+    # another is left out of the kinds kept at ingest (engine/passes.py `row_kinds`).
+    dataset: str | None = None
 
     def bind(self, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Its parameters with the defaults filled in; an unknown one is a programming error. `weights` (every kind that

@@ -22,7 +22,7 @@ from ...store.pools import SizedPool
 from . import kinds
 from .kinds import SummaryKind, _assemble, kind_named
 from .selection import covered, ranges
-from .sources import iter_weighted_maps, reads_rows
+from .sources import iter_weighted_maps, reads_rows, rows_fields
 
 __all__ = ["check_scheduler", "client_for", "current_scheduler", "map_ranges", "split", "use_scheduler"]
 
@@ -38,14 +38,14 @@ def summarise_examples(
     params = kind.bind(params)
     if examples is None:
         examples = covered(store, info, kind, params)
-    from_rows = reads_rows(info, kind.rows, kind.rows_accept, params)
+    from_rows = reads_rows(info, kind, params)
     weights = params.pop("weights", "attention")
     order: list[int] = []
     rows: list[dict[str, np.ndarray]] = []
     if from_rows:  # the run's per-row statistics: a few numbers per row, no map read or rebuilt
         context: Any = kind.prepare(store, info, examples, **params)
         assert kind.rows is not None
-        fields = kind.rows_fields(params) if callable(kind.rows_fields) else kind.rows_fields
+        fields = rows_fields(kind, params)
         for example, stats in store.iter_row_stats(info.id, examples, fields, kind.rows_top):
             order.append(example)
             rows.append(kind.rows(context, example, stats))
@@ -66,6 +66,17 @@ def summarise_examples(
     if pool is not None:
         context.result()  # its error, where no example's reduce raised it
     return _assemble(kind, order, rows)
+
+
+def row_kinds(info: RunInfo) -> list[SummaryKind]:
+    """The kinds whose pass over run `info` with their defaults reads its per-row statistics: those to keep once the
+    run is ingested (a kind defined on another dataset, e.g. induction_heads' repeated tokens, left out)."""
+    from .kinds import run_kinds
+
+    kinds = run_kinds().values()
+    return [
+        kind for kind in kinds if kind.read is None and kind.dataset in (None, info.dataset_format) and reads_rows(info, kind, kind.bind())
+    ]
 
 
 REDUCE_THREADS_ENV = "ATTNSTORE_REDUCE_THREADS"

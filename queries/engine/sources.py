@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...store import row_stats
 from ...store.float16 import as_float32
 from ..errors import InvalidArgumentError
 from .request import REQUESTED, requested_examples
@@ -17,6 +18,7 @@ from .request import REQUESTED, requested_examples
 if TYPE_CHECKING:
     from ...store import Store
     from ...store.records import RunInfo
+    from .kinds import SummaryKind
 
 
 def iter_maps(store: Store, info: RunInfo, examples=REQUESTED, by_layer: bool = False) -> Iterator[tuple[int, np.ndarray]]:
@@ -64,13 +66,22 @@ def iter_weighted_maps(
         yield example, weighted_maps(maps, norms)
 
 
-def reads_rows(info: RunInfo, rows_reduce, accepts, params: dict) -> bool:
+def reads_rows(info: RunInfo, kind: SummaryKind, params: dict) -> bool:
     """Whether a kind's pass over run `info` reads its per-row statistics (store/row_stats.py) instead of its maps: the
-    run keeps them, the kind reduces them (`rows_reduce`), its parameters are ones they give (`accepts(params)`; None:
-    any), and the call asks for the attention weights (not weights="maps" or "norm")."""
-    if rows_reduce is None or not info.has_row_stats or params.get("weights", "attention") != "attention":
+    run keeps them, the kind reduces them (`kind.rows`), its parameters are ones they give (`kind.rows_accept`), the
+    run keeps the fields it then reads (one kept before a field existed reads its maps), and the call asks for the
+    attention weights (not weights="maps" or "norm")."""
+    if kind.rows is None or not info.has_row_stats or params.get("weights", "attention") != "attention":
         return False
-    return accepts is None or bool(accepts({k: v for k, v in params.items() if k != "weights"}))
+    if kind.rows_accept is not None and not kind.rows_accept({k: v for k, v in params.items() if k != "weights"}):
+        return False
+    wanted = row_stats.field_indices(rows_fields(kind, params))
+    return wanted is None or {row_stats.FIELDS[i] for i in wanted} <= set(info.row_stats_fields)
+
+
+def rows_fields(kind: SummaryKind, params) -> tuple[str, ...] | None:
+    """The row-statistics fields a kind's `rows` reduce reads for these parameters (None: all)."""
+    return kind.rows_fields(params) if callable(kind.rows_fields) else kind.rows_fields
 
 
 def iter_maps_with_norms(store: Store, info: RunInfo, examples=REQUESTED) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:

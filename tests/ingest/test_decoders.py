@@ -431,14 +431,16 @@ def test_smollm2_converts_once_and_records_its_provenance(tmp_path, monkeypatch,
 
     store = open_store(db=f"sqlite:///{tmp_path / 'meta.sqlite'}", root=str(tmp_path / "attention.zarr"))
     try:
-        ingest(store, dataset="generated/repeated_tokens:T8,24", limit=4, name="repeated", loaded=loaded, progress=False)
+        # with row statistics: the scores below come from them (store/row_stats.py `induction`, `duplicate`), no map read
+        ingest(store, dataset="generated/repeated_tokens:T8,24", limit=4, name="repeated", loaded=loaded, progress=False, row_stats=True)
+        assert store.run_info("repeated").has_row_stats
         induction = run_query(store, "induction_heads", run="repeated")
         duplicate = run_query(store, "duplicate_token_heads", run="repeated")
         assert induction.attrs["examples_per_length"] == {8: 2, 24: 2}
         assert induction["induction"].max() > 0.5 and duplicate["duplicate"].max() > 0.3
         assert all(gain > 1.0 for gain in induction.attrs["loss_gain"].values())  # the second copy is predicted
         eager = AutoModelForCausalLM.from_pretrained(loaded.source, attn_implementation="eager", dtype=torch.float32).eval()
-        scores, gains = {8: [], 24: []}, {8: [], 24: []}
+        scores, copies, gains = {8: [], 24: []}, {8: [], 24: []}, {8: [], 24: []}
         for _, row in store.examples("repeated").iterrows():
             t = int(row["label"])
             ids = loaded.tokenizer(row["text_a"], return_tensors="pt")["input_ids"]
@@ -447,10 +449,12 @@ def test_smollm2_converts_once_and_records_its_provenance(tmp_path, monkeypatch,
             maps = torch.stack(out.attentions)[:, 0].numpy()
             rows = np.arange(ids.shape[1] - t, ids.shape[1])
             scores[t].append(maps[..., rows, rows - t + 1].mean(-1))
+            copies[t].append(maps[..., rows, rows - t].mean(-1))
             loss = torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:], reduction="none").numpy()
             gains[t].append(loss[rows[0] - t : rows[0] - 1].mean() - loss[rows[0] : rows[-1]].mean())
         for t in (8, 24):
-            np.testing.assert_allclose(induction[f"induction_T{t}"], np.mean(scores[t], 0).ravel(), atol=2e-3)  # float16 maps
+            np.testing.assert_allclose(induction[f"induction_T{t}"], np.mean(scores[t], 0).ravel(), atol=2e-3)  # float16
+            np.testing.assert_allclose(duplicate[f"duplicate_T{t}"], np.mean(copies[t], 0).ravel(), atol=2e-3)
             assert induction.attrs["loss_gain"][t] == pytest.approx(float(np.mean(gains[t])), abs=1e-3)
 
         # Retrieval heads (Wu et al. 2024) on a needle in 300 tokens of GUM with the model's generation: the answer

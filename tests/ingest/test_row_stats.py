@@ -14,9 +14,9 @@ from attnstore.store import row_stats as fmt  # noqa: E402
 from attnstore.tests.ingest.test_streaming_qk import LONG, eager_maps, ingest_cli, open_tmp_store  # noqa: E402
 
 
-def expected_fields(maps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(token, layer, head, field) float64 and the top keys (token, layer, head, k) of (layer, head, L, L) causal maps,
-    by the definitions of store/row_stats.py."""
+def expected_fields(maps: np.ndarray, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(token, layer, head, field) float64 and the top keys (token, layer, head, k) of (layer, head, L, L) causal maps
+    over token ids `ids`, by the definitions of store/row_stats.py."""
     a = maps.astype(np.float64)
     layers, heads, n, _ = a.shape
     out = np.zeros((layers, heads, n, len(fmt.FIELDS)))
@@ -31,6 +31,11 @@ def expected_fields(maps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     column = a.sum(-2) / (n - np.arange(n))  # (layer, head, key)
     out[..., fmt.FIELD["column"]] = column  # the sum of the two fields is compared below
     out[..., fmt.FIELD["column_rest"]] = 0
+    for i in range(n):  # the latest earlier position of row i's id, and the one after it
+        before = [j for j in range(i) if ids[j] == ids[i]]
+        if before:
+            out[:, :, i, fmt.FIELD["duplicate"]] = a[:, :, i, before[-1]]
+            out[:, :, i, fmt.FIELD["induction"]] = a[:, :, i, before[-1] + 1]
     order = np.argsort(-a, axis=-1, kind="stable")[..., : fmt.TOP_K]
     values = np.take_along_axis(a, order, -1)
     out[..., fmt.TOP_VALUES.start : fmt.TOP_VALUES.start + order.shape[-1]] = values
@@ -55,10 +60,11 @@ def test_row_stats_of_each_tier_equal_the_eager_maps_fields(arch, tiny, tmp_path
             info = store.run_info(run)
             assert info.has_row_stats and info.manifest["row_stats"]["top_k"] == fmt.TOP_K
             assert check_run(store, run).problems == []
-            seen = 0
+            seen = duplicated = 0
             for example, rows in store.iter_row_stats(run):
                 ids = store.tokens(run, example)["token_id"].tolist()
-                stats, top = expected_fields(eager_maps(path, ids))
+                stats, top = expected_fields(eager_maps(path, ids), ids)
+                repeats = len(ids) - len(set(ids))
                 assert rows.stats.shape == stats.shape and rows.top.shape == top.shape
                 # float16 storage: 2^-11 relative, and sums of float32 weights to 1e-6 absolute
                 got = rows.stats.astype(np.float64)
@@ -70,7 +76,8 @@ def test_row_stats_of_each_tier_equal_the_eager_maps_fields(arch, tiny, tmp_path
                 assert exact > 0.97, (run, example, exact)  # near-equal weights may swap ranks in float32
                 assert (rows.top[..., 0] == top[..., 0]).mean() > 0.99
                 seen += 1
-            assert seen == 3
+                duplicated += repeats
+            assert seen == 3 and duplicated > 0  # some rows' ids occurred before: their duplicate and induction keys
     finally:
         store.close()
 

@@ -253,8 +253,9 @@ def repeated_maps(ids: list[int], t: int | None) -> np.ndarray:
     return maps
 
 
-def repeated_run(store, make_run, name: str = "repeated") -> str:
-    """A causal run over a `repeated_tokens` dataset of REPEATED_IDS (lengths 3, 3, 2; the last one none)."""
+def repeated_run(store, make_run, name: str = "repeated", row_stats: bool = False) -> str:
+    """A causal run over a `repeated_tokens` dataset of REPEATED_IDS (lengths 3, 3, 2; the last one none); `row_stats`:
+    keeping the maps' per-row statistics, as a causal LM's ingest does."""
     lengths = [3, 3, 2, None]
     maps = [repeated_maps(ids, t) for ids, t in zip(REPEATED_IDS, lengths, strict=True)]
     tokens = [[f"w{i}" for i in ids] for ids in REPEATED_IDS]
@@ -268,6 +269,7 @@ def repeated_run(store, make_run, name: str = "repeated") -> str:
         norms_list=[np.linspace(0.5, 1.5, 3 * len(ids), dtype=np.float32).reshape(1, 3, len(ids)) for ids in REPEATED_IDS],
         dataset_format="repeated_tokens",
         dataset_options={"lengths": REPEATED_LENGTHS, "seed": 0},
+        row_stats=row_stats,
     )
     mark_causal(store, run)
     return run

@@ -36,6 +36,23 @@ def test_fields_of_a_sink_head_and_a_previous_token_head_by_hand():
     assert top[1, 0, 0, :2].tolist() == [0, 1] and top[1, 0, 0, 2] == -1
 
 
+def test_duplicate_and_induction_fields_by_hand():
+    """Ids 5 7 5 7 9 under one uniform head: row 2 (id 5, last at 0) has duplicate A[2, 0] and induction A[2, 1], row
+    3 (id 7, last at 1) A[3, 1] and A[3, 2]; rows whose id did not occur before, 0. Without ids both fields are 0."""
+    n = 5
+    maps = (np.tril(np.ones((n, n), np.float32)) / np.arange(1, n + 1, dtype=np.float32)[:, None])[None, None]
+    stats, _ = from_maps(maps, [5, 7, 5, 7, 9])
+    duplicate, induction = (stats[:, 0, 0, fmt.FIELD[name]].astype(np.float64) for name in ("duplicate", "induction"))
+    assert duplicate.tolist() == pytest.approx([0, 0, 1 / 3, 1 / 4, 0], rel=FLOAT16)
+    assert induction.tolist() == pytest.approx([0, 0, 1 / 3, 1 / 4, 0], rel=FLOAT16)
+    maps[0, 0, 3] = [0.1, 0.2, 0.3, 0.4, 0]  # row 3 by key: its duplicate key 1 and induction key 2 now differ
+    stats, _ = from_maps(maps, [5, 7, 5, 7, 9])
+    assert stats[3, 0, 0, fmt.FIELD["duplicate"]] == pytest.approx(0.2, rel=FLOAT16)
+    assert stats[3, 0, 0, fmt.FIELD["induction"]] == pytest.approx(0.3, rel=FLOAT16)
+    assert not from_maps(maps)[0][..., [fmt.FIELD["duplicate"], fmt.FIELD["induction"]]].any()
+    assert fmt.BYTES_PER_ROW_HEAD == 100  # the decoder-analyses issue's limit per row and head
+
+
 @pytest.fixture
 def runs(store, make_run):
     """The same hand-built causal maps as two runs: "rows" keeps row statistics, "plain" only the maps."""
@@ -150,3 +167,26 @@ def test_check_names_row_stats_cut_short(store, runs):
     stats.array.resize((stats.length() - 1, *stats.array.shape[1:]))
     (problem,) = check_run(store, runs["rows"]).problems
     assert "row_stats holds" in problem["problem"] and "ingest the run again for its row statistics" in problem["problem"]
+
+
+def test_a_run_kept_before_the_last_fields_goes_on_in_its_own_format(store, make_run, monkeypatch):
+    """A run whose row_stats array was made with the first 32 fields (before `duplicate` and `induction`), resumed by
+    this version: each example's statistics are written in the run's own 32 fields."""
+    tokens = [["a", "b", "a"]]
+    with monkeypatch.context() as patched:
+        patched.setattr(fmt, "FIELDS", fmt.FIELDS[:32])  # the array made as an older version made it
+        run, writer = make_run(store, [sink_maps(3)], tokens, name="older", specials=SPECIALS, row_stats=True, write=0, finish=False)
+    try:
+        example = int(store.sql("SELECT id FROM examples WHERE dataset_id = :d", {"d": store.run_info(run).dataset_id})["id"].iloc[0])
+        stats, top = from_maps(sink_maps(3), [5, 6, 5])
+        assert stats.shape[-1] == len(fmt.FIELDS) == 34
+        rows = [
+            dict(token=t, token_id=i, word_position=k, segment=0, is_special=False, char_start=None, char_end=None)
+            for k, (t, i) in enumerate(zip(tokens[0], (5, 6, 5)))
+        ]
+        writer.add(example, sink_maps(3), rows, rows=(stats, top))
+        writer.finish(0.0)
+    finally:
+        writer.close()
+    ((_, kept),) = store.iter_row_stats(run)
+    assert kept.stats.shape == (3, 1, 2, 32) and np.array_equal(kept.stats, stats[..., :32])
