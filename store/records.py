@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from . import row_stats
 from .errors import OldLayoutError
 
 # The manifest flag of a run that keeps its value norms (store/arrays.py VALUE_NORMS): set when the run is started.
@@ -99,8 +98,10 @@ class RunInfo:
     def row_stats_fields(self) -> tuple[str, ...]:
         """The row-statistics fields the run keeps (store/row_stats.py: all, or the first 32 in a run kept before the
         others existed); () without row statistics."""
+        from .row_stats import stored_fields  # numpy: not on the command line's start-up path
+
         entry = (self.manifest or {}).get(ROW_STATS_FLAG)
-        return row_stats.stored_fields(entry) if entry else ()
+        return stored_fields(entry) if entry else ()
 
     @property
     def sink_logits(self) -> bool:

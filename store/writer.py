@@ -605,15 +605,11 @@ class RunWriter:
                 f"run {self.info.name!r} {'keeps' if self.rows is not None else 'does not keep'} row statistics: "
                 f"example {example_id} was given {'none' if rows is None else 'some'}"
             )
-        if rows is not None and self.rows is not None and len(rows) == 2 and rows[0].shape[-1:] == (len(row_stats.FIELDS),):
-            rows = (rows[0][..., : self.rows[0].array.shape[-1]], rows[1])  # a run kept before the last fields: its own
-        if rows is not None and (
-            len(rows) != 2
-            or rows[0].shape[:-1] != (len(tokens), *expected)
-            or rows[0].shape[-1] != (self.rows[0].array.shape[-1] if self.rows is not None else len(row_stats.FIELDS))
-            or rows[1].shape != (len(tokens), *expected, row_stats.TOP_K)
-        ):
+        shapes = ((len(tokens), *expected, len(row_stats.FIELDS)), (len(tokens), *expected, row_stats.TOP_K))
+        if rows is not None and (len(rows) != 2 or (rows[0].shape, rows[1].shape) != shapes):
             raise InvalidArgumentError(f"row statistics of shapes {[r.shape for r in rows]} do not fit {len(tokens)} tokens and {expected}")
+        if rows is not None and self.rows is not None:  # a run kept before the last fields keeps its own
+            rows = (rows[0][..., : self.rows[0].array.shape[-1]], rows[1])
         if maps is not None and self.part is not None and self.blocks.offset_for(maps.size) + maps.size > self.part[1]:
             raise InvalidArgumentError(
                 f"example {example_id}'s maps do not fit the cells {self.part[0]}..{self.part[1]} "
