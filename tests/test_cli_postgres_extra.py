@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a Python process per test, with psycopg hidden: not in make test-fast
+
 ROOT = Path(__file__).parents[1]
 EXTRA = "pip install 'attnstore[postgres]'"
 

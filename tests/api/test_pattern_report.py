@@ -13,6 +13,8 @@ from attnstore.api.pattern_labels import LABELLER_KINDS, export_labels, is_label
 from attnstore.api.pattern_report import evaluate_labellers
 from attnstore.queries.pattern_metrics import CLASSES, _kappa, cohen_kappa, confusion_matrix, corrected_shares, share_intervals
 
+pytestmark = pytest.mark.slow  # figures: the report draws its PNGs: not in make test-fast
+
 TOKENS = ["[CLS]", *[f"w{i}" for i in range(10)], "[SEP]"]
 KINDS = ("vertical", "diagonal", "heterogeneous")
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-pytestmark = pytest.mark.one_backend
+pytestmark = [pytest.mark.one_backend, pytest.mark.slow]  # figures: the reports draw theirs; not in make test-fast
 
 TOKENS = [["[CLS]", "a", "bb", "c", "[SEP]"], ["[CLS]", "dd", "e", "[SEP]"]]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("matplotlib")
-pytestmark = pytest.mark.one_backend
+pytestmark = [pytest.mark.one_backend, pytest.mark.slow]  # figures: the reports draw theirs; not in make test-fast
 
 
 @pytest.fixture

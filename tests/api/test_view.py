@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+pytestmark = pytest.mark.slow  # figures: matplotlib draws every picture: not in make test-fast
+
 pytest.importorskip("matplotlib")
 
 

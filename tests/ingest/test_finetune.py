@@ -249,6 +249,7 @@ def test_no_finetuning_baseline_is_a_seeded_untrained_head(store, tiny_bert):
     assert open_evaluator(store, model=tiny_bert, task="SST-2", data_dir=FIXTURES).scores() == first
 
 
+@pytest.mark.slow  # fine-tuning and a report's figures, from the command line
 def test_command_line_finetune_evaluate_ablate_report_and_ingest(tmp_path, tiny_bert, monkeypatch):
     """The whole workflow through the CLI on SQLite: fine-tune, evaluate, ablate, both reports, ingest the fine-tuned model."""
     pytest.importorskip("matplotlib")

@@ -42,6 +42,7 @@ def test_importance_is_the_mean_absolute_head_mask_gradient(store, tiny_bert):
         head_importance(ev, max_examples=0)
 
 
+@pytest.mark.slow  # the command fine-tunes nothing but computes gradients over the data
 def test_the_command_saves_beside_a_run_of_the_model(tmp_path, tiny_bert):
     from click.testing import CliRunner
 
@@ -152,6 +153,7 @@ def test_pruning_by_default_estimates_once_on_the_training_data_and_records_it(s
         prune(store, ev, importance_data="test", progress=False)
 
 
+@pytest.mark.slow  # pruning from the command line and its figure
 def test_the_prune_command_draws_the_curve(tmp_path, tiny_bert):
     pytest.importorskip("matplotlib")
     from click.testing import CliRunner

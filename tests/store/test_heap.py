@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a Python process that runs a forward pass: not in make test-fast
+
 pytest.importorskip("torch")
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
