@@ -201,7 +201,10 @@ def describe(entry: dict[str, Any]) -> str:
     return f"Q/K tier ({entry['dtype']} queries and keys, {entry['n_kv_heads']} key/value heads of {entry['head_dim']})"
 
 
-POOL_CHUNK_ROWS = 1024  # rows of logits at once: 1,024 x 8,192 float32 = 32 MiB
+# Rows of logits at once: 128 x 8,192 float32 = 4 MiB, which the allocator hands back to the next chunk where 32 MiB
+# (1,024 rows) came from fresh pages each time: an 8,192-token map pooled by 8 took 61-82 ms against 82-221
+# (docs/PERFORMANCE.md, 2026-11-29 (late); the page's own time: `pytest tests/api/test_long_map_browser.py -s`).
+POOL_CHUNK_ROWS = 128
 
 
 def max_pool(values: np.ndarray, factor: int, fill: float = 0.0) -> np.ndarray:
@@ -214,8 +217,18 @@ def max_pool(values: np.ndarray, factor: int, fill: float = 0.0) -> np.ndarray:
         padded = np.full((n_rows * factor, n_cols * factor), fill, dtype=values.dtype)
         padded[: values.shape[0], : values.shape[1]] = values
         values = padded
-    # keys first (a contiguous inner axis), then rows: 4x faster than one reduction over both axes of a 4-d view
-    return values.reshape(n_rows * factor, n_cols, factor).max(axis=2).reshape(n_rows, factor, n_cols).max(axis=1)
+    # Elementwise maxima of whole slices, rows then keys: numpy's .max over a short inner axis of a reshaped view was 16x
+    # slower (48 ms against 2.9 for 1,024 x 8,192 by 8) and most of a long map's first overview
+    # (`pytest tests/api/test_long_map_browser.py -s`).
+    blocks = values.reshape(n_rows, factor, n_cols * factor)
+    rows = blocks[:, 0].copy()
+    for i in range(1, factor):
+        np.maximum(rows, blocks[:, i], out=rows)
+    keys = rows.reshape(n_rows, n_cols, factor)
+    pooled = keys[..., 0].copy()
+    for i in range(1, factor):
+        np.maximum(pooled, keys[..., i], out=pooled)
+    return pooled
 
 
 def rebuild_pooled(
@@ -265,4 +278,4 @@ def rebuild_pooled(
             list(pool.map(pool_chunk, starts))
     else:
         pool_chunk(0)
-    return np.exp(pooled)
+    return np.exp(pooled, out=pooled)

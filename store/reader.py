@@ -34,7 +34,7 @@ from .migrate import upgrade_command, verify_schema
 from .records import RunInfo
 from .results import SavedResultReads
 from .schema import Dataset, Example, Mention, Model, Run, Sequence, Token, Word
-from .token_reads import TokenReads
+from .token_reads import QK_LAYERS_BYTES, TokenReads
 
 if TYPE_CHECKING:
     from . import arrays, direct, qk, remote, summaries
@@ -96,6 +96,7 @@ class StoreReader(SavedResultReads, TokenReads):
         self._block_windows: LRU[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = LRU(max_entries=BLOCK_WINDOWS_KEPT)
         self._direct: dict[str, tuple[tuple[int, int, int], direct.DirectCells | None]] = {}
         self._qk_handles: dict[str, tuple] = {}  # a Q/K run's three arrays by array path (`_qk_arrays`)
+        self._qk_layers: LRU[tuple, tuple] = LRU(max_weight=QK_LAYERS_BYTES, weigh=lambda kept: sum(a.nbytes for a in kept))
         self._block_cache: direct.BlockCache | None = None  # made at the first one-example read (`block_cache`)
 
     def __repr__(self) -> str:

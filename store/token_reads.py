@@ -23,6 +23,7 @@ from .schema import Example, Sequence
 if TYPE_CHECKING:
     from . import arrays, qk
     from .config import Locations
+    from .lru import LRU
     from .reader import RunRef
 else:  # these import zarr: each is imported at its first use (store/lazy.py)
     arrays, qk = (LazyModule(f"{__package__}.{name}") for name in ("arrays", "qk"))
@@ -32,11 +33,14 @@ else:  # these import zarr: each is imported at its first use (store/lazy.py)
 REBUILD_LIMIT_ENV = "ATTNSTORE_REBUILD_MB"
 REBUILD_LIMIT_MB = 6144
 NORM_READ_TOKENS = 1 << 16  # value norms read at once (x layers x heads float16 values)
-ROW_READ_TOKENS = 1 << 12  # row statistics read at once: 4,096 x SmolLM2's 270 heads x 96 bytes = 106 MB
+ROW_READ_TOKENS = 1 << 12  # row statistics read at once: 4,096 x SmolLM2's 270 heads x 100 bytes = 111 MB
 
 
 def rebuild_limit_bytes() -> int:
     return int(float(os.environ.get(REBUILD_LIMIT_ENV) or REBUILD_LIMIT_MB) * 2**20)
+
+
+QK_LAYERS_BYTES = 64 << 20  # examples' layers of Q/K kept for pooled reads: SmolLM2's at 8,192 tokens are 13 MB each
 
 
 class TokenReads:
@@ -48,6 +52,7 @@ class TokenReads:
         locations: Locations
         _maps_lock: threading.Lock
         _qk_handles: dict[str, tuple]
+        _qk_layers: LRU[tuple, tuple]
 
         def run_info(self, run: RunRef) -> RunInfo: ...
 
@@ -122,13 +127,22 @@ class TokenReads:
         if info.qk is None:
             return qk.max_pool(self._maps(info, example, [layer], [head], rows)[0, 0].astype(np.float32), factor)
         start = self._token_start(info, offset)
-        q_array, k_array, lse_array = self._qk_arrays(info, start + length)
-        first, last = start + rows.start, start + rows.stop
-        q = np.asarray(q_array.array[first:last, layer : layer + 1])
-        k = np.asarray(k_array.array[start:last, layer : layer + 1])
-        lse = np.asarray(lse_array.array[first:last, layer : layer + 1])
+        q, k, lse = self._example_layer_qk(info, start, length, layer)
         shifted = {**info.qk, "scale": info.qk["scale"][layer : layer + 1], "window": info.qk["window"][layer : layer + 1]}
-        return qk.rebuild_pooled(q, k, lse, shifted, 0, head, rows, length, factor)
+        return qk.rebuild_pooled(
+            q[rows.start : rows.stop], k[: rows.stop], lse[rows.start : rows.stop], shifted, 0, head, rows, length, factor
+        )
+
+    def _example_layer_qk(self, info: RunInfo, start: int, length: int, layer: int) -> tuple[np.ndarray, ...]:
+        """One example's queries, keys and log-sum-exps of one layer (token, 1, head, ...), kept per store: a view's
+        bands and other heads of the layer read them once (a committed example's never change)."""
+        key = (info.id, info.array_path, start, length, layer)  # a run deleted and made again has a new id
+        kept = self._qk_layers.get(key)
+        if kept is None:
+            arrays = self._qk_arrays(info, start + length)
+            kept = tuple(np.asarray(a.array[start : start + length, layer : layer + 1]) for a in arrays)
+            self._qk_layers.put(key, kept)
+        return kept
 
     def _qk_arrays(self, info: RunInfo, stop: int) -> tuple:
         """A Q/K run's three arrays, opened once per store while they hold `stop` tokens (opened again when a run being

@@ -12,6 +12,8 @@ const LUT = Array.from({ length: 256 }, (_, k) => {
   const f = x - i;
   return VIRIDIS[i].map((c, j) => Math.round(c + f * (VIRIDIS[i + 1][j] - c)));
 });
+// The same colours as one 32-bit RGBA pixel each (little-endian, as every browser's typed arrays): one store a pixel.
+const LUT32 = new Uint32Array(LUT.map(([r, g, b]) => ((255 << 24) | (b << 16) | (g << 8) | r) >>> 0));
 // Saved head metrics shown beside the map when the run has them (`attnstore query NAME --run RUN --save`).
 const SUMMARY = [
   ["attention_sink.position_0", "attention on the first token"],
@@ -64,13 +66,8 @@ async function tile(level, row, col) {
   const response = await api(runPath(`/examples/${view.example}/tile`), { layer: view.layer, head: view.head, level, row, col });
   const bytes = new Uint8Array(await response.arrayBuffer());
   const image = new ImageData(TILE, TILE);
-  for (let k = 0; k < bytes.length; k++) {
-    const c = LUT[bytes[k]];
-    image.data[4 * k] = c[0];
-    image.data[4 * k + 1] = c[1];
-    image.data[4 * k + 2] = c[2];
-    image.data[4 * k + 3] = 255;
-  }
+  const pixels = new Uint32Array(image.data.buffer);
+  for (let k = 0; k < bytes.length; k++) pixels[k] = LUT32[bytes[k]];
   tiles.set(key, image);
   if (tiles.size > 512) tiles.delete(tiles.keys().next().value);
   return image;

@@ -72,3 +72,13 @@ def test_the_long_map_page_is_served(client):
     page = client.get("/long")
     assert page.status_code == 200 and 'src="static/long.js"' in page.text and 'id="long-canvas"' in page.text
     assert client.get("/static/long.js").status_code == 200
+
+
+def test_a_band_holds_as_many_rows_of_tiles_as_fit_its_pooled_cells():
+    """Bands of at most 2^20 pooled cells: an 8,192-token map's 1,024 x 1,024 overview is one band (made by one request
+    on every core), its full resolution one row of tiles a band; the 600-token map above, one band at every level."""
+    from attnstore.api.http.routes.tiles import BAND_CELLS, band_rows
+
+    assert BAND_CELLS == 1 << 20
+    assert (band_rows(8192, 3), band_rows(8192, 2), band_rows(8192, 0)) == (4, 2, 1)
+    assert band_rows(N, 0) == 6 and band_rows(N, 2) >= 1

@@ -164,6 +164,10 @@ def test_pooled_maps_are_the_max_pool_of_the_rebuilt_ones(store, qk_run, monkeyp
                         pooled = store.pooled_attention("qk", example, layer, head, rows, factor)
                         np.testing.assert_allclose(pooled, qk.max_pool(full, factor), rtol=1e-6, atol=0)
     assert qk.max_pool(np.arange(12.0).reshape(3, 4), 2).tolist() == [[5.0, 7.0], [9.0, 11.0]]  # edges padded with 0
+    values = np.random.default_rng(0).normal(size=(37, 70)).astype(np.float32)
+    for factor in (2, 3, 8, 64):  # against each block's max taken one block at a time, edges padded with -inf
+        expected = [[values[r : r + factor, c : c + factor].max() for c in range(0, 70, factor)] for r in range(0, 37, factor)]
+        assert qk.max_pool(values, factor, fill=-np.inf).tolist() == expected
     with pytest.raises(InvalidArgumentError, match=r"starting on a multiple of 2"):
         store.pooled_attention("qk", 1, 0, 0, range(1, 6), 2)
 

@@ -4,8 +4,9 @@ A tile is TILE x TILE pixels of one (layer, head) map at a zoom `level`: each pi
 shows their maximum (max-pooling: a sink column or a diagonal stays visible however far out), as one byte,
 round(255 * sqrt(weight)) (the square root spreads the small weights most cells hold). Tile (row, col) covers query
 rows [row, row + 1) x TILE x 2**level and keys likewise; cells past the example's end are 0. Only the rows of the tile's
-band are read (a Q/K run rebuilds only those: store/qk.py), and a band, pooled, is kept for the band's other tiles: a
-view of an 8,192-token map never ships or holds the map.
+band (one or more rows of tiles, at most BAND_CELLS pooled cells) are read (a Q/K run rebuilds only those:
+store/qk.py), and a band, pooled, is kept for its other tiles: a view of an 8,192-token map never ships or holds the
+map.
 """
 
 import threading
@@ -23,17 +24,31 @@ from . import Example, Run, Srv, answer_here_or_on_a_thread
 TILE = 256
 MAX_LEVEL = 8  # 2**8 x 256 = 65,536 tokens in one tile
 BAND_BYTES = 256 * 2**20  # the pooled bands the server keeps
+# A band holds as many rows of tiles as fit in this many pooled cells (at least one): a zoomed-out view of a long map is
+# then made by one request, on every core, while its other tiles wait for it (an 8,192-token map's 1,024 x 1,024
+# overview: one band, not four made two at a time: `pytest tests/api/test_long_map_browser.py -s`).
+BAND_CELLS = 1 << 20
 
 
-def pooled_band(srv: Server, info, example: int, length: int, layer: int, head: int, level: int, row: int) -> np.ndarray:
-    """Rows row*TILE*2**level .. of the head's map, max-pooled by 2**level over rows and keys: (<= TILE, ceil(length /
-    2**level)) uint8 (`store.pooled_attention`: a Q/K run's without rebuilding the map)."""
+def band_rows(length: int, level: int) -> int:
+    """Rows of tiles in one band at `level` for an example of `length` tokens."""
+    return max(1, BAND_CELLS // (TILE * -(-length // 2**level)))
+
+
+def pooled_band(srv: Server, info, example: int, length: int, layer: int, head: int, level: int, band_row: int) -> np.ndarray:
+    """Band `band_row` of the head's map (its band_rows(...) rows of tiles), max-pooled by 2**level over rows and keys:
+    (<= band_rows x TILE, ceil(length / 2**level)) uint8 (`store.pooled_attention`: a Q/K run's without rebuilding the
+    map)."""
     factor = 2**level
-    first = row * TILE * factor
-    rows = range(first, min(length, first + TILE * factor))
+    span = band_rows(length, level) * TILE * factor
+    first = band_row * span
+    rows = range(first, min(length, first + span))
     srv.reading(len(rows) * length)
-    pooled = srv.store.pooled_attention(info.id, example, layer, head, rows, factor)
-    return np.rint(255 * np.sqrt(np.clip(pooled, 0, 1))).astype(np.uint8)
+    pooled = srv.store.pooled_attention(info.id, example, layer, head, rows, factor)  # its own: shaded in place
+    np.clip(pooled, 0, 1, out=pooled)
+    np.sqrt(pooled, out=pooled)
+    pooled *= 255
+    return np.rint(pooled, out=pooled).astype(np.uint8)
 
 
 _making: dict[tuple, threading.Lock] = {}  # the bands being made: a band's other tiles wait for it, not make it again
@@ -42,7 +57,7 @@ _making_lock = threading.Lock()
 
 def band(s: Server, info, example: int, length: int, layer: int, head: int, level: int, row: int) -> np.ndarray:
     """The pooled band, kept; made in one of the server's heavy slots, once however many of its tiles ask at once."""
-    key = (info.id, info.status, info.n_stored, example, layer, head, level, row)
+    key = (info.id, info.status, info.n_stored, example, layer, head, level, row)  # row: the band's
 
     def make() -> np.ndarray:
         with _making_lock:
@@ -70,7 +85,9 @@ def tile_answer(s: Server, run: str, example: int, layer: int, head: int, level:
     tiles = -(-length // span)
     if not (0 <= row < tiles and 0 <= col < tiles):
         raise InvalidArgumentError(f"tile ({row}, {col}) at level {level}: the example's {length} tokens make {tiles} x {tiles} tiles")
-    part = band(s, info, example, length, layer, head, level, row)[:, col * TILE : (col + 1) * TILE]
+    per_band = band_rows(length, level)
+    top = row % per_band * TILE  # the tile's first row in its band
+    part = band(s, info, example, length, layer, head, level, row // per_band)[top : top + TILE, col * TILE : (col + 1) * TILE]
     tile = np.zeros((TILE, TILE), np.uint8)
     tile[: part.shape[0], : part.shape[1]] = part
     headers = {"X-Attnstore-Length": str(length), "X-Attnstore-Tile": f"{level},{row},{col}", "Cache-Control": "private, max-age=60"}
