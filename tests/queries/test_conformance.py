@@ -81,6 +81,9 @@ def test_kept_equals_computed_for_the_run_and_for_examples(store, run, name):
     same(run_query(store, name, run=run, examples=[1, 2], **params), computed_some, name)
 
 
+# The sources and the ranges are the engine's, the same on either database: SQLite only. Every kind's own SQL
+# (`prepare`, `labels`) and its kept summary meet PostgreSQL in test_kept_equals_computed_for_the_run_and_for_examples.
+@pytest.mark.one_backend
 @pytest.mark.parametrize("name", ENGINE_QUERIES)
 def test_each_declared_source_answers_and_any_other_is_refused(store, run, name):
     run = run_for(name)  # the fixture `run` builds the store's runs
@@ -101,6 +104,7 @@ def test_each_declared_source_answers_and_any_other_is_refused(store, run, name)
         run_query(store, name, run=run, examples=[9], **params)
 
 
+@pytest.mark.one_backend
 @pytest.mark.parametrize("kind_name", RANGE_KINDS)
 def test_kept_ranges_equal_the_per_example_path(store, run, kind_name):
     kind = summary_module.KINDS[kind_name]

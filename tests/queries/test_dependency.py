@@ -27,6 +27,9 @@ from attnstore.tests.queries.helpers import (
     summary_group,
 )
 
+# The analysis, not the database: SQLite only (kept summaries are Zarr; each query's SQL meets PostgreSQL in test_conformance.py).
+pytestmark = pytest.mark.one_backend
+
 TOKENS = ["[CLS]", "the", "dog", "bar", "##ks", "[SEP]"]
 TOKEN_WORDS = [None, 0, 1, 2, 2, None]
 WORDS = [

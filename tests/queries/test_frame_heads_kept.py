@@ -23,6 +23,9 @@ from attnstore.tests.queries import reference
 from attnstore.tests.queries.helpers import frame_dataset, hand_run, positions_to_ids, token_rows, write_blocks
 from attnstore.tests.snapshots import store_with
 
+# The analysis, not the database: SQLite only (kept summaries are Zarr; each query's SQL meets PostgreSQL in test_conformance.py).
+pytestmark = pytest.mark.one_backend
+
 SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
 CORE_TYPES = ("Core", "Peripheral", "Extra-Thematic", "Core-Unexpressed", "")
 N_EXAMPLES = 12

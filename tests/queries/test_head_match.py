@@ -14,6 +14,9 @@ from attnstore.queries import run_query
 from attnstore.queries.errors import InvalidArgumentError
 from attnstore.tests.queries.helpers import hand_run, write_blocks
 
+# The analysis, not the database: SQLite only (kept summaries are Zarr; each query's SQL meets PostgreSQL in test_conformance.py).
+pytestmark = pytest.mark.one_backend
+
 SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
 WORD_COUNTS = (3, 5, 4, 6, 5, 2, 7)  # one example per entry
 PERMUTATION = np.array([4, 0, 5, 2, 1, 3])  # head k of B is head PERMUTATION[k] of A (A: 2 x 3, B: 3 x 2)

@@ -16,6 +16,9 @@ from attnstore.tests.queries.helpers import (
     summary_group,
 )
 
+# The analysis, not the database: SQLite only (kept summaries are Zarr; each query's SQL meets PostgreSQL in test_conformance.py).
+pytestmark = pytest.mark.one_backend
+
 # A: "she likes cats" with split "likes" (like ##s) and "cats" (ca ##ts).
 TOKENS_A = ["[CLS]", "she", "like", "##s", "ca", "##ts", "[SEP]"]
 WORDS_A = [

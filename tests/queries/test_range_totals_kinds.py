@@ -27,6 +27,9 @@ from attnstore.tests.queries import reference
 from attnstore.tests.queries.helpers import random_maps, write_saliency
 from attnstore.tests.queries.test_kovaleva_token_to_token import TOKENS_A, TOKENS_B, TOKENS_C, TW_A, TW_B, TW_C, WORDS_A, WORDS_B, WORDS_C
 
+# The analysis, not the database: SQLite only (kept summaries are Zarr; each query's SQL meets PostgreSQL in test_conformance.py).
+pytestmark = pytest.mark.one_backend
+
 RTOL = 1e-12
 REFERENCE_RTOL = 1e-9  # the naive references add in other orders
 NORM_RTOL = 2e-6  # and weight the maps in float64 where the queries weigh them in float32 (as test_kovaleva_token_to_token)

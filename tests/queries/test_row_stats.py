@@ -12,6 +12,9 @@ from attnstore.store import row_stats as fmt
 from attnstore.tests.queries.test_attention_sink import sink_maps
 from attnstore.tests.queries.test_causal import SPECIALS, mark_causal
 
+# The analysis, not the database: SQLite only (kept summaries are Zarr; each query's SQL meets PostgreSQL in test_conformance.py).
+pytestmark = pytest.mark.one_backend
+
 FLOAT16 = 2**-10  # relative: a stored value's rounding, with room for a sum of a few
 
 

@@ -16,6 +16,9 @@ from attnstore.store import progress
 from attnstore.tests.queries import reference
 from attnstore.tests.queries.helpers import forbid_map_reads, hand_run, has_summaries, read_only_store, write_blocks
 
+# The analysis, not the database: SQLite only (kept summaries are Zarr; each query's SQL meets PostgreSQL in test_conformance.py).
+pytestmark = pytest.mark.one_backend
+
 SPECIALS = {"cls": {"token": "[CLS]", "id": 101}, "sep": {"token": "[SEP]", "id": 102}}
 LENGTHS = (5, 9, 3, 12, 7, 4, 10, 6)
 

@@ -16,6 +16,9 @@ from attnstore.queries.engine import passes as engine_passes
 from attnstore.store import summaries
 from attnstore.store.errors import AttnStoreError, StorageIOError
 
+# The analysis, not the database: SQLite only (kept summaries are Zarr; each query's SQL meets PostgreSQL in test_conformance.py).
+pytestmark = pytest.mark.one_backend
+
 DATA = str(Path(__file__).parents[1] / "fixtures" / "data")
 TOKENS = [["[CLS]", *(["a", ",", "b", "."] * (1 + i % 3))[: 2 + i % 5], "[SEP]"] for i in range(9)]
 

@@ -14,6 +14,9 @@ from attnstore.queries import run_query
 from attnstore.store.errors import InvalidArgumentError
 from attnstore.tests.queries.helpers import assert_same_frames_within, read_only_store
 
+# The analysis, not the database: SQLite only (kept summaries are Zarr; each query's SQL meets PostgreSQL in test_conformance.py).
+pytestmark = pytest.mark.one_backend
+
 TOKENS = [["[CLS]", "a", "[SEP]"], ["[CLS]", "bb", "c", "[SEP]"]]
 
 
