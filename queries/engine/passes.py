@@ -20,7 +20,7 @@ import numpy as np
 from ...store.cluster import PARTS_PER_WORKER, check_scheduler, client_for, current_scheduler, split, use_scheduler
 from ...store.pools import SizedPool
 from . import kinds
-from .kinds import SummaryKind, _assemble, kind_named
+from .kinds import SummaryKind, _assemble, kind_named, run_kinds
 from .selection import covered, ranges
 from .sources import iter_weighted_maps, reads_rows, rows_fields
 
@@ -71,11 +71,10 @@ def summarise_examples(
 def row_kinds(info: RunInfo) -> list[SummaryKind]:
     """The kinds whose pass over run `info` with their defaults reads its per-row statistics: those to keep once the
     run is ingested (a kind defined on another dataset, e.g. induction_heads' repeated tokens, left out)."""
-    from .kinds import run_kinds
-
-    kinds = run_kinds().values()
     return [
-        kind for kind in kinds if kind.read is None and kind.dataset in (None, info.dataset_format) and reads_rows(info, kind, kind.bind())
+        kind
+        for kind in run_kinds().values()
+        if kind.read is None and kind.dataset in (None, info.dataset_format) and reads_rows(info, kind, kind.bind())
     ]
 
 

@@ -55,9 +55,9 @@ _making: dict[tuple, threading.Lock] = {}  # the bands being made: a band's othe
 _making_lock = threading.Lock()
 
 
-def band(s: Server, info, example: int, length: int, layer: int, head: int, level: int, row: int) -> np.ndarray:
-    """The pooled band, kept; made in one of the server's heavy slots, once however many of its tiles ask at once."""
-    key = (info.id, info.status, info.n_stored, example, layer, head, level, row)  # row: the band's
+def band(s: Server, info, example: int, length: int, layer: int, head: int, level: int, band_row: int) -> np.ndarray:
+    """Pooled band `band_row`, kept; made in one of the server's heavy slots, once however many of its tiles ask at once."""
+    key = (info.id, info.status, info.n_stored, example, layer, head, level, band_row)
 
     def make() -> np.ndarray:
         with _making_lock:
@@ -71,7 +71,7 @@ def band(s: Server, info, example: int, length: int, layer: int, head: int, leve
 
     def made() -> np.ndarray:
         with s.heavy():
-            return pooled_band(s, info, example, length, layer, head, level, row)
+            return pooled_band(s, info, example, length, layer, head, level, band_row)
 
     return s.kept("tile bands", key, make, 4096, BAND_BYTES)
 
