@@ -41,9 +41,10 @@ class RowStats:
     _scratch: Any = field(default=None, repr=False)  # float32, reused by every block as (batch, head, rows, keys)
     _earlier: Any = field(default=None, repr=False)  # (batch, token) int64: the latest earlier position of its id, -1
 
-    def block(self, layer: int, r0: int, weights) -> None:
+    def block(self, layer: int, r0: int, weights, log_weights=None) -> None:
         """Rows r0 .. r0 + r of layer `layer`: `weights` (batch, head, r, keys) of a causal layer, each row's keys past
-        it 0 (the mask's), keys from 0. Each reduction is one vectorised torch op over the block (`xlogy` and float64
+        it 0 (the mask's), keys from 0; `log_weights`: their logs where the caller has them (a Q/K rebuild: finite, the
+        entropy then takes no log). Each reduction is one vectorised torch op over the block (`xlogy` and float64
         sums were 11-17x slower than the log and float32 sums used: docs/PERFORMANCE.md, 2026-11-29 (night))."""
         import torch
 
@@ -68,7 +69,10 @@ class RowStats:
         out = torch.zeros((batch, heads, r, len(fmt.FIELDS)), device=device)  # float32 while computed
         first = min(fmt.POSITIONS, keys)
         out[..., fmt.FIRST.start : fmt.FIRST.start + first] = w[..., :first]
-        logs = torch.add(w, torch.finfo(torch.float32).tiny, out=scratch).log_()  # 0 log 0 = 0: masked keys add 0
+        if log_weights is None:
+            logs = torch.add(w, torch.finfo(torch.float32).tiny, out=scratch).log_()  # 0 log 0 = 0: masked keys add 0
+        else:
+            logs = log_weights  # finite where w is 0 (under SUBNORMAL): those add 0
         out[..., fmt.FIELD["entropy"]] = -torch.einsum("bhrk,bhrk->bhr", w, logs)
         rows = torch.arange(r0, r0 + r, device=device)
         cumulative = torch.cumsum(w, -1, out=scratch)

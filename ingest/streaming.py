@@ -213,9 +213,11 @@ class QKSink:
         group = heads // kv_heads
         sink = _sink_logits(module, query.device)  # the stored log-sum-exps include it: rows sum to < 1 as the model's
         if query.device.type == "cpu" and not self.verify:
-            output = self._flash(query, key, value, attention_mask, scale, group, index, sink)
+            # With row statistics, their pass over the stored Q/K takes the log-sum-exps too (no second flash call).
+            stored_lse = self.rows is not None and (self.dtype != torch.float32 or query.dtype != torch.float32)
+            output = self._flash(query, key, value, attention_mask, scale, group, index, sink, again=not stored_lse)
             if self.rows is not None:
-                self._reduce_rows(index, attention_mask, scale, group)
+                self._reduce_rows(index, attention_mask, scale, group, sink if stored_lse else None, stored_lse)
             return output
         q = self.q[:, :, index].transpose(1, 2).to(query.device, torch.float32)  # the stored values, as a rebuild reads them
         k = self.k[:, :, index].transpose(1, 2).to(query.device, torch.float32)
@@ -232,32 +234,43 @@ class QKSink:
                 self.rows.block(index, r0, torch.exp(logits + mask - lse.unsqueeze(-1)))
         return None
 
-    def _reduce_rows(self, index: int, attention_mask, scale: float, group: int) -> None:
+    def _reduce_rows(self, index: int, attention_mask, scale: float, group: int, sink=None, own_lse: bool = False) -> None:
         """The layer's rows rebuilt from the stored Q/K and log-sum-exps a block at a time, as store/qk.py rebuilds
-        them, handed to the row statistics."""
+        them, handed to the row statistics with their logs (the entropy's). `own_lse`: the log-sum-exps are taken
+        here, from the stored Q/K (and `sink`), and stored, instead of read."""
         import torch
 
         q = self.q[:, :, index].transpose(1, 2).to(torch.float32)
         k = self.k[:, :, index].transpose(1, 2).to(torch.float32)
         if group > 1:
             k = k.repeat_interleave(group, dim=1)
-        lse = self.lse[:, :, index].transpose(1, 2)  # (batch, head, token)
+        lse = self.lse[:, :, index].transpose(1, 2)  # (batch, head, token), a view: own_lse writes through it
         batch, heads, n, _ = q.shape
-        rows = min(n, QUERY_BLOCK // 2)  # half blocks: the logits and the statistics' scratch are 2 x 76 MiB at 8,192 tokens
-        if self._logits is None or self._logits.numel() < batch * heads * rows * n:
-            self._logits = torch.empty(batch * heads * rows * n)  # reused: fresh pages cost a fault each
+        # Quarter blocks: the log weights, the weights and the statistics' scratch are 3 x 38 MiB at 8,192 tokens.
+        rows = min(n, max(1, QUERY_BLOCK // 4))
+        size = batch * heads * rows * n
+        if self._logits is None or self._logits.numel() < 2 * size:
+            self._logits = torch.empty(2 * size)  # reused: fresh pages cost a fault each
         for r0, r1 in _blocks(n, rows):
-            logits = self._logits[: batch * heads * (r1 - r0) * r1].view(batch, heads, r1 - r0, r1)
-            torch.matmul(q[:, :, r0:r1], k[:, :, :r1].transpose(2, 3), out=logits).mul_(scale)
-            mask = additive_block(attention_mask, r0, r1, r1, torch.float32, q.device, causal=True)
-            logits.add_(mask).sub_(lse[:, :, r0:r1, None]).clamp_(min=LOWEST_LOG_WEIGHT).exp_()
-            self.rows.block(index, r0, logits)
+            cells = batch * heads * (r1 - r0) * r1
+            logs = self._logits[:cells].view(batch, heads, r1 - r0, r1)
+            weights = self._logits[size : size + cells].view(batch, heads, r1 - r0, r1)
+            torch.matmul(q[:, :, r0:r1], k[:, :, :r1].transpose(2, 3), out=logs).mul_(scale)
+            logs.add_(additive_block(attention_mask, r0, r1, r1, torch.float32, q.device, causal=True))
+            if own_lse:
+                peak = logs.amax(-1, keepdim=True)
+                torch.sub(logs, peak, out=weights).clamp_(min=LOWEST_LOG_WEIGHT).exp_()
+                block_lse = peak[..., 0] + weights.sum(-1).log_()
+                lse[:, :, r0:r1] = block_lse if sink is None else torch.logaddexp(block_lse, sink)
+            logs.sub_(lse[:, :, r0:r1, None]).clamp_(min=LOWEST_LOG_WEIGHT)
+            self.rows.block(index, r0, torch.exp(logs, out=weights), log_weights=logs)
 
-    def _flash(self, query, key, value, attention_mask, scale: float, group: int, index: int, sink=None):
+    def _flash(self, query, key, value, attention_mask, scale: float, group: int, index: int, sink=None, again: bool = True):
         """The layer's output and log-sum-exps from torch's CPU flash kernel; with float16 Q/K the log-sum-exps are taken
         again from the stored values (so rebuilt rows sum to 1), the output from the model's own. `sink`: learned sink
         logits (1, head, 1), added to the log-sum-exps; the output, flash's softmax over the tokens alone, is scaled by
-        the tokens' share exp(lse - (lse with the sink)), as the model's eager attention computes it."""
+        the tokens' share exp(lse - (lse with the sink)), as the model's eager attention computes it. `again=False`: the
+        log-sum-exps stay the model's (the row statistics' pass takes them from the stored values)."""
         import torch
 
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -270,7 +283,7 @@ class QKSink:
             with_sink = torch.logaddexp(lse, sink)
             output = output * torch.exp(lse - with_sink).unsqueeze(-1).to(output.dtype)
             lse = with_sink
-        if self.dtype != torch.float32 or query.dtype != torch.float32:
+        if again and (self.dtype != torch.float32 or query.dtype != torch.float32):
             q32 = self.q[:, :, index].transpose(1, 2).to(torch.float32)
             k32 = self.k[:, :, index].transpose(1, 2).to(torch.float32)
             k32 = k32 if group == 1 else k32.repeat_interleave(group, dim=1)

@@ -104,5 +104,17 @@ def test_no_row_stats_keeps_none_and_the_queries_read_the_maps(tiny, tmp_path):
         assert not store.summaries("without").stamped()
         a, b = run_query(store, "attention_sink", run="without"), run_query(store, "attention_sink", run="with")
         np.testing.assert_allclose(a["position_0"], b["position_0"], rtol=2**-9, atol=1e-4)  # float16 maps against rows
+        # float16 Q/K: with the statistics their pass takes the log-sum-exps from the stored values, without them a
+        # second flash call does: the same rebuilt maps, and the statistics are those of these maps.
+        for example, rows in store.iter_row_stats("with"):
+            maps = store.attention("with", example)
+            np.testing.assert_allclose(maps, store.attention("without", example), atol=1e-6)
+            ids = store.tokens("with", example)["token_id"].tolist()
+            stats, top = expected_fields(maps, ids)
+            got = rows.stats.astype(np.float64)
+            got[..., fmt.FIELD["column"]] = rows.column().transpose(2, 0, 1)
+            got[..., fmt.FIELD["column_rest"]] = 0
+            np.testing.assert_allclose(got, stats, rtol=2**-10, atol=2e-6)
+            assert (rows.top[..., 0] == top[..., 0]).mean() > 0.99
     finally:
         store.close()
