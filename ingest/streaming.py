@@ -184,7 +184,7 @@ class QKSink:
     lengths: list  # per example of the batch, its real tokens (the mask is checked within them)
     verify: bool = False
     rows: Any = None  # ingest/row_stats.RowStats: each block's rows, rebuilt from the stored Q/K, reduced; or None
-    _logits: Any = None  # a block's logits while the row statistics take them (float32, reused)
+    _logits: Any = None  # a rebuilt block's log weights and weights (float32, reused; `_rebuild`)
     q: Any = None
     k: Any = None
     lse: Any = None
@@ -214,43 +214,31 @@ class QKSink:
         sink = _sink_logits(module, query.device)  # the stored log-sum-exps include it: rows sum to < 1 as the model's
         if query.device.type == "cpu" and not self.verify:
             # With row statistics, their pass over the stored Q/K takes the log-sum-exps too (no second flash call).
-            stored_lse = self.rows is not None and (self.dtype != torch.float32 or query.dtype != torch.float32)
-            output = self._flash(query, key, value, attention_mask, scale, group, index, sink, again=not stored_lse)
+            own_lse = self.rows is not None and (self.dtype != torch.float32 or query.dtype != torch.float32)
+            output = self._flash(query, key, value, attention_mask, scale, group, index, sink, again=not own_lse)
             if self.rows is not None:
-                self._reduce_rows(index, attention_mask, scale, group, sink if stored_lse else None, stored_lse)
+                self._rebuild(index, attention_mask, scale, group, query.device, sink, own_lse)
             return output
-        q = self.q[:, :, index].transpose(1, 2).to(query.device, torch.float32)  # the stored values, as a rebuild reads them
-        k = self.k[:, :, index].transpose(1, 2).to(query.device, torch.float32)
-        if group > 1:
-            k = k.repeat_interleave(group, dim=1)
-        for r0, r1 in _blocks(n):
-            logits = torch.matmul(q[:, :, r0:r1], k[:, :, :r1].transpose(2, 3)) * scale
-            mask = additive_block(attention_mask, r0, r1, r1, torch.float32, query.device, causal=True)
-            lse = torch.logsumexp(logits + mask, dim=-1)  # (batch, head, rows)
-            if sink is not None:
-                lse = torch.logaddexp(lse, sink)
-            self.lse[:, r0:r1, index].copy_(lse.transpose(1, 2))
-            if self.rows is not None:
-                self.rows.block(index, r0, torch.exp(logits + mask - lse.unsqueeze(-1)))
+        self._rebuild(index, attention_mask, scale, group, query.device, sink, own_lse=True)
         return None
 
-    def _reduce_rows(self, index: int, attention_mask, scale: float, group: int, sink=None, own_lse: bool = False) -> None:
-        """The layer's rows rebuilt from the stored Q/K and log-sum-exps a block at a time, as store/qk.py rebuilds
-        them, handed to the row statistics with their logs (the entropy's). `own_lse`: the log-sum-exps are taken
-        here, from the stored Q/K (and `sink`), and stored, instead of read."""
+    def _rebuild(self, index: int, attention_mask, scale: float, group: int, device, sink=None, own_lse: bool = False) -> None:
+        """The layer's rows rebuilt on `device` from the stored Q/K a block at a time, as store/qk.py rebuilds them, and
+        handed to the row statistics (if kept) with their logs (the entropy's). `own_lse`: the log-sum-exps are taken
+        here, from the stored Q/K and `sink`, and stored; else the stored ones are read."""
         import torch
 
-        q = self.q[:, :, index].transpose(1, 2).to(torch.float32)
-        k = self.k[:, :, index].transpose(1, 2).to(torch.float32)
+        q = self.q[:, :, index].transpose(1, 2).to(device, torch.float32)  # the stored values, as a rebuild reads them
+        k = self.k[:, :, index].transpose(1, 2).to(device, torch.float32)
         if group > 1:
             k = k.repeat_interleave(group, dim=1)
-        lse = self.lse[:, :, index].transpose(1, 2)  # (batch, head, token), a view: own_lse writes through it
+        lse = self.lse[:, :, index].transpose(1, 2)  # (batch, head, token) on the host, a view: own_lse writes through it
         batch, heads, n, _ = q.shape
         # Quarter blocks: the log weights, the weights and the statistics' scratch are 3 x 38 MiB at 8,192 tokens.
         rows = min(n, max(1, QUERY_BLOCK // 4))
         size = batch * heads * rows * n
-        if self._logits is None or self._logits.numel() < 2 * size:
-            self._logits = torch.empty(2 * size)  # reused: fresh pages cost a fault each
+        if self._logits is None or self._logits.numel() < 2 * size or self._logits.device != q.device:
+            self._logits = torch.empty(2 * size, device=q.device)  # reused: fresh pages cost a fault each
         for r0, r1 in _blocks(n, rows):
             cells = batch * heads * (r1 - r0) * r1
             logs = self._logits[:cells].view(batch, heads, r1 - r0, r1)
@@ -261,9 +249,14 @@ class QKSink:
                 peak = logs.amax(-1, keepdim=True)
                 torch.sub(logs, peak, out=weights).clamp_(min=LOWEST_LOG_WEIGHT).exp_()
                 block_lse = peak[..., 0] + weights.sum(-1).log_()
-                lse[:, :, r0:r1] = block_lse if sink is None else torch.logaddexp(block_lse, sink)
-            logs.sub_(lse[:, :, r0:r1, None]).clamp_(min=LOWEST_LOG_WEIGHT)
-            self.rows.block(index, r0, torch.exp(logs, out=weights), log_weights=logs)
+                if sink is not None:
+                    block_lse = torch.logaddexp(block_lse, sink)
+                lse[:, :, r0:r1] = block_lse
+            else:
+                block_lse = lse[:, :, r0:r1].to(q.device)
+            if self.rows is not None:
+                logs.sub_(block_lse[..., None]).clamp_(min=LOWEST_LOG_WEIGHT)
+                self.rows.block(index, r0, torch.exp(logs, out=weights), log_weights=logs)
 
     def _flash(self, query, key, value, attention_mask, scale: float, group: int, index: int, sink=None, again: bool = True):
         """The layer's output and log-sum-exps from torch's CPU flash kernel; with float16 Q/K the log-sum-exps are taken
