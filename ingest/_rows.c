@@ -103,12 +103,15 @@ PER_KEY static float sum_of(const float *restrict x, Py_ssize_t n) {
 }
 
 #define SPAN 64
-/* whether any of x[0 .. n - 1] (n <= SPAN) is above t */
-static inline int any_above(const float *restrict x, Py_ssize_t n, float t) {
-    int any = 0;
-#pragma omp simd reduction(| : any)
-    for (Py_ssize_t j = 0; j < n; j++) any |= x[j] > t;
-    return any;
+/* out[s] = the largest of x[s SPAN .. (s + 1) SPAN - 1] (the last span may be short) */
+PER_KEY static void span_maxima(const float *restrict x, Py_ssize_t n, float *restrict out) {
+    for (Py_ssize_t j0 = 0, s = 0; j0 < n; j0 += SPAN, s++) {
+        const Py_ssize_t m = n - j0 < SPAN ? n - j0 : SPAN;
+        float peak = 0.0f; /* weights are >= 0 */
+#pragma omp simd reduction(max : peak)
+        for (Py_ssize_t j = 0; j < m; j++) peak = x[j0 + j] > peak ? x[j0 + j] : peak;
+        out[s] = peak;
+    }
 }
 
 PER_KEY static void add_to(double *restrict column, const float *restrict w, Py_ssize_t n) {
@@ -159,17 +162,35 @@ static void one_row(const float *logit, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t
         last = last > hi ? hi : last;
         out[f[F_DISTANCE] + b] = last >= first ? sum_of(e + first, last - first + 1) : 0.0f;
     }
-    /* top keys: ascending keys, a later key enters only above a smaller weight: equal weights keep the earlier */
+    /* top keys: ascending keys, a later key enters only above a smaller weight: equal weights keep the earlier. Only
+       spans whose maximum is at least the k-th largest span maximum T can hold a top key (k spans hold a weight >= T,
+       so every top weight is >= T), and they are scanned in key order: the same keys as a scan of the whole row. */
     float value[64];
     int32_t key[64];
     const int k_top = f[F_TOP_K];
     for (int t = 0; t < k_top; t++) value[t] = 0.0f, key[t] = -1;
-    for (Py_ssize_t j0 = lo; j0 <= hi; j0 += SPAN) { /* most spans hold no weight above the k-th: one vector test each */
-        const Py_ssize_t span = hi + 1 - j0 < SPAN ? hi + 1 - j0 : SPAN;
-        if (!any_above(e + j0, span, value[k_top - 1])) continue;
-        for (Py_ssize_t jj = j0; jj < j0 + span; jj++) {
+    const Py_ssize_t n_spans = (n + SPAN - 1) / SPAN;
+    float *peak = e + hi + 1; /* the scratch past the row: the caller gives keys + keys / SPAN + 1 floats */
+    span_maxima(e + lo, n, peak);
+    float t_low = 0.0f; /* the k-th largest span maximum (0 with fewer than k spans) */
+    if (n_spans >= k_top) {
+        float best[64];
+        for (int t = 0; t < k_top; t++) best[t] = -1.0f;
+        for (Py_ssize_t sp = 0; sp < n_spans; sp++) {
+            float v = peak[sp];
+            if (v <= best[k_top - 1]) continue;
+            int t = k_top - 1;
+            while (t > 0 && best[t - 1] < v) best[t] = best[t - 1], t--;
+            best[t] = v;
+        }
+        t_low = best[k_top - 1];
+    }
+    for (Py_ssize_t sp = 0; sp < n_spans; sp++) {
+        if (peak[sp] < t_low || peak[sp] <= value[k_top - 1]) continue;
+        const Py_ssize_t j0 = lo + sp * SPAN, j1 = j0 + SPAN - 1 < hi ? j0 + SPAN - 1 : hi;
+        for (Py_ssize_t jj = j0; jj <= j1; jj++) {
             float w = e[jj];
-            if (w <= value[k_top - 1]) continue;
+            if (w <= value[k_top - 1] || w < t_low) continue; /* under T: never a top key */
             int t = k_top - 1;
             while (t > 0 && value[t - 1] < w) value[t] = value[t - 1], key[t] = key[t - 1], t--;
             value[t] = w, key[t] = (int32_t)jj;
@@ -220,7 +241,7 @@ static PyObject *block(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    scratch = PyMem_RawMalloc((size_t)keys * sizeof(float));
+    scratch = PyMem_RawMalloc((size_t)(keys + keys / SPAN + 1) * sizeof(float)); /* a row's weights, then its spans' maxima */
     if (!scratch) {
         PyErr_NoMemory();
         goto done;

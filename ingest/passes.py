@@ -137,7 +137,10 @@ def token_loss(logits, input_ids, lengths: list[int]) -> list[np.ndarray]:
     return out
 
 
-LOSS_CHUNK = 512  # tokens whose logits exist at once: 512 x SmolLM2's 49,152-token vocabulary = 96 MiB of float32
+# Tokens whose logits exist at once: 128 x SmolLM2's 49,152-token vocabulary = 24 MiB of float32, which the allocator
+# hands to the next chunk; 512 tokens' 96 MiB came from fresh pages each time (2,048 tokens' loss: 2.0 CPU s with 0.8 of
+# them in the kernel, against 1.3 s: docs/PERFORMANCE.md, 2026-11-30 (late)).
+LOSS_CHUNK = 128
 
 
 def token_loss_by_chunks(lm, hidden, input_ids, lengths: list[int]) -> list[np.ndarray]:
