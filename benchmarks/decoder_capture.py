@@ -4,7 +4,8 @@
 
 The text is real: GUM dev documents (../shared/data/gum_ontogum/dev) joined and cut to the length. Figures:
   rebuild error           maps rebuilt from stored float32 (and float16) Q/K vs eager output_attentions   (<= 1e-5 f32)
-  ingest CPU / SDPA       CPU seconds of ingest --tier qk (one document; the model loaded once, in this process)
+  ingest CPU / SDPA       CPU seconds of ingest --tier qk (one document; the model loaded once, in this process;
+                          the median of 3 runs, over the median of 3 bare passes)
                           over a bare SDPA forward pass of the same input (<= 1.5); with per-token loss
                           kept (the default), also over the same pass on to the logits, which that ingest runs;
                           and ingest --no-token-loss, with and without row statistics, over the bare pass
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,6 +50,27 @@ def gum_text(data_dir: Path, tokenizer, n_tokens: int) -> str:
         if len(ids) >= n_tokens:
             return tokenizer.decode(ids[:n_tokens])
     raise SystemExit(f"GUM dev holds fewer than {n_tokens} tokens")
+
+
+REPEATS = 3  # the bare passes and the Q/K ingests: each figure the median of 3 (one run's CPU seconds vary by 10-15 % here)
+
+
+def median_cpu(run, times: int = REPEATS) -> tuple[float, list[float]]:
+    """The median CPU seconds of `times` calls of run(), and each call's."""
+    spent = []
+    for _ in range(times):
+        t0 = cpu()
+        run()
+        spent.append(cpu() - t0)
+    return statistics.median(spent), spent
+
+
+def ingest_median(store, doc: Path, name: str, times: int, **options) -> float:
+    """The median CPU seconds of `times` ingests of `doc` into runs `name`, `name`-again-1, ..."""
+    from attnstore.ingest import ingest
+
+    names = iter([name, *(f"{name}-again-{k}" for k in range(1, times))])
+    return median_cpu(lambda: ingest(store, corpus=str(doc), name=next(names), **options), times)[0]
 
 
 def cpu() -> float:
@@ -111,15 +134,12 @@ def main() -> None:
     sdpa = sdpa_lm.get_decoder()
     with torch.inference_mode():
         sdpa(input_ids=ids[:, :64])
-        t0 = cpu()
-        sdpa(input_ids=ids)
-        bare = cpu() - t0
+        bare, bare_all = median_cpu(partial(sdpa, input_ids=ids))
         # the same pass on to the logits, as an ingest that keeps per-token loss runs it (the LM head: 576 x 49,152)
-        t0 = cpu()
-        sdpa_lm(input_ids=ids)
-        bare_lm = cpu() - t0
+        bare_lm, _ = median_cpu(partial(sdpa_lm, input_ids=ids))
     del sdpa_lm
-    print(f"bare SDPA forward: {bare:.2f} CPU s (on to the logits: {bare_lm:.2f} CPU s)")
+    each = ", ".join(f"{s:.2f}" for s in bare_all)
+    print(f"bare SDPA forward: {bare:.2f} CPU s, the median of {each} (on to the logits: {bare_lm:.2f} CPU s)")
 
     # Rebuild error: Q/K captured in one pass, maps rebuilt per layer, against eager output_attentions.
     eager = T.AutoModelForCausalLM.from_pretrained(loaded.source, attn_implementation="eager").eval().get_decoder()
@@ -161,25 +181,22 @@ def main() -> None:
         store_args = ["--db", db, "--root", str(tmp_path / "arrays")]
         doc = tmp_path / "doc.jsonl"
         doc.write_text(json.dumps({"id": "gum-dev", "text": text}) + "\n", encoding="utf-8")
-        from attnstore.ingest import ingest
 
         store = open_store(db=db, root=str(tmp_path / "arrays"))
         for tier in ("qk", "dense"):  # in this process, the model loaded: its load is not counted
             spent_of = {}
             for name, row_stats in ((tier, True), (f"{tier}-no-rows", False)):
-                t0 = cpu()
                 options = dict(fmt="jsonl", annotator="whitespace", tier=tier, loaded=loaded, progress=False, row_stats=row_stats)
-                ingest(store, corpus=str(doc), name=name, **options)
-                spent_of[row_stats] = spent = cpu() - t0
+                # the Q/K tier's ingests are run REPEATS times (the median); the dense tier's once (about a minute each)
+                spent = ingest_median(store, doc, name, REPEATS if tier == "qk" else 1, **options)
+                spent_of[row_stats] = spent
                 flag = "" if row_stats else " --no-row-stats"
                 what = f"ingest --tier {tier}{flag} of one {L}-token document (value norms and token loss kept)"
                 print(f"{what}: {spent:.2f} CPU s = {spent / bare:.2f}x SDPA, {spent / bare_lm:.2f}x SDPA on to the logits")
             print(f"  row statistics cost the {tier} ingest {spent_of[True] / spent_of[False]:.2f}x its time without them")
         for name, row_stats in (("qk-no-loss", True), ("qk-capture", False)):  # the capture alone: no extra of the pass
-            t0 = cpu()
             options = dict(fmt="jsonl", annotator="whitespace", tier="qk", token_loss=False, row_stats=row_stats)
-            ingest(store, corpus=str(doc), name=name, loaded=loaded, progress=False, **options)
-            spent = cpu() - t0
+            spent = ingest_median(store, doc, name, REPEATS, loaded=loaded, progress=False, **options)
             flag = "" if row_stats else " --no-row-stats"
             what = f"ingest --tier qk --no-token-loss{flag} of the same document (value norms kept)"
             print(f"{what}: {spent:.2f} CPU s = {spent / bare:.2f}x SDPA")

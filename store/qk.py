@@ -20,6 +20,7 @@ above L = (H + H_kv) d s / (2 H) + 2 tokens, before compression (docs/DECODERS.m
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,54 @@ def stored_bytes(n_tokens: int, n_layers: int, n_heads: int, entry: dict) -> int
 REBUILD_ROWS = 256  # query rows rebuilt at once per head: 256 x 8,192 float32 = 8 MiB
 
 
+class _OneBlasThread:
+    """numpy's BLAS (OpenBLAS) on one thread while any rebuild runs its heads on every core, restored when the last
+    ends: BLAS's own threads beside the heads' spin for the same cores (the first whole-run `entropy` over a 2,048-token
+    Q/K run: 15.0 CPU s and 9.4 s wall with them, 8.3 CPU s and 7.0 s on one thread, `python benchmarks/decoder_capture.py`,
+    docs/PERFORMANCE.md 2026-11-30 (late)). Counted, so that rebuilds in several threads at once (the query engine's
+    reduce threads) leave the setting as they found it."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._limit: Any = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._inside == 0:
+                from threadpoolctl import threadpool_limits
+
+                with self._controlling():
+                    self._limit = threadpool_limits(limits=1, user_api="blas")
+            self._inside += 1
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._inside -= 1
+            if self._inside == 0:
+                with self._controlling():
+                    self._limit.restore_original_limits()
+                self._limit = None
+
+    @staticmethod
+    @contextmanager
+    def _controlling():
+        """This thread sets OpenBLAS's process-wide pool: threadpoolctl lets only the first thread that set it set it
+        again (others do nothing), and the rebuild that ends last may run in another thread than the first."""
+        from threadpoolctl import OpenBLASController
+
+        OpenBLASController.clear_controlling_thread(force=True)
+        try:
+            yield
+        finally:
+            OpenBLASController.clear_controlling_thread()
+
+
+_one_blas_thread = _OneBlasThread()
+
+
 def rebuild(
     q: np.ndarray,
     k: np.ndarray,
@@ -161,7 +210,7 @@ def rebuild(
     if workers > 1:
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(workers) as pool:
+        with _one_blas_thread, ThreadPoolExecutor(workers) as pool:
             list(pool.map(one, jobs))
     else:
         for job in jobs:

@@ -221,3 +221,41 @@ def test_qk_entry_and_bytes():
     assert qk.stored_bytes(8192, 30, 9, entry) / (30 * 9 * 8192 * 8192 * 2) == pytest.approx(0.0107, abs=1e-4)
     with pytest.raises(ValueError, match="Q/K dtype must be one of"):
         qk.qk_entry(dtype="int8", n_kv_heads=3, head_dim=64, scales=[], windows=[])
+
+
+def test_rebuilds_in_several_threads_run_blas_on_one_thread_and_leave_it_as_they_found_it():
+    import threading
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from attnstore.store.qk import _one_blas_thread
+
+    def blas_threads() -> set[int]:
+        return {info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"}
+
+    if not blas_threads():
+        pytest.skip("numpy has no BLAS that threadpoolctl controls here")
+    with threadpool_limits(limits=2, user_api="blas"):
+        first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+        seen = []
+
+        def first():
+            with _one_blas_thread:
+                first_in.set()
+                second_in.wait(5)
+            first_out.set()
+
+        def second():
+            first_in.wait(5)
+            with _one_blas_thread:
+                second_in.set()
+                first_out.wait(5)
+                seen.append(blas_threads())  # the first has left, this one is still inside: still one thread
+
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert seen == [{1}]
+        assert blas_threads() == {2}
