@@ -56,9 +56,7 @@ class RowStats:
         device = w.device
         n = max(self.lengths)
         if self.stats is None:
-            self.stats = torch.zeros((batch, self.n_layers, heads, n, len(fmt.FIELDS)), dtype=torch.float16)
-            self.top = torch.full((batch, self.n_layers, heads, n, fmt.TOP_K), -1, dtype=torch.int32)
-            self.column = torch.zeros((batch, self.n_layers, heads, n), dtype=torch.float64)
+            self._allocate(batch, heads)
             if min(self.lengths) < n:
                 real = torch.arange(n)[None, :] < torch.tensor(self.lengths)[:, None]
                 self._padded = real.to(device, torch.float32)[:, None, :, None]
@@ -115,9 +113,7 @@ class RowStats:
         batch, heads, r, keys = logits.shape
         n = max(self.lengths)
         if self.stats is None:
-            self.stats = torch.zeros((batch, self.n_layers, heads, n, len(fmt.FIELDS)), dtype=torch.float16)
-            self.top = torch.full((batch, self.n_layers, heads, n, fmt.TOP_K), -1, dtype=torch.int32)
-            self.column = torch.zeros((batch, self.n_layers, heads, n), dtype=torch.float64)
+            self._allocate(batch, heads)
         if self._earlier is None:  # all -1 without token ids: no `duplicate` or `induction`
             ids = self.token_ids
             self._earlier = torch.from_numpy(fmt.earlier_occurrences(ids if ids is not None else [[]] * batch, n))
@@ -129,6 +125,15 @@ class RowStats:
         self.stats[:, layer, :, r0 : r0 + r] = torch.from_numpy(out).to(torch.float16)
         self.top[:, layer, :, r0 : r0 + r] = torch.from_numpy(top)
         self.column[:, layer, :, :keys] += torch.from_numpy(column)
+
+    def _allocate(self, batch: int, heads: int) -> None:
+        """The pass's results on the host, as stored: filled block by block."""
+        import torch
+
+        n = max(self.lengths)
+        self.stats = torch.zeros((batch, self.n_layers, heads, n, len(fmt.FIELDS)), dtype=torch.float16)
+        self.top = torch.full((batch, self.n_layers, heads, n, fmt.TOP_K), -1, dtype=torch.int32)
+        self.column = torch.zeros((batch, self.n_layers, heads, n), dtype=torch.float64)
 
     def example(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         """Example b's (stats float16 (token, layer, head, field), top keys int32 (token, layer, head, k))."""

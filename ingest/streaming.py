@@ -186,7 +186,7 @@ class QKSink:
     lengths: list  # per example of the batch, its real tokens (the mask is checked within them)
     verify: bool = False
     rows: Any = None  # ingest/row_stats.RowStats: each block's rows, rebuilt from the stored Q/K, reduced; or None
-    _logits: Any = None  # a rebuilt block's log weights and weights (float32, reused; `_rebuild`)
+    _logits: Any = None  # a rebuilt block's logits (and `_rebuild`'s weights), float32, reused
     q: Any = None
     k: Any = None
     lse: Any = None
@@ -215,30 +215,28 @@ class QKSink:
         group = heads // kv_heads
         sink = _sink_logits(module, query.device)  # the stored log-sum-exps include it: rows sum to < 1 as the model's
         if query.device.type == "cpu" and not self.verify:
-            # Rounded Q/K (float16) need log-sum-exps of their own, so that rebuilt rows sum to 1: the pass over the
-            # stored values takes them (and the row statistics, if kept), not a second flash call (1.5x its time here:
-            # benchmarks/decoder_capture.py).
+            # Rounded Q/K (float16) need log-sum-exps of their own, so that rebuilt rows sum to 1: the compiled pass over
+            # the stored values takes them (as fast as a second flash call here, and in the same pass as the row
+            # statistics where those are kept: benchmarks/decoder_capture.py).
             rounded = self.dtype != torch.float32 or query.dtype != torch.float32
             output = self._flash(query, key, value, attention_mask, scale, group, index, sink)
             if self.rows is not None or rounded:
-                self._rebuild(index, attention_mask, scale, group, query.device, sink, own_lse=rounded)
+                self._reduce_on_cpu(index, scale, group, sink, own_lse=rounded)
             return output
-        self._rebuild(index, attention_mask, scale, group, query.device, sink, own_lse=True)
+        self._rebuild(index, attention_mask, scale, group, query.device, sink)
         return None
 
-    def _rebuild(self, index: int, attention_mask, scale: float, group: int, device, sink=None, own_lse: bool = False) -> None:
-        """The layer's rows rebuilt on `device` from the stored Q/K a block at a time, as store/qk.py rebuilds them, and
-        handed to the row statistics (if kept) with their logs (the entropy's). `own_lse`: the log-sum-exps are taken
-        here, from the stored Q/K and `sink`, and stored; else the stored ones are read."""
+    def _rebuild(self, index: int, attention_mask, scale: float, group: int, device, sink=None) -> None:
+        """Off the CPU (and in the load-time verify pass): the layer's rows rebuilt on `device` from the stored Q/K a
+        block at a time, as store/qk.py rebuilds them, their log-sum-exps taken from them and `sink` and stored, and
+        the rows handed to the row statistics (if kept) with their logs (the entropy's)."""
         import torch
 
-        if torch.device(device).type == "cpu" and not self.verify:
-            return self._reduce_on_cpu(index, scale, group, sink, own_lse)
         q = self.q[:, :, index].transpose(1, 2).to(device, torch.float32)  # the stored values, as a rebuild reads them
         k = self.k[:, :, index].transpose(1, 2).to(device, torch.float32)
         if group > 1:
             k = k.repeat_interleave(group, dim=1)
-        lse = self.lse[:, :, index].transpose(1, 2)  # (batch, head, token) on the host, a view: own_lse writes through it
+        lse = self.lse[:, :, index].transpose(1, 2)  # (batch, head, token) on the host, a view: written through
         batch, heads, n, _ = q.shape
         # Quarter blocks: the log weights, the weights and the statistics' scratch are 3 x 38 MiB at 8,192 tokens.
         rows = min(n, max(1, QUERY_BLOCK // 4))
@@ -251,21 +249,18 @@ class QKSink:
             weights = self._logits[size : size + cells].view(batch, heads, r1 - r0, r1)
             torch.matmul(q[:, :, r0:r1], k[:, :, :r1].transpose(2, 3), out=logs).mul_(scale)
             logs.add_(additive_block(attention_mask, r0, r1, r1, torch.float32, q.device, causal=True))
-            if own_lse:
-                peak = logs.amax(-1, keepdim=True)
-                torch.sub(logs, peak, out=weights).clamp_(min=LOWEST_LOG_WEIGHT).exp_()
-                block_lse = peak[..., 0] + weights.sum(-1).log_()
-                if sink is not None:
-                    block_lse = torch.logaddexp(block_lse, sink)
-                lse[:, :, r0:r1] = block_lse
-            else:
-                block_lse = lse[:, :, r0:r1].to(q.device)
+            peak = logs.amax(-1, keepdim=True)
+            torch.sub(logs, peak, out=weights).clamp_(min=LOWEST_LOG_WEIGHT).exp_()
+            block_lse = peak[..., 0] + weights.sum(-1).log_()
+            if sink is not None:
+                block_lse = torch.logaddexp(block_lse, sink)
+            lse[:, :, r0:r1] = block_lse
             if self.rows is not None:
                 logs.sub_(block_lse[..., None]).clamp_(min=LOWEST_LOG_WEIGHT)
                 self.rows.block(index, r0, torch.exp(logs, out=weights), log_weights=logs)
 
     def _reduce_on_cpu(self, index: int, scale: float, group: int, sink=None, own_lse: bool = False) -> None:
-        """`_rebuild` on the CPU: each block's logits from one matmul of the stored (scaled) queries and keys, then
+        """`_rebuild`'s work on the CPU: each block's logits from one matmul of the stored (scaled) queries and keys, then
         every row reduced by ingest/_rows.c in one pass while it is in the cache (the log-sum-exp if `own_lse`, the row
         statistics if kept), instead of a dozen torch passes over the block (benchmarks/decoder_capture.py)."""
         import torch

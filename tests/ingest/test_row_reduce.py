@@ -95,3 +95,39 @@ def test_a_stale_build_of_the_reduce_fails_in_one_line_naming_the_fix(monkeypatc
     monkeypatch.setattr(_rows, "KERNEL_VERSION", 0)
     with pytest.raises(IngestError, match=r"ingest/_rows.c is a stale build \(version 0, want 1\): rebuild attnstore: pip install -e \."):
         reduce_logits(torch.zeros(1, 1, 2, 2), [2], 0, None, None, np.zeros((1, 1, 2), np.float32), False)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_sinks_cpu_pass_equals_its_device_path_run_on_the_cpu(window):
+    """`QKSink._reduce_on_cpu` (the compiled reduce) against `QKSink._rebuild` (torch's, which other devices run) on the
+    same stored float16 Q/K of a right-padded batch with GQA and learned sink logits: the log-sum-exps they store and
+    the row statistics they reduce."""
+    from attnstore.ingest.streaming import QKSink
+
+    gen = torch.Generator().manual_seed(3)
+    batch, heads, kv_heads, n, d, scale = 2, 4, 2, 29, 8, 8**-0.5
+    lengths = [29, 21]
+    ids = [list(torch.randint(0, 5, (length,), generator=gen).tolist()) for length in lengths]
+    q = torch.randn(batch, n, 1, heads, d, generator=gen).to(torch.float16) * 2
+    k = torch.randn(batch, n, 1, kv_heads, d, generator=gen).to(torch.float16) * 2
+    sink = torch.randn(1, heads, 1, generator=gen)
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    seen = (j <= i)[None] & (j[None] < torch.tensor(lengths)[:, None, None])
+    if window:
+        seen = seen & (i - j < window)[None]
+    mask = seen[:, None]  # SDPA's boolean mask (batch, 1, row, key)
+    results = []
+    for on_cpu in (True, False):
+        rows = RowStats(lengths, 1, ids)
+        sink_of = QKSink(1, torch.float16, [window], lengths, rows=rows, q=q.clone(), k=k.clone(), lse=torch.zeros(batch, n, 1, heads))
+        if on_cpu:
+            sink_of._reduce_on_cpu(0, scale, heads // kv_heads, sink, own_lse=True)
+        else:
+            sink_of._rebuild(0, mask, scale, heads // kv_heads, "cpu", sink)
+        results.append((sink_of.lse, rows))
+    (lse, rows), (want_lse, want_rows) = results
+    for b, length in enumerate(lengths):
+        np.testing.assert_allclose(lse[b, :length].numpy(), want_lse[b, :length].numpy(), rtol=1e-6, atol=2e-6)
+        (stats, top), (want_stats, want_top) = rows.example(b), want_rows.example(b)
+        np.testing.assert_allclose(stats.astype(np.float64), want_stats.astype(np.float64), rtol=2**-10, atol=2e-6)
+        assert (top == want_top).mean() > 0.99  # near-equal weights may swap ranks in float32
