@@ -59,11 +59,15 @@ def encode(tokenizer, example: StoredExample, max_length: int, truncation: str, 
     return encode_batch(tokenizer, [example], max_length, truncation, tokenization)[0]
 
 
-def encode_batch(tokenizer, examples: list[StoredExample], max_length: int, truncation: str, tokenization: str = "words") -> list[Encoded]:
+def encode_batch(
+    tokenizer, examples: list[StoredExample], max_length: int, truncation: str, tokenization: str = "words", aligned: bool = True
+) -> list[Encoded]:
     """Tokenize examples from their raw text or their words, in one tokenizer call per kind (single / pair).
 
     An example longer than `max_length` is truncated (longest segment first) or, with
-    `truncation="skip"`, returned with no input ids and `truncated=True`.
+    `truncation="skip"`, returned with no input ids and `truncated=True`. `aligned=False`: the ids alone, with no
+    tokens (no offsets, no word alignment): what a plan for worker processes keeps, each worker aligning its own
+    part's examples (ingest/workers.py); the ids are the same.
     """
     if not getattr(tokenizer, "is_fast", False):
         raise InvalidArgumentError(f"tokenizer {type(tokenizer).__name__} is not a fast tokenizer; word alignment needs one")
@@ -71,6 +75,9 @@ def encode_batch(tokenizer, examples: list[StoredExample], max_length: int, trun
         raise InvalidArgumentError(f"tokenization must be one of {TOKENIZATIONS}, not {tokenization!r}")
     from_text = tokenization == "text"
     kwargs = _TEXT_KWARGS if from_text else _WORD_KWARGS
+    if not aligned:
+        kwargs = {k: v for k, v in kwargs.items() if k != "return_offsets_mapping"}
+    build = _build if aligned else _ids_only
     out: dict[int, Encoded] = {}
     segments = [_segments(e) for e in examples]
     for pair in (False, True):
@@ -93,7 +100,7 @@ def encode_batch(tokenizer, examples: list[StoredExample], max_length: int, trun
         for j, i in enumerate(idx):
             full_length = len(enc["input_ids"][j])
             if full_length <= max_length:
-                out[i] = _build(tokenizer, examples[i], segments[i], enc, j, False, full_length, from_text)
+                out[i] = build(tokenizer, examples[i], segments[i], enc, j, False, full_length, from_text)
             elif truncation == "skip":
                 out[i] = Encoded(examples[i].id, examples[i].position, [], None, [], True, full_length)
             else:
@@ -104,7 +111,7 @@ def encode_batch(tokenizer, examples: list[StoredExample], max_length: int, trun
                     truncation="longest_first" if pair else True,
                     **kwargs,
                 )
-                out[i] = _build(tokenizer, examples[i], segments[i], one, 0, True, full_length, from_text)
+                out[i] = build(tokenizer, examples[i], segments[i], one, 0, True, full_length, from_text)
     return [out[i] for i in range(len(examples))]
 
 
@@ -189,6 +196,11 @@ def _build(tokenizer, example: StoredExample, segments, enc, j: int, truncated: 
         )
     type_ids = enc["token_type_ids"][j] if "token_type_ids" in enc else None
     return Encoded(example.id, example.position, list(ids), type_ids, tokens, truncated, full_length)
+
+
+def _ids_only(tokenizer, example: StoredExample, segments, enc, j: int, truncated: bool, full_length: int, from_text=False) -> Encoded:
+    type_ids = enc["token_type_ids"][j] if "token_type_ids" in enc else None
+    return Encoded(example.id, example.position, list(enc["input_ids"][j]), type_ids, [], truncated, full_length)
 
 
 def pad_inputs(items, pad_id: int) -> dict:

@@ -67,16 +67,19 @@ def planned_batches(
     max_tokens: int | None = None,
     generate: int = 0,
     done: Set[int] = frozenset(),
+    aligned: bool = True,
 ) -> Iterator[list[Encoded]]:
     """The batches of a dataset's `examples` (all of them, in corpus order), tokenized as they are
     planned (already-stored examples included, see `run_batches`). `generate`: each example continued by the model's
     greedy generation of up to that many tokens (ingest/generation.py), except those in `done` (stored already: the
-    batch that holds them is not run)."""
+    batch that holds them is not run). `aligned=False`: ids without tokens (`encode_batch`)."""
     pending = examples
     encoded = (
         enc
         for group in iter(lambda: list(islice(pending, 256)), [])
-        for enc in encode_batch(loaded.tokenizer_for(tokenization), _checked(group, tokenization), max_length, truncation, tokenization)
+        for enc in encode_batch(
+            loaded.tokenizer_for(tokenization), _checked(group, tokenization), max_length, truncation, tokenization, aligned
+        )
     )
     if generate:
         from .generation import with_generation

@@ -17,7 +17,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ..store import row_stats
-from ..store.errors import BusyError, ConflictError
+from ..store.errors import BusyError, ConflictError, NotFoundError
 from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
 from ..store.leases import clear_stale, live_holder
 from ..store.parts import PLAN
@@ -295,8 +295,24 @@ def _ingest(store, settings, progress, loaded, scheduler, workers, options) -> t
     scheduler = check_scheduler(scheduler) if scheduler is not None else current_scheduler()
     if workers is not None and scheduler is not None:
         raise InvalidArgumentError("--for-workers plans the run for worker processes; leave out --scheduler (or ATTNSTORE_SCHEDULER)")
-    parallel = scheduler is not None or workers is not None  # parts written by other processes: no per-token extras
     store.writer.require_writable()
+    if scheduler is None:
+        return _ingest_with(store, settings, progress, loaded, None, workers)
+    if settings.name is not None:
+        _refuse_if_busy(store, settings.name)  # before a cluster is started
+    from .distributed import started_cluster
+
+    # Started before this process loads the model and plans, the workers loading it meanwhile (ingest/distributed.py),
+    # unless the run is complete already (then it says so and starts none).
+    model = loaded.source if loaded is not None else settings.model
+    with started_cluster(scheduler, model, settings.compute_dtype, warm=not _complete(store, settings.name)) as cluster:
+        return _ingest_with(store, settings, progress, loaded, cluster, workers)
+
+
+def _ingest_with(store, settings, progress, loaded, cluster, workers) -> tuple[IngestResult, LoadedModel]:
+    """`_ingest` once the scheduler is known: `cluster` (ingest/distributed.Cluster) or None (this process, or the
+    worker processes of --for-workers)."""
+    parallel = cluster is not None or workers is not None  # parts written by other processes: no per-token extras
     started = time.perf_counter()
     if settings.corpus is not None:
         assert settings.fmt is not None  # refused by RunSettings
@@ -330,7 +346,7 @@ def _ingest(store, settings, progress, loaded, scheduler, workers, options) -> t
     check_generation(loaded, settings.generate)
     settings = settings.resolved(model_max_length=loaded.max_length, gold=source.gold)
     assert settings.max_length is not None and settings.tokenization is not None  # resolved
-    tier = choose_tier(settings, loaded, source, plan, scheduler or ("workers" if workers else None))
+    tier = choose_tier(settings, loaded, source, plan, cluster.spec if cluster is not None else ("workers" if workers else None))
     run_name = settings.name or f"{source.name}-{plan.split}-{loaded.name}"
     validate_run_name(run_name)
     with (
@@ -408,7 +424,7 @@ def _ingest(store, settings, progress, loaded, scheduler, workers, options) -> t
         )
         if info.status == "complete":
             return IngestResult(info, 0, 0.0, True), loaded
-        entry = _plan_entry(info, workers) if scheduler is None else None  # a cluster runs a planned run's workers
+        entry = _plan_entry(info, workers) if cluster is None else None  # a cluster runs a planned run's workers
         if entry is not None:
             return IngestResult(info, 0, 0.0, False, entry["parts"], already_planned=True), loaded
         kept = {"value norms": info.has_value_norms, "per-token loss": info.has_token_loss, "row statistics": info.has_row_stats}
@@ -434,6 +450,8 @@ def _ingest(store, settings, progress, loaded, scheduler, workers, options) -> t
                     max_tokens=MAX_BATCH_TOKENS if info.qk else None,
                     generate=settings.generate,
                     done=done,
+                    # planned for other processes: the ids alone, each worker aligning its part's tokens (ingest/workers.py)
+                    aligned=not parallel or bool(settings.generate),
                 )
                 if workers is not None:
                     from .workers import plan_parts
@@ -441,15 +459,15 @@ def _ingest(store, settings, progress, loaded, scheduler, workers, options) -> t
                     parts = plan_parts(writer, done, batches, total, workers, loaded.source, settings.compute_dtype, progress)
                     writer.close()
                     return IngestResult(store.run_info(info.id), 0, time.perf_counter() - run_started, False, parts), loaded
-                if scheduler is None:
+                if cluster is None:
                     n_new = run_batches(writer, loaded, settings.dtype, info, done, batches, total, progress)
                 else:
                     from .distributed import ingest_on_cluster
 
-                    n_new = ingest_on_cluster(scheduler, writer, loaded, settings.compute_dtype, done, batches, total, progress)
+                    n_new = ingest_on_cluster(cluster, writer, loaded, settings.compute_dtype, done, batches, total, progress)
             seconds = time.perf_counter() - run_started
             timings = {"timings": {"total_seconds": time.perf_counter() - started}}
-            info = writer.finish(seconds, timings, rebuild_index=scheduler is not None)
+            info = writer.finish(seconds, timings, rebuild_index=cluster is not None)
         except BaseException:
             writer.close()  # its background chunk write ends before the run is marked interrupted
             _mark_interrupted(store, info.id)
@@ -474,6 +492,15 @@ def _plan_entry(info: RunInfo, workers: int | None) -> dict | None:
     if workers != n:
         raise ConflictError(f"run {info.name!r} is planned for {n} workers already (a plan is fixed once made): {start}")
     return entry
+
+
+def _complete(store: Store, run_name: str | None) -> bool:
+    if run_name is None:
+        return False
+    try:
+        return store.run_info(run_name).status == "complete"
+    except NotFoundError:
+        return False
 
 
 def _refuse_if_busy(store: Store, run_name: str) -> None:

@@ -31,7 +31,7 @@ from ..store import parts as planned
 from ..store.errors import BusyError, ConflictError, NotFoundError
 from ..store.leases import live_holder
 from ..store.writer import run_lease_name
-from .align import Encoded
+from .align import Encoded, encode_batch
 from .errors import InvalidArgumentError
 from .model import LoadedModel, load_model
 from .passes import run_batches
@@ -105,8 +105,9 @@ def plan_parts(writer, done, batches, total: int, workers: int, model: str, comp
 
 def _fields(e: Encoded) -> dict:
     """An example's fields for JSON, as `Encoded(**fields)` reads them back (dataclasses.asdict deep-copies every
-    token's dict: 15 % of planning 1,600 MRPC pairs, by py-spy)."""
-    return {f: getattr(e, f) for f in ENCODED_FIELDS}
+    token's dict: 15 % of planning 1,600 MRPC pairs, by py-spy). Planned without its tokens (`encode_batch(...,
+    aligned=False)`), it has no "tokens": the worker aligns them (`_encoded`)."""
+    return {f: getattr(e, f) for f in ENCODED_FIELDS if f != "tokens" or e.tokens}
 
 
 def check_worker(worker: int | None, of: int | None) -> tuple[int, int | None]:
@@ -291,11 +292,12 @@ def _check_plan(store, info, entry: dict) -> None:
 def _work_part(store, info, loaded, state: planned.PartState, lease) -> int:
     """Store the part's examples not committed yet; returns how many were stored."""
     started = time.perf_counter()
-    batches = [[Encoded(**e) for e in batch] for batch in planned.part_batches(store, info.id, state.part)]
-    ids = {e.example_id for batch in batches for e in batch}
+    part = planned.part_batches(store, info.id, state.part)
+    ids = {e["example_id"] for batch in part for e in batch}
     done = store.writer.done_example_ids(info.id) & ids
     n = 0
     if len(done) < len(ids):
+        batches = _encoded(store, info, loaded, part)
         attempt = planned.begin_attempt(store, info.id, state.part, lease)
         cells = (state.cell_start, state.cell_stop)
         if attempt > 1:  # an earlier attempt was cut off: its cells may still be written by it
@@ -310,6 +312,32 @@ def _work_part(store, info, loaded, state: planned.PartState, lease) -> int:
             writer.close()
     planned.finish_part(store, info.id, state.part, lease, time.perf_counter() - started)
     return n
+
+
+def _encoded(store, info, loaded, part: list[list[dict]]) -> list[list[Encoded]]:
+    """A part's planned batches as the forward passes take them. Where the plan kept an example's ids alone, its tokens
+    are aligned here from its stored words, as the planner would have (ingest/align.py): 0.6 of the 1.0 s that
+    encoding MRPC train takes, no longer on the plan's path while the workers wait (benchmarks/workers.py). The ids
+    must come out as planned, else this host's tokenizer is not the planner's and the worker stops."""
+    todo = [e for batch in part for e in batch if "tokens" not in e and e["input_ids"]]
+    aligned: dict[int, Encoded] = {}
+    if todo:
+        examples = store.writer.examples_by_id([e["example_id"] for e in todo])
+        tokenizer = loaded.tokenizer_for(info.tokenization)
+        for plan, enc in zip(todo, encode_batch(tokenizer, examples, info.max_length, info.truncation, info.tokenization)):
+            if [enc.input_ids, enc.token_type_ids, enc.truncated, enc.full_length] != [
+                plan["input_ids"],
+                plan["token_type_ids"],
+                plan["truncated"],
+                plan["full_length"],
+            ]:
+                raise ConflictError(
+                    f"example {enc.position} of run {info.name!r}: this worker's tokenizer encodes it otherwise than the "
+                    f"planner's did (ids {enc.input_ids[:8]}... against {plan['input_ids'][:8]}...): give every worker the "
+                    f"planner's model files and the same transformers and tokenizers versions"
+                )
+            aligned[enc.example_id] = enc
+    return [[aligned[e["example_id"]] if e["example_id"] in aligned else Encoded(**{"tokens": [], **e}) for e in batch] for batch in part]
 
 
 def complete_run(store, info) -> bool:

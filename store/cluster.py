@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -74,7 +75,10 @@ def client_for(spec: str) -> Iterator:
             yield client
         return
     n = int(spec.split(":", 1)[1]) if ":" in spec else os.cpu_count() or 1
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, Client(cluster) as client:
+    # Its workers' own warnings are not shown (e.g. "ended with CancelledError" for a task still running when the
+    # command stops early); a task's error still is: it is raised in the command.
+    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=logging.ERROR)
+    with cluster, Client(cluster) as client:
         yield client
 
 

@@ -23,7 +23,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from . import leases, row_stats
-from .errors import AttnStoreError, ConflictError, InvalidArgumentError, ReadOnlyStoreError, StorageIOError
+from .errors import AttnStoreError, ConflictError, InvalidArgumentError, NotFoundError, ReadOnlyStoreError, StorageIOError
 from .identity import dataset_identity
 from .lazy import LazyModule
 from .reader import RunRef, StoreReader
@@ -255,20 +255,17 @@ class StoreWriter:
                 if not rows:
                     return
                 last = rows[-1].position
-                ids = [r.id for r in rows if r.id not in exclude_ids]
-                words: dict[int, list[dict]] = {i: [] for i in ids}
-                if ids:
-                    for example_id, position, segment, form, char_start, char_end in conn.execute(
-                        sa.select(Word.example_id, Word.position, Word.segment, Word.form, Word.char_start, Word.char_end)
-                        .where(Word.example_id.in_(ids))
-                        .order_by(Word.example_id, Word.position)
-                    ):
-                        words[example_id].append(
-                            {"position": position, "segment": segment, "form": form, "char_start": char_start, "char_end": char_end}
-                        )
-            for r in rows:
-                if r.id in words:
-                    yield StoredExample(r.id, r.position, r.text_a, r.text_b, tuple(words[r.id]))
+                yield from _with_words(conn, [r for r in rows if r.id not in exclude_ids])
+
+    def examples_by_id(self, ids: list[int]) -> list[StoredExample]:
+        """The examples (with words) of these ids, in the order given; NotFoundError naming an id not stored."""
+        with self.store.engine.connect() as conn:
+            rows = conn.execute(sa.select(Example.id, Example.position, Example.text_a, Example.text_b).where(Example.id.in_(ids))).all()
+            found = {e.id: e for e in _with_words(conn, rows)}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise NotFoundError(f"example id {missing[0]} is not stored (its dataset was deleted?)")
+        return [found[i] for i in ids]
 
     # ------------------------------------------------------------------ runs
 
@@ -797,3 +794,17 @@ class RunWriter:
             blocks.close()
         if self._own_lease:
             self.lease.release()
+
+
+def _with_words(conn, rows) -> list[StoredExample]:
+    """The examples of these `examples` rows, each with its words (in position order)."""
+    words: dict[int, list[dict]] = {r.id: [] for r in rows}
+    if words:
+        for example_id, position, segment, form, char_start, char_end in conn.execute(
+            sa.select(Word.example_id, Word.position, Word.segment, Word.form, Word.char_start, Word.char_end)
+            .where(Word.example_id.in_(list(words)))
+            .order_by(Word.example_id, Word.position)
+        ):
+            word = {"position": position, "segment": segment, "form": form, "char_start": char_start, "char_end": char_end}
+            words[example_id].append(word)
+    return [StoredExample(r.id, r.position, r.text_a, r.text_b, tuple(words[r.id])) for r in rows]

@@ -44,7 +44,7 @@ def assert_same_run(store, reference, name: str = "k", same_order: bool = True) 
     assert got.keys() == want.keys() == set(range(N_EXAMPLES))
     for example in want:
         np.testing.assert_array_equal(got[example], want[example], err_msg=f"example {example}")
-    columns = ["example", "position", "token_id"]
+    columns = ["example", "position", "token", "token_id", "word_position", "segment", "is_special"]  # aligned by the workers
     assert store.token_table(name)[columns].equals(reference.token_table("k")[columns])
     if same_order:  # no part was retried: stored in plan order, as one process stores them
         order = list(reference.examples("k").sort_values("offset")["example"])
@@ -240,6 +240,26 @@ def test_a_plan_changed_under_a_worker_stops_it(store, tiny_bert, monkeypatch):
     with pytest.raises(ConflictError, match=r"the plan of run 'k' changed while this worker ran \(digest \w{12} -> 000000000000\)"):
         workers.work(store, "k", 0, 1, progress=False)
     assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 4  # the part begun before the change is kept
+
+
+def test_the_plan_keeps_ids_and_a_worker_whose_tokenizer_differs_is_refused(store, tiny_bert):
+    """The plan keeps each example's ids, not its tokens: a worker aligns its part's tokens, and stops in one line
+    (nothing of the part written) when its tokenizer gives other ids than the planner's did."""
+    from attnstore.ingest import workers
+
+    plan(store, tiny_bert, 1)
+    run_id = store.run_info("k").id
+    first = parts.part_batches(store, run_id, 0)
+    assert all("tokens" not in e and e["input_ids"] for batch in first for e in batch)
+    first[0][0]["input_ids"][1] += 1  # as another tokenizer would have encoded it
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE ingest_parts SET batches = :b WHERE run_id = :r AND part = 0"), {"b": parts.pack(first), "r": run_id})
+    position = first[0][0]["position"]
+    with pytest.raises(
+        ConflictError, match=rf"^example {position} of run 'k': this worker's tokenizer encodes it otherwise than the planner's"
+    ):
+        workers.work(store, "k", 0, 1, progress=False)
+    assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 0
 
 
 def test_the_planner_goes_on_as_a_worker_with_its_model(store, tiny_bert, one_process, db_url, monkeypatch):
