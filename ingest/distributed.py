@@ -20,7 +20,6 @@ waits for it (`wait=True`), and a retried part's examples go to fresh cells (ing
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterable, Iterator, Set
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -112,6 +111,8 @@ def ingest_on_cluster(
 ) -> int:
     """Store the run's missing examples on the scheduler's workers; returns how many were stored. `writer` is the
     coordinator's (it holds the lease and finishes the run); it writes no cells itself."""
+    from distributed import wait
+
     info, store = writer.info, writer.store
     client = cluster.client
     entry = planned.plan_of(store, info.id)
@@ -144,7 +145,8 @@ def ingest_on_cluster(
         with progress_bar(total, f"ingesting {info.name} on {n_workers} workers", progress) as bar:
             shown = 0
             while not all(f.done() for f in futures):
-                time.sleep(POLL_SECONDS)
+                with contextlib.suppress(TimeoutError):  # back as soon as the last task ends, not up to a poll later
+                    wait(futures, timeout=POLL_SECONDS)
                 writer.lease.check()  # keeps the coordinator's lease fresh while the workers run
                 now = planned.committed(store, info.id) - start
                 bar.update(now - shown)
