@@ -42,7 +42,7 @@ def assert_same_run(store, reference) -> None:
     assert got.keys() == want.keys() == set(range(N_EXAMPLES))
     for example in want:
         np.testing.assert_array_equal(got[example], want[example], err_msg=f"example {example}")
-    columns = ["example", "position", "token_id"]
+    columns = ["example", "position", "token", "token_id", "word_position", "segment", "is_special"]  # aligned by the workers
     assert store.token_table("k")[columns].equals(reference.token_table("k")[columns])
     # stored in the same order as one process stores them
     assert list(store.examples("k").sort_values("offset")["example"]) == list(reference.examples("k").sort_values("offset")["example"])
@@ -64,6 +64,27 @@ def test_two_workers_write_disjoint_parts_of_the_one_process_run(store, tiny_ber
     offsets = list(store.examples("k").sort_values("offset")["offset"])
     assert all(o % OPTIONS["chunk_cells"] == 0 for o in offsets[::2]), offsets
     assert len({o // OPTIONS["chunk_cells"] for o in offsets[::2]}) == N_EXAMPLES // 2
+
+
+def test_a_complete_run_starts_no_cluster_and_a_worker_warms_with_the_model(store, tiny_bert, cluster, one_process, monkeypatch):
+    """The same command again says the run is complete without reaching the scheduler; a worker's warm-up task loads the
+    model under the source a plan records (where `work_task` looks), and one it cannot load stops nothing."""
+    from attnstore.ingest import distributed as dist
+    from attnstore.ingest import ingest
+
+    ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", scheduler=cluster, **OPTIONS)
+
+    def unreachable(spec):
+        raise AssertionError(f"a cluster was started for a complete run ({spec})")
+
+    monkeypatch.setattr(dist, "client_for", unreachable)
+    assert ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", scheduler=cluster, **OPTIONS).already_complete
+    monkeypatch.setattr(dist, "_WORKER_MODELS", {})
+    dist.warm_task(tiny_bert, "float32")
+    (key,) = dist._WORKER_MODELS
+    assert key == (store.run_info("k").manifest["plan"]["model"], "float32")
+    dist.warm_task(str(Path(tiny_bert) / "no-such-model"), "float32")
+    assert list(dist._WORKER_MODELS) == [key]
 
 
 def test_a_killed_distributed_ingest_resumes_to_the_same_run(tmp_path, tiny_bert, cluster, one_process):
