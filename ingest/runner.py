@@ -17,10 +17,8 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ..store import row_stats
-from ..store.errors import BusyError, ConflictError, NotFoundError
 from ..store.identity import annotator_kind, dataset_identity, dataset_lease_name
-from ..store.leases import clear_stale, live_holder
-from ..store.parts import PLAN
+from ..store.leases import clear_stale
 from ..store.qk import qk_entry
 from ..store.records import HIDDEN_PEAKS_FLAG, QK_FLAG, ROW_STATS_FLAG, TOKEN_LOSS_FLAG, VALUE_NORMS_FLAG, ExampleInput, RunInfo
 from ..store.writer import run_lease_name, validate_run_name
@@ -36,6 +34,7 @@ from .manifest import build_manifest
 from .model import LoadedModel, load_model, models_folder
 from .passes import run_batches, token_loss_manifest
 from .progress import progress_bar
+from .run_state import is_complete, mark_interrupted, plan_entry, refuse_if_busy, where
 from .settings import RunSettings
 from .sources import CorpusSource, builtin_source, file_source, generated_source
 from .tiers import capture_manifest, choose_tier
@@ -299,13 +298,13 @@ def _ingest(store, settings, progress, loaded, scheduler, workers, options) -> t
     if scheduler is None:
         return _ingest_with(store, settings, progress, loaded, None, workers)
     if settings.name is not None:
-        _refuse_if_busy(store, settings.name)  # before a cluster is started
+        refuse_if_busy(store, settings.name)  # before a cluster is started
     from .distributed import started_cluster
 
     # Started before this process loads the model and plans, the workers loading it meanwhile (ingest/distributed.py),
     # unless the run is complete already (then it says so and starts none).
     model = loaded.source if loaded is not None else settings.model
-    with started_cluster(scheduler, model, settings.compute_dtype, warm=not _complete(store, settings.name)) as cluster:
+    with started_cluster(scheduler, model, settings.compute_dtype, warm=not is_complete(store, settings.name)) as cluster:
         return _ingest_with(store, settings, progress, loaded, cluster, workers)
 
 
@@ -323,7 +322,7 @@ def _ingest_with(store, settings, progress, loaded, cluster, workers) -> tuple[I
         assert settings.dataset is not None  # refused by RunSettings: one of corpus and dataset
         source = builtin_source(settings.dataset, settings.data_dir, window_words=settings.window_words)
     if settings.name is not None:
-        _refuse_if_busy(store, settings.name)  # fail at once, before reading the corpus or loading the model
+        refuse_if_busy(store, settings.name)  # fail at once, before reading the corpus or loading the model
     # The model and corpus are checked before anything is written: a bad --model or a bad
     # record leaves the store as it was.
     registered = store.model_row(settings.model) if loaded is None else None
@@ -380,21 +379,21 @@ def _ingest_with(store, settings, progress, loaded, cluster, workers) -> tuple[I
             if not parallel:
                 manifest[VALUE_NORMS_FLAG] = True
             else:
-                print(f"note: value norms are not kept by an ingest {_where(workers)} (weights=norm needs them)", file=sys.stderr)
+                print(f"note: value norms are not kept by an ingest {where(workers)} (weights=norm needs them)", file=sys.stderr)
         elif settings.value_norms:
             print(f"note: model {loaded.name!r}: no value norms (its value and output projections were not found)", file=sys.stderr)
         if settings.token_loss and loaded.causal:
             if loaded.lm is None:
                 print(f"note: model {loaded.name!r}: no per-token loss (its checkpoint has no causal-LM head)", file=sys.stderr)
             elif parallel:
-                print(f"note: per-token loss is not kept by an ingest {_where(workers)}", file=sys.stderr)
+                print(f"note: per-token loss is not kept by an ingest {where(workers)}", file=sys.stderr)
             else:
                 manifest[TOKEN_LOSS_FLAG] = token_loss_manifest()
                 if decoder_layers(loaded.model, loaded.n_layers) is not None:  # massive activations, from the same pass
                     manifest[HIDDEN_PEAKS_FLAG] = peaks_manifest()
         if (settings.row_stats if settings.row_stats is not None else tier == "qk") and loaded.causal and loaded.capture == "streaming":
             if parallel:
-                print(f"note: row statistics are not kept by an ingest {_where(workers)}", file=sys.stderr)
+                print(f"note: row statistics are not kept by an ingest {where(workers)}", file=sys.stderr)
             else:
                 manifest[ROW_STATS_FLAG] = row_stats.manifest()
         manifest["capture"] = capture_manifest(loaded)
@@ -424,13 +423,13 @@ def _ingest_with(store, settings, progress, loaded, cluster, workers) -> tuple[I
         )
         if info.status == "complete":
             return IngestResult(info, 0, 0.0, True), loaded
-        entry = _plan_entry(info, workers) if cluster is None else None  # a cluster runs a planned run's workers
+        entry = plan_entry(info, workers) if cluster is None else None  # a cluster runs a planned run's workers
         if entry is not None:
             return IngestResult(info, 0, 0.0, False, entry["parts"], already_planned=True), loaded
         kept = {"value norms": info.has_value_norms, "per-token loss": info.has_token_loss, "row statistics": info.has_row_stats}
         for what in (w for w, has in kept.items() if has and parallel):
             raise InvalidArgumentError(
-                f"run {run_name!r} keeps {what}, which an ingest {_where(workers)} does not compute: "
+                f"run {run_name!r} keeps {what}, which an ingest {where(workers)} does not compute: "
                 f"resume it without {'--for-workers' if workers else '--scheduler'}"
             )
         done = store.writer.done_example_ids(info.id)
@@ -470,50 +469,6 @@ def _ingest_with(store, settings, progress, loaded, cluster, workers) -> tuple[I
             info = writer.finish(seconds, timings, rebuild_index=cluster is not None)
         except BaseException:
             writer.close()  # its background chunk write ends before the run is marked interrupted
-            _mark_interrupted(store, info.id)
+            mark_interrupted(store, info.id)
             raise
     return IngestResult(info, n_new, seconds, False), loaded
-
-
-def _where(workers: int | None) -> str:
-    return "planned for worker processes" if workers else "on a Dask scheduler"
-
-
-def _plan_entry(info: RunInfo, workers: int | None) -> dict | None:
-    """A run planned for workers is written by them alone: refused unless this is the same plan asked again (then its
-    plan entry)."""
-    entry = info.manifest.get(PLAN)
-    if entry is None:
-        return None
-    n = entry["workers"]
-    start = f"start `attnstore work --run {info.name} --worker I --of {n}` for I = 0..{n - 1}"
-    if workers is None:
-        raise ConflictError(f"run {info.name!r} is planned for {n} worker processes, which write it: {start} (or --scheduler)")
-    if workers != n:
-        raise ConflictError(f"run {info.name!r} is planned for {n} workers already (a plan is fixed once made): {start}")
-    return entry
-
-
-def _complete(store: Store, run_name: str | None) -> bool:
-    if run_name is None:
-        return False
-    try:
-        return store.run_info(run_name).status == "complete"
-    except NotFoundError:
-        return False
-
-
-def _refuse_if_busy(store: Store, run_name: str) -> None:
-    holder = live_holder(store.engine, run_lease_name(run_name))
-    if holder is not None:
-        raise BusyError(
-            f"run {run_name!r} is being written by {holder.describe()}; wait for it to finish "
-            f"(or stop it: a killed writer's run resumes with the same command)"
-        )
-
-
-def _mark_interrupted(store: Store, run_id: int) -> None:
-    try:
-        store.writer.fail_run(run_id, status="interrupted")
-    except Exception:
-        pass  # e.g. the database is on the full disk too: a run whose writer is gone reads as interrupted anyway

@@ -3,7 +3,8 @@ processes that share only the store (`attnstore work --run R --worker I --of N`)
 Indexed Job, a Ray actor pool, or N shells.
 
 The plan (`plan_parts`, in the planning ingest's process, which holds the run's lease while it plans) tokenizes the
-dataset into the batches one process would run and groups them into parts (`part_size`): each part gets a disjoint
+dataset into the batches one process would run, keeping each example's token ids (a worker aligns its part's tokens
+to their words: `_encoded`), and groups them into parts (`part_size`): each part gets a disjoint
 range of cells starting on a chunk boundary, and the array is grown over all of them. store/parts.py keeps the parts
 and their digest. A Dask ingest plans the same way and runs these workers as tasks (ingest/distributed.py).
 

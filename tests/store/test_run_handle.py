@@ -157,6 +157,7 @@ WRITER_METHODS = {
     "block_steps",
     "complete_dataset",
     "dataset_examples",
+    "examples_by_id",
     "done_example_ids",
     "fail_run",
     "find_dataset",
