@@ -318,8 +318,9 @@ def _work_part(store, info, loaded, state: planned.PartState, lease) -> int:
 def _encoded(store, info, loaded, part: list[list[dict]]) -> list[list[Encoded]]:
     """A part's planned batches as the forward passes take them. Where the plan kept an example's ids alone, its tokens
     are aligned here from its stored words, as the planner would have (ingest/align.py): 0.6 of the 1.0 s that
-    encoding MRPC train takes, no longer on the plan's path while the workers wait (benchmarks/workers.py). The ids
-    must come out as planned, else this host's tokenizer is not the planner's and the worker stops."""
+    encoding MRPC train takes, off the plan that every worker waits for and spread over the workers (no gain with 2
+    workers on 2 cores, where the work only moves: docs/PERFORMANCE.md, 2026-11-30 (night)). The ids must come out as
+    planned, else this host's tokenizer is not the planner's and the worker stops."""
     todo = [e for batch in part for e in batch if "tokens" not in e and e["input_ids"]]
     aligned: dict[int, Encoded] = {}
     if todo:
