@@ -213,7 +213,7 @@ from .common import friendly_errors, open_store, require_extra, scheduler_option
     help="With --as-worker: torch's CPU threads for its work (default: every core; N workers on one host: cores/N each).",
 )
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
-@scheduler_option("the forward passes and the writes of their maps (this process tokenizes and finishes the run)")
+@scheduler_option("the plan, the forward passes and the writes of their maps (this process loads no model)")
 @store_options
 @friendly_errors
 def ingest(

@@ -1,51 +1,98 @@
 """Distributed ingest on Dask (`ingest --scheduler`): the engine-free workers of ingest/workers.py, launched as Dask
-tasks.
+tasks, with the planning ingest itself one of them.
 
-This process (the coordinator) starts the cluster (or connects to it) first, and each worker loads the run's model
-by the name the command gives (`warm_task`) while the coordinator loads it too, holds the run's write lease and plans
-the run for K workers, K being the cluster's worker count when the run is first planned, exactly as `ingest
---for-workers K` would (`plan_parts`: the parts' batches of token ids and their cells, in SQL). It then sends K tasks,
-one per worker index, and each runs `work()` in a Dask worker: it takes its index's lease, uses the model loaded in
-its process (kept there for later tasks; loaded now if the warm-up loaded another) and writes its parts straight
-into their cells. Only the run's name and the store's locations travel through the
-scheduler; the maps never do. When the tasks are done, the coordinator writes the index arrays from SQL, cuts the
-array to the committed end and completes the run (a worker never completes it: the coordinator holds its lease).
+This process (the coordinator) neither imports torch nor loads the model: on a LocalCluster it would share the
+workers' cores (a coordinator that loaded the model and planned started the workers' forward passes about 3 s later on
+MRPC train, benchmarks/workers.py --dask). It starts the cluster (or connects to it), and each worker loads the run's
+model by the name the command gives (`warm_task`). Worker 0 then runs the planning ingest (`plan_task`: exactly
+`ingest --for-workers K`, K being the cluster's worker count, with the model it warmed: the corpus is read and the
+dataset registered there, so a tcp:// cluster's workers must see the corpus file as they see the store). The
+coordinator then sends one task per worker index of the plan (`work_task`): each runs `work()` in a Dask worker
+with the model loaded in its process, taking its index's lease, and writes its parts straight into their cells; the
+last to finish completes the run. Only the settings, the run's name and the store's locations travel through the
+scheduler; the maps never do.
 
-Interrupted (a worker dies, the command is killed): committed examples stay, and the plan stays. Dask retries a task
-whose worker died; the same command later sends the tasks again. A task whose index is still running elsewhere
-waits for it (`wait=True`), and a retried part's examples go to fresh cells (ingest/workers.py). A run planned with
-`--for-workers N` may be run on a cluster too: its N indices are sent as tasks.
+A run that is complete under its `--name` starts no cluster: this process checks the settings against it as a
+one-process ingest does (the model loaded here). Interrupted (a worker dies, the command is killed): committed
+examples stay, and the plan stays. Dask retries a task whose worker died; the same command later sends the tasks
+again. A task whose index is still running elsewhere waits for it (`wait=True`), and a retried part's examples go to
+fresh cells (ingest/workers.py). A run planned with `--for-workers N` may be run on a cluster too: its N indices are
+sent as tasks.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Set
+import sys
+import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from ..store import parts as planned
 from ..store.cluster import client_for
-from .align import Encoded
 from .model import LoadedModel, load_model
 from .progress import progress_bar
-from .workers import LOADING, plan_parts, warm_imports, work
+from .run_state import is_complete, refuse_if_busy
+from .workers import LOADING, complete_run, warm_imports, work
 
 if TYPE_CHECKING:
-    from ..store.writer import RunWriter
+    from ..store import Store
+    from .runner import IngestResult
+    from .settings import RunSettings
 
 # Models loaded by this process when it is a Dask worker, by (source, compute dtype): loaded once, used by every task.
 _WORKER_MODELS: dict[tuple[str, str], LoadedModel] = {}
+# The source each model name a command gave was loaded from here (`warm_task`), by (name, compute dtype).
+_WARMED_SOURCES: dict[tuple[str, str], str] = {}
 
 POLL_SECONDS = 0.5  # how often the coordinator's progress bar reads the committed count
 
 
-def work_task(locations: dict, run: str, worker: int, workers: int) -> int:
-    """On a Dask worker: be worker `worker` of `workers` of the planned `run`; returns examples stored."""
+def _store(locations: dict) -> Store:
     from ..store import Store
     from ..store.config import Locations
 
-    store = Store(Locations(**locations))
+    return Store(Locations(**locations))
+
+
+def _kept(loaded: LoadedModel, compute_dtype: str) -> LoadedModel:
+    """This worker's model for `loaded`'s source: the one loaded first, kept for the later tasks."""
+    return _WORKER_MODELS.setdefault((loaded.source, compute_dtype), loaded)
+
+
+def warm_task(model: str, compute_dtype: str) -> None:
+    """On a Dask worker, first: load `model` (as the command names it) into this process's models, where `plan_task`
+    and `work_task` find it. A model it cannot load by that name (one fine-tuned in the store) is loaded by the task
+    that needs it; the imports are done meanwhile."""
+    try:
+        with LOADING:
+            loaded = _kept(load_model(model, compute_dtype=compute_dtype), compute_dtype)
+            _WARMED_SOURCES[(model, compute_dtype)] = loaded.source
+    except Exception:
+        warm_imports()
+
+
+def plan_task(locations: dict, settings: RunSettings, workers: int, scheduler: str) -> tuple[IngestResult, list[str]]:
+    """On a Dask worker: the planning ingest of a run for `workers` (or the run's plan as it stands, whatever its worker
+    count), with the model this worker warmed; returns its result and the notes it would have printed."""
+    from .runner import plan_for_cluster
+
+    store = _store(locations)
+    notes: list[str] = []
+    try:
+        source = _WARMED_SOURCES.get((settings.model, settings.compute_dtype))
+        loaded = _WORKER_MODELS.get((source, settings.compute_dtype)) if source else None
+        result, loaded = plan_for_cluster(store, settings, workers, scheduler, loaded=loaded, notes=notes.append)
+        if loaded is not None:
+            _kept(loaded, settings.compute_dtype)
+        return result, notes
+    finally:
+        store.engine.dispose()
+
+
+def work_task(locations: dict, run: str, worker: int, workers: int) -> int:
+    """On a Dask worker: be worker `worker` of `workers` of the planned `run`; returns examples stored."""
+    store = _store(locations)
     try:
         entry = planned.plan_of(store, store.run_info(run).id) or {}
         key = (entry.get("model", ""), entry.get("compute_dtype", "float32"))
@@ -58,75 +105,54 @@ def work_task(locations: dict, run: str, worker: int, workers: int) -> int:
         store.engine.dispose()
 
 
-def warm_task(model: str, compute_dtype: str) -> None:
-    """On a Dask worker, while the coordinator loads the model and plans: load `model` (as the command names it) into
-    this process's models, where `work_task` finds it by the source the plan records. A model it cannot load by that
-    name (one fine-tuned in the store) is loaded by `work_task` from the plan; the imports are done meanwhile."""
-    try:
-        with LOADING:
-            loaded = load_model(model, compute_dtype=compute_dtype)
-            _WORKER_MODELS.setdefault((loaded.source, compute_dtype), loaded)
-    except Exception:
-        warm_imports()
+def ingest_on_cluster(store: Store, settings: RunSettings, scheduler: str, progress: bool, loaded: LoadedModel | None) -> IngestResult:
+    """Ingest as `settings` say on the scheduler's workers; `loaded`: a model loaded already (its source is what the
+    workers load)."""
+    from dataclasses import replace
+
+    from .runner import plan_for_cluster
+
+    started = time.perf_counter()
+    if settings.name is not None:
+        refuse_if_busy(store, settings.name)  # before a cluster is started
+        if is_complete(store, settings.name):  # checked against the settings here, as in one process; no cluster
+            result, _ = plan_for_cluster(store, settings, 1, scheduler, loaded=loaded)
+            if result.already_complete:
+                return result
+    model = loaded.source if loaded is not None else settings.model
+    with client_for(scheduler) as client:
+        addresses = sorted(client.scheduler_info().get("workers", {}))
+        # Each worker loads the model while the cluster is otherwise idle; then worker 0 plans with it.
+        warming = [client.submit(warm_task, model, settings.compute_dtype, pure=False, workers=[a]) for a in addresses]
+        pinned: dict[str, Any] = dict(workers=addresses[:1], allow_other_workers=True) if addresses else {}
+        locations = asdict(store.locations)
+        result, notes = client.submit(plan_task, locations, settings, max(1, len(addresses)), scheduler, pure=False, **pinned).result()
+        for note in notes:
+            print(note, file=sys.stderr)
+        info = result.run
+        if result.already_complete:
+            return result
+        n_new = _run_workers(client, store, info, addresses, locations, progress)
+        del warming  # kept until the work tasks are sent: a future let go may be cancelled before it runs
+        info = store.run_info(info.id)
+        if info.status != "complete":  # the last worker completes it; one that lost the race to do so leaves it
+            complete_run(store, info)
+            info = store.run_info(info.id)
+    return replace(result, run=info, n_new=n_new, seconds=time.perf_counter() - started, planned_parts=0, already_planned=False)
 
 
-class Cluster:
-    """An ingest's Dask client: started at once with each worker sent a `warm_task` (`warm`), or on first use (a run
-    that turns out complete, or fails its checks, starts none)."""
-
-    def __init__(self, spec: str, stack: contextlib.ExitStack, model: str, compute_dtype: str, warm: bool) -> None:
-        self.spec = spec
-        self._stack = stack
-        self._client: Any = None
-        self.warming: list = []  # kept until the work tasks are sent: a future let go may be cancelled before it runs
-        if warm:
-            workers = self.client.scheduler_info().get("workers", {})
-            self.warming = [self.client.submit(warm_task, model, compute_dtype, pure=False, workers=[w]) for w in workers]
-
-    @property
-    def client(self):
-        if self._client is None:
-            self._client = self._stack.enter_context(client_for(self.spec))
-        return self._client
-
-
-@contextlib.contextmanager
-def started_cluster(spec: str, model: str, compute_dtype: str, warm: bool = True) -> Iterator[Cluster]:
-    """The scheduler's client for an ingest. With `warm`, a `local` cluster is started at once and each worker loads
-    the model while the coordinator does (3 processes on 2 cores), instead of after its plan: the workers start
-    computing about 2 s sooner on MRPC train (benchmarks/workers.py --dask)."""
-    with contextlib.ExitStack() as stack:
-        yield Cluster(spec, stack, model, compute_dtype, warm)
-
-
-def ingest_on_cluster(
-    cluster: Cluster,
-    writer: RunWriter,
-    loaded: LoadedModel,
-    compute_dtype: str,
-    done: Set[int],
-    batches: Iterable[list[Encoded]],
-    total: int,
-    progress: bool,
-) -> int:
-    """Store the run's missing examples on the scheduler's workers; returns how many were stored. `writer` is the
-    coordinator's (it holds the lease and finishes the run); it writes no cells itself."""
+def _run_workers(client, store: Store, info, addresses: list[str], locations: dict, progress: bool) -> int:
+    """Send one `work_task` per worker index of the run's plan and wait for them; returns the examples stored."""
     from distributed import wait
 
-    info, store = writer.info, writer.store
-    client = cluster.client
     entry = planned.plan_of(store, info.id)
-    if entry is None:
-        n_workers = max(1, len(client.scheduler_info().get("workers", {})))
-        plan_parts(writer, done, batches, total, n_workers, loaded.source, compute_dtype, progress)
-        entry = planned.plan_of(store, info.id)
-        assert entry is not None
+    assert entry is not None  # planned by plan_task
     n_workers = int(entry["workers"])
-    locations = asdict(store.locations)
+    states = planned.part_states(store, info.id)
     start = planned.committed(store, info.id)
+    total = sum(p.n_examples for p in states if not p.finished)
     # Index i to worker i: left to the scheduler, two indices may queue on one worker while another is still warming
     # (both then run there, one after the other); allowed elsewhere when that worker is gone.
-    addresses = sorted(client.scheduler_info().get("workers", {}))
     futures = [
         client.submit(
             work_task,
@@ -140,14 +166,12 @@ def ingest_on_cluster(
         )
         for i in range(n_workers)
     ]
-    cluster.warming.clear()  # done or not, nothing to wait for: each worker runs its tasks in order
     try:
         with progress_bar(total, f"ingesting {info.name} on {n_workers} workers", progress) as bar:
             shown = 0
             while not all(f.done() for f in futures):
                 with contextlib.suppress(TimeoutError):  # back as soon as the last task ends, not up to a poll later
                     wait(futures, timeout=POLL_SECONDS)
-                writer.lease.check()  # keeps the coordinator's lease fresh while the workers run
                 now = planned.committed(store, info.id) - start
                 bar.update(now - shown)
                 shown = now

@@ -357,6 +357,7 @@ def load_model(
         raise InvalidArgumentError(f"--compute-dtype must be one of {COMPUTE_DTYPES}, not {compute_dtype!r}")
     device = resolve_device(device)
     heap.for_forward()
+    heap.skip_exit_collection()
 
     name, source = resolve_source(name_or_path)
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")

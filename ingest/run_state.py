@@ -15,16 +15,17 @@ if TYPE_CHECKING:
     from ..store.records import RunInfo
 
 
-def where(workers: int | None) -> str:
-    return "planned for worker processes" if workers else "on a Dask scheduler"
+def where(scheduler: str | None, workers: int | None) -> str:
+    """How an ingest runs, for its notes."""
+    return "on a Dask scheduler" if scheduler else "planned for worker processes" if workers else "in one process"
 
 
-def plan_entry(info: RunInfo, workers: int | None) -> dict | None:
-    """A run planned for workers is written by them alone: refused unless this is the same plan asked again (then its
-    plan entry)."""
+def plan_entry(info: RunInfo, workers: int | None, any_count: bool = False) -> dict | None:
+    """A run planned for workers is written by them alone: refused unless this is the same plan asked again, or
+    `any_count` (a Dask cluster runs a plan's N indices whatever its size); then its plan entry."""
     entry = info.manifest.get(PLAN)
-    if entry is None:
-        return None
+    if entry is None or any_count:
+        return entry
     n = entry["workers"]
     start = f"start `attnstore work --run {info.name} --worker I --of {n}` for I = 0..{n - 1}"
     if workers is None:

@@ -34,7 +34,7 @@ from .manifest import build_manifest
 from .model import LoadedModel, load_model, models_folder
 from .passes import run_batches, token_loss_manifest
 from .progress import progress_bar
-from .run_state import is_complete, mark_interrupted, plan_entry, refuse_if_busy, where
+from .run_state import mark_interrupted, plan_entry, refuse_if_busy, where
 from .settings import RunSettings
 from .sources import CorpusSource, builtin_source, file_source, generated_source
 from .tiers import capture_manifest, choose_tier
@@ -254,9 +254,9 @@ def ingest(
 
     How it runs, not what it stores: `progress` bars; `loaded`, a model already loaded (settings.model is
     then not loaded); `scheduler` (local, local:N, tcp://HOST:PORT; default ATTNSTORE_SCHEDULER, else none)
-    plans the run for the cluster's workers and runs each worker index as a Dask task, while this process holds
-    the run's lease and completes it (ingest/distributed.py): the maps, and their order in storage, are those a
-    single process would write, and it resumes the same way. `workers`: plan the run for that many worker
+    plans the run on one of the cluster's workers for all of them and runs each worker index as a Dask task, this
+    process loading no model (ingest/distributed.py): the maps, and their order in storage, are those a single
+    process would write, and it resumes the same way. `workers`: plan the run for that many worker
     processes (ingest/workers.py, `attnstore work`) instead of running it here; with `as_worker` I, this process
     then goes on as worker I of them (`worker_threads`: its torch threads), with the model it loaded to plan: one
     interpreter's imports and model load fewer than a separate `attnstore work`.
@@ -296,22 +296,31 @@ def _ingest(store, settings, progress, loaded, scheduler, workers, options) -> t
         raise InvalidArgumentError("--for-workers plans the run for worker processes; leave out --scheduler (or ATTNSTORE_SCHEDULER)")
     store.writer.require_writable()
     if scheduler is None:
-        return _ingest_with(store, settings, progress, loaded, None, workers)
-    if settings.name is not None:
-        refuse_if_busy(store, settings.name)  # before a cluster is started
-    from .distributed import started_cluster
+        return _ingest_with(store, settings, progress, loaded, workers)
+    from .distributed import ingest_on_cluster
 
-    # Started before this process loads the model and plans, the workers loading it meanwhile (ingest/distributed.py),
-    # unless the run is complete already (then it says so and starts none).
-    model = loaded.source if loaded is not None else settings.model
-    with started_cluster(scheduler, model, settings.compute_dtype, warm=not is_complete(store, settings.name)) as cluster:
-        return _ingest_with(store, settings, progress, loaded, cluster, workers)
+    return ingest_on_cluster(store, settings, scheduler, progress, loaded), loaded
 
 
-def _ingest_with(store, settings, progress, loaded, cluster, workers) -> tuple[IngestResult, LoadedModel]:
-    """`_ingest` once the scheduler is known: `cluster` (ingest/distributed.Cluster) or None (this process, or the
-    worker processes of --for-workers)."""
-    parallel = cluster is not None or workers is not None  # parts written by other processes: no per-token extras
+def plan_for_cluster(
+    store: Store,
+    settings: RunSettings,
+    workers: int,
+    scheduler: str,
+    loaded: LoadedModel | None = None,
+    notes: Callable[[str], None] | None = None,
+) -> tuple[IngestResult, LoadedModel]:
+    """The planning ingest of a run on a Dask scheduler (ingest/distributed.py): as `ingest --for-workers workers`,
+    except that a run planned already is taken whatever its worker count, and its notes go to `notes`."""
+    return _ingest_with(store, settings, False, loaded, workers, scheduler, notes)
+
+
+def _ingest_with(store, settings, progress, loaded, workers, scheduler=None, notes=None) -> tuple[IngestResult, LoadedModel]:
+    """`_ingest` in this process, or planned for `workers` processes (with `scheduler`, a Dask cluster's: then a run
+    planned already is taken as it is); `notes`: where the one-line notes go (default: printed to stderr)."""
+    parallel = workers is not None  # parts written by other processes: no per-token extras
+    note = notes or (lambda msg: print(msg, file=sys.stderr))
+    how = where(scheduler, workers)
     started = time.perf_counter()
     if settings.corpus is not None:
         assert settings.fmt is not None  # refused by RunSettings
@@ -337,21 +346,18 @@ def _ingest_with(store, settings, progress, loaded, cluster, workers) -> tuple[I
     plan = plan_dataset(source, limit=settings.limit, sample=settings.sample, seed=settings.seed)
     asked = ("--sample", settings.sample) if settings.sample is not None else ("--limit", settings.limit)
     if asked[1] is not None and plan.split == source.split:
-        print(
-            f"note: {asked[0]} {asked[1]} takes all {len(plan.chosen)} examples of the corpus: the run is over the whole corpus",
-            file=sys.stderr,
-        )
+        note(f"note: {asked[0]} {asked[1]} takes all {len(plan.chosen)} examples of the corpus: the run is over the whole corpus")
     loaded = loaded or load_model(settings.model, device=settings.device, compute_dtype=settings.compute_dtype)
     check_generation(loaded, settings.generate)
     settings = settings.resolved(model_max_length=loaded.max_length, gold=source.gold)
     assert settings.max_length is not None and settings.tokenization is not None  # resolved
-    tier = choose_tier(settings, loaded, source, plan, cluster.spec if cluster is not None else ("workers" if workers else None))
+    tier = choose_tier(settings, loaded, source, plan, scheduler or ("workers" if workers else None))
     run_name = settings.name or f"{source.name}-{plan.split}-{loaded.name}"
     validate_run_name(run_name)
     with (
         store.writer.lease(run_lease_name(run_name), f"run {run_name!r}") as lease,
         opened_dataset(
-            store, plan, annotator=settings.annotator, progress=progress, notify=lambda msg: print(msg, file=sys.stderr)
+            store, plan, annotator=settings.annotator, progress=progress, notify=note
         ) as load,
     ):
         dataset_id, annotator_name = load.dataset_id, load.annotator_name
@@ -379,21 +385,21 @@ def _ingest_with(store, settings, progress, loaded, cluster, workers) -> tuple[I
             if not parallel:
                 manifest[VALUE_NORMS_FLAG] = True
             else:
-                print(f"note: value norms are not kept by an ingest {where(workers)} (weights=norm needs them)", file=sys.stderr)
+                note(f"note: value norms are not kept by an ingest {how} (weights=norm needs them)")
         elif settings.value_norms:
-            print(f"note: model {loaded.name!r}: no value norms (its value and output projections were not found)", file=sys.stderr)
+            note(f"note: model {loaded.name!r}: no value norms (its value and output projections were not found)")
         if settings.token_loss and loaded.causal:
             if loaded.lm is None:
-                print(f"note: model {loaded.name!r}: no per-token loss (its checkpoint has no causal-LM head)", file=sys.stderr)
+                note(f"note: model {loaded.name!r}: no per-token loss (its checkpoint has no causal-LM head)")
             elif parallel:
-                print(f"note: per-token loss is not kept by an ingest {where(workers)}", file=sys.stderr)
+                note(f"note: per-token loss is not kept by an ingest {how}")
             else:
                 manifest[TOKEN_LOSS_FLAG] = token_loss_manifest()
                 if decoder_layers(loaded.model, loaded.n_layers) is not None:  # massive activations, from the same pass
                     manifest[HIDDEN_PEAKS_FLAG] = peaks_manifest()
         if (settings.row_stats if settings.row_stats is not None else tier == "qk") and loaded.causal and loaded.capture == "streaming":
             if parallel:
-                print(f"note: row statistics are not kept by an ingest {where(workers)}", file=sys.stderr)
+                note(f"note: row statistics are not kept by an ingest {how}")
             else:
                 manifest[ROW_STATS_FLAG] = row_stats.manifest()
         manifest["capture"] = capture_manifest(loaded)
@@ -423,14 +429,14 @@ def _ingest_with(store, settings, progress, loaded, cluster, workers) -> tuple[I
         )
         if info.status == "complete":
             return IngestResult(info, 0, 0.0, True), loaded
-        entry = plan_entry(info, workers) if cluster is None else None  # a cluster runs a planned run's workers
+        entry = plan_entry(info, workers, any_count=scheduler is not None)  # a cluster runs a planned run's workers
         if entry is not None:
             return IngestResult(info, 0, 0.0, False, entry["parts"], already_planned=True), loaded
         kept = {"value norms": info.has_value_norms, "per-token loss": info.has_token_loss, "row statistics": info.has_row_stats}
         for what in (w for w, has in kept.items() if has and parallel):
             raise InvalidArgumentError(
-                f"run {run_name!r} keeps {what}, which an ingest {where(workers)} does not compute: "
-                f"resume it without {'--for-workers' if workers else '--scheduler'}"
+                f"run {run_name!r} keeps {what}, which an ingest {how} does not compute: "
+                f"resume it without {'--scheduler' if scheduler else '--for-workers'}"
             )
         done = store.writer.done_example_ids(info.id)
         total = len(plan.chosen) - len(done)
@@ -458,15 +464,10 @@ def _ingest_with(store, settings, progress, loaded, cluster, workers) -> tuple[I
                     parts = plan_parts(writer, done, batches, total, workers, loaded.source, settings.compute_dtype, progress)
                     writer.close()
                     return IngestResult(store.run_info(info.id), 0, time.perf_counter() - run_started, False, parts), loaded
-                if cluster is None:
-                    n_new = run_batches(writer, loaded, settings.dtype, info, done, batches, total, progress)
-                else:
-                    from .distributed import ingest_on_cluster
-
-                    n_new = ingest_on_cluster(cluster, writer, loaded, settings.compute_dtype, done, batches, total, progress)
+                n_new = run_batches(writer, loaded, settings.dtype, info, done, batches, total, progress)
             seconds = time.perf_counter() - run_started
             timings = {"timings": {"total_seconds": time.perf_counter() - started}}
-            info = writer.finish(seconds, timings, rebuild_index=cluster is not None)
+            info = writer.finish(seconds, timings)
         except BaseException:
             writer.close()  # its background chunk write ends before the run is marked interrupted
             mark_interrupted(store, info.id)

@@ -7,7 +7,7 @@
   (PostgreSQL and object storage for a real cluster; SQLite and a local folder work for `local`).
 - ATTNSTORE_SCHEDULER sets the same for every command; `--scheduler` overrides it.
 
-What runs there: ingest's forward passes (ingest/runner.py) and queries' per-example passes
+What runs there: ingest's plan, forward passes and writes (ingest/distributed.py) and queries' per-example passes
 (queries/engine/passes.py). Needs the `dask` extra (`pip install 'attnstore[dask]'`).
 """
 

@@ -1,5 +1,5 @@
-"""Distributed ingest on Dask (`--scheduler`): a LocalCluster of 2 worker processes computes the maps and writes
-them, each part of the run into its own chunk-aligned cells, while this process plans and tokenizes; the run
+"""Distributed ingest on Dask (`--scheduler`): a LocalCluster of 2 worker processes plans the run, computes the maps
+and writes them, each part of the run into its own chunk-aligned cells, while this process loads no model; the run
 equals a one-process ingest exactly, on SQLite and PostgreSQL, and a distributed ingest killed with SIGKILL
 resumes to the same run."""
 
@@ -51,11 +51,19 @@ def assert_same_run(store, reference) -> None:
     assert store.sql("SELECT count(*) AS n FROM leases")["n"][0] == 0
 
 
-def test_two_workers_write_disjoint_parts_of_the_one_process_run(store, tiny_bert, cluster, one_process):
-    from attnstore.ingest import ingest
+def test_two_workers_write_disjoint_parts_of_the_one_process_run(store, tiny_bert, cluster, one_process, monkeypatch, capsys):
+    """The coordinator loads no model (a worker plans the run with the one it warmed) and prints the plan's notes."""
+    from attnstore.ingest import distributed as dist
+    from attnstore.ingest import ingest, runner
 
+    def not_here(*args, **kwargs):
+        raise AssertionError("the coordinator loaded a model")
+
+    monkeypatch.setattr(runner, "load_model", not_here)
+    monkeypatch.setattr(dist, "load_model", not_here)
     result = ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", scheduler=cluster, **OPTIONS)
-    assert result.n_new == N_EXAMPLES
+    assert result.n_new == N_EXAMPLES and not result.already_complete
+    assert "note: value norms are not kept by an ingest on a Dask scheduler" in capsys.readouterr().err
     assert_same_run(store, one_process)
     # planned for the cluster's 2 workers: 6 parts of one batch (2 examples), at least 4 parts a worker where it can
     plan = store.run_info("k").manifest["plan"]
@@ -80,9 +88,11 @@ def test_a_complete_run_starts_no_cluster_and_a_worker_warms_with_the_model(stor
     monkeypatch.setattr(dist, "client_for", unreachable)
     assert ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", scheduler=cluster, **OPTIONS).already_complete
     monkeypatch.setattr(dist, "_WORKER_MODELS", {})
+    monkeypatch.setattr(dist, "_WARMED_SOURCES", {})
     dist.warm_task(tiny_bert, "float32")
     (key,) = dist._WORKER_MODELS
     assert key == (store.run_info("k").manifest["plan"]["model"], "float32")
+    assert dist._WARMED_SOURCES == {(tiny_bert, "float32"): key[0]}  # where plan_task finds it by the command's name
     dist.warm_task(str(Path(tiny_bert) / "no-such-model"), "float32")
     assert list(dist._WORKER_MODELS) == [key]
 
