@@ -356,9 +356,7 @@ def _ingest_with(store, settings, progress, loaded, workers, scheduler=None, not
     validate_run_name(run_name)
     with (
         store.writer.lease(run_lease_name(run_name), f"run {run_name!r}") as lease,
-        opened_dataset(
-            store, plan, annotator=settings.annotator, progress=progress, notify=note
-        ) as load,
+        opened_dataset(store, plan, annotator=settings.annotator, progress=progress, notify=note) as load,
     ):
         dataset_id, annotator_name = load.dataset_id, load.annotator_name
         # A dataset's first load runs on a thread during this run's forward passes (ingest/feed.py),
