@@ -36,9 +36,15 @@ from .run_state import is_complete, refuse_if_busy
 from .workers import LOADING, complete_run, warm_imports, work
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..store import Store
     from .runner import IngestResult
     from .settings import RunSettings
+
+    # runner.plan_for_cluster, given by the runner (which this module does not import): (store, settings, workers,
+    # scheduler, loaded=, notes=) -> (IngestResult, LoadedModel)
+    Planner = Callable[..., tuple[IngestResult, LoadedModel]]
 
 # Models loaded by this process when it is a Dask worker, by (source, compute dtype): loaded once, used by every task.
 _WORKER_MODELS: dict[tuple[str, str], LoadedModel] = {}
@@ -72,17 +78,16 @@ def warm_task(model: str, compute_dtype: str) -> None:
         warm_imports()
 
 
-def plan_task(locations: dict, settings: RunSettings, workers: int, scheduler: str) -> tuple[IngestResult, list[str]]:
-    """On a Dask worker: the planning ingest of a run for `workers` (or the run's plan as it stands, whatever its worker
-    count), with the model this worker warmed; returns its result and the notes it would have printed."""
-    from .runner import plan_for_cluster
-
+def plan_task(plan: Planner, locations: dict, settings: RunSettings, workers: int, scheduler: str) -> tuple[IngestResult, list[str]]:
+    """On a Dask worker: `plan` (runner.plan_for_cluster), the planning ingest of a run for `workers` (or the run's
+    plan as it stands, whatever its worker count), with the model this worker warmed; returns its result and the notes
+    it would have printed."""
     store = _store(locations)
     notes: list[str] = []
     try:
         source = _WARMED_SOURCES.get((settings.model, settings.compute_dtype))
         loaded = _WORKER_MODELS.get((source, settings.compute_dtype)) if source else None
-        result, loaded = plan_for_cluster(store, settings, workers, scheduler, loaded=loaded, notes=notes.append)
+        result, loaded = plan(store, settings, workers, scheduler, loaded=loaded, notes=notes.append)
         if loaded is not None:
             _kept(loaded, settings.compute_dtype)
         return result, notes
@@ -105,18 +110,18 @@ def work_task(locations: dict, run: str, worker: int, workers: int) -> int:
         store.engine.dispose()
 
 
-def ingest_on_cluster(store: Store, settings: RunSettings, scheduler: str, progress: bool, loaded: LoadedModel | None) -> IngestResult:
-    """Ingest as `settings` say on the scheduler's workers; `loaded`: a model loaded already (its source is what the
-    workers load)."""
+def ingest_on_cluster(
+    store: Store, settings: RunSettings, scheduler: str, progress: bool, loaded: LoadedModel | None, plan: Planner
+) -> IngestResult:
+    """Ingest as `settings` say on the scheduler's workers, `plan` (runner.plan_for_cluster) planning it on one of
+    them; `loaded`: a model loaded already (its source is what the workers load)."""
     from dataclasses import replace
-
-    from .runner import plan_for_cluster
 
     started = time.perf_counter()
     if settings.name is not None:
         refuse_if_busy(store, settings.name)  # before a cluster is started
         if is_complete(store, settings.name):  # checked against the settings here, as in one process; no cluster
-            result, _ = plan_for_cluster(store, settings, 1, scheduler, loaded=loaded)
+            result, _ = plan(store, settings, 1, scheduler, loaded=loaded)
             if result.already_complete:
                 return result
     model = loaded.source if loaded is not None else settings.model
@@ -126,7 +131,8 @@ def ingest_on_cluster(store: Store, settings: RunSettings, scheduler: str, progr
         warming = [client.submit(warm_task, model, settings.compute_dtype, pure=False, workers=[a]) for a in addresses]
         pinned: dict[str, Any] = dict(workers=addresses[:1], allow_other_workers=True) if addresses else {}
         locations = asdict(store.locations)
-        result, notes = client.submit(plan_task, locations, settings, max(1, len(addresses)), scheduler, pure=False, **pinned).result()
+        n_workers = max(1, len(addresses))
+        result, notes = client.submit(plan_task, plan, locations, settings, n_workers, scheduler, pure=False, **pinned).result()
         for note in notes:
             print(note, file=sys.stderr)
         info = result.run

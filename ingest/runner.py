@@ -297,9 +297,23 @@ def _ingest(store, settings, progress, loaded, scheduler, workers, options) -> t
     store.writer.require_writable()
     if scheduler is None:
         return _ingest_with(store, settings, progress, loaded, workers)
+    source = corpus_source(settings)
+    if source is not None:  # a bad corpus fails here, in one line, before a cluster is started
+        plan_dataset(source, limit=settings.limit, sample=settings.sample, seed=settings.seed)
     from .distributed import ingest_on_cluster
 
-    return ingest_on_cluster(store, settings, scheduler, progress, loaded), loaded
+    return ingest_on_cluster(store, settings, scheduler, progress, loaded, plan_for_cluster), loaded
+
+
+def corpus_source(settings: RunSettings) -> CorpusSource | None:
+    """The run's corpus, or None for a generated dataset (made from the model's tokenizer, once it is loaded)."""
+    if settings.corpus is not None:
+        assert settings.fmt is not None  # refused by RunSettings
+        return file_source(settings.corpus, settings.fmt, settings.dataset_name, settings.split, **settings.read_options)
+    if is_generated(settings.dataset):
+        return None
+    assert settings.dataset is not None  # refused by RunSettings: one of corpus and dataset
+    return builtin_source(settings.dataset, settings.data_dir, window_words=settings.window_words)
 
 
 def plan_for_cluster(
@@ -322,14 +336,7 @@ def _ingest_with(store, settings, progress, loaded, workers, scheduler=None, not
     note = notes or (lambda msg: print(msg, file=sys.stderr))
     how = where(scheduler, workers)
     started = time.perf_counter()
-    if settings.corpus is not None:
-        assert settings.fmt is not None  # refused by RunSettings
-        source = file_source(settings.corpus, settings.fmt, settings.dataset_name, settings.split, **settings.read_options)
-    elif is_generated(settings.dataset):
-        source = None  # made from the model's tokenizer, once it is loaded
-    else:
-        assert settings.dataset is not None  # refused by RunSettings: one of corpus and dataset
-        source = builtin_source(settings.dataset, settings.data_dir, window_words=settings.window_words)
+    source = corpus_source(settings)
     if settings.name is not None:
         refuse_if_busy(store, settings.name)  # fail at once, before reading the corpus or loading the model
     # The model and corpus are checked before anything is written: a bad --model or a bad

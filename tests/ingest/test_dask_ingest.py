@@ -159,6 +159,23 @@ def test_a_run_planned_for_workers_runs_on_a_cluster(store, tiny_bert, cluster, 
     assert_same_run(store, one_process)
 
 
+def test_a_bad_corpus_is_refused_before_a_cluster_starts(store, tiny_bert, tmp_path, monkeypatch):
+    from attnstore.ingest import distributed as dist
+    from attnstore.ingest import ingest
+    from attnstore.ingest.errors import CorpusError
+
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA sentence.\n")
+
+    def unreachable(spec):
+        raise AssertionError(f"a cluster was started for a bad corpus ({spec})")
+
+    monkeypatch.setattr(dist, "client_for", unreachable)
+    with pytest.raises(CorpusError, match=r"bad.tsv:2: expected 5 tab-separated fields, found 4"):
+        ingest(store, corpus=str(bad), model=tiny_bert, name="k", scheduler="local:2", **OPTIONS)
+    assert store.runs().empty and store.sql("SELECT count(*) AS n FROM datasets")["n"][0] == 0
+
+
 def test_an_unknown_scheduler_is_refused_before_anything_is_stored(store, tiny_bert):
     from attnstore.ingest import ingest
     from attnstore.store.errors import InvalidArgumentError
