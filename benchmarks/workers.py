@@ -2,6 +2,7 @@
 killed with SIGKILL at random moments.
 
     python benchmarks/workers.py [--corpus ../shared/data/glue/MRPC/dev.tsv] [--limit N] [--kills 10] [--dask]
+        [--counts 1,2] [--paths plan,together,as-worker] [--rounds 1]
 
 Every ingest is a whole command in a process of its own (model loading included), into one temporary SQLite store
 whose dataset is annotated beforehand. It times:
@@ -12,7 +13,9 @@ whose dataset is annotated beforehand. It times:
   2 workers started together with their plan (`work --wait`: they import torch while the plan is made); and the
   planning command going on as worker 0 (`--as-worker 0`) with worker 1 started beside it;
 - with --dask, the same ingest on a LocalCluster of 2 single-threaded workers (`--scheduler local:2`), and the bytes
-  its coordinator sent through the scheduler (the pickled parts; the maps never travel: workers write them);
+  its coordinator sends through the scheduler (the pickled tasks; the maps never travel: workers write them);
+- --rounds R: all of that R times, each round with its own one-process run, so that a change of load between rounds
+  hits every path of a round alike (this 2-core machine's 2-process runs vary by 10 % from one minute to the next);
 - --kills N: 2 workers, one of them killed with SIGKILL at a random moment once it has stored something since it
   (re)started, and restarted with its index, N times; the run must equal the one-process run bit for bit and
   `attnstore check` must pass.
@@ -23,6 +26,7 @@ Each run's maps are compared with the one-process run's, example by example (exa
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import shutil
@@ -41,6 +45,10 @@ DEFAULT_CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" 
 CLI = [sys.executable, "-m", "attnstore.api.cli"]
 
 
+def print_row(n: int, alone: float, label: str, seconds: float, same: str = "") -> None:
+    print(f"{label:34s} {seconds:8.2f} {n / seconds:7.1f} {alone / seconds:13.2f}x  {same}")
+
+
 def main() -> None:
     import numpy as np
 
@@ -57,7 +65,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="Seed of the kill moments.")
     parser.add_argument("--kills-only", action="store_true", help="Only the one-process run and the kills.")
     parser.add_argument("--counts", default="1,2", help="Worker counts to time (comma-separated).")
+    parser.add_argument(
+        "--paths",
+        default="plan,together,as-worker",
+        help="Engine-free paths to time (comma-separated): plan (the plan, then the workers), together (workers started "
+        "with their plan), as-worker (the planner going on as worker 0).",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="Rounds, each with its own one-process run (alternated).")
     args = parser.parse_args()
+    paths = set(args.paths.split(","))
 
     work = Path(tempfile.mkdtemp(prefix="attnstore-workers-"))
     url = f"sqlite:///{work / 'meta.sqlite'}"
@@ -114,37 +130,47 @@ def main() -> None:
         header = f"{'how':34s} {'seconds':>8s} {'ex/s':>7s} {'vs one process':>14s}  equal"
         print(header)
         print("-" * len(header))
-        print(f"{'one process, every core':34s} {alone:8.2f} {n / alone:7.1f} {1.0:13.2f}x")
-        for count in () if args.kills_only else [int(c) for c in args.counts.split(",")]:
-            name = f"workers-{count}"
-            plan = run([*common, "--name", name, "--for-workers", str(count)])
-            computed = workers(name, count)
-            total = plan + computed
-            label = f"{count} worker{'s' if count > 1 else ''} x 1 thread (plan {plan:.1f} s)"
-            print(f"{label:34s} {total:8.2f} {n / total:7.1f} {alone / total:13.2f}x  {equal(name)}")
-            print(f"{'  the workers alone':34s} {computed:8.2f} {n / computed:7.1f} {alone / computed:13.2f}x")
-            if count == 2:
-                name = "with-plan-2"
-                together = workers(name, 2, plan=[*common, "--name", name, "--for-workers", "2"])
-                print(f"{'  started with their plan':34s} {together:8.2f} {n / together:7.1f} {alone / together:13.2f}x  {equal(name)}")
-                name = "as-worker-2"
-                planner = [*common, "--name", name, "--for-workers", "2", "--as-worker", "0", "--worker-threads", "1"]
-                joined = workers(name, 2, plan=planner, first=1)
-                print(f"{'  the planner as worker 0':34s} {joined:8.2f} {n / joined:7.1f} {alone / joined:13.2f}x  {equal(name)}")
+        for r in range(0 if args.kills_only else args.rounds):
+            if r:  # each round against its own one-process run: the load may have changed
+                alone = run([*common, "--name", f"one-{r}"])
+                print(f"round {r + 1}")
+            row = functools.partial(print_row, n, alone)
+            row("one process, every core", alone)
+            for count in [int(c) for c in args.counts.split(",") if c]:
+                name = f"workers-{count}-{r}"
+                if "plan" in paths:
+                    plan = run([*common, "--name", name, "--for-workers", str(count)])
+                    computed = workers(name, count)
+                    row(f"{count} worker{'s' if count > 1 else ''} x 1 thread (plan {plan:.1f} s)", plan + computed, equal(name))
+                    row("  the workers alone", computed)
+                if count == 2 and "together" in paths:
+                    name = f"with-plan-2-{r}"
+                    row("  started with their plan", workers(name, 2, plan=[*common, "--name", name, "--for-workers", "2"]), equal(name))
+                if count == 2 and "as-worker" in paths:
+                    name = f"as-worker-2-{r}"
+                    planner = [*common, "--name", name, "--for-workers", "2", "--as-worker", "0", "--worker-threads", "1"]
+                    row("  the planner as worker 0", workers(name, 2, plan=planner, first=1), equal(name))
+            if args.dask:
+                name = f"dask-2-{r}"
+                row("Dask LocalCluster, 2 x 1 thread", run([*common, "--name", name, "--scheduler", "local:2"]), equal(name))
         if args.dask and not args.kills_only:
-            seconds = run([*common, "--name", "dask-2", "--scheduler", "local:2"])
-            print(f"{'Dask LocalCluster, 2 x 1 thread':34s} {seconds:8.2f} {n / seconds:7.1f} {alone / seconds:13.2f}x  {equal('dask-2')}")
             import cloudpickle
 
-            from attnstore.ingest.distributed import work_task
+            from attnstore.ingest.distributed import plan_task, work_task
+            from attnstore.ingest.runner import plan_for_cluster
+            from attnstore.ingest.settings import RunSettings
 
             plan_bytes = store.sql(
-                "SELECT sum(length(batches)) AS b FROM ingest_parts WHERE run_id = (SELECT id FROM runs WHERE name = 'dask-2')"
+                "SELECT sum(length(batches)) AS b FROM ingest_parts WHERE run_id = (SELECT id FROM runs WHERE name = 'dask-2-0')"
             )["b"][0]
-            task = len(cloudpickle.dumps((work_task, asdict(store.locations), "dask-2", 0, 2)))
+            locations = asdict(store.locations)
+            settings = RunSettings.of(corpus=args.corpus, fmt=args.format, limit=args.limit, value_norms=False, name="dask-2-0")
+            planning = len(cloudpickle.dumps((plan_task, plan_for_cluster, locations, settings, 2, "local:2")))
+            task = len(cloudpickle.dumps((work_task, locations, "dask-2-0", 0, 2)))
             print(
                 f"bytes of the Dask run's plan in SQL (zlib JSON): {int(plan_bytes):,}; through the Dask scheduler: "
-                f"{task:,} a task (2 tasks; the result an int); maps through any engine: 0"
+                f"{planning:,} the plan's task (its result the run's record and notes), {task:,} a work task (2 tasks; "
+                f"the result an int); maps through any engine: 0"
             )
         if args.kills:
             rng = random.Random(args.seed)

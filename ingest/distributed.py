@@ -124,7 +124,9 @@ def ingest_on_cluster(
             result, _ = plan(store, settings, 1, scheduler, loaded=loaded)
             if result.already_complete:
                 return result
-    model = loaded.source if loaded is not None else settings.model
+    if loaded is not None:  # the workers load it from where it was loaded
+        settings = replace(settings, model=loaded.source)
+    model = settings.model
     with client_for(scheduler) as client:
         addresses = sorted(client.scheduler_info().get("workers", {}))
         # Each worker loads the model while the cluster is otherwise idle; then worker 0 plans with it.
