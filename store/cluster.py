@@ -75,9 +75,9 @@ def client_for(spec: str) -> Iterator:
             yield client
         return
     n = int(spec.split(":", 1)[1]) if ":" in spec else os.cpu_count() or 1
-    # Its workers' own warnings are not shown (e.g. "ended with CancelledError" for a task still running when the
-    # command stops early); a task's error still is: it is raised in the command.
-    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=logging.ERROR)
+    # Its workers' own logs are not shown (e.g. "ended with CancelledError" for a task still running when the command
+    # stops early, or a failed task's arguments and traceback): a task's error is raised in the command, in one line.
+    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=logging.CRITICAL)
     with cluster, Client(cluster) as client:
         yield client
 

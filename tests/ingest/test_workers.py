@@ -262,6 +262,45 @@ def test_the_plan_keeps_ids_and_a_worker_whose_tokenizer_differs_is_refused(stor
     assert store.sql("SELECT count(*) AS n FROM sequences")["n"][0] == 0
 
 
+@pytest.mark.one_backend("sqlite")
+def test_a_worker_waiting_for_its_plan_loads_the_model_while_the_run_is_planned(store, tiny_bert, one_process, monkeypatch):
+    """Worker 1, started before its planner, loads the model the run's manifest names once the planner has made the
+    run, while the plan is made (the plan here waits for that), and computes its parts with it: one load."""
+    import threading
+    from dataclasses import asdict
+
+    from attnstore.ingest import workers as workers_module
+    from attnstore.ingest.workers import work
+    from attnstore.store import Store
+    from attnstore.store.config import Locations
+
+    preloaded = threading.Event()
+    real_preload, real_plan, real_load = workers_module._preload, workers_module.plan_parts, workers_module.load_model
+
+    def preload(manifest, device, into):
+        real_preload(manifest, device, into)
+        preloaded.set()
+
+    def plan_parts(*args, **kwargs):
+        assert preloaded.wait(60), "the waiting worker did not load the model while the run was planned"
+        return real_plan(*args, **kwargs)
+
+    loads = []
+    monkeypatch.setattr(workers_module, "_preload", preload)
+    monkeypatch.setattr(workers_module, "plan_parts", plan_parts)
+    monkeypatch.setattr(workers_module, "load_model", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    results = []
+    own = Store(Locations(**asdict(store.locations)))
+    waiting = threading.Thread(target=lambda: results.append(work(own, "k", 1, 2, wait=True, progress=False)))
+    waiting.start()
+    plan(store, tiny_bert, 2)
+    waiting.join(timeout=120)
+    own.close()
+    assert [a[0] for a in loads] == [store.run_info("k").manifest["plan"]["model"]]
+    assert results and (results[0].n_new, results[0].completed) == (N_EXAMPLES, True)  # worker 0 never started
+    assert_same_run(store, one_process)
+
+
 def test_the_planner_goes_on_as_a_worker_with_its_model(store, tiny_bert, one_process, db_url, monkeypatch):
     """`ingest --for-workers 2 --as-worker 0` plans, then is worker 0 with the model it loaded; worker 1, started before
     the plan with --wait, shares the parts. Run again (a restarted planner), it finds the run complete."""
@@ -285,7 +324,7 @@ def test_the_planner_goes_on_as_a_worker_with_its_model(store, tiny_bert, one_pr
     result = ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", workers=2, as_worker=0, worker_threads=1, **OPTIONS)
     waiting.join(timeout=120)
     own.close()
-    assert len(loads) == (1 if results[0].parts else 0)
+    assert len(loads) == 1 if results[0].parts else len(loads) <= 1  # loaded while the plan was made, or for its parts
     assert result.planned_parts == 6 and result.worked.worker == 0 and result.run.status in ("running", "complete")
     assert result.worked.n_new + results[0].n_new == N_EXAMPLES and result.worked.completed + results[0].completed == 1
     assert store.run_info("k").status == "complete"
