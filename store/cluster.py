@@ -5,6 +5,8 @@
 - `tcp://HOST:PORT` connects to a running scheduler (`dask scheduler`, `dask worker`); its
   workers need attnstore installed and must reach the store's database and array root
   (PostgreSQL and object storage for a real cluster; SQLite and a local folder work for `local`).
+  Start them with `DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False`, as `local` does: Dask's
+  profiler slows the Python-bound parts of an ingest (imports, planning, writing) by up to 1.5x.
 - ATTNSTORE_SCHEDULER sets the same for every command; `--scheduler` overrides it.
 
 What runs there: ingest's plan, forward passes and writes (ingest/distributed.py) and queries' per-example passes
@@ -75,9 +77,15 @@ def client_for(spec: str) -> Iterator:
             yield client
         return
     n = int(spec.split(":", 1)[1]) if ":" in spec else os.cpu_count() or 1
+    import dask
+
     # Its workers' own logs are not shown (e.g. "ended with CancelledError" for a task still running when the command
     # stops early, or a failed task's arguments and traceback): a task's error is raised in the command, in one line.
-    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=logging.CRITICAL)
+    # Nor do they run Dask's statistical profiler, which samples every thread's stack with the GIL 100 times a second:
+    # a worker then imported torch and loaded a model in 7.1-8.3 s instead of 4.7-5.4 s, and an ingest of MRPC train
+    # took 47 s instead of 41 s (docs/PERFORMANCE.md, 2026-11-30 (morning)).
+    with dask.config.set({"distributed.worker.profile.enabled": False}):
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=logging.CRITICAL)
     with cluster, Client(cluster) as client:
         yield client
 
