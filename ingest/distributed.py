@@ -25,11 +25,12 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from ..store import parts as planned
 from ..store.cluster import client_for
+from .errors import InvalidArgumentError
 from .model import LoadedModel, load_model
 from .progress import progress_bar
 from .run_state import is_complete, refuse_if_busy
@@ -115,8 +116,6 @@ def ingest_on_cluster(
 ) -> IngestResult:
     """Ingest as `settings` say on the scheduler's workers, `plan` (runner.plan_for_cluster) planning it on one of
     them; `loaded`: a model loaded already (its source is what the workers load)."""
-    from dataclasses import replace
-
     started = time.perf_counter()
     if settings.name is not None:
         refuse_if_busy(store, settings.name)  # before a cluster is started
@@ -129,11 +128,15 @@ def ingest_on_cluster(
     model = settings.model
     with client_for(scheduler) as client:
         addresses = sorted(client.scheduler_info().get("workers", {}))
+        if not addresses:  # its tasks would wait for a worker, with nothing said
+            raise InvalidArgumentError(
+                f"the Dask scheduler at {scheduler} has no workers: start them with `dask worker {scheduler}`, then run this again"
+            )
         # Each worker loads the model while the cluster is otherwise idle; then worker 0 plans with it.
         warming = [client.submit(warm_task, model, settings.compute_dtype, pure=False, workers=[a]) for a in addresses]
-        pinned: dict[str, Any] = dict(workers=addresses[:1], allow_other_workers=True) if addresses else {}
+        pinned: dict[str, Any] = dict(workers=addresses[:1], allow_other_workers=True)
         locations = asdict(store.locations)
-        n_workers = max(1, len(addresses))
+        n_workers = len(addresses)
         result, notes = client.submit(plan_task, plan, locations, settings, n_workers, scheduler, pure=False, **pinned).result()
         for note in notes:
             print(note, file=sys.stderr)
@@ -169,7 +172,7 @@ def _run_workers(client, store: Store, info, addresses: list[str], locations: di
             i,
             n_workers,
             pure=False,
-            workers=[addresses[i % len(addresses)]] if addresses else None,
+            workers=[addresses[i % len(addresses)]],
             allow_other_workers=True,
         )
         for i in range(n_workers)

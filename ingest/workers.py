@@ -256,8 +256,8 @@ def _wait_for_plan(store, run: str, progress: bool, preload: Callable[[dict], No
     """The run once it is planned or complete. Meanwhile the imports a model load needs are done (most of a worker's
     start-up: 6.7 of the 12.4 s of planning MRPC train, by py-spy), so a worker started with its planner is ready when
     the plan is; and once the planner has made the run, `preload` is given its manifest to load the model it names
-    while the plan is made (the worker began 1 s after the plan, against 3.6 s: docs/PERFORMANCE.md, 2026-11-30
-    (morning)). A run that exists unplanned with no process writing it is returned as it is (refused by the caller)."""
+    while the plan is made, not after it (a large corpus's plan, or a large model's load, takes long). A run that
+    exists unplanned with no process writing it is returned as it is (refused by the caller)."""
     told = False
     warmed = False
     while True:

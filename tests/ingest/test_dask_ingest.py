@@ -176,6 +176,16 @@ def test_a_bad_corpus_is_refused_before_a_cluster_starts(store, tiny_bert, tmp_p
     assert store.runs().empty and store.sql("SELECT count(*) AS n FROM datasets")["n"][0] == 0
 
 
+def test_a_scheduler_without_workers_is_refused_in_one_line(store, tiny_bert):
+    from attnstore.ingest import ingest
+    from attnstore.store.errors import InvalidArgumentError
+
+    with distributed.LocalCluster(n_workers=0, processes=True, dashboard_address=":0") as empty:
+        with pytest.raises(InvalidArgumentError, match=f"the Dask scheduler at {empty.scheduler_address} has no workers: start them"):
+            ingest(store, corpus=str(MRPC), model=tiny_bert, name="k", scheduler=empty.scheduler_address, **OPTIONS)
+    assert store.runs().empty and store.sql("SELECT count(*) AS n FROM datasets")["n"][0] == 0
+
+
 def test_an_unknown_scheduler_is_refused_before_anything_is_stored(store, tiny_bert):
     from attnstore.ingest import ingest
     from attnstore.store.errors import InvalidArgumentError
